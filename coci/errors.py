@@ -1,0 +1,38 @@
+"""Typed exceptions for every layer of coci (profiler -> plan -> snapshot -> persist -> report).
+
+Every error a user can trigger with bad input is a subclass of :class:`CociError`, and the message
+names the offending field, so a failing job says what to fix instead of crashing deep inside.
+"""
+
+from __future__ import annotations
+
+
+class CociError(Exception):
+    """Base class of every error coci raises on purpose."""
+
+
+class ConfigError(CociError, ValueError):
+    """An argument is invalid (non-positive MTBF, unknown policy, NaN cost, ...).
+
+    Subclasses :class:`ValueError` so generic callers that catch ``ValueError`` keep working.
+    """
+
+
+class StateError(CociError, TypeError):
+    """A value in ``Session(state=...)`` cannot be checkpointed (names the key)."""
+
+
+class CheckpointError(CociError):
+    """A checkpoint could not be written or read."""
+
+
+class PersistError(CheckpointError):
+    """A background persist failed; the previous committed checkpoint is intact."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A committed checkpoint fails verification (size, checksum, manifest, path escape)."""
+
+
+class StateMismatchError(CheckpointError):
+    """A checkpoint's state keys differ from the session's (lists missing and unexpected keys)."""
