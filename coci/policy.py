@@ -1,0 +1,89 @@
+"""The seam between plan and snapshot (profiler -> **plan** -> snapshot -> persist -> report).
+
+A :class:`CheckpointPolicy` answers one question per step: checkpoint now? The session asks
+``should_checkpoint(step)`` after every ``session.step`` (it must be O(1): a set lookup or a
+comparison) and calls ``observe(observation)`` rarely: once after warm-up, after each committed
+checkpoint, and at most every ``knobs.OBSERVE_EVERY_STEPS`` steps. Planning policies re-plan inside
+``observe``; the simple ones below ignore it.
+
+Step numbers count completed training steps: ``should_checkpoint(n)`` is asked right after the
+n-th ``session.step`` and a checkpoint taken then resumes at step ``n + 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from coci.errors import ConfigError
+
+if TYPE_CHECKING:
+    from profiler import Profile
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a policy may use to (re-)plan: the live profile and the loss trace so far."""
+
+    step: int
+    profile: Profile
+    loss_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
+    losses: np.ndarray = field(default_factory=lambda: np.empty(0))
+    checkpoint_steps: tuple[int, ...] = ()
+
+
+@runtime_checkable
+class CheckpointPolicy(Protocol):
+    """Decides at which steps the session checkpoints.
+
+    Optional extras the session uses when present: a ``plan`` attribute (the current
+    :class:`coci.Plan`, written to ``plan.json`` and shown as ``session.plan``) and
+    ``state_dict()`` / ``load_state_dict()`` (saved in every checkpoint, so adaptive state such as
+    CheckFreq's grown interval survives a restart).
+    """
+
+    def should_checkpoint(self, step: int) -> bool: ...
+
+    def observe(self, observation: Observation) -> None: ...
+
+
+@dataclass(frozen=True)
+class EveryN:
+    """Checkpoint every ``k`` steps (Lightning's ``every_n_train_steps``)."""
+
+    k: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ConfigError(f"EveryN.k must be a positive integer, got {self.k!r}")
+
+    def should_checkpoint(self, step: int) -> bool:
+        return step > 0 and step % self.k == 0
+
+    def observe(self, observation: Observation) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class AtSteps:
+    """Checkpoint at an explicit collection of steps (what a precomputed :class:`coci.Plan` gives)."""
+
+    steps: frozenset[int]
+
+    @classmethod
+    def of(cls, steps: Iterable[Any]) -> AtSteps:
+        checked: set[int] = set()
+        for value in steps:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ConfigError(f"policy steps must be positive integers, got {value!r}")
+            checked.add(int(value))
+        return cls(frozenset(checked))
+
+    def should_checkpoint(self, step: int) -> bool:
+        return step in self.steps
+
+    def observe(self, observation: Observation) -> None:
+        return None
