@@ -6,6 +6,44 @@ below; everything else is an implementation module.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # before the imports: coci.storage writes it into manifests
 
-__all__ = ["__version__"]
+from coci.checkpointer import PendingCheckpoint, PersistResult
+from coci.errors import (
+    CheckpointError,
+    CociError,
+    ConfigError,
+    CorruptCheckpointError,
+    PersistError,
+    StateError,
+    StateMismatchError,
+)
+from coci.loader import ResumableLoader, ResumableSampler
+from coci.policy import AtSteps, CheckpointPolicy, EveryN, Observation
+from coci.session import RestoreResult, Session
+from coci.stateful import Stateful
+from profiler import Estimate, Profile
+
+__all__ = [
+    "AtSteps",
+    "CheckpointError",
+    "CheckpointPolicy",
+    "CociError",
+    "ConfigError",
+    "CorruptCheckpointError",
+    "Estimate",
+    "EveryN",
+    "Observation",
+    "PendingCheckpoint",
+    "PersistError",
+    "PersistResult",
+    "Profile",
+    "RestoreResult",
+    "ResumableLoader",
+    "ResumableSampler",
+    "Session",
+    "StateError",
+    "StateMismatchError",
+    "Stateful",
+    "__version__",
+]

@@ -13,6 +13,13 @@ from __future__ import annotations
 #: dtype's alignment and a cache line.
 ARENA_ALIGN_BYTES: int = 64
 
+#: When the arena must grow (the state grew: an optimizer created its state, a trace lengthened),
+#: it grows to ``needed * (1 + ARENA_GROWTH_FRACTION) + ARENA_GROWTH_BYTES`` so small metadata
+#: that lengthens from checkpoint to checkpoint does not force a new allocation each time, while
+#: staging memory stays within 1.1x the state's bytes for large states.
+ARENA_GROWTH_FRACTION: float = 0.05
+ARENA_GROWTH_BYTES: int = 1 << 20
+
 #: Size of one write() call when persisting the arena; large sequential writes approach the
 #: device's bandwidth while still letting the checksum run chunk by chunk.
 WRITE_CHUNK_BYTES: int = 16 << 20
@@ -39,3 +46,92 @@ PLAN_WARMUP_STEPS: int = 20
 
 #: A planning policy is re-observed at most this often between checkpoints (never every step).
 OBSERVE_EVERY_STEPS: int = 500
+
+# --- loader (coci.loader) --------------------------------------------------------------------------
+
+#: Indices converted from the epoch's order tensor to Python ints per chunk while iterating; the
+#: order is never turned into one big list, so resuming near an epoch's end costs what starting does.
+LOADER_INDEX_CHUNK: int = 4096
+
+# --- fit (coci.fit) --------------------------------------------------------------------------------
+
+#: Fewest finite loss points a convergence fit is attempted on (fewer: fallback "too few points").
+FIT_MIN_POINTS: int = 6
+
+#: Long traces are smoothed into at most about this many bins (half log-, half linearly-spaced).
+FIT_MAX_POINTS: int = 200
+
+#: Fraction of the trace's step range held back to choose the family by forecast error.
+FIT_HOLDOUT_FRACTION: float = 0.2
+
+#: The held-back tail has at least this many points (taken from the end when the fraction has fewer).
+FIT_MIN_HOLDOUT_POINTS: int = 2
+
+#: Drift is declared when the global law's residuals on the held-back tail (data minus forecast)
+#: average below zero by more than this many standard errors: the loss falls faster than the law.
+FIT_DRIFT_SIGMA: float = 2.0
+
+#: Recent windows tried when the global fit drifts, as fractions of the step range (from the end).
+FIT_WINDOW_FRACTIONS: tuple[float, ...] = (0.6, 0.45, 0.3)
+
+#: Least-squares polishes started from the best grid points of each family.
+FIT_STARTS: int = 3
+
+#: A curve counts as falling when its first fifth's median exceeds its last fifth's by more than
+#: this many noise standard deviations ...
+FIT_MIN_DROP_SIGMA: float = 3.0
+
+#: ... and by more than this fraction of the loss level.
+FIT_MIN_DROP_RELATIVE: float = 1e-3
+
+# --- planner (coci.objective, coci.policies, coci.exact, coci.planner) ----------------------------
+
+#: Horizons up to this many steps are modelled with one cost cell per step (exact per-step hazard
+#: and weight); longer ones with a linear + log-spaced grid of integer-step cells.
+PLAN_PER_STEP_CELLS_MAX: int = 4096
+
+#: Linearly spaced cells of the long-horizon grid (resolution late in the run).
+PLAN_LINEAR_CELLS: int = 2048
+
+#: Log-spaced cells of the long-horizon grid (resolution early, where the loss moves fast).
+PLAN_LOG_CELLS: int = 1024
+
+#: Grid points of the renewal-equation solve for restarting (non-memoryless) hazards.
+RENEWAL_GRID_POINTS: int = 1024
+
+#: The renewal grid spans at most this many MTBFs; beyond, failures arrive at the long-run rate.
+RENEWAL_MAX_MEANS: float = 20.0
+
+#: Bisection steps on mu (as alpha = 1/(1+mu) in [0, 1]) for the time budget of "auto".
+PLAN_BISECTION_STEPS: int = 24
+
+#: CheckFreq's overhead threshold (its authors' 5%) when max_overhead is not given.
+CHECKFREQ_MAX_OVERHEAD: float = 0.05
+
+#: Horizon (steps) planned over when total_steps is unknown; it is doubled (at least to twice the
+#: current step) whenever the run passes PLAN_HORIZON_EXTEND_AT of it.
+PLAN_DEFAULT_HORIZON_STEPS: int = 100_000
+
+#: Fraction of the default horizon after which an open-ended run re-plans over a longer one.
+PLAN_HORIZON_EXTEND_AT: float = 0.9
+
+#: A planning policy re-plans when a measured cost (step time, C, P) moved by more than this
+#: fraction since the last plan ...
+PLAN_REPLAN_COST_CHANGE: float = 0.25
+
+#: ... or when the fitted progress weight over the remaining steps moved by more than this
+#: fraction (largest relative change on a coarse grid), or the fit's family or usability changed.
+PLAN_REPLAN_FIT_CHANGE: float = 0.25
+
+#: Floor (seconds) applied to measured stall / persist times that read as 0 (coarse clocks).
+PLAN_MIN_COST_SECONDS: float = 1e-6
+
+#: Stall assumed, in step times, before any stall has been measured or probed (recorded as a
+#: fallback in the plan); the first checkpoint then measures it.
+PLAN_ASSUMED_STALL_STEPS: float = 1.0
+
+#: Persist time assumed, in step times, before any persist has been measured or probed.
+PLAN_ASSUMED_PERSIST_STEPS: float = 10.0
+
+#: A recent window is fitted only when it holds at least (family parameters + this) points.
+FIT_WINDOW_EXTRA_POINTS: int = 2

@@ -1,8 +1,29 @@
-"""profiler: online measurement of a training job (the first stage of profiler -> plan -> ...).
+"""profiler: online measurement of a training job (the first stage of profiler -> plan -> snapshot ->
+persist -> report).
 
-Knows nothing of plans and never imports ``coci``.
+It measures and knows nothing of plans: it never imports ``coci``. The public surface:
+
+* :class:`Profiler`: ``step(loss)`` once per training step, checkpoint reports (``record_stall``,
+  ``persist_started``/``persist_finished``, ``record_restore``), priors (``set_state_bytes``,
+  ``probe``), ``profile``, ``loss_curve()``, ``state_dict()``/``load_state_dict()``.
+* :class:`Profile`, :class:`Estimate`, :class:`Bandwidth`: pydantic models of what was measured.
+* :class:`LossTrace`: the bounded-memory loss record behind ``Profiler.loss_curve``.
+* :func:`interference_cost`: seconds one background persist costs training.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from profiler.loss_trace import LossTrace
+from profiler.probe import probe_bandwidth
+from profiler.profile import Bandwidth, Estimate, Profile, interference_cost
+from profiler.profiler import Profiler
+
+__all__ = [
+    "Bandwidth",
+    "Estimate",
+    "LossTrace",
+    "Profile",
+    "Profiler",
+    "interference_cost",
+    "probe_bandwidth",
+]

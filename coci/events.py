@@ -1,0 +1,48 @@
+"""The run's event log, ``events.jsonl`` (written by snapshot and persist, read by report).
+
+profiler -> plan -> snapshot -> persist -> **report**. One JSON object per line: ``time`` (Unix
+seconds), ``event`` (snapshot_start, snapshot_end, persist_end, commit, retention, restore,
+restore_skip, plan, error, close), ``step`` and whatever the phase measured (``seconds``,
+``bytes``, ``path``, ``message``). Appends are serialised by a lock because the background writer
+emits too; each line is flushed so a killed job keeps everything up to its last event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from coci import knobs
+
+
+class EventLog:
+    """Append-only JSON-lines log in the run directory."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(run_dir) / knobs.EVENTS_FILENAME
+        self._lock = threading.Lock()
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        record = {"time": time.time(), "event": event, **fields}
+        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
+        with self._lock, open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(line)
+        return record
+
+
+def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Yield the events of a run; a torn last line (the job was killed mid-write) is skipped."""
+    path = Path(run_dir) / knobs.EVENTS_FILENAME
+    if not path.is_file():
+        return
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue

@@ -1,0 +1,393 @@
+"""Failure models for planning (profiler -> **plan** -> snapshot -> persist -> report).
+
+:class:`Failures` says how likely the *job* is to be interrupted, as a function of
+``tau``: seconds since the job last (re)started. The planner reads its hazard, the simulator
+samples from it.
+
+Models
+------
+* **Exponential** (memoryless): constant hazard ``1 / MTBF``. Built from an MTBF
+  (``Failures.exponential("8h")``) or a rate in failures per second
+  (``Failures.exponential(rate=1 / 28800)``).
+* **Weibull** ``(shape k, scale lam)``: survival ``S(tau) = exp(-(tau / lam) ** k)``, hazard
+  ``h(tau) = (k / lam) (tau / lam) ** (k - 1)``. ``k < 1``: failures cluster right after a (re)start
+  (infant mortality, flaky replacements); ``k > 1``: wear-out. The clock restarts at every (re)start:
+  the model is a renewal process, so ``tau`` is always time since the latest (re)start.
+
+Nodes
+-----
+With ``nodes = N``, the MTBF / rate / scale given is **per node**, and the job fails when the first of
+``N`` independent, identically distributed nodes fails, all of them restarted together. The minimum
+of ``N`` Weibull(k, lam) lifetimes is Weibull(k, lam / N ** (1 / k)), so the job's
+
+* hazard is ``N`` times a node's hazard, cumulative hazard ``N`` times a node's,
+* scale is ``lam_job = lam / N ** (1 / k)``, and its mean (the job MTBF) is
+  ``lam * Gamma(1 + 1/k) / N ** (1 / k)``.
+
+For the exponential (k = 1) that is the familiar "job MTBF = per-node MTBF / N".
+
+Failure logs
+------------
+:meth:`Failures.from_log` reads a CSV (``#`` starts a comment line) in one of two layouts:
+
+* ``interval_s`` (or ``interval_h``): one row per run segment, the seconds (hours) from a (re)start
+  to the failure that ended it;
+* ``time_s`` (or ``time_h``): one row per failure, the time of that failure counted from the start
+  of observation (sorted ascending; downtime between a failure and the restart is ignored). Intervals
+  are the differences, the first counted from 0.
+
+An optional ``censored`` column (1/0, true/false, yes/no) marks rows that are *not* failures: an
+interval that ended without failing, or, in the ``time_s`` layout, the current time of a job that is
+still running (only the last row may be censored there). Without the column every row is a failure.
+A job still running should add its open interval as a final censored row: leaving it out biases the
+MTBF low. Exponential and Weibull are fitted by maximum likelihood with right censoring and the one
+with the lower AIC is returned; :attr:`Failures.log_fit` records both AICs, log-likelihoods, the
+counts and the choice.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from scipy import optimize, special
+
+from coci.errors import ConfigError
+from coci.units import parse_duration
+
+__all__ = ["Failures", "LogFit"]
+
+_TRUE = {"1", "true", "t", "yes", "y"}
+_FALSE = {"0", "false", "f", "no", "n", ""}
+#: Bounds of the Weibull shape searched by the log fit (beyond these the data say little).
+_SHAPE_BOUNDS = (0.02, 50.0)
+
+
+class LogFit(BaseModel):
+    """How :meth:`Failures.from_log` chose its model (maximum likelihood, right-censored, AIC)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    chosen: Literal["exponential", "weibull"]
+    n_failures: int
+    n_censored: int
+    exposure_seconds: float
+    aic: dict[str, float]
+    log_likelihood: dict[str, float]
+    params: dict[str, dict[str, float]]
+
+
+def _positive_finite(value: Any, field: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{field} must be positive and finite, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{field} must be positive and finite, got {value!r}") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ConfigError(f"{field} must be positive and finite, got {value!r}")
+    return number
+
+
+def _check_nodes(nodes: Any) -> int:
+    if isinstance(nodes, bool) or not isinstance(nodes, (int, np.integer)) or nodes < 1:
+        raise ConfigError(f"nodes must be a positive integer, got {nodes!r}")
+    return int(nodes)
+
+
+class Failures(BaseModel):
+    """A failure model: the distribution of seconds from a job (re)start to its next failure.
+
+    Build one with :meth:`exponential`, :meth:`weibull` or :meth:`from_log`; the fields are the
+    serialised form (``model_dump_json`` / ``model_validate_json`` round-trip exactly).
+    ``scale_seconds`` is a node's scale (for the exponential: a node's MTBF); see the module
+    docstring for how ``nodes`` combines them.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["exponential", "weibull"]
+    shape: float = 1.0
+    scale_seconds: float
+    nodes: int = 1
+    log_fit: LogFit | None = None
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            errors = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'failures'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise ConfigError(f"invalid failure model: {errors}") from exc
+
+    @field_validator("scale_seconds", mode="before")
+    @classmethod
+    def _scale_is_duration(cls, value: Any) -> float:
+        return parse_duration(value, field="scale_seconds", positive=True)
+
+    @field_validator("shape", mode="before")
+    @classmethod
+    def _shape_positive(cls, value: Any) -> float:
+        return _positive_finite(value, "shape")
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _nodes_positive(cls, value: Any) -> int:
+        return _check_nodes(value)
+
+    @field_validator("shape")
+    @classmethod
+    def _exponential_shape(cls, value: float, info: Any) -> float:
+        if info.data.get("kind") == "exponential" and value != 1.0:
+            raise ConfigError(f"shape must be 1 for an exponential model, got {value!r}")
+        return value
+
+    # --- constructors -------------------------------------------------------------------------
+
+    @classmethod
+    def exponential(
+        cls, mtbf: float | str | None = None, *, rate: float | None = None, nodes: int = 1
+    ) -> Failures:
+        """Constant hazard from a per-node MTBF (duration) or a per-node rate (failures / second).
+
+        With ``nodes = N`` the job's MTBF is ``mtbf / N`` (its rate ``N * rate``).
+        """
+        nodes = _check_nodes(nodes)
+        if (mtbf is None) == (rate is None):
+            raise ConfigError("give exactly one of mtbf or rate for an exponential failure model")
+        if mtbf is not None:
+            scale = parse_duration(mtbf, field="mtbf", positive=True)
+        else:
+            scale = 1.0 / _positive_finite(rate, "rate")
+            if not math.isfinite(scale):
+                raise ConfigError(f"rate must be positive and finite, got {rate!r}")
+        return cls(kind="exponential", shape=1.0, scale_seconds=scale, nodes=nodes)
+
+    @classmethod
+    def weibull(cls, shape: float, scale: float | str, *, nodes: int = 1) -> Failures:
+        """Weibull(shape, scale) per node; the hazard restarts at each (re)start."""
+        shape_value = _positive_finite(shape, "shape")
+        scale_value = parse_duration(scale, field="scale", positive=True)
+        return cls(kind="weibull", shape=shape_value, scale_seconds=scale_value, nodes=nodes)
+
+    @classmethod
+    def from_log(cls, path: str | Path) -> Failures:
+        """Fit exponential and Weibull to a failure log by maximum likelihood; keep the lower AIC.
+
+        The CSV layouts are described in the module docstring. Raises :class:`ConfigError` for a
+        missing file, an unknown layout, non-numeric, negative or zero intervals, or a log without a
+        single failure.
+        """
+        intervals, failed = _read_log(Path(path))
+        return _fit_log(intervals, failed, source=str(path))
+
+    # --- the distribution ---------------------------------------------------------------------
+
+    @property
+    def job_scale_seconds(self) -> float:
+        """Scale of the job's lifetime distribution: ``scale / nodes ** (1 / shape)``."""
+        return self.scale_seconds / self.nodes ** (1.0 / self.shape)
+
+    @property
+    def mean_seconds(self) -> float:
+        """The job's MTBF: ``job_scale * Gamma(1 + 1 / shape)``."""
+        return self.job_scale_seconds * math.gamma(1.0 + 1.0 / self.shape)
+
+    @property
+    def rate(self) -> float:
+        """Failures per second over the long run (renewal theorem): ``1 / mean_seconds``."""
+        return 1.0 / self.mean_seconds
+
+    @property
+    def is_memoryless(self) -> bool:
+        """True for a constant hazard (exponential, or a Weibull of shape exactly 1)."""
+        return self.shape == 1.0
+
+    def hazard(self, tau_seconds: Any) -> np.ndarray:
+        """Instantaneous failure rate (1/s) at ``tau`` seconds since the (re)start.
+
+        For ``shape < 1`` the hazard at ``tau = 0`` is ``inf`` (it is integrable:
+        :meth:`cumulative_hazard` is finite everywhere).
+        """
+        tau = _as_tau(tau_seconds)
+        k, lam = self.shape, self.job_scale_seconds
+        if k == 1.0:
+            return np.full_like(tau, 1.0 / lam)
+        with np.errstate(divide="ignore"):
+            return (k / lam) * np.power(tau / lam, k - 1.0)
+
+    def cumulative_hazard(self, tau_seconds: Any) -> np.ndarray:
+        """``H(tau) = (tau / job_scale) ** shape``: expected failures by ``tau`` without restarts."""
+        tau = _as_tau(tau_seconds)
+        return np.power(tau / self.job_scale_seconds, self.shape)
+
+    def survival(self, tau_seconds: Any) -> np.ndarray:
+        """Probability that the job runs ``tau`` seconds after a (re)start without failing."""
+        return np.exp(-self.cumulative_hazard(tau_seconds))
+
+    def quantile(self, probability: Any) -> np.ndarray:
+        """Inverse CDF: the ``tau`` by which the job has failed with the given probability."""
+        p = np.asarray(probability, dtype=float)
+        if np.any((p < 0) | (p >= 1) | ~np.isfinite(p)):
+            raise ConfigError("probability must lie in [0, 1)")
+        return self.job_scale_seconds * np.power(-np.log1p(-p), 1.0 / self.shape)
+
+    def sample(self, rng: np.random.Generator | int | None, size: int | tuple[int, ...]) -> np.ndarray:
+        """Seconds from a (re)start to the next failure, ``size`` independent draws (inverse CDF)."""
+        generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        uniform = generator.random(size)  # in [0, 1): log1p(-u) is finite
+        return self.job_scale_seconds * np.power(-np.log1p(-uniform), 1.0 / self.shape)
+
+    def describe(self) -> str:
+        """One line for plans and reports."""
+        nodes = f" x {self.nodes} nodes" if self.nodes > 1 else ""
+        if self.kind == "exponential":
+            return f"exponential, MTBF {self.scale_seconds:.6g} s{nodes} (job MTBF {self.mean_seconds:.6g} s)"
+        return (
+            f"weibull, shape {self.shape:.4g}, scale {self.scale_seconds:.6g} s{nodes} "
+            f"(job MTBF {self.mean_seconds:.6g} s)"
+        )
+
+
+def _as_tau(tau_seconds: Any) -> np.ndarray:
+    tau = np.asarray(tau_seconds, dtype=float)
+    if np.any(tau < 0):
+        raise ConfigError("tau_seconds must be non-negative (seconds since the (re)start)")
+    return tau
+
+
+# --- failure logs ------------------------------------------------------------------------------
+
+
+def _parse_flags(values: Any, path: Path) -> np.ndarray:
+    flags = []
+    for row, raw in enumerate(values):
+        text = str(raw).strip().lower()
+        if text in _TRUE:
+            flags.append(True)
+        elif text in _FALSE or text == "nan":
+            flags.append(False)
+        else:
+            try:
+                flags.append(float(text) != 0.0)
+            except ValueError:
+                raise ConfigError(
+                    f"{path}: censored must be 0/1 or true/false, got {raw!r} in row {row + 1}"
+                ) from None
+    return np.asarray(flags, dtype=bool)
+
+
+def _read_log(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Return (interval seconds, failed flag) from a failure log CSV."""
+    import pandas as pd
+
+    if not path.is_file():
+        raise ConfigError(f"failure log {str(path)!r} does not exist")
+    try:
+        frame = pd.read_csv(path, comment="#", skipinitialspace=True)
+    except Exception as exc:  # pandas raises several unrelated types for unreadable CSVs
+        raise ConfigError(f"failure log {str(path)!r} is not a readable CSV: {exc}") from exc
+    frame.columns = [str(c).strip().lower() for c in frame.columns]
+    layouts = {"interval_s": 1.0, "interval_h": 3600.0, "time_s": 1.0, "time_h": 3600.0}
+    present = [c for c in layouts if c in frame.columns]
+    if len(present) != 1:
+        raise ConfigError(
+            f"failure log {str(path)!r} needs exactly one of the columns interval_s, interval_h, "
+            f"time_s, time_h; found columns {list(frame.columns)}"
+        )
+    column = present[0]
+    values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise ConfigError(
+            f"failure log {str(path)!r}: column {column} must be finite numbers, "
+            f"got {frame[column].iloc[bad[0]]!r} in row {bad[0] + 1}"
+        )
+    if values.size == 0:
+        raise ConfigError(f"failure log {str(path)!r} has no rows")
+    seconds = values * layouts[column]
+    censored = (
+        _parse_flags(frame["censored"], path)
+        if "censored" in frame.columns
+        else np.zeros(seconds.size, bool)
+    )
+    if column.startswith("time"):
+        if censored[:-1].any():
+            raise ConfigError(
+                f"failure log {str(path)!r}: in the {column} layout only the last row may be "
+                f"censored (the current time of a running job)"
+            )
+        if np.any(np.diff(seconds) < 0) or seconds[0] < 0:
+            raise ConfigError(
+                f"failure log {str(path)!r}: column {column} must be non-negative and ascending"
+            )
+        seconds = np.diff(seconds, prepend=0.0)
+    nonpositive = np.flatnonzero(seconds <= 0)
+    if nonpositive.size:
+        raise ConfigError(
+            f"failure log {str(path)!r}: every interval must be positive, got "
+            f"{seconds[nonpositive[0]]!r} s at row {nonpositive[0] + 1} (column {column})"
+        )
+    return seconds, ~censored
+
+
+def _weibull_profile_loglik(shape: float, t: np.ndarray, failed: np.ndarray) -> tuple[float, float]:
+    """Log-likelihood maximised over the scale for a fixed shape; returns (loglik, scale).
+
+    For right-censored Weibull data the scale MLE given ``k`` is
+    ``lam ** k = sum(t ** k) / d`` (d = failures), which leaves a one-dimensional problem in ``k``.
+    """
+    d = failed.sum()
+    log_t = np.log(t)
+    # sum(t^k) computed stably in log space
+    log_sum_tk = special.logsumexp(shape * log_t)
+    log_lam = (log_sum_tk - math.log(d)) / shape
+    loglik = d * math.log(shape) - d * shape * log_lam + (shape - 1.0) * log_t[failed].sum() - d
+    return float(loglik), float(math.exp(log_lam))
+
+
+def _fit_log(intervals: np.ndarray, failed: np.ndarray, *, source: str) -> Failures:
+    d = int(failed.sum())
+    if d == 0:
+        raise ConfigError(
+            f"failure log {source!r} contains no failure (every row is censored): cannot fit a rate"
+        )
+    exposure = float(intervals.sum())
+    mtbf = exposure / d
+    loglik_exp = -d * math.log(mtbf) - d
+    aic = {"exponential": 2.0 * 1 - 2.0 * loglik_exp}
+    loglik = {"exponential": loglik_exp}
+    params = {"exponential": {"mtbf_seconds": mtbf}}
+    chosen: Literal["exponential", "weibull"] = "exponential"
+    shape, scale = 1.0, mtbf
+    if d >= 2 and np.ptp(intervals) > 0:
+        result = optimize.minimize_scalar(
+            lambda log_k: -_weibull_profile_loglik(math.exp(log_k), intervals, failed)[0],
+            bounds=tuple(math.log(b) for b in _SHAPE_BOUNDS),
+            method="bounded",
+            options={"xatol": 1e-8},
+        )
+        w_shape = math.exp(float(result.x))
+        w_loglik, w_scale = _weibull_profile_loglik(w_shape, intervals, failed)
+        aic["weibull"] = 2.0 * 2 - 2.0 * w_loglik
+        loglik["weibull"] = w_loglik
+        params["weibull"] = {"shape": w_shape, "scale_seconds": w_scale}
+        if aic["weibull"] < aic["exponential"]:
+            chosen, shape, scale = "weibull", w_shape, w_scale
+    log_fit = LogFit(
+        source=source,
+        chosen=chosen,
+        n_failures=d,
+        n_censored=int((~failed).sum()),
+        exposure_seconds=exposure,
+        aic=aic,
+        log_likelihood=loglik,
+        params=params,
+    )
+    return Failures(kind=chosen, shape=shape, scale_seconds=scale, nodes=1, log_fit=log_fit)

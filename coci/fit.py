@@ -1,0 +1,547 @@
+"""Convergence-curve fits for planning (profiler -> **plan** -> snapshot -> persist -> report).
+
+The planner weighs lost work by how much training progress it represents, which needs the slope of
+the loss against the step, now and in the future. :func:`fit_curve` fits a small set of
+diminishing-returns laws to the loss trace and returns a :class:`CurveFit` with vectorised
+``loss``, ``slope`` and ``progress_rate``.
+
+Families (``s`` is the step):
+
+* ``"power"``: ``c + a (s + s0) ** -b`` (``a, b > 0``);
+* ``"exp_floor"``: ``c + a exp(-k (s - s_ref))`` (``a, k > 0``; ``s_ref`` is a fixed reference
+  step, the start of the fitted window, kept for numerical range: it is ``c + a' exp(-k s)`` with
+  ``a' = a exp(k s_ref)``);
+* ``"coci_exp"``: COCI's ``exp(theta1 s + theta2)`` (``theta1 < 0``), fitted as COCI's code does:
+  a least-squares line through ``log(loss)``.
+
+How a fit is made
+-----------------
+1. Input checks: mismatched lengths, empty, non-numeric or non-1-D input raise
+   :class:`~coci.errors.ConfigError`; NaN/inf points are dropped and counted
+   (``dropped_points``). Everything else that makes a curve unusable (too few points, a flat or
+   rising loss, no family fitting) returns a ``CurveFit`` with ``family="none"`` and a
+   ``fallback`` saying why: the planner then uses the time objective. ``fit_curve`` never raises
+   for those.
+2. Smoothing: long traces are cut into bins spaced half logarithmically (detail early, where the
+   loss moves fast) and half linearly (enough points late, where the forecast matters); each bin
+   gives its mean step and median loss (robust to spikes).
+3. Family choice: each family is fitted (scipy: variable projection, the linear parameters solved
+   exactly and the nonlinear ones searched from a grid, then Nelder-Mead / a bounded scalar search)
+   on the trace without its last ``knobs.FIT_HOLDOUT_FRACTION`` of steps and scored by its mean
+   absolute error forecasting that held-back tail (``holdout_error``, loss units).
+4. Drift and the recent window: learning-rate decay makes the last stretch fall faster (or, after a
+   schedule change, slower) than any global diminishing-returns law. ``drift`` is the mean residual
+   (data minus forecast) of the best global law on the held-back tail in standard errors. When
+   ``|drift| > knobs.FIT_DRIFT_SIGMA`` the global law is stale, and "fit the last ``f`` of the
+   trace" for ``f`` in ``knobs.FIT_WINDOW_FRACTIONS`` is backtested the same way (fitted on the
+   last ``f`` of the trace as it was at the holdout start, scored on the tail) for the families
+   with a floor (``power``, ``exp_floor``; ``coci_exp`` only when it is the one family asked
+   for); the best (family, ``f``) wins. The chosen family is then refitted on the last ``f`` of the
+   whole trace (``f = 1`` without drift), whose first step is ``window_start``.
+5. Quality: ``holdout_error`` (the backtest error of the choice), ``rmse`` of the final fit,
+   ``candidates`` (each family's best backtest error) and ``drift``.
+
+The fit is meant for steps at and after ``window_start``; ``loss`` before it is extrapolation.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+from scipy import optimize
+
+from coci import knobs
+from coci.errors import ConfigError
+
+__all__ = ["CurveFit", "FAMILIES", "fit_curve", "fit_coci_exponential"]
+
+logger = logging.getLogger(__name__)
+
+Family = Literal["power", "exp_floor", "coci_exp", "none"]
+#: The fitted families, in the order they are tried.
+FAMILIES: tuple[str, ...] = ("power", "exp_floor", "coci_exp")
+#: Free parameters per family (a family needs more points than this to be fitted).
+_N_PARAMS = {"power": 4, "exp_floor": 3, "coci_exp": 2}
+
+
+class CurveFit(BaseModel):
+    """A fitted convergence curve, or ``family="none"`` with the reason in ``fallback``.
+
+    Fields: ``params`` in step units (see the module docstring for each family's formula);
+    ``holdout_error`` mean absolute error (loss units) of the chosen family and window forecasting
+    the held-back tail; ``rmse`` of the final fit on the smoothed points of its window;
+    ``window_start`` first step of the window fitted; ``n_points`` finite points received;
+    ``dropped_points`` NaN/inf points dropped; ``n_fit_points`` smoothed points in the final fit;
+    ``candidates`` each family's best holdout error; ``drift`` mean residual of the best global law
+    forecasting the held-back tail, in standard errors (negative: falling faster than the law);
+    ``last_step`` the last finite step seen.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    family: Family
+    params: dict[str, float] = Field(default_factory=dict)
+    holdout_error: float | None = None
+    rmse: float | None = None
+    window_start: float | None = None
+    n_points: int = 0
+    dropped_points: int = 0
+    fallback: str | None = None
+    n_fit_points: int = 0
+    candidates: dict[str, float] = Field(default_factory=dict)
+    drift: float | None = None
+    last_step: float | None = None
+
+    @property
+    def usable(self) -> bool:
+        """True when a family was fitted (the planner may weight by progress)."""
+        return self.family != "none"
+
+    def loss(self, steps: Any) -> np.ndarray:
+        """Fitted loss at ``steps`` (vectorised). For ``"none"``: the last observed level, or NaN."""
+        s = np.asarray(steps, dtype=float)
+        if self.family == "none":
+            return np.full_like(s, self.params.get("level", math.nan))
+        return _evaluate(self.family, self.params, s)
+
+    def slope(self, steps: Any) -> np.ndarray:
+        """dL/ds per step at ``steps`` (vectorised; negative while the loss falls; 0 for "none")."""
+        s = np.asarray(steps, dtype=float)
+        if self.family == "none":
+            return np.zeros_like(s)
+        return _derivative(self.family, self.params, s)
+
+    def progress_rate(self, steps: Any) -> np.ndarray:
+        """Loss decrease per step, ``max(-slope, 0)`` (vectorised)."""
+        return np.maximum(-self.slope(steps), 0.0)
+
+
+# --- the families -------------------------------------------------------------------------------
+
+
+def _power_base(params: dict[str, float], s: np.ndarray) -> np.ndarray:
+    # Clamp so steps before the law's origin give a finite (large) value rather than NaN.
+    return np.maximum(s + params["s0"], 1e-12)
+
+
+def _evaluate(family: str, params: dict[str, float], s: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore", under="ignore"):
+        if family == "power":
+            return params["c"] + params["a"] * np.power(_power_base(params, s), -params["b"])
+        if family == "exp_floor":
+            return params["c"] + params["a"] * np.exp(-params["k"] * (s - params["s_ref"]))
+        if family == "coci_exp":
+            return np.exp(params["theta1"] * s + params["theta2"])
+    raise ConfigError(f"family must be one of {FAMILIES}, got {family!r}")
+
+
+def _derivative(family: str, params: dict[str, float], s: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore", under="ignore"):
+        if family == "power":
+            a, b = params["a"], params["b"]
+            return -a * b * np.power(_power_base(params, s), -b - 1.0)
+        if family == "exp_floor":
+            a, k = params["a"], params["k"]
+            return -a * k * np.exp(-k * (s - params["s_ref"]))
+        if family == "coci_exp":
+            theta1 = params["theta1"]
+            return theta1 * np.exp(theta1 * s + params["theta2"])
+    raise ConfigError(f"family must be one of {FAMILIES}, got {family!r}")
+
+
+def _linear_ac(phi: np.ndarray, y: np.ndarray) -> tuple[float, float, float] | None:
+    """Least squares for ``y = c + a * phi``; returns (a, c, sse) or None when degenerate/a <= 0."""
+    phi_mean = phi.mean()
+    dphi = phi - phi_mean
+    denom = float(dphi @ dphi)
+    if not math.isfinite(denom) or denom <= 1e-300:
+        return None
+    a = float(dphi @ (y - y.mean())) / denom
+    if not math.isfinite(a) or a <= 0:
+        return None
+    c = float(y.mean() - a * phi_mean)
+    resid = y - c - a * phi
+    return a, c, float(resid @ resid)
+
+
+def _power_sse(log_b: float, log_shift: float, x: np.ndarray, y: np.ndarray, x0_low: float):
+    """Variable projection for the power law: (a, c) solved exactly for given (b, x0)."""
+    b, x0 = math.exp(log_b), x0_low + math.exp(log_shift)
+    with np.errstate(all="ignore"):
+        solved = _linear_ac(np.power(x + x0, -b), y)
+    return solved, b, x0
+
+
+def _fit_power(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
+    """``c + a (x + x0) ** -b`` in scaled units.
+
+    Variable projection: for fixed (b, x0) the best (a, c) is a linear least-squares solve, so the
+    search is two-dimensional: a grid over (log b, log(x0 - x0_low)), then Nelder-Mead from the
+    best ``knobs.FIT_STARTS`` grid points.
+    """
+    span = max(x[-1] - x[0], 1e-12)
+    x0_low = -x[0] + 1e-4 * span  # the law's origin stays just before the first point
+    grid: list[tuple[float, float, float]] = []
+    for log_b in np.log([0.1, 0.25, 0.5, 1.0, 2.0, 4.0]):
+        for log_shift in np.log(np.geomspace(1e-3, 3.0, 10) * span):
+            solved, _, _ = _power_sse(log_b, log_shift, x, y, x0_low)
+            if solved is not None:
+                grid.append((solved[2], log_b, log_shift))
+    if not grid:
+        return None
+    grid.sort()
+    log_b_bounds = (math.log(1e-3), math.log(20.0))
+    log_shift_bounds = (math.log(1e-6 * span), math.log(1e3 * span))
+
+    def objective(theta: np.ndarray) -> float:
+        log_b = min(max(theta[0], log_b_bounds[0]), log_b_bounds[1])
+        log_shift = min(max(theta[1], log_shift_bounds[0]), log_shift_bounds[1])
+        solved, _, _ = _power_sse(log_b, log_shift, x, y, x0_low)
+        return math.inf if solved is None else solved[2]
+
+    best: tuple[float, np.ndarray] | None = None
+    for sse, log_b, log_shift in grid[: knobs.FIT_STARTS]:
+        result = optimize.minimize(
+            objective,
+            np.array([log_b, log_shift]),
+            method="Nelder-Mead",
+            options={"xatol": 1e-4, "fatol": 1e-12 + 1e-9 * sse, "maxiter": 300},
+        )
+        if math.isfinite(result.fun) and (best is None or result.fun < best[0]):
+            best = (float(result.fun), result.x)
+    if best is None:
+        return None
+    log_b = min(max(best[1][0], log_b_bounds[0]), log_b_bounds[1])
+    log_shift = min(max(best[1][1], log_shift_bounds[0]), log_shift_bounds[1])
+    solved, b, x0 = _power_sse(log_b, log_shift, x, y, x0_low)
+    if solved is None:
+        return None
+    a, c, _ = solved
+    return {"a": a, "b": b, "x0": x0, "c": c}
+
+
+def _fit_exp_floor(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
+    """``c + a exp(-k (x - x_ref))`` in scaled units.
+
+    Variable projection: (a, c) exact for each k; a grid over log k, then a bounded scalar search
+    around the best grid point.
+    """
+    span = max(x[-1] - x[0], 1e-12)
+    x_ref = float(x[0])
+    dx = x - x_ref
+
+    def solve(log_k_span: float):
+        with np.errstate(all="ignore"):
+            return _linear_ac(np.exp(-math.exp(log_k_span) * dx / span), y)
+
+    grid = np.log(np.geomspace(0.02, 100.0, 24))  # k * span: from almost linear to very curved
+    sse = [(solved[2] if (solved := solve(g)) is not None else math.inf) for g in grid]
+    best_index = int(np.argmin(sse))
+    if not math.isfinite(sse[best_index]):
+        return None
+    low, high = grid[max(best_index - 1, 0)], grid[min(best_index + 1, grid.size - 1)]
+    if high > low:
+        result = optimize.minimize_scalar(
+            lambda g: (solved[2] if (solved := solve(g)) is not None else math.inf),
+            bounds=(low, high),
+            method="bounded",
+            options={"xatol": 1e-5},
+        )
+        log_k_span = float(result.x) if math.isfinite(result.fun) and result.fun <= sse[best_index] else grid[best_index]
+    else:
+        log_k_span = grid[best_index]
+    solved = solve(log_k_span)
+    if solved is None:
+        return None
+    a, c, _ = solved
+    return {"a": a, "k": math.exp(log_k_span) / span, "c": c, "x_ref": x_ref}
+
+
+def _fit_coci(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
+    """COCI's law as its code fits it: a least-squares line through ``log(y)``; needs y > 0."""
+    if np.any(y <= 0):
+        return None
+    theta1, theta2 = np.polyfit(x, np.log(y), 1)
+    if not (math.isfinite(theta1) and math.isfinite(theta2)) or theta1 >= 0:
+        return None
+    return {"theta1": float(theta1), "theta2": float(theta2)}
+
+
+def _to_step_units(family: str, p: dict[str, float], scale: float) -> dict[str, float]:
+    """Convert scaled-unit parameters (x = s / scale) into step units."""
+    if family == "power":
+        # a (x + x0)^-b = a scale^b (s + x0 scale)^-b; keep it in log space until the end
+        log_a = math.log(p["a"]) + p["b"] * math.log(scale)
+        return {"a": math.exp(min(log_a, 700.0)), "b": p["b"], "s0": p["x0"] * scale, "c": p["c"]}
+    if family == "exp_floor":
+        return {"a": p["a"], "k": p["k"] / scale, "c": p["c"], "s_ref": p["x_ref"] * scale}
+    if family == "coci_exp":
+        return {"theta1": p["theta1"] / scale, "theta2": p["theta2"]}
+    raise ConfigError(f"family must be one of {FAMILIES}, got {family!r}")
+
+
+_FITTERS: dict[str, Callable[[np.ndarray, np.ndarray], dict[str, float] | None]] = {
+    "power": _fit_power,
+    "exp_floor": _fit_exp_floor,
+    "coci_exp": _fit_coci,
+}
+
+
+def _fit_family(family: str, x: np.ndarray, y: np.ndarray, scale: float) -> dict[str, float] | None:
+    if x.size <= _N_PARAMS[family] or x[-1] <= x[0]:
+        return None
+    scaled = _FITTERS[family](x, y)
+    if scaled is None:
+        return None
+    params = _to_step_units(family, scaled, scale)
+    if not all(math.isfinite(v) for v in params.values()):
+        return None
+    return params
+
+
+# --- input handling and smoothing ---------------------------------------------------------------
+
+
+def _as_float_array(values: Any, field: str) -> np.ndarray:
+    if isinstance(values, (str, bytes)):
+        raise ConfigError(f"{field} must be a sequence of numbers, got a string")
+    if hasattr(values, "detach"):  # a torch tensor
+        values = values.detach().cpu().numpy()
+    try:
+        array = np.asarray(values, dtype=float)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{field} must be numeric, got {type(values).__name__}") from None
+    if array.ndim != 1:
+        raise ConfigError(f"{field} must be one-dimensional, got shape {array.shape}")
+    if array.size == 0:
+        raise ConfigError(f"{field} is empty")
+    return array
+
+
+def _split_input(steps_or_losses: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
+    if losses is None:
+        if (
+            isinstance(steps_or_losses, tuple)
+            and len(steps_or_losses) == 2
+            and all(np.ndim(part) == 1 for part in steps_or_losses)
+        ):
+            steps_or_losses, losses = steps_or_losses  # a (steps, losses) pair
+        else:
+            values = _as_float_array(steps_or_losses, "losses")
+            return np.arange(1, values.size + 1, dtype=float), values
+    steps = _as_float_array(steps_or_losses, "steps")
+    values = _as_float_array(losses, "losses")
+    if steps.size != values.size:
+        raise ConfigError(
+            f"steps and losses must have the same length, got {steps.size} and {values.size}"
+        )
+    return steps, values
+
+
+def _smooth(steps: np.ndarray, values: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bin a sorted trace (half log-, half linearly-spaced edges): mean step, median loss per bin."""
+    if steps.size <= max_points:
+        return steps, values
+    offset = steps - steps[0] + 1.0
+    half = max(max_points // 2, 2)
+    edges = np.unique(
+        np.concatenate((np.geomspace(1.0, offset[-1], half + 1), np.linspace(1.0, offset[-1], half + 1)))
+    )
+    index = np.clip(np.searchsorted(edges, offset, side="right") - 1, 0, edges.size - 2)
+    starts = np.flatnonzero(np.diff(index, prepend=-1))
+    stops = np.append(starts[1:], steps.size)
+    mean_steps = np.add.reduceat(steps, starts) / (stops - starts)
+    medians = np.array([np.median(values[a:b]) for a, b in zip(starts, stops)])
+    return mean_steps, medians
+
+
+def _noise_sd(values: np.ndarray) -> float:
+    """Robust point-to-point noise of a trace: MAD of first differences / (0.6745 sqrt 2)."""
+    if values.size < 3:
+        return 0.0
+    diffs = np.diff(values)
+    return float(np.median(np.abs(diffs - np.median(diffs))) / (0.6745 * math.sqrt(2.0)))
+
+
+def _mae(family: str, params: dict[str, float], s: np.ndarray, y: np.ndarray) -> float:
+    error = np.abs(_evaluate(family, params, s) - y)
+    return float(np.mean(error)) if np.all(np.isfinite(error)) else math.inf
+
+
+def _none(reason: str, *, n_points: int, dropped: int, level: float | None, last: float | None) -> CurveFit:
+    logger.info("convergence fit unusable: %s", reason)
+    params = {} if level is None or not math.isfinite(level) else {"level": float(level)}
+    return CurveFit(
+        family="none",
+        params=params,
+        n_points=n_points,
+        dropped_points=dropped,
+        fallback=reason,
+        last_step=last,
+    )
+
+
+def _window_mask(s: np.ndarray, end: float, fraction: float) -> np.ndarray:
+    """Points in the last ``fraction`` of the step range ``[s[0], end]`` (and not after ``end``)."""
+    start = end - fraction * (end - float(s[0]))
+    return (s >= start - 1e-9 * max(abs(start), 1.0)) & (s <= end)
+
+
+def _fit_on(family: str, s: np.ndarray, y: np.ndarray, mask: np.ndarray, scale: float, extra: int):
+    """Fit ``family`` on the masked points when they are enough (parameters + ``extra``)."""
+    if np.count_nonzero(mask) < _N_PARAMS[family] + extra:
+        return None
+    return _fit_family(family, s[mask] / scale, y[mask], scale)
+
+
+# --- public entry points ------------------------------------------------------------------------
+
+
+def fit_curve(
+    steps_or_losses: Any,
+    losses: Any = None,
+    *,
+    families: Sequence[str] | None = None,
+    window: bool = True,
+) -> CurveFit:
+    """Fit a convergence law to a loss trace; see the module docstring for the procedure.
+
+    ``fit_curve(losses)`` takes per-step losses (steps 1, 2, ...); ``fit_curve(steps, losses)`` or
+    ``fit_curve((steps, losses))`` takes explicit steps. ``families`` restricts the families tried
+    (default: all of :data:`FAMILIES`); ``window=False`` disables the recent-window refit.
+    """
+    steps, values = _split_input(steps_or_losses, losses)
+    tried = tuple(FAMILIES if families is None else families)
+    unknown = [f for f in tried if f not in FAMILIES]
+    if unknown or not tried:
+        raise ConfigError(f"families must be a non-empty subset of {FAMILIES}, got {families!r}")
+
+    finite = np.isfinite(steps) & np.isfinite(values)
+    dropped = int(np.count_nonzero(~finite))
+    steps, values = steps[finite], values[finite]
+    order = np.argsort(steps, kind="stable")
+    steps, values = steps[order], values[order]
+    n_points = int(steps.size)
+    last = float(steps[-1]) if n_points else None
+    level = float(np.median(values[-max(1, n_points // 10):])) if n_points else None
+    common = {"n_points": n_points, "dropped": dropped, "level": level, "last": last}
+
+    if n_points < knobs.FIT_MIN_POINTS:
+        return _none(
+            f"too few points: {n_points} finite (dropped {dropped} NaN/inf), need at least "
+            f"{knobs.FIT_MIN_POINTS}",
+            **common,
+        )
+    if steps[-1] <= steps[0]:
+        return _none("all points are at the same step", **common)
+
+    s, y = _smooth(steps, values, knobs.FIT_MAX_POINTS)
+    if s.size < knobs.FIT_MIN_POINTS:
+        return _none(f"too few distinct points after smoothing: {s.size}", **common)
+    head = float(np.median(y[: max(2, s.size // 5)]))
+    tail = float(np.median(y[-max(2, s.size // 5):]))
+    noise = max(_noise_sd(values), 1e-12)
+    required = max(knobs.FIT_MIN_DROP_SIGMA * noise, knobs.FIT_MIN_DROP_RELATIVE * abs(head))
+    if head - tail <= required:
+        verb = "rising" if tail > head else "not falling"
+        return _none(
+            f"loss {verb}: median of the first fifth {head:.6g}, of the last fifth {tail:.6g} "
+            f"(needs a drop above {required:.3g})",
+            **common,
+        )
+
+    scale = float(max(abs(s[-1]), abs(s[0]), 1.0))
+    holdout_start = float(s[-1] - knobs.FIT_HOLDOUT_FRACTION * (s[-1] - s[0]))
+    in_holdout = s > holdout_start
+    if np.count_nonzero(in_holdout) < knobs.FIT_MIN_HOLDOUT_POINTS:
+        in_holdout = np.zeros_like(in_holdout)
+        in_holdout[-knobs.FIT_MIN_HOLDOUT_POINTS:] = True
+    backtest_end = float(s[~in_holdout][-1])
+
+    def backtest(family: str, fraction: float, extra: int) -> float:
+        """Apply "fit the last ``fraction`` of the trace" as it was at the holdout start; score it."""
+        params = _fit_on(family, s, y, _window_mask(s, backtest_end, fraction), scale, extra)
+        if params is None:
+            return math.inf
+        return _mae(family, params, s[in_holdout], y[in_holdout])
+
+    # 1. global fit: the family is chosen by its error forecasting the held-back tail
+    candidates = {family: backtest(family, 1.0, 1) for family in tried}
+    best: tuple[float, str, float] | None = None  # (holdout error, family, window fraction)
+    for family, err in candidates.items():
+        if math.isfinite(err) and (best is None or err < best[0]):
+            best = (err, family, 1.0)
+
+    # 2. drift: does the loss on the held-back tail fall below what the global law forecast?
+    drift = None
+    if best is not None and window:
+        params = _fit_on(best[1], s, y, _window_mask(s, backtest_end, 1.0), scale, 1)
+        if params is not None:
+            resid = y[in_holdout] - _evaluate(best[1], params, s[in_holdout])
+            spread = max(float(np.std(resid, ddof=1)) if resid.size > 1 else 0.0, noise, 1e-12)
+            drift = float(np.mean(resid) / (spread / math.sqrt(resid.size)))
+    # 3. on drift, the global law is stale: pick the best recent window (same backtest)
+    if drift is not None and abs(drift) > knobs.FIT_DRIFT_SIGMA:
+        window_families = [f for f in tried if f != "coci_exp"] or list(tried)
+        windowed: tuple[float, str, float] | None = None
+        for family in window_families:
+            for fraction in knobs.FIT_WINDOW_FRACTIONS:
+                err = backtest(family, fraction, knobs.FIT_WINDOW_EXTRA_POINTS)
+                if math.isfinite(err) and (windowed is None or err < windowed[0]):
+                    windowed = (err, family, fraction)
+                candidates[family] = min(candidates.get(family, math.inf), err)
+        if windowed is not None:
+            best = windowed
+
+    if best is None:
+        return _none("no family could be fitted to the trace", **common)
+
+    holdout_error, family, fraction = best
+    chosen = _window_mask(s, float(s[-1]), fraction)
+    extra = 1 if fraction == 1.0 else knobs.FIT_WINDOW_EXTRA_POINTS
+    params = _fit_on(family, s, y, chosen, scale, extra)
+    if params is None:  # cannot happen in practice: the final window has more points than the backtest
+        return _none(f"refitting {family} on the whole window failed", **common)
+    window_start = float(s[chosen][0])
+    resid = y[chosen] - _evaluate(family, params, s[chosen])
+    return CurveFit(
+        family=family,  # type: ignore[arg-type]
+        params=params,
+        holdout_error=holdout_error,
+        rmse=float(np.sqrt(np.mean(resid**2))),
+        window_start=window_start,
+        n_points=n_points,
+        dropped_points=dropped,
+        fallback=None,
+        n_fit_points=int(np.count_nonzero(chosen)),
+        candidates=candidates,
+        drift=drift,
+        last_step=last,
+    )
+
+
+def fit_coci_exponential(minutes: Any, losses: Any) -> tuple[float, float]:
+    """COCI's convergence fit: ``L(t) = exp(theta1 t + theta2)``, ``t`` in minutes.
+
+    As the authors' code does it: an ordinary least-squares line through ``(t, log L)``; returns
+    ``(theta1, theta2)`` (theta1 per minute, negative for a falling loss). Raises
+    :class:`ConfigError` when the inputs mismatch, hold fewer than two finite points, or a loss is
+    not positive (its logarithm is undefined).
+    """
+    t = _as_float_array(minutes, "minutes")
+    values = _as_float_array(losses, "losses")
+    if t.size != values.size:
+        raise ConfigError(f"minutes and losses must have the same length, got {t.size} and {values.size}")
+    finite = np.isfinite(t) & np.isfinite(values)
+    t, values = t[finite], values[finite]
+    if t.size < 2 or np.ptp(t) == 0:
+        raise ConfigError("minutes must hold at least two distinct finite times")
+    if np.any(values <= 0):
+        raise ConfigError("losses must be positive for COCI's exponential fit (it fits log loss)")
+    theta1, theta2 = np.polyfit(t, np.log(values), 1)
+    return float(theta1), float(theta2)

@@ -1,0 +1,496 @@
+"""Resumable data order: exactly once per epoch, mid-epoch resume by index arithmetic.
+
+Where it sits: beside the flow profiler -> plan -> snapshot -> **persist** -> report. The loader is
+one of the values in ``Session(state=...)``; its ``state_dict()`` is a handful of JSON primitives
+that the snapshot stores with the weights, so a restored job continues the data stream exactly
+where the last committed checkpoint left it.
+
+The model
+---------
+* **Order.** Epoch ``e``'s global order is ``torch.randperm(n)`` drawn from a ``torch.Generator``
+  seeded from ``(seed, e)`` (``arange(n)`` without shuffle). It is regenerated on resume, never
+  stored, and the global torch RNG is never touched.
+* **Ranks.** The global order is split across ``world_size`` ranks by interleaving, like
+  :class:`torch.utils.data.DistributedSampler`: rank ``r`` takes ``order[r::world_size]``. With
+  ``drop_last=False`` the order is first **padded** by repeating its head until its length is a
+  multiple of ``world_size`` (every sample is seen at least once; at most ``world_size - 1`` are
+  seen twice); with ``drop_last=True`` the tail is **dropped** instead (every rank gets
+  ``n // world_size`` samples; at most ``world_size - 1`` are not seen that epoch).
+* **Position.** The state counts the samples *yielded to the user* in the current epoch as a
+  *global* position: ``position = samples yielded on this rank * world_size``. Because the split is
+  interleaved and ranks advance in lockstep, the first ``position`` entries of the (padded) global
+  order are exactly the consumed ones; a future world-size change can re-partition the rest from
+  there. The state is the same on every rank, so any rank's copy resumes any rank.
+* **Resume.** ``load_state_dict`` stores (epoch, position); the next iteration regenerates the
+  epoch's order and slices it at the position. Nothing is replayed, so resuming at the last batch
+  of a long epoch costs the same as resuming at the first.
+* **Epochs.** ``ResumableLoader`` moves to the next epoch when an iteration runs to exhaustion (the
+  user's ``for`` loop asked for a batch past the last one). A state saved right after the last
+  batch of epoch ``e`` reads ``(e, position=end)``; after loading it, ``for batch in loader``
+  yields nothing and then moves to ``e + 1``, so the code after the inner loop (a scheduler step,
+  an evaluation) runs once for epoch ``e``, as in the uninterrupted run. Starting a new iteration
+  before the previous one ran out continues from the current position: ``__iter__`` never rewinds
+  within an epoch; ``set_epoch`` with a *different* epoch does (and is a no-op for the current one,
+  so the ``DistributedSampler`` habit of calling it before every epoch stays safe after a resume).
+
+Workers, ``pin_memory``, ``persistent_workers``, ``collate_fn`` and the other keyword arguments go
+to :class:`torch.utils.data.DataLoader` unchanged; only batches the user actually received are
+counted, never what the workers prefetched. Batches arrive in order (``in_order=False`` is
+refused). Worker base seeds come from ``(seed, epoch)`` as well, so worker processes do not draw
+from the global torch RNG either. Randomness *inside* workers (augmentation) is reseeded per epoch,
+not per sample: exact resume of such randomness needs augmentations seeded from the sample index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator, Mapping, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+from coci import knobs
+from coci.errors import ConfigError, StateMismatchError
+
+__all__ = [
+    "ResumableLoader",
+    "ResumableSampler",
+    "epoch_order",
+    "epoch_seed",
+    "samples_per_rank",
+    "split_for_rank",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Version of the state_dict layout; bumped when a field changes meaning.
+STATE_VERSION = 1
+
+_STATE_FIELDS: tuple[tuple[str, type], ...] = (
+    ("version", int),
+    ("epoch", int),
+    ("position", int),
+    ("seed", int),
+    ("dataset_length", int),
+    ("shuffle", bool),
+    ("drop_last", bool),
+    ("rank", int),
+    ("world_size", int),
+)
+
+#: DataLoader arguments the loader sets itself (order, batching, worker seeds).
+_RESERVED_DATALOADER_KWARGS = ("sampler", "batch_sampler", "generator")
+
+
+# --- pure functions: order and split ----------------------------------------------------------
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require_int(value: object, field: str, minimum: int | None = None) -> int:
+    if not _is_int(value):
+        raise ConfigError(f"{field} must be an int, got {value!r}")
+    if minimum is not None and value < minimum:  # type: ignore[operator]
+        raise ConfigError(f"{field} must be >= {minimum}, got {value}")
+    return int(value)  # type: ignore[arg-type]
+
+
+def epoch_seed(seed: int, epoch: int, stream: str = "order") -> int:
+    """A 63-bit generator seed that depends on ``(seed, epoch, stream)`` and nothing else.
+
+    Hash-mixed rather than ``seed + epoch`` so that (seed 0, epoch 1) and (seed 1, epoch 0) give
+    unrelated orders. Stable across processes, platforms and Python versions.
+    """
+    text = f"coci.loader/{stream}/{seed}/{epoch}".encode()
+    digest = hashlib.blake2b(text, digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def epoch_order(dataset_length: int, *, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
+    """The global index order of one epoch (int64 tensor of length ``dataset_length``)."""
+    if not shuffle:
+        return torch.arange(dataset_length, dtype=torch.int64)
+    generator = torch.Generator()
+    generator.manual_seed(epoch_seed(seed, epoch))
+    return torch.randperm(dataset_length, generator=generator, dtype=torch.int64)
+
+
+def samples_per_rank(dataset_length: int, world_size: int, drop_last: bool) -> int:
+    """Samples each rank gets per epoch: padded up (``drop_last=False``) or dropped down."""
+    if drop_last:
+        return dataset_length // world_size
+    return -(-dataset_length // world_size)
+
+
+def split_for_rank(
+    order: torch.Tensor, *, rank: int, world_size: int, drop_last: bool
+) -> torch.Tensor:
+    """This rank's share of a global order: interleaved, padded or dropped to an even split."""
+    length = len(order)
+    total = samples_per_rank(length, world_size, drop_last) * world_size
+    if total > length:
+        repeats = -(-total // length)
+        order = order.repeat(repeats)
+    return order[rank:total:world_size]
+
+
+def _iterate_ints(indices: torch.Tensor) -> Iterator[int]:
+    """Python ints of a 1-D tensor, converted chunk by chunk (no up-front list of the epoch)."""
+    chunk = knobs.LOADER_INDEX_CHUNK
+    for start in range(0, len(indices), chunk):
+        yield from indices[start : start + chunk].tolist()
+
+
+def _distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``rank``/``world_size`` as given, else from an initialised process group, else 0 and 1."""
+    initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if world_size is None:
+        world_size = torch.distributed.get_world_size() if initialised else 1
+    if rank is None:
+        rank = torch.distributed.get_rank() if initialised else 0
+    world_size = _require_int(world_size, "world_size", minimum=1)
+    rank = _require_int(rank, "rank", minimum=0)
+    if rank >= world_size:
+        raise ConfigError(f"rank must be < world_size ({world_size}), got {rank}")
+    return rank, world_size
+
+
+def _dataset_length(data_source: object) -> int:
+    if _is_int(data_source):
+        length = int(data_source)  # type: ignore[arg-type]
+    elif isinstance(data_source, IterableDataset) or not isinstance(data_source, Sized):
+        raise ConfigError(
+            f"dataset must be a map-style dataset with __len__, got {type(data_source).__name__}"
+        )
+    else:
+        length = len(data_source)
+    if length < 1:
+        raise ConfigError(f"dataset must hold at least one sample, got length {length}")
+    return length
+
+
+# --- the sampler: order, position, state ------------------------------------------------------
+
+
+class ResumableSampler(Sampler[int]):
+    """This rank's indices of each epoch, resumable from any position by index arithmetic.
+
+    ``data_source`` is a map-style dataset or its length. Use it directly as the ``sampler`` of
+    a :class:`torch.utils.data.DataLoader` with ``num_workers=0``: the position then counts the
+    indices handed to the loader, which with ``num_workers=0`` are exactly the batches delivered.
+    With worker processes the DataLoader prefetches indices ahead of the user, so the sampler's
+    position runs ahead too: use :class:`ResumableLoader`, which counts delivered batches.
+
+    Epochs: a pass that ran to the end leaves the position at the end; the next ``__iter__``
+    starts the following epoch. A state loaded at the end of an epoch first gives one empty pass,
+    then moves on (see the module docstring). ``set_epoch`` moves explicitly.
+    """
+
+    def __init__(
+        self,
+        data_source: Sized | int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        self.dataset_length = _dataset_length(data_source)
+        if not isinstance(shuffle, bool):
+            raise ConfigError(f"shuffle must be a bool, got {shuffle!r}")
+        if not isinstance(drop_last, bool):
+            raise ConfigError(f"drop_last must be a bool, got {drop_last!r}")
+        self.shuffle = shuffle
+        self.seed = _require_int(seed, "seed")
+        self.drop_last = drop_last
+        self.rank, self.world_size = _distributed_defaults(rank, world_size)
+        self.local_length = samples_per_rank(self.dataset_length, self.world_size, drop_last)
+        if self.local_length < 1:
+            raise ConfigError(
+                f"world_size ({self.world_size}) exceeds the dataset length "
+                f"({self.dataset_length}) with drop_last=True: no rank would get a sample"
+            )
+        self._epoch = 0
+        self._local_position = 0
+        self._pass_id = 0  # bumped by every new pass, load and epoch change; stale passes stop
+        self._pass_completed = False  # a pass in this process reached the end of this epoch
+
+    # -- read-only views ----------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to (or the finished epoch, until the next pass)."""
+        return self._epoch
+
+    @property
+    def position(self) -> int:
+        """Global samples consumed in this epoch (this rank's count times ``world_size``)."""
+        return self._local_position * self.world_size
+
+    def __len__(self) -> int:
+        """Indices this rank gets per full epoch (not the remainder of the current one)."""
+        return self.local_length
+
+    def remaining_indices(self) -> torch.Tensor:
+        """This rank's indices of the current epoch not yet consumed (int64 tensor)."""
+        order = epoch_order(
+            self.dataset_length, seed=self.seed, epoch=self._epoch, shuffle=self.shuffle
+        )
+        share = split_for_rank(
+            order, rank=self.rank, world_size=self.world_size, drop_last=self.drop_last
+        )
+        return share[self._local_position :]
+
+    # -- moving ---------------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Move to ``epoch`` at position 0; a no-op when ``epoch`` is the current one.
+
+        The no-op keeps ``for epoch in ...: sampler.set_epoch(epoch)`` safe after a mid-epoch
+        resume (``DistributedSampler`` users call it before every epoch).
+        """
+        epoch = _require_int(epoch, "epoch", minimum=0)
+        if epoch != self._epoch:
+            self._move_to(epoch)
+
+    def _move_to(self, epoch: int) -> None:
+        self._epoch = epoch
+        self._local_position = 0
+        self._pass_completed = False
+        self._pass_id += 1
+
+    def _begin_pass(self) -> int:
+        self._pass_id += 1
+        return self._pass_id
+
+    def _is_current(self, pass_id: int) -> bool:
+        return self._pass_id == pass_id
+
+    def _advance(self, samples: int) -> None:
+        self._local_position = min(self._local_position + samples, self.local_length)
+
+    def _finish_epoch(self) -> None:
+        self._move_to(self._epoch + 1)
+
+    def __iter__(self) -> Iterator[int]:
+        if self._pass_completed:
+            self._finish_epoch()
+        pass_id = self._begin_pass()
+        return self._hand_out(pass_id, self.remaining_indices())
+
+    def _hand_out(self, pass_id: int, indices: torch.Tensor) -> Iterator[int]:
+        for index in _iterate_ints(indices):
+            if not self._is_current(pass_id):
+                return
+            self._local_position += 1
+            yield index
+        if self._is_current(pass_id):
+            self._pass_completed = True
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, int | bool]:
+        """JSON primitives only: where the data stream stands and what it was built from."""
+        return {
+            "version": STATE_VERSION,
+            "epoch": self._epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "dataset_length": self.dataset_length,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resume from a state; refuses one from another dataset length, seed or configuration.
+
+        The saved ``rank`` is informational: the position is global and equal on every rank.
+        """
+        state = _validated_state(state_dict)
+        for field in ("dataset_length", "seed", "shuffle", "drop_last", "world_size"):
+            ours = getattr(self, field)
+            if state[field] != ours:
+                hint = (
+                    " (re-partitioning a stream across a new world size is not supported yet)"
+                    if field == "world_size"
+                    else ""
+                )
+                raise StateMismatchError(
+                    f"loader state {field} is {state[field]!r} but this loader has {ours!r}; "
+                    f"resuming would duplicate or skip samples{hint}"
+                )
+        end = self.local_length * self.world_size
+        position = state["position"]
+        if position > end:
+            raise ConfigError(f"loader state position must be <= {end} (epoch end), got {position}")
+        if position % self.world_size:
+            raise ConfigError(
+                f"loader state position must be a multiple of world_size ({self.world_size}), "
+                f"got {position}"
+            )
+        self._move_to(state["epoch"])
+        self._local_position = position // self.world_size
+        logger.debug("loader resumed at epoch %d, position %d", self._epoch, position)
+
+
+def _validated_state(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(state_dict, Mapping):
+        raise ConfigError(f"loader state must be a mapping, got {type(state_dict).__name__}")
+    state: dict[str, Any] = {}
+    for field, kind in _STATE_FIELDS:
+        if field not in state_dict:
+            raise ConfigError(f"loader state is missing the field {field!r}")
+        value = state_dict[field]
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"loader state {field} must be a bool, got {value!r}")
+            state[field] = value
+        else:
+            minimum = None if field == "seed" else 0
+            state[field] = _require_int(value, f"loader state {field}", minimum=minimum)
+    if state["version"] != STATE_VERSION:
+        raise ConfigError(f"loader state version must be {STATE_VERSION}, got {state['version']}")
+    return state
+
+
+# --- the loader: a DataLoader that counts what the user received -------------------------------
+
+
+class _RemainderFeeder(Sampler[int]):
+    """The DataLoader's sampler: hands out the indices the loader set for the current pass."""
+
+    def __init__(self) -> None:
+        self.indices = torch.empty(0, dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self) -> Iterator[int]:
+        return _iterate_ints(self.indices)
+
+
+class ResumableLoader:
+    """A :class:`torch.utils.data.DataLoader` over a map-style dataset that resumes mid-epoch.
+
+    ``len(loader)`` is this rank's batches per epoch; ``loader.epoch`` the current epoch;
+    ``loader.sampler`` the :class:`ResumableSampler` holding the position. Iterate it as usual::
+
+        for epoch in range(loader.epoch, epochs):
+            for batch in loader:
+                ...
+
+    ``drop_last`` applies to both the rank split (drop instead of pad) and the last partial
+    batch. Keyword arguments other than ``sampler``, ``batch_sampler`` and ``generator`` (which the
+    loader derives itself) go to the DataLoader unchanged.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        **dataloader_kwargs: Any,
+    ) -> None:
+        self.batch_size = _require_int(batch_size, "batch_size", minimum=1)
+        num_workers = _require_int(num_workers, "num_workers", minimum=0)
+        for reserved in _RESERVED_DATALOADER_KWARGS:
+            if reserved in dataloader_kwargs:
+                raise ConfigError(
+                    f"{reserved} is set by ResumableLoader from seed and epoch; do not pass it"
+                )
+        if dataloader_kwargs.get("in_order", True) is not True:
+            raise ConfigError(
+                "in_order must be True: resume counts batches in the order they arrive"
+            )
+        self.dataset = dataset
+        self.sampler = ResumableSampler(
+            dataset,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world_size,
+        )
+        self._feeder = _RemainderFeeder()
+        self._worker_generator = torch.Generator()
+        self.dataloader = DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=self._feeder,
+            drop_last=drop_last,
+            num_workers=num_workers,
+            generator=self._worker_generator,
+            **dataloader_kwargs,
+        )
+
+    # -- views -------------------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to; advances when an iteration runs to exhaustion."""
+        return self.sampler.epoch
+
+    @property
+    def drop_last(self) -> bool:
+        return self.sampler.drop_last
+
+    def __len__(self) -> int:
+        """This rank's batches per full epoch."""
+        samples = self.sampler.local_length
+        if self.drop_last:
+            return samples // self.batch_size
+        return -(-samples // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Move to ``epoch`` at position 0; a no-op for the current epoch (safe after a resume)."""
+        self.sampler.set_epoch(epoch)
+
+    # -- iteration ---------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        sampler = self.sampler
+        pass_id = sampler._begin_pass()
+        remaining = sampler.remaining_indices()
+        batches: Iterator[Any] | None = None
+        if len(remaining) >= (self.batch_size if self.drop_last else 1):
+            self._feeder.indices = remaining
+            self._worker_generator.manual_seed(epoch_seed(sampler.seed, sampler.epoch, "workers"))
+            batches = iter(self.dataloader)
+        return self._deliver(pass_id, batches)
+
+    def _deliver(self, pass_id: int, batches: Iterator[Any] | None) -> Iterator[Any]:
+        sampler = self.sampler
+        if batches is not None:
+            while sampler._is_current(pass_id):
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    break
+                if not sampler._is_current(pass_id):
+                    return
+                sampler._advance(self.batch_size)
+                yield batch
+        if sampler._is_current(pass_id):
+            sampler._finish_epoch()
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, int | bool]:
+        """JSON primitives: epoch, global position (samples delivered), seed, length, split."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resume from a state; an iteration in progress is abandoned (it stops yielding)."""
+        self.sampler.load_state_dict(state_dict)

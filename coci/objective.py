@@ -1,0 +1,489 @@
+"""The one definition of what a checkpoint plan costs (profiler -> **plan** -> snapshot -> persist -> report).
+
+The planner (:mod:`coci.policies`, :mod:`coci.planner`), the exact check (:mod:`coci.exact`) and
+the simulator all score a plan with the functions here, so "expected overhead" means the same thing
+everywhere.
+
+Notation (DESIGN, "The math"): step time ``t``; checkpoint cost ``C`` (stall + interference: what one
+checkpoint costs training); persist time ``P`` (background; a checkpoint *commits* ``P`` seconds after
+its snapshot); restart cost ``R``; progress rate ``v(s) = -dL/ds`` of the fitted loss curve.
+
+Progress weight
+---------------
+``w(s) = v(s) / mean(v)``, the mean taken over the span being planned (the whole run for an offline
+plan, the remaining steps for an online re-plan), so ``w`` averages 1 and a second of work lost
+where ``w = 2`` costs as much as two average seconds. :func:`mixture_weight` gives DESIGN's
+``w_mu = (w + mu) / (1 + mu)``; internally the planner uses ``alpha = 1 / (1 + mu)`` (the weight on
+progress) because it stays finite: ``w_alpha = alpha w + (1 - alpha)``, alpha = 1 is pure progress,
+alpha = 0 pure time.
+
+The expected-value model (first order, shared by planner and DP)
+-----------------------------------------------------------------
+Positions ``x`` are seconds of *progress* (``x = step * t``); the plan covers ``[x0, H]`` with
+``x0 = start_step * t`` and ``H = total_steps * t``. Failures arrive along the progress axis with
+the expected count ``M(x)`` of :class:`ExpectedFailures` (``M(x) = lambda x`` for a constant hazard).
+A failure at ``x`` costs ``R`` plus the work since the last *committed* checkpoint: checkpoint ``i``
+(snapshot at ``x_i``) is committed from ``e_i = min(x_i + P, H)`` on, so a failure in
+``[e_i, e_{i+1})`` rolls back to ``x_i`` (and one before ``e_1`` to the last committed checkpoint
+before the plan, step 0 for a fresh run). With ``W`` the cumulative weight,
+
+    wall-clock     = n C + R (M(H) - M(x0)) + sum_j int_{e_j}^{e_{j+1}} (x - x_j)          dM(x)
+    progress       = n C + R (M(H) - M(x0)) + sum_j int_{e_j}^{e_{j+1}} (W(x) - W(x_j))    dM(x)
+
+"First order" means: failures during overhead (checkpoint stalls, restarts, re-executed work) are
+not counted and re-executed work does not shift later failures. This is Young's model generalised
+to a time-varying hazard and weight; it is accurate while ``M`` over an interval is small, and it is
+exactly what :mod:`coci.exact` minimises, so planner and DP agree on the objective. Checkpoints that
+do not commit before ``H`` still cost ``C``.
+
+Discretisation: :func:`build_cost_model` cuts ``[x0, H]`` into cells at integer steps (one per step
+for short horizons, a log + linear grid for long ones) and takes the hazard ``dM/dx`` and the weight
+as constant per cell (the hazard as the cell's exact average, the weight by Simpson's rule). All
+integrals above are then *exact* for the cell model: ``M`` and ``W`` are piecewise linear and
+``int h W dx`` is piecewise quadratic, evaluated in closed form at any position.
+
+Restarting hazards
+------------------
+For a Weibull (or any non-memoryless) model whose clock restarts at each (re)start, the plan uses the
+*expected* hazard at progress position ``x``: the renewal density ``m(x) = E[h(age at x)]`` of the
+failure process started at the plan's origin (the latest (re)start), solved from the renewal
+equation ``M = F + M * dF`` on a grid (:data:`coci.knobs.RENEWAL_GRID_POINTS` points over at most
+:data:`coci.knobs.RENEWAL_MAX_MEANS` MTBFs; beyond that ``M`` grows at the long-run rate ``1/MTBF``).
+Approximation: as in the first-order model the renewal clock runs on progress time (overheads and
+re-executed work ignored). With shape < 1 this front-loads the hazard (short intervals right after a
+(re)start); with shape > 1 it defers it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from coci import knobs
+from coci.errors import ConfigError
+
+__all__ = [
+    "CostModel",
+    "ExpectedFailures",
+    "Overhead",
+    "build_cost_model",
+    "expected_failures",
+    "mixture_weight",
+    "progress_weight",
+]
+
+RateFunction = Callable[[np.ndarray], np.ndarray]
+
+
+# --- weights -------------------------------------------------------------------------------------
+
+
+def progress_weight(rates: Any, widths: Any = None) -> np.ndarray:
+    """``w = v / mean(v)``: the progress rate normalised to mean 1 over the horizon.
+
+    ``rates`` are ``v`` on cells of the horizon; ``widths`` the cells' lengths (equal cells when
+    omitted). Raises :class:`ConfigError` (field ``curve``) when ``v`` is negative, not finite or
+    zero everywhere: such a curve carries no progress information.
+    """
+    v = np.asarray(rates, dtype=float)
+    if v.size == 0 or not np.all(np.isfinite(v)) or np.any(v < 0):
+        raise ConfigError("curve: the progress rate must be finite and non-negative over the horizon")
+    if widths is None:
+        mean = float(v.mean())
+    else:
+        width = np.asarray(widths, dtype=float)
+        mean = float(np.dot(v, width) / width.sum())
+    if not (mean > 0 and math.isfinite(mean)):
+        raise ConfigError("curve: the fitted loss does not fall over the horizon (progress rate 0)")
+    return v / mean
+
+
+def mixture_weight(weight: Any, mu: float | None) -> np.ndarray:
+    """DESIGN's ``w_mu = (w + mu) / (1 + mu)``; ``mu = None`` or ``inf`` gives the time weight 1."""
+    w = np.asarray(weight, dtype=float)
+    if mu is None or math.isinf(mu):
+        return np.ones_like(w)
+    if not (mu >= 0):
+        raise ConfigError(f"mu must be non-negative, got {mu!r}")
+    return (w + mu) / (1.0 + mu)
+
+
+def alpha_from_mu(mu: float | None) -> float:
+    """Weight on progress ``alpha = 1 / (1 + mu)`` (0 for ``mu = None``/inf: pure time)."""
+    return 0.0 if mu is None or math.isinf(mu) else 1.0 / (1.0 + mu)
+
+
+def mu_from_alpha(alpha: float) -> float | None:
+    """Inverse of :func:`alpha_from_mu`; ``None`` stands for ``mu = inf`` (pure time)."""
+    return None if alpha <= 0 else (1.0 - alpha) / alpha
+
+
+# --- failures along the progress axis ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExpectedFailures:
+    """``M(x)``: expected failures in the first ``x`` seconds of progress after ``origin_seconds``.
+
+    Tabulated on ``grid`` (seconds after the origin, starting at 0) with ``values`` (``M`` there)
+    and continued linearly at ``tail_rate`` beyond the grid. ``M`` is 0 before the origin. For a
+    renewal process ``first`` is the CDF of the first failure and ``values`` hold ``M - F`` (smooth
+    even where ``F`` is steep, e.g. a Weibull of shape < 1 right after the start), so ``M`` is exact
+    to first order inside the first grid cell too.
+    """
+
+    grid: np.ndarray
+    values: np.ndarray
+    tail_rate: float
+    origin_seconds: float = 0.0
+    description: str = ""
+    first: RateFunction | None = None
+
+    @classmethod
+    def constant(cls, rate: float, origin_seconds: float = 0.0) -> ExpectedFailures:
+        """Memoryless failures at ``rate`` per second."""
+        if not (rate > 0 and math.isfinite(rate)):
+            raise ConfigError(f"failure rate must be positive and finite, got {rate!r}")
+        return cls(np.array([0.0, 1.0]), np.array([0.0, rate]), rate, origin_seconds, "constant")
+
+    @classmethod
+    def renewal(
+        cls,
+        cumulative_hazard: RateFunction,
+        mean_seconds: float,
+        horizon_seconds: float,
+        origin_seconds: float = 0.0,
+    ) -> ExpectedFailures:
+        """Renewal function of a hazard that restarts at each failure (see the module docstring)."""
+        span = min(max(horizon_seconds, mean_seconds), knobs.RENEWAL_MAX_MEANS * mean_seconds)
+        points = knobs.RENEWAL_GRID_POINTS
+        grid = np.linspace(0.0, span, points + 1)
+        cdf = -np.expm1(-np.asarray(cumulative_hazard(grid), dtype=float))
+        values = _solve_renewal(cdf) - cdf
+
+        def first(x: np.ndarray) -> np.ndarray:
+            return -np.expm1(-np.asarray(cumulative_hazard(np.maximum(x, 0.0)), dtype=float))
+
+        return cls(grid, values, 1.0 / mean_seconds, origin_seconds, "renewal", first)
+
+    @classmethod
+    def from_hazard(
+        cls, hazard: RateFunction, horizon_seconds: float, origin_seconds: float = 0.0
+    ) -> ExpectedFailures:
+        """Integrate a plain hazard callable ``h(x)`` (1/s, x seconds after the origin; no restarts)."""
+        points = knobs.RENEWAL_GRID_POINTS
+        span = max(horizon_seconds, 1e-9)
+        grid = np.unique(np.concatenate([np.linspace(0, span, points + 1), np.geomspace(span * 1e-6, span, points)]))
+        mids = 0.5 * (grid[1:] + grid[:-1])  # midpoints avoid a singular h(0)
+        rates = np.asarray(hazard(mids), dtype=float)
+        if rates.shape != mids.shape or not np.all(np.isfinite(rates)) or np.any(rates < 0):
+            raise ConfigError("failures: the hazard must return finite, non-negative rates")
+        values = np.concatenate([[0.0], np.cumsum(rates * np.diff(grid))])
+        return cls(grid, values, float(rates[-1]), origin_seconds, "hazard")
+
+    def __call__(self, x_seconds: Any) -> np.ndarray:
+        u = np.asarray(x_seconds, dtype=float) - self.origin_seconds
+        inside = np.interp(u, self.grid, self.values)
+        end = self.values[-1]
+        if self.first is not None:
+            inside = inside + self.first(np.minimum(u, self.grid[-1]))
+            end = end + float(self.first(self.grid[-1:])[0])
+        beyond = end + (u - self.grid[-1]) * self.tail_rate
+        return np.where(u <= 0, 0.0, np.where(u > self.grid[-1], beyond, inside))
+
+
+def _solve_renewal(cdf: np.ndarray) -> np.ndarray:
+    """Renewal function ``M = F + int M(x - y) dF(y)`` on a uniform grid (trapezoidal Stieltjes sum)."""
+    d_cdf = np.diff(cdf)
+    values = np.zeros_like(cdf)
+    half_first = 0.5 * d_cdf[0] if d_cdf.size else 0.0
+    for n in range(1, cdf.size):
+        # M_n = F_n + sum_{k=1..n} dF_k (M_{n-k} + M_{n-k+1}) / 2; the k = 1 term holds M_n itself.
+        previous = values[n - 1 :: -1][:n]  # M_{n-1}, ..., M_0   (index k-1 -> M_{n-k})
+        later = values[n::-1][:n]  # M_n (unknown, 0 here), M_{n-1}, ..., M_1
+        total = cdf[n] + 0.5 * np.dot(d_cdf[:n], previous) + 0.5 * np.dot(d_cdf[1:n], later[1:])
+        values[n] = total / (1.0 - half_first)
+    return values
+
+
+def expected_failures(
+    failures: Any, horizon_seconds: float, origin_seconds: float = 0.0
+) -> ExpectedFailures:
+    """``M(x)`` for a failure model: a :class:`coci.Failures`, an object with ``hazard`` and
+    ``cumulative_hazard``, an :class:`ExpectedFailures`, a plain hazard callable ``h(tau)``, or a
+    positive number (a constant rate per second)."""
+    if isinstance(failures, ExpectedFailures):
+        return failures
+    if isinstance(failures, (int, float)) and not isinstance(failures, bool):
+        return ExpectedFailures.constant(float(failures), origin_seconds)
+    if getattr(failures, "is_memoryless", False):
+        return ExpectedFailures.constant(float(failures.rate), origin_seconds)
+    cumulative = getattr(failures, "cumulative_hazard", None)
+    if callable(cumulative):
+        return ExpectedFailures.renewal(cumulative, float(failures.mean_seconds), horizon_seconds, origin_seconds)
+    if callable(failures):
+        return ExpectedFailures.from_hazard(failures, horizon_seconds, origin_seconds)
+    raise ConfigError(f"failures must be a coci.Failures, a hazard callable or a rate, got {failures!r}")
+
+
+# --- the cost model ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """Expected fault-tolerance overhead of one plan, by metric and by part (seconds)."""
+
+    checkpoints: int
+    checkpoint_seconds: float
+    failures: float
+    restart_seconds: float
+    lost_seconds: float
+    lost_progress_seconds: float
+    run_seconds: float
+
+    @property
+    def wall_seconds(self) -> float:
+        """Expected wall-clock overhead: checkpoints + restarts + lost work."""
+        return self.checkpoint_seconds + self.restart_seconds + self.lost_seconds
+
+    @property
+    def progress_seconds(self) -> float:
+        """Expected progress-weighted overhead: checkpoints + restarts + weighted lost work."""
+        return self.checkpoint_seconds + self.restart_seconds + self.lost_progress_seconds
+
+    def mixture(self, alpha: float) -> float:
+        """``alpha * progress + (1 - alpha) * wall`` (= the ``w_mu`` objective, alpha = 1/(1+mu))."""
+        return alpha * self.progress_seconds + (1.0 - alpha) * self.wall_seconds
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "wall_seconds": self.wall_seconds,
+            "progress_seconds": self.progress_seconds,
+            "wall_fraction": self.wall_seconds / self.run_seconds if self.run_seconds > 0 else 0.0,
+            "checkpoints": float(self.checkpoints),
+            "checkpoint_seconds": self.checkpoint_seconds,
+            "failures": self.failures,
+            "restart_seconds": self.restart_seconds,
+            "lost_seconds": self.lost_seconds,
+            "lost_progress_seconds": self.lost_progress_seconds,
+            "run_seconds": self.run_seconds,
+        }
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per-cell hazard and weight over ``[start_step, total_steps]`` plus the cost figures.
+
+    ``edges`` are cell boundaries in seconds of progress; ``hazard`` (failures/s) and ``weight``
+    (progress weight, time-mean 1) are constant per cell. ``has_progress`` is False when no curve
+    was given (``weight`` is then 1 and both metrics coincide).
+    """
+
+    step_seconds: float
+    checkpoint_seconds: float
+    persist_seconds: float
+    restart_seconds: float
+    total_steps: int
+    start_step: int
+    last_checkpoint_step: int
+    edges: np.ndarray
+    hazard: np.ndarray
+    weight: np.ndarray
+    has_progress: bool
+    cum_failures: np.ndarray
+    cum_weight: np.ndarray
+    cum_time_integral: np.ndarray
+    cum_progress_integral: np.ndarray
+
+    @property
+    def start_seconds(self) -> float:
+        return float(self.edges[0])
+
+    @property
+    def horizon_seconds(self) -> float:
+        return float(self.edges[-1])
+
+    # -- cumulative functions, exact for the cell model -----------------------------------------
+
+    def _locate(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        cell = np.searchsorted(self.edges[1:-1], x, side="right")  # in [0, cells - 1]
+        return cell, x - self.edges[cell]
+
+    def failures_until(self, x: Any) -> np.ndarray:
+        """``M(x) - M(x0)``: expected failures between the plan's start and ``x``."""
+        cell, d = self._locate(np.asarray(x, dtype=float))
+        return self.cum_failures[cell] + self.hazard[cell] * d
+
+    def weight_until(self, x: Any, alpha: float = 1.0) -> np.ndarray:
+        """``W_alpha(x) - W_alpha(x0)``; extends linearly below ``x0`` (first cell's weight)."""
+        x = np.asarray(x, dtype=float)
+        cell, d = self._locate(x)
+        progress = self.cum_weight[cell] + self.weight[cell] * d
+        return alpha * progress + (1.0 - alpha) * (x - self.start_seconds)
+
+    def hazard_integral(self, x: Any, alpha: float = 1.0) -> np.ndarray:
+        """``int_{x0}^{x} W_alpha dM``, piecewise quadratic in ``x``."""
+        x = np.asarray(x, dtype=float)
+        cell, d = self._locate(x)
+        h = self.hazard[cell]
+        time_part = self.cum_time_integral[cell] + h * ((self.edges[cell] - self.start_seconds) * d + 0.5 * d * d)
+        if alpha == 0.0:
+            return time_part
+        progress_part = self.cum_progress_integral[cell] + h * (
+            self.cum_weight[cell] * d + 0.5 * self.weight[cell] * d * d
+        )
+        return alpha * progress_part + (1.0 - alpha) * time_part
+
+    # -- the objective ----------------------------------------------------------------------------
+
+    def segments(self, steps: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(lo, hi, ref)`` per failure segment of a sorted step list: failures in ``[lo, hi)``
+        roll back to ``ref`` (all in seconds of progress)."""
+        x = np.asarray(steps, dtype=float) * self.step_seconds
+        commit = np.minimum(x + self.persist_seconds, self.horizon_seconds)
+        lo = np.concatenate([[self.start_seconds], commit])
+        hi = np.concatenate([commit, [self.horizon_seconds]])
+        ref = np.concatenate([[self.last_checkpoint_step * self.step_seconds], x])
+        return lo, hi, ref
+
+    def lost_work(self, steps: Any, alpha: float) -> float:
+        """Expected weighted lost work of a plan under ``w_alpha``."""
+        lost_time, lost_progress = self._lost(steps, progress=alpha != 0.0)
+        return alpha * lost_progress + (1.0 - alpha) * lost_time
+
+    def _lost(self, steps: Any, *, progress: bool = True) -> tuple[float, float]:
+        """Expected lost work (time metric, progress metric) of a step list, one pass.
+
+        Per segment ``[lo, hi)`` rolling back to ``ref``: ``I(hi) - I(lo) - W(ref) (M(hi) - M(lo))``
+        with ``I = int W dM``; every position is located in the cell grid once.
+        """
+        lo, hi, ref = self.segments(steps)
+        x0 = self.start_seconds
+        (c_lo, d_lo), (c_hi, d_hi), (c_ref, d_ref) = self._locate(lo), self._locate(hi), self._locate(ref)
+        h_lo, h_hi = self.hazard[c_lo], self.hazard[c_hi]
+        failures = (self.cum_failures[c_hi] + h_hi * d_hi) - (self.cum_failures[c_lo] + h_lo * d_lo)
+        e_lo, e_hi = self.edges[c_lo] - x0, self.edges[c_hi] - x0
+        time_hi = self.cum_time_integral[c_hi] + h_hi * (e_hi * d_hi + 0.5 * d_hi * d_hi)
+        time_lo = self.cum_time_integral[c_lo] + h_lo * (e_lo * d_lo + 0.5 * d_lo * d_lo)
+        lost_time = float(np.sum(time_hi - time_lo - (ref - x0) * failures))
+        if not (progress and self.has_progress):
+            return lost_time, lost_time
+        w_lo, w_hi = self.weight[c_lo], self.weight[c_hi]
+        prog_hi = self.cum_progress_integral[c_hi] + h_hi * (self.cum_weight[c_hi] * d_hi + 0.5 * w_hi * d_hi * d_hi)
+        prog_lo = self.cum_progress_integral[c_lo] + h_lo * (self.cum_weight[c_lo] * d_lo + 0.5 * w_lo * d_lo * d_lo)
+        w_ref = self.cum_weight[c_ref] + self.weight[c_ref] * d_ref
+        return lost_time, float(np.sum(prog_hi - prog_lo - w_ref * failures))
+
+    def expected(self, steps: Any) -> Overhead:
+        """Expected overhead of a sorted list of checkpoint steps, both metrics (see module doc)."""
+        checked = self.check_steps(steps)
+        failures = float(self.failures_until(self.horizon_seconds))
+        lost_time, lost_progress = self._lost(checked)
+        return Overhead(
+            checkpoints=int(checked.size),
+            checkpoint_seconds=checked.size * self.checkpoint_seconds,
+            failures=failures,
+            restart_seconds=failures * self.restart_seconds,
+            lost_seconds=lost_time,
+            lost_progress_seconds=lost_progress,
+            run_seconds=self.horizon_seconds - self.start_seconds,
+        )
+
+    def objective(self, steps: Any, alpha: float) -> float:
+        """The ``w_alpha`` objective (what the planner and the DP minimise)."""
+        checked = self.check_steps(steps)
+        failures = float(self.failures_until(self.horizon_seconds))
+        return checked.size * self.checkpoint_seconds + failures * self.restart_seconds + self.lost_work(checked, alpha)
+
+    def check_steps(self, steps: Any) -> np.ndarray:
+        """``steps`` as an int array; raises :class:`ConfigError` unless strictly increasing in
+        ``(start_step, total_steps]``."""
+        array = np.asarray(steps)
+        if array.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+            raise ConfigError("steps must be a 1-D list of integers")
+        if array[0] <= self.start_step or array[-1] > self.total_steps or np.any(np.diff(array) <= 0):
+            raise ConfigError(
+                f"steps must be strictly increasing within ({self.start_step}, {self.total_steps}]"
+            )
+        return array.astype(np.int64, copy=False)
+
+
+def cell_edges(start_step: int, total_steps: int, per_step: bool | None = None) -> np.ndarray:
+    """Integer cell edges over ``[start_step, total_steps]``: every step for short spans (or when
+    ``per_step``), else a union of a linear and a log-spaced grid (detail early and late)."""
+    span = total_steps - start_step
+    if per_step or (per_step is None and span <= knobs.PLAN_PER_STEP_CELLS_MAX):
+        return np.arange(start_step, total_steps + 1, dtype=float)
+    linear = np.linspace(start_step, total_steps, knobs.PLAN_LINEAR_CELLS + 1)
+    log = start_step + np.geomspace(1.0, span, knobs.PLAN_LOG_CELLS)
+    return np.unique(np.rint(np.concatenate([[start_step, total_steps], linear, log])))
+
+
+def build_cost_model(
+    *,
+    total_steps: int,
+    step_seconds: float,
+    checkpoint_seconds: float,
+    persist_seconds: float,
+    restart_seconds: float,
+    failures: ExpectedFailures,
+    progress_rate: RateFunction | None = None,
+    start_step: int = 0,
+    last_checkpoint_step: int | None = None,
+    per_step: bool | None = None,
+) -> CostModel:
+    """Tabulate hazard and weight on cells and precompute the cumulative integrals.
+
+    ``progress_rate(steps)`` is ``v(s)`` (loss decrease per step, vectorised); None means time only.
+    Raises :class:`ConfigError` (field ``curve``) when ``v`` is unusable over the horizon.
+    """
+    if not 0 <= start_step < total_steps:
+        raise ConfigError(f"start_step must lie in [0, total_steps), got {start_step!r}")
+    last = start_step if last_checkpoint_step is None else int(last_checkpoint_step)
+    step_edges = cell_edges(start_step, total_steps, per_step)
+    edges = step_edges * step_seconds
+    width = np.diff(edges)
+    failures_at_edges = failures(edges)
+    hazard = np.maximum(np.diff(failures_at_edges), 0.0) / width
+    if progress_rate is None:
+        weight = np.ones_like(width)
+    else:
+        left, right = step_edges[:-1], step_edges[1:]
+        samples = [np.asarray(progress_rate(s), dtype=float) for s in (left, 0.5 * (left + right), right)]
+        rate = (samples[0] + 4.0 * samples[1] + samples[2]) / 6.0
+        weight = progress_weight(rate, width)
+    cum_failures = _cumulative(hazard * width)
+    cum_weight = _cumulative(weight * width)
+    offset = edges[:-1] - edges[0]
+    cum_time = _cumulative(hazard * (offset * width + 0.5 * width * width))
+    cum_progress = _cumulative(hazard * (cum_weight[:-1] * width + 0.5 * weight * width * width))
+    return CostModel(
+        step_seconds=float(step_seconds),
+        checkpoint_seconds=float(checkpoint_seconds),
+        persist_seconds=float(persist_seconds),
+        restart_seconds=float(restart_seconds),
+        total_steps=int(total_steps),
+        start_step=int(start_step),
+        last_checkpoint_step=min(last, int(start_step)),
+        edges=edges,
+        hazard=hazard,
+        weight=weight,
+        has_progress=progress_rate is not None,
+        cum_failures=cum_failures,
+        cum_weight=cum_weight,
+        cum_time_integral=cum_time,
+        cum_progress_integral=cum_progress,
+    )
+
+
+def _cumulative(parts: np.ndarray) -> np.ndarray:
+    out = np.empty(parts.size + 1)
+    out[0] = 0.0
+    np.cumsum(parts, out=out[1:])
+    return out

@@ -1,0 +1,747 @@
+"""Plans: from measured costs, a failure model and a loss curve to checkpoint steps
+(profiler -> **plan** -> snapshot -> persist -> report).
+
+:func:`plan` is the offline entry point (and what the CLI and the session call): it validates the
+inputs, fits the curve, builds the one cost model of :mod:`coci.objective`, runs the named policy
+of :mod:`coci.policies` and returns a :class:`Plan` with the steps, the expected costs under both
+metrics and every fallback taken. :func:`make_policy` wraps it for :class:`coci.Session`: a
+:class:`PlanningPolicy` that plans after warm-up from the live profile and re-plans only when the
+measured costs or the fit move by more than a threshold.
+
+Fallbacks (recorded in ``Plan.fallbacks``, never silent):
+
+* no curve, or a curve the fitter cannot use (too few points, loss not falling, ...) -> ``auto``
+  uses the time objective; ``coci`` uses the time-optimal plan;
+* a restarting (non-memoryless) failure model -> the expected hazard of the renewal process (see
+  :mod:`coci.objective`), and ``young``/``daly``/``coci`` use the long-run rate ``1 / MTBF``;
+* ``coci``'s fitted loss running out of room before the horizon -> its last interval repeated;
+* online: no stall / persist / restart measured yet -> assumed values (knobs), re-planned once
+  measured.
+
+Open-ended runs (``total_steps=None`` in the session) are planned over
+``max(knobs.PLAN_DEFAULT_HORIZON_STEPS, 2 * current step)`` steps and re-planned over a doubled
+horizon once the run passes ``knobs.PLAN_HORIZON_EXTEND_AT`` of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from coci import knobs
+from coci.errors import ConfigError
+from coci.failures import Failures
+from coci.fit import CurveFit, fit_coci_exponential, fit_curve
+from coci.objective import CostModel, ExpectedFailures, build_cost_model, expected_failures
+from coci.policies import (
+    auto_steps,
+    checkfreq_interval,
+    checkfreq_steps,
+    coci_expected_progress,
+    coci_minutes,
+    daly_interval_seconds,
+    min_interval_steps,
+    periodic_steps,
+    young_interval_seconds,
+)
+from coci.policy import Observation
+from coci.units import parse_duration
+
+__all__ = ["OBJECTIVES", "POLICIES", "Plan", "PlanInputs", "PlanningPolicy", "make_policy", "plan"]
+
+logger = logging.getLogger(__name__)
+
+#: Policy names :func:`plan` and :func:`make_policy` accept.
+POLICIES: tuple[str, ...] = ("auto", "young", "daly", "checkfreq", "coci")
+#: Objectives of ``auto``.
+OBJECTIVES: tuple[str, ...] = ("progress", "time")
+
+
+class PlanInputs(BaseModel):
+    """Everything a plan was computed from (seconds, steps), for the record and the report."""
+
+    model_config = ConfigDict(frozen=True)
+
+    total_steps: int
+    step_seconds: float
+    stall_seconds: float
+    persist_seconds: float
+    restart_seconds: float
+    interference_seconds: float
+    checkpoint_seconds: float
+    max_overhead: float | None = None
+    failures: Failures | None = None
+    curve: str = "none"
+    start_step: int = 0
+    last_checkpoint_step: int = 0
+    failure_origin_step: int = 0
+    min_interval_steps: int = 1
+
+
+class Plan(BaseModel):
+    """A checkpoint plan: the steps, what they are expected to cost, and how they were chosen.
+
+    ``expected`` holds the expected overhead of ``steps`` under the shared model of
+    :mod:`coci.objective`: ``wall_seconds`` (wall-clock), ``progress_seconds`` (progress-weighted),
+    their parts, ``wall_fraction`` of the run, and for ``auto`` the ``time_optimal_wall_seconds``
+    and ``budget_wall_seconds`` the budget was measured against. ``mu`` is the mixture weight of
+    ``auto`` (0: pure progress; None: pure time). ``details`` holds policy figures (intervals,
+    COCI's thetas and P_e); ``notes`` what a reader should know that is not a fallback.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    policy: str
+    objective: str
+    time_budget: float | None
+    inputs: PlanInputs
+    fit: CurveFit | None = None
+    steps: list[int]
+    expected: dict[str, float] = Field(default_factory=dict)
+    fallbacks: list[str] = Field(default_factory=list)
+    mu: float | None = None
+    details: dict[str, float] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+    @field_validator("steps")
+    @classmethod
+    def _increasing(cls, steps: list[int]) -> list[int]:
+        if any(b <= a for a, b in zip(steps, steps[1:])) or (steps and steps[0] < 1):
+            raise ValueError("steps must be strictly increasing positive integers")
+        return steps
+
+    @property
+    def intervals(self) -> list[int]:
+        """Steps between consecutive checkpoints (the first counted from the plan's start)."""
+        previous = [self.inputs.start_step, *self.steps[:-1]]
+        return [b - a for a, b in zip(previous, self.steps)]
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per planned checkpoint: step, interval (steps and seconds), progress time."""
+        steps = np.asarray(self.steps, dtype=np.int64)
+        intervals = np.asarray(self.intervals, dtype=np.int64)
+        t = self.inputs.step_seconds
+        return pd.DataFrame(
+            {
+                "step": steps,
+                "interval_steps": intervals,
+                "interval_seconds": intervals * t,
+                "progress_seconds": steps * t,
+            }
+        )
+
+
+# --- validation --------------------------------------------------------------------------------
+
+
+def _choice(value: Any, valid: tuple[str, ...], field: str) -> str:
+    if not isinstance(value, str) or value not in valid:
+        raise ConfigError(f"{field} must be one of {', '.join(repr(v) for v in valid)}; got {value!r}")
+    return value
+
+
+def _seconds(value: Any, field: str, *, positive: bool) -> float:
+    return parse_duration(value, field=field, positive=positive)
+
+
+def _fraction(value: Any, field: str, *, allow_none: bool, positive: bool) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ConfigError(f"{field} must be a number{' or None' if allow_none else ''}, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        raise ConfigError(f"{field} must be {'positive' if positive else 'non-negative'} and finite, got {value!r}")
+    return number
+
+
+def _steps_count(value: Any, field: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ConfigError(f"{field} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _failure_model(failures: Any, required: bool, policy: str) -> Failures | None:
+    if failures is None:
+        if required:
+            raise ConfigError(f"failures is required for policy {policy!r} (e.g. coci.Failures.exponential('8h'))")
+        return None
+    if isinstance(failures, Failures):
+        return failures
+    if isinstance(failures, (str, int, float)) and not isinstance(failures, bool):
+        return Failures.exponential(mtbf=failures)  # an MTBF, parsed with field name "mtbf"
+    raise ConfigError(f"failures must be a coci.Failures or an MTBF such as '8h', got {failures!r}")
+
+
+# --- the curve ---------------------------------------------------------------------------------
+
+
+def _is_pair(curve: Any) -> bool:
+    return (
+        isinstance(curve, tuple)
+        and len(curve) == 2
+        and all(np.ndim(part) == 1 and np.size(part) > 2 for part in curve)
+    )
+
+
+def _resolve_curve(
+    curve: Any,
+) -> tuple[CurveFit | None, Callable[[np.ndarray], np.ndarray] | None, tuple[np.ndarray, np.ndarray] | None, str, list[str]]:
+    """``(fit, progress_rate, raw (steps, losses), description, fallbacks)`` for a ``curve`` input."""
+    if curve is None:
+        return None, None, None, "none", []
+    if isinstance(curve, CurveFit):
+        fit, raw, description = curve, None, f"CurveFit ({curve.family})"
+    elif callable(curve):
+        return None, curve, None, "progress-rate callable", []
+    else:
+        if _is_pair(curve):
+            steps = np.asarray(curve[0], dtype=float)
+            losses = np.asarray(curve[1], dtype=float)
+        else:
+            losses = np.asarray(curve, dtype=float) if not isinstance(curve, str) else None
+            if losses is None or losses.ndim != 1:
+                raise ConfigError("curve must be per-step losses, (steps, losses), a CurveFit or a progress-rate callable")
+            steps = np.arange(1, losses.size + 1, dtype=float)
+        fit = fit_curve(steps, losses)
+        raw, description = (steps, losses), f"{losses.size} losses"
+    fallbacks: list[str] = []
+    if fit.dropped_points:
+        fallbacks.append(f"curve: dropped {fit.dropped_points} NaN/inf losses")
+    if not fit.usable:
+        fallbacks.append(f"curve unusable ({fit.fallback}): planned for the time objective")
+        return _clean_fit(fit), None, raw, description, fallbacks
+    return _clean_fit(fit), fit.progress_rate, raw, description, fallbacks
+
+
+def _clean_fit(fit: CurveFit) -> CurveFit:
+    """A copy whose float fields are JSON-safe (non-finite figures dropped)."""
+    def finite(value: float | None) -> float | None:
+        return value if value is not None and math.isfinite(value) else None
+
+    return fit.model_copy(
+        update={
+            "candidates": {k: v for k, v in fit.candidates.items() if math.isfinite(v)},
+            "holdout_error": finite(fit.holdout_error),
+            "rmse": finite(fit.rmse),
+            "drift": finite(fit.drift),
+        }
+    )
+
+
+# --- plan --------------------------------------------------------------------------------------
+
+
+def plan(
+    policy: str = "auto",
+    *,
+    failures: Failures | str | float | None,
+    total_steps: int,
+    step_seconds: float,
+    stall_seconds: float,
+    persist_seconds: float,
+    restart_seconds: float = 0.0,
+    interference_seconds: float = 0.0,
+    curve: Any = None,
+    objective: str = "progress",
+    time_budget: float | None = 0.05,
+    max_overhead: float | None = None,
+    start_step: int = 0,
+    last_checkpoint_step: int = 0,
+    failure_origin_step: int = 0,
+) -> Plan:
+    """Plan checkpoint steps for a run of ``total_steps`` steps (see DESIGN, "The math").
+
+    Args:
+        policy: ``"auto"`` (default), ``"young"``, ``"daly"``, ``"checkfreq"`` or ``"coci"``.
+        failures: a :class:`coci.Failures`, or an MTBF (``"8h"`` or seconds) for an exponential
+            model. Optional only for ``checkfreq`` (which ignores it; expected costs are then
+            not computed).
+        total_steps: the horizon in steps (>= 1).
+        step_seconds, stall_seconds, persist_seconds: clean step time, snapshot stall and background
+            persist time (seconds, positive; durations such as ``"6s"`` are accepted).
+        restart_seconds: cost of a restart (restore + relaunch), >= 0.
+        interference_seconds: extra training time one background persist costs, >= 0; the
+            checkpoint cost is ``C = stall + interference``.
+        curve: per-step losses, ``(steps, losses)``, a :class:`coci.fit.CurveFit`, or a callable
+            ``v(steps)`` giving the progress rate directly. Needed by ``auto``'s progress
+            objective and by ``coci``.
+        objective: ``"progress"`` (default) or ``"time"`` (``auto`` only).
+        time_budget: ``auto``: allowed extra expected wall-clock overhead over the time-optimal
+            plan (0.05 = 5%); None = pure progress optimum.
+        max_overhead: cap on checkpoint cost as a share of run time (every policy; CheckFreq's
+            growth threshold, 5% when None).
+        start_step, last_checkpoint_step, failure_origin_step: for re-planning mid-run: plan steps
+            after ``start_step``; failures before the first new commit roll back to
+            ``last_checkpoint_step``; the failure clock (re)started at ``failure_origin_step``.
+    """
+    policy = _choice(policy, POLICIES, "policy")
+    objective = _choice(objective, OBJECTIVES, "objective")
+    time_budget = _fraction(time_budget, "time_budget", allow_none=True, positive=False)
+    max_overhead = _fraction(max_overhead, "max_overhead", allow_none=True, positive=True)
+    total_steps = _steps_count(total_steps, "total_steps", 1)
+    start_step = _steps_count(start_step, "start_step", 0)
+    last_checkpoint_step = _steps_count(last_checkpoint_step, "last_checkpoint_step", 0)
+    failure_origin_step = _steps_count(failure_origin_step, "failure_origin_step", 0)
+    if start_step >= total_steps:
+        raise ConfigError(f"start_step must be below total_steps ({total_steps}), got {start_step}")
+    step = _seconds(step_seconds, "step_seconds", positive=True)
+    stall = _seconds(stall_seconds, "stall_seconds", positive=True)
+    persist = _seconds(persist_seconds, "persist_seconds", positive=True)
+    restart = _seconds(restart_seconds, "restart_seconds", positive=False)
+    interference = _seconds(interference_seconds, "interference_seconds", positive=False)
+    model_failures = _failure_model(failures, policy != "checkfreq", policy)
+    cost = stall + interference
+    min_steps = min_interval_steps(step, persist, cost, max_overhead)
+
+    fit, rate, raw, description, fallbacks = _resolve_curve(curve)
+    notes: list[str] = []
+    details: dict[str, float] = {"min_interval_steps": float(min_steps)}
+
+    model: CostModel | None = None
+    if model_failures is not None:
+        horizon = total_steps * step
+        origin = failure_origin_step * step
+        hazard = expected_failures(model_failures, horizon - origin, origin)
+        if not model_failures.is_memoryless:
+            fallbacks.append(
+                "failures restart at each (re)start: planned with the expected (renewal) hazard; "
+                "young/daly/coci use the long-run rate 1/MTBF"
+            )
+        model = _cost_model(total_steps, step, cost, persist, restart, hazard, rate, start_step, last_checkpoint_step, fallbacks)
+
+    inputs = PlanInputs(
+        total_steps=total_steps,
+        step_seconds=step,
+        stall_seconds=stall,
+        persist_seconds=persist,
+        restart_seconds=restart,
+        interference_seconds=interference,
+        checkpoint_seconds=cost,
+        max_overhead=max_overhead,
+        failures=model_failures,
+        curve=description,
+        start_step=start_step,
+        last_checkpoint_step=min(last_checkpoint_step, start_step),
+        failure_origin_step=failure_origin_step,
+        min_interval_steps=min_steps,
+    )
+    mu: float | None = None
+    effective_objective = objective
+    expected_extra: dict[str, float] = {}
+
+    if policy in ("young", "daly"):
+        assert model_failures is not None
+        if policy == "young":
+            seconds = young_interval_seconds(cost, model_failures.rate)
+        else:
+            seconds = daly_interval_seconds(cost, model_failures.mean_seconds)
+        interval = max(int(round(seconds / step)), 1)
+        details.update(interval_seconds=seconds, interval_steps_formula=float(interval))
+        if interval < min_steps:
+            notes.append(f"{policy} interval raised from {interval} to {min_steps} steps (persist / max_overhead)")
+            interval = min_steps
+        details["interval_steps"] = float(interval)
+        steps = periodic_steps(interval, start_step, total_steps, anchor=max(start_step, last_checkpoint_step))
+        effective_objective = "time"
+    elif policy == "checkfreq":
+        threshold = knobs.CHECKFREQ_MAX_OVERHEAD if max_overhead is None else max_overhead
+        first = checkfreq_interval(stall, persist, step)
+        steps, final = checkfreq_steps(
+            first, checkpoint_seconds=cost, step_seconds=step, max_overhead=threshold,
+            start_step=start_step, total_steps=total_steps, anchor=max(start_step, last_checkpoint_step),
+        )
+        details.update(interval_steps=float(first), final_interval_steps=float(final), max_overhead=threshold)
+        effective_objective = "time"
+    elif policy == "coci":
+        assert model is not None and model_failures is not None
+        steps, coci_details, coci_fallbacks = _coci_plan(fit, raw, model, model_failures, min_steps)
+        details.update(coci_details)
+        fallbacks.extend(coci_fallbacks)
+        effective_objective = "progress" if "theta1_per_minute" in coci_details else "time"
+    else:  # auto
+        assert model is not None
+        if objective == "progress" and not model.has_progress:
+            if curve is None:
+                fallbacks.append("no curve given: planned for the time objective")
+            effective_objective = "time"
+        result = auto_steps(model, objective=effective_objective, time_budget=time_budget, min_steps=min_steps)
+        steps = result.steps
+        mu = result.mu if effective_objective == "progress" else None
+        expected_extra["time_optimal_wall_seconds"] = result.time_optimal_wall_seconds
+        if result.budget_wall_seconds is not None:
+            expected_extra["budget_wall_seconds"] = result.budget_wall_seconds
+
+    expected: dict[str, float] = {}
+    if model is not None:
+        expected = model.expected(steps).as_dict()
+        expected.update(expected_extra)
+    else:
+        expected = {"checkpoints": float(len(steps)), "checkpoint_seconds": len(steps) * cost}
+        notes.append("no failure model: only checkpoint costs are expected")
+    return Plan(
+        policy=policy,
+        objective=effective_objective,
+        time_budget=time_budget,
+        inputs=inputs,
+        fit=fit,
+        steps=[int(s) for s in steps],
+        expected=expected,
+        fallbacks=fallbacks,
+        mu=mu,
+        details=details,
+        notes=notes,
+    )
+
+
+def _cost_model(
+    total_steps: int,
+    step: float,
+    cost: float,
+    persist: float,
+    restart: float,
+    hazard: ExpectedFailures,
+    rate: Callable[[np.ndarray], np.ndarray] | None,
+    start_step: int,
+    last_checkpoint_step: int,
+    fallbacks: list[str],
+) -> CostModel:
+    common = dict(
+        total_steps=total_steps, step_seconds=step, checkpoint_seconds=cost, persist_seconds=persist,
+        restart_seconds=restart, failures=hazard, start_step=start_step,
+        last_checkpoint_step=last_checkpoint_step,
+    )
+    if rate is not None:
+        try:
+            return build_cost_model(progress_rate=rate, **common)
+        except ConfigError as exc:
+            fallbacks.append(f"{exc}: planned for the time objective")
+    return build_cost_model(progress_rate=None, **common)
+
+
+def _coci_thetas(
+    fit: CurveFit | None, raw: tuple[np.ndarray, np.ndarray] | None, step: float, total_steps: int
+) -> tuple[float, float] | None:
+    """COCI's (theta1 per minute, theta2) from raw losses against minutes, as the authors fit."""
+    if raw is not None and (fit is None or fit.usable):
+        steps, losses = raw
+        finite = np.isfinite(steps) & np.isfinite(losses) & (losses > 0)
+        if np.count_nonzero(finite) >= 2:
+            return fit_coci_exponential(steps[finite] * step / 60.0, losses[finite])
+    if fit is not None and fit.usable:
+        if fit.family == "coci_exp":
+            return fit.params["theta1"] * 60.0 / step, fit.params["theta2"]
+        start = fit.window_start or 1.0
+        end = fit.last_step if fit.last_step and fit.last_step > start else float(total_steps)
+        grid = np.linspace(start, end, 200)
+        losses = fit.loss(grid)
+        if np.all(np.isfinite(losses)) and np.all(losses > 0):
+            return fit_coci_exponential(grid * step / 60.0, losses)
+    return None
+
+
+def _coci_plan(
+    fit: CurveFit | None, raw: tuple[np.ndarray, np.ndarray] | None, model: CostModel,
+    failures: Failures, min_steps: int,
+) -> tuple[np.ndarray, dict[str, float], list[str]]:
+    step = model.step_seconds
+    thetas = _coci_thetas(fit, raw, step, model.total_steps)
+    if thetas is None or not thetas[0] < 0:
+        reason = "no usable falling curve" if thetas is None else f"fitted theta1 {thetas[0]:.3g} >= 0"
+        result = auto_steps(model, objective="time", min_steps=min_steps)
+        return result.steps, {}, [f"coci needs a falling loss curve ({reason}): used the time-optimal plan"]
+    theta1, theta2 = thetas
+    pe = coci_expected_progress(theta1, model.checkpoint_seconds / 60.0, failures.rate * 60.0)
+    minutes, repeated = coci_minutes(
+        theta1, theta2, pe, now_minutes=model.start_step * step / 60.0,
+        end_minutes=model.total_steps * step / 60.0,
+    )
+    fallbacks = []
+    if repeated:
+        fallbacks.append("coci: the fitted loss cannot fall by another P_e before the horizon; last interval repeated")
+    from coci.policies import _to_steps  # the shared rounding and spacing rule
+
+    steps = _to_steps(minutes * 60.0, model, min_steps)
+    details = {"theta1_per_minute": theta1, "theta2": theta2, "pe": pe}
+    return steps, details, fallbacks
+
+
+# --- the session's planning policy ---------------------------------------------------------------
+
+
+def make_policy(
+    policy: str,
+    *,
+    failures: Failures | str | float | None,
+    total_steps: int | None,
+    restart_seconds: float | None = None,
+    objective: str = "progress",
+    time_budget: float | None = 0.05,
+    max_overhead: float | None = None,
+) -> PlanningPolicy:
+    """The :class:`coci.policy.CheckpointPolicy` the session uses for a policy name."""
+    return PlanningPolicy(
+        policy,
+        failures=failures,
+        total_steps=total_steps,
+        restart_seconds=restart_seconds,
+        objective=objective,
+        time_budget=time_budget,
+        max_overhead=max_overhead,
+    )
+
+
+class PlanningPolicy:
+    """Plans online from the live profile (see :func:`make_policy`).
+
+    Before the first :meth:`observe` (warm-up) it never checkpoints. Each ``observe`` reads the
+    profile (step time, stall, persist, interference, restore) and the loss trace; it re-plans
+    from the current step when there is no plan yet, when a cost moved by more than
+    ``knobs.PLAN_REPLAN_COST_CHANGE``, when the fitted progress weight moved by more than
+    ``knobs.PLAN_REPLAN_FIT_CHANGE`` (or the fit's family changed), when an open-ended horizon
+    needs extending, or (``checkfreq``) when its interval grew. :meth:`should_checkpoint` is a set
+    lookup. ``state_dict`` keeps CheckFreq's grown interval and the current plan.
+
+    The failure clock of a restarting hazard is taken to have (re)started
+    ``knobs.PLAN_WARMUP_STEPS`` steps before this object's first observation (an approximation:
+    the policy does not see the restore itself).
+    """
+
+    def __init__(
+        self,
+        policy: str,
+        *,
+        failures: Failures | str | float | None,
+        total_steps: int | None,
+        restart_seconds: float | None = None,
+        objective: str = "progress",
+        time_budget: float | None = 0.05,
+        max_overhead: float | None = None,
+    ) -> None:
+        self.policy = _choice(policy, POLICIES, "policy")
+        self.objective = _choice(objective, OBJECTIVES, "objective")
+        self.time_budget = _fraction(time_budget, "time_budget", allow_none=True, positive=False)
+        self.max_overhead = _fraction(max_overhead, "max_overhead", allow_none=True, positive=True)
+        self.total_steps = None if total_steps is None else _steps_count(total_steps, "total_steps", 1)
+        self.restart_seconds = None if restart_seconds is None else _seconds(restart_seconds, "restart_seconds", positive=False)
+        self.failures = _failure_model(failures, self.policy != "checkfreq", self.policy)
+        self.plan: Plan | None = None
+        self._steps: frozenset[int] = frozenset()
+        self._basis: tuple[float, float, float] | None = None
+        self._weight_probe: np.ndarray | None = None
+        self._fit_family: str | None = None
+        self._origin: int | None = None
+        self._horizon: int | None = None
+        self._checkfreq_k: int | None = None
+        self._checkfreq_seen = 0
+        self.replans = 0
+
+    # -- CheckpointPolicy ----------------------------------------------------------------------
+
+    def should_checkpoint(self, step: int) -> bool:
+        return step in self._steps
+
+    def observe(self, observation: Observation) -> None:
+        profile = observation.profile
+        step_seconds = profile.step_seconds.value
+        if step_seconds is None or not step_seconds > 0 or not math.isfinite(step_seconds):
+            return
+        now = int(observation.step)
+        if self._origin is None:
+            self._origin = max(0, now - knobs.PLAN_WARMUP_STEPS)
+        horizon = self._horizon_for(now)
+        if horizon is None:
+            return
+        fallbacks: list[str] = []
+        stall, persist, interference, restart = self._costs(profile, step_seconds, fallbacks)
+        cost = stall + interference
+        basis = (step_seconds, cost, persist)
+        last_checkpoint = max((s for s in observation.checkpoint_steps if s <= now), default=0)
+
+        grew = self._checkfreq_grow(observation, cost, step_seconds)
+        curve = self._curve(observation)
+        reasons = self._moved(basis, curve, now, horizon, grew)
+        if not reasons:
+            return
+        try:
+            new_plan = plan(
+                self.policy,
+                failures=self.failures,
+                total_steps=horizon,
+                step_seconds=step_seconds,
+                stall_seconds=stall,
+                persist_seconds=persist,
+                restart_seconds=restart,
+                interference_seconds=interference,
+                curve=curve,
+                objective=self.objective,
+                time_budget=self.time_budget,
+                max_overhead=self.max_overhead,
+                start_step=now,
+                last_checkpoint_step=last_checkpoint,
+                failure_origin_step=min(self._origin, now),
+            )
+        except ConfigError as exc:  # a measured figure out of range: keep the current plan
+            logger.warning("re-planning at step %d failed, keeping the current plan: %s", now, exc)
+            return
+        if self.policy == "checkfreq":
+            new_plan = self._checkfreq_plan(new_plan, now, horizon, last_checkpoint, cost, step_seconds)
+        if fallbacks or self.total_steps is None:
+            extra = list(fallbacks)
+            if self.total_steps is None:
+                extra.append(f"total_steps unknown: planned over a horizon of {horizon} steps")
+            new_plan = new_plan.model_copy(update={"fallbacks": [*new_plan.fallbacks, *extra]})
+        self._install(new_plan, basis, curve, now, horizon)
+        logger.info("planned at step %d (%s): %d checkpoints", now, ", ".join(reasons), len(new_plan.steps))
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "checkfreq_k": self._checkfreq_k,
+            "checkfreq_seen": self._checkfreq_seen,
+            "horizon": self._horizon,
+            "plan": None if self.plan is None else self.plan.model_dump_json(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("policy") != self.policy:
+            logger.warning("policy state for %r ignored by policy %r", state.get("policy"), self.policy)
+            return
+        self._checkfreq_k = state.get("checkfreq_k")
+        self._checkfreq_seen = int(state.get("checkfreq_seen") or 0)
+        self._horizon = state.get("horizon")
+        raw = state.get("plan")
+        if raw:
+            self.plan = Plan.model_validate_json(raw)
+            self._steps = frozenset(self.plan.steps)
+        self._basis = None  # re-plan at the first observation of the resumed run
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _horizon_for(self, now: int) -> int | None:
+        if self.total_steps is not None:
+            return self.total_steps if now < self.total_steps else None
+        horizon = self._horizon or knobs.PLAN_DEFAULT_HORIZON_STEPS
+        if now >= knobs.PLAN_HORIZON_EXTEND_AT * horizon:
+            horizon = max(2 * horizon, 2 * now)
+        return max(horizon, now + 1)
+
+    def _costs(self, profile: Any, step_seconds: float, fallbacks: list[str]) -> tuple[float, float, float, float]:
+        floor = knobs.PLAN_MIN_COST_SECONDS
+        stall = profile.stall_seconds.value
+        if stall is None:
+            stall = knobs.PLAN_ASSUMED_STALL_STEPS * step_seconds
+            fallbacks.append(f"stall not measured yet: assumed {stall:.3g} s")
+        persist = profile.persist_seconds.value
+        if persist is None:
+            persist = knobs.PLAN_ASSUMED_PERSIST_STEPS * step_seconds
+            fallbacks.append(f"persist not measured yet: assumed {persist:.3g} s")
+        interference = float(getattr(profile, "interference_seconds", 0.0) or 0.0)
+        restart = self.restart_seconds
+        if restart is None:
+            restart = profile.restore_seconds.value
+            if restart is None:
+                restart = 0.0
+                fallbacks.append("restart_seconds unknown: assumed 0 (changes expected costs, not the plan)")
+        return max(float(stall), floor), max(float(persist), floor), max(interference, 0.0), max(float(restart), 0.0)
+
+    def _curve(self, observation: Observation) -> CurveFit | None:
+        needs = self.policy == "coci" or (self.policy == "auto" and self.objective == "progress")
+        if not needs or observation.losses.size < 2:
+            return None
+        return fit_curve(np.asarray(observation.loss_steps, dtype=float), np.asarray(observation.losses, dtype=float))
+
+    def _probe(self, fit: CurveFit | None, now: int, horizon: int) -> np.ndarray | None:
+        if fit is None or not fit.usable:
+            return None
+        rates = fit.progress_rate(np.linspace(now, horizon, 17))
+        mean = float(np.mean(rates))
+        return rates / mean if mean > 0 and np.all(np.isfinite(rates)) else None
+
+    def _moved(self, basis: tuple[float, float, float], fit: CurveFit | None, now: int, horizon: int, grew: bool) -> list[str]:
+        if self.plan is None or self._basis is None:
+            return ["first plan"]
+        reasons = []
+        if horizon != self._horizon:
+            reasons.append(f"horizon {horizon}")
+        if grew:
+            reasons.append(f"checkfreq interval grew to {self._checkfreq_k}")
+        if self.policy != "checkfreq":
+            for name, new, old in zip(("step time", "checkpoint cost", "persist"), basis, self._basis):
+                if abs(new - old) > knobs.PLAN_REPLAN_COST_CHANGE * max(abs(old), 1e-12):
+                    reasons.append(f"{name} {old:.3g} -> {new:.3g} s")
+            family = None if fit is None else fit.family
+            if family != self._fit_family:
+                reasons.append(f"fit {self._fit_family} -> {family}")
+            else:
+                probe = self._probe(fit, now, horizon)
+                old = self._weight_probe
+                if (probe is None) != (old is None):
+                    reasons.append("fit usability changed")
+                elif probe is not None and old is not None:
+                    change = float(np.max(np.abs(probe - old) / np.maximum(old, 1e-12)))
+                    if change > knobs.PLAN_REPLAN_FIT_CHANGE:
+                        reasons.append(f"progress weight moved by {change:.0%}")
+        return reasons
+
+    def _install(self, new_plan: Plan, basis: tuple[float, float, float], fit: CurveFit | None, now: int, horizon: int) -> None:
+        self.plan = new_plan
+        self._steps = frozenset(new_plan.steps)
+        self._basis = basis
+        self._fit_family = None if fit is None else fit.family
+        self._weight_probe = self._probe(fit, now, horizon)
+        self._horizon = horizon
+        self.replans += 1
+
+    def _checkfreq_grow(self, observation: Observation, cost: float, step_seconds: float) -> bool:
+        """CheckFreq's online rule: after each new checkpoint, k += 2 if C / (k t) > max_overhead."""
+        if self.policy != "checkfreq" or self._checkfreq_k is None:
+            return False
+        threshold = knobs.CHECKFREQ_MAX_OVERHEAD if self.max_overhead is None else self.max_overhead
+        grew = False
+        for step in sorted(observation.checkpoint_steps):
+            if step <= self._checkfreq_seen:
+                continue
+            self._checkfreq_seen = step
+            if cost / (self._checkfreq_k * step_seconds) > threshold:
+                self._checkfreq_k += 2
+                grew = True
+        return grew
+
+    def _checkfreq_plan(
+        self, offline: Plan, now: int, horizon: int, last_checkpoint: int, cost: float, step_seconds: float
+    ) -> Plan:
+        """Online CheckFreq: a fixed k (set once, grown by measurement), from the last checkpoint."""
+        if self._checkfreq_k is None:
+            self._checkfreq_k = int(offline.details.get("interval_steps", 1))
+        steps = periodic_steps(self._checkfreq_k, now, horizon, anchor=last_checkpoint)
+        details = {**offline.details, "interval_steps": float(self._checkfreq_k)}
+        details.pop("final_interval_steps", None)
+        if self.failures is not None:
+            expected = _rescore(offline, steps, self.failures)
+        else:
+            expected = {"checkpoints": float(steps.size), "checkpoint_seconds": steps.size * cost}
+        return offline.model_copy(update={"steps": [int(s) for s in steps], "details": details, "expected": expected})
+
+
+def _rescore(reference: Plan, steps: np.ndarray, failures: Failures) -> dict[str, float]:
+    """Expected costs of ``steps`` under the inputs of ``reference`` (time metric)."""
+    inputs = reference.inputs
+    origin = inputs.failure_origin_step * inputs.step_seconds
+    hazard = expected_failures(failures, (inputs.total_steps - inputs.failure_origin_step) * inputs.step_seconds, origin)
+    model = build_cost_model(
+        total_steps=inputs.total_steps, step_seconds=inputs.step_seconds,
+        checkpoint_seconds=inputs.checkpoint_seconds, persist_seconds=inputs.persist_seconds,
+        restart_seconds=inputs.restart_seconds, failures=hazard, start_step=inputs.start_step,
+        last_checkpoint_step=inputs.last_checkpoint_step,
+    )
+    return model.expected(steps).as_dict()
+

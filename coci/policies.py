@@ -1,0 +1,296 @@
+"""Checkpoint policies as pure functions (profiler -> **plan** -> snapshot -> persist -> report).
+
+Each policy turns cost figures, a failure model and (for the convergence-aware ones) a loss curve
+into checkpoint steps. :mod:`coci.planner` validates inputs, picks the policy by name and wraps the
+result in a :class:`coci.Plan`; everything here is plain numbers and arrays.
+
+* ``young``: ``T = sqrt(2 C / lambda)``.
+* ``daly``: Daly's exact optimum for exponential failures,
+  ``T = M (1 + W0(-exp(-(C/M + 1))))`` with ``M = 1 / lambda``. For a non-exponential model both
+  use the long-run rate ``lambda = 1 / MTBF``.
+* ``checkfreq``: as CheckFreq's code does it: ``k = max(ceil((t_full - o) / t), 1)`` with ``o`` the
+  snapshot stall and ``t_full = o + P``; after each checkpoint, if the measured overhead of the next
+  ``k`` steps (``C / (k t)``) exceeds ``max_overhead`` (CheckFreq: 5%), ``k += 2`` (never back). It
+  ignores the failure rate. Offline the growth is replayed from the known ``C``; online
+  (:class:`coci.planner.PlanningPolicy`) it runs from measurements.
+* ``coci``: as COCI's code does it: ``L(t) = exp(theta1 t + theta2)`` with ``t`` in **minutes**,
+  ``P_e = (1 - exp(theta1 C)) (1/(2 lambda) - 1/(2 theta1))`` (C in minutes, lambda per minute), and
+  checkpoint ``k`` at ``L^-1(L_now - k P_e)``. Unit caveat: ``P_e`` has the unit of time (minutes)
+  but is subtracted from loss values, so the plan changes if the same job is described in seconds or
+  hours; and it is not the minimiser of the objective the paper states. Kept for reproduction and
+  comparison. When the fitted loss cannot fall by another ``P_e`` before the horizon (``L`` tends to
+  0), the last interval is repeated to the end (the authors' code re-fits every 10,000 steps
+  instead); the planner records this.
+* ``auto``: DESIGN's convergence-aware optimum, see :func:`auto_steps`.
+
+Constraints shared by every policy (:func:`min_interval_steps`): consecutive checkpoints are at least
+``ceil(P / t)`` steps apart (one persist in flight: the next snapshot waits for the previous
+commit) and, when ``max_overhead`` is given, at least ``C / (max_overhead t)`` steps apart (the
+checkpoint cost never exceeds that share of the run time: for ``auto``, ``young`` and ``daly`` the
+cap covers the whole of C, stall plus interference). Steps are integers, strictly increasing, inside
+``(start_step, total_steps)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.special import lambertw
+
+from coci import knobs
+from coci.objective import CostModel, mu_from_alpha
+
+__all__ = [
+    "AutoResult",
+    "auto_steps",
+    "checkfreq_interval",
+    "checkfreq_steps",
+    "coci_expected_progress",
+    "coci_minutes",
+    "daly_interval_seconds",
+    "min_interval_steps",
+    "periodic_steps",
+    "place",
+    "young_interval_seconds",
+]
+
+
+# --- classical intervals ---------------------------------------------------------------------------
+
+
+def young_interval_seconds(checkpoint_seconds: float, rate: float) -> float:
+    """Young (1974): ``T = sqrt(2 C / lambda)`` seconds."""
+    return math.sqrt(2.0 * checkpoint_seconds / rate)
+
+
+def daly_interval_seconds(checkpoint_seconds: float, mean_seconds: float) -> float:
+    """Daly (2006), exact: ``T = M (1 + W0(-exp(-(C/M + 1))))``; ``M`` if ``C >= M`` (his rule)."""
+    m = mean_seconds
+    if checkpoint_seconds >= m:
+        return m
+    w = lambertw(-math.exp(-(checkpoint_seconds / m + 1.0)), 0).real
+    return float(m * (1.0 + w))
+
+
+def min_interval_steps(
+    step_seconds: float, persist_seconds: float, checkpoint_seconds: float, max_overhead: float | None
+) -> int:
+    """Fewest steps between checkpoints: one persist in flight, and C at most ``max_overhead``."""
+    steps = max(1, math.ceil(persist_seconds / step_seconds - 1e-9))
+    if max_overhead is not None:
+        steps = max(steps, math.ceil(checkpoint_seconds / (max_overhead * step_seconds) - 1e-9))
+    return steps
+
+
+def periodic_steps(interval: int, start_step: int, total_steps: int, anchor: int | None = None) -> np.ndarray:
+    """``anchor + interval, anchor + 2 interval, ...`` after ``start_step`` and before ``total_steps``."""
+    anchor = start_step if anchor is None else anchor
+    first = anchor + interval * max(1, math.ceil((start_step + 1 - anchor) / interval))
+    return np.arange(first, total_steps, interval, dtype=np.int64)
+
+
+def checkfreq_interval(stall_seconds: float, persist_seconds: float, step_seconds: float) -> int:
+    """CheckFreq's initial ``k = max(ceil((t_full - o) / t_step), 1)``, ``t_full = o + P``."""
+    full = stall_seconds + persist_seconds
+    return max(math.ceil((full - stall_seconds) / step_seconds - 1e-9), 1)
+
+
+def checkfreq_steps(
+    interval: int,
+    *,
+    checkpoint_seconds: float,
+    step_seconds: float,
+    max_overhead: float,
+    start_step: int,
+    total_steps: int,
+    anchor: int | None = None,
+) -> tuple[np.ndarray, int]:
+    """CheckFreq's schedule with its growth rule replayed from a known ``C``.
+
+    After each checkpoint the next ``k`` steps cost ``C / (k t)`` extra; while that exceeds
+    ``max_overhead`` the interval grows by 2. Returns ``(steps, final_k)``.
+    """
+    k = interval
+    target = checkpoint_seconds / (max_overhead * step_seconds)
+    growth = max(0, math.ceil((target - k) / 2.0 - 1e-12)) if target > k else 0
+    intervals = k + 2 * np.arange(1, growth + 1, dtype=np.int64)  # after checkpoint j: k + 2j
+    anchor = start_step if anchor is None else anchor
+    first = np.array([k], dtype=np.int64)
+    ramp = np.concatenate([first, intervals[:-1]]) if growth else first
+    positions = anchor + np.cumsum(ramp)
+    final_k = int(k + 2 * growth)
+    last = int(positions[-1])
+    tail = np.arange(last + final_k, total_steps, final_k, dtype=np.int64)
+    steps = np.concatenate([positions, tail])
+    steps = steps[(steps > start_step) & (steps < total_steps)]
+    return steps, final_k
+
+
+# --- COCI as published --------------------------------------------------------------------------
+
+
+def coci_expected_progress(theta1: float, checkpoint_minutes: float, rate_per_minute: float) -> float:
+    """COCI's ``P_e = (1 - exp(theta1 C)) (1/(2 lambda) - 1/(2 theta1))`` (minutes; see caveat)."""
+    return (1.0 - math.exp(theta1 * checkpoint_minutes)) * (
+        1.0 / (2.0 * rate_per_minute) - 1.0 / (2.0 * theta1)
+    )
+
+
+def coci_minutes(
+    theta1: float, theta2: float, pe: float, *, now_minutes: float, end_minutes: float
+) -> tuple[np.ndarray, bool]:
+    """Checkpoint times (minutes) ``L^-1(L_now - k P_e)``, k = 1, 2, ... before ``end_minutes``.
+
+    Returns ``(times, repeated)``; ``repeated`` is True when the loss ran out of room
+    (``L_now - k P_e <= 0``) before the end and the last interval was repeated to the end.
+    """
+    level = math.exp(theta1 * now_minutes + theta2)
+    count = int(math.ceil(level / pe)) + 1
+    targets = level - pe * np.arange(1, count + 1)
+    targets = targets[targets > 0]
+    times = (np.log(targets) - theta2) / theta1
+    inside = times[times < end_minutes]
+    if inside.size == times.size and times.size >= 2:
+        last_interval = float(times[-1] - times[-2])
+        extra = np.arange(times[-1] + last_interval, end_minutes, last_interval) if last_interval > 0 else []
+        return np.concatenate([times, extra]), True
+    return inside, False
+
+
+# --- auto ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AutoResult:
+    """What :func:`auto_steps` chose: steps, the mixture (alpha = 1/(1+mu)) and the budget."""
+
+    steps: np.ndarray
+    alpha: float
+    time_optimal_wall_seconds: float
+    budget_wall_seconds: float | None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def mu(self) -> float | None:
+        return mu_from_alpha(self.alpha)
+
+
+def _density(model: CostModel, alpha: float, min_steps: int, max_density: float | None) -> np.ndarray:
+    """First-order optimal checkpoints per second per cell: sqrt(h w_alpha / (2 C)), capped."""
+    weight = alpha * model.weight + (1.0 - alpha)
+    density = np.sqrt(model.hazard * weight / (2.0 * model.checkpoint_seconds))
+    cap = 1.0 / (min_steps * model.step_seconds)
+    if max_density is not None:
+        cap = min(cap, max_density)
+    density = np.minimum(density, cap)
+    floor = 1e-12 * max(float(density.max()), 1e-300)
+    return np.maximum(density, floor)
+
+
+def place(
+    model: CostModel,
+    alpha: float,
+    min_steps: int,
+    offsets: tuple[int, ...] = (0,),
+) -> list[np.ndarray]:
+    """Checkpoint steps from the density ``n = sqrt(h w_alpha / (2C))`` integrated along the run.
+
+    The cumulative density ``N(x)`` up to the effective end ``H - P`` (the last segment is longer by
+    ``P``: its failures after the last commit are fewer) is split into ``m`` equal parts, ``m`` the
+    nearest integer to ``N(H - P)`` plus each of ``offsets``; checkpoints sit at the split points,
+    rounded to steps and thinned to the minimum interval. Returns one candidate per offset.
+    """
+    density = _density(model, alpha, min_steps, None)
+    cumulative = np.concatenate([[0.0], np.cumsum(density * np.diff(model.edges))])
+    end = model.horizon_seconds - model.persist_seconds
+    if end <= model.start_seconds:
+        return [np.zeros(0, dtype=np.int64) for _ in offsets]
+    total = float(np.interp(end, model.edges, cumulative))
+    base = max(1, int(round(total)))
+    candidates = []
+    for offset in offsets:
+        segments = max(1, base + offset)
+        targets = total * np.arange(1, segments) / segments
+        seconds = np.interp(targets, cumulative, model.edges)
+        candidates.append(_to_steps(seconds, model, min_steps))
+    return candidates
+
+
+def _to_steps(seconds: np.ndarray, model: CostModel, min_steps: int) -> np.ndarray:
+    steps = np.rint(seconds / model.step_seconds).astype(np.int64)
+    first_allowed = max(model.start_step, model.last_checkpoint_step) + min_steps
+    steps = steps[(steps >= first_allowed) & (steps < model.total_steps)]
+    if steps.size > 1:  # sorted already (monotone positions): drop rounding duplicates
+        steps = steps[np.concatenate([[True], np.diff(steps) > 0])]
+    if steps.size > 1 and np.any(np.diff(steps) < min_steps):
+        steps = _thin(steps, min_steps)
+    return steps
+
+
+def _thin(steps: np.ndarray, min_steps: int) -> np.ndarray:
+    """Drop checkpoints closer than ``min_steps`` to the previous kept one (rare: rounding)."""
+    kept = [int(steps[0])]
+    for step in steps[1:].tolist():
+        if step - kept[-1] >= min_steps:
+            kept.append(step)
+    return np.asarray(kept, dtype=np.int64)
+
+
+def _best(model: CostModel, candidates: list[np.ndarray], alpha: float) -> tuple[np.ndarray, float]:
+    scored = [(model.objective(c, alpha), i) for i, c in enumerate(candidates)]
+    value, index = min(scored)
+    return candidates[index], value
+
+
+def auto_steps(
+    model: CostModel,
+    *,
+    objective: str = "progress",
+    time_budget: float | None = 0.05,
+    min_steps: int = 1,
+) -> AutoResult:
+    """DESIGN's "auto": minimise progress-weighted overhead within a wall-clock budget.
+
+    1. The time-optimal plan (``alpha = 0``, Young/Daly generalised to the hazard) sets the
+       reference ``J_t*``; ``objective="time"`` (or a model without progress) returns it.
+    2. The pure progress plan (``alpha = 1``, ``mu = 0``) is returned when ``time_budget`` is None
+       or when it already meets ``J_t <= (1 + time_budget) J_t*``.
+    3. Otherwise ``alpha = 1/(1 + mu)`` is bisected for the largest progress weight whose plan
+       meets the budget; of all feasible plans seen, the one with the least progress-weighted
+       overhead wins. The end points and the final alpha also try ``m - 1`` and ``m + 1``
+       segments (see :func:`place`).
+    """
+    offsets = (-1, 0, 1)
+    time_plan, _ = _best(model, place(model, 0.0, min_steps, offsets), 0.0)
+    time_wall = model.objective(time_plan, 0.0)
+    if objective == "time" or not model.has_progress:
+        return AutoResult(time_plan, 0.0, time_wall, None)
+    progress_candidates = place(model, 1.0, min_steps, offsets)
+    if time_budget is None:
+        plan, _ = _best(model, progress_candidates, 1.0)
+        return AutoResult(plan, 1.0, time_wall, None)
+    budget = (1.0 + time_budget) * time_wall
+    feasible: list[tuple[float, float, np.ndarray]] = [(model.objective(time_plan, 1.0), 0.0, time_plan)]
+
+    def consider(alpha: float, candidates: list[np.ndarray]) -> bool:
+        found = False
+        for steps in candidates:
+            overhead = model.expected(steps)
+            if overhead.wall_seconds <= budget:
+                feasible.append((overhead.progress_seconds, alpha, steps))
+                found = True
+        return found
+
+    if not consider(1.0, progress_candidates):
+        low, high = 0.0, 1.0
+        for _ in range(knobs.PLAN_BISECTION_STEPS):
+            mid = 0.5 * (low + high)
+            if consider(mid, place(model, mid, min_steps)):
+                low = mid
+            else:
+                high = mid
+        consider(low, place(model, low, min_steps, offsets))  # m - 1 and m + 1 at the boundary
+    progress, alpha, steps = min(feasible, key=lambda item: (item[0], -item[1]))
+    return AutoResult(steps, alpha, time_wall, budget)

@@ -1,0 +1,55 @@
+"""Capture and restore every random number generator (snapshot stage; restored last on resume).
+
+profiler -> plan -> **snapshot** -> persist -> report. Python's ``random``, NumPy's legacy global
+generator, torch's CPU generator and every CUDA device's generator. Capturing only reads state, so
+it never disturbs the streams (torchsnapshot's rule); restoring happens after every other state so
+that nothing the loaders or models do while loading consumes draws.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def capture() -> dict[str, Any]:
+    """Return the state of every RNG as a tree of tensors, arrays and JSON values."""
+    version, internal, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+        "numpy": _numpy_state(),
+        "torch_cpu": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["torch_cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore(state: dict[str, Any]) -> None:
+    """Restore every RNG captured by :func:`capture`."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
+    np_state = state["numpy"]
+    np.random.set_state(
+        (np_state["bit_generator"], np_state["key"], np_state["pos"], np_state["has_gauss"], np_state["cached_gaussian"])
+    )
+    # clone: loaded tensors are views into one read buffer, and set_rng_state needs its own storage
+    torch.set_rng_state(state["torch_cpu"].clone())
+    cuda_states = state.get("torch_cuda")
+    if cuda_states and torch.cuda.is_available():
+        count = min(len(cuda_states), torch.cuda.device_count())
+        torch.cuda.set_rng_state_all([s.clone() for s in list(cuda_states)[:count]])
+
+
+def _numpy_state() -> dict[str, Any]:
+    bit_generator, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    return {
+        "bit_generator": bit_generator,
+        "key": np.array(key, copy=True),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }

@@ -1,0 +1,452 @@
+"""``coci.Session``: the one object a training loop talks to (drives every stage of the flow).
+
+profiler -> plan -> snapshot -> persist -> report. Each ``session.step(loss)`` feeds the profiler,
+lets the policy re-plan now and then, and, at a planned step, starts a two-phase checkpoint. A step
+pre-hook on every optimizer in ``state`` is the fence: weights never change while their snapshot
+is being copied (pytorch #144657). ``restore()`` loads the newest committed checkpoint that
+verifies, skipping corrupt ones, and restores RNG state last. A persist that fails in the
+background is recorded in ``events.jsonl`` and raised as :class:`coci.PersistError` at the next
+``step()`` or ``close()``; the session stays usable, so a caller that catches it trains on and the
+next planned checkpoint is attempted again (``on_error="log"`` only logs).
+
+What is copied in the background: tensors the fence protects (parameters of the optimizers in
+``state`` and those optimizers' state). Everything else (buffers such as BatchNorm statistics,
+scheduler and loader state, RNG, plain values) is captured synchronously inside ``step()``, because
+the next forward pass may change it before any optimizer step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from coci import knobs, rng_state, storage
+from coci.checkpointer import Checkpointer, PendingCheckpoint, PersistResult
+from coci.errors import ConfigError, CorruptCheckpointError, PersistError, StateMismatchError
+from coci.events import EventLog
+from coci.policy import AtSteps, CheckpointPolicy, EveryN, Observation
+from coci.stateful import is_stateful, validate_state
+from coci.tree import unflatten
+from profiler import Profiler
+
+logger = logging.getLogger(__name__)
+
+_SESSION_KEY = "__coci__"
+_RNG_KEY = "__coci_rng__"
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What ``Session.restore()`` loaded."""
+
+    step: int
+    epoch: int | None
+    path: Path
+    seconds: float
+    nbytes: int
+    skipped: tuple[Path, ...] = ()
+
+
+class Session:
+    """Checkpoint a training loop when the plan says, and resume it exactly.
+
+    Args:
+        run_dir: directory for ``checkpoints/``, ``events.jsonl``, ``plan.json`` and the report.
+        state: name -> object with ``state_dict``/``load_state_dict``, tensor or plain value.
+        policy: ``"auto"``, ``"coci"``, ``"young"``, ``"daly"``, ``"checkfreq"``, a
+            :class:`coci.EveryN`, a collection of steps, a :class:`coci.Plan`, or any
+            :class:`coci.CheckpointPolicy`.
+        mtbf / failures: the failure model (one of them) for planning policies.
+        total_steps: planning horizon in steps.
+        restart_seconds: cost of a restart; measured restore time is used when None.
+        keep_last: committed checkpoints to keep (None keeps all; never fewer than one).
+        on_error: ``"raise"`` (default) raises a background persist failure at the next
+            ``step``/``close``; ``"log"`` only logs it (it is always in ``events.jsonl``).
+        clock: seconds clock, injectable for tests.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        state: Mapping[str, Any],
+        *,
+        policy: Any = "auto",
+        mtbf: str | float | None = None,
+        failures: Any = None,
+        total_steps: int | None = None,
+        restart_seconds: float | None = None,
+        keep_last: int | None = 2,
+        objective: str = "progress",
+        time_budget: float | None = 0.05,
+        max_overhead: float | None = None,
+        on_error: str = "raise",
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.state = validate_state(state)
+        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
+            raise ConfigError(f"keep_last must be a positive integer or None, got {keep_last!r}")
+        if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1):
+            raise ConfigError(f"total_steps must be a positive integer or None, got {total_steps!r}")
+        if on_error not in ("raise", "log"):
+            raise ConfigError(f"on_error must be 'raise' or 'log', got {on_error!r}")
+        self.run_dir = Path(run_dir)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.run_dir / f".coci-write-test-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"run_dir {str(self.run_dir)!r} is not a writable directory: {exc}") from exc
+        self._clock = clock or time.perf_counter
+        self._on_error = on_error
+        self.events = EventLog(self.run_dir)
+        self.policy = _resolve_policy(
+            policy,
+            mtbf=mtbf,
+            failures=failures,
+            total_steps=total_steps,
+            restart_seconds=restart_seconds,
+            objective=objective,
+            time_budget=time_budget,
+            max_overhead=max_overhead,
+        )
+        self._profiler = Profiler(clock=self._clock)
+        self._checkpointer = Checkpointer(self.run_dir, self.events, keep_last, self._clock)
+        self._steps = 0
+        self._checkpoint_steps: list[int] = []
+        self._error: BaseException | None = None
+        self._stall_pending: PendingCheckpoint | None = None
+        self._stall_seconds = 0.0
+        self._observed_at = -1
+        self._written_plan: Any = None
+        self._closed = False
+        self._hooks = [opt.register_step_pre_hook(self._fence_hook) for opt in self._optimizers()]
+        state_bytes = _tensor_bytes(self.state)
+        self._profiler.set_state_bytes(state_bytes)
+        self._profiler.probe(self.run_dir, state_bytes)  # once, milliseconds: estimates before any checkpoint
+        self._profiler.mark()
+
+    # -- public API ------------------------------------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        """Training steps completed (including those before a restore)."""
+        return self._steps
+
+    @property
+    def profile(self) -> Any:
+        """The live :class:`coci.Profile`."""
+        return self._profiler.profile
+
+    @property
+    def plan(self) -> Any:
+        """The policy's current :class:`coci.Plan` (None for policies that do not plan)."""
+        return getattr(self.policy, "plan", None)
+
+    @property
+    def checkpoint_steps(self) -> tuple[int, ...]:
+        """Steps at which this run (across restarts) started a checkpoint."""
+        return tuple(self._checkpoint_steps)
+
+    def step(self, loss: Any = None) -> PendingCheckpoint | None:
+        """Record one finished training step; start a checkpoint if the policy says so.
+
+        ``loss`` may be a tensor on any device, a float, or None; it is never synchronised here.
+        Returns the pending checkpoint when one starts.
+        """
+        self._check_open()
+        if self._stall_pending is not None:
+            self._profiler.record_stall(self._stall_seconds, self._stall_pending.nbytes)
+            self._stall_pending = None
+        self._profiler.step(loss)
+        self._steps += 1
+        self._poll_persist()
+        if self._should_observe():
+            self._observe()
+        pending = self.checkpoint() if self.policy.should_checkpoint(self._steps) else None
+        self._raise_error()  # last, so a caller that catches it has a consistent session
+        return pending
+
+    def checkpoint(self) -> PendingCheckpoint:
+        """Start a checkpoint of the current state now (also used by ``step``)."""
+        self._check_open()
+        began = self._clock()
+        tree = self._collect_tree()
+        pending = self._checkpointer.start(
+            self._steps, tree, self._fenced_ptrs(), epoch=self._epoch(), state_keys=sorted(self.state)
+        )
+        self._checkpoint_steps.append(self._steps)
+        self._profiler.persist_started()
+        self._stall_pending = pending
+        self._stall_seconds = self._clock() - began
+        return pending
+
+    def wait_snapshot(self) -> None:
+        """Block until the in-flight snapshot is copied (call before changing state outside an
+        optimizer step)."""
+        self._stall_seconds += self._checkpointer.wait_staging()
+
+    def wait(self) -> PersistResult | None:
+        """Block until the in-flight checkpoint is committed (or failed); surface a failure."""
+        pending = self._checkpointer.pending
+        if pending is not None:
+            pending.upload_completion.exception()
+        self._poll_persist()
+        self._raise_error()
+        return None if pending is None or pending.upload_completion.exception() else pending.upload_completion.result()
+
+    def restore(self, *, strict: bool = True) -> RestoreResult | None:
+        """Load the newest committed checkpoint that verifies; None on a fresh run.
+
+        Corrupt checkpoints are skipped with a ``restore_skip`` event and a warning. ``strict``
+        refuses a checkpoint whose state keys differ from ``state`` (the error lists both sides);
+        ``strict=False`` loads the keys both have.
+        """
+        self._check_open()
+        root = storage.checkpoints_dir(self.run_dir)
+        storage.remove_stale_tmp(root)
+        committed = storage.committed_steps(root)
+        skipped: list[Path] = []
+        for step, path in reversed(committed):
+            began = self._clock()
+            try:
+                manifest, tensors = storage.load_checkpoint(path)
+            except CorruptCheckpointError as exc:
+                logger.warning("skipping checkpoint %s: %s", path, exc)
+                self.events.emit("restore_skip", step=step, path=str(path), message=str(exc))
+                skipped.append(path)
+                continue
+            self._apply(manifest, unflatten(manifest.skeleton, tensors), strict)
+            seconds = self._clock() - began
+            nbytes = manifest.files[0].size
+            self._profiler.record_restore(seconds, nbytes)
+            self.events.emit("restore", step=manifest.step, seconds=seconds, bytes=nbytes, path=str(path))
+            self._observed_at = -1
+            self._profiler.mark()
+            return RestoreResult(manifest.step, manifest.epoch, path, seconds, nbytes, tuple(skipped))
+        if committed:
+            raise CorruptCheckpointError(
+                f"none of the {len(committed)} committed checkpoints in {root} verifies: "
+                + ", ".join(p.name for p in skipped)
+            )
+        return None
+
+    def close(self) -> None:
+        """Wait for the last persist, write ``profile.json`` / ``plan.json``, release hooks."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._checkpointer.close()
+            self._poll_persist()
+        finally:
+            for hook in self._hooks:
+                hook.remove()
+            self._hooks = []
+        (self.run_dir / "profile.json").write_text(self._profiler.profile.model_dump_json(indent=2))
+        self._write_plan()
+        self.events.emit("close", step=self._steps, checkpoints=len(self._checkpoint_steps))
+        self._raise_error()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception:  # never mask the exception that is already propagating
+            logger.exception("error while closing the session after a failure")
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError("this Session is closed")
+
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise PersistError(f"background checkpoint failed: {type(error).__name__}: {error}") from error
+
+    def _fence_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._checkpointer.pending is not None:
+            self._stall_seconds += self._checkpointer.fence()
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [value for value in self.state.values() if isinstance(value, torch.optim.Optimizer)]
+
+    def _fenced_ptrs(self) -> set[int]:
+        ptrs: set[int] = set()
+        for optimizer in self._optimizers():
+            for group in optimizer.param_groups:
+                ptrs.update(p.data_ptr() for p in group["params"])
+            for per_param in optimizer.state.values():
+                ptrs.update(v.data_ptr() for v in per_param.values() if isinstance(v, torch.Tensor))
+        return ptrs
+
+    def _epoch(self) -> int | None:
+        for value in self.state.values():
+            epoch = getattr(value, "epoch", None)
+            if isinstance(epoch, int) and not isinstance(epoch, bool):
+                return epoch
+        return None
+
+    def _collect_tree(self) -> dict[str, Any]:
+        tree: dict[str, Any] = {
+            key: value.state_dict() if is_stateful(value) else value for key, value in self.state.items()
+        }
+        own: dict[str, Any] = {
+            "steps": self._steps,
+            "checkpoint_steps": list(self._checkpoint_steps) + [self._steps],
+            "profiler": self._profiler.state_dict(),
+        }
+        policy_state = getattr(self.policy, "state_dict", None)
+        if callable(policy_state):
+            own["policy"] = policy_state()
+        tree[_SESSION_KEY] = own
+        tree[_RNG_KEY] = rng_state.capture()
+        return tree
+
+    def _apply(self, manifest: storage.Manifest, tree: dict[str, Any], strict: bool) -> None:
+        saved = set(manifest.state_keys)
+        current = set(self.state)
+        if saved != current:
+            missing, unexpected = sorted(current - saved), sorted(saved - current)
+            if strict:
+                raise StateMismatchError(
+                    f"checkpoint step_{manifest.step} state keys differ: missing from checkpoint "
+                    f"{missing}, unexpected in checkpoint {unexpected}; restore(strict=False) loads "
+                    "the keys both have"
+                )
+            logger.warning("restoring only shared keys; missing %s, unexpected %s", missing, unexpected)
+        for key in sorted(saved & current):
+            value = self.state[key]
+            if is_stateful(value):
+                value.load_state_dict(tree[key])
+            elif isinstance(value, torch.Tensor) and isinstance(tree[key], torch.Tensor) and value.shape == tree[key].shape:
+                with torch.no_grad():
+                    value.copy_(tree[key])
+            else:
+                self.state[key] = tree[key]
+        own = tree[_SESSION_KEY]
+        self._steps = int(own["steps"])
+        self._checkpoint_steps = [int(s) for s in own["checkpoint_steps"]]
+        self._profiler.load_state_dict(own["profiler"])
+        policy_load = getattr(self.policy, "load_state_dict", None)
+        if callable(policy_load) and "policy" in own:
+            policy_load(own["policy"])
+        rng_state.restore(tree[_RNG_KEY])  # last: nothing above may consume random draws after it
+
+    def _poll_persist(self) -> None:
+        pending = self._checkpointer.pending
+        if pending is None or not pending.done() or getattr(pending, "_polled", False):
+            return
+        pending._polled = True  # type: ignore[attr-defined]
+        error = pending.upload_completion.exception()
+        if error is not None:
+            self._profiler.persist_aborted()
+            if self._on_error == "raise":
+                self._error = error
+            return
+        result = pending.upload_completion.result()
+        self._profiler.persist_finished(result.persist_seconds, result.nbytes)
+        self.events.emit(
+            "persist_end",
+            step=result.step,
+            seconds=result.persist_seconds,
+            staging_seconds=result.staging_seconds,
+            bytes=result.nbytes,
+        )
+        self._observe()
+
+    def _should_observe(self) -> bool:
+        if self._observed_at < 0:
+            return self._profiler.steps >= knobs.PLAN_WARMUP_STEPS
+        return self._steps - self._observed_at >= knobs.OBSERVE_EVERY_STEPS
+
+    def _observe(self) -> None:
+        self._observed_at = self._steps
+        loss_steps, losses = self._profiler.loss_curve()
+        self.policy.observe(
+            Observation(
+                step=self._steps,
+                profile=self._profiler.profile,
+                loss_steps=loss_steps,
+                losses=losses,
+                checkpoint_steps=tuple(self._checkpoint_steps),
+            )
+        )
+        if self.plan is not self._written_plan:
+            self._write_plan()
+
+    def _write_plan(self) -> None:
+        plan = self.plan
+        if plan is None or plan is self._written_plan:
+            return
+        self._written_plan = plan
+        (self.run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
+        self.events.emit("plan", step=self._steps, policy=getattr(plan, "policy", None), checkpoints=len(plan.steps))
+
+
+def _tensor_bytes(state: Mapping[str, Any]) -> int:
+    total = 0
+    for value in state.values():
+        if isinstance(value, torch.nn.Module):
+            total += sum(t.numel() * t.element_size() for t in value.state_dict().values())
+        elif isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+    return total
+
+
+def _resolve_policy(policy: Any, **planning: Any) -> CheckpointPolicy:
+    """Turn the ``policy`` argument into a CheckpointPolicy (strings go to the planner)."""
+    if isinstance(policy, str):
+        from coci.planner import make_policy  # the planner is only needed for planning policies
+
+        failures = _failures(planning.pop("mtbf"), planning.pop("failures"))
+        return make_policy(policy, failures=failures, **planning)
+    if isinstance(policy, (EveryN, AtSteps)) or isinstance(policy, CheckpointPolicy):
+        return policy
+    steps = getattr(policy, "steps", None)
+    if steps is not None and hasattr(policy, "model_dump_json"):  # a precomputed coci.Plan
+        return _PlanPolicy(AtSteps.of(steps), policy)
+    if isinstance(policy, Iterable):
+        return AtSteps.of(policy)
+    raise ConfigError(
+        "policy must be 'auto', 'coci', 'young', 'daly', 'checkfreq', coci.EveryN(k), a collection of "
+        f"steps, a coci.Plan or a CheckpointPolicy; got {policy!r}"
+    )
+
+
+class _PlanPolicy:
+    """A precomputed :class:`coci.Plan` followed as is."""
+
+    def __init__(self, steps: AtSteps, plan: Any) -> None:
+        self._steps = steps
+        self.plan = plan
+
+    def should_checkpoint(self, step: int) -> bool:
+        return self._steps.should_checkpoint(step)
+
+    def observe(self, observation: Observation) -> None:
+        return None
+
+
+def _failures(mtbf: Any, failures: Any) -> Any:
+    if mtbf is not None and failures is not None:
+        raise ConfigError("pass either mtbf= or failures=, not both")
+    if mtbf is None:
+        return failures
+    from coci.failures import Failures
+
+    return Failures.exponential(mtbf=mtbf)

@@ -1,0 +1,175 @@
+"""Phase one of a checkpoint: copy state tensors into reused host buffers (the snapshot stage).
+
+profiler -> plan -> **snapshot** -> persist -> report. All tensors of a checkpoint are staged in one
+host *arena*: a flat uint8 buffer allocated at the first checkpoint (pinned when CUDA tensors are
+staged), pre-faulted, and reused by every later checkpoint. Each tensor gets a typed view at an
+aligned offset, and staging is ``view.copy_(tensor)``: no clone, no deepcopy, no per-save
+allocation (pytorch #170163). The arena grows only when the state itself grows (for example when
+an optimizer creates its state at its first step), never per checkpoint. The persist stage writes
+the arena's bytes as they lie, so the file layout equals the memory layout.
+
+CUDA tensors are copied with ``non_blocking=True``: those the optimizer fence protects on a side
+stream that first waits for the current stream, everything else on the current stream (a later
+forward may change it, and stream order puts the copy first). Completion is an event, waited on
+without spinning.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from coci import knobs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where one tensor lies in the arena (and in the data file)."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def plan_layout(tensors: Sequence[torch.Tensor], align: int = knobs.ARENA_ALIGN_BYTES) -> list[TensorSlot]:
+    """Assign each tensor an aligned offset; pure function of dtypes and shapes."""
+    slots: list[TensorSlot] = []
+    offset = 0
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        slots.append(TensorSlot(tensor.dtype, tuple(tensor.shape), offset, nbytes))
+        offset += -(-nbytes // align) * align
+    return slots
+
+
+def layout_bytes(slots: Sequence[TensorSlot]) -> int:
+    """Bytes the arena needs for ``slots`` (end of the last slot)."""
+    return max((s.offset + s.nbytes for s in slots), default=0)
+
+
+class StagingArena:
+    """A host buffer allocated once and reused for every snapshot.
+
+    ``allocations`` counts real allocations; a stable state reuses the same memory forever
+    (tested through data pointers and RSS).
+    """
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+        self._layout_key: tuple[tuple[torch.dtype, tuple[int, ...]], ...] | None = None
+        self._slots: list[TensorSlot] = []
+        self._views: list[torch.Tensor] = []
+        self.allocations = 0
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self._buffer is None else self._buffer.numel()
+
+    @property
+    def buffer_ptr(self) -> int:
+        """Address of the arena (stable while no reallocation happens)."""
+        return 0 if self._buffer is None else self._buffer.data_ptr()
+
+    @property
+    def slots(self) -> list[TensorSlot]:
+        return self._slots
+
+    def prepare(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Return one staging view per tensor, reallocating only if the state outgrew the arena."""
+        key = tuple((t.dtype, tuple(t.shape)) for t in tensors)
+        if key == self._layout_key:
+            return self._views
+        slots = plan_layout(tensors)
+        needed = layout_bytes(slots)
+        pin = any(t.is_cuda for t in tensors) and torch.cuda.is_available()
+        buffer = self._buffer
+        if buffer is None or buffer.numel() < needed or (pin and not buffer.is_pinned()):
+            size = int(needed * (1 + knobs.ARENA_GROWTH_FRACTION)) + knobs.ARENA_GROWTH_BYTES
+            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+            buffer.fill_(0)  # fault the pages in now, not during the first snapshot's copy
+            self.allocations += 1
+            logger.debug("staging arena allocated: %d bytes (pinned=%s)", needed, pin)
+        self._buffer = buffer
+        self._slots = slots
+        self._views = [_typed_view(buffer, slot) for slot in slots]
+        self._layout_key = key
+        return self._views
+
+    def payload(self) -> memoryview:
+        """The staged bytes, as they will be written."""
+        if self._buffer is None:
+            return memoryview(b"")
+        return memoryview(self._buffer.numpy())[: layout_bytes(self._slots)]
+
+
+def _typed_view(buffer: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
+    raw = buffer[slot.offset : slot.offset + slot.nbytes]
+    if slot.nbytes == 0:
+        return torch.empty(slot.shape, dtype=slot.dtype)
+    return raw.view(slot.dtype).view(slot.shape)
+
+
+class CopyJob:
+    """Stage tensors into their views: CPU copies run where ``run_cpu`` is called (a background
+    thread), CUDA copies are enqueued at construction and awaited through events.
+    """
+
+    def __init__(self, sources: Sequence[torch.Tensor], views: Sequence[torch.Tensor], fenced: Sequence[bool]) -> None:
+        self._cpu_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._events: list[torch.cuda.Event] = []
+        self.fence_event: torch.cuda.Event | None = None
+        cuda_fenced = [(v, s) for s, v, f in zip(sources, views, fenced) if s.is_cuda and f]
+        cuda_eager = [(v, s) for s, v, f in zip(sources, views, fenced) if s.is_cuda and not f]
+        for source, view, is_fenced in zip(sources, views, fenced):
+            if source.is_cuda:
+                continue
+            if is_fenced:
+                self._cpu_pairs.append((view, source))
+            else:
+                view.copy_(source)  # not protected by the fence: copy before training goes on
+        if cuda_eager:
+            for view, source in cuda_eager:
+                view.copy_(source, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._events.append(event)
+        if cuda_fenced:
+            side = _side_stream(cuda_fenced[0][1].device)
+            side.wait_stream(torch.cuda.current_stream(cuda_fenced[0][1].device))
+            with torch.cuda.stream(side):
+                for view, source in cuda_fenced:
+                    view.copy_(source, non_blocking=True)
+                    source.record_stream(side)
+                event = torch.cuda.Event()
+                event.record(side)
+            self._events.append(event)
+            self.fence_event = event
+
+    @property
+    def has_cpu_copies(self) -> bool:
+        """True when fenced CPU tensors remain to copy (the fence must then wait on the host)."""
+        return bool(self._cpu_pairs)
+
+    def run_cpu(self) -> None:
+        """Copy the fenced CPU tensors, then wait for the CUDA copies (blocking, no spin)."""
+        for view, source in self._cpu_pairs:
+            view.copy_(source)
+        for event in self._events:
+            event.synchronize()
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = torch.cuda.Stream(device=device)
+        _SIDE_STREAMS[device] = stream
+    return stream

@@ -1,0 +1,97 @@
+"""Split a state tree into a JSON skeleton and a list of tensors (snapshot and persist stages).
+
+profiler -> plan -> **snapshot -> persist** -> report. A checkpoint stores tensors as raw bytes and
+everything else as JSON, so loading never unpickles anything (invariant 4). ``flatten`` walks the
+nested dicts, lists and tuples of a state_dict and replaces each tensor (and numpy array) with a
+placeholder; ``unflatten`` puts loaded tensors back. Types JSON lacks are tagged so they come back
+as they went in: tuples, dicts with non-string keys (an optimizer's ``state`` is keyed by int),
+numpy arrays and scalars, torch dtypes. Anything else is refused with the path to the value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from coci.errors import StateError
+
+_TAGS = frozenset({"__tensor__", "__ndarray__", "__tuple__", "__dict__", "__np__", "__dtype__"})
+
+
+def flatten(obj: Any, tensors: list[torch.Tensor], path: str = "state") -> Any:
+    """Return a JSON-able skeleton of ``obj``, appending its tensors to ``tensors`` in walk order."""
+    if isinstance(obj, torch.Tensor):
+        _check_tensor(obj, path)
+        tensors.append(obj)
+        return {"__tensor__": len(tensors) - 1}
+    if isinstance(obj, np.ndarray):
+        if obj.dtype == object:
+            raise StateError(f"{path}: numpy arrays of dtype object cannot be checkpointed")
+        tensors.append(torch.from_numpy(np.ascontiguousarray(obj)))
+        return {"__ndarray__": len(tensors) - 1}
+    if isinstance(obj, (bool, int, float, str)) or obj is None:
+        return obj
+    if isinstance(obj, np.generic):
+        return {"__np__": obj.dtype.str, "value": obj.item()}
+    if isinstance(obj, torch.dtype):
+        return {"__dtype__": str(obj).removeprefix("torch.")}
+    if isinstance(obj, tuple):  # torch.Size included
+        return {"__tuple__": [flatten(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [flatten(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and k not in _TAGS for k in obj):
+            return {k: flatten(v, tensors, f"{path}[{k!r}]") for k, v in obj.items()}
+        return {
+            "__dict__": [
+                [flatten(k, tensors, f"{path}.key"), flatten(v, tensors, f"{path}[{k!r}]")]
+                for k, v in obj.items()
+            ]
+        }
+    raise StateError(
+        f"{path}: values of type {type(obj).__name__} cannot be checkpointed "
+        "(tensors, numpy arrays, dict/list/tuple and JSON scalars only)"
+    )
+
+
+def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    """Inverse of :func:`flatten`: rebuild the tree, taking tensors by index."""
+    if isinstance(skeleton, list):
+        return [unflatten(v, tensors) for v in skeleton]
+    if not isinstance(skeleton, dict):
+        return skeleton
+    if "__tensor__" in skeleton:
+        return tensors[_index(skeleton["__tensor__"], tensors)]
+    if "__ndarray__" in skeleton:
+        return tensors[_index(skeleton["__ndarray__"], tensors)].numpy()
+    if "__tuple__" in skeleton:
+        return tuple(unflatten(v, tensors) for v in skeleton["__tuple__"])
+    if "__dict__" in skeleton:
+        return {_hashable(unflatten(k, tensors)): unflatten(v, tensors) for k, v in skeleton["__dict__"]}
+    if "__np__" in skeleton:
+        return np.dtype(skeleton["__np__"]).type(skeleton["value"])
+    if "__dtype__" in skeleton:
+        dtype = getattr(torch, str(skeleton["__dtype__"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise StateError(f"unknown torch dtype {skeleton['__dtype__']!r} in checkpoint")
+        return dtype
+    return {k: unflatten(v, tensors) for k, v in skeleton.items()}
+
+
+def _index(value: Any, tensors: list[torch.Tensor]) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(tensors):
+        raise StateError(f"checkpoint skeleton refers to tensor {value!r} of {len(tensors)}")
+    return value
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(key) if isinstance(key, list) else key
+
+
+def _check_tensor(tensor: torch.Tensor, path: str) -> None:
+    if tensor.is_sparse or tensor.layout != torch.strided:
+        raise StateError(f"{path}: only dense (strided) tensors can be checkpointed")
+    if tensor.is_quantized or tensor.device.type == "meta":
+        raise StateError(f"{path}: quantized and meta tensors cannot be checkpointed")

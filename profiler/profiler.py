@@ -1,0 +1,444 @@
+"""The online profiler (the first stage of **profiler** -> plan -> snapshot -> persist -> report).
+
+One :class:`Profiler` per training job. The session calls ``step(loss)`` once per training step, at
+its end, and reports every checkpoint phase; :attr:`Profiler.profile` turns what was seen into a
+:class:`~profiler.profile.Profile` for the planner.
+
+Step time
+---------
+A step's time is the interval between two consecutive ``step()`` calls on the injectable ``clock``
+(the first ``step()`` of a process has no interval unless :meth:`Profiler.mark` started one). The
+first ``warmup_steps`` steps of every process (restored ones included: a resumed process is cold too)
+are excluded. Every other interval goes into exactly one bounded window (``knobs.STEP_WINDOW``):
+
+* **stall** if ``record_stall`` was called while it was open (the interval contains the snapshot
+  stall, so its length is not a training step's);
+* **persist-overlapped** if a persist was in flight at any moment while it was open: the flag is set by
+  ``persist_started`` (for the open interval) and stays set for every interval that opens while the
+  persist runs; ``persist_finished`` leaves the open interval overlapped, so the first ``step()`` after
+  it closes the last overlapped interval;
+* **clean** otherwise.
+
+Estimates are medians with a MAD spread (:mod:`profiler.stats`); ``interference`` is the median
+overlapped step time over the median clean step time. When no clean interval exists yet (a persist in
+flight all the time), ``step_seconds`` falls back to the overlapped intervals, and says so through
+``interference`` being unknown.
+
+Threads
+-------
+``step``, ``mark`` and ``replay`` belong to the training thread. The checkpoint reports
+(``record_stall``, ``persist_started``/``persist_finished``/``persist_aborted``, ``record_restore``,
+``set_state_bytes``) may come from a background persist thread; they and ``profile``/``state_dict``
+take a lock. ``step`` takes none (it is on the hot path, a few microseconds).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from profiler import knobs
+from profiler.loss_trace import LossTrace
+from profiler.probe import probe_bandwidth
+from profiler.profile import Bandwidth, Estimate, Profile
+from profiler.stats import prior, ratio_estimate, robust_estimate
+
+logger = logging.getLogger(__name__)
+
+#: Version of the dict returned by :meth:`Profiler.state_dict`.
+STATE_FORMAT = 1
+
+_COST_SERIES = (
+    "stall_seconds",
+    "stall_bytes",
+    "persist_seconds",
+    "persist_bytes",
+    "restore_seconds",
+    "restore_bytes",
+)
+_STEP_SERIES = ("clean_step_seconds", "overlapped_step_seconds", "stall_step_seconds")
+
+
+class Profiler:
+    """Measures step time, checkpoint stall, persist, interference, restore and the loss trace.
+
+    ``clock`` returns seconds (monotonic; inject a fake one in tests). ``warmup_steps`` defaults to
+    ``knobs.WARMUP_STEPS``; ``step_window`` / ``cost_window`` to ``knobs.STEP_WINDOW`` /
+    ``knobs.COST_WINDOW``. Bad arguments raise :class:`ValueError` naming the field.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.perf_counter,
+        warmup_steps: int | None = None,
+        *,
+        step_window: int | None = None,
+        cost_window: int | None = None,
+        loss_trace: LossTrace | None = None,
+    ) -> None:
+        if not callable(clock):
+            raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
+        self._clock = clock
+        self._warmup_steps = _non_negative_int(
+            knobs.WARMUP_STEPS if warmup_steps is None else warmup_steps, "warmup_steps"
+        )
+        step_window = _positive_int(knobs.STEP_WINDOW if step_window is None else step_window, "step_window")
+        cost_window = _positive_int(knobs.COST_WINDOW if cost_window is None else cost_window, "cost_window")
+        self._lock = threading.Lock()
+        self._clean: deque[float] = deque(maxlen=step_window)
+        self._overlapped: deque[float] = deque(maxlen=step_window)
+        self._stall_steps: deque[float] = deque(maxlen=step_window)
+        self._costs: dict[str, deque[float]] = {name: deque(maxlen=cost_window) for name in _COST_SERIES}
+        self._trace = loss_trace if loss_trace is not None else LossTrace()
+        self._steps = 0
+        self._process_steps = 0
+        self._last_time: float | None = None
+        self._interval_stall = False
+        self._interval_overlapped = False
+        self._persists_in_flight = 0
+        self._state_bytes: int | None = None
+        self._bandwidth: Bandwidth | None = None
+
+    # ------------------------------------------------------------------ per step (hot path)
+    def step(self, loss: Any = None) -> None:
+        """One training step completed; ``loss`` is a float, int, None or a one-element tensor.
+
+        Closes the open step interval (classifying it as clean, persist-overlapped or stall) and opens
+        the next. Never synchronises with a device (tensors are materialised in batches).
+        """
+        now = self._clock()
+        self._steps += 1
+        self._process_steps += 1
+        last = self._last_time
+        self._last_time = now
+        if last is not None and self._process_steps > self._warmup_steps:
+            duration = now - last
+            if duration >= 0.0:
+                if self._interval_stall:
+                    self._stall_steps.append(duration)
+                elif self._interval_overlapped:
+                    self._overlapped.append(duration)
+                else:
+                    self._clean.append(duration)
+        self._interval_stall = False
+        self._interval_overlapped = self._persists_in_flight > 0
+        if loss is not None:
+            self._trace.add(self._steps, loss)
+
+    def mark(self) -> None:
+        """Start timing the next step interval now, without completing a step.
+
+        Call it right before the first step of a process (after ``restore``) so that step is timed
+        too, or after a pause (evaluation, a blocking save) that should not count as a step.
+        """
+        self._last_time = self._clock()
+        self._interval_stall = False
+        self._interval_overlapped = self._persists_in_flight > 0
+
+    def replay(self, step_seconds: Any = None, losses: Any = None) -> None:
+        """Bulk path: record ``n`` completed steps with known durations and/or losses.
+
+        Equivalent to ``n`` ``step(loss)`` calls, each preceded by the clock advancing by
+        ``step_seconds[i]`` (so all ``n`` steps are timed, the first one from the open interval),
+        with no checkpoint event in between: the first interval keeps the open interval's
+        stall/overlap flags, the others are overlapped only while a persist is in flight. Warm-up
+        applies as for ``step``. The loss trace is fed through the same ``LossTrace`` path.
+        Afterwards no interval is open (call :meth:`mark`). Used to replay a recorded run and to test
+        the memory bound over millions of steps without millions of Python calls.
+        """
+        durations = None if step_seconds is None else np.asarray(step_seconds, dtype=np.float64).reshape(-1)
+        values = None if losses is None else np.asarray(losses, dtype=np.float64).reshape(-1)
+        if durations is None and values is None:
+            return
+        if durations is not None and values is not None and durations.size != values.size:
+            raise ValueError(
+                f"step_seconds and losses must have the same length, got {durations.size} and {values.size}"
+            )
+        n = int(durations.size if durations is not None else values.size)  # type: ignore[union-attr]
+        if n == 0:
+            return
+        first_step = self._steps + 1
+        if durations is not None:
+            self._replay_durations(durations)
+        self._steps += n
+        self._process_steps += n
+        self._last_time = None
+        self._interval_stall = False
+        self._interval_overlapped = self._persists_in_flight > 0
+        if values is not None:
+            self._trace.extend(np.arange(first_step, first_step + n, dtype=np.int64), values)
+
+    def _replay_durations(self, durations: np.ndarray) -> None:
+        # durations[i] closes process step self._process_steps + 1 + i; the warm-up ones are skipped.
+        skip = max(self._warmup_steps - self._process_steps, 0)
+        if skip == 0:
+            self._classify(float(durations[0]), self._interval_stall, self._interval_overlapped)
+        tail = durations[max(skip, 1) :]
+        tail = tail[tail >= 0.0]
+        target = self._overlapped if self._persists_in_flight > 0 else self._clean
+        if tail.size:
+            target.extend(tail[-(target.maxlen or tail.size) :].tolist())
+
+    def _classify(self, duration: float, stall: bool, overlapped: bool) -> None:
+        if duration < 0.0:
+            return
+        if stall:
+            self._stall_steps.append(duration)
+        elif overlapped:
+            self._overlapped.append(duration)
+        else:
+            self._clean.append(duration)
+
+    # ------------------------------------------------------------------ checkpoint reports
+    def record_stall(self, seconds: float, nbytes: int | None = None) -> None:
+        """Training waited ``seconds`` for a snapshot of ``nbytes``; marks the open interval a stall step."""
+        seconds = _non_negative_float(seconds, "seconds")
+        nbytes = _optional_bytes(nbytes, "nbytes")
+        with self._lock:
+            self._interval_stall = True
+            self._costs["stall_seconds"].append(seconds)
+            if nbytes is not None:
+                self._costs["stall_bytes"].append(float(nbytes))
+
+    def persist_started(self) -> None:
+        """A background persist began: the open interval and all that open before it ends overlap it."""
+        with self._lock:
+            self._persists_in_flight += 1
+            self._interval_overlapped = True
+
+    def persist_finished(self, seconds: float, nbytes: int | None = None) -> None:
+        """The persist begun by ``persist_started`` committed after ``seconds``, writing ``nbytes``.
+
+        The open interval stays persist-overlapped; the next ``step()`` closes it.
+        """
+        seconds = _non_negative_float(seconds, "seconds")
+        nbytes = _optional_bytes(nbytes, "nbytes")
+        with self._lock:
+            if self._persists_in_flight == 0:
+                logger.debug("persist_finished without persist_started; recording the sample anyway")
+            self._persists_in_flight = max(self._persists_in_flight - 1, 0)
+            self._costs["persist_seconds"].append(seconds)
+            if nbytes is not None:
+                self._costs["persist_bytes"].append(float(nbytes))
+
+    def persist_aborted(self) -> None:
+        """The persist begun by ``persist_started`` failed: no sample, but it is no longer in flight."""
+        with self._lock:
+            self._persists_in_flight = max(self._persists_in_flight - 1, 0)
+
+    def record_restore(self, seconds: float, nbytes: int | None = None) -> None:
+        """Restoring a checkpoint of ``nbytes`` took ``seconds``."""
+        seconds = _non_negative_float(seconds, "seconds")
+        nbytes = _optional_bytes(nbytes, "nbytes")
+        with self._lock:
+            self._costs["restore_seconds"].append(seconds)
+            if nbytes is not None:
+                self._costs["restore_bytes"].append(float(nbytes))
+
+    def set_state_bytes(self, nbytes: int) -> None:
+        """Bytes of one checkpoint's state: with the probe, gives the priors before any checkpoint."""
+        value = _optional_bytes(nbytes, "nbytes")
+        if value is None:
+            raise ValueError("nbytes must be a non-negative integer, got None")
+        with self._lock:
+            self._state_bytes = value
+
+    def probe(
+        self,
+        directory: str | os.PathLike[str],
+        nbytes: int | None = None,
+        *,
+        device: str | torch.device = "cpu",
+        force: bool = False,
+    ) -> Bandwidth:
+        """One-time host-copy and write+fsync bandwidth probe (see :mod:`profiler.probe`).
+
+        ``nbytes`` defaults to the state size; it also sets the state size when none was set. A second
+        call returns the first result unless ``force``.
+        """
+        if self._bandwidth is not None and not force:
+            return self._bandwidth
+        if nbytes is None:
+            if self._state_bytes is None:
+                raise ValueError("nbytes must be given when set_state_bytes was not called")
+            nbytes = self._state_bytes
+        result = probe_bandwidth(directory, nbytes, device=device)
+        with self._lock:
+            self._bandwidth = result
+            if self._state_bytes is None:
+                self._state_bytes = int(nbytes)
+        return result
+
+    def set_bandwidth(self, bandwidth: Bandwidth) -> None:
+        """Use a known bandwidth (e.g. from an earlier probe) instead of probing."""
+        if not isinstance(bandwidth, Bandwidth):
+            raise ValueError(f"bandwidth must be a profiler.Bandwidth, got {type(bandwidth).__name__}")
+        with self._lock:
+            self._bandwidth = bandwidth
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def steps(self) -> int:
+        """Completed training steps (restored ones included)."""
+        return self._steps
+
+    @steps.setter
+    def steps(self, value: int) -> None:
+        self._steps = _non_negative_int(value, "steps")
+
+    @property
+    def persist_in_flight(self) -> bool:
+        """True between ``persist_started`` and ``persist_finished``/``persist_aborted``."""
+        return self._persists_in_flight > 0
+
+    @property
+    def loss_trace(self) -> LossTrace:
+        """The underlying :class:`LossTrace` (for sizes and the full-resolution recent window)."""
+        return self._trace
+
+    def loss_curve(self, max_points: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(steps, losses)``: the smoothed, log-spaced loss series for the curve fitter."""
+        return self._trace.curve(max_points)
+
+    def recent_losses(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(steps, losses)``: the most recent finite losses at full resolution."""
+        return self._trace.recent()
+
+    @property
+    def profile(self) -> Profile:
+        """The live :class:`Profile` (O(window) to build: read it every few hundred steps, not every step).
+
+        Never synchronises with a device: loss tensors still pending (at most
+        ``knobs.LOSS_TENSOR_BATCH``) are counted in ``loss_points``/``dropped_losses`` once
+        materialised.
+        """
+        with self._lock:
+            clean = robust_estimate(list(self._clean))
+            overlapped = robust_estimate(list(self._overlapped))
+            stall_steps = robust_estimate(list(self._stall_steps))
+            costs = {name: robust_estimate(list(series)) for name, series in self._costs.items()}
+            state_bytes = self._state_bytes
+            bandwidth = self._bandwidth
+        copy_rate = None if bandwidth is None else bandwidth.copy_bytes_per_second
+        write_rate = None if bandwidth is None else bandwidth.write_bytes_per_second
+        return Profile(
+            steps=self._steps,
+            state_bytes=state_bytes,
+            step_seconds=clean if clean.measured else overlapped,
+            overlapped_step_seconds=overlapped,
+            stall_step_seconds=stall_steps,
+            stall_seconds=_measured_or(costs["stall_seconds"], _divide(state_bytes, copy_rate)),
+            stall_bytes=_measured_or(costs["stall_bytes"], state_bytes),
+            persist_seconds=_measured_or(costs["persist_seconds"], _divide(state_bytes, write_rate)),
+            persist_bytes=_measured_or(costs["persist_bytes"], state_bytes),
+            interference=ratio_estimate(overlapped, clean),
+            # Before any restore: the write bandwidth as a (pessimistic) stand-in for reading.
+            restore_seconds=_measured_or(costs["restore_seconds"], _divide(state_bytes, write_rate)),
+            restore_bytes=_measured_or(costs["restore_bytes"], state_bytes),
+            bandwidth=bandwidth,
+            loss_points=self._trace.points,
+            dropped_losses=self._trace.dropped,
+        )
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Every estimate's samples, the probe result and the loss trace (JSON-like values and numpy
+        arrays only), so a resumed job does not re-profile from zero. Flushes pending losses."""
+        trace = self._trace.state_dict()
+        with self._lock:
+            state: dict[str, Any] = {
+                "format": STATE_FORMAT,
+                "steps": int(self._steps),
+                "state_bytes": self._state_bytes,
+                "bandwidth": None if self._bandwidth is None else self._bandwidth.model_dump(mode="json"),
+                "clean_step_seconds": np.asarray(self._clean, dtype=np.float64),
+                "overlapped_step_seconds": np.asarray(self._overlapped, dtype=np.float64),
+                "stall_step_seconds": np.asarray(self._stall_steps, dtype=np.float64),
+            }
+            for name, series in self._costs.items():
+                state[name] = np.asarray(series, dtype=np.float64)
+        state["loss_trace"] = trace
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved. Warm-up starts again and no interval is open."""
+        if not isinstance(state, dict):
+            raise ValueError(f"profiler state must be a dict, got {type(state).__name__}")
+        version = state.get("format")
+        if version != STATE_FORMAT:
+            raise ValueError(f"profiler state format must be {STATE_FORMAT}, got {version!r}")
+        try:
+            steps = _non_negative_int(int(state["steps"]), "steps")
+            state_bytes = _optional_bytes(state["state_bytes"], "state_bytes")
+            bandwidth = None if state["bandwidth"] is None else Bandwidth.model_validate(state["bandwidth"])
+            series = {name: _float_array(state[name], name) for name in _STEP_SERIES + _COST_SERIES}
+            trace_state = state["loss_trace"]
+        except KeyError as exc:
+            raise ValueError(f"profiler state is missing the field {exc.args[0]!r}") from exc
+        self._trace.load_state_dict(trace_state)
+        with self._lock:
+            self._steps = steps
+            self._process_steps = 0
+            self._last_time = None
+            self._interval_stall = False
+            self._interval_overlapped = self._persists_in_flight > 0
+            self._state_bytes = state_bytes
+            self._bandwidth = bandwidth
+            for target, name in zip((self._clean, self._overlapped, self._stall_steps), _STEP_SERIES):
+                target.clear()
+                target.extend(series[name].tolist())
+            for name in _COST_SERIES:
+                self._costs[name].clear()
+                self._costs[name].extend(series[name].tolist())
+
+
+def _measured_or(measured: Estimate, fallback: float | int | None) -> Estimate:
+    return measured if measured.measured else prior(None if fallback is None else float(fallback))
+
+
+def _divide(nbytes: int | None, rate: float | None) -> float | None:
+    if nbytes is None or rate is None or rate <= 0.0:
+        return None
+    return nbytes / rate
+
+
+def _float_array(value: Any, field: str) -> np.ndarray:
+    array = np.asarray(value, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"profiler state field {field!r} holds NaN or infinite samples")
+    return array
+
+
+def _non_negative_float(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{field} must be a non-negative finite number, got {value!r}")
+    return float(value)
+
+
+def _optional_bytes(value: Any, field: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{field} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _non_negative_int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{field} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _positive_int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{field} must be a positive integer, got {value!r}")
+    return int(value)

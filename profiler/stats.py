@@ -1,0 +1,53 @@
+"""Robust summaries of measured samples (profiler -> plan -> snapshot -> persist -> report).
+
+Pure functions: a bounded window of samples in, an :class:`~profiler.profile.Estimate` out. The
+median and the median absolute deviation resist the outliers a training job produces (a data-loader
+hiccup, an evaluation pass, a page-cache flush) that would drag a mean and a standard deviation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+from profiler import knobs
+from profiler.profile import Estimate
+
+
+def robust_estimate(samples: Iterable[float]) -> Estimate:
+    """Median and scaled MAD (``knobs.MAD_TO_SIGMA``) of ``samples``; an empty Estimate if none."""
+    values = np.fromiter(samples, dtype=np.float64)
+    if values.size == 0:
+        return Estimate()
+    median = float(np.median(values))
+    spread = None
+    if values.size >= 2:
+        spread = float(knobs.MAD_TO_SIGMA * np.median(np.abs(values - median)))
+    return Estimate(value=median, spread=spread, count=int(values.size))
+
+
+def ratio_estimate(numerator: Estimate, denominator: Estimate) -> Estimate:
+    """``numerator.value / denominator.value`` with the relative spreads combined in quadrature.
+
+    The count is the numerator's (for the interference ratio: the persist-overlapped steps). Unknown
+    (empty Estimate) when either side is unmeasured or the denominator is not positive.
+    """
+    if not (numerator.measured and denominator.measured):
+        return Estimate()
+    num, den = float(numerator.value), float(denominator.value)  # type: ignore[arg-type]
+    if den <= 0.0 or not math.isfinite(num / den):
+        return Estimate()
+    ratio = num / den
+    spread = None
+    if numerator.spread is not None and denominator.spread is not None and num > 0.0:
+        spread = ratio * math.hypot(numerator.spread / num, denominator.spread / den)
+    return Estimate(value=ratio, spread=spread, count=numerator.count)
+
+
+def prior(value: float | None) -> Estimate:
+    """An unmeasured estimate (``count == 0``) derived from the state size and the probe."""
+    if value is None or not math.isfinite(value):
+        return Estimate()
+    return Estimate(value=float(value), spread=None, count=0)

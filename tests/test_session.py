@@ -1,0 +1,290 @@
+"""coci.Session: validation, exact in-process resume, snapshot isolation, buffer reuse, failures."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import coci
+from coci import snapshot, storage
+from coci.errors import ConfigError, CorruptCheckpointError, PersistError, StateError, StateMismatchError
+
+
+def make(seed: int = 0, bn: bool = False):
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(8, 32)]
+    if bn:
+        layers.append(torch.nn.BatchNorm1d(32))
+    layers += [torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1)]
+    model = torch.nn.Sequential(*layers)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    return model, opt, sched
+
+
+def train(model, opt, sched, steps: int, session=None) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(16, 8)
+        opt.zero_grad()
+        loss = (model(x) ** 2).mean() + random.random() * 1e-6 + float(np.random.rand()) * 1e-6
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if session is not None:
+            session.step(loss.detach())
+    return losses
+
+
+def states_equal(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, torch.Tensor):
+            if not torch.equal(x, y):
+                return False
+        elif isinstance(x, dict):
+            if not states_equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def test_resume_in_process_is_bitwise(tmp_path: Path) -> None:
+    seed_all(1)
+    model, opt, sched = make()
+    reference = train(model, opt, sched, 20)
+
+    seed_all(1)
+    model1, opt1, sched1 = make()
+    session = coci.Session(tmp_path, {"model": model1, "optimizer": opt1, "scheduler": sched1}, policy=coci.EveryN(7))
+    first = train(model1, opt1, sched1, 14, session)  # checkpoints at 7 and 14
+    session.close()
+
+    seed_all(999)  # a restarted process starts from different RNG state
+    model2, opt2, sched2 = make(seed=5)
+    resumed = coci.Session(tmp_path, {"model": model2, "optimizer": opt2, "scheduler": sched2}, policy=coci.EveryN(7))
+    result = resumed.restore()
+    assert result is not None and result.step == 14 and resumed.steps == 14
+    rest = train(model2, opt2, sched2, 6, resumed)
+    resumed.close()
+    assert first + rest == reference
+    assert states_equal(model2.state_dict(), model.state_dict())
+    assert states_equal(opt2.state_dict()["state"], opt.state_dict()["state"])
+    assert sched2.state_dict() == sched.state_dict()
+
+
+def test_fresh_run_restores_nothing(tmp_path: Path) -> None:
+    model, opt, _ = make()
+    session = coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.EveryN(5))
+    assert session.restore() is None
+    session.close()
+
+
+def test_snapshot_isolation_under_a_slow_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The optimizer step after a checkpoint must wait for the copy (pytorch #144657)."""
+    original = snapshot.CopyJob.run_cpu
+
+    def slow(self) -> None:
+        time.sleep(0.3)
+        original(self)
+
+    monkeypatch.setattr(snapshot.CopyJob, "run_cpu", slow)
+    model, opt, sched = make()
+    session = coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.AtSteps.of([3]))
+    train(model, opt, sched, 3, session)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    train(model, opt, sched, 2, session)  # these optimizer steps hit the fence
+    session.close()
+    assert not states_equal(expected, model.state_dict())
+    _, tensors = storage.load_checkpoint(tmp_path / "checkpoints" / "step_3")
+    manifest = storage.read_manifest(tmp_path / "checkpoints" / "step_3")
+    tree = coci.tree.unflatten(manifest.skeleton, tensors)
+    assert states_equal(tree["model"], expected)
+    stall = [e for e in coci.events.read_events(tmp_path) if e["event"] == "snapshot_end"]
+    assert stall and stall[0]["seconds"] >= 0.3
+
+
+def test_buffers_changed_by_the_next_forward_do_not_leak_in(tmp_path: Path) -> None:
+    model, opt, sched = make(bn=True)
+    session = coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.AtSteps.of([2]))
+    train(model, opt, sched, 2, session)
+    running_mean = model[1].running_mean.clone()
+    model(torch.randn(16, 8) + 5.0)  # a forward pass moves BatchNorm statistics before any opt.step
+    session.close()
+    manifest, tensors = storage.load_checkpoint(tmp_path / "checkpoints" / "step_2")
+    tree = coci.tree.unflatten(manifest.skeleton, tensors)
+    assert torch.equal(tree["model"]["1.running_mean"], running_mean)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_staging_buffers_are_reused_and_rss_is_flat(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1024, 1024)  # 4 MiB of weights, 12 MiB with Adam state
+    opt = torch.optim.Adam(model.parameters())
+    session = coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.EveryN(1), keep_last=1)
+    arena = session._checkpointer.arena
+
+    def one_step() -> None:
+        opt.zero_grad()
+        model(torch.randn(4, 1024)).sum().backward()
+        opt.step()
+        session.step(0.0)
+        session.wait()
+
+    for _ in range(150):  # the profiler's recent window and malloc settle first
+        one_step()
+    pointer = arena.buffer_ptr
+    model_slots = [v.data_ptr() for v in arena._views[:4]]  # weight, bias, then Adam state: fixed offsets
+    allocations = arena.allocations
+    rss_before = _rss_bytes()
+    for _ in range(100):
+        one_step()
+    growth = _rss_bytes() - rss_before
+    session.close()
+    assert arena.allocations == allocations
+    assert arena.buffer_ptr == pointer
+    assert [v.data_ptr() for v in arena._views[:4]] == model_slots
+    assert growth < 0.02 * rss_before, f"RSS grew by {growth / 2**20:.1f} MiB over 100 checkpoints"
+    assert [s for s, _ in storage.committed_steps(tmp_path / "checkpoints")] == [250]
+
+
+def test_persist_failure_is_surfaced_and_previous_checkpoint_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, opt, sched = make()
+    session = coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.EveryN(2))
+    train(model, opt, sched, 2, session)
+    session.wait()
+    real_write = storage._write_file
+
+    def full_disk(path, payload, fault_point=None):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(storage, "_write_file", full_disk)
+    train(model, opt, sched, 2, session)  # checkpoint at 4 fails in the background
+    session._checkpointer.pending.upload_completion.exception()
+    with pytest.raises(PersistError, match="No space left"):
+        train(model, opt, sched, 1, session)
+    monkeypatch.setattr(storage, "_write_file", real_write)
+    train(model, opt, sched, 1, session)  # the session is still usable: step 6 checkpoints again
+    session.close()
+    steps = [s for s, _ in storage.committed_steps(tmp_path / "checkpoints")]
+    assert steps == [2, 6]
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+    errors = [e for e in coci.events.read_events(tmp_path) if e["event"] == "error"]
+    assert errors and errors[0]["step"] == 4 and "No space left" in errors[0]["message"]
+
+
+def test_restore_skips_a_corrupt_checkpoint(tmp_path: Path) -> None:
+    model, opt, sched = make()
+    session = coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.EveryN(3), keep_last=3)
+    train(model, opt, sched, 6, session)
+    session.close()
+    data = tmp_path / "checkpoints" / "step_6" / "data.bin"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    data.write_bytes(bytes(raw))
+    model2, opt2, _ = make()
+    resumed = coci.Session(tmp_path, {"model": model2, "optimizer": opt2}, policy=coci.EveryN(3))
+    result = resumed.restore()
+    assert result.step == 3 and result.skipped == (tmp_path / "checkpoints" / "step_6",)
+    assert any(e["event"] == "restore_skip" and e["step"] == 6 for e in coci.events.read_events(tmp_path))
+    resumed.close()
+
+
+def test_restore_refuses_when_every_checkpoint_is_corrupt(tmp_path: Path) -> None:
+    model, opt, sched = make()
+    session = coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.EveryN(3))
+    train(model, opt, sched, 3, session)
+    session.close()
+    (tmp_path / "checkpoints" / "step_3" / "manifest.json").write_text("not json")
+    resumed = coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.EveryN(3))
+    with pytest.raises(CorruptCheckpointError, match="none of the 1 committed"):
+        resumed.restore()
+
+
+def test_state_key_mismatch_lists_keys(tmp_path: Path) -> None:
+    model, opt, sched = make()
+    session = coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.EveryN(2))
+    train(model, opt, sched, 2, session)
+    session.close()
+    other = coci.Session(tmp_path, {"model": model, "scheduler": sched}, policy=coci.EveryN(2))
+    with pytest.raises(StateMismatchError, match=r"missing from checkpoint \['scheduler'\], unexpected in checkpoint \['optimizer'\]"):
+        other.restore()
+    assert other.restore(strict=False).step == 2
+
+
+def test_plain_values_and_tensors_round_trip(tmp_path: Path) -> None:
+    counter = torch.zeros(3)
+    session = coci.Session(tmp_path, {"counter": counter, "meta": {"name": "run", "best": 1.5}}, policy=coci.EveryN(1))
+    counter += 2
+    session.state["meta"]["best"] = 0.5
+    session.step(None)
+    session.close()
+    fresh = torch.zeros(3)
+    resumed = coci.Session(tmp_path, {"counter": fresh, "meta": {}}, policy=coci.EveryN(1))
+    resumed.restore()
+    assert torch.equal(fresh, torch.full((3,), 2.0))  # restored in place
+    assert resumed.state["meta"] == {"name": "run", "best": 0.5}
+
+
+def test_events_record_every_phase(tmp_path: Path) -> None:
+    model, opt, sched = make()
+    with coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.EveryN(2)) as session:
+        train(model, opt, sched, 6, session)
+    kinds = [e["event"] for e in coci.events.read_events(tmp_path)]
+    for kind in ("snapshot_start", "snapshot_end", "commit", "persist_end", "retention", "close"):
+        assert kind in kinds
+    commits = [e for e in coci.events.read_events(tmp_path) if e["event"] == "commit"]
+    assert all(e["bytes"] > 0 and e["seconds"] >= 0 for e in commits)
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert profile["persist_seconds"]["count"] >= 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, fragment",
+    [
+        ({"state": []}, StateError, "state must be a dict"),
+        ({"state": {}}, StateError, "must not be empty"),
+        ({"state": {"model": object()}}, StateError, "state['model'] of type object"),
+        ({"state": {"__coci__": 1}}, StateError, "reserved"),
+        ({"keep_last": 0}, ConfigError, "keep_last must be a positive integer"),
+        ({"total_steps": -5}, ConfigError, "total_steps must be a positive integer"),
+        ({"on_error": "ignore"}, ConfigError, "on_error must be"),
+        ({"policy": 3.5}, ConfigError, "policy must be"),
+        ({"policy": [1, -2]}, ConfigError, "positive integers"),
+    ],
+)
+def test_bad_arguments_name_the_field(tmp_path: Path, kwargs: dict, error: type, fragment: str) -> None:
+    args = {"state": {"w": torch.zeros(1)}, "policy": coci.EveryN(1)}
+    args.update(kwargs)
+    with pytest.raises(error) as info:
+        coci.Session(tmp_path, **args)
+    assert fragment in str(info.value)
+
+
+def test_unwritable_run_dir_is_refused(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="not a writable directory"):
+        coci.Session(blocker / "run", {"w": torch.zeros(1)}, policy=coci.EveryN(1))

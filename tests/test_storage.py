@@ -1,0 +1,101 @@
+"""coci.storage: the commit protocol, verification, retention and refusal of bad files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from coci import storage
+from coci.errors import CorruptCheckpointError
+from coci.snapshot import StagingArena
+
+
+def write(root: Path, step: int, tensors: list[torch.Tensor]) -> Path:
+    arena = StagingArena()
+    views = arena.prepare(tensors)
+    for view, tensor in zip(views, tensors):
+        view.copy_(tensor)
+    path, _ = storage.write_checkpoint(root, step, arena.payload(), arena.slots, {"t": [{"__tensor__": i} for i in range(len(tensors))]}, epoch=0, state_keys=["t"])
+    return path
+
+
+def test_write_then_load_round_trips_bytes(tmp_path: Path) -> None:
+    tensors = [torch.randn(10, 3), torch.arange(7, dtype=torch.int64), torch.randn(4).to(torch.bfloat16), torch.tensor(True)]
+    path = write(tmp_path, 3, tensors)
+    assert path.name == "step_3" and not (tmp_path / "step_3.tmp").exists()
+    manifest, loaded = storage.load_checkpoint(path)
+    assert manifest.step == 3 and manifest.epoch == 0
+    for original, back in zip(tensors, loaded):
+        assert back.dtype == original.dtype and torch.equal(back, original)
+
+
+def test_tmp_directories_are_never_checkpoints(tmp_path: Path) -> None:
+    write(tmp_path, 1, [torch.ones(2)])
+    stale = tmp_path / "step_9.tmp"
+    stale.mkdir()
+    (stale / "manifest.json").write_text("{}")
+    assert [s for s, _ in storage.committed_steps(tmp_path)] == [1]
+    storage.remove_stale_tmp(tmp_path)
+    assert not stale.exists()
+
+
+def test_retention_keeps_newest(tmp_path: Path) -> None:
+    for step in (1, 2, 3, 4):
+        write(tmp_path, step, [torch.full((2,), float(step))])
+        storage.apply_retention(tmp_path, keep_last=2)
+    assert [s for s, _ in storage.committed_steps(tmp_path)] == [3, 4]
+    assert storage.apply_retention(tmp_path, keep_last=1) == [3]
+    assert [s for s, _ in storage.committed_steps(tmp_path)] == [4]
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("flip", "checksum mismatch"),
+        ("truncate", "size"),
+        ("missing_data", "data file is missing"),
+        ("garble_manifest", "manifest.json is unreadable"),
+        ("escape", "outside its checkpoint"),
+        ("oversized_tensor", "does not fit"),
+    ],
+)
+def test_damaged_checkpoints_are_refused(tmp_path: Path, damage: str, message: str) -> None:
+    path = write(tmp_path, 5, [torch.randn(1000)])
+    data, manifest_path = path / "data.bin", path / "manifest.json"
+    if damage == "flip":
+        raw = bytearray(data.read_bytes())
+        raw[123] ^= 0x10
+        data.write_bytes(bytes(raw))
+    elif damage == "truncate":
+        data.write_bytes(data.read_bytes()[:-8])
+    elif damage == "missing_data":
+        data.unlink()
+    elif damage == "garble_manifest":
+        manifest_path.write_text(manifest_path.read_text()[:40])
+    else:
+        manifest = json.loads(manifest_path.read_text())
+        if damage == "escape":
+            manifest["files"][0]["name"] = "../../etc/passwd"
+        else:
+            manifest["tensors"][0]["shape"] = [10**6]
+        manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(CorruptCheckpointError, match=message):
+        storage.verify_checkpoint(path)
+    with pytest.raises(CorruptCheckpointError):
+        storage.load_checkpoint(path)
+
+
+def test_fault_hook_sees_every_commit_point(tmp_path: Path) -> None:
+    seen: list[str] = []
+    storage.set_fault_hook(seen.append)
+    try:
+        write(tmp_path, 1, [torch.ones(3)])
+        write(tmp_path, 2, [torch.ones(3)])
+        storage.apply_retention(tmp_path, keep_last=1)
+    finally:
+        storage.set_fault_hook(None)
+    assert seen[:5] == ["mid_write", "before_manifest", "before_rename", "after_rename", "after_commit"]
+    assert seen[-1] == "retention"
