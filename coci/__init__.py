@@ -18,10 +18,14 @@ from coci.errors import (
     StateError,
     StateMismatchError,
 )
+from coci.failures import Failures
+from coci.fit import CurveFit, fit_curve
 from coci.loader import ResumableLoader, ResumableSampler
+from coci.planner import Plan, plan
 from coci.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from coci.session import RestoreResult, Session
 from coci.stateful import Stateful
+from coci.units import parse_duration
 from profiler import Estimate, Profile
 
 __all__ = [
@@ -31,10 +35,13 @@ __all__ = [
     "CociError",
     "ConfigError",
     "CorruptCheckpointError",
+    "CurveFit",
     "Estimate",
     "EveryN",
+    "Failures",
     "Observation",
     "PendingCheckpoint",
+    "Plan",
     "PersistError",
     "PersistResult",
     "Profile",
@@ -46,4 +53,7 @@ __all__ = [
     "StateMismatchError",
     "Stateful",
     "__version__",
+    "fit_curve",
+    "parse_duration",
+    "plan",
 ]

@@ -373,6 +373,11 @@ def _mae(family: str, params: dict[str, float], s: np.ndarray, y: np.ndarray) ->
     return float(np.mean(error)) if np.all(np.isfinite(error)) else math.inf
 
 
+def _finite_or_none(value: float | None) -> float | None:
+    """Keep JSON round trips exact: non-finite quality figures are recorded as None."""
+    return value if value is not None and math.isfinite(value) else None
+
+
 def _none(reason: str, *, n_points: int, dropped: int, level: float | None, last: float | None) -> CurveFit:
     logger.info("convergence fit unusable: %s", reason)
     params = {} if level is None or not math.isfinite(level) else {"level": float(level)}
@@ -448,7 +453,7 @@ def fit_curve(
     noise = max(_noise_sd(values), 1e-12)
     required = max(knobs.FIT_MIN_DROP_SIGMA * noise, knobs.FIT_MIN_DROP_RELATIVE * abs(head))
     if head - tail <= required:
-        verb = "rising" if tail > head else "not falling"
+        verb = "rising" if tail - head > required else "not falling"
         return _none(
             f"loss {verb}: median of the first fifth {head:.6g}, of the last fifth {tail:.6g} "
             f"(needs a drop above {required:.3g})",
@@ -512,15 +517,15 @@ def fit_curve(
     return CurveFit(
         family=family,  # type: ignore[arg-type]
         params=params,
-        holdout_error=holdout_error,
-        rmse=float(np.sqrt(np.mean(resid**2))),
+        holdout_error=_finite_or_none(holdout_error),
+        rmse=_finite_or_none(float(np.sqrt(np.mean(resid**2)))),
         window_start=window_start,
         n_points=n_points,
         dropped_points=dropped,
         fallback=None,
         n_fit_points=int(np.count_nonzero(chosen)),
-        candidates=candidates,
-        drift=drift,
+        candidates={f: err for f, err in candidates.items() if math.isfinite(err)},
+        drift=_finite_or_none(drift),
         last_step=last,
     )
 

@@ -102,6 +102,13 @@ RENEWAL_GRID_POINTS: int = 1024
 #: The renewal grid spans at most this many MTBFs; beyond, failures arrive at the long-run rate.
 RENEWAL_MAX_MEANS: float = 20.0
 
+#: Plans with at most this many checkpoints get an exact local refinement (each checkpoint moved
+#: to its best step between its neighbours); with more, the first-order density is accurate.
+PLAN_REFINE_MAX_CHECKPOINTS: int = 256
+
+#: Sweeps (even then odd checkpoints) of that refinement at most.
+PLAN_REFINE_SWEEPS: int = 6
+
 #: Bisection steps on mu (as alpha = 1/(1+mu) in [0, 1]) for the time budget of "auto".
 PLAN_BISECTION_STEPS: int = 24
 

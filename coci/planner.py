@@ -48,6 +48,7 @@ from coci.policies import (
     daly_interval_seconds,
     min_interval_steps,
     periodic_steps,
+    snap_to_steps,
     young_interval_seconds,
 )
 from coci.policy import Observation
@@ -465,9 +466,7 @@ def _coci_plan(
     fallbacks = []
     if repeated:
         fallbacks.append("coci: the fitted loss cannot fall by another P_e before the horizon; last interval repeated")
-    from coci.policies import _to_steps  # the shared rounding and spacing rule
-
-    steps = _to_steps(minutes * 60.0, model, min_steps)
+    steps = snap_to_steps(minutes * 60.0, model, min_steps)
     details = {"theta1_per_minute": theta1, "theta2": theta2, "pe": pe}
     return steps, details, fallbacks
 

@@ -151,7 +151,7 @@ def test_json_round_trip(model: Failures) -> None:
 def _write_intervals(path: Path, intervals: np.ndarray, censored: np.ndarray | None = None) -> Path:
     lines = ["interval_s" + (",censored" if censored is not None else "")]
     for i, value in enumerate(intervals):
-        lines.append(f"{value!r}" + (f",{int(censored[i])}" if censored is not None else ""))
+        lines.append(f"{float(value)!r}" + (f",{int(censored[i])}" if censored is not None else ""))
     path.write_text("\n".join(lines) + "\n")
     return path
 

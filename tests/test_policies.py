@@ -191,3 +191,22 @@ def test_auto_respects_persist_and_overhead_constraints() -> None:
         assert np.all(np.diff(steps) >= kmin) and steps[0] >= kmin
         assert steps.dtype.kind == "i" and steps[-1] < m.total_steps
         assert steps.size * 1.0 <= 0.02 * m.total_steps * 0.5 + 1e-9  # stall share <= max_overhead
+
+
+def test_refinement_reaches_the_exact_optimum_with_few_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a steep curve with few, long intervals the first-order density is off; refinement fixes it."""
+    from coci import knobs
+    from coci.exact import optimal_steps
+    from coci.policies import place
+
+    m = build_cost_model(
+        total_steps=914, step_seconds=1.0, checkpoint_seconds=4.22, persist_seconds=8.2, restart_seconds=30.0,
+        failures=ExpectedFailures.constant(1 / 2838), progress_rate=lambda s: 1.18 * (np.asarray(s) + 13.0) ** -2.18,
+    )
+    alpha = 0.5
+    _, optimum = optimal_steps(m, alpha=alpha, min_steps=9)
+    refined = min(m.objective(s, alpha) for s in place(m, alpha, 9, (-1, 0, 1)))
+    monkeypatch.setattr(knobs, "PLAN_REFINE_MAX_CHECKPOINTS", 0)
+    density_only = min(m.objective(s, alpha) for s in place(m, alpha, 9, (-1, 0, 1)))
+    assert density_only > 1.01 * optimum
+    assert refined <= 1.001 * optimum
