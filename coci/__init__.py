@@ -22,16 +22,20 @@ from coci.failures import Failures
 from coci.fit import CurveFit, fit_curve
 from coci.loader import ResumableLoader, ResumableSampler
 from coci.planner import Plan, plan
+from coci.report import Report, report
 from coci.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from coci.session import RestoreResult, Session
+from coci.simulate import SimulationResult, simulate
 from coci.stateful import Stateful
 from coci.units import parse_duration
+from coci.verify import CheckpointStatus, verify_run
 from profiler import Estimate, Profile
 
 __all__ = [
     "AtSteps",
     "CheckpointError",
     "CheckpointPolicy",
+    "CheckpointStatus",
     "CociError",
     "ConfigError",
     "CorruptCheckpointError",
@@ -45,10 +49,12 @@ __all__ = [
     "PersistError",
     "PersistResult",
     "Profile",
+    "Report",
     "RestoreResult",
     "ResumableLoader",
     "ResumableSampler",
     "Session",
+    "SimulationResult",
     "StateError",
     "StateMismatchError",
     "Stateful",
@@ -56,4 +62,7 @@ __all__ = [
     "fit_curve",
     "parse_duration",
     "plan",
+    "report",
+    "simulate",
+    "verify_run",
 ]

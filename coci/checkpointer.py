@@ -12,6 +12,11 @@ Persist runs in a thread, not a process: ``os.write``, ``zlib.crc32``, ``os.fsyn
 a process would add a shared-memory hand-off for the same syscalls (see benchmarks/README.md).
 A failure in the worker is logged, written to ``events.jsonl`` and set on the futures; the
 previous committed checkpoint is untouched because nothing becomes visible before the rename.
+
+Persist backend seam: by default the worker writes coci's own format (``storage.write_checkpoint``,
+then retention). A :class:`PersistBackend` given to the constructor replaces exactly that part
+(write, commit, retention) and nothing else: the snapshot, the fence and the futures are the same.
+``coci.distributed.DcpPersist`` is the one used under ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -44,6 +49,25 @@ class PersistResult:
     staging_seconds: float
     persist_seconds: float
     removed_steps: tuple[int, ...]
+
+
+class PersistBackend(Protocol):
+    """Writes and commits one staged checkpoint (runs on the background worker).
+
+    ``payload`` is the staging arena's bytes, ``slots`` where each tensor of the flattened
+    ``skeleton`` lies in it. Returns the committed path and the steps retention removed.
+    """
+
+    def persist(
+        self,
+        step: int,
+        payload: memoryview,
+        slots: list[Any],
+        skeleton: Any,
+        *,
+        epoch: int | None,
+        state_keys: list[str],
+    ) -> tuple[Path, list[int]]: ...
 
 
 class PendingCheckpoint:
@@ -68,8 +92,16 @@ class PendingCheckpoint:
 class Checkpointer:
     """Owns the staging arena, the background worker and the checkpoint directory."""
 
-    def __init__(self, run_dir: Path, events: EventLog, keep_last: int | None, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        events: EventLog,
+        keep_last: int | None,
+        clock: Callable[[], float],
+        backend: PersistBackend | None = None,
+    ) -> None:
         self.root = storage.checkpoints_dir(run_dir)
+        self.backend = backend  # None: coci's own single-process format
         self.events = events
         self.keep_last = keep_last
         self.clock = clock
@@ -118,12 +150,19 @@ class Checkpointer:
             staged = self.clock()
             pending.staging_completion.set_result(None)
             self.events.emit("snapshot_end", step=pending.step, seconds=staged - began, bytes=pending.nbytes)
-            path, _ = storage.write_checkpoint(
-                self.root, pending.step, self.arena.payload(), slots, skeleton, epoch=epoch, state_keys=state_keys
-            )
-            committed = self.clock()
-            self.events.emit("commit", step=pending.step, seconds=committed - staged, bytes=pending.nbytes, path=str(path))
-            removed = storage.apply_retention(self.root, self.keep_last)
+            if self.backend is not None:  # writes, commits and applies retention itself
+                path, removed = self.backend.persist(
+                    pending.step, self.arena.payload(), slots, skeleton, epoch=epoch, state_keys=state_keys
+                )
+                committed = self.clock()
+                self.events.emit("commit", step=pending.step, seconds=committed - staged, bytes=pending.nbytes, path=str(path))
+            else:
+                path, _ = storage.write_checkpoint(
+                    self.root, pending.step, self.arena.payload(), slots, skeleton, epoch=epoch, state_keys=state_keys
+                )
+                committed = self.clock()
+                self.events.emit("commit", step=pending.step, seconds=committed - staged, bytes=pending.nbytes, path=str(path))
+                removed = storage.apply_retention(self.root, self.keep_last)
             if removed:
                 self.events.emit("retention", step=pending.step, removed=removed)
             pending.upload_completion.set_result(

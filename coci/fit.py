@@ -79,7 +79,9 @@ class CurveFit(BaseModel):
     ``dropped_points`` NaN/inf points dropped; ``n_fit_points`` smoothed points in the final fit;
     ``candidates`` each family's best holdout error; ``drift`` mean residual of the best global law
     forecasting the held-back tail, in standard errors (negative: falling faster than the law);
-    ``last_step`` the last finite step seen.
+    ``last_step`` the last finite step seen; ``first_step`` / ``first_loss`` the first smoothed point
+    of the trace (mean step and median loss of its first bin), from which the planner measures the
+    whole run's loss drop (:func:`coci.objective.whole_run_mean_rate`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -96,6 +98,8 @@ class CurveFit(BaseModel):
     candidates: dict[str, float] = Field(default_factory=dict)
     drift: float | None = None
     last_step: float | None = None
+    first_step: float | None = None
+    first_loss: float | None = None
 
     @property
     def usable(self) -> bool:
@@ -307,7 +311,7 @@ def _fit_family(family: str, x: np.ndarray, y: np.ndarray, scale: float) -> dict
 # --- input handling and smoothing ---------------------------------------------------------------
 
 
-def _as_float_array(values: Any, field: str) -> np.ndarray:
+def _as_float_array(values: Any, field: str, allow_empty: bool = False) -> np.ndarray:
     if isinstance(values, (str, bytes)):
         raise ConfigError(f"{field} must be a sequence of numbers, got a string")
     if hasattr(values, "detach"):  # a torch tensor
@@ -318,7 +322,7 @@ def _as_float_array(values: Any, field: str) -> np.ndarray:
         raise ConfigError(f"{field} must be numeric, got {type(values).__name__}") from None
     if array.ndim != 1:
         raise ConfigError(f"{field} must be one-dimensional, got shape {array.shape}")
-    if array.size == 0:
+    if array.size == 0 and not allow_empty:
         raise ConfigError(f"{field} is empty")
     return array
 
@@ -332,10 +336,10 @@ def _split_input(steps_or_losses: Any, losses: Any) -> tuple[np.ndarray, np.ndar
         ):
             steps_or_losses, losses = steps_or_losses  # a (steps, losses) pair
         else:
-            values = _as_float_array(steps_or_losses, "losses")
+            values = _as_float_array(steps_or_losses, "losses", allow_empty=True)  # fallback, not error
             return np.arange(1, values.size + 1, dtype=float), values
-    steps = _as_float_array(steps_or_losses, "steps")
-    values = _as_float_array(losses, "losses")
+    steps = _as_float_array(steps_or_losses, "steps", allow_empty=True)
+    values = _as_float_array(losses, "losses", allow_empty=True)
     if steps.size != values.size:
         raise ConfigError(
             f"steps and losses must have the same length, got {steps.size} and {values.size}"
@@ -527,6 +531,8 @@ def fit_curve(
         candidates={f: err for f, err in candidates.items() if math.isfinite(err)},
         drift=_finite_or_none(drift),
         last_step=last,
+        first_step=float(s[0]),
+        first_loss=float(y[0]),
     )
 
 

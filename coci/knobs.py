@@ -24,8 +24,26 @@ ARENA_GROWTH_BYTES: int = 1 << 20
 #: device's bandwidth while still letting the checksum run chunk by chunk.
 WRITE_CHUNK_BYTES: int = 16 << 20
 
-#: Size of one read when restoring and verifying a data file.
-READ_CHUNK_BYTES: int = 16 << 20
+#: Write large page-aligned data files (the staging arena) with ``O_DIRECT``, and read large data
+#: files back with it, when the filesystem allows it (falls back to the page cache where refused). Measured on a 2-core VM
+#: (benchmarks/README.md, Performance): buffered writes slowed concurrent training steps ~2-4x
+#: while the page cache was filled and written back; O_DIRECT ~1.1x, and the persist was faster.
+WRITE_DIRECT: bool = True
+
+#: Block alignment O_DIRECT needs for buffer addresses, file offsets and lengths (4096 covers
+#: every common logical block size). The staging arena is allocated at this alignment.
+DIRECT_IO_ALIGN_BYTES: int = 4096
+
+#: Payloads smaller than this are always written through the page cache (manifests, tiny states).
+DIRECT_IO_MIN_BYTES: int = 1 << 20
+
+#: Compute the crc32 of each written chunk on a helper thread while the next chunk is written
+#: (O_DIRECT writes wait on the device with the GIL released), and likewise while restoring.
+WRITE_CHECKSUM_THREAD: bool = True
+
+#: Size of one read when restoring and verifying a data file (cold O_DIRECT reads of 500 MB were
+#: faster with 32-64 MB requests than with 16 MB on the 2-core VM; benchmarks/README.md, P4).
+READ_CHUNK_BYTES: int = 32 << 20
 
 #: Format version written into every manifest; readers refuse newer major versions.
 FORMAT_VERSION: int = 1
@@ -43,6 +61,9 @@ EVENTS_FILENAME: str = "events.jsonl"
 
 #: Steps after which a planning policy is first asked to plan (profile warm-up).
 PLAN_WARMUP_STEPS: int = 20
+
+#: A ``plan`` event in events.jsonl lists at most this many planned steps (plan.json has all).
+PLAN_EVENT_MAX_STEPS: int = 10_000
 
 #: A planning policy is re-observed at most this often between checkpoints (never every step).
 OBSERVE_EVERY_STEPS: int = 500
@@ -112,6 +133,10 @@ PLAN_REFINE_SWEEPS: int = 6
 #: Bisection steps on mu (as alpha = 1/(1+mu) in [0, 1]) for the time budget of "auto".
 PLAN_BISECTION_STEPS: int = 24
 
+#: Longest interval "auto" plans, as a fraction of the MTBF over the plan's span (never below
+#: Young's interval): the first-order model is within 4% of the exact expected time up to MTBF / 2.
+PLAN_MAX_INTERVAL_MTBF: float = 0.5
+
 #: CheckFreq's overhead threshold (its authors' 5%) when max_overhead is not given.
 CHECKFREQ_MAX_OVERHEAD: float = 0.05
 
@@ -126,8 +151,9 @@ PLAN_HORIZON_EXTEND_AT: float = 0.9
 #: fraction since the last plan ...
 PLAN_REPLAN_COST_CHANGE: float = 0.25
 
-#: ... or when the fitted progress weight over the remaining steps moved by more than this
-#: fraction (largest relative change on a coarse grid), or the fit's family or usability changed.
+#: ... or when the planned checkpoint density sqrt(w_alpha) over the remaining steps (old fit
+#: against new, on a coarse grid) moved by more than this fraction, or the fit's family or
+#: usability changed.
 PLAN_REPLAN_FIT_CHANGE: float = 0.25
 
 #: Floor (seconds) applied to measured stall / persist times that read as 0 (coarse clocks).
@@ -142,3 +168,38 @@ PLAN_ASSUMED_PERSIST_STEPS: float = 10.0
 
 #: A recent window is fitted only when it holds at least (family parameters + this) points.
 FIT_WINDOW_EXTRA_POINTS: int = 2
+
+# --- report (coci.report, coci.cli) ---------------------------------------------------------------
+
+#: Monte Carlo trials per policy for the report's overhead confidence intervals (when
+#: coci.simulate exists); 0 shows the planner's expected values only.
+REPORT_SIMULATE_TRIALS: int = 1000
+
+#: Size (inches) and resolution (dots per inch) of the report's PNG figures: 8 x 4.5 in at 110 dpi
+#: is 880 x 495 px, readable in a browser and in the README without zooming.
+REPORT_FIGURE_SIZE: tuple[float, float] = (8.0, 4.5)
+REPORT_FIGURE_DPI: int = 110
+
+# --- distributed (coci.distributed) ----------------------------------------------------------------
+
+#: Timeout (seconds) of coci's own gloo groups (checkpoint coordination, never the training group):
+#: a rank that died or hangs mid-persist makes the others' checkpoint collectives fail after at
+#: most this long (a peer's closed connection is usually detected at once), so nothing is committed
+#: and no survivor waits forever. Must exceed the longest persist of one rank's share.
+DIST_TIMEOUT_SECONDS: float = 600.0
+
+# --- simulate (coci.simulate) -----------------------------------------------------------------------
+
+#: The simulator's "true" progress rate of a raw loss trace is the slope of an isotonic
+#: (non-increasing) fit to at most this many bins of the trace (half log-, half linearly spaced).
+SIMULATE_TRUTH_POINTS: int = 200
+
+#: Online replay (coci.simulate with online=True) observes after each commit as the session does,
+#: but at most once per this many steps (each observation of a progress policy refits the curve);
+#: the periodic observation every OBSERVE_EVERY_STEPS steps is kept.
+SIMULATE_OBSERVE_MIN_GAP_STEPS: int = 100
+
+#: A simulated trial is stopped after this many failures (a plan whose segments span many MTBFs
+#: never finishes: the expected time grows like exp(segment / MTBF)); the result counts such trials
+#: as ``unfinished`` and says their overheads are lower bounds.
+SIMULATE_MAX_FAILURES: int = 10_000

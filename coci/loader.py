@@ -17,10 +17,26 @@ The model
   seen twice); with ``drop_last=True`` the tail is **dropped** instead (every rank gets
   ``n // world_size`` samples; at most ``world_size - 1`` are not seen that epoch).
 * **Position.** The state counts the samples *yielded to the user* in the current epoch as a
-  *global* position: ``position = samples yielded on this rank * world_size``. Because the split is
-  interleaved and ranks advance in lockstep, the first ``position`` entries of the (padded) global
-  order are exactly the consumed ones; a future world-size change can re-partition the rest from
-  there. The state is the same on every rank, so any rank's copy resumes any rank.
+  *global* position: ``position = partition_start + samples yielded on this rank * world_size``
+  (``partition_start`` is 0 unless the world size changed during this epoch, see below). Because
+  the split is interleaved and ranks advance in lockstep (DDP: every rank takes the same number of
+  steps), the first ``position`` entries of the epoch's (padded) stream are exactly the consumed
+  ones. The state is the same on every rank, so any rank's copy resumes any rank.
+* **Elastic resume (world-size change).** A state saved with ``world_size = W`` loads into a
+  loader with ``world_size = W'``: the consumed prefix ``order[:position]`` stays consumed and the
+  rest of the epoch, ``order[position:]``, is re-partitioned across the ``W'`` ranks (interleaved,
+  starting a new *partition* at ``partition_start = position``). Padding (``drop_last=False``)
+  always repeats the head of the epoch's full order (as for an unchanged world size), so the
+  remainder depends on ``(position, world_size)`` only and a same-size resume is exact whatever
+  happened earlier in the epoch. The guarantee, per epoch, over any sequence of world sizes
+  ``W_1 -> W_2 -> ...`` (each change happening at a checkpoint): every sample of the epoch is
+  delivered **exactly once**, except for the last partition (world size ``W_k``, the one that
+  reaches the epoch's end): with ``drop_last=False`` at most ``W_k - 1`` samples that were
+  already delivered are delivered again as padding (never more than a same-size run pads); with
+  ``drop_last=True`` no sample is repeated and at most ``W_k - 1`` samples of the remainder's tail
+  are not delivered that epoch (plus, for ``ResumableLoader``, each rank's final partial batch,
+  which ``drop_last`` drops as usual). Earlier partitions end at a checkpoint, never in padding,
+  so they neither repeat nor drop anything. The next epoch starts with a fresh partition.
 * **Resume.** ``load_state_dict`` stores (epoch, position); the next iteration regenerates the
   epoch's order and slices it at the position. Nothing is replayed, so resuming at the last batch
   of a long epoch costs the same as resuming at the first.
@@ -59,6 +75,7 @@ __all__ = [
     "ResumableSampler",
     "epoch_order",
     "epoch_seed",
+    "partition_stream",
     "samples_per_rank",
     "split_for_rank",
 ]
@@ -138,6 +155,25 @@ def split_for_rank(
     return order[rank:total:world_size]
 
 
+def partition_stream(
+    order: torch.Tensor, *, start: int, world_size: int, drop_last: bool
+) -> torch.Tensor:
+    """The global stream of a partition that begins at position ``start`` of an epoch's ``order``.
+
+    ``order[start:]`` padded (with the head of the full ``order``, cycled) up to a multiple of
+    ``world_size``, or cut down to one (``drop_last``). Rank ``r`` takes ``stream[r::world_size]``.
+    With ``start=0`` this is exactly the padded/dropped order :func:`split_for_rank` interleaves.
+    """
+    length = len(order)
+    rest = order[min(start, length) :]
+    if drop_last:
+        return rest[: len(rest) // world_size * world_size]
+    pad = -len(rest) % world_size
+    if pad:
+        rest = torch.cat([rest, order.repeat(-(-pad // length))[:pad]])
+    return rest
+
+
 def _iterate_ints(indices: torch.Tensor) -> Iterator[int]:
     """Python ints of a 1-D tensor, converted chunk by chunk (no up-front list of the epoch)."""
     chunk = knobs.LOADER_INDEX_CHUNK
@@ -210,6 +246,8 @@ class ResumableSampler(Sampler[int]):
         self.drop_last = drop_last
         self.rank, self.world_size = _distributed_defaults(rank, world_size)
         self.local_length = samples_per_rank(self.dataset_length, self.world_size, drop_last)
+        # global position where the current partition began (moves only on a world-size change)
+        self._partition_start = 0
         if self.local_length < 1:
             raise ConfigError(
                 f"world_size ({self.world_size}) exceeds the dataset length "
@@ -230,7 +268,12 @@ class ResumableSampler(Sampler[int]):
     @property
     def position(self) -> int:
         """Global samples consumed in this epoch (this rank's count times ``world_size``)."""
-        return self._local_position * self.world_size
+        return self._partition_start + self._local_position * self.world_size
+
+    def _partition_length(self) -> int:
+        """This rank's indices in the current partition (the full epoch unless re-partitioned)."""
+        left = max(self.dataset_length - self._partition_start, 0)
+        return samples_per_rank(left, self.world_size, self.drop_last)
 
     def __len__(self) -> int:
         """Indices this rank gets per full epoch (not the remainder of the current one)."""
@@ -241,10 +284,10 @@ class ResumableSampler(Sampler[int]):
         order = epoch_order(
             self.dataset_length, seed=self.seed, epoch=self._epoch, shuffle=self.shuffle
         )
-        share = split_for_rank(
-            order, rank=self.rank, world_size=self.world_size, drop_last=self.drop_last
+        stream = partition_stream(
+            order, start=self._partition_start, world_size=self.world_size, drop_last=self.drop_last
         )
-        return share[self._local_position :]
+        return stream[self.rank :: self.world_size][self._local_position :]
 
     # -- moving ---------------------------------------------------------------------------------
 
@@ -261,6 +304,7 @@ class ResumableSampler(Sampler[int]):
     def _move_to(self, epoch: int) -> None:
         self._epoch = epoch
         self._local_position = 0
+        self._partition_start = 0
         self._pass_completed = False
         self._pass_id += 1
 
@@ -272,7 +316,7 @@ class ResumableSampler(Sampler[int]):
         return self._pass_id == pass_id
 
     def _advance(self, samples: int) -> None:
-        self._local_position = min(self._local_position + samples, self.local_length)
+        self._local_position = min(self._local_position + samples, self._partition_length())
 
     def _finish_epoch(self) -> None:
         self._move_to(self._epoch + 1)
@@ -306,37 +350,49 @@ class ResumableSampler(Sampler[int]):
             "drop_last": self.drop_last,
             "rank": self.rank,
             "world_size": self.world_size,
+            "partition_start": self._partition_start,
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Resume from a state; refuses one from another dataset length, seed or configuration.
 
-        The saved ``rank`` is informational: the position is global and equal on every rank.
+        The saved ``rank`` is informational: the position is global and equal on every rank. A
+        state from another ``world_size`` re-partitions the rest of the epoch across this world
+        size (see "Elastic resume" in the module docstring).
         """
         state = _validated_state(state_dict)
-        for field in ("dataset_length", "seed", "shuffle", "drop_last", "world_size"):
+        for field in ("dataset_length", "seed", "shuffle", "drop_last"):
             ours = getattr(self, field)
             if state[field] != ours:
-                hint = (
-                    " (re-partitioning a stream across a new world size is not supported yet)"
-                    if field == "world_size"
-                    else ""
-                )
                 raise StateMismatchError(
                     f"loader state {field} is {state[field]!r} but this loader has {ours!r}; "
-                    f"resuming would duplicate or skip samples{hint}"
+                    "resuming would duplicate or skip samples"
                 )
-        end = self.local_length * self.world_size
-        position = state["position"]
-        if position > end:
-            raise ConfigError(f"loader state position must be <= {end} (epoch end), got {position}")
-        if position % self.world_size:
+        saved_world, start, position = state["world_size"], state["partition_start"], state["position"]
+        if saved_world < 1:
+            raise ConfigError(f"loader state world_size must be >= 1, got {saved_world}")
+        left = max(self.dataset_length - start, 0)
+        end = start + samples_per_rank(left, saved_world, self.drop_last) * saved_world
+        if not start <= position <= end:
             raise ConfigError(
-                f"loader state position must be a multiple of world_size ({self.world_size}), "
-                f"got {position}"
+                f"loader state position must lie in [{start}, {end}] (partition start to epoch "
+                f"end), got {position}"
+            )
+        if (position - start) % saved_world:
+            raise ConfigError(
+                f"loader state position must be partition_start ({start}) plus a multiple of "
+                f"world_size ({saved_world}), got {position}"
             )
         self._move_to(state["epoch"])
-        self._local_position = position // self.world_size
+        if saved_world == self.world_size:
+            self._partition_start = start
+            self._local_position = (position - start) // saved_world
+        else:  # elastic: what is consumed stays consumed; re-partition the rest of the epoch
+            self._partition_start = position
+            logger.info(
+                "loader re-partitioned epoch %d at position %d: world size %d -> %d",
+                self._epoch, position, saved_world, self.world_size,
+            )
         logger.debug("loader resumed at epoch %d, position %d", self._epoch, position)
 
 
@@ -355,6 +411,8 @@ def _validated_state(state_dict: Mapping[str, Any]) -> dict[str, Any]:
         else:
             minimum = None if field == "seed" else 0
             state[field] = _require_int(value, f"loader state {field}", minimum=minimum)
+    start = state_dict.get("partition_start", 0)  # absent in states saved before elastic resume
+    state["partition_start"] = _require_int(start, "loader state partition_start", minimum=0)
     if state["version"] != STATE_VERSION:
         raise ConfigError(f"loader state version must be {STATE_VERSION}, got {state['version']}")
     return state

@@ -10,9 +10,14 @@ its snapshot); restart cost ``R``; progress rate ``v(s) = -dL/ds`` of the fitted
 
 Progress weight
 ---------------
-``w(s) = v(s) / mean(v)``, the mean taken over the span being planned (the whole run for an offline
-plan, the remaining steps for an online re-plan), so ``w`` averages 1 and a second of work lost
-where ``w = 2`` costs as much as two average seconds. :func:`mixture_weight` gives DESIGN's
+``w(s) = v(s) / v_bar`` with ``v_bar`` the mean progress rate over the **whole run**, from its first
+step (step 0, or the first observed step) to the horizon: ``v_bar = (L(origin) - L(H)) / (H - origin)``
+(:func:`whole_run_mean_rate`). ``w`` averages 1 over the run and a second of work lost where
+``w = 2`` costs as much as two average seconds. The normalisation never depends on where a plan
+starts: an online re-plan at step ``s`` scores the remaining steps with the same weights as the
+offline plan (they average below 1 late in a decaying run), so re-planning is time-consistent. (An
+earlier version normalised over the remaining steps only; every re-plan then saw a steep front and
+checkpointed densely "now" again and again.) :func:`mixture_weight` gives DESIGN's
 ``w_mu = (w + mu) / (1 + mu)``; internally the planner uses ``alpha = 1 / (1 + mu)`` (the weight on
 progress) because it stays finite: ``w_alpha = alpha w + (1 - alpha)``, alpha = 1 is pure progress,
 alpha = 0 pure time.
@@ -74,6 +79,7 @@ __all__ = [
     "expected_failures",
     "mixture_weight",
     "progress_weight",
+    "whole_run_mean_rate",
 ]
 
 RateFunction = Callable[[np.ndarray], np.ndarray]
@@ -82,17 +88,21 @@ RateFunction = Callable[[np.ndarray], np.ndarray]
 # --- weights -------------------------------------------------------------------------------------
 
 
-def progress_weight(rates: Any, widths: Any = None) -> np.ndarray:
-    """``w = v / mean(v)``: the progress rate normalised to mean 1 over the horizon.
+def progress_weight(rates: Any, widths: Any = None, mean_rate: float | None = None) -> np.ndarray:
+    """``w = v / v_bar``: the progress rate normalised by the whole run's mean rate.
 
-    ``rates`` are ``v`` on cells of the horizon; ``widths`` the cells' lengths (equal cells when
-    omitted). Raises :class:`ConfigError` (field ``curve``) when ``v`` is negative, not finite or
-    zero everywhere: such a curve carries no progress information.
+    ``rates`` are ``v`` on cells; ``widths`` the cells' lengths (equal cells when omitted).
+    ``mean_rate`` is ``v_bar`` (:func:`whole_run_mean_rate`); when omitted the cells are taken to
+    cover the whole run and ``v_bar`` is their width-weighted mean (``w`` then averages 1). Raises
+    :class:`ConfigError` (field ``curve``) when ``v`` is negative, not finite or zero everywhere:
+    such a curve carries no progress information.
     """
     v = np.asarray(rates, dtype=float)
     if v.size == 0 or not np.all(np.isfinite(v)) or np.any(v < 0):
         raise ConfigError("curve: the progress rate must be finite and non-negative over the horizon")
-    if widths is None:
+    if mean_rate is not None:
+        mean = float(mean_rate)
+    elif widths is None:
         mean = float(v.mean())
     else:
         width = np.asarray(widths, dtype=float)
@@ -100,6 +110,39 @@ def progress_weight(rates: Any, widths: Any = None) -> np.ndarray:
     if not (mean > 0 and math.isfinite(mean)):
         raise ConfigError("curve: the fitted loss does not fall over the horizon (progress rate 0)")
     return v / mean
+
+
+def whole_run_mean_rate(
+    progress_rate: RateFunction | None,
+    total_steps: int,
+    *,
+    origin_step: float = 0.0,
+    loss_drop: float | None = None,
+) -> float:
+    """``v_bar``: the mean progress rate over the whole run ``[origin_step, total_steps]``.
+
+    ``v_bar = (L(origin) - L(H)) / (H - origin)``. With ``loss_drop`` (``L(origin) - L(H)``, e.g. the
+    first observed loss minus the fitted loss at the horizon) it is that over the span; otherwise
+    ``v`` is integrated numerically over the span (the grid of :func:`cell_edges`, Simpson per
+    cell). Raises :class:`ConfigError` (field ``curve``) when the result is not positive and finite.
+    """
+    span = float(total_steps) - float(origin_step)
+    if not span > 0:
+        raise ConfigError(f"curve: the run's first step {origin_step!r} must lie before total_steps {total_steps!r}")
+    if loss_drop is None:
+        if progress_rate is None:
+            raise ConfigError("curve: a progress rate or a loss drop is needed for the mean progress rate")
+        start = int(math.floor(origin_step))
+        edges = cell_edges(start, int(total_steps))
+        edges[0] = float(origin_step)
+        left, right = edges[:-1], edges[1:]
+        samples = [np.asarray(progress_rate(s), dtype=float) for s in (left, 0.5 * (left + right), right)]
+        rate = (samples[0] + 4.0 * samples[1] + samples[2]) / 6.0
+        loss_drop = float(np.dot(rate, right - left))
+    mean = float(loss_drop) / span
+    if not (mean > 0 and math.isfinite(mean)):
+        raise ConfigError("curve: the loss does not fall over the run (mean progress rate 0)")
+    return mean
 
 
 def mixture_weight(weight: Any, mu: float | None) -> np.ndarray:
@@ -279,7 +322,7 @@ class CostModel:
     """Per-cell hazard and weight over ``[start_step, total_steps]`` plus the cost figures.
 
     ``edges`` are cell boundaries in seconds of progress; ``hazard`` (failures/s) and ``weight``
-    (progress weight, time-mean 1) are constant per cell. ``has_progress`` is False when no curve
+    (progress weight, mean 1 over the whole run) are constant per cell. ``has_progress`` is False when no curve
     was given (``weight`` is then 1 and both metrics coincide).
     """
 
@@ -437,11 +480,15 @@ def build_cost_model(
     start_step: int = 0,
     last_checkpoint_step: int | None = None,
     per_step: bool | None = None,
+    mean_rate: float | None = None,
 ) -> CostModel:
     """Tabulate hazard and weight on cells and precompute the cumulative integrals.
 
     ``progress_rate(steps)`` is ``v(s)`` (loss decrease per step, vectorised); None means time only.
-    Raises :class:`ConfigError` (field ``curve``) when ``v`` is unusable over the horizon.
+    ``mean_rate`` is the whole run's ``v_bar`` that normalises the weight (default:
+    :func:`whole_run_mean_rate` of ``progress_rate`` over ``[0, total_steps]``, whatever
+    ``start_step`` is). Raises :class:`ConfigError` (field ``curve``) when ``v`` is unusable over
+    the horizon.
     """
     if not 0 <= start_step < total_steps:
         raise ConfigError(f"start_step must lie in [0, total_steps), got {start_step!r}")
@@ -457,7 +504,9 @@ def build_cost_model(
         left, right = step_edges[:-1], step_edges[1:]
         samples = [np.asarray(progress_rate(s), dtype=float) for s in (left, 0.5 * (left + right), right)]
         rate = (samples[0] + 4.0 * samples[1] + samples[2]) / 6.0
-        weight = progress_weight(rate, width)
+        if mean_rate is None:
+            mean_rate = whole_run_mean_rate(progress_rate, total_steps) if start_step > 0 else None
+        weight = progress_weight(rate, width, mean_rate)
     cum_failures = _cumulative(hazard * width)
     cum_weight = _cumulative(weight * width)
     offset = edges[:-1] - edges[0]

@@ -38,9 +38,10 @@ from coci import knobs
 from coci.errors import ConfigError
 from coci.failures import Failures
 from coci.fit import CurveFit, fit_coci_exponential, fit_curve
-from coci.objective import CostModel, ExpectedFailures, build_cost_model, expected_failures
+from coci.objective import CostModel, ExpectedFailures, build_cost_model, expected_failures, whole_run_mean_rate
 from coci.policies import (
     auto_steps,
+    max_interval_steps,
     checkfreq_interval,
     checkfreq_steps,
     coci_expected_progress,
@@ -176,7 +177,10 @@ def _failure_model(failures: Any, required: bool, policy: str) -> Failures | Non
     if isinstance(failures, Failures):
         return failures
     if isinstance(failures, (str, int, float)) and not isinstance(failures, bool):
-        return Failures.exponential(mtbf=failures)  # an MTBF, parsed with field name "mtbf"
+        try:
+            return Failures.exponential(mtbf=failures)
+        except ConfigError as exc:  # name the argument the user actually passed
+            raise ConfigError(str(exc).replace("mtbf", "failures", 1)) from None
     raise ConfigError(f"failures must be a coci.Failures or an MTBF such as '8h', got {failures!r}")
 
 
@@ -306,6 +310,11 @@ def plan(
     details: dict[str, float] = {"min_interval_steps": float(min_steps)}
 
     model: CostModel | None = None
+    mean_rate, weight_origin = _mean_rate(fit, rate, total_steps, fallbacks) if rate is not None else (None, 0.0)
+    if mean_rate is None:
+        rate = None
+    else:
+        details.update(mean_progress_rate=mean_rate, weight_origin_step=weight_origin)
     if model_failures is not None:
         horizon = total_steps * step
         origin = failure_origin_step * step
@@ -315,7 +324,10 @@ def plan(
                 "failures restart at each (re)start: planned with the expected (renewal) hazard; "
                 "young/daly/coci use the long-run rate 1/MTBF"
             )
-        model = _cost_model(total_steps, step, cost, persist, restart, hazard, rate, start_step, last_checkpoint_step, fallbacks)
+        model = _cost_model(
+            total_steps, step, cost, persist, restart, hazard, rate, start_step, last_checkpoint_step, fallbacks,
+            mean_rate,
+        )
 
     inputs = PlanInputs(
         total_steps=total_steps,
@@ -349,7 +361,7 @@ def plan(
             notes.append(f"{policy} interval raised from {interval} to {min_steps} steps (persist / max_overhead)")
             interval = min_steps
         details["interval_steps"] = float(interval)
-        steps = periodic_steps(interval, start_step, total_steps, anchor=max(start_step, last_checkpoint_step))
+        steps = periodic_steps(interval, start_step, total_steps, anchor=min(start_step, last_checkpoint_step))
         effective_objective = "time"
     elif policy == "checkfreq":
         threshold = knobs.CHECKFREQ_MAX_OVERHEAD if max_overhead is None else max_overhead
@@ -372,7 +384,24 @@ def plan(
             if curve is None:
                 fallbacks.append("no curve given: planned for the time objective")
             effective_objective = "time"
-        result = auto_steps(model, objective=effective_objective, time_budget=time_budget, min_steps=min_steps)
+        max_steps = max_interval_steps(model, min_steps)
+        details["max_interval_steps"] = float(max_steps)
+        whole_alpha = None
+        if effective_objective == "progress" and time_budget is not None and model.has_progress:
+            assert model_failures is not None and rate is not None
+            whole_alpha = _whole_run_alpha(
+                model, model_failures, rate, mean_rate, weight_origin, time_budget, min_steps, fit
+            )
+        if whole_alpha is not None:
+            details["whole_run_alpha"] = whole_alpha
+            notes.append(
+                "re-plan: the time budget applies to the whole run; its mixture weight "
+                f"(alpha {whole_alpha:.3g}) was chosen there and the remaining steps planned with it"
+            )
+        result = auto_steps(
+            model, objective=effective_objective, time_budget=time_budget, min_steps=min_steps,
+            max_steps=max_steps, alpha=whole_alpha,
+        )
         steps = result.steps
         mu = result.mu if effective_objective == "progress" else None
         expected_extra["time_optimal_wall_seconds"] = result.time_optimal_wall_seconds
@@ -412,6 +441,7 @@ def _cost_model(
     start_step: int,
     last_checkpoint_step: int,
     fallbacks: list[str],
+    mean_rate: float | None = None,
 ) -> CostModel:
     common = dict(
         total_steps=total_steps, step_seconds=step, checkpoint_seconds=cost, persist_seconds=persist,
@@ -420,10 +450,73 @@ def _cost_model(
     )
     if rate is not None:
         try:
-            return build_cost_model(progress_rate=rate, **common)
+            return build_cost_model(progress_rate=rate, mean_rate=mean_rate, **common)
         except ConfigError as exc:
             fallbacks.append(f"{exc}: planned for the time objective")
     return build_cost_model(progress_rate=None, **common)
+
+
+def _mean_rate(
+    fit: CurveFit | None, rate: Callable[[np.ndarray], np.ndarray], total_steps: int, fallbacks: list[str]
+) -> tuple[float | None, float]:
+    """The whole run's mean progress rate ``v_bar`` and the step it is measured from.
+
+    A fit that recorded its first observed point: ``(first observed loss - fitted L(H)) / (H - first
+    step)`` (the observed past, the fitted future: a recent-window fit is not extrapolated
+    backwards); another fit: ``v`` integrated from its window's start; a callable: from step 0.
+    """
+    origin = 0.0
+    drop = None
+    if fit is not None and fit.first_step is not None and fit.first_loss is not None and fit.first_step < total_steps:
+        origin = max(0.0, float(fit.first_step))
+        drop = float(fit.first_loss) - float(fit.loss(np.array([float(total_steps)]))[0])
+        if not (drop > 0 and math.isfinite(drop)):
+            drop = None
+    if drop is None and fit is not None and fit.window_start is not None and fit.window_start < total_steps:
+        origin = max(0.0, float(fit.window_start))
+    try:
+        return whole_run_mean_rate(rate, total_steps, origin_step=origin, loss_drop=drop), origin
+    except ConfigError as exc:
+        fallbacks.append(f"{exc}: planned for the time objective")
+        return None, origin
+
+
+def _whole_run_alpha(
+    model: CostModel,
+    failures: Failures,
+    rate: Callable[[np.ndarray], np.ndarray],
+    mean_rate: float | None,
+    weight_origin: float,
+    time_budget: float,
+    min_steps: int,
+    fit: CurveFit | None,
+) -> float | None:
+    """For a re-plan (``start_step > 0``): the mixture weight ``alpha`` that ``auto`` picks for the
+    whole run, i.e. the span from the curve's first step (or its fit window's start, where the law
+    holds) to the horizon, planned fresh under the same costs and curve.
+
+    The budget is a property of the run: measuring it against the time optimum of the *remaining*
+    steps would grant each re-plan a fresh budget and let the plan spend it again and again at its
+    front. With a fixed Lagrange weight the remaining plan is the tail of the whole run's optimum
+    (principle of optimality), so re-planning keeps the run's trade-off. None when the plan starts
+    at the whole span's start (the ordinary bisection applies).
+    """
+    start = max(weight_origin, fit.window_start if fit is not None and fit.window_start else 0.0)
+    start = int(math.ceil(start))
+    if start >= model.start_step or start >= model.total_steps - 1:
+        return None
+    whole = build_cost_model(
+        total_steps=model.total_steps, step_seconds=model.step_seconds,
+        checkpoint_seconds=model.checkpoint_seconds, persist_seconds=model.persist_seconds,
+        restart_seconds=model.restart_seconds,
+        failures=expected_failures(failures, model.horizon_seconds - start * model.step_seconds, start * model.step_seconds),
+        progress_rate=rate, start_step=start, mean_rate=mean_rate,
+    )
+    result = auto_steps(
+        whole, objective="progress", time_budget=time_budget, min_steps=min_steps,
+        max_steps=max_interval_steps(whole, min_steps),
+    )
+    return float(result.alpha)
 
 
 def _coci_thetas(
@@ -503,7 +596,8 @@ class PlanningPolicy:
     profile (step time, stall, persist, interference, restore) and the loss trace; it re-plans
     from the current step when there is no plan yet, when a cost moved by more than
     ``knobs.PLAN_REPLAN_COST_CHANGE``, when the fitted progress weight moved by more than
-    ``knobs.PLAN_REPLAN_FIT_CHANGE`` (or the fit's family changed), when an open-ended horizon
+    ``knobs.PLAN_REPLAN_FIT_CHANGE`` (the relative change of the planned checkpoint density
+    ``sqrt(w_alpha)`` on the remaining steps, old fit against new; or the fit's family changed), when an open-ended horizon
     needs extending, or (``checkfreq``) when its interval grew. :meth:`should_checkpoint` is a set
     lookup. ``state_dict`` keeps CheckFreq's grown interval and the current plan.
 
@@ -533,7 +627,7 @@ class PlanningPolicy:
         self.plan: Plan | None = None
         self._steps: frozenset[int] = frozenset()
         self._basis: tuple[float, float, float] | None = None
-        self._weight_probe: np.ndarray | None = None
+        self._fit: CurveFit | None = None
         self._fit_family: str | None = None
         self._origin: int | None = None
         self._horizon: int | None = None
@@ -658,12 +752,16 @@ class PlanningPolicy:
             return None
         return fit_curve(np.asarray(observation.loss_steps, dtype=float), np.asarray(observation.losses, dtype=float))
 
-    def _probe(self, fit: CurveFit | None, now: int, horizon: int) -> np.ndarray | None:
+    @staticmethod
+    def _probe(fit: CurveFit | None, now: int, horizon: int) -> np.ndarray | None:
+        """The fit's progress weight (whole-run normalisation, as planned) at 17 remaining steps."""
         if fit is None or not fit.usable:
             return None
         rates = fit.progress_rate(np.linspace(now, horizon, 17))
-        mean = float(np.mean(rates))
-        return rates / mean if mean > 0 and np.all(np.isfinite(rates)) else None
+        mean, _ = _mean_rate(fit, fit.progress_rate, horizon, [])
+        if mean is None or not np.all(np.isfinite(rates)):
+            return None
+        return rates / mean
 
     def _moved(self, basis: tuple[float, float, float], fit: CurveFit | None, now: int, horizon: int, grew: bool) -> list[str]:
         if self.plan is None or self._basis is None:
@@ -682,11 +780,16 @@ class PlanningPolicy:
                 reasons.append(f"fit {self._fit_family} -> {family}")
             else:
                 probe = self._probe(fit, now, horizon)
-                old = self._weight_probe
+                old = self._probe(self._fit, now, horizon)  # the planned fit, on the same steps
                 if (probe is None) != (old is None):
                     reasons.append("fit usability changed")
                 elif probe is not None and old is not None:
-                    change = float(np.max(np.abs(probe - old) / np.maximum(old, 1e-12)))
+                    # what the plan responds to: the density sqrt(w_alpha) of the planned mixture
+                    mu = None if self.plan is None else self.plan.mu
+                    alpha = 1.0 if mu is None else 1.0 / (1.0 + mu)
+                    new_density = np.sqrt(alpha * probe + 1.0 - alpha)
+                    old_density = np.sqrt(alpha * old + 1.0 - alpha)
+                    change = float(np.max(np.abs(new_density - old_density) / np.maximum(old_density, 1e-12)))
                     if change > knobs.PLAN_REPLAN_FIT_CHANGE:
                         reasons.append(f"progress weight moved by {change:.0%}")
         return reasons
@@ -696,7 +799,7 @@ class PlanningPolicy:
         self._steps = frozenset(new_plan.steps)
         self._basis = basis
         self._fit_family = None if fit is None else fit.family
-        self._weight_probe = self._probe(fit, now, horizon)
+        self._fit = fit
         self._horizon = horizon
         self.replans += 1
 

@@ -29,6 +29,15 @@ commit) and, when ``max_overhead`` is given, at least ``C / (max_overhead t)`` s
 checkpoint cost never exceeds that share of the run time: for ``auto``, ``young`` and ``daly`` the
 cap covers the whole of C, stall plus interference). Steps are integers, strictly increasing, inside
 ``(start_step, total_steps)``.
+
+``auto`` alone also has a longest interval (:func:`max_interval_steps`): at most
+``knobs.PLAN_MAX_INTERVAL_MTBF`` (0.5) of the MTBF over the plan's span (expected failures per
+second of progress, inverted), and never shorter than Young's interval (so the time optimum is never
+constrained). Reason: the first-order model counts a segment of length ``a`` as losing ``a^2 / 2M``
+in expectation, while the exact expected time is ``M (e^(a/M) - 1) - a``; the two agree within 4%
+for ``a <= M / 2`` and diverge exponentially beyond (at ``a = 2M`` the model undercounts by 2.4x).
+Without the cap a pure-progress plan on a flat tail (``w`` near 0) leaves segments of several
+MTBFs whose true wall-clock cost the model does not see.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ __all__ = [
     "coci_expected_progress",
     "coci_minutes",
     "daly_interval_seconds",
+    "max_interval_steps",
     "min_interval_steps",
     "periodic_steps",
     "place",
@@ -84,6 +94,18 @@ def min_interval_steps(
     if max_overhead is not None:
         steps = max(steps, math.ceil(checkpoint_seconds / (max_overhead * step_seconds) - 1e-9))
     return steps
+
+
+def max_interval_steps(model: CostModel, min_steps: int = 1) -> int:
+    """Longest interval ``auto`` allows (steps): ``knobs.PLAN_MAX_INTERVAL_MTBF`` of the MTBF over
+    the plan's span, but never below Young's interval nor ``min_steps`` (see the module docstring)."""
+    span = model.horizon_seconds - model.start_seconds
+    failures = float(model.cum_failures[-1])
+    if not (failures > 0 and span > 0):
+        return max(min_steps, model.total_steps - model.start_step)
+    mtbf = span / failures
+    cap = max(knobs.PLAN_MAX_INTERVAL_MTBF * mtbf, young_interval_seconds(model.checkpoint_seconds, 1.0 / mtbf))
+    return max(min_steps, int(math.floor(cap / model.step_seconds + 1e-9)))
 
 
 def periodic_steps(interval: int, start_step: int, total_steps: int, anchor: int | None = None) -> np.ndarray:
@@ -179,14 +201,15 @@ class AutoResult:
         return mu_from_alpha(self.alpha)
 
 
-def _density(model: CostModel, alpha: float, min_steps: int, max_density: float | None) -> np.ndarray:
-    """First-order optimal checkpoints per second per cell: sqrt(h w_alpha / (2 C)), capped."""
+def _density(model: CostModel, alpha: float, min_steps: int, max_steps: int | None) -> np.ndarray:
+    """First-order optimal checkpoints per second per cell: sqrt(h w_alpha / (2 C)), between
+    ``1 / (max_steps t)`` and ``1 / (min_steps t)``."""
     weight = alpha * model.weight + (1.0 - alpha)
     density = np.sqrt(model.hazard * weight / (2.0 * model.checkpoint_seconds))
     cap = 1.0 / (min_steps * model.step_seconds)
-    if max_density is not None:
-        cap = min(cap, max_density)
     density = np.minimum(density, cap)
+    if max_steps is not None:
+        density = np.maximum(density, 1.0 / (max(max_steps, min_steps) * model.step_seconds))
     floor = 1e-12 * max(float(density.max()), 1e-300)
     return np.maximum(density, floor)
 
@@ -196,16 +219,21 @@ def place(
     alpha: float,
     min_steps: int,
     offsets: tuple[int, ...] = (0,),
+    max_steps: int | None = None,
 ) -> list[np.ndarray]:
     """Checkpoint steps from the density ``n = sqrt(h w_alpha / (2C))`` integrated along the run.
 
     The cumulative density ``N(x)`` up to the effective end ``H - P`` (the last segment is longer by
-    ``P``: its failures after the last commit are fewer) is split into ``m`` equal parts, ``m`` the
+    ``P``: its failures after the last commit are fewer; on a re-plan ``N`` counts from the last
+    checkpoint, so the segment already running is not restarted) is split into ``m`` equal parts, ``m`` the
     nearest integer to ``N(H - P)`` plus each of ``offsets``; checkpoints sit at the split points,
-    rounded to steps and thinned to the minimum interval. Returns one candidate per offset.
+    rounded to steps and thinned to the minimum interval. ``max_steps`` floors the density (no
+    interval longer, up to rounding) and bounds :func:`refine`. Returns one candidate per offset.
     """
-    density = _density(model, alpha, min_steps, None)
-    cumulative = np.concatenate([[0.0], np.cumsum(density * np.diff(model.edges))])
+    density = _density(model, alpha, min_steps, max_steps)
+    # a re-plan starts mid-segment: the density since the last checkpoint counts towards the first
+    lead = float(density[0]) * max(0.0, model.start_seconds - model.last_checkpoint_step * model.step_seconds)
+    cumulative = np.concatenate([[0.0], np.cumsum(density * np.diff(model.edges))]) + lead
     end = model.horizon_seconds - model.persist_seconds
     if end <= model.start_seconds:
         return [np.zeros(0, dtype=np.int64) for _ in offsets]
@@ -215,10 +243,11 @@ def place(
     for offset in offsets:
         segments = max(1, base + offset)
         targets = total * np.arange(1, segments) / segments
+        targets = targets[targets > lead]
         seconds = np.interp(targets, cumulative, model.edges)
         steps = snap_to_steps(seconds, model, min_steps)
         if 0 < steps.size <= knobs.PLAN_REFINE_MAX_CHECKPOINTS:
-            steps = refine(model, steps, alpha, min_steps)
+            steps = refine(model, steps, alpha, min_steps, max_steps)
         candidates.append(steps)
     return candidates
 
@@ -240,9 +269,12 @@ def _local_cost(
     return before + after
 
 
-def refine(model: CostModel, steps: np.ndarray, alpha: float, min_steps: int) -> np.ndarray:
+def refine(
+    model: CostModel, steps: np.ndarray, alpha: float, min_steps: int, max_steps: int | None = None
+) -> np.ndarray:
     """Exact local improvement of a plan: move each checkpoint to its best step between its
-    neighbours (vectorised ternary search; even and odd checkpoints alternately, a few sweeps).
+    neighbours (vectorised ternary search; even and odd checkpoints alternately, a few sweeps),
+    keeping both its intervals within ``[min_steps, max_steps]`` where they already were.
 
     The first-order density is accurate when intervals are short against the scale on which the
     weight and hazard change; with few checkpoints on a steep curve it is not, and this pass closes
@@ -265,9 +297,14 @@ def refine(model: CostModel, steps: np.ndarray, alpha: float, min_steps: int) ->
             hi = np.where(next_step >= 0, np.minimum(next_step * t + p, horizon), horizon)
             low = np.where(prev_step >= 0, prev_step + min_steps, first_allowed)
             high = np.where(next_step >= 0, next_step - min_steps, model.total_steps - 1)
-            if np.any(high < low):
-                continue
             current = steps[index]
+            if max_steps is not None:
+                before = np.where(prev_step >= 0, prev_step, max(model.start_step, model.last_checkpoint_step))
+                after = np.where(next_step >= 0, next_step, model.total_steps)
+                low = np.maximum(low, after - max_steps)
+                high = np.minimum(high, before + max_steps)
+            stuck = (high < low) | (current < low) | (current > high)
+            low, high = np.where(stuck, current, low), np.where(stuck, current, high)
             best = _ternary(model, low, high, prev, prev_lo, hi, alpha)
             gain = _local_cost(model, current, prev, prev_lo, hi, alpha) - _local_cost(model, best, prev, prev_lo, hi, alpha)
             better = gain > 1e-12 * max(1.0, float(np.abs(gain).max()))
@@ -340,7 +377,7 @@ def _periodic_candidates(model: CostModel, min_steps: int) -> list[np.ndarray]:
         return []
     rate = failures / (model.horizon_seconds - model.start_seconds)
     ideal = young_interval_seconds(model.checkpoint_seconds, rate) / model.step_seconds
-    anchor = max(model.start_step, model.last_checkpoint_step)
+    anchor = min(model.start_step, model.last_checkpoint_step)  # a re-plan keeps the running segment
     return [
         periodic_steps(k, model.start_step, model.total_steps, anchor=anchor)
         for k in sorted({max(min_steps, math.floor(ideal)), max(min_steps, math.ceil(ideal))})
@@ -353,6 +390,8 @@ def auto_steps(
     objective: str = "progress",
     time_budget: float | None = 0.05,
     min_steps: int = 1,
+    max_steps: int | None = None,
+    alpha: float | None = None,
 ) -> AutoResult:
     """DESIGN's "auto": minimise progress-weighted overhead within a wall-clock budget.
 
@@ -364,13 +403,25 @@ def auto_steps(
        meets the budget; of all feasible plans seen, the one with the least progress-weighted
        overhead wins. The end points and the final alpha also try ``m - 1`` and ``m + 1``
        segments (see :func:`place`).
+
+    ``alpha`` given (an online re-plan, see :func:`coci.planner.plan`): the mixture weight was
+    chosen on the whole run; the plan minimises ``alpha J_p + (1 - alpha) J_t`` over the model's
+    span (by the principle of optimality its tail is the tail of the whole run's plan), the time
+    plan competing. ``max_steps`` is the longest interval (:func:`max_interval_steps`; it never
+    binds the time optimum).
     """
     offsets = (-1, 0, 1)
-    time_plan, _ = _best(model, place(model, 0.0, min_steps, offsets) + _periodic_candidates(model, min_steps), 0.0)
+    time_candidates = place(model, 0.0, min_steps, offsets, max_steps) + _periodic_candidates(model, min_steps)
+    time_plan, _ = _best(model, time_candidates, 0.0)
     time_wall = model.objective(time_plan, 0.0)
     if objective == "time" or not model.has_progress:
         return AutoResult(time_plan, 0.0, time_wall, None)
-    progress_candidates = place(model, 1.0, min_steps, offsets)
+    if alpha is not None:
+        if alpha <= 0.0:
+            return AutoResult(time_plan, 0.0, time_wall, None)
+        plan, _ = _best(model, [time_plan, *place(model, alpha, min_steps, offsets, max_steps)], alpha)
+        return AutoResult(plan, float(alpha), time_wall, None)
+    progress_candidates = place(model, 1.0, min_steps, offsets, max_steps)
     if time_budget is None:
         plan, _ = _best(model, progress_candidates, 1.0)
         return AutoResult(plan, 1.0, time_wall, None)
@@ -390,10 +441,10 @@ def auto_steps(
         low, high = 0.0, 1.0
         for _ in range(knobs.PLAN_BISECTION_STEPS):
             mid = 0.5 * (low + high)
-            if consider(mid, place(model, mid, min_steps)):
+            if consider(mid, place(model, mid, min_steps, max_steps=max_steps)):
                 low = mid
             else:
                 high = mid
-        consider(low, place(model, low, min_steps, offsets))  # m - 1 and m + 1 at the boundary
+        consider(low, place(model, low, min_steps, offsets, max_steps))  # m - 1 and m + 1 at the boundary
     progress, alpha, steps = min(feasible, key=lambda item: (item[0], -item[1]))
     return AutoResult(steps, alpha, time_wall, budget)

@@ -13,10 +13,17 @@ What is copied in the background: tensors the fence protects (parameters of the 
 ``state`` and those optimizers' state). Everything else (buffers such as BatchNorm statistics,
 scheduler and loader state, RNG, plain values) is captured synchronously inside ``step()``, because
 the next forward pass may change it before any optimizer step.
+
+Under ``torch.distributed`` (``torchrun`` + DDP) the session consults a
+:class:`coci.distributed.DistributedContext` (coci's own gloo groups): the profile is aggregated
+and the plan broadcast at observe time, the persist goes through DCP on every rank, and restore
+loads the checkpoint rank 0 picked. Those places are marked "distributed" below; without a
+process group the context is None and nothing changes.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -27,13 +34,20 @@ from typing import Any
 
 import torch
 
-from coci import knobs, rng_state, storage
+from coci import distributed, knobs, rng_state, storage
 from coci.checkpointer import Checkpointer, PendingCheckpoint, PersistResult
-from coci.errors import ConfigError, CorruptCheckpointError, PersistError, StateMismatchError
+from coci.errors import (
+    CheckpointError,
+    ConfigError,
+    CorruptCheckpointError,
+    PersistError,
+    StateError,
+    StateMismatchError,
+)
 from coci.events import EventLog
 from coci.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from coci.stateful import is_stateful, validate_state
-from coci.tree import unflatten
+from coci.tree import own_storage, unflatten
 from profiler import Profiler
 
 logger = logging.getLogger(__name__)
@@ -89,6 +103,8 @@ class Session:
         on_error: str = "raise",
         clock: Callable[[], float] | None = None,
     ) -> None:
+        if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
+            raise ConfigError(f"run_dir must be a path to a directory, got {run_dir!r}")
         self.state = validate_state(state)
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ConfigError(f"keep_last must be a positive integer or None, got {keep_last!r}")
@@ -118,7 +134,14 @@ class Session:
             max_overhead=max_overhead,
         )
         self._profiler = Profiler(clock=self._clock)
-        self._checkpointer = Checkpointer(self.run_dir, self.events, keep_last, self._clock)
+        # distributed: coci's gloo groups (collective), per-rank event logs, DCP persist backend
+        self._dist = distributed.DistributedContext.detect()
+        backend = None
+        if self._dist is not None:
+            if not self._dist.is_coordinator:
+                self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
+            backend = distributed.DcpPersist(storage.checkpoints_dir(self.run_dir), self._dist, keep_last)
+        self._checkpointer = Checkpointer(self.run_dir, self.events, keep_last, self._clock, backend)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
         self._error: BaseException | None = None
@@ -163,14 +186,17 @@ class Session:
         """
         self._check_open()
         if self._stall_pending is not None:
-            self._profiler.record_stall(self._stall_seconds, self._stall_pending.nbytes)
+            stalled = self._stall_pending
+            self._profiler.record_stall(self._stall_seconds, stalled.nbytes)
+            self.events.emit("stall", step=stalled.step, seconds=self._stall_seconds, bytes=stalled.nbytes)
             self._stall_pending = None
         self._profiler.step(loss)
         self._steps += 1
+        due = self.policy.should_checkpoint(self._steps)  # asked before any re-plan made at this step
         self._poll_persist()
         if self._should_observe():
             self._observe()
-        pending = self.checkpoint() if self.policy.should_checkpoint(self._steps) else None
+        pending = self.checkpoint() if due or self.policy.should_checkpoint(self._steps) else None
         self._raise_error()  # last, so a caller that catches it has a consistent session
         return pending
 
@@ -178,6 +204,10 @@ class Session:
         """Start a checkpoint of the current state now (also used by ``step``)."""
         self._check_open()
         began = self._clock()
+        previous = self._checkpointer.pending
+        if previous is not None:  # at most one persist in flight; never drop its outcome
+            previous.upload_completion.exception()
+            self._poll_persist()
         tree = self._collect_tree()
         pending = self._checkpointer.start(
             self._steps, tree, self._fenced_ptrs(), epoch=self._epoch(), state_keys=sorted(self.state)
@@ -210,22 +240,35 @@ class Session:
         ``strict=False`` loads the keys both have.
         """
         self._check_open()
+        if self._dist is not None:
+            return self._restore_distributed(strict)
         root = storage.checkpoints_dir(self.run_dir)
         storage.remove_stale_tmp(root)
-        committed = storage.committed_steps(root)
+        committed = storage.step_dirs(root)  # damaged ones too, so each is reported
         skipped: list[Path] = []
+        last_error = ""
         for step, path in reversed(committed):
             began = self._clock()
             try:
-                manifest, tensors = storage.load_checkpoint(path)
-            except CorruptCheckpointError as exc:
+                if distributed.checkpoint_format(path) == distributed.DCP_FORMAT:  # saved by a DP job
+                    loaded = distributed.load_verified(path)
+                    manifest, tree, nbytes = loaded, loaded.tree, loaded.nbytes
+                else:
+                    manifest, tensors = storage.load_checkpoint(path)
+                    tree, nbytes = unflatten(manifest.skeleton, tensors), manifest.files[0].size
+                self._apply(manifest, tree, strict)
+            except StateMismatchError:
+                raise
+            except (CheckpointError, StateError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+                # a checkpoint that verifies but does not load (a structure altered on disk, a
+                # tensor of the wrong shape): skipped like a corrupt one; the next one loaded
+                # overwrites whatever this one applied, since every checkpoint has every key
                 logger.warning("skipping checkpoint %s: %s", path, exc)
                 self.events.emit("restore_skip", step=step, path=str(path), message=str(exc))
                 skipped.append(path)
+                last_error = f"{type(exc).__name__}: {exc}"
                 continue
-            self._apply(manifest, unflatten(manifest.skeleton, tensors), strict)
             seconds = self._clock() - began
-            nbytes = manifest.files[0].size
             self._profiler.record_restore(seconds, nbytes)
             self.events.emit("restore", step=manifest.step, seconds=seconds, bytes=nbytes, path=str(path))
             self._observed_at = -1
@@ -233,13 +276,35 @@ class Session:
             return RestoreResult(manifest.step, manifest.epoch, path, seconds, nbytes, tuple(skipped))
         if committed:
             raise CorruptCheckpointError(
-                f"none of the {len(committed)} committed checkpoints in {root} verifies: "
+                f"none of the {len(committed)} committed checkpoints in {root} loads: "
                 + ", ".join(p.name for p in skipped)
+                + f" (last error: {last_error})"
             )
         return None
 
+    def _restore_distributed(self, strict: bool) -> RestoreResult | None:
+        """distributed: every rank loads the checkpoint rank 0 picked (collective)."""
+        assert self._dist is not None
+        began = self._clock()
+
+        def skip(step: int, path: Path, message: str) -> None:
+            logger.warning("skipping checkpoint %s: %s", path, message)
+            self.events.emit("restore_skip", step=step, path=str(path), message=message)
+
+        loaded = distributed.restore_checkpoint(storage.checkpoints_dir(self.run_dir), self._dist, skip)
+        if loaded is None:
+            return None
+        self._apply(loaded, loaded.tree, strict)
+        seconds = self._clock() - began
+        self._profiler.record_restore(seconds, loaded.nbytes)
+        self.events.emit("restore", step=loaded.step, seconds=seconds, bytes=loaded.nbytes, path=str(loaded.path))
+        self._observed_at = -1
+        self._profiler.mark()
+        return RestoreResult(loaded.step, loaded.epoch, loaded.path, seconds, loaded.nbytes, loaded.skipped)
+
     def close(self) -> None:
-        """Wait for the last persist, write ``profile.json`` / ``plan.json``, release hooks."""
+        """Wait for the last persist, write ``profile.json``, ``plan.json`` and ``loss_curve.json``
+        (the smoothed trace the report plots), release the fence hooks."""
         if self._closed:
             return
         self._closed = True
@@ -250,7 +315,12 @@ class Session:
             for hook in self._hooks:
                 hook.remove()
             self._hooks = []
-        (self.run_dir / "profile.json").write_text(self._profiler.profile.model_dump_json(indent=2))
+        if self._dist is None or self._dist.is_coordinator:  # distributed: rank 0 writes run files
+            (self.run_dir / "profile.json").write_text(self._profiler.profile.model_dump_json(indent=2))
+            loss_steps, losses = self._profiler.loss_curve()
+            (self.run_dir / "loss_curve.json").write_text(
+                json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()})
+            )
         self._write_plan()
         self.events.emit("close", step=self._steps, checkpoints=len(self._checkpoint_steps))
         self._raise_error()
@@ -317,7 +387,7 @@ class Session:
         tree[_RNG_KEY] = rng_state.capture()
         return tree
 
-    def _apply(self, manifest: storage.Manifest, tree: dict[str, Any], strict: bool) -> None:
+    def _apply(self, manifest: Any, tree: dict[str, Any], strict: bool) -> None:
         saved = set(manifest.state_keys)
         current = set(self.state)
         if saved != current:
@@ -331,8 +401,8 @@ class Session:
             logger.warning("restoring only shared keys; missing %s, unexpected %s", missing, unexpected)
         for key in sorted(saved & current):
             value = self.state[key]
-            if is_stateful(value):
-                value.load_state_dict(tree[key])
+            if is_stateful(value):  # modules copy into their parameters; others keep what they get
+                value.load_state_dict(tree[key] if isinstance(value, torch.nn.Module) else own_storage(tree[key]))
             elif isinstance(value, torch.Tensor) and isinstance(tree[key], torch.Tensor) and value.shape == tree[key].shape:
                 with torch.no_grad():
                     value.copy_(tree[key])
@@ -345,7 +415,8 @@ class Session:
         policy_load = getattr(self.policy, "load_state_dict", None)
         if callable(policy_load) and "policy" in own:
             policy_load(own["policy"])
-        rng_state.restore(tree[_RNG_KEY])  # last: nothing above may consume random draws after it
+        if _RNG_KEY in tree:  # distributed: absent for a rank the checkpoint did not have
+            rng_state.restore(tree[_RNG_KEY])  # last: nothing above may consume random draws after it
 
     def _poll_persist(self) -> None:
         pending = self._checkpointer.pending
@@ -367,7 +438,8 @@ class Session:
             staging_seconds=result.staging_seconds,
             bytes=result.nbytes,
         )
-        self._observe()
+        if self._dist is None:  # distributed: ranks finish at different steps; re-plan at the cadence
+            self._observe()
 
     def _should_observe(self) -> bool:
         if self._observed_at < 0:
@@ -377,25 +449,38 @@ class Session:
     def _observe(self) -> None:
         self._observed_at = self._steps
         loss_steps, losses = self._profiler.loss_curve()
-        self.policy.observe(
-            Observation(
-                step=self._steps,
-                profile=self._profiler.profile,
-                loss_steps=loss_steps,
-                losses=losses,
-                checkpoint_steps=tuple(self._checkpoint_steps),
-            )
+        observation = Observation(
+            step=self._steps,
+            profile=self._profiler.profile,
+            loss_steps=loss_steps,
+            losses=losses,
+            checkpoint_steps=tuple(self._checkpoint_steps),
         )
+        if self._dist is None:
+            self.policy.observe(observation)
+        else:  # distributed: slowest rank's costs; rank 0 plans, every rank gets its plan
+            distributed.observe_policy(self.policy, observation, self._dist)
         if self.plan is not self._written_plan:
             self._write_plan()
+        self._profiler.mark()  # planning time is coci's, not the training step's
 
     def _write_plan(self) -> None:
         plan = self.plan
         if plan is None or plan is self._written_plan:
             return
+        if self._dist is not None and not self._dist.is_coordinator:  # distributed: rank 0 writes it
+            self._written_plan = plan
+            return
         self._written_plan = plan
         (self.run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
-        self.events.emit("plan", step=self._steps, policy=getattr(plan, "policy", None), checkpoints=len(plan.steps))
+        steps = [int(s) for s in plan.steps]
+        self.events.emit(
+            "plan",
+            step=self._steps,
+            policy=getattr(plan, "policy", None),
+            checkpoints=len(steps),
+            steps=steps[: knobs.PLAN_EVENT_MAX_STEPS],  # plan.json holds them all
+        )
 
 
 def _tensor_bytes(state: Mapping[str, Any]) -> int:

@@ -17,6 +17,7 @@ without spinning.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -91,7 +92,7 @@ class StagingArena:
         buffer = self._buffer
         if buffer is None or buffer.numel() < needed or (pin and not buffer.is_pinned()):
             size = int(needed * (1 + knobs.ARENA_GROWTH_FRACTION)) + knobs.ARENA_GROWTH_BYTES
-            buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+            buffer = aligned_empty(size, pin)
             buffer.fill_(0)  # fault the pages in now, not during the first snapshot's copy
             self.allocations += 1
             logger.debug("staging arena allocated: %d bytes (pinned=%s)", needed, pin)
@@ -108,6 +109,15 @@ class StagingArena:
         return memoryview(self._buffer.numpy())[: layout_bytes(self._slots)]
 
 
+def aligned_empty(size: int, pin: bool = False) -> torch.Tensor:
+    """A uint8 buffer of ``size`` bytes starting at a ``knobs.DIRECT_IO_ALIGN_BYTES`` boundary, so the
+    persist stage can hand it to O_DIRECT writes and reads (pinned memory is page-aligned already)."""
+    align = knobs.DIRECT_IO_ALIGN_BYTES
+    raw = torch.empty(size + align, dtype=torch.uint8, pin_memory=pin)
+    start = -raw.data_ptr() % align
+    return raw[start : start + size]
+
+
 def _typed_view(buffer: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
     raw = buffer[slot.offset : slot.offset + slot.nbytes]
     if slot.nbytes == 0:
@@ -118,6 +128,11 @@ def _typed_view(buffer: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
 class CopyJob:
     """Stage tensors into their views: CPU copies run where ``run_cpu`` is called (a background
     thread), CUDA copies are enqueued at construction and awaited through events.
+
+    The fenced CPU copies are shared work: ``run_cpu`` (the persist worker) and ``finish_cpu_copies``
+    (the training thread at the optimizer fence) both claim the next uncopied tensor until none is
+    left, so a fence reached before the worker finished copies the rest itself instead of waiting
+    for a thread hand-off (on a busy machine a wake-up can cost more than the copy).
     """
 
     def __init__(self, sources: Sequence[torch.Tensor], views: Sequence[torch.Tensor], fenced: Sequence[bool]) -> None:
@@ -133,10 +148,17 @@ class CopyJob:
                 self._cpu_pairs.append((view, source))
             else:
                 view.copy_(source)  # not protected by the fence: copy before training goes on
+        self._lock = threading.Lock()
+        self._next_pair = 0
+        self._pending_pairs = len(self._cpu_pairs)
+        self._cpu_done = threading.Event()
+        self._cpu_error: BaseException | None = None
+        if not self._cpu_pairs:
+            self._cpu_done.set()
         if cuda_eager:
             for view, source in cuda_eager:
                 view.copy_(source, non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=True)  # synchronize() sleeps, never spins a core
             event.record()
             self._events.append(event)
         if cuda_fenced:
@@ -146,7 +168,7 @@ class CopyJob:
                 for view, source in cuda_fenced:
                     view.copy_(source, non_blocking=True)
                     source.record_stream(side)
-                event = torch.cuda.Event()
+                event = torch.cuda.Event(blocking=True)  # synchronize() sleeps, never spins a core
                 event.record(side)
             self._events.append(event)
             self.fence_event = event
@@ -156,12 +178,46 @@ class CopyJob:
         """True when fenced CPU tensors remain to copy (the fence must then wait on the host)."""
         return bool(self._cpu_pairs)
 
+    @property
+    def cpu_copies_done(self) -> bool:
+        return self._cpu_done.is_set()
+
     def run_cpu(self) -> None:
-        """Copy the fenced CPU tensors, then wait for the CUDA copies (blocking, no spin)."""
-        for view, source in self._cpu_pairs:
-            view.copy_(source)
+        """Copy the fenced CPU tensors (sharing them with a fence that arrives meanwhile), then wait
+        for the CUDA copies (blocking, no spin). Raises the first copy error of any thread."""
+        self._copy_claimed()
+        self._cpu_done.wait()
+        if self._cpu_error is not None:
+            raise self._cpu_error
         for event in self._events:
             event.synchronize()
+
+    def finish_cpu_copies(self) -> None:
+        """The host side of the fence: copy the fenced CPU tensors nobody has claimed yet on the
+        calling thread, then wait until every CPU copy is done. Never raises: a copy error is
+        re-raised by ``run_cpu`` on the worker, which reports it through the checkpoint's futures."""
+        self._copy_claimed()
+        self._cpu_done.wait()
+
+    def _copy_claimed(self) -> None:
+        while True:
+            with self._lock:
+                index = self._next_pair
+                if index >= len(self._cpu_pairs) or self._cpu_error is not None:
+                    return
+                self._next_pair = index + 1
+            view, source = self._cpu_pairs[index]
+            try:
+                view.copy_(source)
+            except BaseException as exc:  # recorded for run_cpu; the remaining copies are abandoned
+                with self._lock:
+                    self._cpu_error = self._cpu_error or exc
+                    self._cpu_done.set()
+                return
+            with self._lock:
+                self._pending_pairs -= 1
+                if self._pending_pairs == 0:
+                    self._cpu_done.set()
 
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}

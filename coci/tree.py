@@ -80,6 +80,25 @@ def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
     return {k: unflatten(v, tensors) for k, v in skeleton.items()}
 
 
+def own_storage(tree: Any) -> Any:
+    """``tree`` with every tensor cloned into storage of its own.
+
+    Loaded tensors are views into one read buffer. ``torch.Generator.set_state`` ignores a view's
+    storage offset (a sampler restoring its generator reads garbage or crashes), and an optimizer
+    keeping views would keep the whole buffer alive. Modules copy into their parameters and need
+    no clone; everything else gets one.
+    """
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    if isinstance(tree, dict):
+        return {key: own_storage(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [own_storage(value) for value in tree]
+    if isinstance(tree, tuple):
+        return tuple(own_storage(value) for value in tree)
+    return tree
+
+
 def _index(value: Any, tensors: list[torch.Tensor]) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(tensors):
         raise StateError(f"checkpoint skeleton refers to tensor {value!r} of {len(tensors)}")

@@ -118,6 +118,11 @@ def test_none_is_a_missing_value() -> None:
     assert fit.dropped_points == 1 and fit.n_points == 8
 
 
+def test_empty_input_is_a_fallback_not_an_error() -> None:
+    fit = fit_curve([])
+    assert not fit.usable and fit.family == "none" and "too few points" in fit.fallback
+
+
 def test_unusable_fit_reports_the_last_level() -> None:
     fit = fit_curve(np.full(100, 3.0))
     np.testing.assert_allclose(fit.loss([1.0, 1e6]), [3.0, 3.0])
@@ -127,7 +132,6 @@ def test_unusable_fit_reports_the_last_level() -> None:
     ("args", "match"),
     [
         (([1.0, 2.0, 3.0], [1.0, 2.0]), "same length"),
-        (([],), "empty"),
         ((["a", "b", "c"],), "numeric"),
         (("abc",), "string"),
         ((np.ones((3, 3)),), "one-dimensional"),

@@ -386,10 +386,66 @@ def test_each_rank_resumes_exactly_its_remainder() -> None:
     assert padded.tolist() == [1, 3, 0]  # padded from the head
 
 
-def test_world_size_change_is_refused_naming_the_field() -> None:
-    state = make_loader(20, 2, rank=0, world_size=2)().state_dict()
-    with pytest.raises(StateMismatchError, match="world_size"):
-        make_loader(20, 2, rank=0, world_size=4)().load_state_dict(state)
+def elastic_epoch(length: int, batch: int, drop_last: bool, plan: list[tuple[int, int]]) -> Counter:
+    """Run one epoch through world sizes ``plan = [(world_size, batches per rank), ...]``, saving
+    rank 0's state at each change and loading it into every rank of the next world size; the last
+    entry drains the epoch. Returns how often each sample was delivered."""
+    seen: Counter = Counter()
+    state = None
+    for index, (world, batches) in enumerate(plan):
+        loaders = [make_loader(length, batch, seed=3, drop_last=drop_last, rank=r, world_size=world)()
+                   for r in range(world)]
+        for loader in loaders:
+            if state is not None:
+                loader.load_state_dict(state)
+        iterators = [iter(loader) for loader in loaders]
+        last = index == len(plan) - 1
+        for _ in range(10**6 if last else batches):
+            got = [next(it, None) for it in iterators]
+            if all(g is None for g in got):
+                break
+            assert all(g is not None for g in got)  # ranks stay in lockstep
+            for g in got:
+                seen.update(g.tolist())
+        state = json_round_trip(loaders[0].state_dict())
+        assert {json.dumps(l.state_dict() | {"rank": 0}) for l in loaders} == {json.dumps(state | {"rank": 0})}
+    assert all(l.epoch == 1 for l in loaders)  # the drain finished the epoch on every rank
+    return seen
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("plan", [[(2, 3), (1, 5), (2, 0)], [(1, 3), (2, 2), (3, 1), (1, 0)], [(4, 1), (3, 0)]])
+def test_world_size_change_repartitions_the_rest_of_the_epoch(drop_last: bool, plan: list[tuple[int, int]]) -> None:
+    length, batch = 37, 2
+    seen = elastic_epoch(length, batch, drop_last, plan)
+    final_world = plan[-1][0]
+    assert max(seen.values()) == 1 if drop_last else max(seen.values()) <= 2
+    if drop_last:  # nothing repeated; only the last partition's ragged tail (rank split + last batch) unseen
+        assert length - len(seen) <= (final_world - 1) + final_world * (batch - 1)
+    else:  # everything seen; at most final_world - 1 repeats (padding)
+        assert set(seen) == set(range(length))
+        assert sum(seen.values()) - length <= final_world - 1
+
+
+def test_same_world_resume_after_a_world_size_change_is_exact() -> None:
+    length, world = 29, 2
+    first = make_loader(length, 2, seed=4, rank=0, world_size=1)()
+    it = iter(first)
+    for _ in range(3):  # 6 samples at world size 1, then re-partition over 2 ranks
+        next(it)
+    state = first.state_dict()
+    ranks = [make_loader(length, 2, seed=4, rank=r, world_size=world)() for r in range(world)]
+    for loader in ranks:
+        loader.load_state_dict(state)
+    for r, loader in enumerate(ranks):
+        clone = make_loader(length, 2, seed=4, rank=r, world_size=world)()
+        clone.load_state_dict(state)
+        head = [b.tolist() for _, b in zip(range(2), loader)]
+        mid = json_round_trip(loader.state_dict())
+        assert mid["partition_start"] == 6 and mid["position"] == 6 + 2 * 2 * world
+        resumed = make_loader(length, 2, seed=4, rank=r, world_size=world)()
+        resumed.load_state_dict(mid)
+        assert head + as_lists(resumed) == as_lists(clone)  # same-size resume inside the new partition
 
 
 def test_distributed_defaults_without_a_process_group() -> None:

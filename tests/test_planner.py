@@ -161,7 +161,7 @@ def test_max_overhead_caps_every_policy() -> None:
         ({"time_budget": -0.1}, "time_budget"),
         ({"max_overhead": 0.0}, "max_overhead"),
         ({"failures": None}, "failures"),
-        ({"failures": "-8h"}, "mtbf"),
+        ({"failures": "-8h"}, "failures"),
     ],
 )
 def test_bad_inputs_name_the_field(change: dict, field: str) -> None:

@@ -104,9 +104,9 @@ def main() -> None:
     while session.steps < args.steps:
         xb, yb = next(stream)
         loss = train_step(xb, yb)
+        log.write(f"{session.steps + 1} {float(loss).hex()}\n")  # before step(): a kill after a
+        log.flush()  # checkpoint at this step must not lose the step's line
         session.step(loss)
-        log.write(f"{session.steps} {float(loss).hex()}\n")
-        log.flush()
         if args.die_at is not None and session.steps == args.die_at:
             os.kill(os.getpid(), signal.SIGKILL)
     session.close()

@@ -1,0 +1,376 @@
+"""Schedule quality: what each checkpoint policy really costs, simulated with confidence intervals
+(profiler -> **plan** -> snapshot -> persist -> **report**).
+
+Every policy plans the same job and :func:`coci.simulate.simulate` replays it under failures (the
+same failure draws for every policy: common random numbers, so the paired differences are tight).
+
+The job: 48 h of training in ``N = 20,000`` steps (8.64 s each); a loss curve of any length is
+mapped onto those steps by its fraction of the run (its first point at step 1, its last step at N). Grid:
+
+* MTBF (exponential, job level) 4, 8, 16, 70 h; restart 120 s;
+* checkpoint sizes and snapshot stalls from COCI's evaluation: DenseNet-201 235 MB / 0.13 s,
+  ResNet-152 694 MB / 0.27 s, VGG-19 1.7 GB / 0.60 s, BERT-large 3.8 GB / 1.6 s; the persist time is
+  the size at an assumed write bandwidth of 1 GB/s (0.235 / 0.694 / 1.7 / 3.8 s); no interference
+  (a persist does not slow the steps), so C = the stall;
+* curves: a synthetic exponential ``2 + 8 exp(-5 f)`` (f = fraction of the run, noise sd 0.02); the
+  reference workloads' recorded curves ``models/curves/*.csv``; the real GPT-2 curves of
+  ``../shared/external-data/modded-nanogpt``: the three dense training-loss runs and validation
+  curves with at least 40 points (one per record directory, at most 5);
+* policies: young, daly, checkfreq, coci (as published), auto (time), auto (default: progress with a
+  5% time budget), auto (pure progress: no budget); the frontier adds auto at budgets 0, 0.02, 0.10.
+
+Each plan sees the whole curve (offline, an oracle fit); the *true* progress weight that scores lost
+work is the empirical slope of the curve itself (:func:`coci.simulate.empirical_progress_rate`, no
+fitted law), so no plan is scored by its own model. Online: auto (default) re-derived by replaying
+the planning policy step by step as the session drives it (it sees only the loss prefix; observed
+every ``--observe-every`` steps), on a subset of cells. Exploratory: the offline plans with each
+trial stopped uniformly between 40% and 60% of the run.
+
+Run: ``.venv/bin/python benchmarks/schedule_quality.py`` (about 10 min on 2 shared cores) or with
+``--quick`` (a small grid, about 1.5 min). ``--csv PATH`` writes the per-cell table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from coci.failures import Failures
+from coci.fit import fit_curve
+from coci.planner import plan
+from coci.simulate import empirical_progress_rate, ratio_change, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "external-data" / "modded-nanogpt"
+CURVES = ROOT / "models" / "curves"
+
+STEPS = 20_000
+RUN_HOURS = 48.0
+STEP_SECONDS = RUN_HOURS * 3600 / STEPS
+RESTART_SECONDS = 120.0
+WRITE_BYTES_PER_SECOND = 1e9
+MTBF_HOURS = (4, 8, 16, 70)
+SIZES = {  # name: (checkpoint bytes, snapshot stall seconds), COCI's evaluation
+    "DenseNet-201": (235e6, 0.13),
+    "ResNet-152": (694e6, 0.27),
+    "VGG-19": (1.7e9, 0.60),
+    "BERT-large": (3.8e9, 1.6),
+}
+POLICIES = {  # label: (policy, objective, time_budget)
+    "young": ("young", "progress", 0.05),
+    "daly": ("daly", "progress", 0.05),
+    "checkfreq": ("checkfreq", "progress", 0.05),
+    "coci": ("coci", "progress", 0.05),
+    "auto(time)": ("auto", "time", 0.05),
+    "auto(0.05)": ("auto", "progress", 0.05),
+    "auto(pure)": ("auto", "progress", None),
+}
+FRONTIER = {"auto(0)": 0.0, "auto(0.02)": 0.02, "auto(0.05)": 0.05, "auto(0.10)": 0.10, "auto(pure)": None}
+BASELINES = ("young", "daly", "checkfreq", "coci", "auto(time)")
+DEFAULT = "auto(0.05)"
+
+
+@dataclass(frozen=True)
+class Curve:
+    name: str
+    group: str  # synthetic / reference / gpt2-train / gpt2-val
+    steps: np.ndarray  # job steps (float, mapped onto 1..STEPS)
+    losses: np.ndarray
+
+
+def mapped(name: str, group: str, steps: np.ndarray, losses: np.ndarray, total: float) -> Curve:
+    """The curve on the job's steps by fraction of the run: its first point at step 1, ``total`` at N."""
+    keep = np.isfinite(steps) & np.isfinite(losses)
+    steps, losses = steps[keep], losses[keep]
+    first = float(steps.min())
+    return Curve(name, group, 1.0 + (steps - first) * ((STEPS - 1) / (total - first)), losses)
+
+
+def load_curves(quick: bool) -> list[Curve]:
+    steps = np.arange(1, STEPS + 1, dtype=float)
+    fraction = steps / STEPS
+    noise = np.random.default_rng(0).normal(0.0, 0.02, STEPS)
+    curves = [Curve("synthetic exp", "synthetic", steps, 2.0 + 8.0 * np.exp(-5.0 * fraction) + noise)]
+    for path in sorted(CURVES.glob("*.csv")):
+        frame = pd.read_csv(path)
+        if {"step", "loss"} <= set(frame.columns) and len(frame) >= 50:
+            s, y = frame["step"].to_numpy(float), frame["loss"].to_numpy(float)
+            curves.append(mapped(f"models/{path.stem}", "reference", s, y, float(s.max())))
+    if not (DATA / "mng_train_loss_dense.csv").is_file():
+        print("(GPT-2 curves skipped: ../shared/external-data is absent)")
+        return curves
+    dense = pd.read_csv(DATA / "mng_train_loss_dense.csv")
+    for run_id, run in dense.groupby("run_id"):
+        total = float(run["total_steps"].iloc[0])
+        curves.append(
+            mapped(f"gpt2 train run {run_id} ({int(total)})", "gpt2-train",
+                   run["step"].to_numpy(float), run["train_loss"].to_numpy(float), total)
+        )
+    index = pd.read_csv(DATA / "mng_val_curves_index.csv")
+    points = pd.read_csv(DATA / "mng_val_curves_points.csv")
+    chosen = index[index["n_points"] >= 40].drop_duplicates("record_dir").head(2 if quick else 5)
+    for row in chosen.itertuples():
+        curve = points[points["curve_id"] == row.curve_id].sort_values("step")
+        curves.append(
+            mapped(f"gpt2 val {row.curve_id} ({row.n_points} pts)", "gpt2-val",
+                   curve["step"].to_numpy(float), curve["val_loss"].to_numpy(float), float(row.total_steps))
+        )
+    if quick:
+        keep = {"synthetic", "gpt2-train", "gpt2-val"}
+        curves = [c for c in curves if c.group in keep]
+    return curves
+
+
+def decimated(curve: Curve, limit: int = 2000) -> tuple[np.ndarray, np.ndarray]:
+    stride = max(1, math.ceil(curve.steps.size / limit))
+    return curve.steps[::stride], curve.losses[::stride]
+
+
+def job(mtbf_hours: float, size: str) -> dict:
+    nbytes, stall = SIZES[size]
+    return dict(
+        failures=Failures.exponential(mtbf=mtbf_hours * 3600.0),
+        total_steps=STEPS,
+        step_seconds=STEP_SECONDS,
+        stall_seconds=stall,
+        persist_seconds=nbytes / WRITE_BYTES_PER_SECOND,
+        restart_seconds=RESTART_SECONDS,
+    )
+
+
+def plans_for(curve: Curve, fit, inputs: dict) -> dict:
+    """Every policy's offline plan for one cell."""
+    out = {}
+    raw = decimated(curve)
+    for label, (policy, objective, budget) in POLICIES.items():
+        curve_input = raw if policy == "coci" else (fit if policy == "auto" else None)
+        out[label] = plan(policy, curve=curve_input, objective=objective, time_budget=budget, **inputs)
+    for label, budget in FRONTIER.items():
+        if label not in out:
+            out[label] = plan("auto", curve=fit, objective="progress", time_budget=budget, **inputs)
+    return out
+
+
+def change(result, baseline, metric: str) -> tuple[float, float, float]:
+    summary = ratio_change(result.values(metric), baseline.values(metric))
+    return summary.mean, summary.ci_low, summary.ci_high
+
+
+def run_cells(curves, mtbfs, sizes, trials: int, online_cells: set, observe_every: int, exploratory_cells: set):
+    rows = []
+    cells = [(c, m, s) for c in curves for m in mtbfs for s in sizes]
+    fits = {}
+    progress = tqdm(cells, desc="cells", unit="cell")
+    for curve, mtbf, size in progress:
+        progress.set_postfix_str(f"{curve.name[:22]}, {mtbf} h, {size}")
+        if curve.name not in fits:
+            fits[curve.name] = (fit_curve(curve.steps, curve.losses), empirical_progress_rate(curve.steps, curve.losses))
+        fit, truth = fits[curve.name]
+        inputs = job(mtbf, size)
+        planned = plans_for(curve, fit, inputs)
+        results = {label: simulate(p, trials=trials, seed=0, curve=truth) for label, p in planned.items()}
+        if (curve.name, mtbf, size) in online_cells:
+            results["auto(0.05) online"] = simulate_online(planned[DEFAULT], curve, truth, trials, observe_every)
+        explore = {}
+        if (curve.name, mtbf, size) in exploratory_cells:
+            explore = {
+                label: simulate(planned[label], trials=trials, seed=0, curve=truth, termination=(0.4, 0.6))
+                for label in ("young", "coci", "auto(time)", DEFAULT)
+            }
+        for case, bundle in (("full", results), ("exploratory", explore)):
+            young = bundle.get("young")
+            for label, result in bundle.items():
+                row = dict(curve=curve.name, group=curve.group, mtbf_h=mtbf, size=size, case=case, policy=label,
+                           checkpoints=len(result.steps), replans=result.replans,
+                           unfinished=result.unfinished)
+                for metric in ("wall_percent", "progress_percent"):
+                    s = result.metrics[metric]
+                    row[metric] = s.mean
+                    row[f"{metric}_ci"] = s.half_width
+                for metric, key in (("wall_seconds", "wall_vs_young"), ("progress_seconds", "progress_vs_young")):
+                    mean, low, high = change(result, young, metric)
+                    row[key], row[f"{key}_low"], row[f"{key}_high"] = mean, low, high
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def simulate_online(offline, curve: Curve, truth, trials: int, observe_every: int):
+    from coci import simulate as simulate_module
+
+    old = simulate_module.knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS
+    simulate_module.knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS = observe_every
+    try:
+        result = simulate(offline, trials=trials, seed=0, curve=truth, online=True, losses=(curve.steps, curve.losses))
+    finally:
+        simulate_module.knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS = old
+    return result
+
+
+# --- summaries -----------------------------------------------------------------------------------
+
+
+def pct(value: float) -> str:
+    return f"{100 * value:+.1f}%"
+
+
+def summary_by_policy(frame: pd.DataFrame) -> pd.DataFrame:
+    full = frame[frame["case"] == "full"]
+    table = full.groupby(["group", "policy"]).agg(
+        wall_pct=("wall_percent", "mean"),
+        wall_ci=("wall_percent_ci", "mean"),
+        progress_pct=("progress_percent", "mean"),
+        progress_ci=("progress_percent_ci", "mean"),
+        progress_vs_young_median=("progress_vs_young", "median"),
+        wall_vs_young_median=("wall_vs_young", "median"),
+        checkpoints=("checkpoints", "mean"),
+        unfinished=("unfinished", "sum"),
+    )
+    return table.round(4)
+
+
+def reductions(frame: pd.DataFrame, case: str, policy: str = DEFAULT) -> pd.DataFrame:
+    """auto's change against each baseline, per cell, then the median and range over cells."""
+    subset = frame[frame["case"] == case]
+    wide = subset.pivot_table(index=["group", "curve", "mtbf_h", "size"], columns="policy",
+                              values=["wall_percent", "progress_percent"])
+    rows = []
+    for baseline in BASELINES:
+        if ("progress_percent", baseline) not in wide.columns or ("progress_percent", policy) not in wide.columns:
+            continue
+        for group, part in wide.groupby(level="group"):
+            prog = part[("progress_percent", policy)] / part[("progress_percent", baseline)] - 1
+            wall = part[("wall_percent", policy)] / part[("wall_percent", baseline)] - 1
+            rows.append(dict(group=group, baseline=baseline, cells=len(part),
+                             progress_change_median=prog.median(), progress_change_min=prog.min(),
+                             progress_change_max=prog.max(), wall_change_median=wall.median(),
+                             wall_change_max=wall.max()))
+    return pd.DataFrame(rows)
+
+
+def frontier(frame: pd.DataFrame) -> pd.DataFrame:
+    full = frame[(frame["case"] == "full") & frame["policy"].isin(list(FRONTIER))]
+    table = full.groupby(["group", "policy"]).agg(
+        progress_vs_young=("progress_vs_young", "median"), wall_vs_young=("wall_vs_young", "median"),
+    )
+    return table.reindex(list(FRONTIER), level="policy")
+
+
+def target(frame: pd.DataFrame) -> pd.DataFrame:
+    """The acceptance target per real GPT-2 cell: progress <= -20% vs Young at wall <= +5%, and better
+    than COCI on both metrics."""
+    full = frame[(frame["case"] == "full") & frame["group"].str.startswith("gpt2")]
+    wide = full.pivot_table(index=["curve", "mtbf_h", "size"], columns="policy",
+                            values=["progress_vs_young", "wall_vs_young", "wall_percent", "progress_percent"])
+    auto_p = wide[("progress_vs_young", DEFAULT)]
+    auto_w = wide[("wall_vs_young", DEFAULT)]
+    beats_coci = (wide[("progress_percent", DEFAULT)] < wide[("progress_percent", "coci")]) & (
+        wide[("wall_percent", DEFAULT)] < wide[("wall_percent", "coci")]
+    )
+    out = pd.DataFrame({
+        "progress_vs_young": auto_p, "wall_vs_young": auto_w,
+        "cut_ge_20": auto_p <= -0.20, "wall_le_5": auto_w <= 0.05, "beats_coci_both": beats_coci,
+    })
+    return out
+
+
+def online_table(frame: pd.DataFrame) -> pd.DataFrame:
+    full = frame[frame["case"] == "full"]
+    wide = full.pivot_table(index=["group", "curve", "mtbf_h", "size"], columns="policy",
+                            values=["progress_vs_young", "wall_vs_young", "replans"])
+    if ("progress_vs_young", "auto(0.05) online") not in wide.columns:
+        return pd.DataFrame()
+    wide = wide.dropna(subset=[("progress_vs_young", "auto(0.05) online")])
+    offline = -wide[("progress_vs_young", DEFAULT)]
+    online = -wide[("progress_vs_young", "auto(0.05) online")]
+    return pd.DataFrame({
+        "offline_cut": offline, "online_cut": online,
+        "kept": np.where(offline > 0.01, online / offline, np.nan),
+        "online_wall_vs_young": wide[("wall_vs_young", "auto(0.05) online")],
+        "observations": wide[("replans", "auto(0.05) online")],
+    })
+
+
+def speed() -> None:
+    """1,000 trials of a 100,000-step job (DESIGN's example job), two failure rates."""
+    print("\nSpeed: 1,000 trials of a 100,000-step job (step 0.25 s, stall 0.4 s, persist 6 s, restart 60 s)")
+    curve = 2.0 + 6.0 * (np.arange(1, 100_001) + 300.0) ** -0.4
+    for mtbf in ("8h", "30m"):
+        for policy in ("young", "auto"):
+            p = plan(policy, failures=Failures.exponential(mtbf), total_steps=100_000, step_seconds=0.25,
+                     stall_seconds=0.4, persist_seconds=6.0, restart_seconds=60.0, curve=curve)
+            simulate(p, trials=10, seed=1)  # warm
+            began = time.perf_counter()
+            result = simulate(p, trials=1000, seed=0)
+            seconds = time.perf_counter() - began
+            print(f"  MTBF {mtbf:>3s} {policy:5s}: {seconds:6.3f} s  ({result.mean('failures'):.1f} failures/trial, "
+                  f"{len(p.steps)} checkpoints)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small grid (MTBF 8 h, two sizes, fewer curves)")
+    parser.add_argument("--trials", type=int, default=None)
+    parser.add_argument("--observe-every", type=int, default=500, help="online replay: observe every N steps")
+    parser.add_argument("--csv", type=Path, default=None, help="write the per-cell table here")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    pd.set_option("display.width", 200)
+    pd.set_option("display.max_columns", 30)
+    pd.set_option("display.max_rows", 400)
+
+    trials = args.trials or (200 if args.quick else 1000)
+    mtbfs = (8,) if args.quick else MTBF_HOURS
+    sizes = ("ResNet-152", "BERT-large") if args.quick else tuple(SIZES)
+    curves = load_curves(args.quick)
+    online_sizes = ("BERT-large",) if args.quick else ("ResNet-152", "BERT-large")
+    online_cells = {(c.name, 8, s) for c in curves for s in online_sizes}
+    exploratory_cells = {(c.name, m, "BERT-large") for c in curves for m in mtbfs}
+    print(f"{len(curves)} curves x {len(mtbfs)} MTBFs x {len(sizes)} sizes, {trials} trials per policy; "
+          f"job {STEPS} steps x {STEP_SECONDS:.2f} s = {RUN_HOURS:.0f} h, restart {RESTART_SECONDS:.0f} s, "
+          f"persist = size / {WRITE_BYTES_PER_SECOND / 1e9:.0f} GB/s")
+    began = time.perf_counter()
+    frame = run_cells(curves, mtbfs, sizes, trials, online_cells, args.observe_every, exploratory_cells)
+    elapsed = time.perf_counter() - began
+    if args.csv:
+        frame.to_csv(args.csv, index=False)
+
+    print("\nMean simulated overhead (% of the 48 h run, mean over cells; ci = mean 95% half-width) and the median "
+          "change against Young (paired, same failures):")
+    print(summary_by_policy(frame).to_string())
+    print(f"\n{DEFAULT}'s change against each baseline (per cell, then median / min / max over cells):")
+    print(reductions(frame, "full").round(3).to_string(index=False))
+    print("\nFrontier (median over cells of the change against Young):")
+    print(frontier(frame).round(3).to_string())
+    goal = target(frame)
+    if len(goal):
+        print("\nTarget on real GPT-2 curves (auto 0.05 vs Young: progress <= -20% at wall <= +5%; beats COCI on both):")
+        print(f"  cells: {len(goal)}; progress cut >= 20%: {int(goal['cut_ge_20'].sum())}; wall <= +5%: "
+              f"{int(goal['wall_le_5'].sum())}; both: {int((goal['cut_ge_20'] & goal['wall_le_5']).sum())}; "
+              f"beats COCI on both metrics: {int(goal['beats_coci_both'].sum())}")
+        print(f"  median progress change vs Young {pct(goal['progress_vs_young'].median())}, median wall change "
+              f"{pct(goal['wall_vs_young'].median())}")
+        by_curve = goal.groupby(level="curve")[["progress_vs_young", "wall_vs_young"]].median()
+        print(by_curve.round(3).to_string())
+    online = online_table(frame)
+    if len(online):
+        print("\nOnline (plan re-derived as training reveals the curve) vs offline, auto (0.05), MTBF 8 h:")
+        print(online.round(3).to_string())
+        valid = online["kept"].dropna()
+        print(f"  kept share of the offline cut: median {valid.median():.2f}, >= 0.8 in {int((valid >= 0.8).sum())} "
+              f"of {len(valid)} cells with an offline cut > 1%")
+    print("\nExploratory jobs (stopped uniformly at 40-60% of the run; plans unaware), BERT-large:")
+    print(reductions(frame, "exploratory").round(3).to_string(index=False))
+    print(f"\n(grid simulated in {elapsed:.0f} s)")
+    speed()
+
+
+if __name__ == "__main__":
+    main()

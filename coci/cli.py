@@ -1,0 +1,449 @@
+"""The ``coci`` command line: plan, simulate, report, list and verify (the edges of the flow).
+
+profiler -> plan -> snapshot -> persist -> report. Each sub-command is a thin layer over the
+library: ``coci plan`` calls :func:`coci.planner.plan`, ``coci simulate`` :func:`coci.simulate`,
+``coci report`` :func:`coci.report.report`, ``coci ls`` and ``coci verify``
+:func:`coci.verify.verify_run`.
+
+Exit codes: 0 success; 1 ``coci verify`` found a corrupt checkpoint; 2 bad input or an unreadable
+run (one line on stderr, ``coci: error: ...``, never a traceback). ``--help`` works everywhere.
+
+Curve files (``--curve``) are CSV: one column of per-step losses, or a header naming a step column
+(``step``) and a loss column (``loss``, ``train_loss``, ``val_loss``, or the only other numeric
+column). A file holding several runs (a ``run_id`` or ``curve_id`` column) needs ``--curve-run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coci.errors import CociError, ConfigError, CorruptCheckpointError
+
+__all__ = ["build_parser", "main", "read_curve"]
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_CORRUPT = 1
+EXIT_ERROR = 2
+
+_LOSS_COLUMNS = ("loss", "train_loss", "val_loss", "losses")
+_RUN_COLUMNS = ("run_id", "curve_id", "run")
+
+
+# --- input helpers -----------------------------------------------------------------------------
+
+
+def read_curve(path: str | Path, run: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, losses)`` from a CSV curve file (see the module docstring for the formats)."""
+    import pandas as pd
+
+    file = Path(path)
+    try:
+        frame = pd.read_csv(file)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"curve file {str(file)!r} does not exist") from exc
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"curve file {str(file)!r} is not a readable CSV: {exc}") from exc
+    columns = {str(c).strip().lower(): c for c in frame.columns}
+    run_column = next((columns[c] for c in _RUN_COLUMNS if c in columns), None)
+    if run_column is not None:
+        runs = frame[run_column].astype(str).unique()
+        if run is None and len(runs) > 1:
+            raise ConfigError(f"curve file {str(file)!r} holds {len(runs)} runs in column {run_column!r}; pick one with --curve-run ({', '.join(runs[:5])}...)")
+        if run is not None:
+            frame = frame[frame[run_column].astype(str) == str(run)]
+            if frame.empty:
+                raise ConfigError(f"curve-run {run!r} not found in column {run_column!r} of {str(file)!r}")
+    if _headerless(columns):
+        frame = pd.read_csv(file, header=None)
+        columns = {str(c): c for c in frame.columns}
+    numeric = [c for c in frame.columns if pd.api.types.is_numeric_dtype(frame[c]) and c != run_column]
+    step_column = columns.get("step")
+    loss_column = next((columns[c] for c in _LOSS_COLUMNS if c in columns), None)
+    if loss_column is None:
+        others = [c for c in numeric if c != step_column]
+        if len(others) == 1 or (step_column is None and len(others) == 2 and len(numeric) == 2):
+            loss_column = others[-1]
+            if step_column is None and len(others) == 2:
+                step_column = others[0]
+    if loss_column is None or not pd.api.types.is_numeric_dtype(frame[loss_column]):
+        raise ConfigError(f"curve file {str(file)!r}: no loss column (name one 'loss', or give one numeric column)")
+    losses = frame[loss_column].to_numpy(dtype=float)
+    steps = frame[step_column].to_numpy(dtype=float) if step_column is not None else np.arange(1, losses.size + 1, dtype=float)
+    if losses.size < 3:
+        raise ConfigError(f"curve file {str(file)!r}: needs at least 3 losses, got {losses.size}")
+    return steps, losses
+
+
+def _headerless(columns: dict[str, Any]) -> bool:
+    """True when the 'header' read by pandas is itself a row of numbers."""
+    try:
+        [float(c) for c in columns]
+    except ValueError:
+        return False
+    return True
+
+
+def _failures(args: argparse.Namespace) -> Any:
+    from coci.failures import Failures
+
+    if args.failure_log is not None:
+        if args.mtbf is not None:
+            raise ConfigError("give either --mtbf or --failure-log, not both")
+        return Failures.from_log(args.failure_log)
+    if args.mtbf is None:
+        return None
+    if args.weibull_shape is not None:
+        return Failures.weibull(args.weibull_shape, args.mtbf, nodes=args.nodes)
+    return Failures.exponential(mtbf=args.mtbf, nodes=args.nodes)
+
+
+def _time_budget(value: str) -> float | None:
+    if value.strip().lower() in ("none", "inf", "unbounded"):
+        return None
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"time budget must be a fraction such as 0.05, or 'none'; got {value!r}") from exc
+
+
+def _plan_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    curve = read_curve(args.curve, args.curve_run) if args.curve is not None else None
+    return dict(
+        failures=_failures(args),
+        total_steps=args.total_steps,
+        step_seconds=args.step_seconds,
+        stall_seconds=args.stall_seconds,
+        persist_seconds=args.persist_seconds,
+        restart_seconds=args.restart_seconds,
+        interference_seconds=args.interference_seconds,
+        curve=curve,
+        objective=args.objective,
+        time_budget=args.time_budget,
+        max_overhead=args.max_overhead,
+    )
+
+
+def _policies(name: str) -> list[str]:
+    from coci.planner import POLICIES
+
+    return list(POLICIES) if name == "all" else [name]
+
+
+def _make_plans(args: argparse.Namespace) -> list[Any]:
+    from coci.planner import plan
+
+    kwargs = _plan_kwargs(args)
+    return [plan(name, **kwargs) for name in _policies(args.policy)]
+
+
+# --- sub-commands ------------------------------------------------------------------------------
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    plans = _make_plans(args)
+    if args.json:
+        if len(plans) == 1:
+            print(plans[0].model_dump_json(indent=2))
+        else:
+            print(json.dumps({p.policy: json.loads(p.model_dump_json()) for p in plans}, indent=2))
+        return EXIT_OK
+    if len(plans) == 1:
+        print(_describe_plan(plans[0]))
+    else:
+        print(_plans_table(plans))
+    return EXIT_OK
+
+
+def _describe_plan(plan: Any) -> str:
+    from coci.report import _seconds, _step_list
+
+    inputs = plan.inputs
+    lines = [
+        f"policy {plan.policy} (objective {plan.objective}"
+        + ("" if plan.mu is None else f", mu {plan.mu:.3g}")
+        + f"): {len(plan.steps)} checkpoints over {inputs.total_steps} steps",
+        f"  failure model: {inputs.failures.describe() if inputs.failures else 'none'}",
+        f"  checkpoint cost C {_seconds(inputs.checkpoint_seconds)}, persist {_seconds(inputs.persist_seconds)}, "
+        f"restart {_seconds(inputs.restart_seconds)}, step {_seconds(inputs.step_seconds)}",
+    ]
+    if plan.fit is not None:
+        fit = plan.fit
+        params = ", ".join(f"{k}={v:.4g}" for k, v in fit.params.items())
+        lines.append(f"  fit: {fit.family} ({params})" if fit.usable else f"  fit: unusable ({fit.fallback})")
+    lines.append(f"  steps: {_step_list(plan.steps)}")
+    intervals = plan.intervals
+    if intervals:
+        lines.append(f"  intervals: first {intervals[0]}, median {int(np.median(intervals))}, last {intervals[-1]} steps")
+    expected = plan.expected
+    run = expected.get("run_seconds")
+    for key, label in (
+        ("wall_seconds", "expected wall-clock overhead"),
+        ("progress_seconds", "expected progress-weighted overhead"),
+        ("checkpoint_seconds", "  of which checkpoints"),
+        ("lost_seconds", "  of which lost work"),
+    ):
+        if key in expected:
+            share = f" ({100 * expected[key] / run:.3g}% of the run)" if run else ""
+            lines.append(f"  {label}: {_seconds(expected[key])}{share}")
+    if "failures" in expected:
+        lines.append(f"  expected failures: {expected['failures']:.3g}")
+    lines += [f"  fallback: {f}" for f in plan.fallbacks] + [f"  note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def _plans_table(plans: list[Any]) -> str:
+    import pandas as pd
+
+    def pct(plan: Any, key: str) -> str:
+        run = plan.expected.get("run_seconds")
+        return "-" if key not in plan.expected or not run else f"{100 * plan.expected[key] / run:.3g}"
+
+    table = pd.DataFrame(
+        {
+            "policy": [p.policy for p in plans],
+            "checkpoints": [len(p.steps) for p in plans],
+            "first interval": [p.intervals[0] if p.steps else "-" for p in plans],
+            "last interval": [p.intervals[-1] if p.steps else "-" for p in plans],
+            "wall %": [pct(p, "wall_seconds") for p in plans],
+            "progress %": [pct(p, "progress_seconds") for p in plans],
+            "lost s": [f"{p.expected['lost_seconds']:.4g}" if "lost_seconds" in p.expected else "-" for p in plans],
+            "fallbacks": [len(p.fallbacks) for p in plans],
+        }
+    )
+    lines = [table.to_string(index=False), "(intervals in steps; overheads expected, % of the failure-free run time)"]
+    for p in plans:
+        lines += [f"  {p.policy}: {f}" for f in p.fallbacks]
+    return "\n".join(lines)
+
+
+def _simulate_function() -> Any:
+    from coci.report import _simulator
+
+    simulate = _simulator()
+    if simulate is None:
+        raise ConfigError("coci simulate needs coci.simulate, which this installation does not have yet")
+    return simulate
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from coci.report import PolicyRow, _simulated_into
+
+    if args.trials < 1:
+        raise ConfigError(f"trials must be a positive integer, got {args.trials}")
+    simulate = _simulate_function()
+    plans = _make_plans(args)
+    failures = plans[0].inputs.failures
+    if failures is None:
+        raise ConfigError("simulate needs a failure model: give --mtbf or --failure-log")
+    rows: list[Any] = []
+    raw: dict[str, Any] = {}
+    for plan in tqdm(plans, desc="simulating", unit="policy", disable=args.json or args.quiet, file=sys.stderr):
+        row = PolicyRow(policy=plan.policy, checkpoints=len(plan.steps))
+        _simulated_into(row, simulate, plan, failures, args.trials, args.seed)
+        rows.append(row)
+        raw[plan.policy] = row.model_dump()
+    if args.json:
+        print(json.dumps(raw, indent=2))
+        return EXIT_OK
+    import pandas as pd
+
+    def cell(value: float | None, ci: list[float] | None) -> str:
+        if value is None:
+            return "-"
+        return f"{value:.3g}" + ("" if ci is None else f" [{ci[0]:.3g}, {ci[1]:.3g}]")
+
+    table = pd.DataFrame(
+        {
+            "policy": [r.policy for r in rows],
+            "checkpoints": [r.checkpoints for r in rows],
+            "wall % [95% CI]": [cell(r.wall_percent, r.wall_ci_percent) for r in rows],
+            "progress % [95% CI]": [cell(r.progress_percent, r.progress_ci_percent) for r in rows],
+            "note": [r.error or "" for r in rows],
+        }
+    )
+    print(table.to_string(index=False))
+    print(f"({args.trials} trials per policy, seed {args.seed}; % of the failure-free run time)")
+    return EXIT_OK
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from coci.report import report
+
+    result = report(args.run_dir, simulate_trials=args.trials, seed=args.seed)
+    if args.json:
+        print(result.to_json())
+    else:
+        print(result.summary())
+    if not args.no_files:
+        paths = result.write(args.out)
+        if not args.json:
+            print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return EXIT_OK
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    from coci import storage
+    from coci.report import _bytes
+    from coci.verify import verify_run
+
+    root = Path(args.run_dir)
+    if not root.is_dir():
+        raise ConfigError(f"run_dir {args.run_dir!r} is not a directory")
+    if args.no_verify:
+        rows = []
+        for step, path in storage.committed_steps(storage.checkpoints_dir(root)):
+            try:
+                manifest = storage.read_manifest(path)
+                rows.append((step, sum(f.size for f in manifest.files), "committed (not verified)"))
+            except CorruptCheckpointError as exc:
+                rows.append((step, None, f"CORRUPT: {exc}"))
+    else:
+        rows = [
+            (s.step, s.bytes, "verified" if s.ok else ("CORRUPT: " if s.committed else "not committed: ") + str(s.error))
+            for s in verify_run(root)
+        ]
+    if not rows:
+        print(f"no checkpoints in {args.run_dir}")
+        return EXIT_OK
+    lines = [f"{'step':>10}  {'size':>10}  status"]
+    for step, size, status in rows:
+        lines.append(f"{'-' if step is None else step:>10}  {'-' if size is None else _bytes(size):>10}  {status}")
+    print("\n".join(lines))
+    return EXIT_OK
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from coci.verify import verify_run
+
+    statuses = verify_run(args.run_dir)
+    committed = [s for s in statuses if s.committed]
+    corrupt = [s for s in committed if not s.ok]
+    for status in statuses:
+        name = Path(status.path).name
+        if status.ok:
+            print(f"ok       {name}")
+        elif status.committed:
+            print(f"CORRUPT  {name}: {status.error}")
+        else:
+            print(f"ignored  {name}: {status.error}")
+    if not committed:
+        print(f"no committed checkpoints in {args.run_dir}")
+    else:
+        print(f"{len(committed) - len(corrupt)} of {len(committed)} committed checkpoints verified"
+              + (f"; {len(corrupt)} CORRUPT" if corrupt else ""))
+    return EXIT_CORRUPT if corrupt else EXIT_OK
+
+
+# --- the parser --------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line and exit code 2 like every other input error."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
+    from coci.planner import OBJECTIVES, POLICIES
+
+    group = parser.add_argument_group("job and failure model (durations: seconds, or '8h', '45m', '250ms')")
+    group.add_argument("--mtbf", help="mean time between failures of the job, e.g. 8h (exponential failures)")
+    group.add_argument("--weibull-shape", type=float, help="Weibull shape (< 1: failures cluster after a restart); --mtbf is then the Weibull scale")
+    group.add_argument("--nodes", type=int, default=1, help="nodes failing independently with this MTBF each (default 1)")
+    group.add_argument("--failure-log", help="CSV of observed failure intervals to fit a Weibull from (instead of --mtbf)")
+    group.add_argument("--step-seconds", required=True, help="clean training step time, e.g. 0.25")
+    group.add_argument("--stall-seconds", required=True, help="training blocked per checkpoint (snapshot), e.g. 0.4")
+    group.add_argument("--persist-seconds", required=True, help="background write + commit time per checkpoint, e.g. 6")
+    group.add_argument("--interference-seconds", default="0", help="extra training time one background persist costs (default 0)")
+    group.add_argument("--restart-seconds", default="0", help="cost of one restart: relaunch + restore (default 0)")
+    group.add_argument("--total-steps", type=int, required=True, help="training steps in the whole run")
+    group.add_argument("--curve", help="CSV of losses (one column, or step + loss columns) for the progress objective")
+    group.add_argument("--curve-run", help="which run of a multi-run curve file (its run_id / curve_id)")
+    pol = parser.add_argument_group("policy")
+    pol.add_argument("--policy", default="auto", choices=[*POLICIES, "all"], help="policy, or 'all' to compare every one (default auto)")
+    pol.add_argument("--objective", default="progress", choices=list(OBJECTIVES), help="auto's objective (default progress)")
+    pol.add_argument("--time-budget", type=_time_budget, default=0.05, help="auto: allowed extra wall-clock overhead over the time optimum, e.g. 0.05, or 'none' (default 0.05)")
+    pol.add_argument("--max-overhead", type=float, default=None, help="cap on checkpoint cost as a share of run time, e.g. 0.05")
+    parser.add_argument("--json", action="store_true", help="machine-readable JSON on stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``coci`` argument parser (sub-commands plan, simulate, report, ls, verify)."""
+    parser = _Parser(
+        prog="coci",
+        description="Decide when a PyTorch job should checkpoint, and inspect what its checkpoints did.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    plan = sub.add_parser("plan", help="plan checkpoint steps for a job", description="Plan checkpoint steps for a job from its costs, failure model and (optionally) loss curve.")
+    _add_plan_inputs(plan)
+    plan.set_defaults(handler=_cmd_plan)
+
+    simulate = sub.add_parser("simulate", help="Monte Carlo the plan's overhead (mean, 95%% CI)", description="Simulate failures against each plan and report the overhead with 95% confidence intervals.")
+    _add_plan_inputs(simulate)
+    simulate.add_argument("--trials", type=int, default=1000, help="simulated runs per policy (default 1000)")
+    simulate.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    simulate.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    simulate.set_defaults(handler=_cmd_simulate)
+
+    rep = sub.add_parser("report", help="summarise a run; write report.json, report.html and figures", description="Print the plan report of a run directory and write report.json, report.html and PNG figures.")
+    rep.add_argument("run_dir", help="run directory written by coci.Session")
+    rep.add_argument("--out", help="directory for the report files (default: the run directory)")
+    rep.add_argument("--no-files", action="store_true", help="print only; write nothing")
+    rep.add_argument("--trials", type=int, default=None, help="simulated runs per policy for the CIs when coci.simulate exists (0: expected values)")
+    rep.add_argument("--seed", type=int, default=0, help="random seed of the simulation (default 0)")
+    rep.add_argument("--json", action="store_true", help="print report.json instead of the summary")
+    rep.set_defaults(handler=_cmd_report)
+
+    ls = sub.add_parser("ls", help="list committed checkpoints", description="List the committed checkpoints of a run: step, epoch, size, verified or not.")
+    ls.add_argument("run_dir", help="run directory written by coci.Session")
+    ls.add_argument("--no-verify", action="store_true", help="read manifests only (skip the checksum pass)")
+    ls.set_defaults(handler=_cmd_ls)
+
+    verify = sub.add_parser("verify", help="verify checksums; exit 1 on any corruption", description="Verify every committed checkpoint's sizes and checksums; exit status 1 if any is corrupt.")
+    verify.add_argument("run_dir", help="run directory written by coci.Session")
+    verify.set_defaults(handler=_cmd_verify)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``coci`` console script; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, already printed)
+        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_ERROR
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="coci: %(levelname)s: %(message)s")
+    try:
+        return int(args.handler(args))
+    except (CociError, ValueError, OSError) as exc:
+        print(f"coci: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("coci: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in text:
+        text += f": {exc.filename}"
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

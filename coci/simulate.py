@@ -1,0 +1,868 @@
+"""Monte Carlo replay of a training job under failures (profiler -> **plan** -> snapshot -> persist -> report).
+
+:func:`simulate` takes a :class:`coci.Plan` (or a checkpoint policy replayed online) and plays the
+job ``trials`` times against a failure model, counting what fault tolerance really cost: it is the
+ground truth the planner's first-order model (:mod:`coci.objective`) is checked against, and what the
+report and ``benchmarks/schedule_quality.py`` show with confidence intervals.
+
+The job (one trial)
+-------------------
+Steps take ``t`` seconds each (the plan's ``step_seconds``); the run is ``N = total_steps`` steps.
+After a planned step the job *snapshots*: training is blocked ``S = stall_seconds``; then the
+checkpoint *persists* in the background for ``P = persist_seconds`` of wall time and **commits** at
+its end. While a persist runs, steps are slower by the ratio ``r = P / (P - I)`` (``I`` =
+``interference_seconds``, the extra wall time one persist costs: the profiler's
+``P (1 - 1/r)``), so a checkpoint costs training ``C = S + I`` in all. At most one persist is in
+flight: a snapshot due before the previous commit waits for it (the wait counts as stall).
+
+Failures are drawn from the failure model (:meth:`coci.Failures.sample`): a lifetime is drawn at
+each (re)start, so a Weibull hazard restarts its clock at every restart. They strike at any moment:
+during training, a stall, re-executed work, or a restart. A failure rolls the job back to its last
+**committed** checkpoint (one whose persist had finished; a failure during a persist loses that
+checkpoint), then the job restarts: ``R = restart_seconds`` of wall time (a failure during the
+restart starts it over), then training resumes from the checkpoint's step, with no persist in
+flight, and checkpoints again at the planned steps. Exploratory jobs (``termination``) stop each
+trial early, at a uniformly drawn fraction of the run.
+
+Metrics, per trial
+------------------
+* ``wall_seconds``: wall-clock time minus that of a failure-free run without checkpoints of the
+  same length (``wall_percent``: the same as a percentage of that run). By construction
+  ``wall_seconds = checkpoint_seconds + restart_seconds + lost_seconds``:
+  ``checkpoint_seconds`` is the stall, persist wait and interference actually paid (including for
+  checkpoints later lost), ``restart_seconds`` the restart time paid (including interrupted
+  restarts), ``lost_seconds`` the progress re-executed (work since the last commit at each failure).
+* ``progress_seconds``: the planner's progress metric (the single definition in
+  :mod:`coci.objective`): checkpoint and restart seconds plus the lost work weighted by the progress
+  weight ``w = v / v_bar`` of the *true* curve (``v_bar`` its mean over the whole run, step 0 to the
+  horizon: the same normalisation as every plan, online re-plans included), i.e. ``W(failure) - W(rollback)``
+  (``lost_progress_seconds``); ``progress_percent`` against the run.
+* ``checkpoints`` (snapshots completed), ``failures`` (including during restarts), ``steps_lost``
+  (completed steps rolled back), ``run_seconds`` (the failure-free, checkpoint-free run).
+
+Each is aggregated into a mean, a standard deviation and a 95% confidence interval for the mean
+(Student t). Trial ``i`` uses the ``i``-th lifetime of each draw for every schedule simulated with
+the same seed (common random numbers), so differences between policies are sharper than the
+separate intervals suggest; :meth:`SimulationResult.compare` gives a paired interval.
+
+Vectorisation: the trials advance together, one failure per iteration; every iteration is a few
+numpy operations over the trials (searches in the precomputed clean timeline), so the cost grows
+with the number of failures per trial, not with the number of steps. A trial still running after
+``knobs.SIMULATE_MAX_FAILURES`` failures (a plan whose segments span many MTBFs) is stopped and
+counted in ``unfinished``.
+
+Online re-planning (``online=True``, or a policy object): the schedule is derived by replaying the
+policy step by step as :class:`coci.Session` drives it (``should_checkpoint(step)`` asked before any
+re-plan at that step, so a re-plan never drops a checkpoint due now): ``observe`` after warm-up, every
+``knobs.OBSERVE_EVERY_STEPS`` steps and after each commit (at most once per
+``knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS``), with a profile holding the job's costs and the loss trace
+seen so far (the profiler's own :class:`profiler.loss_trace.LossTrace`), so the planner sees only the
+past. Approximation: the schedule is derived once, along the failure-free progression, and every
+trial replays it; a real run re-plans after each restore too (from the same curve prefix, so the
+schedule differs only through the rollback point).
+
+The true curve (``curve``): the progress weight of the metric. Per-step losses or ``(steps,
+losses)`` give an empirical rate (:func:`empirical_progress_rate`: no fitted law, so a plan is not
+scored by its own model); a :class:`coci.fit.CurveFit` or a callable ``v(steps)`` is used as given.
+Without one, the plan's own fit is used, and without that both metrics coincide.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+from scipy import stats
+
+from coci import knobs
+from coci.errors import ConfigError
+from coci.failures import Failures
+from coci.fit import CurveFit
+from coci.objective import CostModel, ExpectedFailures, build_cost_model
+from coci.planner import Plan, PlanInputs, make_policy
+
+__all__ = [
+    "METRICS",
+    "MetricSummary",
+    "SimulationResult",
+    "daly_expected_seconds",
+    "empirical_progress_rate",
+    "online_schedule",
+    "ratio_change",
+    "simulate",
+]
+
+logger = logging.getLogger(__name__)
+
+RateFunction = Callable[[np.ndarray], np.ndarray]
+
+#: Per-trial metrics, in the order :meth:`SimulationResult.to_frame` lists them.
+METRICS: tuple[str, ...] = (
+    "wall_seconds",
+    "wall_percent",
+    "progress_seconds",
+    "progress_percent",
+    "checkpoint_seconds",
+    "restart_seconds",
+    "lost_seconds",
+    "lost_progress_seconds",
+    "checkpoints",
+    "failures",
+    "steps_lost",
+    "run_seconds",
+)
+
+
+# --- results -------------------------------------------------------------------------------------
+
+
+class MetricSummary(BaseModel):
+    """Mean, standard deviation and 95% confidence interval (Student t) of one metric."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mean: float
+    std: float
+    ci_low: float
+    ci_high: float
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> MetricSummary:
+        values = np.asarray(values, dtype=float)
+        mean = float(values.mean())
+        if values.size < 2:
+            return cls(mean=mean, std=0.0, ci_low=mean, ci_high=mean)
+        std = float(values.std(ddof=1))
+        half = float(stats.t.ppf(0.975, values.size - 1)) * std / math.sqrt(values.size)
+        return cls(mean=mean, std=std, ci_low=mean - half, ci_high=mean + half)
+
+    @property
+    def half_width(self) -> float:
+        return 0.5 * (self.ci_high - self.ci_low)
+
+
+class SimulationResult(BaseModel):
+    """What :func:`simulate` measured: per-metric summaries, per-trial values and the schedule.
+
+    ``metrics`` maps each name of :data:`METRICS` to its :class:`MetricSummary`; ``samples`` holds
+    the per-trial values (same order for every schedule simulated with the same seed); ``steps``
+    the checkpoint steps simulated (the online schedule when ``online``; ``replans`` the policy's
+    observations then); ``expected`` the plan's first-order expectation (empty for an online
+    schedule or an early-terminated job); ``unfinished`` trials stopped by
+    ``knobs.SIMULATE_MAX_FAILURES`` (their figures are lower bounds); ``notes`` what was assumed.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    policy: str
+    online: bool
+    trials: int
+    seed: int
+    termination: tuple[float, float] | None
+    failures: Failures
+    inputs: PlanInputs
+    curve: str
+    steps: list[int]
+    replans: int = 0
+    unfinished: int = 0
+    metrics: dict[str, MetricSummary]
+    samples: dict[str, list[float]] = Field(repr=False)
+    expected: dict[str, float] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+    def mean(self, metric: str) -> float:
+        return self.metrics[_metric_name(metric)].mean
+
+    def values(self, metric: str) -> np.ndarray:
+        """Per-trial values of one metric."""
+        return np.asarray(self.samples[_metric_name(metric)], dtype=float)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per metric: ``metric, mean, std, ci_low, ci_high`` (and ``expected`` if planned)."""
+        rows = []
+        for name in METRICS:
+            summary = self.metrics[name]
+            rows.append(
+                {
+                    "metric": name,
+                    "mean": summary.mean,
+                    "std": summary.std,
+                    "ci_low": summary.ci_low,
+                    "ci_high": summary.ci_high,
+                    "expected": self.expected.get(name, math.nan),
+                }
+            )
+        return pd.DataFrame(rows)
+
+    def compare(self, baseline: SimulationResult, metric: str = "progress_seconds") -> MetricSummary:
+        """Relative change of the mean of ``metric`` against ``baseline``: ``mean / base - 1``,
+        with a paired 95% interval (delta method on the per-trial pairs; both results must come
+        from the same seed and number of trials, i.e. the same failure draws)."""
+        name = _metric_name(metric)
+        if baseline.trials != self.trials or baseline.seed != self.seed:
+            raise ConfigError("baseline must be simulated with the same trials and seed for a paired comparison")
+        ours, theirs = self.values(name), baseline.values(name)
+        return ratio_change(ours, theirs)
+
+
+def ratio_change(values: np.ndarray, baseline: np.ndarray) -> MetricSummary:
+    """``mean(values) / mean(baseline) - 1`` with a paired delta-method 95% interval."""
+    a, b = np.asarray(values, dtype=float), np.asarray(baseline, dtype=float)
+    mean_a, mean_b = float(a.mean()), float(b.mean())
+    if mean_b == 0:
+        return MetricSummary(mean=math.nan, std=math.nan, ci_low=math.nan, ci_high=math.nan)
+    ratio = mean_a / mean_b
+    if a.size < 2:
+        return MetricSummary(mean=ratio - 1, std=0.0, ci_low=ratio - 1, ci_high=ratio - 1)
+    residual = (a - ratio * b) / mean_b  # influence function of the ratio of means
+    std = float(residual.std(ddof=1))
+    half = float(stats.t.ppf(0.975, a.size - 1)) * std / math.sqrt(a.size)
+    return MetricSummary(mean=ratio - 1, std=std, ci_low=ratio - 1 - half, ci_high=ratio - 1 + half)
+
+
+def _metric_name(metric: str) -> str:
+    if metric not in METRICS:
+        raise ConfigError(f"metric must be one of {', '.join(METRICS)}; got {metric!r}")
+    return metric
+
+
+# --- the job -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """The figures of one simulated job (seconds, steps)."""
+
+    total_steps: int
+    step_seconds: float
+    stall_seconds: float
+    persist_seconds: float
+    interference_seconds: float
+    restart_seconds: float
+
+    @classmethod
+    def of(cls, inputs: PlanInputs) -> Job:
+        if isinstance(inputs.total_steps, bool) or inputs.total_steps < 1:
+            raise ConfigError(f"plan.inputs.total_steps must be >= 1, got {inputs.total_steps!r}")
+        for name in ("step_seconds", "stall_seconds", "persist_seconds"):
+            value = getattr(inputs, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"plan.inputs.{name} must be positive and finite, got {value!r}")
+        for name in ("interference_seconds", "restart_seconds"):
+            value = getattr(inputs, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ConfigError(f"plan.inputs.{name} must be non-negative and finite, got {value!r}")
+        if inputs.interference_seconds >= inputs.persist_seconds:
+            raise ConfigError(
+                "plan.inputs.interference_seconds must be below persist_seconds (a persist of P seconds "
+                f"costs P (1 - 1/r) < P), got {inputs.interference_seconds!r} >= {inputs.persist_seconds!r}"
+            )
+        return cls(
+            total_steps=int(inputs.total_steps),
+            step_seconds=float(inputs.step_seconds),
+            stall_seconds=float(inputs.stall_seconds),
+            persist_seconds=float(inputs.persist_seconds),
+            interference_seconds=float(inputs.interference_seconds),
+            restart_seconds=float(inputs.restart_seconds),
+        )
+
+    @property
+    def run_seconds(self) -> float:
+        return self.total_steps * self.step_seconds
+
+    @property
+    def slowdown(self) -> float:
+        """``r``: step time while a persist runs / clean step time."""
+        return self.persist_seconds / (self.persist_seconds - self.interference_seconds)
+
+    @property
+    def window_progress(self) -> float:
+        """Seconds of progress made during one persist (``P / r = P - I``)."""
+        return self.persist_seconds - self.interference_seconds
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The failure-free run of one schedule, as arrays indexed by checkpoint (0 = the run's start).
+
+    ``x[i]`` progress (s) at checkpoint ``i``'s step; ``snap_end[i]`` wall time its snapshot
+    completes, ``commit[i]`` when it commits (``-inf`` for index 0: the start is always "committed");
+    ``offset[i]`` the virtual wall time at which a run resumed from checkpoint ``i`` starts (its
+    first interval runs clean, after that it follows this timeline); ``first_end[i]`` the wall time
+    that first interval ends (checkpoint ``i + 1``'s step, or the end). ``wall_knots`` /
+    ``progress_knots`` map wall time to progress (piecewise linear; flat during stalls and waits).
+    """
+
+    steps: np.ndarray
+    x: np.ndarray
+    snap_end: np.ndarray
+    commit: np.ndarray
+    offset: np.ndarray
+    first_end: np.ndarray
+    wall_knots: np.ndarray
+    progress_knots: np.ndarray
+
+    @classmethod
+    def build(cls, steps: np.ndarray, job: Job) -> Timeline:
+        t, stall, persist = job.step_seconds, job.stall_seconds, job.persist_seconds
+        r, q = job.slowdown, job.window_progress
+        horizon = job.run_seconds
+        x = steps.astype(float) * t
+        n = x.size
+        bounds = np.concatenate([[0.0], x, [horizon]])  # progress at start, checkpoints, end
+        gaps = np.diff(bounds)  # gaps[i]: progress from checkpoint i (0 = start) to the next bound
+        # E[i]: wall time at the end of checkpoint i's step (before its stall), i = 1..n
+        increments = stall + persist + np.maximum(0.0, gaps[1:n] - q)
+        snap_step = np.concatenate([[0.0], x[:1], x[:1] + np.cumsum(increments)]) if n else np.zeros(1)
+        snap_step = snap_step[: n + 1]
+        if n:
+            last_gap = gaps[n]
+            tail = last_gap * r if last_gap < q else persist + last_gap - q
+            end = snap_step[n] + stall + tail
+        else:
+            end = horizon
+        snap_end = np.concatenate([[-math.inf], snap_step[1:] + stall])
+        commit = np.concatenate([[-math.inf], snap_step[1:] + stall + persist])
+        next_bound_wall = np.concatenate([snap_step[1:], [end]])  # wall at the next checkpoint's step / end
+        offset = next_bound_wall - gaps  # resumed run: clean progress up to the next bound
+        offset[0] = 0.0
+        # wall -> progress knots of the failure-free run
+        wall = [np.zeros(1)]
+        progress = [np.zeros(1)]
+        if n:
+            window = np.minimum(gaps[1:], q)  # progress inside each persist window
+            per = np.stack(
+                [snap_step[1:], snap_step[1:] + stall, snap_step[1:] + stall + window * r], axis=1
+            )
+            prog = np.stack([x, x, x + window], axis=1)
+            wall.append(per.reshape(-1))
+            progress.append(prog.reshape(-1))
+        wall.append(np.array([end]))
+        progress.append(np.array([horizon]))
+        return cls(
+            steps=np.concatenate([[0], steps]).astype(np.int64),
+            x=np.concatenate([[0.0], x]),
+            snap_end=snap_end,
+            commit=commit,
+            offset=offset,
+            first_end=next_bound_wall,
+            wall_knots=np.concatenate(wall),
+            progress_knots=np.concatenate(progress),
+        )
+
+    @property
+    def end_wall(self) -> float:
+        return float(self.wall_knots[-1])
+
+    def progress_at(self, wall: np.ndarray, resumed_from: np.ndarray) -> np.ndarray:
+        """Progress reached at (timeline) wall time ``wall`` by a run resumed from checkpoint ``j``."""
+        clean = self.x[resumed_from] + (wall - self.offset[resumed_from])
+        return np.where(wall < self.first_end[resumed_from], clean, np.interp(wall, self.wall_knots, self.progress_knots))
+
+    def wall_to_reach(self, progress: np.ndarray) -> np.ndarray:
+        """First (timeline) wall time at which the failure-free run reaches ``progress``."""
+        p = np.asarray(progress, dtype=float)
+        knots_p, knots_w = self.progress_knots, self.wall_knots
+        index = np.clip(np.searchsorted(knots_p, p, side="left"), 1, knots_p.size - 1)
+        p0, p1 = knots_p[index - 1], knots_p[index]
+        w0, w1 = knots_w[index - 1], knots_w[index]
+        slope = np.where(p1 > p0, (w1 - w0) / np.where(p1 > p0, p1 - p0, 1.0), 0.0)
+        return np.where(p <= 0, 0.0, w0 + (p - p0) * slope)
+
+    def run_end(self, resumed_from: np.ndarray, stop: np.ndarray) -> np.ndarray:
+        """Wall time at which a run resumed from checkpoint ``j`` reaches progress ``stop``."""
+        next_x = np.append(self.x, math.inf)[resumed_from + 1]
+        clean = self.offset[resumed_from] + (stop - self.x[resumed_from])
+        return np.where(stop <= next_x, clean, self.wall_to_reach(stop))
+
+
+# --- the true curve --------------------------------------------------------------------------------
+
+
+def empirical_progress_rate(steps: Any, losses: Any = None, *, max_points: int | None = None) -> RateFunction:
+    """``v(s) = -dL/ds`` of a loss trace without a fitted law (the simulator's "truth").
+
+    The trace is binned (half log-, half linearly-spaced bins, the median loss of each; at most
+    ``max_points`` bins, default ``knobs.SIMULATE_TRUTH_POINTS``), made non-increasing by isotonic
+    regression (pool-adjacent-violators, weighted by bin counts), each pooled block collapsed to one
+    point, and linearly interpolated; ``v`` is the slope of that interpolation (constant before the
+    first and after the last point: the end slopes). Raises :class:`ConfigError` (field ``curve``)
+    for fewer than two finite points or a trace that does not fall.
+    """
+    s, y = _pair(steps, losses)
+    finite = np.isfinite(s) & np.isfinite(y)
+    s, y = s[finite], y[finite]
+    order = np.argsort(s, kind="stable")
+    s, y = s[order], y[order]
+    if s.size < 2 or s[-1] <= s[0]:
+        raise ConfigError("curve: the true curve needs at least two finite points at distinct steps")
+    centres, levels, counts = _bin(s, y, knobs.SIMULATE_TRUTH_POINTS if max_points is None else max_points)
+    centres, levels = _isotonic_decreasing(centres, levels, counts)
+    if centres.size < 2 or levels[0] <= levels[-1]:
+        raise ConfigError("curve: the true curve does not fall (no progress to weight)")
+    slopes = -np.diff(levels) / np.diff(centres)
+
+    def rate(query: np.ndarray) -> np.ndarray:
+        q = np.asarray(query, dtype=float)
+        index = np.clip(np.searchsorted(centres, q, side="right") - 1, 0, slopes.size - 1)
+        return slopes[index]
+
+    return rate
+
+
+def _pair(steps: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
+    if losses is None:
+        if isinstance(steps, tuple) and len(steps) == 2:
+            return np.asarray(steps[0], dtype=float).ravel(), np.asarray(steps[1], dtype=float).ravel()
+        y = np.asarray(steps, dtype=float).ravel()
+        return np.arange(1, y.size + 1, dtype=float), y
+    s, y = np.asarray(steps, dtype=float).ravel(), np.asarray(losses, dtype=float).ravel()
+    if s.size != y.size:
+        raise ConfigError(f"curve: steps and losses must have the same length, got {s.size} and {y.size}")
+    return s, y
+
+
+def _bin(s: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Median loss and mean step per bin (half log-, half linearly spaced edges); counts."""
+    if s.size <= max_points:
+        return s, y, np.ones_like(s)
+    low, high = s[0], s[-1]
+    shift = 1.0 - min(low, 1.0)  # log spacing needs positive steps
+    log_edges = np.geomspace(low + shift, high + shift, max_points // 2 + 1) - shift
+    edges = np.unique(np.concatenate([log_edges, np.linspace(low, high, max_points // 2 + 1)]))
+    which = np.clip(np.searchsorted(edges, s, side="right") - 1, 0, edges.size - 2)
+    centres, levels, counts = [], [], []
+    for b in np.unique(which):
+        mask = which == b
+        centres.append(s[mask].mean())
+        levels.append(np.median(y[mask]))
+        counts.append(mask.sum())
+    return np.asarray(centres), np.asarray(levels), np.asarray(counts, dtype=float)
+
+
+def _isotonic_decreasing(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pool-adjacent-violators for a non-increasing fit; one point per pooled block."""
+    blocks: list[list[float]] = []  # [weighted sum y, weight, weighted sum x]
+    for xi, yi, wi in zip(x.tolist(), y.tolist(), w.tolist()):
+        blocks.append([yi * wi, wi, xi * wi])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] <= blocks[-1][0] / blocks[-1][1]:
+            last = blocks.pop()
+            for k in range(3):
+                blocks[-1][k] += last[k]
+    centres = np.array([b[2] / b[1] for b in blocks])
+    levels = np.array([b[0] / b[1] for b in blocks])
+    return centres, levels
+
+
+def _true_rate(curve: Any, plan: Plan | None) -> tuple[RateFunction | None, str, list[str]]:
+    """The progress rate that weighs lost work, with a description and notes."""
+    if curve is None:
+        if plan is not None and plan.fit is not None and plan.fit.usable:
+            return plan.fit.progress_rate, f"plan's fit ({plan.fit.family})", []
+        return None, "none", ["no usable curve: the progress metric equals the wall-clock metric"]
+    if isinstance(curve, CurveFit):
+        if not curve.usable:
+            return None, "unusable CurveFit", [f"curve unusable ({curve.fallback}): progress metric = wall-clock metric"]
+        return curve.progress_rate, f"CurveFit ({curve.family})", []
+    if callable(curve):
+        return curve, "progress-rate callable", []
+    s, y = _pair(curve, None)
+    return empirical_progress_rate(s, y), f"empirical ({s.size} points)", []
+
+
+# --- online replay -------------------------------------------------------------------------------
+
+
+def online_schedule(
+    policy: Any,
+    job: Job | PlanInputs,
+    losses: Any,
+    *,
+    observe_every: int | None = None,
+    min_gap: int | None = None,
+) -> tuple[np.ndarray, int]:
+    """Checkpoint steps a policy takes when driven as :class:`coci.Session` drives it.
+
+    ``losses``: per-step losses or ``(steps, losses)`` (the trace training reveals; a point at
+    step ``s`` is seen from step ``s`` on). Returns ``(steps, observations)``. See the module
+    docstring for the cadence; the profile carries the job's costs as measured values.
+    """
+    from coci.policy import Observation
+    from profiler import Estimate, Profile
+    from profiler.loss_trace import LossTrace
+
+    job = job if isinstance(job, Job) else Job.of(job)
+    every = knobs.OBSERVE_EVERY_STEPS if observe_every is None else int(observe_every)
+    gap = knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS if min_gap is None else int(min_gap)
+    if every < 1 or gap < 1:
+        raise ConfigError("observe_every and min_gap must be positive integers")
+    trace_steps, trace_losses = (np.zeros(0), np.zeros(0)) if losses is None else _pair(losses, None)
+    keep = trace_steps >= 1  # the profiler counts completed steps from 1
+    trace_steps, trace_losses = trace_steps[keep], trace_losses[keep]
+    order = np.argsort(trace_steps, kind="stable")
+    trace_steps, trace_losses = trace_steps[order], trace_losses[order]
+    trace = LossTrace()
+    fed = 0
+    ratio = job.slowdown
+
+    def profile(now: int) -> Profile:
+        return Profile(
+            steps=now,
+            step_seconds=Estimate(value=job.step_seconds, count=now),
+            stall_seconds=Estimate(value=job.stall_seconds, count=1),
+            persist_seconds=Estimate(value=job.persist_seconds, count=1),
+            interference=Estimate(value=ratio, count=1),
+            restore_seconds=Estimate(value=job.restart_seconds, count=1),
+        )
+
+    commit_lag = max(1, math.ceil(job.window_progress / job.step_seconds - 1e-9))
+    taken: list[int] = []
+    pending_commit: int | None = None
+    observed_at = -1
+    observations = 0
+    for step in range(1, job.total_steps + 1):
+        committed = pending_commit is not None and step >= pending_commit
+        if committed:
+            pending_commit = None
+        planned = policy.should_checkpoint(step)  # asked before any re-plan at this step, as the session does
+        due = (observed_at < 0 and step >= knobs.PLAN_WARMUP_STEPS) or (
+            observed_at >= 0 and (step - observed_at >= every or (committed and step - observed_at >= gap))
+        )
+        if due:
+            end = int(np.searchsorted(trace_steps, step, side="right"))
+            if end > fed:
+                trace.extend(trace_steps[fed:end], trace_losses[fed:end])
+                fed = end
+            loss_steps, loss_values = trace.curve()
+            policy.observe(
+                Observation(step=step, profile=profile(step), loss_steps=loss_steps, losses=loss_values,
+                            checkpoint_steps=tuple(taken))
+            )
+            observed_at = step
+            observations += 1
+        if step < job.total_steps and (planned or policy.should_checkpoint(step)):
+            taken.append(step)
+            pending_commit = step + commit_lag
+    return np.asarray(taken, dtype=np.int64), observations
+
+
+# --- simulate ------------------------------------------------------------------------------------
+
+
+def simulate(
+    plan_or_policy: Plan | Any,
+    *,
+    failures: Failures | str | float | None = None,
+    trials: int = 1000,
+    seed: int = 0,
+    termination: float | tuple[float, float] | None = None,
+    curve: Any = None,
+    online: bool = False,
+    job: Plan | PlanInputs | None = None,
+    losses: Any = None,
+) -> SimulationResult:
+    """Monte Carlo replay of a job under failures; see the module docstring for the model.
+
+    Args:
+        plan_or_policy: a :class:`coci.Plan` (its steps and recorded inputs), or a checkpoint
+            policy object (``should_checkpoint``/``observe``: :func:`coci.planner.make_policy`,
+            ``EveryN``, ...) replayed online; a policy needs ``job``.
+        failures: the failure model that strikes (default: the plan's). A duration or number of
+            seconds means an exponential MTBF.
+        trials: Monte Carlo trials (>= 1).
+        seed: seed of every random draw (results are deterministic for a seed).
+        termination: exploratory jobs: a fraction ``f`` of the run, or a range ``(low, high)`` from
+            which each trial's stopping fraction is drawn uniformly; None runs to the end.
+        curve: the true loss curve weighing lost work (see the module docstring); default the
+            plan's fit.
+        online: for a plan: re-derive its policy online (:func:`online_schedule`) from the loss
+            trace (``losses``, else ``curve`` when it is a trace) instead of using its steps.
+        job: the job's inputs (a Plan or PlanInputs) when ``plan_or_policy`` is a policy object.
+        losses: the loss trace an online policy sees (default: ``curve`` when it is a trace).
+    """
+    trials = _positive_int(trials, "trials")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    plan, inputs, policy_name = _target(plan_or_policy, job)
+    model_failures = _failures(failures, inputs)
+    job_figures = Job.of(inputs)
+    if inputs.start_step != 0:
+        raise ConfigError(
+            f"plan.inputs.start_step must be 0 (simulate whole runs; re-plan online instead), got {inputs.start_step}"
+        )
+    stop_range = _termination(termination, job_figures)
+    rate, curve_text, notes = _true_rate(curve, plan)
+
+    replans = 0
+    if plan is not None and not online:
+        steps = np.asarray(plan.steps, dtype=np.int64)
+        expected = {k: float(v) for k, v in plan.expected.items()}
+        if "wall_seconds" in expected and expected.get("run_seconds"):
+            expected["wall_percent"] = 100.0 * expected["wall_seconds"] / expected["run_seconds"]
+            expected["progress_percent"] = 100.0 * expected.get("progress_seconds", math.nan) / expected["run_seconds"]
+    else:
+        trace = losses if losses is not None else curve
+        if trace is None or isinstance(trace, CurveFit) or callable(trace):
+            if isinstance(trace, CurveFit) and trace.usable:
+                trace = (np.arange(1, job_figures.total_steps + 1), trace.loss(np.arange(1, job_figures.total_steps + 1)))
+            elif _needs_trace(plan, plan_or_policy):
+                raise ConfigError("losses: online replay needs the loss trace (per-step losses or (steps, losses))")
+            else:
+                trace = None
+        policy = _online_policy(plan) if plan is not None else plan_or_policy
+        steps, replans = online_schedule(policy, job_figures, trace)
+        expected = {}
+        notes.append(f"online: schedule re-derived by replaying the policy ({replans} observations)")
+    if steps.size and (steps[0] < 1 or steps[-1] > job_figures.total_steps or np.any(np.diff(steps) <= 0)):
+        raise ConfigError("plan.steps must be strictly increasing within [1, total_steps]")
+
+    samples = _run(steps, job_figures, model_failures, trials, seed, stop_range, rate)
+    unfinished = int(samples.pop("unfinished").sum())
+    if unfinished:
+        notes.append(
+            f"{unfinished} of {trials} trials did not finish within {knobs.SIMULATE_MAX_FAILURES} failures "
+            "(knobs.SIMULATE_MAX_FAILURES): their overheads are lower bounds"
+        )
+    summaries = {name: MetricSummary.of(samples[name]) for name in METRICS}
+    return SimulationResult(
+        policy=policy_name,
+        online=plan is None or online,
+        trials=trials,
+        seed=int(seed),
+        termination=stop_range,
+        failures=model_failures,
+        inputs=inputs,
+        curve=curve_text,
+        steps=[int(s) for s in steps],
+        replans=replans,
+        unfinished=unfinished,
+        metrics=summaries,
+        samples={name: samples[name].tolist() for name in METRICS},
+        expected=expected if stop_range is None else {},
+        notes=notes,
+    )
+
+
+def _positive_int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"{field} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _target(target: Any, job: Plan | PlanInputs | None) -> tuple[Plan | None, PlanInputs, str]:
+    if isinstance(target, Plan):
+        return target, target.inputs, target.policy
+    if not (callable(getattr(target, "should_checkpoint", None)) and callable(getattr(target, "observe", None))):
+        raise ConfigError(f"plan_or_policy must be a coci.Plan or a checkpoint policy, got {type(target).__name__}")
+    if job is None:
+        raise ConfigError("job is required (a Plan or PlanInputs with the job's costs) when simulating a policy object")
+    inputs = job.inputs if isinstance(job, Plan) else job
+    if not isinstance(inputs, PlanInputs):
+        raise ConfigError(f"job must be a coci.Plan or PlanInputs, got {type(job).__name__}")
+    name = getattr(target, "policy", None)
+    return None, inputs, name if isinstance(name, str) else type(target).__name__
+
+
+def _failures(failures: Any, inputs: PlanInputs) -> Failures:
+    if failures is None:
+        if inputs.failures is None:
+            raise ConfigError("failures is required: the plan records no failure model")
+        return inputs.failures
+    if isinstance(failures, Failures):
+        return failures
+    if isinstance(failures, (str, int, float)) and not isinstance(failures, bool):
+        return Failures.exponential(mtbf=failures)
+    raise ConfigError(f"failures must be a coci.Failures or an MTBF such as '8h', got {failures!r}")
+
+
+def _termination(termination: Any, job: Job) -> tuple[float, float] | None:
+    if termination is None:
+        return None
+    if isinstance(termination, (int, float)) and not isinstance(termination, bool):
+        low = high = float(termination)
+    elif isinstance(termination, Sequence) and len(termination) == 2:
+        low, high = (float(v) for v in termination)
+    else:
+        raise ConfigError(f"termination must be a fraction or a (low, high) range, got {termination!r}")
+    if not (0 < low <= high <= 1):
+        raise ConfigError(f"termination must satisfy 0 < low <= high <= 1, got {termination!r}")
+    if low * job.total_steps < 1:
+        raise ConfigError(
+            f"termination: a trial stopped at {low:g} of {job.total_steps} steps runs less than one step"
+        )
+    return (low, high)
+
+
+def _needs_trace(plan: Plan | None, target: Any) -> bool:
+    name = plan.policy if plan is not None else getattr(target, "policy", None)
+    objective = plan.objective if plan is not None else getattr(target, "objective", None)
+    return name == "coci" or (name == "auto" and objective == "progress")
+
+
+def _online_policy(plan: Plan) -> Any:
+    fell_back = any("time objective" in f for f in plan.fallbacks)
+    objective = "progress" if fell_back else plan.objective
+    inputs = plan.inputs
+    return make_policy(
+        plan.policy,
+        failures=inputs.failures,
+        total_steps=inputs.total_steps,
+        restart_seconds=inputs.restart_seconds,
+        objective=objective,
+        time_budget=plan.time_budget,
+        max_overhead=inputs.max_overhead,
+    )
+
+
+def _weight_function(rate: RateFunction | None, job: Job) -> Callable[[np.ndarray], np.ndarray]:
+    """``W(x)``: cumulative progress weight (s) at progress ``x`` (s), via :mod:`coci.objective`."""
+    if rate is None:
+        return lambda x: np.asarray(x, dtype=float)
+    model: CostModel = build_cost_model(
+        total_steps=job.total_steps,
+        step_seconds=job.step_seconds,
+        checkpoint_seconds=job.stall_seconds + job.interference_seconds,
+        persist_seconds=job.persist_seconds,
+        restart_seconds=job.restart_seconds,
+        failures=ExpectedFailures.constant(1.0),
+        progress_rate=rate,
+    )
+    return lambda x: model.weight_until(x, 1.0)
+
+
+def _run(
+    steps: np.ndarray,
+    job: Job,
+    failures: Failures,
+    trials: int,
+    seed: int,
+    stop_range: tuple[float, float] | None,
+    rate: RateFunction | None,
+) -> dict[str, np.ndarray]:
+    """The vectorised event loop: one failure per trial per iteration."""
+    timeline = Timeline.build(steps, job)
+    weight = _weight_function(rate, job)
+    run_stream, restart_stream, stop_stream = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    t, restart = job.step_seconds, job.restart_seconds
+
+    if stop_range is None:
+        stop_steps = np.full(trials, job.total_steps, dtype=np.int64)
+    else:
+        fractions = stop_stream.uniform(stop_range[0], stop_range[1], trials)
+        stop_steps = np.clip(np.rint(fractions * job.total_steps).astype(np.int64), 1, job.total_steps)
+    stop_x = stop_steps * t
+    # checkpoints a trial takes: those before its stopping step
+    last_checkpoint = np.searchsorted(timeline.steps[1:], stop_steps, side="left")
+
+    wall = np.zeros(trials)
+    restart_paid = np.zeros(trials)
+    lost = np.zeros(trials)
+    lost_weighted = np.zeros(trials)
+    steps_lost = np.zeros(trials)
+    snapshots = np.zeros(trials)
+    failure_count = np.zeros(trials)
+    resume = np.zeros(trials, dtype=np.int64)
+    restarting = np.zeros(trials, dtype=bool)
+    active = np.ones(trials, dtype=bool)
+    snap_end = timeline.snap_end[1:]
+
+    iterations = 0
+    while active.any():
+        iterations += 1
+        if iterations > knobs.SIMULATE_MAX_FAILURES:
+            logger.warning("%d trials did not finish within %d failures", int(active.sum()), knobs.SIMULATE_MAX_FAILURES)
+            break
+        index = np.flatnonzero(active)
+        life = failures.sample(run_stream, trials)[index]  # a full column: common random numbers
+        # restart phase: a lifetime shorter than R fails the restart, which starts over
+        again = restarting[index]
+        if restart > 0 and again.any():
+            who = index[again]
+            left = life[again]
+            failing = left < restart
+            while failing.any():
+                hit = who[failing]
+                wall[hit] += left[failing]
+                restart_paid[hit] += left[failing]
+                failure_count[hit] += 1
+                redraw = failures.sample(restart_stream, trials)[hit]
+                left[failing] = redraw
+                failing = left < restart
+            wall[who] += restart
+            restart_paid[who] += restart
+            life[again] = left - restart
+        # run phase from the resume checkpoint
+        j = resume[index]
+        start = timeline.offset[j]
+        end = timeline.run_end(j, stop_x[index])
+        at = start + life
+        done = at >= end
+        finished = index[done]
+        wall[finished] += (end - start)[done]
+        snapshots[finished] += last_checkpoint[finished] - j[done]
+        active[finished] = False
+
+        fail = ~done
+        hit, j_hit, at_hit = index[fail], j[fail], at[fail]
+        wall[hit] += life[fail]
+        failure_count[hit] += 1
+        progress = timeline.progress_at(at_hit, j_hit)
+        committed = np.searchsorted(timeline.commit, at_hit, side="right") - 1
+        back = np.maximum(committed, j_hit)
+        lost[hit] += progress - timeline.x[back]
+        lost_weighted[hit] += weight(progress) - weight(timeline.x[back])
+        steps_lost[hit] += np.floor(progress / t + 1e-9) - timeline.steps[back]
+        snapshots[hit] += np.searchsorted(snap_end, at_hit, side="right") - j_hit
+        resume[hit] = back
+        restarting[hit] = True
+
+    unfinished = active.copy()  # stopped by the failure cap: their figures are lower bounds
+    run = stop_x.astype(float)
+    overhead = wall - run
+    checkpoint_paid = overhead - restart_paid - lost
+    progress_overhead = checkpoint_paid + restart_paid + lost_weighted
+    return {
+        "wall_seconds": overhead,
+        "wall_percent": 100.0 * overhead / run,
+        "progress_seconds": progress_overhead,
+        "progress_percent": 100.0 * progress_overhead / run,
+        "checkpoint_seconds": checkpoint_paid,
+        "restart_seconds": restart_paid,
+        "lost_seconds": lost,
+        "lost_progress_seconds": lost_weighted,
+        "checkpoints": snapshots,
+        "failures": failure_count,
+        "steps_lost": steps_lost,
+        "run_seconds": run,
+        "unfinished": unfinished.astype(float),
+    }
+
+
+# --- theory --------------------------------------------------------------------------------------
+
+
+def daly_expected_seconds(plan: Plan, failures: Failures | None = None) -> float:
+    """Expected wall-clock time of a plan's run under exponential failures, in closed form.
+
+    Daly (2006): a segment of ``a`` seconds (work plus its checkpoint's stall) that must complete
+    without a failure, restarting after ``R`` seconds (failures during restarts included) takes
+    ``M e^(R/M) (e^(a/M) - 1)`` in expectation, ``M`` the MTBF; the run is the sum over its
+    segments (the last one has no checkpoint). Exact for the simulator's model when the checkpoint
+    commits when its stall ends (``persist_seconds`` -> 0, no interference). Raises
+    :class:`ConfigError` for a non-exponential failure model.
+    """
+    model = _failures(failures, plan.inputs)
+    if not model.is_memoryless:
+        raise ConfigError("failures must be exponential for Daly's closed form")
+    job = Job.of(plan.inputs)
+    mtbf = model.mean_seconds
+    bounds = np.concatenate([[0], np.asarray(plan.steps, dtype=float), [job.total_steps]]) * job.step_seconds
+    segments = np.diff(bounds)
+    segments[:-1] += job.stall_seconds + job.interference_seconds
+    return float(np.sum(mtbf * math.exp(job.restart_seconds / mtbf) * np.expm1(segments / mtbf)))

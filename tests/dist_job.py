@@ -1,0 +1,154 @@
+"""A deterministic data-parallel training job (DDP, gloo) run by tests/test_distributed.py.
+
+Usage (under torchrun, or with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by the test's launcher):
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_job.py RUN_DIR
+        [--epochs E] [--every K] [--stop-at STEP] [--kill-at STEP]
+        [--fault RANK:POINT:NTH] [--coci-timeout SECONDS] [--ballast-mb MB]
+        [--policy young --mtbf SECONDS --total-steps N] [--step-sleep SECONDS]
+
+Trains an MLP with dropout (per-rank RNG), Adam and a LambdaLR schedule on a 48-sample dataset
+through coci.ResumableLoader (batch 4 per rank), checkpointing every K steps with coci.Session,
+for E epochs. Every rank appends "step epoch i,j,k,l loss_hex" to samples_rank<r>.txt (the sample
+indices of each step). --stop-at closes the session (waiting for the commit) and exits 0 after that
+step; --kill-at SIGKILLs every rank right after that step's session.step (the whole job dies, a
+persist may be in flight); --fault SIGKILLs rank RANK at the NTH time it reaches storage fault
+point POINT (a rank dying mid-persist). --policy young plans online (rank 0 plans on the
+slowest rank's costs and broadcasts; observing every 2 steps). At the end rank 0 writes final.pt (model and optimizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import coci  # noqa: E402
+from coci import knobs, storage  # noqa: E402
+
+SAMPLES = 48
+BATCH = 4
+
+
+class IndexedData(torch.utils.data.Dataset):
+    """Sample i is (x_i, y_i, i): the index travels with the batch so each rank can log it."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(SAMPLES, 16, generator=generator)
+        self.y = self.x[:, :4].sum(dim=1, keepdim=True) + 0.1 * torch.randn(SAMPLES, 1, generator=generator)
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return self.x[index], self.y[index], index
+
+
+def install_fault(spec: str, rank: int) -> None:
+    target, point, nth = spec.split(":")
+    if int(target) != rank:
+        return
+    hits = {"count": 0}
+
+    def hook(name: str) -> None:
+        if name == point:
+            hits["count"] += 1
+            if hits["count"] == int(nth):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    storage.set_fault_hook(hook)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--every", type=int, default=4)
+    parser.add_argument("--stop-at", type=int, default=None)
+    parser.add_argument("--kill-at", type=int, default=None)
+    parser.add_argument("--fault", default=None)
+    parser.add_argument("--coci-timeout", type=float, default=30.0)
+    parser.add_argument("--ballast-mb", type=float, default=0.0)
+    parser.add_argument("--policy", default=None)
+    parser.add_argument("--mtbf", type=float, default=None)
+    parser.add_argument("--total-steps", type=int, default=None)
+    parser.add_argument("--step-sleep", type=float, default=0.0)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    knobs.DIST_TIMEOUT_SECONDS = args.coci_timeout
+    if args.policy is not None:
+        knobs.PLAN_WARMUP_STEPS = knobs.OBSERVE_EVERY_STEPS = 2
+    # (no torch.use_deterministic_algorithms: its first call imports the compiler stack, seconds per
+    # rank, and the CPU ops used here are deterministic anyway; the bitwise test checks it)
+    torch.set_num_threads(1)
+
+    torch.manual_seed(0)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1)
+    )
+    if args.ballast_mb:
+        model.add_module("ballast", torch.nn.Linear(int(args.ballast_mb * 2**20 / 4 / 256), 256, bias=False))
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.05 * s))
+    loader = coci.ResumableLoader(IndexedData(), batch_size=BATCH, shuffle=True, seed=7)
+    torch.manual_seed(100 + rank)  # per-rank streams: dropout masks differ across ranks
+    random.seed(rank)
+    np.random.seed(rank)
+    if args.fault:
+        install_fault(args.fault, rank)
+
+    session = coci.Session(
+        args.run_dir,
+        state={"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader},
+        policy=coci.EveryN(args.every) if args.policy is None else args.policy,
+        mtbf=args.mtbf,
+        total_steps=args.total_steps,
+        keep_last=2,
+    )
+    session.restore()
+    log = open(os.path.join(args.run_dir, f"samples_rank{rank}.txt"), "a")
+    while loader.epoch < args.epochs:
+        epoch = loader.epoch
+        for x, y, index in loader:
+            optimizer.zero_grad()
+            noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3  # python + numpy streams
+            loss = torch.nn.functional.mse_loss(ddp(x), y) + noise
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            time.sleep(args.step_sleep)  # a longer step, so that an online plan fits checkpoints in
+            session.step(loss.detach())
+            log.write(f"{session.steps} {epoch} {','.join(map(str, index.tolist()))} {float(loss.detach()).hex()}\n")
+            log.flush()
+            if args.kill_at is not None and session.steps == args.kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if args.stop_at is not None and session.steps == args.stop_at:
+                session.close()
+                dist.destroy_process_group()
+                return
+    session.close()
+    if rank == 0:
+        torch.save(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "steps": session.steps},
+            os.path.join(args.run_dir, "final.pt"),
+        )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

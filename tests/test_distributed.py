@@ -1,0 +1,223 @@
+"""Data-parallel coci (coci.distributed): real 2-process gloo jobs, killed and resized.
+
+The job is tests/dist_job.py (DDP MLP with dropout, Adam, LambdaLR, coci.ResumableLoader over 48
+samples, a checkpoint every 4 steps). Jobs run as real processes on localhost: one launch through
+``torchrun`` (the user's command), the others through a minimal launcher that sets the same
+environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and, unlike torchrun, does not tear down
+the survivors when one rank dies, so a survivor hanging would show.
+
+(a) SIGKILL of the whole job, then resume: final weights, optimizer state and every step's loss on
+    every rank equal the uninterrupted run's bitwise.
+(b) one rank SIGKILLed inside a persist (after its DCP write, before the commit vote; and rank 0
+    before the rename): the survivor exits on its own, nothing of that step is committed and the
+    earlier checkpoint verifies.
+(c) world size 2 -> 1 -> 2 across checkpoints: every sample of every epoch is used exactly once and
+    training finishes.
+Also: DCP wrote each replicated tensor once and split the bytes across the ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from coci import storage
+from coci.distributed import checkpoint_format, read_dcp_manifest, verify_dcp_checkpoint
+
+JOB = Path(__file__).with_name("dist_job.py")
+REPO = JOB.parents[1]
+EPOCHS, SAMPLES, BATCH = 3, 48, 4
+TIMEOUT = 120
+
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="torch.distributed with gloo is required",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(run_dir: Path, world: int, *args: str) -> list[int]:
+    """Start ``world`` ranks of the job as torchrun would and return their exit codes."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, str(JOB), str(run_dir), *args], env=env, cwd=REPO,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    codes = []
+    try:
+        for proc in procs:
+            proc.wait(timeout=TIMEOUT)  # a survivor waiting forever on a dead peer fails here
+            codes.append(proc.returncode)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return codes
+
+
+def torchrun(run_dir: Path, world: int, *args: str) -> int:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+           str(JOB), str(run_dir), *args]
+    return subprocess.run(cmd, cwd=REPO, timeout=TIMEOUT, capture_output=True).returncode
+
+
+def step_log(run_dir: Path, rank: int) -> list[tuple[int, int, list[int], str]]:
+    path = run_dir / f"samples_rank{rank}.txt"
+    rows = []
+    for line in path.read_text().splitlines():
+        step, epoch, indices, loss = line.split()
+        rows.append((int(step), int(epoch), [int(i) for i in indices.split(",")], loss))
+    return rows
+
+
+def committed(run_dir: Path) -> list[int]:
+    return [step for step, _ in storage.committed_steps(storage.checkpoints_dir(run_dir))]
+
+
+def assert_same_as_reference(run_dir: Path, reference: Path) -> None:
+    got = torch.load(run_dir / "final.pt", weights_only=True)
+    want = torch.load(reference / "final.pt", weights_only=True)
+    assert got["steps"] == want["steps"] == EPOCHS * SAMPLES // (2 * BATCH)
+    for key, value in want["model"].items():
+        assert torch.equal(got["model"][key], value), key
+    for index, per_param in want["optimizer"]["state"].items():
+        for name, value in per_param.items():
+            assert torch.equal(got["optimizer"]["state"][index][name], value), (index, name)
+    for rank in range(2):  # every step's batch and loss on every rank, recomputed steps included
+        expected = {step: (indices, loss) for step, _, indices, loss in step_log(reference, rank)}
+        seen = {}
+        for step, _, indices, loss in step_log(run_dir, rank):
+            assert (indices, loss) == expected[step], (rank, step)
+            seen[step] = True
+        assert sorted(seen) == sorted(expected)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted 2-rank run, launched with torchrun as a user would."""
+    path = tmp_path_factory.mktemp("reference")
+    assert torchrun(path, 2) == 0
+    return path
+
+
+def test_uninterrupted_run_persists_balanced_deduplicated_dcp_checkpoints(reference: Path) -> None:
+    steps = committed(reference)
+    assert steps == [12, 16]  # every 4 steps of 18, keep_last=2
+    for step in steps:
+        path = storage.checkpoints_dir(reference) / f"step_{step}"
+        assert checkpoint_format(path) == "dcp"
+        manifest = verify_dcp_checkpoint(path)
+        assert manifest.world_size == 2 and manifest.step == step
+        on_disk = {p.name: p.stat().st_size for p in path.iterdir() if p.name != storage.MANIFEST_FILENAME}
+        assert on_disk == {f.name: f.size for f in manifest.files}  # every file DCP wrote is recorded
+        # each replicated tensor was written once, by one rank, and both ranks wrote some
+        from torch.distributed.checkpoint import FileSystemReader
+
+        metadata = FileSystemReader(str(path)).read_metadata()
+        writers: dict[str, set[str]] = {}
+        for index, info in metadata.storage_data.items():
+            writers.setdefault(index.fqn, set()).add(info.relative_path)
+        shared = [t.key for t in manifest.shared.tensors]
+        assert all(len(writers[key]) == 1 for key in shared)
+        by_rank = Counter(next(iter(writers[key]))[:3] for key in shared)
+        assert set(by_rank) == {"__0", "__1"}
+        assert min(manifest.bytes_per_rank) > 0.25 * sum(manifest.bytes_per_rank)
+
+
+def test_resume_after_sigkill_of_the_whole_job_is_bitwise(tmp_path: Path, reference: Path) -> None:
+    assert launch(tmp_path, 2, "--kill-at", "10") == [-signal.SIGKILL] * 2
+    assert committed(tmp_path) in ([4, 8], [4])  # step 8's persist may not have finished
+    assert launch(tmp_path, 2) == [0, 0]
+    assert_same_as_reference(tmp_path, reference)
+
+
+def test_rank_killed_after_its_dcp_write_commits_nothing_and_survivor_exits(tmp_path: Path) -> None:
+    # rank 1 dies at the second checkpoint (step 8) after DCP wrote every file, before it voted
+    codes = launch(tmp_path, 2, "--fault", "1:dcp_after_save:2", "--coci-timeout", "20")
+    assert codes[1] == -signal.SIGKILL and codes[0] not in (0, None)  # the survivor failed, not hung
+    assert committed(tmp_path) == [4]
+    root = storage.checkpoints_dir(tmp_path)
+    assert not (root / "step_8").exists()
+    assert verify_dcp_checkpoint(root / "step_4").step == 4
+
+
+def test_rank0_killed_before_the_rename_commits_nothing(tmp_path: Path) -> None:
+    codes = launch(tmp_path, 2, "--fault", "0:before_rename:2", "--coci-timeout", "20")
+    assert codes[0] == -signal.SIGKILL and codes[1] not in (0, None)
+    assert committed(tmp_path) == [4]
+    assert (storage.checkpoints_dir(tmp_path) / "step_8.tmp" / storage.MANIFEST_FILENAME).is_file()  # never read
+    assert read_dcp_manifest(storage.checkpoints_dir(tmp_path) / "step_4").step == 4
+
+
+def test_world_size_change_2_1_2_uses_each_sample_once_per_epoch(tmp_path: Path) -> None:
+    assert launch(tmp_path, 2, "--stop-at", "8") == [0, 0]  # epoch 1, 16 samples in
+    assert launch(tmp_path, 1, "--stop-at", "12") == [0]  # 16 more on one rank
+    # the last 16 of epoch 1 over two ranks, then epochs 2 to 4, with a planning policy: rank 0 plans
+    # on the slowest rank's costs and broadcasts, or the ranks would disagree on the steps
+    online = ("--policy", "young", "--mtbf", "2", "--step-sleep", "0.05", "--total-steps", "32")
+    assert launch(tmp_path, 2, "--epochs", "5", *online) == [0, 0]
+    rows = step_log(tmp_path, 0) + step_log(tmp_path, 1)
+    per_epoch: dict[int, Counter] = {}
+    for _, epoch, indices, _ in rows:
+        per_epoch.setdefault(epoch, Counter()).update(indices)
+    assert sorted(per_epoch) == list(range(5))
+    for epoch, counts in per_epoch.items():
+        assert counts == Counter(range(SAMPLES)), epoch  # exactly once, nothing skipped
+    steps_rank0 = [step for step, *_ in step_log(tmp_path, 0)]
+    assert steps_rank0 == list(range(1, 33))  # 8 (2 ranks) + 4 (1 rank) + 20 (2 ranks): no step redone
+    final = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert final["steps"] == 32
+    assert all(torch.isfinite(v).all() for v in final["model"].values())
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    planned = [e["step"] for e in events if e["event"] == "commit" and e["step"] > 12]
+    assert planned and not [e for e in events if e["event"] == "error"]  # planned checkpoints committed
+    plans = [e for e in events if e["event"] == "plan"]
+    assert plans and {e["policy"] for e in plans} == {"young"}
+    assert set(planned) <= {s for e in plans for s in e["steps"]}  # committed where rank 0 planned
+    assert not (tmp_path / "events.rank1.jsonl").read_text().count('"error"')
+
+
+def test_a_process_without_a_process_group_restores_a_dcp_checkpoint(tmp_path: Path, reference: Path) -> None:
+    """A job shrunk to one plain process (no torch.distributed) resumes from a 2-rank checkpoint."""
+    import importlib.util
+    import shutil
+
+    import coci
+
+    spec = importlib.util.spec_from_file_location("dist_job", JOB)
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    shutil.copytree(reference / "checkpoints", tmp_path / "checkpoints")
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1))
+    initial = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.05 * s))
+    loader = coci.ResumableLoader(job.IndexedData(), batch_size=BATCH, shuffle=True, seed=7)
+    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader}
+    with coci.Session(tmp_path, state=state, policy=coci.EveryN(1000)) as session:
+        result = session.restore()
+        assert result is not None and result.step == 16 and session.steps == 16
+        assert scheduler.last_epoch == 16
+        assert all(int(s["step"]) == 16 for s in optimizer.state.values())
+        assert not any(torch.equal(a, p) for a, p in zip(initial, model.parameters()))
+        # 16 steps of 8 samples: epoch 2, 32 samples in; the last 16 now go to the one rank
+        assert (loader.epoch, loader.state_dict()["position"]) == (2, 32)
+        assert sum(len(batch[2]) for batch in loader) == SAMPLES - 32

@@ -1,0 +1,231 @@
+"""The performance paths of snapshot and persist: O_DIRECT writes/reads with their fallbacks, the
+overlapped checksum, the aligned arena, and the work-shared fenced copy (CopyJob.finish_cpu_copies).
+
+These are the CPU logic the benchmarks (benchmarks/README.md, Performance) and the CUDA script rely on.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from coci import knobs, storage
+from coci.errors import CorruptCheckpointError
+from coci.snapshot import CopyJob, StagingArena, aligned_empty
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _arena_payload(numel: int, seed: int = 0) -> tuple[StagingArena, memoryview]:
+    """A staged float32 tensor of ``numel`` elements: an aligned arena payload with a ragged tail."""
+    generator = torch.Generator().manual_seed(seed)
+    source = torch.randn(numel, generator=generator)
+    arena = StagingArena()
+    (view,) = arena.prepare([source])
+    view.copy_(source)
+    return arena, arena.payload()
+
+
+def _entry(path: Path, size: int, crc: int) -> storage.FileEntry:
+    return storage.FileEntry(name=path.name, size=size, crc32=crc)
+
+
+def test_arena_and_aligned_buffers_start_on_a_block_boundary() -> None:
+    arena = StagingArena()
+    arena.prepare([torch.zeros(12345, dtype=torch.float16), torch.zeros(3)])
+    assert arena.buffer_ptr % knobs.DIRECT_IO_ALIGN_BYTES == 0
+    for size in (1, 4095, 4097, 1 << 20):
+        buffer = aligned_empty(size)
+        assert buffer.numel() == size and buffer.data_ptr() % knobs.DIRECT_IO_ALIGN_BYTES == 0
+
+
+@pytest.mark.parametrize("numel", [(3 << 20) // 4 + 7, (2 << 20) // 4])  # ragged tail, block multiple
+def test_direct_write_round_trips_with_the_same_crc_as_zlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, numel: int) -> None:
+    monkeypatch.setattr(knobs, "WRITE_CHUNK_BYTES", 1 << 20)
+    _, payload = _arena_payload(numel)
+    assert len(payload) >= knobs.DIRECT_IO_MIN_BYTES
+    path = tmp_path / "data.bin"
+    fd, direct = storage._open_for_write(path, payload)
+    os.close(fd)
+    size, crc = storage._write_file(path, payload)
+    assert (size, crc) == (len(payload), zlib.crc32(payload))
+    assert path.read_bytes() == bytes(payload)
+    if not direct:
+        pytest.skip("this filesystem refuses O_DIRECT: only the fallback was exercised")
+
+
+def test_direct_write_falls_back_to_the_page_cache_when_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_open = os.open
+    refused = []
+
+    def no_direct(path: object, flags: int, *args: object) -> int:
+        if flags & os.O_DIRECT:
+            refused.append(path)
+            raise OSError(errno.EINVAL, "O_DIRECT not supported")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    _, payload = _arena_payload((2 << 20) // 4 + 3)
+    path = tmp_path / "data.bin"
+    assert storage._write_file(path, payload) == (len(payload), zlib.crc32(payload))
+    assert path.read_bytes() == bytes(payload) and refused == [path]
+    entry = _entry(path, len(payload), zlib.crc32(payload))
+    assert bytes(storage._read_verified(path, entry).numpy()) == bytes(payload)
+
+
+def test_unaligned_or_small_payloads_never_ask_for_o_direct(tmp_path: Path) -> None:
+    _, payload = _arena_payload(1 << 20)
+    assert storage._direct_eligible(payload)
+    assert not storage._direct_eligible(payload[1:])  # address off the block boundary
+    assert not storage._direct_eligible(payload[: knobs.DIRECT_IO_MIN_BYTES - 1])
+    path = tmp_path / "data.bin"
+    assert storage._write_file(path, payload[1:]) == (len(payload) - 1, zlib.crc32(payload[1:]))
+    assert path.read_bytes() == bytes(payload[1:])
+
+
+def test_mid_write_fault_fires_once_after_the_first_direct_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(knobs, "WRITE_CHUNK_BYTES", 256 << 10)
+    _, payload = _arena_payload((1 << 20) // 4 + 100)
+    path = tmp_path / "data.bin"
+    seen: list[tuple[str, int]] = []
+    storage.set_fault_hook(lambda point: seen.append((point, path.stat().st_size)))
+    try:
+        storage._write_file(path, payload, fault_point="mid_write")
+    finally:
+        storage.set_fault_hook(None)
+    assert seen == [("mid_write", 256 << 10)]
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+@pytest.mark.parametrize("chunk", [4096, 1000003, 32 << 20])
+def test_verified_read_matches_for_any_chunking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threaded: bool, chunk: int) -> None:
+    monkeypatch.setattr(knobs, "WRITE_CHECKSUM_THREAD", threaded)
+    monkeypatch.setattr(knobs, "READ_CHUNK_BYTES", chunk)
+    _, payload = _arena_payload((1 << 20) // 4 + 999)
+    path = tmp_path / "data.bin"
+    size, crc = storage._write_file(path, payload)
+    entry = _entry(path, size, crc)
+    loaded = storage._read_verified(path, entry)
+    assert loaded.numel() == size and bytes(loaded.numpy()) == bytes(payload)
+    storage._read_verified(path, entry, keep=False)  # verifies without keeping: no error
+
+
+def test_verified_read_detects_a_flipped_byte_in_the_middle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(knobs, "READ_CHUNK_BYTES", 256 << 10)
+    _, payload = _arena_payload((2 << 20) // 4)
+    path = tmp_path / "data.bin"
+    size, crc = storage._write_file(path, payload)
+    with open(path, "r+b") as handle:
+        handle.seek(size // 2 + 1)
+        byte = handle.read(1)
+        handle.seek(size // 2 + 1)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    for keep in (True, False):
+        with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+            storage._read_verified(path, _entry(path, size, crc), keep=keep)
+
+
+def test_threaded_checksum_equals_sequential_crc_in_chunk_order() -> None:
+    data = memoryview(torch.randint(0, 256, (3 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)).numpy())
+    pieces = [data[i : i + 123457] for i in range(0, len(data), 123457)]
+    for threaded in (True, False):
+        checksum = storage._ChunkChecksum(threaded=threaded)
+        for piece in pieces:
+            checksum.submit(piece)
+        assert checksum.result() == zlib.crc32(data)
+        checksum.close()
+
+
+class _CountingView:
+    """Stands in for a staging view: counts copies, optionally slow or failing."""
+
+    def __init__(self, delay: float = 0.0, fail: bool = False) -> None:
+        self.copies: list[str] = []
+        self.delay = delay
+        self.fail = fail
+
+    def copy_(self, source: torch.Tensor) -> None:
+        if self.fail:
+            raise RuntimeError("copy failed")
+        time.sleep(self.delay)
+        self.copies.append(threading.current_thread().name)
+
+
+def test_fence_copies_what_the_worker_has_not_reached_and_waits_for_its_copy_in_progress() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    class Gate(_CountingView):
+        def copy_(self, source: torch.Tensor) -> None:
+            started.set()
+            release.wait(10)
+            super().copy_(source)
+
+    sources = [torch.zeros(1) for _ in range(40)]
+    views = [Gate()] + [_CountingView() for _ in sources[1:]]
+    job = CopyJob(sources, views, [True] * len(sources))
+    worker = threading.Thread(target=job.run_cpu, name="worker")
+    worker.start()
+    assert started.wait(10)  # the worker holds the first tensor
+    fence = threading.Thread(target=job.finish_cpu_copies, name="fence")
+    fence.start()
+    deadline = time.monotonic() + 10
+    while sum(len(view.copies) for view in views[1:]) < 39 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.02)
+    assert fence.is_alive() and not job.cpu_copies_done  # it waits for the worker's copy in progress
+    release.set()
+    fence.join(10)
+    worker.join(10)
+    assert job.cpu_copies_done and not fence.is_alive() and not worker.is_alive()
+    assert views[0].copies == ["worker"]
+    assert all(view.copies == ["fence"] for view in views[1:])  # each tensor copied exactly once
+
+
+def test_fence_alone_completes_the_snapshot_and_run_cpu_then_has_nothing_left() -> None:
+    sources = [torch.arange(5.0) + i for i in range(6)]
+    arena = StagingArena()
+    views = arena.prepare(sources)
+    job = CopyJob(sources, views, [True] * len(sources))
+    job.finish_cpu_copies()  # the worker never started: the fence copies everything
+    for source in sources:
+        source.add_(100)  # an optimizer step after the fence cannot reach the snapshot
+    job.run_cpu()
+    assert all(torch.equal(view, torch.arange(5.0) + i) for i, view in enumerate(views))
+
+
+def test_a_failed_copy_never_hangs_the_fence_and_is_raised_by_the_worker() -> None:
+    sources = [torch.zeros(1) for _ in range(3)]
+    views = [_CountingView(), _CountingView(fail=True), _CountingView()]
+    job = CopyJob(sources, views, [True] * 3)
+    job.finish_cpu_copies()  # returns (the error is the worker's to report)
+    with pytest.raises(RuntimeError, match="copy failed"):
+        job.run_cpu()
+
+
+def test_a_job_without_fenced_cpu_tensors_is_done_at_once() -> None:
+    source = torch.ones(3)
+    arena = StagingArena()
+    (view,) = arena.prepare([source])
+    job = CopyJob([source], [view], [False])
+    assert not job.has_cpu_copies and job.cpu_copies_done
+    job.finish_cpu_copies()
+    job.run_cpu()
+    assert torch.equal(view, source)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit")
+def test_cuda_script_exits_cleanly_without_cuda() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cuda_path.py")], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert result.returncode == 0
+    assert "CUDA is not available" in result.stdout

@@ -1,0 +1,321 @@
+"""Tests of coci.report: the plan report read back from real and hand-written run directories."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import coci
+from coci import storage
+from coci.errors import ConfigError
+from coci.events import read_events
+from coci.planner import POLICIES, Plan, plan
+from coci.report import FIGURES, Report, ReportData, _restores, report
+
+TOTAL_STEPS = 120
+CRASH_AT = 70
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _job(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(1234)
+    x = torch.randn(256, 8, generator=generator)
+    y = x[:, :3].sum(dim=1, keepdim=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2), x, y
+
+
+def _the_plan() -> Plan:
+    steps = np.arange(1, 400, dtype=float)
+    curve = 0.2 + 2.0 * (1.0 + steps / 20.0) ** -1.0
+    return plan(
+        "auto", failures="30s", total_steps=TOTAL_STEPS, step_seconds=0.01, stall_seconds=0.002,
+        persist_seconds=0.01, restart_seconds=1.0, curve=(steps, curve),
+    )
+
+
+def _train(session: coci.Session, model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, until: int, logged: dict[int, float]) -> None:
+    while session.steps < until:
+        index = torch.arange(session.steps * 16, session.steps * 16 + 16) % x.shape[0]
+        loss = torch.nn.functional.mse_loss(model(x[index]), y[index])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        logged[session.steps + 1] = loss.item()
+        session.step(loss.detach())
+
+
+def make_run(run_dir: Path) -> tuple[Plan, dict[int, float]]:
+    """A real run under a precomputed plan: crash (no close) at CRASH_AT, restore, finish."""
+    the_plan = _the_plan()
+    logged: dict[int, float] = {}
+    model, opt, x, y = _job()
+    first = coci.Session(run_dir, state={"model": model, "optimizer": opt}, policy=the_plan, keep_last=2)
+    _train(first, model, opt, x, y, CRASH_AT, logged)
+    first.wait()  # the "process" dies after its last persist finished, without close()
+    model, opt, x, y = _job()  # a fresh process: new objects
+    second = coci.Session(run_dir, state={"model": model, "optimizer": opt}, policy=the_plan, keep_last=2)
+    second.restore()
+    _train(second, model, opt, x, y, TOTAL_STEPS, logged)
+    second.close()
+    return the_plan, logged
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Plan, dict[int, float]]:
+    run_dir = tmp_path_factory.mktemp("report") / "run"
+    the_plan, logged = make_run(run_dir)
+    return run_dir, the_plan, logged
+
+
+@pytest.fixture(scope="module")
+def built(run: tuple[Path, Plan, dict[int, float]]) -> Report:
+    return report(run[0])
+
+
+def test_checkpoint_table_matches_the_event_log_and_the_disk(run, built) -> None:
+    run_dir, the_plan, _ = run
+    events = list(read_events(run_dir))
+    frame = built.to_frame()
+    started = sorted({e["step"] for e in events if e["event"] == "snapshot_start"})
+    assert frame["step"].tolist() == started
+    taken = [s for s in the_plan.steps if s <= TOTAL_STEPS]
+    assert started == taken  # the session followed the plan exactly
+    assert frame["planned"].tolist() == [True] * len(taken)
+    commits = {e["step"]: e for e in events if e["event"] == "commit"}
+    assert frame["committed"].tolist() == [s in commits for s in started]
+    for row in frame.itertuples():
+        if row.committed:
+            assert row.persist_seconds == commits[row.step]["seconds"]
+            assert row.bytes == commits[row.step]["bytes"]
+    on_disk = [s for s, _ in storage.committed_steps(storage.checkpoints_dir(run_dir))]
+    assert frame.loc[frame["on_disk"], "step"].tolist() == on_disk
+    assert len(on_disk) == 2  # keep_last
+
+
+def test_the_crash_is_counted_as_a_failure_with_its_restore_step(run, built) -> None:
+    _, the_plan, _ = run
+    restores = built.data.restores
+    assert len(restores) == 1
+    restored = max(s for s in the_plan.steps if s <= CRASH_AT)
+    assert restores[0].step == restored and restores[0].failure
+    assert restores[0].reached_step is not None and restores[0].reached_step >= restored
+    assert built.data.observed.failures == 1
+
+
+def test_lost_work_is_counted_per_failed_segment_and_not_after_a_clean_close() -> None:
+    events = [
+        {"event": "snapshot_start", "step": 10}, {"event": "commit", "step": 10},
+        {"event": "plan", "step": 17},
+        {"event": "restore", "step": 10, "seconds": 0.5},  # crash after step 17: 7 steps lost at least
+        {"event": "snapshot_start", "step": 30}, {"event": "commit", "step": 30},
+        {"event": "close", "step": 40},
+        {"event": "restore", "step": 30, "seconds": 0.4},  # a re-run after a clean close: no failure
+    ]
+    rows = _restores(events, step_seconds=0.5)
+    assert [(r.step, r.failure, r.reached_step, r.lost_steps) for r in rows] == [(10, True, 17, 7), (30, False, 40, None)]
+    assert rows[0].lost_seconds == pytest.approx(3.5)
+
+
+def _write_run(run_dir: Path, events: list[dict], profile: coci.Profile | None = None, the_plan: Plan | None = None) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    if profile is not None:
+        (run_dir / "profile.json").write_text(profile.model_dump_json())
+    if the_plan is not None:
+        (run_dir / "plan.json").write_text(the_plan.model_dump_json())
+
+
+def test_stall_overhead_and_planned_marks_from_a_hand_written_log(tmp_path: Path) -> None:
+    the_plan = _the_plan()
+    first, second = the_plan.steps[:2]
+    events = [
+        {"event": "plan", "step": 0, "steps": [first, second + 1]},
+        {"event": "snapshot_start", "step": first, "bytes": 1000},
+        {"event": "stall", "step": first, "seconds": 0.25},
+        {"event": "commit", "step": first, "seconds": 2.0, "bytes": 1000},
+        {"event": "plan", "step": first, "steps": [second + 1]},
+        {"event": "snapshot_start", "step": second, "bytes": 1000},  # taken, but the plan said second + 1
+        {"event": "stall", "step": second, "seconds": 0.75},
+        {"event": "error", "step": second, "phase": "persist", "message": "OSError: disk full"},
+        {"event": "close", "step": 100},
+    ]
+    profile = coci.Profile(
+        steps=100,
+        step_seconds=coci.Estimate(value=0.1, count=50),
+        stall_seconds=coci.Estimate(value=0.5, count=2),
+        persist_seconds=coci.Estimate(value=2.0, count=1),
+        interference=coci.Estimate(value=1.25, count=10),
+    )
+    _write_run(tmp_path / "run", events, profile, the_plan)
+    result = report(tmp_path / "run", compare=False)
+    frame = result.to_frame()
+    assert frame["planned"].tolist() == [True, False]
+    assert frame["committed"].tolist() == [True, False]
+    assert frame["error"].tolist() == [None, "OSError: disk full"]
+    observed = result.data.observed
+    # interference per checkpoint: P (1 - 1/r) = 2.0 * (1 - 1/1.25) = 0.4 s; two checkpoints
+    assert observed.stall_seconds == pytest.approx(1.0) and not observed.stall_estimated
+    assert observed.interference_seconds == pytest.approx(0.8)
+    assert observed.compute_seconds == pytest.approx(10.0)
+    assert observed.overhead_percent == pytest.approx(100 * 1.8 / 10.0)
+    summary = result.summary()
+    assert "OSError: disk full" in summary and "18.00% of" in summary
+
+
+def test_missing_stall_events_fall_back_to_the_profile_median_and_say_so(tmp_path: Path) -> None:
+    events = [{"event": "snapshot_start", "step": s, "bytes": 10} for s in (5, 9, 13)]
+    profile = coci.Profile(steps=20, step_seconds=coci.Estimate(value=0.5, count=5), stall_seconds=coci.Estimate(value=0.1, count=3))
+    _write_run(tmp_path / "run", events, profile)
+    result = report(tmp_path / "run")
+    assert result.data.observed.stall_seconds == pytest.approx(0.3) and result.data.observed.stall_estimated
+    assert any("no stall" in n for n in result.data.notes)
+    assert result.data.plan is None and result.data.comparison == []
+    assert "plan: none recorded" in result.summary()
+    assert set(result.figures()) == set(FIGURES)  # every figure still renders without a plan
+
+
+def test_summary_names_plan_fit_failure_model_and_costs(run, built) -> None:
+    _, the_plan, _ = run
+    text = built.summary()
+    taken = [s for s in the_plan.steps if s <= TOTAL_STEPS]
+    assert ", ".join(map(str, taken[:3])) in text
+    assert f"fit: {the_plan.fit.family}" in text
+    assert the_plan.inputs.failures.describe() in text
+    for heading in ("checkpoints:", "costs:", "lost work:", "fallbacks:", "policies over the whole run"):
+        assert heading in text
+    assert "1 failure(s)" in text
+
+
+def test_comparison_agrees_with_the_planner(run) -> None:
+    run_dir, the_plan, _ = run
+    built = report(run_dir, simulate_trials=0)
+    rows = {r.policy: r for r in built.data.comparison}
+    assert set(rows) == set(POLICIES)
+    assert [r.policy for r in built.data.comparison if r.chosen] == ["auto"]
+    inputs = the_plan.inputs
+    young = plan(
+        "young", failures=inputs.failures, total_steps=inputs.total_steps, step_seconds=inputs.step_seconds,
+        stall_seconds=inputs.stall_seconds, persist_seconds=inputs.persist_seconds,
+        restart_seconds=inputs.restart_seconds, curve=the_plan.fit,
+    )
+    assert rows["young"].checkpoints == len(young.steps)
+    assert built.data.comparison_steps["young"] == young.steps
+    assert rows["young"].source == "expected"
+    assert rows["young"].wall_seconds == pytest.approx(young.expected["wall_seconds"])
+    run_seconds = young.expected["run_seconds"]
+    assert rows["young"].wall_percent == pytest.approx(100 * young.expected["wall_seconds"] / run_seconds)
+    assert rows["young"].progress_seconds == pytest.approx(young.expected["progress_seconds"])
+    assert rows["auto"].checkpoints == len(the_plan.steps)  # same inputs, same fit: the same plan
+
+
+def test_loss_trace_is_read_back_from_the_newest_checkpoint(run, built) -> None:
+    _, _, logged = run
+    steps, losses = np.asarray(built.data.loss_steps), np.asarray(built.data.losses)
+    assert built.data.loss_source.startswith("profiler trace in checkpoint step_")
+    newest = int(built.data.loss_source.rsplit("_", 1)[1])
+    assert steps.size > 10 and steps.max() <= newest
+    exact = steps == np.round(steps)  # single-step buckets hold the logged loss itself
+    for step, loss in zip(steps[exact][:20], losses[exact][:20]):
+        assert loss == pytest.approx(logged[int(step)], rel=1e-6)
+
+
+class _Images(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if name == "src" and tag == "img":
+                self.images.append(value or "")
+            elif name in ("src", "href") and value and not value.startswith("data:"):
+                self.external.append(value)
+
+
+def test_html_is_self_contained_with_every_figure_embedded(built) -> None:
+    page = built.to_html()
+    parser = _Images()
+    parser.feed(page)
+    parser.close()
+    assert len(parser.images) == len(FIGURES) and not parser.external
+    for src in parser.images:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1]).startswith(PNG_MAGIC)
+    assert "<pre>" in page and "Policies over the whole run" in page
+
+
+def test_write_produces_json_html_and_pngs_that_round_trip(run, built, tmp_path: Path) -> None:
+    paths = built.write(tmp_path / "out")
+    for name, file_name in FIGURES.items():
+        assert paths[name] == tmp_path / "out" / file_name
+        assert paths[name].read_bytes().startswith(PNG_MAGIC)
+    payload = json.loads(paths["json"].read_text())
+    assert payload["figures"] == FIGURES
+    again = ReportData.model_validate({k: v for k, v in payload.items() if k in ReportData.model_fields})
+    assert again.checkpoints == built.data.checkpoints and again.plan == built.data.plan
+    assert paths["html"].read_text().startswith("<!DOCTYPE html>")
+
+
+def test_figures_carry_axis_labels_with_units(built) -> None:
+    import matplotlib
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    builders = [built._plot_loss, built._plot_intervals, built._plot_overhead, built._plot_costs]
+    for build in builders:
+        figure = Figure()
+        FigureCanvasAgg(figure)
+        build(figure)
+        axis = figure.axes[0]
+        assert "(" in axis.get_xlabel() and ")" in axis.get_xlabel(), axis.get_xlabel()
+        assert axis.get_ylabel(), build.__name__
+    assert matplotlib.get_backend()  # the global backend was not switched by the report
+
+
+def test_bad_run_directories_get_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="run_dir"):
+        report(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no coci run"):
+        report(tmp_path / "empty")
+    _write_run(tmp_path / "broken", [{"event": "close", "step": 3}])
+    (tmp_path / "broken" / "plan.json").write_text("{not json")
+    result = report(tmp_path / "broken")
+    assert any("plan.json is unreadable" in n for n in result.data.notes)
+
+
+def test_simulated_confidence_intervals_bracket_the_means(run, built) -> None:
+    result = report(run[0], simulate_trials=50, seed=0)
+    rows = result.data.comparison
+    assert all(r.source.startswith("simulated, 50 trials") for r in rows if r.error is None)
+    for r in rows:
+        if r.wall_ci_percent is not None:
+            assert r.wall_ci_percent[0] <= r.wall_percent <= r.wall_ci_percent[1]
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists(), reason="chromium is not installed")
+def test_html_renders_in_headless_chromium(built, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    page.write_text(built.to_html())
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    shot = tmp_path / "shot.png"
+    result = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}", "--window-size=1100,2000", page.as_uri()],
+        capture_output=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert shot.read_bytes().startswith(PNG_MAGIC)
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()], capture_output=True, timeout=120, text=True)
+    assert dom.stdout.count("data:image/png;base64,") == len(FIGURES)
