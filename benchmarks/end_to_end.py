@@ -21,7 +21,7 @@ Tunables that decided the result on the 2-core machine (see benchmarks/README.md
 (``--threads``, default 1: with 2 threads and other jobs running, OpenMP barriers made steps 4-25x
 slower in both arms), O_DIRECT persist (``coci.knobs.WRITE_DIRECT``).
 
-    .venv/bin/python benchmarks/end_to_end.py [--workloads mlp,cnn,gpt] [--steps 60] [--pairs 3] [--threads 1]
+    .venv/bin/python benchmarks/end_to_end.py [--workloads mlp,cnn,gpt] [--steps 150] [--pairs 3] [--threads 1]
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def run_coci(name: str, steps: int, batches: list[Any], mtbf_seconds: float) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="mlp,cnn,gpt")
-    parser.add_argument("--steps", type=int, default=60, help="timed steps per run")
+    parser.add_argument("--steps", type=int, default=150, help="timed steps per run")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (both arms)")
     parser.add_argument("--batches", type=int, default=16, help="pre-generated batches, cycled")

@@ -77,8 +77,9 @@ class PendingCheckpoint:
     ``upload_completion`` resolves with a :class:`PersistResult` once the checkpoint is committed.
     """
 
-    def __init__(self, step: int, nbytes: int, fence_event: Any, host_fence: bool) -> None:
+    def __init__(self, step: int, nbytes: int, fence_event: Any, host_fence: bool, job: CopyJob | None = None) -> None:
         self.step = step
+        self.job = job
         self.nbytes = nbytes
         self.host_fence = host_fence
         self.staging_completion: Future[None] = Future()
@@ -127,7 +128,7 @@ class Checkpointer:
         slots = list(self.arena.slots)
         job = CopyJob(tensors, views, [t.data_ptr() in fenced_ptrs for t in tensors])
         nbytes = layout_bytes(slots)
-        pending = PendingCheckpoint(step, nbytes, job.fence_event, job.has_cpu_copies)
+        pending = PendingCheckpoint(step, nbytes, job.fence_event, job.has_cpu_copies, job)
         self.events.emit("snapshot_start", step=step, bytes=nbytes)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coci-persist")
@@ -191,7 +192,14 @@ class Checkpointer:
             return 0.0
         if pending.fence_event is not None:
             torch.cuda.current_stream().wait_event(pending.fence_event)
-        return self.wait_staging() if pending.host_fence else 0.0
+        if not pending.host_fence or pending.staging_completion.done():
+            return 0.0
+        began = self.clock()
+        if pending.job is not None:
+            pending.job.finish_cpu_copies()  # copy what the worker has not reached, here; no hand-off
+        else:
+            pending.staging_completion.exception()
+        return self.clock() - began
 
     def close(self) -> None:
         """Wait for the last persist and stop the worker."""

@@ -65,6 +65,11 @@ PLAN_WARMUP_STEPS: int = 20
 #: A ``plan`` event in events.jsonl lists at most this many planned steps (plan.json has all).
 PLAN_EVENT_MAX_STEPS: int = 10_000
 
+#: Re-planning (a curve refit and a solve, 0.1-0.5 s on 2 busy cores) runs on the training thread;
+#: after the first plan, a re-plan is skipped while planning has taken more than this fraction of
+#: the session's wall time, so it never costs the job more than about this much.
+PLANNING_TIME_FRACTION: float = 0.01
+
 #: A planning policy is re-observed at most this often between checkpoints (never every step).
 OBSERVE_EVERY_STEPS: int = 500
 

@@ -150,7 +150,10 @@ class Session:
         self._observed_at = -1
         self._written_plan: Any = None
         self._closed = False
+        self._started = self._clock()
+        self._planning_seconds = 0.0
         self._hooks = [opt.register_step_pre_hook(self._fence_hook) for opt in self._optimizers()]
+        self._write_plan()  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
         state_bytes = _tensor_bytes(self.state)
         self._profiler.set_state_bytes(state_bytes)
         self._profiler.probe(self.run_dir, state_bytes)  # once, milliseconds: estimates before any checkpoint
@@ -438,15 +441,30 @@ class Session:
             staging_seconds=result.staging_seconds,
             bytes=result.nbytes,
         )
-        if self._dist is None:  # distributed: ranks finish at different steps; re-plan at the cadence
-            self._observe()
+        if self._dist is None and self._planning_affordable():  # distributed: ranks finish at
+            self._observe()  # different steps, so they re-plan at the (collective) step cadence
 
     def _should_observe(self) -> bool:
         if self._observed_at < 0:
             return self._profiler.steps >= knobs.PLAN_WARMUP_STEPS
-        return self._steps - self._observed_at >= knobs.OBSERVE_EVERY_STEPS
+        due = self._steps - self._observed_at >= knobs.OBSERVE_EVERY_STEPS
+        return due and (self._dist is not None or self._planning_affordable())
+
+    def _planning_affordable(self) -> bool:
+        """Re-planning runs on the training thread; keep its total under
+        ``knobs.PLANNING_TIME_FRACTION`` of the session's wall time (single process only: under
+        torch.distributed observing is collective, so every rank keeps the step cadence)."""
+        elapsed = self._clock() - self._started
+        return self._planning_seconds <= knobs.PLANNING_TIME_FRACTION * elapsed
 
     def _observe(self) -> None:
+        began = self._clock()
+        try:
+            self._observe_now()
+        finally:
+            self._planning_seconds += self._clock() - began
+
+    def _observe_now(self) -> None:
         self._observed_at = self._steps
         loss_steps, losses = self._profiler.loss_curve()
         observation = Observation(

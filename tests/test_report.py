@@ -218,8 +218,14 @@ def test_comparison_agrees_with_the_planner(run) -> None:
     assert rows["auto"].checkpoints == len(the_plan.steps)  # same inputs, same fit: the same plan
 
 
-def test_loss_trace_is_read_back_from_the_newest_checkpoint(run, built) -> None:
-    _, _, logged = run
+def test_loss_trace_is_read_back_from_the_newest_checkpoint(run) -> None:
+    """Without loss_curve.json (a run killed before close), the trace comes from the newest
+    checkpoint's profiler state."""
+    run_dir, _, logged = run
+    copy = run_dir.parent / "no-loss-curve"
+    shutil.copytree(run_dir, copy)
+    (copy / "loss_curve.json").unlink()
+    built = report(copy)
     steps, losses = np.asarray(built.data.loss_steps), np.asarray(built.data.losses)
     assert built.data.loss_source.startswith("profiler trace in checkpoint step_")
     newest = int(built.data.loss_source.rsplit("_", 1)[1])

@@ -288,3 +288,32 @@ def test_unwritable_run_dir_is_refused(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(ConfigError, match="not a writable directory"):
         coci.Session(blocker / "run", {"w": torch.zeros(1)}, policy=coci.EveryN(1))
+
+
+def test_replanning_time_is_capped_to_a_fraction_of_wall_time(tmp_path: Path) -> None:
+    """Every commit invites a re-plan; planning runs on the training thread, so the session skips
+    re-plans once they have cost more than knobs.PLANNING_TIME_FRACTION of the wall time."""
+    now = [0.0]
+
+    class SlowPlanner:
+        calls = 0
+
+        def should_checkpoint(self, step: int) -> bool:
+            return step % 50 == 0
+
+        def observe(self, observation: coci.Observation) -> None:
+            SlowPlanner.calls += 1
+            now[0] += 1.0  # each re-plan costs 1 s of the training thread
+
+    session = coci.Session(tmp_path, {"w": torch.zeros(1)}, policy=SlowPlanner(), clock=lambda: now[0])
+    for _ in range(2000):
+        now[0] += 0.05  # a 50 ms training step
+        session.step(0.0)
+        if session._checkpointer.pending is not None:
+            session._checkpointer.pending.upload_completion.exception()  # commits are quick here
+    session.close()
+    commits = sum(1 for e in coci.events.read_events(tmp_path) if e["event"] == "commit")
+    assert commits == 40  # 40 invitations to re-plan, plus the periodic ones
+    planning_seconds = SlowPlanner.calls * 1.0
+    assert 1 <= SlowPlanner.calls
+    assert planning_seconds <= coci.knobs.PLANNING_TIME_FRACTION * now[0] + 1.0
