@@ -26,7 +26,7 @@ the planning policy step by step as the session drives it (it sees only the loss
 every ``--observe-every`` steps), on a subset of cells. Exploratory: the offline plans with each
 trial stopped uniformly between 40% and 60% of the run.
 
-Run: ``.venv/bin/python benchmarks/schedule_quality.py`` (about 10 min on 2 shared cores) or with
+Run: ``.venv/bin/python benchmarks/schedule_quality.py`` (about 7 min on 2 shared cores) or with
 ``--quick`` (a small grid, about 1.5 min). ``--csv PATH`` writes the per-cell table.
 """
 
@@ -203,14 +203,14 @@ def run_cells(curves, mtbfs, sizes, trials: int, online_cells: set, observe_ever
 
 
 def simulate_online(offline, curve: Curve, truth, trials: int, observe_every: int):
-    from coci import simulate as simulate_module
+    from coci import knobs
 
-    old = simulate_module.knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS
-    simulate_module.knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS = observe_every
+    old = knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS
+    knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS = observe_every
     try:
         result = simulate(offline, trials=trials, seed=0, curve=truth, online=True, losses=(curve.steps, curve.losses))
     finally:
-        simulate_module.knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS = old
+        knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS = old
     return result
 
 

@@ -18,6 +18,21 @@ Fallbacks (recorded in ``Plan.fallbacks``, never silent):
 * online: no stall / persist / restart measured yet -> assumed values (knobs), re-planned once
   measured.
 
+Re-planning online (``start_step > 0``, what :class:`PlanningPolicy` does as the curve is
+revealed) is time-consistent with the offline plan:
+
+* the progress weight is normalised over the whole run, from the trace's first step to the horizon
+  (:mod:`coci.objective`), never over the remaining steps; before a recent-window fit's window the
+  rate is the observed average (the law is not extrapolated backwards);
+* the time budget belongs to the run: ``auto`` picks its mixture weight ``alpha`` on the whole run
+  (from the fit's first step) under the current costs and fit, then plans the remaining steps with
+  that ``alpha`` (the Lagrangian tail of the whole run's plan) instead of granting each re-plan a
+  fresh 5% of the remaining time optimum;
+* the segment already running counts: the first new checkpoint is placed from the last checkpoint,
+  not from the re-plan's step;
+* until the fitter returns a usable fit (enough points, a falling loss) the plan is time-optimal
+  (Young/Daly generalised to the hazard), recorded in ``fallbacks``.
+
 Open-ended runs (``total_steps=None`` in the session) are planned over
 ``max(knobs.PLAN_DEFAULT_HORIZON_STEPS, 2 * current step)`` steps and re-planned over a doubled
 horizon once the run passes ``knobs.PLAN_HORIZON_EXTEND_AT`` of it.
@@ -306,6 +321,8 @@ def plan(
     min_steps = min_interval_steps(step, persist, cost, max_overhead)
 
     fit, rate, raw, description, fallbacks = _resolve_curve(curve)
+    if fit is not None and rate is not None:
+        rate = _observed_past_rate(fit, rate)
     notes: list[str] = []
     details: dict[str, float] = {"min_interval_steps": float(min_steps)}
 
@@ -456,20 +473,53 @@ def _cost_model(
     return build_cost_model(progress_rate=None, **common)
 
 
+def _observed_past_rate(
+    fit: CurveFit, rate: Callable[[np.ndarray], np.ndarray]
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The fit's progress rate from its window on (before the first observed step: the rate there,
+    not a law extrapolated towards a singularity); before the window (a recent-window fit after
+    drift) the observed average ``(first_loss - L(window_start)) / (window_start - first_step)``
+    instead of the law extrapolated backwards. Its integral over the run is the observed first loss
+    minus the fitted loss at the horizon, the drop :func:`_mean_rate` normalises by."""
+    start, first, first_loss = fit.window_start, fit.first_step, fit.first_loss
+    if first is None or first_loss is None:
+        return rate
+    first = float(first)
+
+    def from_first(steps: np.ndarray) -> np.ndarray:  # before the first observed step: its rate
+        return rate(np.maximum(np.asarray(steps, dtype=float), first))
+
+    if start is None or not start > first + 1.0:
+        return from_first
+    average = (float(first_loss) - float(fit.loss(np.array([float(start)]))[0])) / (float(start) - first)
+    if not (average > 0 and math.isfinite(average)):
+        return from_first
+
+    def hybrid(steps: np.ndarray) -> np.ndarray:
+        s = np.asarray(steps, dtype=float)
+        return np.where(s < start, average, rate(np.maximum(s, first)))
+
+    return hybrid
+
+
 def _mean_rate(
     fit: CurveFit | None, rate: Callable[[np.ndarray], np.ndarray], total_steps: int, fallbacks: list[str]
 ) -> tuple[float | None, float]:
     """The whole run's mean progress rate ``v_bar`` and the step it is measured from.
 
-    A fit that recorded its first observed point: ``(first observed loss - fitted L(H)) / (H - first
-    step)`` (the observed past, the fitted future: a recent-window fit is not extrapolated
-    backwards); another fit: ``v`` integrated from its window's start; a callable: from step 0.
+    The mean is that of the planner's own curve (so ``w`` averages 1 over the run under it): for a
+    fit that recorded its first observed point, ``(L(first) - L(H)) / (H - first step)`` with
+    ``L(first)`` the observed first loss when the fit is a recent window (the rate before the window
+    is the observed average, :func:`_observed_past_rate`) and the fitted one otherwise; another fit:
+    ``v`` integrated from its window's start; a callable: from step 0.
     """
     origin = 0.0
     drop = None
     if fit is not None and fit.first_step is not None and fit.first_loss is not None and fit.first_step < total_steps:
         origin = max(0.0, float(fit.first_step))
-        drop = float(fit.first_loss) - float(fit.loss(np.array([float(total_steps)]))[0])
+        windowed = fit.window_start is not None and fit.window_start > origin + 1.0
+        level = float(fit.first_loss) if windowed else float(fit.loss(np.array([origin]))[0])
+        drop = level - float(fit.loss(np.array([float(total_steps)]))[0])
         if not (drop > 0 and math.isfinite(drop)):
             drop = None
     if drop is None and fit is not None and fit.window_start is not None and fit.window_start < total_steps:
@@ -747,6 +797,11 @@ class PlanningPolicy:
         return max(float(stall), floor), max(float(persist), floor), max(interference, 0.0), max(float(restart), 0.0)
 
     def _curve(self, observation: Observation) -> CurveFit | None:
+        """The fit of the loss trace so far. Until the fitter finds it usable (``FIT_MIN_POINTS``
+        points that fall), ``plan`` falls back to the time-optimal plan. Even a fit of the first few
+        dozen steps is used: measured on GPT-2 and synthetic curves, waiting for the trace to cover
+        1% of the horizon lost more (the steepest, most valuable stretch passes meanwhile) than the
+        extrapolation error cost."""
         needs = self.policy == "coci" or (self.policy == "auto" and self.objective == "progress")
         if not needs or observation.losses.size < 2:
             return None

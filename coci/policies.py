@@ -407,10 +407,12 @@ def auto_steps(
     ``alpha`` given (an online re-plan, see :func:`coci.planner.plan`): the mixture weight was
     chosen on the whole run; the plan minimises ``alpha J_p + (1 - alpha) J_t`` over the model's
     span (by the principle of optimality its tail is the tail of the whole run's plan), the time
-    plan competing. ``max_steps`` is the longest interval (:func:`max_interval_steps`; it never
-    binds the time optimum).
+    plan competing. ``max_steps`` is the longest interval (default :func:`max_interval_steps`; it
+    never binds the time optimum).
     """
     offsets = (-1, 0, 1)
+    if max_steps is None:
+        max_steps = max_interval_steps(model, min_steps)
     time_candidates = place(model, 0.0, min_steps, offsets, max_steps) + _periodic_candidates(model, min_steps)
     time_plan, _ = _best(model, time_candidates, 0.0)
     time_wall = model.objective(time_plan, 0.0)

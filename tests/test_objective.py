@@ -15,6 +15,7 @@ from coci.objective import (
     expected_failures,
     mixture_weight,
     progress_weight,
+    whole_run_mean_rate,
 )
 
 
@@ -175,3 +176,18 @@ def test_large_horizons_use_a_coarse_grid_with_the_same_totals() -> None:
 def test_bad_step_lists_are_rejected(steps: list[float]) -> None:
     with pytest.raises(ConfigError, match="steps"):
         model().expected(np.asarray(steps))
+
+
+def test_weight_is_normalised_over_the_whole_run_wherever_the_plan_starts() -> None:
+    offline = model(total=1000, curve=power_rate, per_step=True)
+    replan = model(total=1000, curve=power_rate, per_step=True, start_step=300, last_checkpoint_step=250)
+    assert np.mean(offline.weight) == pytest.approx(1.0, rel=1e-9)
+    # the re-plan scores its steps with the offline weights: below 1 late in a decaying run
+    assert replan.weight == pytest.approx(offline.weight[300:], rel=1e-9)
+    assert np.mean(replan.weight) < 0.6
+    # v_bar = (L(0) - L(H)) / H for L = 2 + 3 (s + 50)^-0.5
+    drop = 3 * (50.0**-0.5 - 1050.0**-0.5)
+    assert whole_run_mean_rate(power_rate, 1000) == pytest.approx(drop / 1000, rel=1e-6)
+    assert whole_run_mean_rate(None, 1000, origin_step=200, loss_drop=4.0) == pytest.approx(0.005)
+    with pytest.raises(ConfigError, match="curve"):
+        whole_run_mean_rate(None, 1000, loss_drop=-1.0)

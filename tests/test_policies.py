@@ -16,6 +16,7 @@ from coci.policies import (
     coci_expected_progress,
     coci_minutes,
     daly_interval_seconds,
+    max_interval_steps,
     min_interval_steps,
     periodic_steps,
     young_interval_seconds,
@@ -210,3 +211,25 @@ def test_refinement_reaches_the_exact_optimum_with_few_checkpoints(monkeypatch: 
     density_only = min(m.objective(s, alpha) for s in place(m, alpha, 9, (-1, 0, 1)))
     assert density_only > 1.01 * optimum
     assert refined <= 1.001 * optimum
+
+
+def test_auto_caps_intervals_at_half_the_mtbf_but_never_below_young() -> None:
+    """Progress that stops early (w ~ 0 after step 500): pure progress would leave the tail to a
+    handful of segments spanning several MTBFs, where the first-order model undercounts."""
+    def stops_early(s: np.ndarray) -> np.ndarray:
+        return np.where(np.asarray(s, dtype=float) < 500, 1.0, 1e-9)
+
+    common = dict(total_steps=20_000, step_seconds=1.0, persist_seconds=1.0, restart_seconds=0.0,
+                  failures=ExpectedFailures.constant(1 / 2000), progress_rate=stops_early)
+    model = build_cost_model(checkpoint_seconds=2.0, **common)
+    cap = max_interval_steps(model)
+    assert cap == 1000  # 0.5 x MTBF 2000 s
+    steps = auto_steps(model, objective="progress", time_budget=None).steps
+    gaps = np.diff(np.concatenate([[0], steps, [20_000]]))
+    assert gaps.max() <= cap + 2  # the last gap may exceed by P and rounding
+    assert (steps > 500).sum() >= 19_000 / cap - 1
+    # C large against the MTBF: Young's interval (sqrt(2 C M) = 1414 s) is never constrained
+    costly = build_cost_model(checkpoint_seconds=500.0, **common)
+    assert max_interval_steps(costly) == 1414
+    time_plan = auto_steps(costly, objective="time").steps
+    assert 1414 <= np.diff(time_plan).max() <= 1.02 * 1414  # equal segments: 20,000 / 14 steps
