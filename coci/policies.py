@@ -220,6 +220,7 @@ def place(
     min_steps: int,
     offsets: tuple[int, ...] = (0,),
     max_steps: int | None = None,
+    refined: bool = True,
 ) -> list[np.ndarray]:
     """Checkpoint steps from the density ``n = sqrt(h w_alpha / (2C))`` integrated along the run.
 
@@ -228,7 +229,9 @@ def place(
     checkpoint, so the segment already running is not restarted) is split into ``m`` equal parts, ``m`` the
     nearest integer to ``N(H - P)`` plus each of ``offsets``; checkpoints sit at the split points,
     rounded to steps and thinned to the minimum interval. ``max_steps`` floors the density (no
-    interval longer, up to rounding) and bounds :func:`refine`. Returns one candidate per offset.
+    interval longer, up to rounding) and bounds :func:`refine`; ``refined=False`` skips that exact
+    local refinement (the bisection in :func:`auto_steps` only needs to know on which side of the
+    budget a weight falls). Returns one candidate per offset.
     """
     density = _density(model, alpha, min_steps, max_steps)
     # a re-plan starts mid-segment: the density since the last checkpoint counts towards the first
@@ -246,7 +249,7 @@ def place(
         targets = targets[targets > lead]
         seconds = np.interp(targets, cumulative, model.edges)
         steps = snap_to_steps(seconds, model, min_steps)
-        if 0 < steps.size <= knobs.PLAN_REFINE_MAX_CHECKPOINTS:
+        if refined and 0 < steps.size <= knobs.PLAN_REFINE_MAX_CHECKPOINTS:
             steps = refine(model, steps, alpha, min_steps, max_steps)
         candidates.append(steps)
     return candidates
@@ -443,7 +446,7 @@ def auto_steps(
         low, high = 0.0, 1.0
         for _ in range(knobs.PLAN_BISECTION_STEPS):
             mid = 0.5 * (low + high)
-            if consider(mid, place(model, mid, min_steps, max_steps=max_steps)):
+            if consider(mid, place(model, mid, min_steps, max_steps=max_steps, refined=False)):
                 low = mid
             else:
                 high = mid
