@@ -23,7 +23,10 @@ Each plan sees the whole curve (offline, an oracle fit); the *true* progress wei
 work is the empirical slope of the curve itself (:func:`coci.simulate.empirical_progress_rate`, no
 fitted law), so no plan is scored by its own model. Online: auto (default) re-derived by replaying
 the planning policy step by step as the session drives it (it sees only the loss prefix; observed
-every ``--observe-every`` steps), on a subset of cells. Exploratory: the offline plans with each
+with ``--cadence session``, the default, as :class:`coci.Session` does: at warm-up, after every
+commit and every 500 steps while re-planning costs <= 1% of wall time, each re-plan charged
+``--plan-seconds``; ``--cadence fixed``: the earlier replay, every ``--observe-every`` steps and after
+a commit at most that often), on a subset of cells. Exploratory: the offline plans with each
 trial stopped uniformly between 40% and 60% of the run.
 
 Run: ``.venv/bin/python benchmarks/schedule_quality.py`` (about 7 min on 2 shared cores) or with
@@ -164,7 +167,7 @@ def change(result, baseline, metric: str) -> tuple[float, float, float]:
     return summary.mean, summary.ci_low, summary.ci_high
 
 
-def run_cells(curves, mtbfs, sizes, trials: int, online_cells: set, observe_every: int, exploratory_cells: set):
+def run_cells(curves, mtbfs, sizes, trials: int, online_cells: set, online_options: dict, exploratory_cells: set):
     rows = []
     cells = [(c, m, s) for c in curves for m in mtbfs for s in sizes]
     fits = {}
@@ -178,7 +181,7 @@ def run_cells(curves, mtbfs, sizes, trials: int, online_cells: set, observe_ever
         planned = plans_for(curve, fit, inputs)
         results = {label: simulate(p, trials=trials, seed=0, curve=truth) for label, p in planned.items()}
         if (curve.name, mtbf, size) in online_cells:
-            results["auto(0.05) online"] = simulate_online(planned[DEFAULT], curve, truth, trials, observe_every)
+            results["auto(0.05) online"] = simulate_online(planned[DEFAULT], curve, truth, trials, **online_options)
         explore = {}
         if (curve.name, mtbf, size) in exploratory_cells:
             explore = {
@@ -202,15 +205,19 @@ def run_cells(curves, mtbfs, sizes, trials: int, online_cells: set, observe_ever
     return pd.DataFrame(rows)
 
 
-def simulate_online(offline, curve: Curve, truth, trials: int, observe_every: int):
+def simulate_online(offline, curve: Curve, truth, trials: int, cadence: str, observe_every: int,
+                    plan_seconds: float):
     from coci import knobs
 
-    old = knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS
+    old = knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS, knobs.OBSERVE_EVERY_STEPS
     knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS = observe_every
+    if cadence == "fixed":
+        knobs.OBSERVE_EVERY_STEPS = observe_every
     try:
-        result = simulate(offline, trials=trials, seed=0, curve=truth, online=True, losses=(curve.steps, curve.losses))
+        result = simulate(offline, trials=trials, seed=0, curve=truth, online=True, losses=(curve.steps, curve.losses),
+                          cadence=cadence, plan_seconds=plan_seconds)
     finally:
-        knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS = old
+        knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS, knobs.OBSERVE_EVERY_STEPS = old
     return result
 
 
@@ -318,7 +325,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small grid (MTBF 8 h, two sizes, fewer curves)")
     parser.add_argument("--trials", type=int, default=None)
-    parser.add_argument("--observe-every", type=int, default=500, help="online replay: observe every N steps")
+    parser.add_argument("--cadence", choices=("session", "fixed"), default="session",
+                        help="online replay: the session's observation cadence, or the earlier fixed one")
+    parser.add_argument("--observe-every", type=int, default=500,
+                        help="online replay, --cadence fixed: observe every N steps (and after a commit at most as often)")
+    parser.add_argument("--plan-seconds", type=float, default=0.3,
+                        help="online replay, --cadence session: wall seconds charged per re-plan (1%% cap)")
+    parser.add_argument("--online-only", action="store_true",
+                        help="simulate only the online cells (young, auto offline and online)")
     parser.add_argument("--csv", type=Path, default=None, help="write the per-cell table here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -337,7 +351,10 @@ def main() -> None:
           f"job {STEPS} steps x {STEP_SECONDS:.2f} s = {RUN_HOURS:.0f} h, restart {RESTART_SECONDS:.0f} s, "
           f"persist = size / {WRITE_BYTES_PER_SECOND / 1e9:.0f} GB/s")
     began = time.perf_counter()
-    frame = run_cells(curves, mtbfs, sizes, trials, online_cells, args.observe_every, exploratory_cells)
+    online_options = dict(cadence=args.cadence, observe_every=args.observe_every, plan_seconds=args.plan_seconds)
+    if args.online_only:
+        mtbfs, sizes, exploratory_cells = (8,), online_sizes, set()
+    frame = run_cells(curves, mtbfs, sizes, trials, online_cells, online_options, exploratory_cells)
     elapsed = time.perf_counter() - began
     if args.csv:
         frame.to_csv(args.csv, index=False)

@@ -199,10 +199,15 @@ DIST_TIMEOUT_SECONDS: float = 600.0
 #: (non-increasing) fit to at most this many bins of the trace (half log-, half linearly spaced).
 SIMULATE_TRUTH_POINTS: int = 200
 
-#: Online replay (coci.simulate with online=True) observes after each commit as the session does,
-#: but at most once per this many steps (each observation of a progress policy refits the curve);
+#: Online replay with cadence="fixed" (the replay's earlier cadence) observes after a commit at
+#: most once per this many steps (each observation of a progress policy refits the curve);
 #: the periodic observation every OBSERVE_EVERY_STEPS steps is kept.
 SIMULATE_OBSERVE_MIN_GAP_STEPS: int = 100
+
+#: Online replay with the session's cadence: wall seconds charged per observation (a curve refit and
+#: a solve, 0.1-0.5 s on 2 busy cores) against PLANNING_TIME_FRACTION of the job's wall time. The
+#: replay charges this figure rather than timing the planner, so its schedules are deterministic.
+SIMULATE_PLAN_SECONDS: float = 0.3
 
 #: A simulated trial is stopped after this many failures (a plan whose segments span many MTBFs
 #: never finishes: the expected time grows like exp(segment / MTBF)); the result counts such trials

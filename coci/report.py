@@ -598,9 +598,12 @@ class Report:
         lines += self._checkpoint_lines()
         lines += self._cost_lines()
         lines += self._lost_work_lines()
-        fallbacks = [*(plan.fallbacks if plan else []), *(f"note: {n}" for n in (plan.notes if plan else []))]
+        fallbacks = list(plan.fallbacks) if plan else []
         lines.append("fallbacks: " + ("none" if not fallbacks else ""))
         lines += [f"  - {f}" for f in fallbacks]
+        if plan and plan.notes:
+            lines.append("plan notes:")
+            lines += [f"  - {n}" for n in plan.notes]
         if d.errors:
             lines.append("persist errors:")
             lines += [f"  - {e}" for e in d.errors]

@@ -53,11 +53,23 @@ counted in ``unfinished``.
 
 Online re-planning (``online=True``, or a policy object): the schedule is derived by replaying the
 policy step by step as :class:`coci.Session` drives it (``should_checkpoint(step)`` asked before any
-re-plan at that step, so a re-plan never drops a checkpoint due now): ``observe`` after warm-up, every
-``knobs.OBSERVE_EVERY_STEPS`` steps and after each commit (at most once per
-``knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS``), with a profile holding the job's costs and the loss trace
-seen so far (the profiler's own :class:`profiler.loss_trace.LossTrace`), so the planner sees only the
-past. Approximation: the schedule is derived once, along the failure-free progression, and every
+re-plan at that step, so a re-plan never drops a checkpoint due now), with a profile holding the
+job's costs and the loss trace seen so far (the profiler's own :class:`profiler.loss_trace.LossTrace`),
+so the planner sees only the past. When it observes (``cadence``):
+
+* ``"session"`` (default): the session's own cadence (``Session._poll_persist`` /
+  ``_should_observe``): once at warm-up (``knobs.PLAN_WARMUP_STEPS``), after **every** commit, and
+  ``knobs.OBSERVE_EVERY_STEPS`` steps after the last observation; after warm-up, each only while
+  re-planning so far has cost at most ``knobs.PLANNING_TIME_FRACTION`` of the job's wall time. The
+  replay does not time the planner (that would make schedules machine-dependent): each observation
+  is charged ``plan_seconds`` of wall time (default ``knobs.SIMULATE_PLAN_SECONDS``, 0.3 s: a refit
+  and a solve on 2 busy cores), and the job's wall time at step ``s`` is the failure-free
+  ``s t + k (S + I) + planning`` (``k`` checkpoints taken so far).
+* ``"fixed"``: the replay's earlier cadence: warm-up, every ``observe_every`` steps, and after a
+  commit at most once per ``min_gap`` steps (``knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS``); no
+  planning-time cap.
+
+Approximation: the schedule is derived once, along the failure-free progression, and every
 trial replays it; a real run re-plans after each restore too (from the same curve prefix, so the
 schedule differs only through the rollback point).
 
@@ -88,6 +100,7 @@ from coci.objective import CostModel, ExpectedFailures, build_cost_model
 from coci.planner import Plan, PlanInputs, make_policy
 
 __all__ = [
+    "CADENCES",
     "METRICS",
     "MetricSummary",
     "SimulationResult",
@@ -479,29 +492,47 @@ def _true_rate(curve: Any, plan: Plan | None) -> tuple[RateFunction | None, str,
 # --- online replay -------------------------------------------------------------------------------
 
 
+CADENCES: tuple[str, ...] = ("session", "fixed")
+
+
 def online_schedule(
     policy: Any,
     job: Job | PlanInputs,
     losses: Any,
     *,
+    cadence: str = "session",
     observe_every: int | None = None,
     min_gap: int | None = None,
+    plan_seconds: float | None = None,
 ) -> tuple[np.ndarray, int]:
     """Checkpoint steps a policy takes when driven as :class:`coci.Session` drives it.
 
     ``losses``: per-step losses or ``(steps, losses)`` (the trace training reveals; a point at
-    step ``s`` is seen from step ``s`` on). Returns ``(steps, observations)``. See the module
-    docstring for the cadence; the profile carries the job's costs as measured values.
+    step ``s`` is seen from step ``s`` on). Returns ``(steps, observations)``. ``cadence``:
+    ``"session"`` (warm-up, after each commit and every ``observe_every`` steps, under the session's
+    planning-time cap, each observation charged ``plan_seconds``) or ``"fixed"`` (warm-up, every
+    ``observe_every`` steps, after a commit at most every ``min_gap`` steps); see the module
+    docstring. The profile carries the job's costs as measured values.
     """
     from coci.policy import Observation
     from profiler import Estimate, Profile
     from profiler.loss_trace import LossTrace
 
     job = job if isinstance(job, Job) else Job.of(job)
-    every = knobs.OBSERVE_EVERY_STEPS if observe_every is None else int(observe_every)
-    gap = knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS if min_gap is None else int(min_gap)
-    if every < 1 or gap < 1:
-        raise ConfigError("observe_every and min_gap must be positive integers")
+    if cadence not in CADENCES:
+        raise ConfigError(f"cadence must be one of {', '.join(CADENCES)}, got {cadence!r}")
+    every = knobs.OBSERVE_EVERY_STEPS if observe_every is None else observe_every
+    gap = knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS if min_gap is None else min_gap
+    for name, value in (("observe_every", every), ("min_gap", gap)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    every, gap = int(every), int(gap)
+    plan_cost = knobs.SIMULATE_PLAN_SECONDS if plan_seconds is None else plan_seconds
+    if isinstance(plan_cost, bool) or not isinstance(plan_cost, (int, float)) or not (
+        plan_cost >= 0 and math.isfinite(plan_cost)
+    ):
+        raise ConfigError(f"plan_seconds must be non-negative and finite, got {plan_cost!r}")
+    plan_cost = float(plan_cost)
     trace_steps, trace_losses = (np.zeros(0), np.zeros(0)) if losses is None else _pair(losses, None)
     keep = trace_steps >= 1  # the profiler counts completed steps from 1
     trace_steps, trace_losses = trace_steps[keep], trace_losses[keep]
@@ -522,18 +553,28 @@ def online_schedule(
         )
 
     commit_lag = max(1, math.ceil(job.window_progress / job.step_seconds - 1e-9))
+    checkpoint_cost = job.stall_seconds + job.interference_seconds
     taken: list[int] = []
     pending_commit: int | None = None
     observed_at = -1
     observations = 0
+    planning_seconds = 0.0
+
+    def affordable(step: int) -> bool:  # Session._planning_affordable on the failure-free timeline
+        elapsed = step * job.step_seconds + len(taken) * checkpoint_cost + planning_seconds
+        return planning_seconds <= knobs.PLANNING_TIME_FRACTION * elapsed
+
     for step in range(1, job.total_steps + 1):
         committed = pending_commit is not None and step >= pending_commit
         if committed:
             pending_commit = None
         planned = policy.should_checkpoint(step)  # asked before any re-plan at this step, as the session does
-        due = (observed_at < 0 and step >= knobs.PLAN_WARMUP_STEPS) or (
-            observed_at >= 0 and (step - observed_at >= every or (committed and step - observed_at >= gap))
-        )
+        if observed_at < 0:
+            due = step >= knobs.PLAN_WARMUP_STEPS or (cadence == "session" and committed and affordable(step))
+        elif cadence == "session":  # Session._poll_persist, then Session._should_observe
+            due = (committed or step - observed_at >= every) and affordable(step)
+        else:
+            due = step - observed_at >= every or (committed and step - observed_at >= gap)
         if due:
             end = int(np.searchsorted(trace_steps, step, side="right"))
             if end > fed:
@@ -546,6 +587,7 @@ def online_schedule(
             )
             observed_at = step
             observations += 1
+            planning_seconds += plan_cost
         if step < job.total_steps and (planned or policy.should_checkpoint(step)):
             taken.append(step)
             pending_commit = step + commit_lag
@@ -566,6 +608,8 @@ def simulate(
     online: bool = False,
     job: Plan | PlanInputs | None = None,
     losses: Any = None,
+    cadence: str = "session",
+    plan_seconds: float | None = None,
 ) -> SimulationResult:
     """Monte Carlo replay of a job under failures; see the module docstring for the model.
 
@@ -585,6 +629,10 @@ def simulate(
             trace (``losses``, else ``curve`` when it is a trace) instead of using its steps.
         job: the job's inputs (a Plan or PlanInputs) when ``plan_or_policy`` is a policy object.
         losses: the loss trace an online policy sees (default: ``curve`` when it is a trace).
+        cadence: when an online replay observes: ``"session"`` (the session's cadence, default) or
+            ``"fixed"`` (see :func:`online_schedule`).
+        plan_seconds: online, ``"session"`` cadence: wall seconds charged per re-plan against the
+            session's planning-time cap (default ``knobs.SIMULATE_PLAN_SECONDS``).
     """
     trials = _positive_int(trials, "trials")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -616,9 +664,9 @@ def simulate(
             else:
                 trace = None
         policy = _online_policy(plan) if plan is not None else plan_or_policy
-        steps, replans = online_schedule(policy, job_figures, trace)
+        steps, replans = online_schedule(policy, job_figures, trace, cadence=cadence, plan_seconds=plan_seconds)
         expected = {}
-        notes.append(f"online: schedule re-derived by replaying the policy ({replans} observations)")
+        notes.append(f"online: schedule re-derived by replaying the policy ({replans} observations, {cadence} cadence)")
     if steps.size and (steps[0] < 1 or steps[-1] > job_figures.total_steps or np.any(np.diff(steps) <= 0)):
         raise ConfigError("plan.steps must be strictly increasing within [1, total_steps]")
 
