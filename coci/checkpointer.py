@@ -22,7 +22,6 @@ then retention). A :class:`PersistBackend` given to the constructor replaces exa
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass

@@ -675,7 +675,7 @@ class Report:
         return lines
 
     def _cost_lines(self) -> list[str]:
-        obs, profile, plan = self.data.observed, self.data.profile, self.data.plan
+        obs, profile = self.data.observed, self.data.profile
         lines = ["costs:"]
         rows = [r for r in self.data.checkpoints if r.persist_seconds is not None]
         if obs.stall_seconds is not None:
