@@ -2,7 +2,7 @@
 
 profiler -> plan -> snapshot -> persist -> **report**. One JSON object per line: ``time`` (Unix
 seconds), ``event`` (snapshot_start, snapshot_end, persist_end, commit, retention, restore,
-restore_skip, plan, error, close), ``step`` and whatever the phase measured (``seconds``,
+restore_skip, plan, stall, progress, error, close), ``step`` and whatever the phase measured (``seconds``,
 ``bytes``, ``path``, ``message``). Appends are serialised by a lock because the background writer
 emits too; each line is flushed so a killed job keeps everything up to its last event.
 """

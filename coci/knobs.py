@@ -62,6 +62,10 @@ EVENTS_FILENAME: str = "events.jsonl"
 #: Steps after which a planning policy is first asked to plan (profile warm-up).
 PLAN_WARMUP_STEPS: int = 20
 
+#: The session writes a ``progress`` event (just the step) at most this often, so the report can
+#: tell how far a killed process got (the work a failure lost) to within this many seconds.
+PROGRESS_EVENT_SECONDS: float = 10.0
+
 #: A ``plan`` event in events.jsonl lists at most this many planned steps (plan.json has all).
 PLAN_EVENT_MAX_STEPS: int = 10_000
 

@@ -151,6 +151,7 @@ class Session:
         self._written_plan: Any = None
         self._closed = False
         self._started = self._clock()
+        self._progress_at = self._started
         self._planning_seconds = 0.0
         self._hooks = [opt.register_step_pre_hook(self._fence_hook) for opt in self._optimizers()]
         self._write_plan()  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
@@ -195,6 +196,10 @@ class Session:
             self._stall_pending = None
         self._profiler.step(loss)
         self._steps += 1
+        now = self._clock()
+        if now - self._progress_at >= knobs.PROGRESS_EVENT_SECONDS:  # bounds what a crash loses
+            self._progress_at = now
+            self.events.emit("progress", step=self._steps)
         due = self.policy.should_checkpoint(self._steps)  # asked before any re-plan made at this step
         self._poll_persist()
         if self._should_observe():

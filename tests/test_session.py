@@ -317,3 +317,14 @@ def test_replanning_time_is_capped_to_a_fraction_of_wall_time(tmp_path: Path) ->
     planning_seconds = SlowPlanner.calls * 1.0
     assert 1 <= SlowPlanner.calls
     assert planning_seconds <= coci.knobs.PLANNING_TIME_FRACTION * now[0] + 1.0
+
+
+def test_progress_events_bound_what_a_crash_loses(tmp_path: Path) -> None:
+    now = [0.0]
+    session = coci.Session(tmp_path, {"w": torch.zeros(1)}, policy=coci.EveryN(1000), clock=lambda: now[0])
+    for _ in range(35):
+        now[0] += 1.0  # one-second steps
+        session.step(0.0)
+    session.close()
+    progress = [e["step"] for e in coci.events.read_events(tmp_path) if e["event"] == "progress"]
+    assert progress == [10, 20, 30]

@@ -216,8 +216,10 @@ def test_online_auto_plans_from_the_curve_prefix_and_checkfreq_grows() -> None:
     assert intervals[: len(intervals) // 4].mean() < intervals[-len(intervals) // 4 :].mean()
     assert online.compare(young, "progress_seconds").mean < 0
     # checkfreq's growth, replayed from its own observations: k = ceil(8 / 2) = 4 grows to C / 5% t
+    # (fixed cadence: under the session's, a re-plan at the commit step that also checkpoints anchors
+    # the grown k at the previous checkpoint, so one 2-step gap appears early: 24, 28, 30, 40, ...)
     checkfreq = simulate(make_policy("checkfreq", failures=None, total_steps=4000), job=offline,
-                         failures=job["failures"], trials=10, seed=0, losses=(steps, losses))
+                         failures=job["failures"], trials=10, seed=0, losses=(steps, losses), cadence="fixed")
     gaps = np.diff(checkfreq.steps)
     assert gaps[0] == 4 and gaps[-1] >= 3.0 / (0.05 * 2.0) and np.all(np.diff(gaps) >= 0)
 
@@ -227,6 +229,43 @@ def test_policy_objects_replay_online() -> None:
     result = simulate(EveryN(100), job=p, failures=NEVER, trials=2, seed=0)
     assert result.steps == list(range(100, 1000, 100)) and result.online
     assert result.values("checkpoints").tolist() == [9, 9]
+
+
+class RecordingEvery100:
+    """Checkpoints every 100 steps and records the steps at which it is observed."""
+
+    def __init__(self) -> None:
+        self.observed: list[int] = []
+
+    def should_checkpoint(self, step: int) -> bool:
+        return step % 100 == 0
+
+    def observe(self, observation) -> None:
+        self.observed.append(observation.step)
+
+
+def test_replay_observes_after_each_commit_under_the_planning_time_cap() -> None:
+    from coci.simulate import online_schedule
+
+    job = base_plan(total_steps=1000).inputs  # t = 1 s, S = 1 s, P = 5 s: a checkpoint at s commits at s + 5
+    cheap = RecordingEvery100()
+    steps, count = online_schedule(cheap, job, None, plan_seconds=0.1)
+    assert steps.tolist() == list(range(100, 1000, 100))
+    # the session's cadence: warm-up, then after every commit (planning 0.1 s each stays under 1%)
+    assert cheap.observed == [20, *range(105, 1000, 100)] and count == len(cheap.observed)
+    # 5 s per re-plan: after warm-up the next commit observation waits until 5 s <= 1% of the wall
+    # time (step 505: 505 + 5 stalls + 5 s planned = 515 s); then 10 s needs 1,000 s, beyond the run
+    dear = RecordingEvery100()
+    online_schedule(dear, job, None, plan_seconds=5.0)
+    assert dear.observed == [20, 505]
+    # the earlier fixed cadence: a commit observation at most every min_gap steps, no cap
+    fixed = RecordingEvery100()
+    online_schedule(fixed, job, None, cadence="fixed", observe_every=500, min_gap=250, plan_seconds=5.0)
+    assert fixed.observed == [20, 305, 605, 905]
+    with pytest.raises(ConfigError, match="cadence"):
+        online_schedule(RecordingEvery100(), job, None, cadence="weekly")
+    with pytest.raises(ConfigError, match="plan_seconds"):
+        online_schedule(RecordingEvery100(), job, None, plan_seconds=-1.0)
 
 
 def test_empirical_rate_is_non_negative_and_follows_the_fall() -> None:
