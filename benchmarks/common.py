@@ -86,10 +86,11 @@ def copy_all(destinations: Sequence[torch.Tensor], sources: Sequence[torch.Tenso
     return time.perf_counter() - began
 
 
-def raw_write(path: Path, payload: memoryview, chunk: int = 16 * MB) -> float:
-    """Seconds for a ``dd``-like write of ``payload`` (os.write loop) plus fsync of a fresh file."""
+def raw_write(path: Path, payload: memoryview, chunk: int = 16 * MB, extra_flags: int = 0) -> float:
+    """Seconds for a ``dd``-like write of ``payload`` (os.write loop) plus fsync of a fresh file;
+    ``extra_flags=os.O_DIRECT`` for the page-cache-bypassing variant (aligned payloads only)."""
     began = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | extra_flags, 0o644)
     try:
         for start in range(0, len(payload), chunk):
             view = payload[start : start + chunk]

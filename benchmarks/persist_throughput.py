@@ -54,17 +54,7 @@ def aligned_buffer(nbytes: int) -> torch.Tensor:
 
 def raw_write_direct(path: Path, payload: memoryview, chunk: int = 16 << 20) -> float:
     """Like ``common.raw_write`` with O_DIRECT (block-multiple length; the payload is aligned)."""
-    began = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
-    try:
-        for start in range(0, len(payload), chunk):
-            view = payload[start : start + chunk]
-            while len(view):
-                view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return time.perf_counter() - began
+    return raw_write(path, payload, chunk, extra_flags=os.O_DIRECT)
 
 
 def part1(stack: Any, pairs: int) -> None:
