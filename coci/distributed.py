@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
 import time
 import warnings
@@ -63,7 +62,7 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from coci import __version__, knobs, storage
 from coci.errors import CorruptCheckpointError, PersistError
@@ -202,18 +201,11 @@ class DcpPart(BaseModel):
     tensors: list[DcpTensor]
 
 
-class DcpManifest(BaseModel):
+class DcpManifest(storage.CommitRecord):
     """coci's commit record of a DCP checkpoint: written last, by rank 0, once every rank voted."""
 
     format: Literal["dcp"]
-    format_version: int
-    coci_version: str
-    step: int = Field(ge=0)
-    epoch: int | None = None
-    wall_time: float
-    state_keys: list[str]
     world_size: int = Field(ge=1)
-    files: list[storage.FileEntry]
     bytes_per_rank: list[int]
     shared: DcpPart
     ranks: list[DcpPart]
@@ -230,20 +222,14 @@ def checkpoint_format(path: Path) -> str:
 
 def read_dcp_manifest(path: Path) -> DcpManifest:
     """Parse and sanity-check a DCP checkpoint's manifest; CorruptCheckpointError on anything off."""
-    try:
-        manifest = DcpManifest.model_validate_json((path / storage.MANIFEST_FILENAME).read_bytes())
-    except FileNotFoundError as exc:
-        raise CorruptCheckpointError(f"{path}: manifest.json is missing") from exc
-    except (ValidationError, ValueError, UnicodeDecodeError) as exc:
-        raise CorruptCheckpointError(f"{path}: manifest.json is unreadable ({exc.__class__.__name__})") from exc
-    if manifest.format_version > knobs.FORMAT_VERSION:
-        raise CorruptCheckpointError(f"{path}: format_version {manifest.format_version} is newer than this coci supports")
+    manifest = storage.parse_record(path, DcpManifest)
     names = [entry.name for entry in manifest.files]
     if _DCP_METADATA not in names or len(manifest.ranks) != manifest.world_size:
         raise CorruptCheckpointError(f"{path}: manifest lacks DCP's {_DCP_METADATA} or a rank's record")
     for name in names:
         if name in {".", ".."} or "/" in name or not (name == _DCP_METADATA or storage._SAFE_NAME.match(name)):
             raise CorruptCheckpointError(f"{path}: manifest names a file outside its checkpoint: {name!r}")
+    storage.check_sealed(manifest, path)
     return manifest
 
 
@@ -425,17 +411,8 @@ class DcpPersist:
             shared=shared,
             ranks=[DcpPart.model_validate(part) for _, part in votes],
         )
-        storage._fault("before_manifest")
-        storage._write_file(tmp / storage.MANIFEST_FILENAME, memoryview(manifest.model_dump_json().encode()))
-        storage._fsync_dir(tmp)
-        storage._fault("before_rename")
         final = self.root / storage.step_dirname(step)
-        if final.exists():  # a checkpoint of this step that failed verification earlier
-            storage._discard(final)
-        os.rename(tmp, final)
-        storage._fault("after_rename")
-        storage._fsync_dir(self.root)
-        storage._fault("after_commit")
+        storage.publish(self.root, tmp, final, manifest)
         return storage.apply_retention(self.root, self.keep_last)
 
 

@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, TypeVar
 
 import numpy as np
 import torch
@@ -87,11 +87,12 @@ class FileEntry(BaseModel):
     crc32: int
 
 
-class Manifest(BaseModel):
-    """The commit record of one checkpoint; its presence makes the checkpoint exist.
+class CommitRecord(BaseModel):
+    """What every checkpoint's ``manifest.json`` holds, whatever wrote its files (this module, or
+    DCP under torch.distributed): its presence makes the checkpoint exist.
 
-    ``checksum`` is the crc32 of the manifest's own JSON without that field, so a flipped bit
-    inside a value (an lr of 0.1 read as 0.3) is caught, not only damage to ``data.bin``. NaN and
+    ``checksum`` is the crc32 of the record's own JSON without that field, so a flipped bit inside
+    a value (an lr of 0.1 read as 0.3) is caught, not only damage to the data files. NaN and
     infinities in the state are written as JSON constants, never silently as null.
     """
 
@@ -103,16 +104,63 @@ class Manifest(BaseModel):
     wall_time: float
     state_keys: list[str]
     files: list[FileEntry]
-    tensors: list[TensorEntry]
-    skeleton: Any
     checksum: int | None = None
 
     def body_checksum(self) -> int:
         return zlib.crc32(self.model_dump_json(exclude={"checksum"}).encode())
 
-    def sealed(self) -> Manifest:
-        """This manifest with its checksum filled in (what is written to disk)."""
+    def sealed(self) -> Self:
+        """This record with its checksum filled in (what is written to disk)."""
         return self.model_copy(update={"checksum": self.body_checksum()})
+
+
+class Manifest(CommitRecord):
+    """The commit record of a single-process checkpoint: one ``data.bin`` and its tensor table."""
+
+    tensors: list[TensorEntry]
+    skeleton: Any
+
+
+RecordT = TypeVar("RecordT", bound=CommitRecord)
+
+
+def publish(root: Path, tmp: Path, final: Path, record: CommitRecord) -> None:
+    """The commit: seal and write the record last, fsync the directory, rename it into place in
+    the same parent (replacing a checkpoint of this step that failed verification), fsync the parent.
+    """
+    _fault("before_manifest")
+    _write_file(tmp / MANIFEST_FILENAME, memoryview(record.sealed().model_dump_json().encode()))
+    _fsync_dir(tmp)
+    _fault("before_rename")
+    if final.exists():
+        _discard(final)
+    os.rename(tmp, final)
+    _fault("after_rename")
+    _fsync_dir(root)
+    _fault("after_commit")
+
+
+def parse_record(path: Path, model: type[RecordT]) -> RecordT:
+    """Read ``path/manifest.json`` as ``model``: present, parseable, not from a newer coci.
+    CorruptCheckpointError on anything off; format-specific checks, then :func:`check_sealed`, follow."""
+    try:
+        record = model.model_validate_json((path / MANIFEST_FILENAME).read_bytes())
+    except FileNotFoundError as exc:
+        raise CorruptCheckpointError(f"{path}: manifest.json is missing") from exc
+    except (ValidationError, ValueError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpointError(f"{path}: manifest.json is unreadable ({exc.__class__.__name__})") from exc
+    if record.format_version > knobs.FORMAT_VERSION:
+        raise CorruptCheckpointError(
+            f"{path}: format_version {record.format_version} is newer than this coci supports "
+            f"({knobs.FORMAT_VERSION})"
+        )
+    return record
+
+
+def check_sealed(record: CommitRecord, path: Path) -> None:
+    """Last check of a reader (after the specific ones, which name the damage more precisely)."""
+    if record.checksum is not None and record.checksum != record.body_checksum():
+        raise CorruptCheckpointError(f"{path}: manifest.json checksum mismatch (a value in it was altered)")
 
 
 def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
@@ -173,17 +221,7 @@ def _commit(
         ],
         skeleton=skeleton,
     )
-    _fault("before_manifest")
-    manifest = manifest.sealed()
-    _write_file(tmp / MANIFEST_FILENAME, memoryview(manifest.model_dump_json().encode()))
-    _fsync_dir(tmp)
-    _fault("before_rename")
-    if final.exists():  # a checkpoint of this step that failed verification earlier: replace it
-        _discard(final)
-    os.rename(tmp, final)
-    _fault("after_rename")
-    _fsync_dir(root)
-    _fault("after_commit")
+    publish(root, tmp, final, manifest)
     return final, manifest
 
 
@@ -326,14 +364,7 @@ def _discard(path: Path) -> None:
 
 def committed_steps(root: Path) -> list[tuple[int, Path]]:
     """Committed checkpoints (a ``step_<n>`` directory holding a manifest), oldest first."""
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        match = _STEP_DIR.match(entry.name)
-        if match and entry.is_dir() and (entry / MANIFEST_FILENAME).is_file():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
+    return [(step, path) for step, path in step_dirs(root) if (path / MANIFEST_FILENAME).is_file()]
 
 
 def step_dirs(root: Path) -> list[tuple[int, Path]]:
@@ -368,17 +399,7 @@ def apply_retention(root: Path, keep_last: int | None) -> list[int]:
 
 def read_manifest(path: Path) -> Manifest:
     """Parse and sanity-check a manifest; CorruptCheckpointError on anything off."""
-    try:
-        manifest = Manifest.model_validate_json((path / MANIFEST_FILENAME).read_bytes())
-    except FileNotFoundError as exc:
-        raise CorruptCheckpointError(f"{path}: manifest.json is missing") from exc
-    except (ValidationError, ValueError, UnicodeDecodeError) as exc:
-        raise CorruptCheckpointError(f"{path}: manifest.json is unreadable ({exc.__class__.__name__})") from exc
-    if manifest.format_version > knobs.FORMAT_VERSION:
-        raise CorruptCheckpointError(
-            f"{path}: format_version {manifest.format_version} is newer than this coci supports "
-            f"({knobs.FORMAT_VERSION})"
-        )
+    manifest = parse_record(path, Manifest)
     for entry in manifest.files:
         if not _SAFE_NAME.match(entry.name) or entry.name in {".", ".."}:
             raise CorruptCheckpointError(f"{path}: manifest names a file outside its checkpoint: {entry.name!r}")
@@ -388,9 +409,8 @@ def read_manifest(path: Path) -> Manifest:
     for index, tensor in enumerate(manifest.tensors):
         if tensor.offset + tensor.nbytes > size or _dtype(tensor.dtype, path).itemsize * _numel(tensor.shape) != tensor.nbytes:
             raise CorruptCheckpointError(f"{path}: tensor {index} does not fit its declared bytes")
-    if manifest.checksum is not None and manifest.checksum != manifest.body_checksum():
-        raise CorruptCheckpointError(f"{path}: manifest.json checksum mismatch (a value in it was altered)")
     check_consistent(manifest, path)
+    check_sealed(manifest, path)
     return manifest
 
 

@@ -99,3 +99,24 @@ def test_fault_hook_sees_every_commit_point(tmp_path: Path) -> None:
         storage.set_fault_hook(None)
     assert seen[:5] == ["mid_write", "before_manifest", "before_rename", "after_rename", "after_commit"]
     assert seen[-1] == "retention"
+
+
+def test_the_dcp_commit_record_is_sealed_and_nan_safe_too(tmp_path: Path) -> None:
+    """Both formats' manifests share storage.CommitRecord: NaN kept, an altered value refused."""
+    import math
+
+    from coci.distributed import DcpManifest, DcpPart
+
+    record = DcpManifest(
+        format="dcp", format_version=1, coci_version="test", step=3, wall_time=0.0, state_keys=["m"],
+        files=[], world_size=1, bytes_per_rank=[0],
+        shared=DcpPart(skeleton={"m": {"best": float("nan")}}, tensors=[]), ranks=[DcpPart(skeleton={}, tensors=[])],
+    )
+    path = tmp_path / "manifest.json"
+    path.write_text(record.sealed().model_dump_json())
+    back = storage.parse_record(tmp_path, DcpManifest)
+    storage.check_sealed(back, tmp_path)
+    assert math.isnan(back.shared.skeleton["m"]["best"])
+    path.write_text(path.read_text().replace('"step":3', '"step":4'))
+    with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+        storage.check_sealed(storage.parse_record(tmp_path, DcpManifest), tmp_path)
