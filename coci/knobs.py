@@ -168,6 +168,26 @@ PLAN_REPLAN_FIT_CHANGE: float = 0.25
 #: Floor (seconds) applied to measured stall / persist times that read as 0 (coarse clocks).
 PLAN_MIN_COST_SECONDS: float = 1e-6
 
+#: ``auto`` with the progress objective checkpoints at these steps before its first plan (the
+#: warm-up, while step time and costs are still being measured and no curve is fitted). Training
+#: from scratch loses loss fastest in its first steps, and under the planner's prior (below)
+#: each doubling of the step count carries the same progress, so the doubling steps protect equal
+#: shares of it; they also give the first plan measured stall and persist times. Empty: no
+#: checkpoints before the first plan.
+PLAN_WARMUP_CHECKPOINT_STEPS: tuple[int, ...] = (1, 2, 4, 8, 16)
+
+#: The warm-up checkpoints are a bet made before any cost is measured, so it is bounded: the session
+#: skips one while a persist is in flight or while the stalls so far exceed this fraction of the
+#: wall time so far (a job whose checkpoint costs a step or more takes just the first).
+PLAN_WARMUP_STALL_FRACTION: float = 0.1
+
+#: Until the loss trace holds ``FIT_MIN_POINTS`` points (a sparse trace, e.g. validation losses
+#: every few hundred steps), ``auto``'s progress objective plans with the prior progress rate
+#: ``v(s) = 1 / max(s, 1)`` (``s`` counted from the run's first step): the loss falls by the same
+#: amount per doubling of the step count (scale-free diminishing returns). A trace with no loss at
+#: all keeps the time objective; a trace the fitter finds flat or rising drops the prior.
+PLAN_PRIOR_ENABLED: bool = True
+
 #: Stall assumed, in step times, before any stall has been measured or probed (recorded as a
 #: fallback in the plan); the first checkpoint then measures it.
 PLAN_ASSUMED_STALL_STEPS: float = 1.0

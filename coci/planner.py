@@ -30,8 +30,14 @@ revealed) is time-consistent with the offline plan:
   fresh 5% of the remaining time optimum;
 * the segment already running counts: the first new checkpoint is placed from the last checkpoint,
   not from the re-plan's step;
-* until the fitter returns a usable fit (enough points, a falling loss) the plan is time-optimal
-  (Young/Daly generalised to the hazard), recorded in ``fallbacks``.
+* before its first plan (warm-up) ``auto``'s progress objective checkpoints at
+  ``knobs.PLAN_WARMUP_CHECKPOINT_STEPS`` (1, 2, 4, 8, 16): no costs or curve are known yet, but a
+  run from scratch falls fastest there (measured on GPT-2 runs: nearly all of the online deficit
+  against the offline plan was these steps, see benchmarks/README.md, "Schedule quality");
+* while the loss trace holds fewer than ``knobs.FIT_MIN_POINTS`` points ``auto`` plans with the
+  prior progress rate :data:`PRIOR_PROGRESS_RATE` (equal loss decrease per doubling of the step
+  count); a trace the fitter finds flat or rising, or a run that records no loss, gets the
+  time-optimal plan (Young/Daly generalised to the hazard); each recorded in ``fallbacks``.
 
 Open-ended runs (``total_steps=None`` in the session) are planned over
 ``max(knobs.PLAN_DEFAULT_HORIZON_STEPS, 2 * current step)`` steps and re-planned over a doubled
@@ -70,7 +76,9 @@ from coci.policies import (
 from coci.policy import Observation
 from coci.units import parse_duration
 
-__all__ = ["OBJECTIVES", "POLICIES", "Plan", "PlanInputs", "PlanningPolicy", "make_policy", "plan"]
+__all__ = [
+    "OBJECTIVES", "POLICIES", "PRIOR_PROGRESS_RATE", "Plan", "PlanInputs", "PlanningPolicy", "make_policy", "plan",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +86,31 @@ logger = logging.getLogger(__name__)
 POLICIES: tuple[str, ...] = ("auto", "young", "daly", "checkfreq", "coci")
 #: Objectives of ``auto``.
 OBJECTIVES: tuple[str, ...] = ("progress", "time")
+
+
+class PriorProgressRate:
+    """The planner's prior progress rate ``v(s) = 1 / max(s, 1)`` (``s`` from the run's first step).
+
+    Scale-free diminishing returns: the loss falls by the same amount per doubling of the step
+    count, so ``w(s) = v(s) / v_bar`` is about ``H / (s ln H)`` over a horizon of ``H`` steps (large
+    at the start, below 1 after ``H / ln H``). :class:`PlanningPolicy` plans with it while the loss
+    trace is too short to fit (``knobs.PLAN_PRIOR_ENABLED``); :func:`plan` accepts it as ``curve``
+    like any progress-rate callable.
+    """
+
+    description = "prior v(s) = 1/max(s, 1)"
+
+    def __call__(self, steps: np.ndarray) -> np.ndarray:
+        return 1.0 / np.maximum(np.asarray(steps, dtype=float), 1.0)
+
+    def __repr__(self) -> str:
+        return "PRIOR_PROGRESS_RATE"
+
+
+#: The prior progress rate (see :class:`PriorProgressRate`).
+PRIOR_PROGRESS_RATE = PriorProgressRate()
+
+ProgressCurve = CurveFit | Callable[[np.ndarray], np.ndarray]
 
 
 class PlanInputs(BaseModel):
@@ -219,7 +252,7 @@ def _resolve_curve(
     if isinstance(curve, CurveFit):
         fit, raw, description = curve, None, f"CurveFit ({curve.family})"
     elif callable(curve):
-        return None, curve, None, "progress-rate callable", []
+        return None, curve, None, str(getattr(curve, "description", "progress-rate callable")), []
     else:
         if _is_pair(curve):
             steps = np.asarray(curve[0], dtype=float)
@@ -642,7 +675,9 @@ def make_policy(
 class PlanningPolicy:
     """Plans online from the live profile (see :func:`make_policy`).
 
-    Before the first :meth:`observe` (warm-up) it never checkpoints. Each ``observe`` reads the
+    Before its first plan (warm-up) only ``auto`` with the progress objective checkpoints, at
+    ``knobs.PLAN_WARMUP_CHECKPOINT_STEPS`` (:attr:`warming_up`: the session skips one that would wait
+    for a persist in flight); the other policies wait. Each ``observe`` reads the
     profile (step time, stall, persist, interference, restore) and the loss trace; it re-plans
     from the current step when there is no plan yet, when a cost moved by more than
     ``knobs.PLAN_REPLAN_COST_CHANGE``, when the fitted progress weight moved by more than
@@ -675,9 +710,9 @@ class PlanningPolicy:
         self.restart_seconds = None if restart_seconds is None else _seconds(restart_seconds, "restart_seconds", positive=False)
         self.failures = _failure_model(failures, self.policy != "checkfreq", self.policy)
         self.plan: Plan | None = None
-        self._steps: frozenset[int] = frozenset()
+        self._steps: frozenset[int] = self._warmup_steps()
         self._basis: tuple[float, float, float] | None = None
-        self._fit: CurveFit | None = None
+        self._fit: ProgressCurve | None = None
         self._fit_family: str | None = None
         self._origin: int | None = None
         self._horizon: int | None = None
@@ -689,6 +724,13 @@ class PlanningPolicy:
 
     def should_checkpoint(self, step: int) -> bool:
         return step in self._steps
+
+    @property
+    def warming_up(self) -> bool:
+        """True before the first plan: a due checkpoint is then a warm-up one
+        (``knobs.PLAN_WARMUP_CHECKPOINT_STEPS``), which the session skips rather than wait for a
+        persist still in flight (costs are not known yet, so the gap may be shorter than a persist)."""
+        return self.plan is None
 
     def observe(self, observation: Observation) -> None:
         profile = observation.profile
@@ -708,7 +750,7 @@ class PlanningPolicy:
         last_checkpoint = max((s for s in observation.checkpoint_steps if s <= now), default=0)
 
         grew = self._checkfreq_grow(observation, cost, step_seconds)
-        curve = self._curve(observation)
+        curve = self._curve(observation, fallbacks)
         reasons = self._moved(basis, curve, now, horizon, grew)
         if not reasons:
             return
@@ -769,6 +811,17 @@ class PlanningPolicy:
 
     # -- internals -----------------------------------------------------------------------------
 
+    @property
+    def _weights_progress(self) -> bool:
+        return self.policy == "auto" and self.objective == "progress"
+
+    def _warmup_steps(self) -> frozenset[int]:
+        """Checkpoints before the first plan (see ``knobs.PLAN_WARMUP_CHECKPOINT_STEPS``)."""
+        if not self._weights_progress:
+            return frozenset()
+        end = self.total_steps if self.total_steps is not None else math.inf
+        return frozenset(int(s) for s in knobs.PLAN_WARMUP_CHECKPOINT_STEPS if 1 <= s < end)
+
     def _horizon_for(self, now: int) -> int | None:
         if self.total_steps is not None:
             return self.total_steps if now < self.total_steps else None
@@ -796,29 +849,51 @@ class PlanningPolicy:
                 fallbacks.append("restart_seconds unknown: assumed 0 (changes expected costs, not the plan)")
         return max(float(stall), floor), max(float(persist), floor), max(interference, 0.0), max(float(restart), 0.0)
 
-    def _curve(self, observation: Observation) -> CurveFit | None:
-        """The fit of the loss trace so far. Until the fitter finds it usable (``FIT_MIN_POINTS``
-        points that fall), ``plan`` falls back to the time-optimal plan. Even a fit of the first few
-        dozen steps is used: measured on GPT-2 and synthetic curves, waiting for the trace to cover
-        1% of the horizon lost more (the steepest, most valuable stretch passes meanwhile) than the
-        extrapolation error cost."""
-        needs = self.policy == "coci" or (self.policy == "auto" and self.objective == "progress")
-        if not needs or observation.losses.size < 2:
+    def _curve(self, observation: Observation, fallbacks: list[str]) -> ProgressCurve | None:
+        """The fit of the loss trace so far, or (``auto``) the prior while the trace is too short.
+
+        A trace with fewer than ``knobs.FIT_MIN_POINTS`` points (but at least one) gets
+        :data:`PRIOR_PROGRESS_RATE` for ``auto``; a longer one its fit, which ``plan`` turns into the
+        time-optimal plan when the fitter finds it unusable (flat, rising). Even a fit of the first
+        few dozen steps is used: measured on GPT-2 and synthetic curves, waiting for the trace to
+        cover 1% of the horizon lost more (the steepest, most valuable stretch passes meanwhile)
+        than the extrapolation error cost."""
+        needs = self.policy == "coci" or self._weights_progress
+        points = int(np.count_nonzero(np.isfinite(np.asarray(observation.losses, dtype=float))))
+        if not needs or points == 0:
+            return None
+        if self._weights_progress and knobs.PLAN_PRIOR_ENABLED and points < knobs.FIT_MIN_POINTS:
+            fallbacks.append(
+                f"loss trace has {points} point(s), fewer than {knobs.FIT_MIN_POINTS} to fit: planned with "
+                f"the prior progress rate {PRIOR_PROGRESS_RATE.description}"
+            )
+            return PRIOR_PROGRESS_RATE
+        if points < 2:
             return None
         return fit_curve(np.asarray(observation.loss_steps, dtype=float), np.asarray(observation.losses, dtype=float))
 
     @staticmethod
-    def _probe(fit: CurveFit | None, now: int, horizon: int) -> np.ndarray | None:
-        """The fit's progress weight (whole-run normalisation, as planned) at 17 remaining steps."""
-        if fit is None or not fit.usable:
+    def _family(curve: ProgressCurve | None) -> str | None:
+        if curve is None or isinstance(curve, CurveFit):
+            return None if curve is None else curve.family
+        return "prior"
+
+    @staticmethod
+    def _probe(curve: ProgressCurve | None, now: int, horizon: int) -> np.ndarray | None:
+        """The curve's progress weight (whole-run normalisation, as planned) at 17 remaining steps."""
+        if curve is None or (isinstance(curve, CurveFit) and not curve.usable):
             return None
-        rates = fit.progress_rate(np.linspace(now, horizon, 17))
-        mean, _ = _mean_rate(fit, fit.progress_rate, horizon, [])
+        fit = curve if isinstance(curve, CurveFit) else None
+        rate = curve.progress_rate if isinstance(curve, CurveFit) else curve
+        rates = rate(np.linspace(now, horizon, 17))
+        mean, _ = _mean_rate(fit, rate, horizon, [])
         if mean is None or not np.all(np.isfinite(rates)):
             return None
         return rates / mean
 
-    def _moved(self, basis: tuple[float, float, float], fit: CurveFit | None, now: int, horizon: int, grew: bool) -> list[str]:
+    def _moved(
+        self, basis: tuple[float, float, float], fit: ProgressCurve | None, now: int, horizon: int, grew: bool
+    ) -> list[str]:
         if self.plan is None or self._basis is None:
             return ["first plan"]
         reasons = []
@@ -830,7 +905,7 @@ class PlanningPolicy:
             for name, new, old in zip(("step time", "checkpoint cost", "persist"), basis, self._basis):
                 if abs(new - old) > knobs.PLAN_REPLAN_COST_CHANGE * max(abs(old), 1e-12):
                     reasons.append(f"{name} {old:.3g} -> {new:.3g} s")
-            family = None if fit is None else fit.family
+            family = self._family(fit)
             if family != self._fit_family:
                 reasons.append(f"fit {self._fit_family} -> {family}")
             else:
@@ -849,11 +924,13 @@ class PlanningPolicy:
                         reasons.append(f"progress weight moved by {change:.0%}")
         return reasons
 
-    def _install(self, new_plan: Plan, basis: tuple[float, float, float], fit: CurveFit | None, now: int, horizon: int) -> None:
+    def _install(
+        self, new_plan: Plan, basis: tuple[float, float, float], fit: ProgressCurve | None, now: int, horizon: int
+    ) -> None:
         self.plan = new_plan
         self._steps = frozenset(new_plan.steps)
         self._basis = basis
-        self._fit_family = None if fit is None else fit.family
+        self._fit_family = self._family(fit)
         self._fit = fit
         self._horizon = horizon
         self.replans += 1

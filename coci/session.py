@@ -147,6 +147,7 @@ class Session:
         self._error: BaseException | None = None
         self._stall_pending: PendingCheckpoint | None = None
         self._stall_seconds = 0.0
+        self._stalled_total = 0.0  # every stall of this process (the warm-up bet's budget)
         self._observed_at = -1
         self._written_plan: Any = None
         self._closed = False
@@ -192,6 +193,7 @@ class Session:
         if self._stall_pending is not None:
             stalled = self._stall_pending
             self._profiler.record_stall(self._stall_seconds, stalled.nbytes)
+            self._stalled_total += self._stall_seconds
             self.events.emit("stall", step=stalled.step, seconds=self._stall_seconds, bytes=stalled.nbytes)
             self._stall_pending = None
         self._profiler.step(loss)
@@ -204,7 +206,12 @@ class Session:
         self._poll_persist()
         if self._should_observe():
             self._observe()
-        pending = self.checkpoint() if due or self.policy.should_checkpoint(self._steps) else None
+        pending = None
+        if due or self.policy.should_checkpoint(self._steps):
+            if self._warmup_skipped():
+                logger.debug("warm-up checkpoint at step %d skipped (persist in flight or stall budget)", self._steps)
+            else:
+                pending = self.checkpoint()
         self._raise_error()  # last, so a caller that catches it has a consistent session
         return pending
 
@@ -449,8 +456,22 @@ class Session:
         if self._dist is None and self._planning_affordable():  # distributed: ranks finish at
             self._observe()  # different steps, so they re-plan at the (collective) step cadence
 
+    def _warmup_skipped(self) -> bool:
+        """A planning policy's warm-up checkpoint (before its first plan, with no costs measured:
+        :attr:`PlanningPolicy.warming_up`) is a bet on the prior, so it is bounded: it never waits
+        for the previous persist, and it is skipped while this process's stalls exceed
+        ``knobs.PLAN_WARMUP_STALL_FRACTION`` of its wall time. The bet costs at most one stall plus
+        that fraction of the warm-up."""
+        if not getattr(self.policy, "warming_up", False):
+            return False
+        pending = self._checkpointer.pending
+        if pending is not None and not pending.done():
+            return True
+        elapsed = self._clock() - self._started
+        return self._stalled_total > knobs.PLAN_WARMUP_STALL_FRACTION * elapsed
+
     def _should_observe(self) -> bool:
-        if self._observed_at < 0:
+        if self._observed_at < 0 or getattr(self.policy, "warming_up", False):  # not planned yet
             return self._profiler.steps >= knobs.PLAN_WARMUP_STEPS
         due = self._steps - self._observed_at >= knobs.OBSERVE_EVERY_STEPS
         return due and (self._dist is not None or self._planning_affordable())

@@ -59,7 +59,9 @@ so the planner sees only the past. When it observes (``cadence``):
 
 * ``"session"`` (default): the session's own cadence (``Session._poll_persist`` /
   ``_should_observe``): once at warm-up (``knobs.PLAN_WARMUP_STEPS``), after **every** commit, and
-  ``knobs.OBSERVE_EVERY_STEPS`` steps after the last observation; after warm-up, each only while
+  ``knobs.OBSERVE_EVERY_STEPS`` steps after the last observation (as in the session, the profile
+  has no step time during the profiler's warm-up, ``profiler.knobs.WARMUP_STEPS``, so an observation
+  after a warm-up checkpoint's commit plans nothing and is not charged); after warm-up, each only while
   re-planning so far has cost at most ``knobs.PLANNING_TIME_FRACTION`` of the job's wall time. The
   replay does not time the planner (that would make schedules machine-dependent): each observation
   is charged ``plan_seconds`` of wall time (default ``knobs.SIMULATE_PLAN_SECONDS``, 0.3 s: a refit
@@ -516,6 +518,7 @@ def online_schedule(
     """
     from coci.policy import Observation
     from profiler import Estimate, Profile
+    from profiler import knobs as profiler_knobs
     from profiler.loss_trace import LossTrace
 
     job = job if isinstance(job, Job) else Job.of(job)
@@ -542,10 +545,13 @@ def online_schedule(
     fed = 0
     ratio = job.slowdown
 
+    timed_from = profiler_knobs.WARMUP_STEPS + 1  # the profiler times no step of its warm-up
+
     def profile(now: int) -> Profile:
         return Profile(
             steps=now,
-            step_seconds=Estimate(value=job.step_seconds, count=now),
+            step_seconds=Estimate(value=job.step_seconds, count=now - profiler_knobs.WARMUP_STEPS)
+            if now >= timed_from else Estimate(),
             stall_seconds=Estimate(value=job.stall_seconds, count=1),
             persist_seconds=Estimate(value=job.persist_seconds, count=1),
             interference=Estimate(value=ratio, count=1),
@@ -560,6 +566,13 @@ def online_schedule(
     observations = 0
     planning_seconds = 0.0
 
+    def warmup_skipped(step: int) -> bool:  # Session._warmup_skipped on the failure-free timeline
+        if not getattr(policy, "warming_up", False):
+            return False
+        stalled = len(taken) * job.stall_seconds
+        elapsed = step * job.step_seconds + stalled + planning_seconds
+        return pending_commit is not None or stalled > knobs.PLAN_WARMUP_STALL_FRACTION * elapsed
+
     def affordable(step: int) -> bool:  # Session._planning_affordable on the failure-free timeline
         elapsed = step * job.step_seconds + len(taken) * checkpoint_cost + planning_seconds
         return planning_seconds <= knobs.PLANNING_TIME_FRACTION * elapsed
@@ -569,7 +582,7 @@ def online_schedule(
         if committed:
             pending_commit = None
         planned = policy.should_checkpoint(step)  # asked before any re-plan at this step, as the session does
-        if observed_at < 0:
+        if observed_at < 0 or getattr(policy, "warming_up", False):  # not planned yet
             due = step >= knobs.PLAN_WARMUP_STEPS or (cadence == "session" and committed and affordable(step))
         elif cadence == "session":  # Session._poll_persist, then Session._should_observe
             due = (committed or step - observed_at >= every) and affordable(step)
@@ -587,8 +600,9 @@ def online_schedule(
             )
             observed_at = step
             observations += 1
-            planning_seconds += plan_cost
-        if step < job.total_steps and (planned or policy.should_checkpoint(step)):
+            if step >= timed_from:  # before, a planning policy has no step time and returns at once
+                planning_seconds += plan_cost
+        if step < job.total_steps and (planned or policy.should_checkpoint(step)) and not warmup_skipped(step):
             taken.append(step)
             pending_commit = step + commit_lag
     return np.asarray(taken, dtype=np.int64), observations

@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 
+from coci import knobs
 from coci.errors import ConfigError
 from coci.failures import Failures
 from coci.fit import fit_curve
-from coci.planner import POLICIES, Plan, PlanningPolicy, make_policy, plan
+from coci.planner import POLICIES, PRIOR_PROGRESS_RATE, Plan, PlanningPolicy, make_policy, plan
 from coci.policy import CheckpointPolicy, Observation
 from profiler import Estimate, Profile
 
@@ -204,17 +205,56 @@ def observation(at: int, trace: np.ndarray | None = None, checkpoints=(), **cost
     )
 
 
-def test_planning_policy_waits_for_warm_up_then_plans() -> None:
+def test_planning_policy_checkpoints_on_doublings_during_warm_up_then_plans() -> None:
     pol = make_policy("auto", failures=BASE["failures"], total_steps=20_000, restart_seconds=None,
                       objective="progress", time_budget=0.05, max_overhead=None)
     assert isinstance(pol, CheckpointPolicy)
-    assert pol.plan is None and not any(pol.should_checkpoint(s) for s in range(1, 2000))
+    assert pol.plan is None
+    assert [s for s in range(1, 2000) if pol.should_checkpoint(s)] == list(knobs.PLAN_WARMUP_CHECKPOINT_STEPS)
     pol.observe(observation(500))
     assert pol.plan is not None and pol.plan.inputs.start_step == 500
     assert pol.plan.inputs.restart_seconds == 30.0  # measured restore
     assert all(s > 500 for s in pol.plan.steps)
     planned = set(pol.plan.steps)
     assert {s for s in range(1, 20_000) if pol.should_checkpoint(s)} == planned
+
+
+@pytest.mark.parametrize(
+    ("policy", "objective"), [("auto", "time"), ("young", "progress"), ("checkfreq", "progress"), ("coci", "progress")]
+)
+def test_only_progress_weighting_checkpoints_before_its_first_plan(policy: str, objective: str) -> None:
+    pol = make_policy(policy, failures=BASE["failures"], total_steps=20_000, objective=objective)
+    assert not any(pol.should_checkpoint(s) for s in range(1, 2000))
+    short = make_policy("auto", failures=BASE["failures"], total_steps=5)  # warm-up steps inside the run only
+    assert [s for s in range(1, 6) if short.should_checkpoint(s)] == [1, 2, 4]
+
+
+def test_a_short_trace_plans_with_the_prior_and_a_fit_replaces_it() -> None:
+    pol = make_policy("auto", failures=BASE["failures"], total_steps=20_000, restart_seconds=60.0)
+    sparse = np.array([9.0, 6.0, 5.0])  # e.g. validation losses: 3 points, too few to fit
+    pol.observe(Observation(step=300, profile=profile(steps=300), loss_steps=np.array([1.0, 100.0, 200.0]),
+                            losses=sparse))
+    prior = pol.plan
+    assert prior.inputs.curve == PRIOR_PROGRESS_RATE.description and prior.objective == "progress"
+    assert any("prior" in note for note in prior.fallbacks)
+    # the prior front-loads: shorter intervals early than Young's, longer late
+    young = plan("young", **{**BASE, "start_step": 300})
+    gaps = np.diff(prior.steps)
+    assert gaps[:5].mean() < np.diff(young.steps).mean() < gaps[-5:].mean()
+    # the same plan plan() makes from the prior callable
+    direct = plan("auto", curve=PRIOR_PROGRESS_RATE, **{**BASE, "start_step": 300, "restart_seconds": 60.0})
+    assert direct.steps == prior.steps
+    pol.observe(observation(600))  # enough points: the fit replaces the prior
+    assert pol.replans == 2 and pol.plan.fit is not None and pol.plan.fit.usable
+
+
+def test_a_flat_trace_or_no_loss_gets_no_prior() -> None:
+    pol = make_policy("auto", failures=BASE["failures"], total_steps=20_000, restart_seconds=60.0)
+    pol.observe(observation(300, trace=np.full(300, 2.5)))
+    assert pol.plan.objective == "time" and pol.plan.inputs.curve != PRIOR_PROGRESS_RATE.description
+    silent = make_policy("auto", failures=BASE["failures"], total_steps=20_000, restart_seconds=60.0)
+    silent.observe(observation(300, trace=np.zeros(0)))
+    assert silent.plan.objective == "time"
 
 
 def test_planning_policy_replans_only_when_something_moved() -> None:

@@ -328,3 +328,71 @@ def test_progress_events_bound_what_a_crash_loses(tmp_path: Path) -> None:
     session.close()
     progress = [e["step"] for e in coci.events.read_events(tmp_path) if e["event"] == "progress"]
     assert progress == [10, 20, 30]
+
+
+def _auto_session(tmp_path: Path, now: list[float]) -> coci.Session:
+    return coci.Session(tmp_path, {"w": torch.zeros(4)}, policy="auto", mtbf="8h", total_steps=1000,
+                        clock=lambda: now[0])
+
+
+def _commit(session: coci.Session) -> None:
+    if session._checkpointer.pending is not None:
+        session._checkpointer.pending.upload_completion.exception()
+
+
+def test_auto_checkpoints_on_doublings_before_its_first_plan(tmp_path: Path) -> None:
+    """Before the first plan (no costs measured, no fit) auto bets on the steep start of training:
+    checkpoints at 1, 2, 4, 8, 16; the first plan (once the profiler times steps) replaces them."""
+    now = [0.0]
+    session = _auto_session(tmp_path, now)
+    for step in range(1, 41):
+        now[0] += 1.0
+        session.step(10.0 / step)
+        _commit(session)  # persists commit before the next step
+    session.close()
+    warm = [s for s in session.checkpoint_steps if s <= 16]
+    assert warm == [1, 2, 4, 8, 16]
+    assert session.plan is not None and session.plan.inputs.start_step <= 20
+
+
+def test_warmup_checkpoints_never_wait_for_a_persist_and_respect_the_stall_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a persist held in flight: the warm-up checkpoints at 2 and 4 are skipped, not waited for
+    released = __import__("threading").Event()
+    real_write = storage._write_file
+
+    def held_write(path, payload, fault_point=None):
+        released.wait(5)  # a regression that waits fails after 5 s instead of hanging
+        return real_write(path, payload, fault_point)
+
+    monkeypatch.setattr(storage, "_write_file", held_write)
+    now = [0.0]
+    session = _auto_session(tmp_path / "held", now)
+    for step in range(1, 9):
+        now[0] += 1.0
+        if step == 6:
+            released.set()
+            _commit(session)
+        session.step(1.0)
+    session.close()
+    assert session.checkpoint_steps[:2] == (1, 8)
+
+    # a checkpoint that stalls training 2 s against 1 s steps: after the first, the stalls exceed 10%
+    # of the wall time at every later warm-up step, so the bet stops at one checkpoint
+    monkeypatch.setattr(storage, "_write_file", real_write)
+    now = [0.0]
+    session = _auto_session(tmp_path / "dear", now)
+    start = session._checkpointer.start
+
+    def dear_start(*args, **kwargs):
+        now[0] += 2.0
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(session._checkpointer, "start", dear_start)
+    for _ in range(17):
+        now[0] += 1.0
+        session.step(1.0)
+        _commit(session)
+    session.close()
+    assert [s for s in session.checkpoint_steps if s <= 16] == [1]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from pydantic import PrivateAttr
 
+from coci import knobs
 from coci.errors import ConfigError
 from coci.failures import Failures
 from coci.fit import CurveFit
@@ -209,7 +210,11 @@ def test_online_auto_plans_from_the_curve_prefix_and_checkfreq_grows() -> None:
     offline = plan("auto", curve=(steps, losses), **job)
     online = simulate(offline, trials=300, seed=0, online=True, curve=(steps, losses))
     assert online.online and online.replans >= 8
-    assert online.steps != offline.steps and min(online.steps) > 20  # nothing before warm-up
+    assert online.steps != offline.steps
+    # before the first plan only warm-up checkpoints (doublings), skipped while a persist is in flight
+    # (P = 8 s = 4 steps) or the stalls exceed 10% of the wall time (C = 3 s against 2 s steps)
+    warm = [s for s in online.steps if s <= 20]
+    assert set(warm) <= set(knobs.PLAN_WARMUP_CHECKPOINT_STEPS) and warm[0] == 1 and 2 not in warm
     young = simulate(plan("young", **job), trials=300, seed=0, curve=(steps, losses))
     # online auto still weights: shorter intervals early, longer late
     intervals = np.diff(online.steps)
@@ -375,7 +380,8 @@ def test_online_replanning_keeps_most_of_the_offline_cut_on_a_decaying_curve() -
     Scored in expected-cost terms (coci.objective) under the true empirical weight. With the old
     normalisation (each re-plan normalised the weight over the remaining steps) online auto
     checkpointed densely at the front of every re-plan and the benchmark found it worse than Young
-    in all 24 cells; here it keeps 78% (the first re-plans see only a few dozen steps of the curve)."""
+    in all 24 cells; here it keeps 93% without the warm-up checkpoints and 78% with them (a bet that
+    loses on this job: C = 1.5 step times, and w is only about 5 at the start)."""
     from coci.objective import expected_failures
     from coci.simulate import online_schedule
 
@@ -399,5 +405,7 @@ def test_online_replanning_keeps_most_of_the_offline_cut_on_a_decaying_curve() -
     online_cut = 1 - cost["online"].progress_seconds / cost["young"].progress_seconds
     assert offline_cut > 0.08
     assert online_cut >= 0.7 * offline_cut
-    # and within the run's time budget: the budget applies to the whole run, not to each re-plan
-    assert cost["online"].wall_seconds <= 1.06 * cost["young"].wall_seconds
+    # and within the run's time budget (the budget applies to the whole run, not to each re-plan),
+    # plus the warm-up bet: at most one stall (3 s) per warm-up checkpoint taken
+    warmup = sum(1 for s in online if s < knobs.PLAN_WARMUP_STEPS)
+    assert cost["online"].wall_seconds <= 1.06 * cost["young"].wall_seconds + warmup * 3.0
