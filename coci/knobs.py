@@ -188,6 +188,11 @@ PLAN_WARMUP_STALL_FRACTION: float = 0.1
 #: all keeps the time objective; a trace the fitter finds flat or rising drops the prior.
 PLAN_PRIOR_ENABLED: bool = True
 
+#: A loss observed positive is taken never to fall below 0: the planner's curve stops falling where
+#: the fitted law crosses 0 (short noisy traces extrapolate to negative asymptotes). False: the law
+#: as fitted.
+PLAN_NONNEGATIVE_LOSS: bool = True
+
 #: Stall assumed, in step times, before any stall has been measured or probed (recorded as a
 #: fallback in the plan); the first checkpoint then measures it.
 PLAN_ASSUMED_STALL_STEPS: float = 1.0

@@ -518,6 +518,13 @@ def _observed_past_rate(
     if first is None or first_loss is None:
         return rate
     first = float(first)
+    floor = _loss_floor(fit)
+    if floor is not None:
+        unfloored = rate
+
+        def rate(steps: np.ndarray) -> np.ndarray:  # the fitted law stops falling at the floor
+            s = np.asarray(steps, dtype=float)
+            return np.where(fit.loss(s) > floor, unfloored(s), 0.0)
 
     def from_first(steps: np.ndarray) -> np.ndarray:  # before the first observed step: its rate
         return rate(np.maximum(np.asarray(steps, dtype=float), first))
@@ -533,6 +540,17 @@ def _observed_past_rate(
         return np.where(s < start, average, rate(np.maximum(s, first)))
 
     return hybrid
+
+
+def _loss_floor(fit: CurveFit) -> float | None:
+    """0 when the loss is positive where it was observed (cross-entropy, MSE, any norm): a law
+    extrapolated below 0 (a short, noisy trace fitted with a negative asymptote) would put most of
+    the run's progress in the future and flatten the weight; the planner's curve stops at 0 instead
+    (``knobs.PLAN_NONNEGATIVE_LOSS``). None otherwise."""
+    if not knobs.PLAN_NONNEGATIVE_LOSS or fit.first_loss is None or fit.last_step is None:
+        return None
+    observed = fit.loss(np.array([float(fit.last_step)]))[0]
+    return 0.0 if fit.first_loss > 0 and observed > 0 else None
 
 
 def _mean_rate(
@@ -552,7 +570,9 @@ def _mean_rate(
         origin = max(0.0, float(fit.first_step))
         windowed = fit.window_start is not None and fit.window_start > origin + 1.0
         level = float(fit.first_loss) if windowed else float(fit.loss(np.array([origin]))[0])
-        drop = level - float(fit.loss(np.array([float(total_steps)]))[0])
+        end = float(fit.loss(np.array([float(total_steps)]))[0])
+        floor = _loss_floor(fit)
+        drop = level - (end if floor is None else max(end, floor))
         if not (drop > 0 and math.isfinite(drop)):
             drop = None
     if drop is None and fit is not None and fit.window_start is not None and fit.window_start < total_steps:
