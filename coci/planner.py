@@ -37,7 +37,10 @@ revealed) is time-consistent with the offline plan:
 * while the loss trace holds fewer than ``knobs.FIT_MIN_POINTS`` points ``auto`` plans with the
   prior progress rate :data:`PRIOR_PROGRESS_RATE` (equal loss decrease per doubling of the step
   count); a trace the fitter finds flat or rising, or a run that records no loss, gets the
-  time-optimal plan (Young/Daly generalised to the hazard); each recorded in ``fallbacks``.
+  time-optimal plan (Young/Daly generalised to the hazard); each recorded in ``fallbacks``;
+* a loss observed positive never falls below 0 in the planner's curve (``knobs.PLAN_NONNEGATIVE_LOSS``):
+  early, noisy fits often extrapolate to a negative asymptote, which would put most of the run's
+  progress in the future and flatten the weight.
 
 Open-ended runs (``total_steps=None`` in the session) are planned over
 ``max(knobs.PLAN_DEFAULT_HORIZON_STEPS, 2 * current step)`` steps and re-planned over a doubled
