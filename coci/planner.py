@@ -897,9 +897,9 @@ class PlanningPolicy:
 
     @staticmethod
     def _family(curve: ProgressCurve | None) -> str | None:
-        if curve is None or isinstance(curve, CurveFit):
-            return None if curve is None else curve.family
-        return "prior"
+        if curve is None:
+            return None
+        return curve.family if isinstance(curve, CurveFit) else "prior"
 
     @staticmethod
     def _probe(curve: ProgressCurve | None, now: int, horizon: int) -> np.ndarray | None:
