@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import coci  # noqa: E402
-from coci.snapshot import CopyJob  # noqa: E402
+from coci.checkpoint.snapshot import CopyJob  # noqa: E402
 from common import (  # noqa: E402
     adam_stack,
     copy_all,
@@ -53,12 +53,12 @@ class FenceMode:
 
     When the checkpointer in this tree already does it (``PendingCheckpoint.job`` exists) the
     benchmark measures it as is. Otherwise ``--preview-steal`` wraps ``Checkpointer.start`` /
-    ``fence`` with exactly the change proposed for ``coci/checkpointer.py`` (see benchmarks/README.md)
+    ``fence`` with exactly the change proposed for ``coci/checkpoint/checkpointer.py`` (see benchmarks/README.md)
     and alternates it with the current behaviour (the fence waits for the worker's future).
     """
 
     def __init__(self, preview: bool) -> None:
-        from coci import checkpointer
+        from coci.checkpoint import checkpointer
 
         self.native = "job" in checkpointer.PendingCheckpoint.__init__.__code__.co_varnames
         self.steal = self.native

@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import coci  # noqa: E402
-from coci.snapshot import CopyJob, StagingArena  # noqa: E402
+from coci.checkpoint.snapshot import CopyJob, StagingArena  # noqa: E402
 from common import median, pair_ratios, remove, scratch_dir, verdict  # noqa: E402
 
 THROUGHPUT_GOAL = 0.8

@@ -38,7 +38,8 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
 
     sys.path.insert(0, str(REPO))
     import coci
-    from coci import distributed, storage
+    from coci import distributed
+    from coci.checkpoint import storage
 
     torch.set_num_threads(1)
     use_dist = "RANK" in os.environ

@@ -8,7 +8,7 @@ of 20 equal chunks of the last 10% (forecast at each chunk's mean step); validat
 compared point by point.
 
 Rows: each family fitted globally (``window=False``), each family with the recent-window refit, and
-the chosen fit (``coci.fit.fit_curve`` with defaults). Columns: median and p90 of the per-curve
+the chosen fit (``coci.planning.fit.fit_curve`` with defaults). Columns: median and p90 of the per-curve
 error, and how many curves got a usable fit. The goal is a median <= 0.03 nats for the chosen fit.
 
 Run from the repository root::
@@ -29,7 +29,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coci.fit import FAMILIES, fit_curve  # noqa: E402
+from coci.planning.fit import FAMILIES, fit_curve  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "external-data" / "modded-nanogpt"
 FORECAST_FRACTION = 0.10

@@ -11,7 +11,7 @@ against the page-cache ``dd``.
 Part 2: a 2-thread training loop runs while the same bytes are persisted by (a) a thread in this
 process (coci's design) or (b) a child process started once, writing from a shared-memory arena
 (torch ``share_memory_``) on request; each with O_DIRECT (coci's default) and through the page cache
-(``knobs.WRITE_DIRECT = False``). Both run the real ``coci.storage.write_checkpoint``. Printed per
+(``knobs.WRITE_DIRECT = False``). Both run the real ``coci.checkpoint.storage.write_checkpoint``. Printed per
 variant: persist seconds, median step time while the persist is in flight / clean step time, and the
 training seconds lost per persist (sum over in-flight steps of step - clean median).
 
@@ -35,9 +35,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import coci  # noqa: E402
-from coci import knobs, storage  # noqa: E402
+from coci import knobs  # noqa: E402
+from coci.checkpoint import storage  # noqa: E402
 from coci.events import read_events  # noqa: E402
-from coci.snapshot import StagingArena  # noqa: E402
+from coci.checkpoint.snapshot import StagingArena  # noqa: E402
 from common import adam_stack, median, pair_ratios, raw_write, remove, scratch_dir, spread, verdict  # noqa: E402
 
 GOAL = 0.85
@@ -107,7 +108,7 @@ def _child(arena: torch.Tensor, nbytes: int, root: str, direct: bool, requests: 
     torch.set_num_threads(1)
     knobs.WRITE_DIRECT = direct
     payload = memoryview(arena.numpy())[:nbytes]
-    slots = [coci.snapshot.TensorSlot(torch.uint8, (nbytes,), 0, nbytes)]
+    slots = [coci.checkpoint.snapshot.TensorSlot(torch.uint8, (nbytes,), 0, nbytes)]
     while (step := requests.get()) is not None:
         began = time.perf_counter()
         storage.write_checkpoint(Path(root), step, payload, slots, None, epoch=None, state_keys=["arena"])
@@ -118,7 +119,7 @@ def _child(arena: torch.Tensor, nbytes: int, root: str, direct: bool, requests: 
 class ThreadPersist:
     def __init__(self, arena: torch.Tensor, nbytes: int, root: Path) -> None:
         self.payload = memoryview(arena.numpy())[:nbytes]
-        self.slots = [coci.snapshot.TensorSlot(torch.uint8, (nbytes,), 0, nbytes)]
+        self.slots = [coci.checkpoint.snapshot.TensorSlot(torch.uint8, (nbytes,), 0, nbytes)]
         self.root = root
         self.seconds = 0.0
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from coci.failures import Failures
-from coci.fit import CurveFit, fit_curve
-from coci.planner import plan
+from coci.planning.failures import Failures
+from coci.planning.fit import CurveFit, fit_curve
+from coci.planning.planner import plan
 
 GOAL_MS = 50.0
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "external-data" / "modded-nanogpt"

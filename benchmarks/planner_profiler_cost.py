@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import coci  # noqa: E402
-from coci.failures import Failures  # noqa: E402
+from coci.planning.failures import Failures  # noqa: E402
 from common import remove, scratch_dir, verdict  # noqa: E402
 from plan_speed import CURVE, JOB, timed  # noqa: E402
 from profiler_overhead import _loop_seconds, _noop, per_step_microseconds  # noqa: E402

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import coci  # noqa: E402
-from coci import storage  # noqa: E402
+from coci.checkpoint import storage  # noqa: E402
 from common import adam_stack, drop_page_cache, median, pair_ratios, raw_read, remove, scratch_dir, spread, verdict  # noqa: E402
 
 GOAL = 1.3

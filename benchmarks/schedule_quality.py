@@ -1,7 +1,7 @@
 """Schedule quality: what each checkpoint policy really costs, simulated with confidence intervals
 (profiler -> **plan** -> snapshot -> persist -> **report**).
 
-Every policy plans the same job and :func:`coci.simulate.simulate` replays it under failures (the
+Every policy plans the same job and :func:`coci.analysis.simulate.simulate` replays it under failures (the
 same failure draws for every policy: common random numbers, so the paired differences are tight).
 
 The job: 48 h of training in ``N = 20,000`` steps (8.64 s each); a loss curve of any length is
@@ -20,7 +20,7 @@ mapped onto those steps by its fraction of the run (its first point at step 1, i
   5% time budget), auto (pure progress: no budget); the frontier adds auto at budgets 0, 0.02, 0.10.
 
 Each plan sees the whole curve (offline, an oracle fit); the *true* progress weight that scores lost
-work is the empirical slope of the curve itself (:func:`coci.simulate.empirical_progress_rate`, no
+work is the empirical slope of the curve itself (:func:`coci.analysis.simulate.empirical_progress_rate`, no
 fitted law), so no plan is scored by its own model. Online: auto (default) re-derived by replaying
 the planning policy step by step as the session drives it (it sees only the loss prefix; observed
 with ``--cadence session``, the default, as :class:`coci.Session` does: at warm-up, after every
@@ -48,10 +48,10 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from coci.failures import Failures
-from coci.fit import fit_curve
-from coci.planner import plan
-from coci.simulate import empirical_progress_rate, ratio_change, simulate
+from coci.planning.failures import Failures
+from coci.planning.fit import fit_curve
+from coci.planning.planner import plan
+from coci.analysis.simulate import empirical_progress_rate, ratio_change, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "external-data" / "modded-nanogpt"

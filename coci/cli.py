@@ -1,9 +1,9 @@
 """The ``coci`` command line: plan, simulate, report, list and verify (the edges of the flow).
 
 profiler -> plan -> snapshot -> persist -> report. Each sub-command is a thin layer over the
-library: ``coci plan`` calls :func:`coci.planner.plan`, ``coci simulate`` :func:`coci.simulate`,
-``coci report`` :func:`coci.report.report`, ``coci ls`` and ``coci verify``
-:func:`coci.verify.verify_run`.
+library: ``coci plan`` calls :func:`coci.planning.planner.plan`, ``coci simulate`` :func:`coci.simulate`,
+``coci report`` :func:`coci.analysis.report.report`, ``coci ls`` and ``coci verify``
+:func:`coci.checkpoint.verify.verify_run`.
 
 Exit codes: 0 success; 1 ``coci verify`` found a corrupt checkpoint; 2 bad input or an unreadable
 run (one line on stderr, ``coci: error: ...``, never a traceback). ``--help`` works everywhere.
@@ -94,7 +94,7 @@ def _headerless(columns: dict[str, Any]) -> bool:
 
 
 def _failures(args: argparse.Namespace) -> Any:
-    from coci.failures import Failures
+    from coci.planning.failures import Failures
 
     if args.failure_log is not None:
         if args.mtbf is not None:
@@ -134,13 +134,13 @@ def _plan_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _policies(name: str) -> list[str]:
-    from coci.planner import POLICIES
+    from coci.planning.planner import POLICIES
 
     return list(POLICIES) if name == "all" else [name]
 
 
 def _make_plans(args: argparse.Namespace) -> list[Any]:
-    from coci.planner import plan
+    from coci.planning.planner import plan
 
     kwargs = _plan_kwargs(args)
     return [plan(name, **kwargs) for name in _policies(args.policy)]
@@ -165,7 +165,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _describe_plan(plan: Any) -> str:
-    from coci.report import _seconds, _step_list
+    from coci.analysis.report import _seconds, _step_list
 
     inputs = plan.inputs
     lines = [
@@ -226,23 +226,15 @@ def _plans_table(plans: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def _simulate_function() -> Any:
-    from coci.report import _simulator
-
-    simulate = _simulator()
-    if simulate is None:
-        raise ConfigError("coci simulate needs coci.simulate, which this installation does not have yet")
-    return simulate
-
-
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from coci.report import PolicyRow, _simulated_into
+    from coci.analysis.report import PolicyRow, _simulated_into
 
     if args.trials < 1:
         raise ConfigError(f"trials must be a positive integer, got {args.trials}")
-    simulate = _simulate_function()
+    from coci.analysis.simulate import simulate
+
     plans = _make_plans(args)
     failures = plans[0].inputs.failures
     if failures is None:
@@ -279,7 +271,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from coci.report import report
+    from coci.analysis.report import report
 
     result = report(args.run_dir, simulate_trials=args.trials, seed=args.seed)
     if args.json:
@@ -294,9 +286,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from coci import storage
-    from coci.report import _bytes
-    from coci.verify import verify_run
+    from coci.checkpoint import storage
+    from coci.analysis.report import _bytes
+    from coci.checkpoint.verify import verify_run
 
     root = Path(args.run_dir)
     if not root.is_dir():
@@ -325,7 +317,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from coci.verify import verify_run
+    from coci.checkpoint.verify import verify_run
 
     statuses = verify_run(args.run_dir)
     committed = [s for s in statuses if s.committed]
@@ -357,7 +349,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
-    from coci.planner import OBJECTIVES, POLICIES
+    from coci.planning.planner import OBJECTIVES, POLICIES
 
     group = parser.add_argument_group("job and failure model (durations: seconds, or '8h', '45m', '250ms')")
     group.add_argument("--mtbf", help="mean time between failures of the job, e.g. 8h (exponential failures)")
@@ -404,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dir", help="run directory written by coci.Session")
     rep.add_argument("--out", help="directory for the report files (default: the run directory)")
     rep.add_argument("--no-files", action="store_true", help="print only; write nothing")
-    rep.add_argument("--trials", type=int, default=None, help="simulated runs per policy for the CIs when coci.simulate exists (0: expected values)")
+    rep.add_argument("--trials", type=int, default=None, help="simulated runs per policy for the CIs (0: expected values)")
     rep.add_argument("--seed", type=int, default=0, help="random seed of the simulation (default 0)")
     rep.add_argument("--json", action="store_true", help="print report.json instead of the summary")
     rep.set_defaults(handler=_cmd_report)

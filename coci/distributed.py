@@ -64,9 +64,10 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 
-from coci import __version__, knobs, storage
+from coci import __version__, knobs
+from coci.checkpoint import storage
 from coci.errors import CorruptCheckpointError, PersistError
-from coci.tree import unflatten
+from coci.checkpoint.tree import unflatten
 
 logger = logging.getLogger(__name__)
 

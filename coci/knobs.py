@@ -7,7 +7,7 @@ a :class:`coci.Session`. Sections are owned by the module named in their heading
 
 from __future__ import annotations
 
-# --- snapshot / persist (coci.snapshot, coci.storage, coci.checkpointer) -------------------------
+# --- snapshot / persist (coci.checkpoint.snapshot, coci.checkpoint.storage, coci.checkpoint.checkpointer) -------------------------
 
 #: Byte alignment of every tensor inside the staging arena and the data file. 64 covers every
 #: dtype's alignment and a cache line.
@@ -83,7 +83,7 @@ OBSERVE_EVERY_STEPS: int = 500
 #: order is never turned into one big list, so resuming near an epoch's end costs what starting does.
 LOADER_INDEX_CHUNK: int = 4096
 
-# --- fit (coci.fit) --------------------------------------------------------------------------------
+# --- fit (coci.planning.fit) --------------------------------------------------------------------------------
 
 #: Fewest finite loss points a convergence fit is attempted on (fewer: fallback "too few points").
 FIT_MIN_POINTS: int = 6
@@ -114,7 +114,7 @@ FIT_MIN_DROP_SIGMA: float = 3.0
 #: ... and by more than this fraction of the loss level.
 FIT_MIN_DROP_RELATIVE: float = 1e-3
 
-# --- planner (coci.objective, coci.policies, coci.exact, coci.planner) ----------------------------
+# --- planner (coci.planning.objective, coci.planning.formulas, coci.planning.planner) ----------------------------
 
 #: Horizons up to this many steps are modelled with one cost cell per step (exact per-step hazard
 #: and weight); longer ones with a linear + log-spaced grid of integer-step cells.

@@ -34,8 +34,9 @@ from typing import Any
 
 import torch
 
-from coci import distributed, knobs, rng_state, storage
-from coci.checkpointer import Checkpointer, PendingCheckpoint, PersistResult
+from coci import distributed, knobs
+from coci.checkpoint import rng_state, storage
+from coci.checkpoint.checkpointer import Checkpointer, PendingCheckpoint, PersistResult
 from coci.errors import (
     CheckpointError,
     ConfigError,
@@ -45,9 +46,9 @@ from coci.errors import (
     StateMismatchError,
 )
 from coci.events import EventLog
-from coci.policy import AtSteps, CheckpointPolicy, EveryN, Observation
-from coci.stateful import is_stateful, validate_state
-from coci.tree import own_storage, unflatten
+from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
+from coci.checkpoint.stateful import is_stateful, validate_state
+from coci.checkpoint.tree import own_storage, unflatten
 from profiler import Profiler
 
 logger = logging.getLogger(__name__)
@@ -540,7 +541,7 @@ def _tensor_bytes(state: Mapping[str, Any]) -> int:
 def _resolve_policy(policy: Any, **planning: Any) -> CheckpointPolicy:
     """Turn the ``policy`` argument into a CheckpointPolicy (strings go to the planner)."""
     if isinstance(policy, str):
-        from coci.planner import make_policy  # the planner is only needed for planning policies
+        from coci.planning.planner import make_policy  # the planner is only needed for planning policies
 
         failures = _failures(planning.pop("mtbf"), planning.pop("failures"))
         return make_policy(policy, failures=failures, **planning)
@@ -576,6 +577,6 @@ def _failures(mtbf: Any, failures: Any) -> Any:
         raise ConfigError("pass either mtbf= or failures=, not both")
     if mtbf is None:
         return failures
-    from coci.failures import Failures
+    from coci.planning.failures import Failures
 
     return Failures.exponential(mtbf=mtbf)

@@ -255,7 +255,7 @@ def read_steps(path: Path) -> dict[int, list[tuple[int, str]]]:
 
 
 def last_commit(run_dir: Path) -> int:
-    from coci import storage
+    from coci.checkpoint import storage
 
     committed = storage.committed_steps(storage.checkpoints_dir(run_dir))
     return committed[-1][0] if committed else 0
@@ -376,29 +376,10 @@ def summary_lines(run_dir: Path, outcome: RunOutcome) -> list[str]:
     return lines
 
 
-def report_function() -> Any:
-    """``coci.report`` (function) when the report module has landed, else None."""
-    import importlib
-
+def print_report(run_dir: Path) -> None:
     import coci
 
-    candidate = getattr(coci, "report", None)
-    if callable(candidate):
-        return candidate
-    try:
-        module = importlib.import_module("coci.report")
-    except ImportError:
-        return None
-    candidate = getattr(module, "report", None)
-    return candidate if callable(candidate) else None
-
-
-def print_report(run_dir: Path) -> None:
-    report = report_function()
-    if report is None:
-        print("(coci.report is not available: summary above is from events.jsonl)")
-        return
-    result = report(run_dir)
+    result = coci.report(run_dir)
     print(result.summary())
     result.write(run_dir)
 

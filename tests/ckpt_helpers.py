@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 import coci
-from coci import storage
+from coci.checkpoint import storage
 
 
 def build_state(seed: int = 0, width: int = 8) -> dict[str, Any]:

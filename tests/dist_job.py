@@ -35,7 +35,8 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import coci  # noqa: E402
-from coci import knobs, storage  # noqa: E402
+from coci import knobs  # noqa: E402
+from coci.checkpoint import storage  # noqa: E402
 
 SAMPLES = 48
 BATCH = 4

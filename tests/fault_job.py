@@ -12,7 +12,7 @@ and is killed with SIGKILL by itself at a chosen instant:
 
 * ``copy:K``      inside the K-th snapshot copy of this process (``CopyJob.run_cpu`` is wrapped:
                   half the fenced tensors copied, then SIGKILL);
-* ``point:P:K``   at the K-th time this process reaches commit point P of ``coci.storage``
+* ``point:P:K``   at the K-th time this process reaches commit point P of ``coci.checkpoint.storage``
                   (``mid_write`` after the first 4 KiB chunk of data.bin, ``before_manifest``,
                   ``before_rename`` after the fsyncs, ``after_rename`` before the parent fsync,
                   ``after_commit``, ``retention`` between the hiding rename and the delete);
@@ -27,7 +27,7 @@ file (manifest or data) is appended to ``reads.txt``; losses go to ``losses_<pid
 run saves ``final.pt``.
 
 The campaign (:func:`run_campaign`) kills children, restarts them and after every kill checks:
-every committed checkpoint verifies (``coci.verify.verify_run``); at least one committed checkpoint
+every committed checkpoint verifies (``coci.checkpoint.verify.verify_run``); at least one committed checkpoint
 remains once one was committed, and no committed step older than the newest ``commit`` event is
 the newest (a committed checkpoint is never lost); the restart restores exactly the newest
 committed step (its ``restore`` event in ``events.jsonl``), even with a valid-looking decoy
@@ -75,7 +75,8 @@ def run_job(run_dir: str, steps: int, every: int, kill: str | None = None, sabot
     import torch
 
     import coci
-    from coci import knobs, snapshot, storage
+    from coci import knobs
+    from coci.checkpoint import snapshot, storage
 
     sys.path.insert(0, str(HERE))
     from train_job import build, data
@@ -128,7 +129,7 @@ def run_job(run_dir: str, steps: int, every: int, kill: str | None = None, sabot
 def _sabotage(kind: str | None, storage: Any) -> None:
     import re
 
-    from coci import rng_state
+    from coci.checkpoint import rng_state
 
     if kind == "read_tmp":
         storage._STEP_DIR = re.compile(r"^step_(\d+)(?:\.tmp)?$")
@@ -205,7 +206,8 @@ def serve() -> None:
     import torch
 
     import coci  # noqa: F401
-    from coci import snapshot, storage  # noqa: F401
+    from coci.checkpoint import storage  # noqa: F401
+    from coci.checkpoint import snapshot
 
     torch.use_deterministic_algorithms(True)  # imports torch's compiler stack once, in the server
     sys.path.insert(0, str(HERE))
@@ -300,7 +302,7 @@ class CampaignResult:
 
 def committed(run_dir: Path) -> list[int]:
     """Committed steps as a reader sees them (``step_<n>`` directories holding a manifest)."""
-    from coci import storage
+    from coci.checkpoint import storage
 
     return [step for step, _ in storage.committed_steps(storage.checkpoints_dir(run_dir))]
 
@@ -448,7 +450,7 @@ def _observe(run_dir: Path) -> _Before:
 
 def _plant_decoy(run_dir: Path, newest: int) -> Path | None:
     """Copy the newest committed checkpoint to a newer ``step_<n>.tmp`` (valid inside): never to be read."""
-    from coci import storage
+    from coci.checkpoint import storage
 
     if not newest:
         return None
@@ -489,7 +491,7 @@ def _check_restart(run_dir: Path, before: _Before, new_events: list[dict[str, An
 
 
 def _check_after_kill(run_dir: Path, before: _Before, kill: str | None) -> list[str]:
-    from coci.verify import verify_run
+    from coci.checkpoint.verify import verify_run
 
     problems = []
     where = f"{run_dir.name} (after kill {kill})"

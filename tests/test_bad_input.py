@@ -20,8 +20,8 @@ from ckpt_helpers import build_state, make_run
 
 import coci
 from coci import ConfigError, StateError, StateMismatchError
-from coci.failures import Failures
-from coci.planner import plan
+from coci.planning.failures import Failures
+from coci.planning.planner import plan
 
 PLAN_ARGS: dict[str, Any] = dict(
     failures="8h", total_steps=1000, step_seconds=0.25, stall_seconds=0.4, persist_seconds=6.0

@@ -14,8 +14,9 @@ import torch
 from ckpt_helpers import build_state, events_of, load_manifest_json, make_run, restore_fresh, step_dir, write_manifest_json
 
 import coci
-from coci import CorruptCheckpointError, storage
-from coci.verify import CheckpointStatus, verify_run
+from coci import CorruptCheckpointError
+from coci.checkpoint import storage
+from coci.checkpoint.verify import CheckpointStatus, verify_run
 
 
 @pytest.fixture(scope="module")

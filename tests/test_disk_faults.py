@@ -24,8 +24,8 @@ import torch
 from ckpt_helpers import build_state, events_of, restore_fresh
 
 import coci
-from coci import storage
-from coci.verify import verify_run
+from coci.checkpoint import storage
+from coci.checkpoint.verify import verify_run
 
 MESSAGES = {errno.ENOSPC: "No space left on device", errno.EIO: "Input/output error"}
 

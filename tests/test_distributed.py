@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coci import storage
+from coci.checkpoint import storage
 from coci.distributed import checkpoint_format, read_dcp_manifest, verify_dcp_checkpoint
 
 JOB = Path(__file__).with_name("dist_job.py")

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from coci.errors import ConfigError
-from coci.exact import constrained_optimum, optimal_steps
-from coci.failures import Failures
-from coci.objective import ExpectedFailures, build_cost_model, expected_failures
-from coci.policies import auto_steps, min_interval_steps, periodic_steps, young_interval_seconds
+from exact_optimum import constrained_optimum, optimal_steps
+from coci.planning.failures import Failures
+from coci.planning.objective import ExpectedFailures, build_cost_model, expected_failures
+from coci.planning.formulas import auto_steps, min_interval_steps, periodic_steps, young_interval_seconds
 
 
 def decaying_rate(s: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from coci.errors import ConfigError
-from coci.failures import Failures
+from coci.planning.failures import Failures
 
 
 # --- exponential ---------------------------------------------------------------------------------

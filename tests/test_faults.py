@@ -15,8 +15,8 @@ import pytest
 
 from fault_job import ForkServer, compare_final, committed, events, run_campaign
 
-from coci import storage
-from coci.verify import verify_run
+from coci.checkpoint import storage
+from coci.checkpoint.verify import verify_run
 
 STEPS, EVERY = 40, 3
 REQUIRED_KINDS = {"copy", "mid_write", "before_rename", "after_rename", "retention", "time"}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from coci.errors import ConfigError
-from coci.fit import CurveFit, fit_coci_exponential, fit_curve
+from coci.planning.fit import CurveFit, fit_coci_exponential, fit_curve
 
 STEPS = np.arange(1, 8001, dtype=float)
 

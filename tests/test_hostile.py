@@ -23,7 +23,7 @@ import torch
 from ckpt_helpers import build_state, events_of, load_manifest_json, make_run, step_dir, write_manifest_json
 
 import coci
-from coci.verify import verify_run
+from coci.checkpoint.verify import verify_run
 
 
 class Payload:

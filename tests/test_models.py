@@ -161,7 +161,7 @@ def test_recorded_curve_is_real_and_falls_with_diminishing_returns(name: str) ->
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_recorded_curve_is_usable_by_the_fit(name: str) -> None:
-    fit_curve = pytest.importorskip("coci.fit").fit_curve
+    fit_curve = pytest.importorskip("coci.planning.fit").fit_curve
     steps, losses = read_curve(name)
     fit = fit_curve(steps, losses)
     assert fit.usable, fit.fallback

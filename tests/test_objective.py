@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from coci.errors import ConfigError
-from coci.failures import Failures
-from coci.objective import (
+from coci.planning.failures import Failures
+from coci.planning.objective import (
     ExpectedFailures,
     build_cost_model,
     expected_failures,

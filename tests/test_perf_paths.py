@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from coci import knobs, storage
+from coci import knobs
+from coci.checkpoint import storage
 from coci.errors import CorruptCheckpointError
-from coci.snapshot import CopyJob, StagingArena, aligned_empty
+from coci.checkpoint.snapshot import CopyJob, StagingArena, aligned_empty
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,10 +9,10 @@ import pytest
 
 from coci import knobs
 from coci.errors import ConfigError
-from coci.failures import Failures
-from coci.fit import fit_curve
-from coci.planner import POLICIES, PRIOR_PROGRESS_RATE, Plan, PlanningPolicy, make_policy, plan
-from coci.policy import CheckpointPolicy, Observation
+from coci.planning.failures import Failures
+from coci.planning.fit import fit_curve
+from coci.planning.planner import POLICIES, PRIOR_PROGRESS_RATE, Plan, PlanningPolicy, make_policy, plan
+from coci.planning.policy import CheckpointPolicy, Observation
 from profiler import Estimate, Profile
 
 BASE = dict(
@@ -333,7 +333,7 @@ def test_unmeasured_costs_are_assumed_and_recorded() -> None:
 def test_a_fit_extrapolating_below_zero_stops_falling_at_zero() -> None:
     """A short noisy trace of a positive loss fitted with a negative asymptote would put most of the
     run's progress in the future (a flat weight); the planner's curve stops at 0 instead."""
-    from coci.planner import _mean_rate, _observed_past_rate
+    from coci.planning.planner import _mean_rate, _observed_past_rate
 
     steps = np.arange(1.0, 301.0)
     fit = fit_curve(steps, 2.0 - 0.004 * steps + np.random.default_rng(0).normal(0, 0.01, steps.size))

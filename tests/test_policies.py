@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from coci.failures import Failures
-from coci.objective import ExpectedFailures, build_cost_model, expected_failures
-from coci.policies import (
+from coci.planning.failures import Failures
+from coci.planning.objective import ExpectedFailures, build_cost_model, expected_failures
+from coci.planning.formulas import (
     auto_steps,
     checkfreq_interval,
     checkfreq_steps,
@@ -197,8 +197,8 @@ def test_auto_respects_persist_and_overhead_constraints() -> None:
 def test_refinement_reaches_the_exact_optimum_with_few_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a steep curve with few, long intervals the first-order density is off; refinement fixes it."""
     from coci import knobs
-    from coci.exact import optimal_steps
-    from coci.policies import place
+    from exact_optimum import optimal_steps
+    from coci.planning.formulas import place
 
     m = build_cost_model(
         total_steps=914, step_seconds=1.0, checkpoint_seconds=4.22, persist_seconds=8.2, restart_seconds=30.0,

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import coci
-from coci.failures import Failures
-from coci.planner import plan
+from coci.planning.failures import Failures
+from coci.planning.planner import plan
 
 PLAN_SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

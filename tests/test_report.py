@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import coci
-from coci import storage
+from coci.checkpoint import storage
 from coci.errors import ConfigError
 from coci.events import read_events
-from coci.planner import POLICIES, Plan, plan
-from coci.report import FIGURES, Report, ReportData, _restores, report
+from coci.planning.planner import POLICIES, Plan, plan
+from coci.analysis.report import FIGURES, Report, ReportData, _restores, report
 
 TOTAL_STEPS = 120
 CRASH_AT = 70

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import coci
-from coci import snapshot, storage
+from coci.checkpoint import snapshot, storage
 from coci.errors import ConfigError, CorruptCheckpointError, PersistError, StateError, StateMismatchError
 
 
@@ -116,7 +116,7 @@ def test_snapshot_isolation_under_a_slow_copy(tmp_path: Path, monkeypatch: pytes
     assert not states_equal(expected, model.state_dict())
     _, tensors = storage.load_checkpoint(tmp_path / "checkpoints" / "step_3")
     manifest = storage.read_manifest(tmp_path / "checkpoints" / "step_3")
-    tree = coci.tree.unflatten(manifest.skeleton, tensors)
+    tree = coci.checkpoint.tree.unflatten(manifest.skeleton, tensors)
     assert states_equal(tree["model"], expected)
     stall = [e for e in coci.events.read_events(tmp_path) if e["event"] == "snapshot_end"]
     assert stall and stall[0]["seconds"] >= 0.3
@@ -130,7 +130,7 @@ def test_buffers_changed_by_the_next_forward_do_not_leak_in(tmp_path: Path) -> N
     model(torch.randn(16, 8) + 5.0)  # a forward pass moves BatchNorm statistics before any opt.step
     session.close()
     manifest, tensors = storage.load_checkpoint(tmp_path / "checkpoints" / "step_2")
-    tree = coci.tree.unflatten(manifest.skeleton, tensors)
+    tree = coci.checkpoint.tree.unflatten(manifest.skeleton, tensors)
     assert torch.equal(tree["model"]["1.running_mean"], running_mean)
 
 

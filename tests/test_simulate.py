@@ -11,13 +11,13 @@ from pydantic import PrivateAttr
 
 from coci import knobs
 from coci.errors import ConfigError
-from coci.failures import Failures
-from coci.fit import CurveFit
-from coci.objective import ExpectedFailures, build_cost_model
-from coci.planner import Plan, PlanInputs, make_policy, plan
-from coci.policies import daly_interval_seconds
-from coci.policy import EveryN
-from coci.simulate import METRICS, SimulationResult, daly_expected_seconds, empirical_progress_rate, simulate
+from coci.planning.failures import Failures
+from coci.planning.fit import CurveFit
+from coci.planning.objective import ExpectedFailures, build_cost_model
+from coci.planning.planner import Plan, PlanInputs, make_policy, plan
+from coci.planning.formulas import daly_interval_seconds
+from coci.planning.policy import EveryN
+from coci.analysis.simulate import METRICS, SimulationResult, daly_expected_seconds, empirical_progress_rate, simulate
 
 NEVER = Failures.exponential(mtbf=1e15)
 
@@ -250,7 +250,7 @@ class RecordingEvery100:
 
 
 def test_replay_observes_after_each_commit_under_the_planning_time_cap() -> None:
-    from coci.simulate import online_schedule
+    from coci.analysis.simulate import online_schedule
 
     job = base_plan(total_steps=1000).inputs  # t = 1 s, S = 1 s, P = 5 s: a checkpoint at s commits at s + 5
     cheap = RecordingEvery100()
@@ -377,13 +377,13 @@ def test_plan_inputs_round_trip_in_the_result() -> None:
 def test_online_replanning_keeps_most_of_the_offline_cut_on_a_decaying_curve() -> None:
     """Issue 6: the plan re-derived as training reveals the curve keeps most of the offline cut.
 
-    Scored in expected-cost terms (coci.objective) under the true empirical weight. With the old
+    Scored in expected-cost terms (coci.planning.objective) under the true empirical weight. With the old
     normalisation (each re-plan normalised the weight over the remaining steps) online auto
     checkpointed densely at the front of every re-plan and the benchmark found it worse than Young
     in all 24 cells; here it keeps 93% without the warm-up checkpoints and 78% with them (a bet that
     loses on this job: C = 1.5 step times, and w is only about 5 at the start)."""
-    from coci.objective import expected_failures
-    from coci.simulate import online_schedule
+    from coci.planning.objective import expected_failures
+    from coci.analysis.simulate import online_schedule
 
     total = 2000
     steps = np.arange(1, total + 1, dtype=float)

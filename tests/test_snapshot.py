@@ -1,10 +1,10 @@
-"""coci.snapshot: aligned layout, buffer reuse, copies that are real copies."""
+"""coci.checkpoint.snapshot: aligned layout, buffer reuse, copies that are real copies."""
 
 from __future__ import annotations
 
 import torch
 
-from coci.snapshot import CopyJob, StagingArena, layout_bytes, plan_layout
+from coci.checkpoint.snapshot import CopyJob, StagingArena, layout_bytes, plan_layout
 
 
 def test_layout_is_aligned_and_disjoint() -> None:

@@ -1,4 +1,4 @@
-"""coci.storage: the commit protocol, verification, retention and refusal of bad files."""
+"""coci.checkpoint.storage: the commit protocol, verification, retention and refusal of bad files."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from coci import storage
+from coci.checkpoint import storage
 from coci.errors import CorruptCheckpointError
-from coci.snapshot import StagingArena
+from coci.checkpoint.snapshot import StagingArena
 
 
 def write(root: Path, step: int, tensors: list[torch.Tensor]) -> Path:

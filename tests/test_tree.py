@@ -1,4 +1,4 @@
-"""coci.tree: the JSON skeleton + tensor list round trip."""
+"""coci.checkpoint.tree: the JSON skeleton + tensor list round trip."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from coci.errors import StateError
-from coci.tree import flatten, unflatten
+from coci.checkpoint.tree import flatten, unflatten
 
 
 def roundtrip(obj):

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import coci  # noqa: E402
-from coci import storage  # noqa: E402
+from coci.checkpoint import storage  # noqa: E402
 
 
 def build(seed: int = 0, state_mb: float = 0.0) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:

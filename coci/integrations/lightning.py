@@ -80,7 +80,7 @@ except ImportError as exc:  # pragma: no cover - exercised only where lightning 
 
 import torch
 
-from coci import rng_state
+from coci.checkpoint import rng_state
 from coci.errors import ConfigError
 from coci.session import RestoreResult, Session
 

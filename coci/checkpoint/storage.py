@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coci import __version__, knobs
 from coci.errors import CorruptCheckpointError
-from coci.snapshot import TensorSlot, aligned_empty
+from coci.checkpoint.snapshot import TensorSlot, aligned_empty
 
 try:  # ISA-L's crc32 computes the same checksum as zlib's, ~5x faster (SIMD); optional
     from isal.isal_zlib import crc32 as _crc32

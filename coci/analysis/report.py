@@ -13,7 +13,7 @@ What it reads (every input is optional except the directory itself; what is miss
   is estimated from the profile's median stall (marked as estimated). A ``plan`` event that carries
   ``steps`` lets the report mark every checkpoint as planned or not; otherwise only checkpoints
   inside the final plan's span are marked and earlier ones show "earlier plan" (None).
-* ``plan.json``: the current :class:`coci.planner.Plan` (its inputs, fit, failure model, expected
+* ``plan.json``: the current :class:`coci.planning.planner.Plan` (its inputs, fit, failure model, expected
   costs, fallbacks).
 * ``profile.json``: the final :class:`profiler.Profile` (clean step time, stall, persist,
   interference).
@@ -23,7 +23,7 @@ What it reads (every input is optional except the directory itself; what is miss
   one; else the profiler's trace saved inside the newest committed checkpoint (only those arrays are
   read, by offset, without the checksum pass); else none, and the loss figure shows the fit alone.
 
-The policy comparison re-plans every policy of :data:`coci.planner.POLICIES` from step 0 with the
+The policy comparison re-plans every policy of :data:`coci.planning.planner.POLICIES` from step 0 with the
 final plan's measured inputs, failure model and fit ("what each policy would have planned, knowing
 what the run measured"). Its overheads are the planner's expected values, or Monte Carlo means with
 95% confidence intervals when :mod:`coci.simulate` is installed.
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import base64
 import html
-import importlib
 import io
 import json
 import logging
@@ -52,10 +51,12 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, Field
 
-from coci import knobs, storage
+from coci import knobs
+from coci.analysis.simulate import simulate as simulate_plan
+from coci.checkpoint import storage
 from coci.errors import ConfigError, CociError
 from coci.events import read_events
-from coci.planner import POLICIES, Plan
+from coci.planning.planner import POLICIES, Plan
 from coci.units import format_duration
 from profiler import Profile
 
@@ -400,7 +401,7 @@ def _loss_trace(root: Path, notes: list[str]) -> tuple[np.ndarray, np.ndarray, s
 
 def _trace_from_checkpoint(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
     """Read only the loss-trace arrays of a checkpoint's profiler state (by offset)."""
-    from coci.tree import unflatten
+    from coci.checkpoint.tree import unflatten
     from profiler.loss_trace import LossTrace
 
     manifest = storage.read_manifest(path)
@@ -437,18 +438,6 @@ def _array_indices(skeleton: Any) -> list[int]:
 # --- the policy comparison ---------------------------------------------------------------------
 
 
-def _simulator() -> Any:
-    """``coci.simulate.simulate`` when that module exists, else None."""
-    try:
-        module = importlib.import_module("coci.simulate")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("coci.simulate",):
-            return None
-        raise
-    function = getattr(module, "simulate", None)
-    return function if callable(function) else None
-
-
 def compare_policies(
     reference: Plan,
     *,
@@ -459,13 +448,13 @@ def compare_policies(
     """Plan every policy over the whole run from ``reference``'s inputs and fit; score each.
 
     Rows carry the expected overhead from the planner, replaced by Monte Carlo mean and 95% CI
-    when :mod:`coci.simulate` exists and ``trials > 0``.
+    when ``trials > 0``.
     """
-    from coci.planner import plan as make_plan
+    from coci.planning.planner import plan as make_plan
 
     inputs = reference.inputs
     curve = reference.fit if reference.fit is not None and reference.fit.usable else None
-    simulate = _simulator() if trials > 0 else None
+    simulate = simulate_plan if trials > 0 else None
     rows: list[PolicyRow] = []
     plans: dict[str, Plan] = {}
     for name in policies:
@@ -527,7 +516,7 @@ def _expected_row(planned: Plan, *, chosen: bool) -> PolicyRow:
 
 def _simulated_into(row: PolicyRow, simulate: Any, planned: Plan, failures: Any, trials: int, seed: int) -> None:
     """Replace the row's expected figures with the simulated means and 95% CIs of
-    :func:`coci.simulate.simulate` (its ``metrics``: ``wall_*`` / ``progress_*`` summaries)."""
+    :func:`coci.analysis.simulate.simulate` (its ``metrics``: ``wall_*`` / ``progress_*`` summaries)."""
     try:
         result = simulate(planned, failures=failures, trials=trials, seed=seed)
     except (CociError, ValueError) as exc:

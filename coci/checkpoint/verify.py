@@ -25,7 +25,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from coci import distributed, knobs, storage
+from coci import distributed, knobs
+from coci.checkpoint import storage
 from coci.errors import ConfigError, CorruptCheckpointError
 
 __all__ = ["CheckpointStatus", "verify_run"]

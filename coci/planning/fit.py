@@ -81,7 +81,7 @@ class CurveFit(BaseModel):
     forecasting the held-back tail, in standard errors (negative: falling faster than the law);
     ``last_step`` the last finite step seen; ``first_step`` / ``first_loss`` the first smoothed point
     of the trace (mean step and median loss of its first bin), from which the planner measures the
-    whole run's loss drop (:func:`coci.objective.whole_run_mean_rate`).
+    whole run's loss drop (:func:`coci.planning.objective.whole_run_mean_rate`).
     """
 
     model_config = ConfigDict(frozen=True)

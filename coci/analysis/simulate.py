@@ -2,7 +2,7 @@
 
 :func:`simulate` takes a :class:`coci.Plan` (or a checkpoint policy replayed online) and plays the
 job ``trials`` times against a failure model, counting what fault tolerance really cost: it is the
-ground truth the planner's first-order model (:mod:`coci.objective`) is checked against, and what the
+ground truth the planner's first-order model (:mod:`coci.planning.objective`) is checked against, and what the
 report and ``benchmarks/schedule_quality.py`` show with confidence intervals.
 
 The job (one trial)
@@ -33,7 +33,7 @@ Metrics, per trial
   checkpoints later lost), ``restart_seconds`` the restart time paid (including interrupted
   restarts), ``lost_seconds`` the progress re-executed (work since the last commit at each failure).
 * ``progress_seconds``: the planner's progress metric (the single definition in
-  :mod:`coci.objective`): checkpoint and restart seconds plus the lost work weighted by the progress
+  :mod:`coci.planning.objective`): checkpoint and restart seconds plus the lost work weighted by the progress
   weight ``w = v / v_bar`` of the *true* curve (``v_bar`` its mean over the whole run, step 0 to the
   horizon: the same normalisation as every plan, online re-plans included), i.e. ``W(failure) - W(rollback)``
   (``lost_progress_seconds``); ``progress_percent`` against the run.
@@ -77,7 +77,7 @@ schedule differs only through the rollback point).
 
 The true curve (``curve``): the progress weight of the metric. Per-step losses or ``(steps,
 losses)`` give an empirical rate (:func:`empirical_progress_rate`: no fitted law, so a plan is not
-scored by its own model); a :class:`coci.fit.CurveFit` or a callable ``v(steps)`` is used as given.
+scored by its own model); a :class:`coci.planning.fit.CurveFit` or a callable ``v(steps)`` is used as given.
 Without one, the plan's own fit is used, and without that both metrics coincide.
 """
 
@@ -96,10 +96,10 @@ from scipy import stats
 
 from coci import knobs
 from coci.errors import ConfigError
-from coci.failures import Failures
-from coci.fit import CurveFit
-from coci.objective import CostModel, ExpectedFailures, build_cost_model
-from coci.planner import Plan, PlanInputs, make_policy
+from coci.planning.failures import Failures
+from coci.planning.fit import CurveFit
+from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model
+from coci.planning.planner import Plan, PlanInputs, make_policy
 
 __all__ = [
     "CADENCES",
@@ -516,7 +516,7 @@ def online_schedule(
     ``observe_every`` steps, after a commit at most every ``min_gap`` steps); see the module
     docstring. The profile carries the job's costs as measured values.
     """
-    from coci.policy import Observation
+    from coci.planning.policy import Observation
     from profiler import Estimate, Profile
     from profiler import knobs as profiler_knobs
     from profiler.loss_trace import LossTrace
@@ -629,7 +629,7 @@ def simulate(
 
     Args:
         plan_or_policy: a :class:`coci.Plan` (its steps and recorded inputs), or a checkpoint
-            policy object (``should_checkpoint``/``observe``: :func:`coci.planner.make_policy`,
+            policy object (``should_checkpoint``/``observe``: :func:`coci.planning.planner.make_policy`,
             ``EveryN``, ...) replayed online; a policy needs ``job``.
         failures: the failure model that strikes (default: the plan's). A duration or number of
             seconds means an exponential MTBF.
@@ -783,7 +783,7 @@ def _online_policy(plan: Plan) -> Any:
 
 
 def _weight_function(rate: RateFunction | None, job: Job) -> Callable[[np.ndarray], np.ndarray]:
-    """``W(x)``: cumulative progress weight (s) at progress ``x`` (s), via :mod:`coci.objective`."""
+    """``W(x)``: cumulative progress weight (s) at progress ``x`` (s), via :mod:`coci.planning.objective`."""
     if rate is None:
         return lambda x: np.asarray(x, dtype=float)
     model: CostModel = build_cost_model(

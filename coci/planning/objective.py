@@ -1,6 +1,6 @@
 """The one definition of what a checkpoint plan costs (profiler -> **plan** -> snapshot -> persist -> report).
 
-The planner (:mod:`coci.policies`, :mod:`coci.planner`), the exact check (:mod:`coci.exact`) and
+The planner (:mod:`coci.planning.formulas`, :mod:`coci.planning.planner`), the exact check (:mod:`exact_optimum`) and
 the simulator all score a plan with the functions here, so "expected overhead" means the same thing
 everywhere.
 
@@ -38,7 +38,7 @@ before the plan, step 0 for a fresh run). With ``W`` the cumulative weight,
 "First order" means: failures during overhead (checkpoint stalls, restarts, re-executed work) are
 not counted and re-executed work does not shift later failures. This is Young's model generalised
 to a time-varying hazard and weight; it is accurate while ``M`` over an interval is small, and it is
-exactly what :mod:`coci.exact` minimises, so planner and DP agree on the objective. Checkpoints that
+exactly what :mod:`exact_optimum` minimises, so planner and DP agree on the objective. Checkpoints that
 do not commit before ``H`` still cost ``C``.
 
 Discretisation: :func:`build_cost_model` cuts ``[x0, H]`` into cells at integer steps (one per step

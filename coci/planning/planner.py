@@ -2,8 +2,8 @@
 (profiler -> **plan** -> snapshot -> persist -> report).
 
 :func:`plan` is the offline entry point (and what the CLI and the session call): it validates the
-inputs, fits the curve, builds the one cost model of :mod:`coci.objective`, runs the named policy
-of :mod:`coci.policies` and returns a :class:`Plan` with the steps, the expected costs under both
+inputs, fits the curve, builds the one cost model of :mod:`coci.planning.objective`, runs the named policy
+of :mod:`coci.planning.formulas` and returns a :class:`Plan` with the steps, the expected costs under both
 metrics and every fallback taken. :func:`make_policy` wraps it for :class:`coci.Session`: a
 :class:`PlanningPolicy` that plans after warm-up from the live profile and re-plans only when the
 measured costs or the fit move by more than a threshold.
@@ -13,7 +13,7 @@ Fallbacks (recorded in ``Plan.fallbacks``, never silent):
 * no curve, or a curve the fitter cannot use (too few points, loss not falling, ...) -> ``auto``
   uses the time objective; ``coci`` uses the time-optimal plan;
 * a restarting (non-memoryless) failure model -> the expected hazard of the renewal process (see
-  :mod:`coci.objective`), and ``young``/``daly``/``coci`` use the long-run rate ``1 / MTBF``;
+  :mod:`coci.planning.objective`), and ``young``/``daly``/``coci`` use the long-run rate ``1 / MTBF``;
 * ``coci``'s fitted loss running out of room before the horizon -> its last interval repeated;
 * online: no stall / persist / restart measured yet -> assumed values (knobs), re-planned once
   measured.
@@ -22,7 +22,7 @@ Re-planning online (``start_step > 0``, what :class:`PlanningPolicy` does as the
 revealed) is time-consistent with the offline plan:
 
 * the progress weight is normalised over the whole run, from the trace's first step to the horizon
-  (:mod:`coci.objective`), never over the remaining steps; before a recent-window fit's window the
+  (:mod:`coci.planning.objective`), never over the remaining steps; before a recent-window fit's window the
   rate is the observed average (the law is not extrapolated backwards);
 * the time budget belongs to the run: ``auto`` picks its mixture weight ``alpha`` on the whole run
   (from the fit's first step) under the current costs and fit, then plans the remaining steps with
@@ -60,10 +60,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from coci import knobs
 from coci.errors import ConfigError
-from coci.failures import Failures
-from coci.fit import CurveFit, fit_coci_exponential, fit_curve
-from coci.objective import CostModel, ExpectedFailures, build_cost_model, expected_failures, whole_run_mean_rate
-from coci.policies import (
+from coci.planning.failures import Failures
+from coci.planning.fit import CurveFit, fit_coci_exponential, fit_curve
+from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model, expected_failures, whole_run_mean_rate
+from coci.planning.formulas import (
     auto_steps,
     max_interval_steps,
     checkfreq_interval,
@@ -76,7 +76,7 @@ from coci.policies import (
     snap_to_steps,
     young_interval_seconds,
 )
-from coci.policy import Observation
+from coci.planning.policy import Observation
 from coci.units import parse_duration
 
 __all__ = [
@@ -141,7 +141,7 @@ class Plan(BaseModel):
     """A checkpoint plan: the steps, what they are expected to cost, and how they were chosen.
 
     ``expected`` holds the expected overhead of ``steps`` under the shared model of
-    :mod:`coci.objective`: ``wall_seconds`` (wall-clock), ``progress_seconds`` (progress-weighted),
+    :mod:`coci.planning.objective`: ``wall_seconds`` (wall-clock), ``progress_seconds`` (progress-weighted),
     their parts, ``wall_fraction`` of the run, and for ``auto`` the ``time_optimal_wall_seconds``
     and ``budget_wall_seconds`` the budget was measured against. ``mu`` is the mixture weight of
     ``auto`` (0: pure progress; None: pure time). ``details`` holds policy figures (intervals,
@@ -325,7 +325,7 @@ def plan(
         restart_seconds: cost of a restart (restore + relaunch), >= 0.
         interference_seconds: extra training time one background persist costs, >= 0; the
             checkpoint cost is ``C = stall + interference``.
-        curve: per-step losses, ``(steps, losses)``, a :class:`coci.fit.CurveFit`, or a callable
+        curve: per-step losses, ``(steps, losses)``, a :class:`coci.planning.fit.CurveFit`, or a callable
             ``v(steps)`` giving the progress rate directly. Needed by ``auto``'s progress
             objective and by ``coci``.
         objective: ``"progress"`` (default) or ``"time"`` (``auto`` only).
@@ -683,7 +683,7 @@ def make_policy(
     time_budget: float | None = 0.05,
     max_overhead: float | None = None,
 ) -> PlanningPolicy:
-    """The :class:`coci.policy.CheckpointPolicy` the session uses for a policy name."""
+    """The :class:`coci.planning.policy.CheckpointPolicy` the session uses for a policy name."""
     return PlanningPolicy(
         policy,
         failures=failures,

@@ -1,7 +1,7 @@
 """Exact numeric optimum of the checkpoint objective (profiler -> **plan** -> snapshot -> persist -> report).
 
 A dynamic program over step positions that minimises the same objective as the planner
-(:class:`coci.objective.CostModel`), used by the tests to validate ``auto`` and by benchmarks to
+(:class:`coci.planning.objective.CostModel`), used by the tests to validate ``auto`` and by benchmarks to
 report how far a heuristic is from optimal. It is O(N^2) in the number of steps, for small horizons
 (a few thousand steps).
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from coci.errors import ConfigError
-from coci.objective import CostModel, Overhead
+from coci.planning.objective import CostModel, Overhead
 
 __all__ = ["ConstrainedOptimum", "constrained_optimum", "optimal_steps"]
 

@@ -1,7 +1,7 @@
 """Checkpoint policies as pure functions (profiler -> **plan** -> snapshot -> persist -> report).
 
 Each policy turns cost figures, a failure model and (for the convergence-aware ones) a loss curve
-into checkpoint steps. :mod:`coci.planner` validates inputs, picks the policy by name and wraps the
+into checkpoint steps. :mod:`coci.planning.planner` validates inputs, picks the policy by name and wraps the
 result in a :class:`coci.Plan`; everything here is plain numbers and arrays.
 
 * ``young``: ``T = sqrt(2 C / lambda)``.
@@ -12,7 +12,7 @@ result in a :class:`coci.Plan`; everything here is plain numbers and arrays.
   snapshot stall and ``t_full = o + P``; after each checkpoint, if the measured overhead of the next
   ``k`` steps (``C / (k t)``) exceeds ``max_overhead`` (CheckFreq: 5%), ``k += 2`` (never back). It
   ignores the failure rate. Offline the growth is replayed from the known ``C``; online
-  (:class:`coci.planner.PlanningPolicy`) it runs from measurements.
+  (:class:`coci.planning.planner.PlanningPolicy`) it runs from measurements.
 * ``coci``: as COCI's code does it: ``L(t) = exp(theta1 t + theta2)`` with ``t`` in **minutes**,
   ``P_e = (1 - exp(theta1 C)) (1/(2 lambda) - 1/(2 theta1))`` (C in minutes, lambda per minute), and
   checkpoint ``k`` at ``L^-1(L_now - k P_e)``. Unit caveat: ``P_e`` has the unit of time (minutes)
@@ -49,7 +49,7 @@ import numpy as np
 from scipy.special import lambertw
 
 from coci import knobs
-from coci.objective import CostModel, mu_from_alpha
+from coci.planning.objective import CostModel, mu_from_alpha
 
 __all__ = [
     "AutoResult",
@@ -281,7 +281,7 @@ def refine(
 
     The first-order density is accurate when intervals are short against the scale on which the
     weight and hazard change; with few checkpoints on a steep curve it is not, and this pass closes
-    the gap to the exact optimum (the DP of :mod:`coci.exact`) for a fixed number of checkpoints.
+    the gap to the exact optimum (the DP of :mod:`exact_optimum`) for a fixed number of checkpoints.
     """
     steps = steps.astype(np.int64).copy()
     n = steps.size
@@ -407,7 +407,7 @@ def auto_steps(
        overhead wins. The end points and the final alpha also try ``m - 1`` and ``m + 1``
        segments (see :func:`place`).
 
-    ``alpha`` given (an online re-plan, see :func:`coci.planner.plan`): the mixture weight was
+    ``alpha`` given (an online re-plan, see :func:`coci.planning.planner.plan`): the mixture weight was
     chosen on the whole run; the plan minimises ``alpha J_p + (1 - alpha) J_t`` over the model's
     span (by the principle of optimality its tail is the tail of the whole run's plan), the time
     plan competing. ``max_steps`` is the longest interval (default :func:`max_interval_steps`; it

@@ -30,10 +30,10 @@ from typing import Any, Protocol
 
 import torch
 
-from coci import storage
+from coci.checkpoint import storage
 from coci.events import EventLog
-from coci.snapshot import CopyJob, StagingArena, layout_bytes
-from coci.tree import flatten
+from coci.checkpoint.snapshot import CopyJob, StagingArena, layout_bytes
+from coci.checkpoint.tree import flatten
 
 logger = logging.getLogger(__name__)
 
