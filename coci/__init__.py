@@ -8,7 +8,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"  # before the imports: coci.checkpoint.storage writes it into manifests
 
+from coci.analysis.report import Report, report
+from coci.analysis.simulate import SimulationResult, simulate
 from coci.checkpoint.checkpointer import PendingCheckpoint, PersistResult
+from coci.checkpoint.stateful import Stateful
+from coci.checkpoint.verify import CheckpointStatus, verify_run
 from coci.errors import (
     CheckpointError,
     CociError,
@@ -18,17 +22,13 @@ from coci.errors import (
     StateError,
     StateMismatchError,
 )
+from coci.loader import ResumableLoader, ResumableSampler
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit, fit_curve
-from coci.loader import ResumableLoader, ResumableSampler
 from coci.planning.planner import Plan, plan
-from coci.analysis.report import Report, report
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from coci.session import RestoreResult, Session
-from coci.analysis.simulate import SimulationResult, simulate
-from coci.checkpoint.stateful import Stateful
 from coci.units import parse_duration
-from coci.checkpoint.verify import CheckpointStatus, verify_run
 from profiler import Estimate, Profile
 
 __all__ = [

@@ -286,8 +286,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from coci.checkpoint import storage
     from coci.analysis.report import _bytes
+    from coci.checkpoint import storage
     from coci.checkpoint.verify import verify_run
 
     root = Path(args.run_dir)

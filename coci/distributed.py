@@ -66,8 +66,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coci import __version__, knobs
 from coci.checkpoint import storage
-from coci.errors import CorruptCheckpointError, PersistError
 from coci.checkpoint.tree import unflatten
+from coci.errors import CorruptCheckpointError, PersistError
 
 logger = logging.getLogger(__name__)
 

@@ -37,6 +37,8 @@ import torch
 from coci import distributed, knobs
 from coci.checkpoint import rng_state, storage
 from coci.checkpoint.checkpointer import Checkpointer, PendingCheckpoint, PersistResult
+from coci.checkpoint.stateful import is_stateful, validate_state
+from coci.checkpoint.tree import own_storage, unflatten
 from coci.errors import (
     CheckpointError,
     ConfigError,
@@ -47,8 +49,6 @@ from coci.errors import (
 )
 from coci.events import EventLog
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
-from coci.checkpoint.stateful import is_stateful, validate_state
-from coci.checkpoint.tree import own_storage, unflatten
 from profiler import Profiler
 
 logger = logging.getLogger(__name__)

@@ -54,7 +54,7 @@ from pydantic import BaseModel, Field
 from coci import knobs
 from coci.analysis.simulate import simulate as simulate_plan
 from coci.checkpoint import storage
-from coci.errors import ConfigError, CociError
+from coci.errors import CociError, ConfigError
 from coci.events import read_events
 from coci.planning.planner import POLICIES, Plan
 from coci.units import format_duration

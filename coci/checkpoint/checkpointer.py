@@ -31,9 +31,9 @@ from typing import Any, Protocol
 import torch
 
 from coci.checkpoint import storage
-from coci.events import EventLog
 from coci.checkpoint.snapshot import CopyJob, StagingArena, layout_bytes
 from coci.checkpoint.tree import flatten
+from coci.events import EventLog
 
 logger = logging.getLogger(__name__)
 

@@ -45,9 +45,7 @@ def validate_state(state: Mapping[str, Any]) -> dict[str, Any]:
             raise StateError(f"state keys must be non-empty strings, got {key!r}")
         if key.startswith(RESERVED_PREFIX):
             raise StateError(f"state[{key!r}]: keys starting with {RESERVED_PREFIX!r} are reserved")
-        if isinstance(value, Stateful) and not isinstance(value, (torch.Tensor, dict)):
-            checked[key] = value
-        elif isinstance(value, _PLAIN):
+        if isinstance(value, Stateful) and not isinstance(value, (torch.Tensor, dict)) or isinstance(value, _PLAIN):
             checked[key] = value
         else:
             raise StateError(

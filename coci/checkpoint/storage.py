@@ -38,8 +38,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coci import __version__, knobs
-from coci.errors import CorruptCheckpointError
 from coci.checkpoint.snapshot import TensorSlot, aligned_empty
+from coci.errors import CorruptCheckpointError
 
 try:  # ISA-L's crc32 computes the same checksum as zlib's, ~5x faster (SIMD); optional
     from isal.isal_zlib import crc32 as _crc32

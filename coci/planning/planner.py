@@ -62,20 +62,20 @@ from coci import knobs
 from coci.errors import ConfigError
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit, fit_coci_exponential, fit_curve
-from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model, expected_failures, whole_run_mean_rate
 from coci.planning.formulas import (
     auto_steps,
-    max_interval_steps,
     checkfreq_interval,
     checkfreq_steps,
     coci_expected_progress,
     coci_minutes,
     daly_interval_seconds,
+    max_interval_steps,
     min_interval_steps,
     periodic_steps,
     snap_to_steps,
     young_interval_seconds,
 )
+from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model, expected_failures, whole_run_mean_rate
 from coci.planning.policy import Observation
 from coci.units import parse_duration
 
