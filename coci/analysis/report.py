@@ -54,6 +54,7 @@ from pydantic import BaseModel, Field
 from coci import knobs
 from coci.analysis.simulate import simulate as simulate_plan
 from coci.checkpoint import storage
+from coci.checkpoint.tree import tensor_refs
 from coci.errors import CociError, ConfigError
 from coci.events import read_events
 from coci.planning.planner import POLICIES, Plan
@@ -413,7 +414,7 @@ def _trace_from_checkpoint(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
 
     tensors: list[Any] = [None] * len(manifest.tensors)
     with open(path / manifest.files[0].name, "rb") as handle:
-        for index in _array_indices(sub):
+        for index in _int_refs(sub):
             entry = manifest.tensors[index]
             handle.seek(entry.offset)
             raw = handle.read(entry.nbytes)
@@ -426,16 +427,11 @@ def _trace_from_checkpoint(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
     return trace.curve()
 
 
-def _array_indices(skeleton: Any) -> list[int]:
-    if isinstance(skeleton, dict):
-        found = [skeleton[k] for k in ("__ndarray__", "__tensor__") if isinstance(skeleton.get(k), int)]
-        return found + [i for v in skeleton.values() for i in _array_indices(v)]
-    if isinstance(skeleton, list):
-        return [i for v in skeleton for i in _array_indices(v)]
-    return []
-
-
 # --- the policy comparison ---------------------------------------------------------------------
+
+
+def _int_refs(skeleton: Any) -> list[int]:
+    return [ref for ref in tensor_refs(skeleton) if isinstance(ref, int)]
 
 
 def compare_policies(

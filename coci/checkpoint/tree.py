@@ -18,6 +18,7 @@ import torch
 from coci.errors import StateError
 
 _TAGS = frozenset({"__tensor__", "__ndarray__", "__tuple__", "__dict__", "__np__", "__dtype__"})
+_TENSOR_TAGS = ("__tensor__", "__ndarray__")
 
 
 def flatten(obj: Any, tensors: list[torch.Tensor], path: str = "state") -> Any:
@@ -78,6 +79,25 @@ def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
             raise StateError(f"unknown torch dtype {skeleton['__dtype__']!r} in checkpoint")
         return dtype
     return {k: unflatten(v, tensors) for k, v in skeleton.items()}
+
+
+def tensor_refs(skeleton: Any) -> list[Any]:
+    """The tensor placeholders' values of a skeleton, in the order :func:`flatten` appended the
+    tensors. Values are returned as found (an untrusted skeleton may hold anything there); an
+    iterative walk, so a deeply nested hostile skeleton cannot exhaust the stack."""
+    refs: list[Any] = []
+    stack: list[Any] = [skeleton]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(reversed(node))
+        elif isinstance(node, dict):
+            tags = [tag for tag in _TENSOR_TAGS if tag in node]
+            if tags:
+                refs.extend(node[tag] for tag in tags)
+                continue
+            stack.extend(reversed(list(node.values())))
+    return refs
 
 
 def own_storage(tree: Any) -> Any:
