@@ -1,5 +1,5 @@
-"""P1: how long a checkpoint blocks training (the snapshot stage of profiler -> plan -> **snapshot** ->
-persist -> report), against a plain ``copy_`` of the same bytes into preallocated tensors.
+"""P1: how long a checkpoint blocks training (the snapshot: state copied to host staging buffers),
+against a plain ``copy_`` of the same bytes into preallocated tensors.
 
 The stall of one checkpoint is what ``coci.Session`` itself records: the synchronous part of
 ``session.checkpoint()`` (state_dict, flatten, staging views, unfenced copies, hand-off to the

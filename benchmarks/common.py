@@ -1,5 +1,5 @@
-"""Shared helpers of the performance benchmarks (they measure every stage of
-profiler -> plan -> snapshot -> persist -> report against what the machine can physically do).
+"""Shared helpers of the performance benchmarks (they measure profiling, planning, snapshot,
+persist and restore against what the machine can physically do).
 
 A benchmark state of about ``--mb`` megabytes: a stack of square ``Linear`` layers trained with Adam
 (parameters + ``exp_avg`` + ``exp_avg_sq`` = 3x the parameter bytes, plus the tiny step counters),

@@ -1,5 +1,5 @@
-"""The CUDA snapshot path on a GPU (the snapshot stage of profiler -> plan -> **snapshot** -> persist ->
-report): device-to-host throughput against the pinned-copy limit, and the overlap with training.
+"""The CUDA snapshot path on a GPU: device-to-host throughput against the pinned-copy limit, and the
+overlap of the snapshot with training.
 
 * D2H throughput: ``StagingArena.prepare`` (pinned, allocated once) + ``CopyJob`` (fenced tensors
   copied with ``non_blocking=True`` on a side stream that first waits for the current stream; an

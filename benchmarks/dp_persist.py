@@ -1,7 +1,7 @@
 """Data-parallel persist: bytes written per rank and persist time, 2 ranks vs 1, the same state.
 
-Where it sits: the persist stage of profiler -> plan -> snapshot -> persist -> report, under
-``torch.distributed``. Every rank holds the same (replicated, as under DDP) ~``--mb`` MB state: a
+The persist (writing a staged checkpoint to disk and committing it) under ``torch.distributed``.
+Every rank holds the same (replicated, as under DDP) ~``--mb`` MB state: a
 stack of Linear(1024, 1024) layers with Adam (weights + exp_avg + exp_avg_sq). Three set-ups, each
 in fresh processes on localhost (gloo), each checkpointing the state ``--repeats`` times through
 ``coci.Session.checkpoint()`` and waiting for the commit:
@@ -38,8 +38,8 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
 
     sys.path.insert(0, str(REPO))
     import coci
-    from coci import distributed
-    from coci.checkpoint import storage
+    from coci.checkpoint import format
+    from coci.checkpoint.checkpointer import reader_for
 
     torch.set_num_threads(1)
     use_dist = "RANK" in os.environ
@@ -57,10 +57,8 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
     for _ in range(repeats):
         result = session.checkpoint().upload_completion.result()
         seconds.append(result.persist_seconds)
-        if distributed.checkpoint_format(result.path) == "dcp":
-            per_rank = distributed.read_dcp_manifest(result.path).bytes_per_rank
-        else:
-            per_rank = [storage.read_manifest(result.path).files[0].size]
+        record = reader_for(format.record_format(result.path), result.path).read_record(result.path)
+        per_rank = getattr(record, "bytes_per_rank", [entry.size for entry in record.files])
     session.close()
     slowest = seconds
     if use_dist:

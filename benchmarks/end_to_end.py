@@ -1,5 +1,5 @@
-"""P3: end-to-end overhead of coci on the reference workloads (the whole flow profiler -> plan ->
-snapshot -> persist -> report, in a real training loop).
+"""P3: end-to-end overhead of coci on the reference workloads (profiling, planning, snapshots and
+background persists, in a real training loop).
 
 For each workload of ``models.WORKLOADS`` (``mlp``, ``cnn``, ``gpt``), the same loop runs without
 coci and under ``coci.Session(policy="auto", mtbf=...)``, alternately (order flipped every pair);
@@ -12,7 +12,7 @@ bandwidth probe) is start-up and is timed separately.
 Batches are generated once before timing and cycled (identical in both arms), so the comparison
 is of training, not of the procedural data generation.
 
-MTBF, scaled to the run: DESIGN's example job takes 0.25 s steps with an 8 h MTBF, i.e. a failure
+MTBF, scaled to the run: the reference job takes 0.25 s steps with an 8 h MTBF, i.e. a failure
 every 115,200 steps; the same ratio of MTBF to step time is used here, from a step time measured
 in this run (``--mtbf-steps``). With the measured checkpoint cost the planner decides how often to
 checkpoint; the number of checkpoints and the planning time are printed.
@@ -45,7 +45,7 @@ from coci.events import read_events  # noqa: E402
 from common import median, pair_ratios, remove, scratch_dir, spread, verdict  # noqa: E402
 
 GOAL = 1.02
-#: DESIGN's example job: 0.25 s steps, MTBF 8 h -> 115,200 steps between failures.
+#: The reference job: 0.25 s steps, MTBF 8 h -> 115,200 steps between failures.
 DEFAULT_MTBF_STEPS = 8 * 3600 / 0.25
 
 

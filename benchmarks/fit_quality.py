@@ -1,4 +1,4 @@
-"""Forecast quality of the convergence fits on real GPT-2 loss curves (plan stage benchmark).
+"""Forecast quality of the convergence fits (the planner's loss-curve model) on real GPT-2 loss curves.
 
 For each real curve in ``../shared/external-data/modded-nanogpt/`` (the validation curves with at
 least ``--min-points`` points, and the three dense per-step training-loss runs), fit on the part of

@@ -1,8 +1,8 @@
 """Benchmark: restore-and-first-batch time of coci.ResumableLoader at an epoch's end vs its start.
 
-Where it sits: the resume half of persist (profiler -> plan -> snapshot -> **persist** -> report).
-A resumable loader that replays or spins through batches makes a restart near the end of a long
-epoch cost a whole epoch of data loading (trap 8 in ANCHORS); coci resumes by index arithmetic, so
+The data stream's part of a resume. A resumable loader that replays or spins through batches makes
+a restart near the end of a long epoch cost a whole epoch of data loading; coci resumes by index
+arithmetic (``coci/loader.py``: the order is regenerated from ``(seed, epoch)`` and sliced), so
 the goal is a ratio of about 1 between resuming at the last batch and at the first.
 
 Each timing builds a fresh loader, loads a state, and takes the first batch (the permutation of

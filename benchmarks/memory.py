@@ -1,4 +1,4 @@
-"""P6: memory of the snapshot and persist stages (profiler -> plan -> **snapshot -> persist** -> report).
+"""P6: memory of the snapshot and persist stages (host staging arena, RSS over many checkpoints).
 
 Part 1 (staging memory <= 1.1x state bytes): a ~500 MB Adam state; after the first checkpoint the
 staging arena's capacity / the state's tensor bytes, and the RSS growth the first checkpoint caused

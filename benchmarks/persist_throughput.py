@@ -1,5 +1,5 @@
 """P2: persist throughput against a raw write + fsync of the same bytes, and a thread-based persist
-against a process-based one (the persist stage of profiler -> plan -> snapshot -> **persist** -> report).
+against a process-based one (the persist: writing the staged checkpoint, fsync, commit).
 
 Part 1: ``coci.Session.checkpoint()`` of a ~500 MB Adam state, each awaited; throughput = bytes /
 the ``commit`` event's seconds (data file + checksum + fsync + manifest + directory fsyncs +
@@ -11,7 +11,7 @@ against the page-cache ``dd``.
 Part 2: a 2-thread training loop runs while the same bytes are persisted by (a) a thread in this
 process (coci's design) or (b) a child process started once, writing from a shared-memory arena
 (torch ``share_memory_``) on request; each with O_DIRECT (coci's default) and through the page cache
-(``knobs.WRITE_DIRECT = False``). Both run the real ``coci.checkpoint.storage.write_checkpoint``. Printed per
+(``knobs.WRITE_DIRECT = False``). Both run the real ``coci.checkpoint.local.write_checkpoint``. Printed per
 variant: persist seconds, median step time while the persist is in flight / clean step time, and the
 training seconds lost per persist (sum over in-flight steps of step - clean median).
 
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import coci  # noqa: E402
 from coci import knobs  # noqa: E402
-from coci.checkpoint import storage  # noqa: E402
+from coci.checkpoint import format, local  # noqa: E402
 from coci.events import read_events  # noqa: E402
 from coci.checkpoint.snapshot import StagingArena  # noqa: E402
 from common import adam_stack, median, pair_ratios, raw_write, remove, scratch_dir, spread, verdict  # noqa: E402
@@ -111,8 +111,8 @@ def _child(arena: torch.Tensor, nbytes: int, root: str, direct: bool, requests: 
     slots = [coci.checkpoint.snapshot.TensorSlot(torch.uint8, (nbytes,), 0, nbytes)]
     while (step := requests.get()) is not None:
         began = time.perf_counter()
-        storage.write_checkpoint(Path(root), step, payload, slots, None, epoch=None, state_keys=["arena"])
-        storage.apply_retention(Path(root), 1)
+        local.write_checkpoint(Path(root), step, payload, slots, None, epoch=None, state_keys=["arena"])
+        format.apply_retention(Path(root), 1)
         replies.put(time.perf_counter() - began)
 
 
@@ -126,8 +126,8 @@ class ThreadPersist:
     def start(self, step: int) -> threading.Thread:
         def work() -> None:
             began = time.perf_counter()
-            storage.write_checkpoint(self.root, step, self.payload, self.slots, None, epoch=None, state_keys=["arena"])
-            storage.apply_retention(self.root, 1)
+            local.write_checkpoint(self.root, step, self.payload, self.slots, None, epoch=None, state_keys=["arena"])
+            format.apply_retention(self.root, 1)
             self.seconds = time.perf_counter() - began
 
         thread = threading.Thread(target=work, name="coci-persist-bench")

@@ -1,14 +1,14 @@
-"""How fast coci plans, and what the plan buys (profiler -> **plan** -> snapshot -> persist -> report).
+"""How fast coci plans a checkpoint schedule, and what the plan buys against Young's interval.
 
 Part 1 (goal: planning 1,000,000 steps with ``auto`` takes <= 50 ms): times ``coci.plan`` for a
-1M-step horizon (DESIGN's example job: step 0.25 s, stall 0.4 s, persist 6 s, restart 60 s,
+1M-step horizon (the reference job: step 0.25 s, stall 0.4 s, persist 6 s, restart 60 s,
 MTBF 8 h, a power-law curve already fitted) for several policies and objectives, median of
 ``--repeats`` runs, and prints each time with its ratio to the goal.
 
 Part 2 (quality, same run): the expected overhead of ``auto`` against Young for the same job, and,
 when ``../shared/external-data/modded-nanogpt`` is present, on the three dense real GPT-2 training
-curves (the fit of the whole trace as the curve; each run stretched to 48 h of training, DESIGN's
-continuous-model costs: MTBF 8 h, stall 1.6 s, persist 30 s, restart 120 s).
+curves (the fit of the whole trace as the curve; each run stretched to 48 h of training, with
+costs MTBF 8 h, stall 1.6 s, persist 30 s, restart 120 s).
 
 Run: ``.venv/bin/python benchmarks/plan_speed.py``
 """
@@ -89,7 +89,7 @@ def quality() -> None:
             f"{young.expected['progress_seconds']:10.0f} {auto.expected['progress_seconds']:10.0f} {cut:7.1%} {mu:>6s}"
         )
 
-    row("DESIGN example (power curve, 1M)", failures=Failures.exponential("8h"), curve=CURVE, **JOB)
+    row("reference job (power curve, 1M)", failures=Failures.exponential("8h"), curve=CURVE, **JOB)
     if not (DATA / "mng_train_loss_dense.csv").is_file():
         print("(real GPT-2 curves skipped: ../shared/external-data is absent)")
         return

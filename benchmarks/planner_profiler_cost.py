@@ -1,7 +1,6 @@
-"""P5: what planning and profiling cost (the profiler -> plan stages of profiler -> plan -> snapshot ->
-persist -> report), reusing ``plan_speed.py`` and ``profiler_overhead.py`` (written with those stages).
+"""P5: what planning and profiling cost a job, reusing ``plan_speed.py`` and ``profiler_overhead.py``.
 
-* planning a 1,000,000-step horizon with ``policy="auto"`` (DESIGN's example job: MTBF 8 h, power
+* planning a 1,000,000-step horizon with ``policy="auto"`` (the reference job: MTBF 8 h, power
   curve), median of ``--repeats``; goal <= 50 ms;
 * ``Profiler.step(loss)`` per step (tensor loss, float loss), minus an empty loop; goal <= 50 us;
 * ``coci.Session.step(loss)`` per step on a loop that never checkpoints (profiler + policy check +

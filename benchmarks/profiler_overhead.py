@@ -1,4 +1,4 @@
-"""Benchmark: what the profiler (the first stage of profiler -> plan -> ...) costs a training step.
+"""Benchmark: what the profiler (step time, checkpoint costs, loss trace) costs a training step.
 
 Times ``Profiler.step(loss)`` with the real clock for a float loss, a CPU tensor loss (the output of
 an autograd op, as a training loop passes it; the batched materialisation every

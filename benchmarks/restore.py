@@ -1,5 +1,5 @@
-"""P4: restore-to-first-step against a raw read of the checkpoint's bytes (the restore path of the
-persist stage in profiler -> plan -> snapshot -> **persist** -> report).
+"""P4: restore-to-first-step against a raw read of the checkpoint's bytes (reading, verifying and
+loading the newest committed checkpoint).
 
 One ~500 MB Adam checkpoint is written once. Then, pair by pair (order alternating, page cache
 dropped before every read when running as root, else stated as warm):
@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import coci  # noqa: E402
-from coci.checkpoint import storage  # noqa: E402
+from coci.checkpoint import format  # noqa: E402
 from common import adam_stack, drop_page_cache, median, pair_ratios, raw_read, remove, scratch_dir, spread, verdict  # noqa: E402
 
 GOAL = 1.3
@@ -45,8 +45,8 @@ def main() -> None:
     try:
         with coci.Session(run_dir, state, policy=coci.EveryN(10**9)) as session:
             session.checkpoint()
-        [(step, path)] = storage.committed_steps(storage.checkpoints_dir(run_dir))
-        data = path / storage.DATA_FILENAME
+        [(step, path)] = format.committed_steps(format.checkpoints_dir(run_dir))
+        data = path / format.DATA_FILENAME
         nbytes = data.stat().st_size
         cold = drop_page_cache()
         print(f"checkpoint step_{step}: {nbytes / 2**20:.0f} MB; page cache {'dropped before every read' if cold else 'NOT dropped (not root): warm-cache figures'}")

@@ -1,5 +1,4 @@
-"""Schedule quality: what each checkpoint policy really costs, simulated with confidence intervals
-(profiler -> **plan** -> snapshot -> persist -> **report**).
+"""Schedule quality: what each checkpoint policy really costs, simulated with confidence intervals.
 
 Every policy plans the same job and :func:`coci.analysis.simulate.simulate` replays it under failures (the
 same failure draws for every policy: common random numbers, so the paired differences are tight).
@@ -23,14 +22,13 @@ Each plan sees the whole curve (offline, an oracle fit); the *true* progress wei
 work is the empirical slope of the curve itself (:func:`coci.analysis.simulate.empirical_progress_rate`, no
 fitted law), so no plan is scored by its own model. Online: auto (default) re-derived by replaying
 the planning policy step by step as the session drives it (it sees only the loss prefix; observed
-with ``--cadence session``, the default, as :class:`coci.Session` does: at warm-up, after every
-commit and every 500 steps while re-planning costs <= 1% of wall time, each re-plan charged
-``--plan-seconds``; ``--cadence fixed``: the earlier replay, every ``--observe-every`` steps and after
-a commit at most that often), on a subset of cells. Exploratory: the offline plans with each
+on the session's cadence, :class:`coci.planning.cadence.Cadence`: at warm-up, after every commit
+and every 500 steps while re-planning costs <= 1% of wall time, each re-plan charged
+``--plan-seconds``), on a subset of cells. Exploratory: the offline plans with each
 trial stopped uniformly between 40% and 60% of the run.
 
 Run: ``.venv/bin/python benchmarks/schedule_quality.py`` (on 2 shared cores the 24 online cells,
-re-planning at every commit, take about 13 min of it; about 1.4 min with ``--cadence fixed``) or with
+re-planning at every commit, take about 13 min of it) or with
 ``--quick`` (a small grid). ``--online-only`` simulates just the online cells (MTBF 8 h, ResNet-152
 and BERT-large). ``--csv PATH`` writes the per-cell table.
 """
@@ -48,10 +46,10 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from coci.analysis.simulate import empirical_progress_rate, ratio_change, simulate
 from coci.planning.failures import Failures
 from coci.planning.fit import fit_curve
 from coci.planning.planner import plan
-from coci.analysis.simulate import empirical_progress_rate, ratio_change, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "external-data" / "modded-nanogpt"
@@ -207,20 +205,9 @@ def run_cells(curves, mtbfs, sizes, trials: int, online_cells: set, online_optio
     return pd.DataFrame(rows)
 
 
-def simulate_online(offline, curve: Curve, truth, trials: int, cadence: str, observe_every: int,
-                    plan_seconds: float):
-    from coci import knobs
-
-    old = knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS, knobs.OBSERVE_EVERY_STEPS
-    knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS = observe_every
-    if cadence == "fixed":
-        knobs.OBSERVE_EVERY_STEPS = observe_every
-    try:
-        result = simulate(offline, trials=trials, seed=0, curve=truth, online=True, losses=(curve.steps, curve.losses),
-                          cadence=cadence, plan_seconds=plan_seconds)
-    finally:
-        knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS, knobs.OBSERVE_EVERY_STEPS = old
-    return result
+def simulate_online(offline, curve: Curve, truth, trials: int, plan_seconds: float):
+    return simulate(offline, trials=trials, seed=0, curve=truth, online=True, losses=(curve.steps, curve.losses),
+                    plan_seconds=plan_seconds)
 
 
 # --- summaries -----------------------------------------------------------------------------------
@@ -308,7 +295,7 @@ def online_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def speed() -> None:
-    """1,000 trials of a 100,000-step job (DESIGN's example job), two failure rates."""
+    """1,000 trials of a 100,000-step job (the reference job: step 0.25 s, MTBF 8 h), two failure rates."""
     print("\nSpeed: 1,000 trials of a 100,000-step job (step 0.25 s, stall 0.4 s, persist 6 s, restart 60 s)")
     curve = 2.0 + 6.0 * (np.arange(1, 100_001) + 300.0) ** -0.4
     for mtbf in ("8h", "30m"):
@@ -327,12 +314,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small grid (MTBF 8 h, two sizes, fewer curves)")
     parser.add_argument("--trials", type=int, default=None)
-    parser.add_argument("--cadence", choices=("session", "fixed"), default="session",
-                        help="online replay: the session's observation cadence, or the earlier fixed one")
-    parser.add_argument("--observe-every", type=int, default=500,
-                        help="online replay, --cadence fixed: observe every N steps (and after a commit at most as often)")
     parser.add_argument("--plan-seconds", type=float, default=0.3,
-                        help="online replay, --cadence session: wall seconds charged per re-plan (1%% cap)")
+                        help="online replay: wall seconds charged per re-plan (1%% cap)")
     parser.add_argument("--online-only", action="store_true",
                         help="simulate only the online cells (MTBF 8 h, ResNet-152 and BERT-large; no exploratory runs)")
     parser.add_argument("--csv", type=Path, default=None, help="write the per-cell table here")
@@ -353,7 +336,7 @@ def main() -> None:
           f"job {STEPS} steps x {STEP_SECONDS:.2f} s = {RUN_HOURS:.0f} h, restart {RESTART_SECONDS:.0f} s, "
           f"persist = size / {WRITE_BYTES_PER_SECOND / 1e9:.0f} GB/s")
     began = time.perf_counter()
-    online_options = dict(cadence=args.cadence, observe_every=args.observe_every, plan_seconds=args.plan_seconds)
+    online_options = dict(plan_seconds=args.plan_seconds)
     if args.online_only:
         mtbfs, sizes, exploratory_cells = (8,), online_sizes, set()
     frame = run_cells(curves, mtbfs, sizes, trials, online_cells, online_options, exploratory_cells)

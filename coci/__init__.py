@@ -6,7 +6,7 @@ below; everything else is an implementation module.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"  # before the imports: coci.checkpoint.storage writes it into manifests
+__version__ = "0.1.0"  # before the imports: coci.checkpoint.format writes it into manifests
 
 from coci.analysis.report import Report, report
 from coci.analysis.simulate import SimulationResult, simulate
@@ -23,6 +23,7 @@ from coci.errors import (
     StateMismatchError,
 )
 from coci.loader import ResumableLoader, ResumableSampler
+from coci.planning.config import PlanConfig
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit, fit_curve
 from coci.planning.planner import Plan, plan
@@ -46,6 +47,7 @@ __all__ = [
     "Observation",
     "PendingCheckpoint",
     "Plan",
+    "PlanConfig",
     "PersistError",
     "PersistResult",
     "Profile",

@@ -1,7 +1,7 @@
-"""The ``coci`` command line: plan, simulate, report, list and verify (the edges of the flow).
+"""The ``coci`` command line: plan, simulate, report, list and verify.
 
-profiler -> plan -> snapshot -> persist -> report. Each sub-command is a thin layer over the
-library: ``coci plan`` calls :func:`coci.planning.planner.plan`, ``coci simulate`` :func:`coci.simulate`,
+Each sub-command is a thin layer over the library: ``coci plan`` builds a
+:class:`coci.PlanConfig` from its options and calls :func:`coci.planning.planner.plan`, ``coci simulate`` :func:`coci.simulate`,
 ``coci report`` :func:`coci.analysis.report.report`, ``coci ls`` and ``coci verify``
 :func:`coci.checkpoint.verify.verify_run`.
 
@@ -21,7 +21,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -116,23 +116,6 @@ def _time_budget(value: str) -> float | None:
         raise argparse.ArgumentTypeError(f"time budget must be a fraction such as 0.05, or 'none'; got {value!r}") from exc
 
 
-def _plan_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    curve = read_curve(args.curve, args.curve_run) if args.curve is not None else None
-    return dict(
-        failures=_failures(args),
-        total_steps=args.total_steps,
-        step_seconds=args.step_seconds,
-        stall_seconds=args.stall_seconds,
-        persist_seconds=args.persist_seconds,
-        restart_seconds=args.restart_seconds,
-        interference_seconds=args.interference_seconds,
-        curve=curve,
-        objective=args.objective,
-        time_budget=args.time_budget,
-        max_overhead=args.max_overhead,
-    )
-
-
 def _policies(name: str) -> list[str]:
     from coci.planning.planner import POLICIES
 
@@ -140,10 +123,34 @@ def _policies(name: str) -> list[str]:
 
 
 def _make_plans(args: argparse.Namespace) -> list[Any]:
+    """One plan per policy asked for (``--policy all``: every policy), from the same options."""
+    from coci.planning.config import PlanConfig
     from coci.planning.planner import plan
 
-    kwargs = _plan_kwargs(args)
-    return [plan(name, **kwargs) for name in _policies(args.policy)]
+    curve = read_curve(args.curve, args.curve_run) if args.curve is not None else None
+    failures = _failures(args)
+    plans = []
+    for name in _policies(args.policy):
+        config = PlanConfig(
+            policy=name,
+            failures=failures,
+            total_steps=args.total_steps,
+            objective=args.objective,
+            time_budget=args.time_budget,
+            max_overhead=args.max_overhead,
+            restart_seconds=args.restart_seconds,
+        )
+        plans.append(
+            plan(
+                config=config,
+                curve=curve,
+                step_seconds=args.step_seconds,
+                stall_seconds=args.stall_seconds,
+                persist_seconds=args.persist_seconds,
+                interference_seconds=args.interference_seconds,
+            )
+        )
+    return plans
 
 
 # --- sub-commands ------------------------------------------------------------------------------
@@ -165,7 +172,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _describe_plan(plan: Any) -> str:
-    from coci.analysis.report import _seconds, _step_list
+    from coci.analysis.report import format_seconds as _seconds
+    from coci.analysis.report import step_list as _step_list
 
     inputs = plan.inputs
     lines = [
@@ -229,7 +237,8 @@ def _plans_table(plans: list[Any]) -> str:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from coci.analysis.report import PolicyRow, _simulated_into
+    from coci.analysis.report import PolicyRow
+    from coci.analysis.report import simulated_into as _simulated_into
 
     if args.trials < 1:
         raise ConfigError(f"trials must be a positive integer, got {args.trials}")
@@ -286,18 +295,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from coci.analysis.report import _bytes
-    from coci.checkpoint import storage
+    from coci.analysis.report import format_bytes as _bytes
+    from coci.checkpoint import format
+    from coci.checkpoint.checkpointer import reader_for
     from coci.checkpoint.verify import verify_run
 
     root = Path(args.run_dir)
     if not root.is_dir():
         raise ConfigError(f"run_dir {args.run_dir!r} is not a directory")
+    rows: list[tuple[int | None, int | None, str]]
     if args.no_verify:
         rows = []
-        for step, path in storage.committed_steps(storage.checkpoints_dir(root)):
+        for step, path in format.committed_steps(format.checkpoints_dir(root)):
             try:
-                manifest = storage.read_manifest(path)
+                manifest = reader_for(format.record_format(path), path).read_record(path)
                 rows.append((step, sum(f.size for f in manifest.files), "committed (not verified)"))
             except CorruptCheckpointError as exc:
                 rows.append((step, None, f"CORRUPT: {exc}"))
@@ -310,8 +321,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         print(f"no checkpoints in {args.run_dir}")
         return EXIT_OK
     lines = [f"{'step':>10}  {'size':>10}  status"]
-    for step, size, status in rows:
-        lines.append(f"{'-' if step is None else step:>10}  {'-' if size is None else _bytes(size):>10}  {status}")
+    for listed_step, size, status in rows:
+        lines.append(f"{'-' if listed_step is None else listed_step:>10}  {'-' if size is None else _bytes(size):>10}  {status}")
     print("\n".join(lines))
     return EXIT_OK
 
@@ -344,7 +355,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 class _Parser(argparse.ArgumentParser):
     """argparse, but errors are one line and exit code 2 like every other input error."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
 
 

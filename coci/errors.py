@@ -1,4 +1,4 @@
-"""Typed exceptions for every layer of coci (profiler -> plan -> snapshot -> persist -> report).
+"""Typed exceptions for every part of coci: configuration, checkpointed state, checkpoint files.
 
 Every error a user can trigger with bad input is a subclass of :class:`CociError`, and the message
 names the offending field, so a failing job says what to fix instead of crashing deep inside.

@@ -1,10 +1,10 @@
-"""The run's event log, ``events.jsonl`` (written by snapshot and persist, read by report).
+"""The run's event log, ``events.jsonl``: written by the session and the checkpointer, read by the report.
 
-profiler -> plan -> snapshot -> persist -> **report**. One JSON object per line: ``time`` (Unix
-seconds), ``event`` (snapshot_start, snapshot_end, persist_end, commit, retention, restore,
-restore_skip, plan, stall, progress, error, close), ``step`` and whatever the phase measured (``seconds``,
-``bytes``, ``path``, ``message``). Appends are serialised by a lock because the background writer
-emits too; each line is flushed so a killed job keeps everything up to its last event.
+One JSON object per line: ``time`` (Unix seconds), ``event`` (snapshot_start, snapshot_end,
+persist_end, commit, retention, restore, restore_skip, plan, stall, progress, error, close),
+``step`` and whatever the phase measured (``seconds``, ``bytes``, ``path``, ``message``). Appends
+are serialised by a lock because the background writer emits too; each line is flushed so a killed
+job keeps everything up to its last event.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from coci import knobs
+#: Name of the events log in the run directory.
+EVENTS_FILENAME = "events.jsonl"
 
 
 class EventLog:
     """Append-only JSON-lines log in the run directory."""
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.path = Path(run_dir) / knobs.EVENTS_FILENAME
+        self.path = Path(run_dir) / EVENTS_FILENAME
         self._lock = threading.Lock()
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
@@ -37,7 +38,7 @@ class EventLog:
 
 def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Yield the events of a run; a torn last line (the job was killed mid-write) is skipped."""
-    path = Path(run_dir) / knobs.EVENTS_FILENAME
+    path = Path(run_dir) / EVENTS_FILENAME
     if not path.is_file():
         return
     with open(path, encoding="utf-8") as handle:

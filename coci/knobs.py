@@ -1,4 +1,4 @@
-"""Tunable constants for every stage (profiler -> plan -> snapshot -> persist -> report).
+"""Tunable constants of coci: checkpoint I/O, the session, the loader, fitting, planning, the report.
 
 One module, documented defaults, no scattered literals. Values are plain module attributes so a
 user or a benchmark can override one (``coci.knobs.WRITE_CHUNK_BYTES = 8 << 20``) before building
@@ -7,7 +7,7 @@ a :class:`coci.Session`. Sections are owned by the module named in their heading
 
 from __future__ import annotations
 
-# --- snapshot / persist (coci.checkpoint.snapshot, coci.checkpoint.storage, coci.checkpoint.checkpointer) -------------------------
+# --- snapshot / persist (coci.checkpoint.snapshot, coci.checkpoint.fileio, coci.checkpoint.checkpointer) --------------------------
 
 #: Byte alignment of every tensor inside the staging arena and the data file. 64 covers every
 #: dtype's alignment and a cache line.
@@ -45,22 +45,7 @@ WRITE_CHECKSUM_THREAD: bool = True
 #: faster with 32-64 MB requests than with 16 MB on the 2-core VM; benchmarks/README.md, P4).
 READ_CHUNK_BYTES: int = 32 << 20
 
-#: Format version written into every manifest; readers refuse newer major versions.
-FORMAT_VERSION: int = 1
-
-#: Name of the sub-directory of the run directory that holds committed checkpoints.
-CHECKPOINT_DIRNAME: str = "checkpoints"
-
-#: Suffix of a checkpoint directory that is still being written (never read).
-TMP_SUFFIX: str = ".tmp"
-
-#: Name of the events log in the run directory.
-EVENTS_FILENAME: str = "events.jsonl"
-
 # --- session (coci.session) ------------------------------------------------------------------------
-
-#: Steps after which a planning policy is first asked to plan (profile warm-up).
-PLAN_WARMUP_STEPS: int = 20
 
 #: The session writes a ``progress`` event (just the step) at most this often, so the report can
 #: tell how far a killed process got (the work a failure lost) to within this many seconds.
@@ -69,13 +54,25 @@ PROGRESS_EVENT_SECONDS: float = 10.0
 #: A ``plan`` event in events.jsonl lists at most this many planned steps (plan.json has all).
 PLAN_EVENT_MAX_STEPS: int = 10_000
 
+# --- cadence (coci.planning.cadence: the session and the simulator's online replay) ----------------
+
+#: Steps after which a planning policy is first asked to plan (profile warm-up).
+PLAN_WARMUP_STEPS: int = 20
+
 #: Re-planning (a curve refit and a solve, 0.1-0.5 s on 2 busy cores) runs on the training thread;
 #: after the first plan, a re-plan is skipped while planning has taken more than this fraction of
 #: the session's wall time, so it never costs the job more than about this much.
 PLANNING_TIME_FRACTION: float = 0.01
 
-#: A planning policy is re-observed at most this often between checkpoints (never every step).
+#: A planning policy is observed again this many steps after its last observation (besides after
+#: each commit), never every step.
 OBSERVE_EVERY_STEPS: int = 500
+
+#: The warm-up checkpoints (``PLAN_WARMUP_CHECKPOINT_STEPS``) are a bet made before any cost is
+#: measured, so it is bounded: one is skipped while a persist is in flight or while the stalls so
+#: far exceed this fraction of the wall time so far (a job whose checkpoint costs a step or more
+#: takes just the first).
+PLAN_WARMUP_STALL_FRACTION: float = 0.1
 
 # --- loader (coci.loader) --------------------------------------------------------------------------
 
@@ -170,28 +167,12 @@ PLAN_MIN_COST_SECONDS: float = 1e-6
 
 #: ``auto`` with the progress objective checkpoints at these steps before its first plan (the
 #: warm-up, while step time and costs are still being measured and no curve is fitted). Training
-#: from scratch loses loss fastest in its first steps, and under the planner's prior (below)
-#: each doubling of the step count carries the same progress, so the doubling steps protect equal
+#: from scratch loses loss fastest in its first steps, and under the planner's prior progress rate
+#: ``v(s) = 1 / max(s, 1)`` (which ``auto`` plans with until the loss trace holds
+#: ``FIT_MIN_POINTS`` points) each doubling of the step count carries the same progress, so the doubling steps protect equal
 #: shares of it; they also give the first plan measured stall and persist times. Empty: no
 #: checkpoints before the first plan.
 PLAN_WARMUP_CHECKPOINT_STEPS: tuple[int, ...] = (1, 2, 4, 8, 16)
-
-#: The warm-up checkpoints are a bet made before any cost is measured, so it is bounded: the session
-#: skips one while a persist is in flight or while the stalls so far exceed this fraction of the
-#: wall time so far (a job whose checkpoint costs a step or more takes just the first).
-PLAN_WARMUP_STALL_FRACTION: float = 0.1
-
-#: Until the loss trace holds ``FIT_MIN_POINTS`` points (a sparse trace, e.g. validation losses
-#: every few hundred steps), ``auto``'s progress objective plans with the prior progress rate
-#: ``v(s) = 1 / max(s, 1)`` (``s`` counted from the run's first step): the loss falls by the same
-#: amount per doubling of the step count (scale-free diminishing returns). A trace with no loss at
-#: all keeps the time objective; a trace the fitter finds flat or rising drops the prior.
-PLAN_PRIOR_ENABLED: bool = True
-
-#: A loss observed positive is taken never to fall below 0: the planner's curve stops falling where
-#: the fitted law crosses 0 (short noisy traces extrapolate to negative asymptotes). False: the law
-#: as fitted.
-PLAN_NONNEGATIVE_LOSS: bool = True
 
 #: Stall assumed, in step times, before any stall has been measured or probed (recorded as a
 #: fallback in the plan); the first checkpoint then measures it.
@@ -203,10 +184,10 @@ PLAN_ASSUMED_PERSIST_STEPS: float = 10.0
 #: A recent window is fitted only when it holds at least (family parameters + this) points.
 FIT_WINDOW_EXTRA_POINTS: int = 2
 
-# --- report (coci.report, coci.cli) ---------------------------------------------------------------
+# --- report (coci.analysis.report, coci.cli) ------------------------------------------------------
 
-#: Monte Carlo trials per policy for the report's overhead confidence intervals (when
-#: coci.simulate exists); 0 shows the planner's expected values only.
+#: Monte Carlo trials per policy for the report's overhead confidence intervals
+#: (coci.analysis.simulate); 0 shows the planner's expected values only.
 REPORT_SIMULATE_TRIALS: int = 1000
 
 #: Size (inches) and resolution (dots per inch) of the report's PNG figures: 8 x 4.5 in at 110 dpi
@@ -222,20 +203,15 @@ REPORT_FIGURE_DPI: int = 110
 #: and no survivor waits forever. Must exceed the longest persist of one rank's share.
 DIST_TIMEOUT_SECONDS: float = 600.0
 
-# --- simulate (coci.simulate) -----------------------------------------------------------------------
+# --- simulate (coci.analysis.simulate) --------------------------------------------------------------
 
 #: The simulator's "true" progress rate of a raw loss trace is the slope of an isotonic
 #: (non-increasing) fit to at most this many bins of the trace (half log-, half linearly spaced).
 SIMULATE_TRUTH_POINTS: int = 200
 
-#: Online replay with cadence="fixed" (the replay's earlier cadence) observes after a commit at
-#: most once per this many steps (each observation of a progress policy refits the curve);
-#: the periodic observation every OBSERVE_EVERY_STEPS steps is kept.
-SIMULATE_OBSERVE_MIN_GAP_STEPS: int = 100
-
-#: Online replay with the session's cadence: wall seconds charged per observation (a curve refit and
-#: a solve, 0.1-0.5 s on 2 busy cores) against PLANNING_TIME_FRACTION of the job's wall time. The
-#: replay charges this figure rather than timing the planner, so its schedules are deterministic.
+#: Online replay: wall seconds charged per observation (a curve refit and a solve, 0.1-0.5 s on 2
+#: busy cores) against PLANNING_TIME_FRACTION of the job's wall time. The replay charges this
+#: figure rather than timing the planner, so its schedules are deterministic.
 SIMULATE_PLAN_SECONDS: float = 0.3
 
 #: A simulated trial is stopped after this many failures (a plan whose segments span many MTBFs

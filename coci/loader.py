@@ -1,9 +1,8 @@
 """Resumable data order: exactly once per epoch, mid-epoch resume by index arithmetic.
 
-Where it sits: beside the flow profiler -> plan -> snapshot -> **persist** -> report. The loader is
-one of the values in ``Session(state=...)``; its ``state_dict()`` is a handful of JSON primitives
-that the snapshot stores with the weights, so a restored job continues the data stream exactly
-where the last committed checkpoint left it.
+The loader is one of the values in ``Session(state=...)``; its ``state_dict()`` is a handful of
+JSON primitives that the snapshot stores with the weights, so a restored job continues the data
+stream exactly where the last committed checkpoint left it.
 
 The model
 ---------
@@ -68,6 +67,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from coci import knobs
+from coci.checks import integer, is_int
 from coci.errors import ConfigError, StateMismatchError
 
 __all__ = [
@@ -104,16 +104,13 @@ _RESERVED_DATALOADER_KWARGS = ("sampler", "batch_sampler", "generator")
 # --- pure functions: order and split ----------------------------------------------------------
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _require_int(value: object, field: str, minimum: int | None = None) -> int:
-    if not _is_int(value):
-        raise ConfigError(f"{field} must be an int, got {value!r}")
-    if minimum is not None and value < minimum:  # type: ignore[operator]
-        raise ConfigError(f"{field} must be >= {minimum}, got {value}")
-    return int(value)  # type: ignore[arg-type]
+    """``value`` as an ``int`` (``coci.checks.integer``); the lower bound keeps the loader's message,
+    ``"{field} must be >= {minimum}, got {value}"``."""
+    checked = integer(value, field)
+    if minimum is not None and checked < minimum:
+        raise ConfigError(f"{field} must be >= {minimum}, got {checked}")
+    return checked
 
 
 def epoch_seed(seed: int, epoch: int, stream: str = "order") -> int:
@@ -196,8 +193,8 @@ def _distributed_defaults(rank: int | None, world_size: int | None) -> tuple[int
 
 
 def _dataset_length(data_source: object) -> int:
-    if _is_int(data_source):
-        length = int(data_source)  # type: ignore[arg-type]
+    if is_int(data_source):
+        length = integer(data_source, "dataset")
     elif isinstance(data_source, IterableDataset) or not isinstance(data_source, Sized):
         raise ConfigError(
             f"dataset must be a map-style dataset with __len__, got {type(data_source).__name__}"
@@ -411,7 +408,7 @@ def _validated_state(state_dict: Mapping[str, Any]) -> dict[str, Any]:
         else:
             minimum = None if field == "seed" else 0
             state[field] = _require_int(value, f"loader state {field}", minimum=minimum)
-    start = state_dict.get("partition_start", 0)  # absent in states saved before elastic resume
+    start = state_dict.get("partition_start", 0)  # optional: a state without it starts its partition at 0
     state["partition_start"] = _require_int(start, "loader state partition_start", minimum=0)
     if state["version"] != STATE_VERSION:
         raise ConfigError(f"loader state version must be {STATE_VERSION}, got {state['version']}")

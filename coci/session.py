@@ -34,11 +34,19 @@ from typing import Any
 
 import torch
 
-from coci import distributed, knobs
-from coci.checkpoint import rng_state, storage
-from coci.checkpoint.checkpointer import Checkpointer, PendingCheckpoint, PersistResult
+from coci import checks, distributed, knobs
+from coci.checkpoint import format, rng_state
+from coci.checkpoint.checkpointer import (
+    Checkpointer,
+    PendingCheckpoint,
+    PersistResult,
+    load_committed,
+    restore_candidates,
+    writer_for,
+)
+from coci.checkpoint.format import RNG_KEY, SESSION_KEY, LoadedCheckpoint
 from coci.checkpoint.stateful import is_stateful, validate_state
-from coci.checkpoint.tree import own_storage, unflatten
+from coci.checkpoint.tree import own_storage
 from coci.errors import (
     CheckpointError,
     ConfigError,
@@ -48,13 +56,12 @@ from coci.errors import (
     StateMismatchError,
 )
 from coci.events import EventLog
+from coci.planning.cadence import Cadence
+from coci.planning.config import PlanConfig
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from profiler import Profiler
 
 logger = logging.getLogger(__name__)
-
-_SESSION_KEY = "__coci__"
-_RNG_KEY = "__coci_rng__"
 
 
 @dataclass(frozen=True)
@@ -78,9 +85,12 @@ class Session:
         policy: ``"auto"``, ``"coci"``, ``"young"``, ``"daly"``, ``"checkfreq"``, a
             :class:`coci.EveryN`, a collection of steps, a :class:`coci.Plan`, or any
             :class:`coci.CheckpointPolicy`.
+        plan_config: a :class:`coci.PlanConfig` holding the policy name and every planning
+            choice, instead of ``policy`` and the planning keywords below (which build one).
         mtbf / failures: the failure model (one of them) for planning policies.
         total_steps: planning horizon in steps.
         restart_seconds: cost of a restart; measured restore time is used when None.
+        objective, time_budget, max_overhead: as in :class:`coci.PlanConfig`.
         keep_last: committed checkpoints to keep (None keeps all; never fewer than one).
         on_error: ``"raise"`` (default) raises a background persist failure at the next
             ``step``/``close``; ``"log"`` only logs it (it is always in ``events.jsonl``).
@@ -93,6 +103,7 @@ class Session:
         state: Mapping[str, Any],
         *,
         policy: Any = "auto",
+        plan_config: PlanConfig | None = None,
         mtbf: str | float | None = None,
         failures: Any = None,
         total_steps: int | None = None,
@@ -109,7 +120,7 @@ class Session:
         self.state = validate_state(state)
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ConfigError(f"keep_last must be a positive integer or None, got {keep_last!r}")
-        if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1):
+        if total_steps is not None and (not checks.is_int(total_steps) or total_steps < 1):
             raise ConfigError(f"total_steps must be a positive integer or None, got {total_steps!r}")
         if on_error not in ("raise", "log"):
             raise ConfigError(f"on_error must be 'raise' or 'log', got {on_error!r}")
@@ -126,6 +137,7 @@ class Session:
         self.events = EventLog(self.run_dir)
         self.policy = _resolve_policy(
             policy,
+            plan_config,
             mtbf=mtbf,
             failures=failures,
             total_steps=total_steps,
@@ -135,26 +147,23 @@ class Session:
             max_overhead=max_overhead,
         )
         self._profiler = Profiler(clock=self._clock)
-        # distributed: coci's gloo groups (collective), per-rank event logs, DCP persist backend
+        # distributed: coci's gloo groups (collective), per-rank event logs
         self._dist = distributed.DistributedContext.detect()
-        backend = None
-        if self._dist is not None:
-            if not self._dist.is_coordinator:
-                self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
-            backend = distributed.DcpPersist(storage.checkpoints_dir(self.run_dir), self._dist, keep_last)
-        self._checkpointer = Checkpointer(self.run_dir, self.events, keep_last, self._clock, backend)
+        if self._dist is not None and not self._dist.is_coordinator:
+            self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
+        writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
+        self._checkpointer = Checkpointer(self.run_dir, self.events, keep_last, self._clock, writer)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
         self._error: BaseException | None = None
         self._stall_pending: PendingCheckpoint | None = None
         self._stall_seconds = 0.0
         self._stalled_total = 0.0  # every stall of this process (the warm-up bet's budget)
-        self._observed_at = -1
+        self._cadence = Cadence(collective=self._dist is not None)  # when the policy observes
         self._written_plan: Any = None
         self._closed = False
         self._started = self._clock()
         self._progress_at = self._started
-        self._planning_seconds = 0.0
         self._hooks = [opt.register_step_pre_hook(self._fence_hook) for opt in self._optimizers()]
         self._write_plan()  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
         state_bytes = _tensor_bytes(self.state)
@@ -253,70 +262,55 @@ class Session:
 
         Corrupt checkpoints are skipped with a ``restore_skip`` event and a warning. ``strict``
         refuses a checkpoint whose state keys differ from ``state`` (the error lists both sides);
-        ``strict=False`` loads the keys both have.
+        ``strict=False`` loads the keys both have. Under ``torch.distributed`` every rank loads the
+        checkpoint rank 0 picked, and the ranks skip a checkpoint together (collective).
         """
         self._check_open()
-        if self._dist is not None:
-            return self._restore_distributed(strict)
-        root = storage.checkpoints_dir(self.run_dir)
-        storage.remove_stale_tmp(root)
-        committed = storage.step_dirs(root)  # damaged ones too, so each is reported
+        root = format.checkpoints_dir(self.run_dir)
+        candidates = restore_candidates(root, self._dist)  # newest first; damaged ones too, so each is reported
         skipped: list[Path] = []
         last_error = ""
-        for step, path in reversed(committed):
+        for step, path in candidates:
             began = self._clock()
-            try:
-                if distributed.checkpoint_format(path) == distributed.DCP_FORMAT:  # saved by a DP job
-                    loaded = distributed.load_verified(path)
-                    manifest, tree, nbytes = loaded, loaded.tree, loaded.nbytes
-                else:
-                    manifest, tensors = storage.load_checkpoint(path)
-                    tree, nbytes = unflatten(manifest.skeleton, tensors), manifest.files[0].size
-                self._apply(manifest, tree, strict)
-            except StateMismatchError:
-                raise
-            except (CheckpointError, StateError, RuntimeError, KeyError, TypeError, ValueError) as exc:
-                # a checkpoint that verifies but does not load (a structure altered on disk, a
-                # tensor of the wrong shape): skipped like a corrupt one; the next one loaded
-                # overwrites whatever this one applied, since every checkpoint has every key
-                logger.warning("skipping checkpoint %s: %s", path, exc)
-                self.events.emit("restore_skip", step=step, path=str(path), message=str(exc))
+            loaded, problem = self._load_and_apply(path, strict)
+            if loaded is None:
+                logger.warning("skipping checkpoint %s: %s", path, problem)
+                self.events.emit("restore_skip", step=step, path=str(path), message=problem)
                 skipped.append(path)
-                last_error = f"{type(exc).__name__}: {exc}"
+                last_error = problem
                 continue
             seconds = self._clock() - began
-            self._profiler.record_restore(seconds, nbytes)
-            self.events.emit("restore", step=manifest.step, seconds=seconds, bytes=nbytes, path=str(path))
-            self._observed_at = -1
+            self._profiler.record_restore(seconds, loaded.nbytes)
+            self.events.emit("restore", step=loaded.step, seconds=seconds, bytes=loaded.nbytes, path=str(path))
+            self._cadence.restart()
             self._profiler.mark()
-            return RestoreResult(manifest.step, manifest.epoch, path, seconds, nbytes, tuple(skipped))
-        if committed:
+            return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, tuple(skipped))
+        if candidates:
             raise CorruptCheckpointError(
-                f"none of the {len(committed)} committed checkpoints in {root} loads: "
+                f"none of the {len(candidates)} committed checkpoints in {root} loads: "
                 + ", ".join(p.name for p in skipped)
                 + f" (last error: {last_error})"
             )
         return None
 
-    def _restore_distributed(self, strict: bool) -> RestoreResult | None:
-        """distributed: every rank loads the checkpoint rank 0 picked (collective)."""
-        assert self._dist is not None
-        began = self._clock()
+    def _load_and_apply(self, path: Path, strict: bool) -> tuple[LoadedCheckpoint | None, str]:
+        """Load ``path`` into ``state``; (None, what went wrong) when any rank failed to.
 
-        def skip(step: int, path: Path, message: str) -> None:
-            logger.warning("skipping checkpoint %s: %s", path, message)
-            self.events.emit("restore_skip", step=step, path=str(path), message=message)
-
-        loaded = distributed.restore_checkpoint(storage.checkpoints_dir(self.run_dir), self._dist, skip)
-        if loaded is None:
-            return None
-        self._apply(loaded, loaded.tree, strict)
-        seconds = self._clock() - began
-        self._profiler.record_restore(seconds, loaded.nbytes)
-        self.events.emit("restore", step=loaded.step, seconds=seconds, bytes=loaded.nbytes, path=str(loaded.path))
-        self._observed_at = -1
-        self._profiler.mark()
-        return RestoreResult(loaded.step, loaded.epoch, loaded.path, seconds, loaded.nbytes, loaded.skipped)
+        A checkpoint that verifies but does not load (a structure altered on disk, a tensor of the
+        wrong shape) is skipped like a corrupt one; the next one loaded overwrites whatever this
+        one applied, since every checkpoint has every key.
+        """
+        problem = None
+        loaded = None
+        try:
+            loaded = load_committed(path, self._dist)
+            self._apply(loaded, strict)
+        except StateMismatchError:
+            raise
+        except (CheckpointError, StateError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+            problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
+        problem = distributed.agree(problem, self._dist)
+        return (None, problem) if problem is not None else (loaded, "")
 
     def close(self) -> None:
         """Wait for the last persist, write ``profile.json``, ``plan.json`` and ``loss_curve.json``
@@ -399,40 +393,48 @@ class Session:
         policy_state = getattr(self.policy, "state_dict", None)
         if callable(policy_state):
             own["policy"] = policy_state()
-        tree[_SESSION_KEY] = own
-        tree[_RNG_KEY] = rng_state.capture()
+        tree[SESSION_KEY] = own
+        tree[RNG_KEY] = rng_state.capture()
         return tree
 
-    def _apply(self, manifest: Any, tree: dict[str, Any], strict: bool) -> None:
-        saved = set(manifest.state_keys)
-        current = set(self.state)
-        if saved != current:
-            missing, unexpected = sorted(current - saved), sorted(saved - current)
-            if strict:
-                raise StateMismatchError(
-                    f"checkpoint step_{manifest.step} state keys differ: missing from checkpoint "
-                    f"{missing}, unexpected in checkpoint {unexpected}; restore(strict=False) loads "
-                    "the keys both have"
-                )
-            logger.warning("restoring only shared keys; missing %s, unexpected %s", missing, unexpected)
-        for key in sorted(saved & current):
-            value = self.state[key]
-            if is_stateful(value):  # modules copy into their parameters; others keep what they get
-                value.load_state_dict(tree[key] if isinstance(value, torch.nn.Module) else own_storage(tree[key]))
-            elif isinstance(value, torch.Tensor) and isinstance(tree[key], torch.Tensor) and value.shape == tree[key].shape:
-                with torch.no_grad():
-                    value.copy_(tree[key])
-            else:
-                self.state[key] = tree[key]
-        own = tree[_SESSION_KEY]
+    def _apply(self, loaded: LoadedCheckpoint, strict: bool) -> None:
+        """Put a loaded checkpoint into ``state`` and the session; the RNG streams last."""
+        tree = loaded.tree
+        for key in self._keys_to_restore(loaded, strict):
+            self._restore_value(key, tree[key])
+        own = tree[SESSION_KEY]
         self._steps = int(own["steps"])
         self._checkpoint_steps = [int(s) for s in own["checkpoint_steps"]]
         self._profiler.load_state_dict(own["profiler"])
         policy_load = getattr(self.policy, "load_state_dict", None)
         if callable(policy_load) and "policy" in own:
             policy_load(own["policy"])
-        if _RNG_KEY in tree:  # distributed: absent for a rank the checkpoint did not have
-            rng_state.restore(tree[_RNG_KEY])  # last: nothing above may consume random draws after it
+        if RNG_KEY in tree:  # distributed: absent for a rank the checkpoint did not have
+            rng_state.restore(tree[RNG_KEY])  # last: nothing above may consume random draws after it
+
+    def _keys_to_restore(self, loaded: LoadedCheckpoint, strict: bool) -> list[str]:
+        saved = set(loaded.state_keys)
+        current = set(self.state)
+        if saved != current:
+            missing, unexpected = sorted(current - saved), sorted(saved - current)
+            if strict:
+                raise StateMismatchError(
+                    f"checkpoint step_{loaded.step} state keys differ: missing from checkpoint "
+                    f"{missing}, unexpected in checkpoint {unexpected}; restore(strict=False) loads "
+                    "the keys both have"
+                )
+            logger.warning("restoring only shared keys; missing %s, unexpected %s", missing, unexpected)
+        return sorted(saved & current)
+
+    def _restore_value(self, key: str, saved: Any) -> None:
+        value = self.state[key]
+        if is_stateful(value):  # modules copy into their parameters; others keep what they get
+            value.load_state_dict(saved if isinstance(value, torch.nn.Module) else own_storage(saved))
+        elif isinstance(value, torch.Tensor) and isinstance(saved, torch.Tensor) and value.shape == saved.shape:
+            with torch.no_grad():
+                value.copy_(saved)
+        else:
+            self.state[key] = saved
 
     def _poll_persist(self) -> None:
         pending = self._checkpointer.pending
@@ -454,45 +456,36 @@ class Session:
             staging_seconds=result.staging_seconds,
             bytes=result.nbytes,
         )
-        if self._dist is None and self._planning_affordable():  # distributed: ranks finish at
-            self._observe()  # different steps, so they re-plan at the (collective) step cadence
+        if self._cadence.observe_after_commit(self._elapsed):  # distributed: ranks commit at different
+            self._observe()  # steps, so they observe at the (collective) step cadence only
 
     def _warmup_skipped(self) -> bool:
-        """A planning policy's warm-up checkpoint (before its first plan, with no costs measured:
-        :attr:`PlanningPolicy.warming_up`) is a bet on the prior, so it is bounded: it never waits
-        for the previous persist, and it is skipped while this process's stalls exceed
-        ``knobs.PLAN_WARMUP_STALL_FRACTION`` of its wall time. The bet costs at most one stall plus
-        that fraction of the warm-up."""
-        if not getattr(self.policy, "warming_up", False):
-            return False
+        """Skip this due checkpoint? Only a planning policy's warm-up checkpoint (before its first
+        plan) is ever skipped: see :meth:`Cadence.skip_warmup_checkpoint`."""
         pending = self._checkpointer.pending
-        if pending is not None and not pending.done():
-            return True
-        elapsed = self._clock() - self._started
-        return self._stalled_total > knobs.PLAN_WARMUP_STALL_FRACTION * elapsed
+        return Cadence.skip_warmup_checkpoint(
+            warming_up=getattr(self.policy, "warming_up", False),
+            persist_in_flight=pending is not None and not pending.done(),
+            stalled_seconds=self._stalled_total,
+            elapsed=self._elapsed,
+        )
 
     def _should_observe(self) -> bool:
-        if self._observed_at < 0 or getattr(self.policy, "warming_up", False):  # not planned yet
-            return self._profiler.steps >= knobs.PLAN_WARMUP_STEPS
-        due = self._steps - self._observed_at >= knobs.OBSERVE_EVERY_STEPS
-        return due and (self._dist is not None or self._planning_affordable())
+        warming_up = getattr(self.policy, "warming_up", False)
+        return self._cadence.observe_at_step(self._steps, self._profiler.steps, warming_up, self._elapsed)
 
-    def _planning_affordable(self) -> bool:
-        """Re-planning runs on the training thread; keep its total under
-        ``knobs.PLANNING_TIME_FRACTION`` of the session's wall time (single process only: under
-        torch.distributed observing is collective, so every rank keeps the step cadence)."""
-        elapsed = self._clock() - self._started
-        return self._planning_seconds <= knobs.PLANNING_TIME_FRACTION * elapsed
+    def _elapsed(self) -> float:
+        """Wall seconds since this session started (the cadence's clock)."""
+        return self._clock() - self._started
 
     def _observe(self) -> None:
         began = self._clock()
         try:
             self._observe_now()
         finally:
-            self._planning_seconds += self._clock() - began
+            self._cadence.record_observation(self._steps, self._clock() - began)
 
     def _observe_now(self) -> None:
-        self._observed_at = self._steps
         loss_steps, losses = self._profiler.loss_curve()
         observation = Observation(
             step=self._steps,
@@ -538,14 +531,14 @@ def _tensor_bytes(state: Mapping[str, Any]) -> int:
     return total
 
 
-def _resolve_policy(policy: Any, **planning: Any) -> CheckpointPolicy:
-    """Turn the ``policy`` argument into a CheckpointPolicy (strings go to the planner)."""
-    if isinstance(policy, str):
+def _resolve_policy(policy: Any, plan_config: PlanConfig | None, **planning: Any) -> CheckpointPolicy:
+    """Turn the ``policy`` argument, or ``plan_config``, into a CheckpointPolicy (policy names and
+    plan configs go to the planner). ``planning`` holds the session's planning keywords."""
+    if plan_config is not None or isinstance(policy, str):
         from coci.planning.planner import make_policy  # the planner is only needed for planning policies
 
-        failures = _failures(planning.pop("mtbf"), planning.pop("failures"))
-        return make_policy(policy, failures=failures, **planning)
-    if isinstance(policy, (EveryN, AtSteps)) or isinstance(policy, CheckpointPolicy):
+        return make_policy(_plan_config(policy, plan_config, **planning))
+    if isinstance(policy, (EveryN, AtSteps, CheckpointPolicy)):
         return policy
     steps = getattr(policy, "steps", None)
     if steps is not None and hasattr(policy, "model_dump_json"):  # a precomputed coci.Plan
@@ -572,7 +565,28 @@ class _PlanPolicy:
         return None
 
 
+#: The session's planning keywords as they are when not passed (``plan_config`` replaces them all).
+_PLANNING_DEFAULTS: dict[str, Any] = dict(
+    mtbf=None, failures=None, total_steps=None, restart_seconds=None,
+    objective="progress", time_budget=0.05, max_overhead=None,
+)
+
+
+def _plan_config(policy: Any, plan_config: PlanConfig | None, **planning: Any) -> PlanConfig:
+    """``plan_config`` as given (the other planning arguments left unset), or the config that the
+    policy name and the planning keywords describe."""
+    if plan_config is None:
+        return PlanConfig(policy=policy, failures=_failures(planning.pop("mtbf"), planning.pop("failures")), **planning)
+    if not isinstance(plan_config, PlanConfig):
+        raise ConfigError(f"plan_config must be a coci.PlanConfig or None, got {plan_config!r}")
+    given = sorted(name for name, value in planning.items() if value != _PLANNING_DEFAULTS[name])
+    if given or not (isinstance(policy, str) and policy in ("auto", plan_config.policy)):
+        raise ConfigError(f"pass either plan_config= or the planning arguments ({', '.join(given or ['policy'])}), not both")
+    return plan_config
+
+
 def _failures(mtbf: Any, failures: Any) -> Any:
+    """The failure model from ``mtbf=`` (an exponential model) or ``failures=``, never both."""
     if mtbf is not None and failures is not None:
         raise ConfigError("pass either mtbf= or failures=, not both")
     if mtbf is None:

@@ -1,4 +1,4 @@
-"""Durations typed by people, turned into seconds (profiler -> **plan** -> snapshot -> persist -> report).
+"""Durations typed by people, turned into seconds for the planner and the failure models.
 
 Planning inputs arrive from Python calls, the command line and JSON files, so a duration may be a
 number of seconds (``90``, ``2.5``, ``"3600"``), a string with units (``"8h"``, ``"45m"``,
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import numbers
 import re
 
+from coci.checks import is_number, number
 from coci.errors import ConfigError
 
 __all__ = ["parse_duration", "format_duration", "SECONDS_PER_UNIT"]
@@ -37,11 +37,11 @@ _PART = re.compile(rf"\s*({_NUMBER})\s*([a-zA-Z]+)\s*")
 _BARE_NUMBER = re.compile(rf"\s*[+-]?{_NUMBER}\s*|\s*[+-]?(?:inf|infinity|nan)\s*", re.IGNORECASE)
 
 
-def _check_seconds(seconds: float, raw: object, field: str, positive: bool) -> float:
-    if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
-        need = "positive" if positive else "non-negative"
-        raise ConfigError(f"{field} must be {need} and finite, got {raw!r}")
-    return float(seconds)
+def _finite_seconds(seconds: object, field: str, positive: bool) -> float:
+    """``seconds`` checked by :func:`coci.checks.number`: finite, non-negative, positive if asked."""
+    checked = number(seconds, field, positive=positive)
+    assert checked is not None  # number() returns None only with allow_none=True
+    return checked
 
 
 def _parse_string(text: str, field: str) -> float:
@@ -77,20 +77,18 @@ def parse_duration(value: object, *, field: str, positive: bool = False) -> floa
     """
     if isinstance(value, bool) or value is None:
         raise ConfigError(f"{field} must be a duration, got {value!r}")
+    if is_number(value):
+        return _finite_seconds(value, field, positive)
     if isinstance(value, _dt.timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, numbers.Real):
-        seconds = float(value)
-    elif isinstance(value, str):
+        return _finite_seconds(value.total_seconds(), field, positive)
+    if isinstance(value, str):
         if not value.strip():
             raise ConfigError(f"{field} must be a duration, got an empty string")
-        seconds = _parse_string(value.strip(), field)
-    else:
-        raise ConfigError(
-            f"{field} must be a number of seconds or a string such as '8h', got "
-            f"{type(value).__name__} {value!r}"
-        )
-    return _check_seconds(seconds, value, field, positive)
+        return _finite_seconds(_parse_string(value.strip(), field), field, positive)
+    raise ConfigError(
+        f"{field} must be a number of seconds or a string such as '8h', got "
+        f"{type(value).__name__} {value!r}"
+    )
 
 
 def format_duration(seconds: float) -> str:

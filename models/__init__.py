@@ -1,7 +1,7 @@
 """Reference workloads for coci (repository only, not installed; import from the repo root).
 
-Where it sits: the jobs the flow profiler -> plan -> snapshot -> persist -> report runs on. Tests,
-benchmarks, the notebook and the demo (``python -m models.train``) share these builders::
+The training jobs coci is exercised on. Tests, benchmarks, the notebook and the demo
+(``python -m models.train``) share these builders::
 
     from models import WORKLOADS
     workload = WORKLOADS["gpt"](seed=0, total_steps=500)   # model, optimizer, scheduler, dataset

@@ -1,7 +1,7 @@
 """``cnn``: a small ResNet classifying generated 32x32 colour images by texture orientation.
 
-Where it sits: a reference workload (see :mod:`models.workload`), trained under the flow
-profiler -> plan -> snapshot -> persist -> report by the demo and the benchmarks.
+A reference workload (see :mod:`models.workload`), trained under coci by the demo and the
+benchmarks.
 
 Data (made on demand from each sample's index, so the run never memorises): class ``c`` of
 ``classes`` is a sinusoidal grating at orientation ``pi * c / classes`` with a random spatial

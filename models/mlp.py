@@ -1,7 +1,7 @@
 """``mlp``: a CANDLE-like wide MLP classifying generated tabular "expression profiles".
 
-Where it sits: a reference workload (see :mod:`models.workload`), trained under the flow
-profiler -> plan -> snapshot -> persist -> report by the demo and the benchmarks.
+A reference workload (see :mod:`models.workload`), trained under coci by the demo and the
+benchmarks.
 
 Data: each sample (made on demand from its index, so the run never repeats a sample much and the
 loss approaches the noise floor instead of memorising) is a profile of ``features`` values driven by a few latent factors (like

@@ -1,7 +1,7 @@
 """Record each reference workload's real loss curve to ``models/curves/<name>.csv``.
 
-Where it sits: input data for the fit and planner stages (profiler -> **plan**) in tests,
-benchmarks and the notebook, which need real curves without training. Each curve is one plain run
+The curves are input data for the curve fit and the planner in tests, benchmarks and the
+notebook, which need real curves without training. Each curve is one plain run
 of the workload (``models.train.train_plain``: the same loop the demo runs, without coci) for its
 suggested number of steps, seed 0, one torch thread, at full resolution: a ``step,loss`` line per
 step (1-based), the loss printed with ``repr`` so the CSV round-trips exactly.

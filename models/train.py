@@ -1,7 +1,7 @@
 """The demo job: train a reference workload under coci, kill it for real, resume, report.
 
-Where it sits: it drives the whole flow profiler -> plan -> snapshot -> persist -> report on a real
-model. Two roles in one module:
+It exercises all of coci on a real model: profiling, planning, checkpointing, resuming after
+SIGKILL, and the report. Two roles in one module:
 
 * **Supervisor** (``python -m models.train --model gpt --steps 800 --mtbf 20s``): launches the
   training as a child process, SIGKILLs it at random times drawn from the failure model
@@ -12,8 +12,8 @@ model. Two roles in one module:
   20.3, 6.3, 0.8 and 0.3 s of training between kills, so any run longer than about 30 s of
   training sees at least two kills. ``--kill-at 30,70`` replaces the clock with kills at exact
   steps (the i-th child SIGKILLs itself right after that step; tests use it). At the end it
-  prints a summary (kills, resumes, checkpoints committed, final loss, lost steps) and the report
-  of ``coci.report`` when that is available. ``--verify`` then trains the same job once more
+  prints a summary (kills, resumes, checkpoints committed, final loss, lost steps) and
+  ``coci.report``'s report. ``--verify`` then trains the same job once more
   without coci and without kills and checks that every model and optimizer tensor and every
   step's loss are bitwise equal; it exits 1 on a mismatch.
 * **Child** (``--child``, internal): builds the workload, wraps it in ``coci.Session`` with a
@@ -255,9 +255,9 @@ def read_steps(path: Path) -> dict[int, list[tuple[int, str]]]:
 
 
 def last_commit(run_dir: Path) -> int:
-    from coci.checkpoint import storage
+    from coci.checkpoint import format
 
-    committed = storage.committed_steps(storage.checkpoints_dir(run_dir))
+    committed = format.committed_steps(format.checkpoints_dir(run_dir))
     return committed[-1][0] if committed else 0
 
 

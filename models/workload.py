@@ -1,7 +1,7 @@
 """What a reference workload is: model, optimizer, schedule, data, and one training step.
 
-Where it sits: outside the flow profiler -> plan -> snapshot -> persist -> report; these are the
-jobs that flow is exercised on (tests, benchmarks, the notebook and the demo in ``models.train``).
+These are the jobs coci is exercised on (tests, benchmarks, the notebook and the demo in
+``models.train``); nothing here depends on coci.
 Every builder in ``models`` returns a :class:`Workload`. Builders are deterministic given a seed:
 data come from their own ``torch.Generator`` / ``random.Random`` (never the global RNG), then the
 global Python, NumPy and torch RNGs are seeded and the model is initialised from them, so the

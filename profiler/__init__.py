@@ -1,7 +1,7 @@
-"""profiler: online measurement of a training job (the first stage of profiler -> plan -> snapshot ->
-persist -> report).
+"""profiler: online measurement of a training job: step time, checkpoint costs and the loss trace.
 
-It measures and knows nothing of plans: it never imports ``coci``. The public surface:
+It measures and knows nothing of plans: it never imports ``coci`` (coci's planner reads its
+:class:`Profile`). The public surface:
 
 * :class:`Profiler`: ``step(loss)`` once per training step, checkpoint reports (``record_stall``,
   ``persist_started``/``persist_finished``, ``record_restore``), priors (``set_state_bytes``,

@@ -1,4 +1,4 @@
-"""Tunable constants of the profiler (the first stage of profiler -> plan -> snapshot -> persist -> report).
+"""Tunable constants of the profiler: step-time windows, the loss trace's bounds, the micro-probe's sizes.
 
 Plain module attributes with documented defaults; a user or a benchmark may override one
 (``profiler.knobs.STEP_WINDOW = 4096``) before constructing a :class:`profiler.Profiler`.

@@ -1,4 +1,4 @@
-"""The loss trace: per-step losses kept in bounded memory (profiler -> plan -> snapshot -> persist -> report).
+"""The loss trace: per-step losses kept in bounded memory for the planner's curve fitter.
 
 The profiler records one loss per training step; the planner's curve fitter later reads a smoothed,
 log-spaced series. This module sits between them and keeps three things:
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from profiler import knobs
+from profiler._checks import integer, is_number
 
 logger = logging.getLogger(__name__)
 
@@ -48,18 +49,10 @@ class LossTrace:
         tensor_batch: int | None = None,
         float_batch: int | None = None,
     ) -> None:
-        self._recent_points = _positive_int(
-            knobs.LOSS_RECENT_POINTS if recent_points is None else recent_points, "recent_points"
-        )
-        self._max_buckets = _positive_int(
-            knobs.LOSS_HISTORY_MAX_BUCKETS if max_buckets is None else max_buckets, "max_buckets"
-        )
-        self._tensor_batch = _positive_int(
-            knobs.LOSS_TENSOR_BATCH if tensor_batch is None else tensor_batch, "tensor_batch"
-        )
-        self._float_batch = _positive_int(
-            knobs.LOSS_FLOAT_BATCH if float_batch is None else float_batch, "float_batch"
-        )
+        self._recent_points = integer(knobs.LOSS_RECENT_POINTS if recent_points is None else recent_points, "recent_points", positive=True)
+        self._max_buckets = integer(knobs.LOSS_HISTORY_MAX_BUCKETS if max_buckets is None else max_buckets, "max_buckets", positive=True)
+        self._tensor_batch = integer(knobs.LOSS_TENSOR_BATCH if tensor_batch is None else tensor_batch, "tensor_batch", positive=True)
+        self._float_batch = integer(knobs.LOSS_FLOAT_BATCH if float_batch is None else float_batch, "float_batch", positive=True)
         self._set_resolution(knobs.LOSS_HISTORY_RESOLUTION if resolution is None else resolution)
         self._pending_float_steps: list[int] = []
         self._pending_floats: list[float] = []
@@ -164,7 +157,7 @@ class LossTrace:
         until at most ``max_points`` (default ``knobs.LOSS_CURVE_POINTS``) buckets remain. Steps are
         increasing floats (bucket centroids); empty arrays when nothing was recorded.
         """
-        limit = _positive_int(knobs.LOSS_CURVE_POINTS if max_points is None else max_points, "max_points")
+        limit = integer(knobs.LOSS_CURVE_POINTS if max_points is None else max_points, "max_points", positive=True)
         self.flush()
         keys = np.concatenate([self._keys, self._key(self._recent_steps)])
         step_sum = np.concatenate([self._step_sum, self._recent_steps.astype(np.float64)])
@@ -243,7 +236,7 @@ class LossTrace:
 
     # ------------------------------------------------------------------ internals
     def _set_resolution(self, resolution: float) -> None:
-        if not (isinstance(resolution, (int, float)) and 0.0 < resolution < 1.0 and math.isfinite(resolution)):
+        if not (is_number(resolution) and 0.0 < resolution < 1.0):
             raise ValueError(f"resolution must be in (0, 1), got {resolution!r}")
         self._resolution = float(resolution)
         self._log_base = math.log1p(self._resolution)
@@ -336,8 +329,3 @@ def _as_float(loss: Any) -> float:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"loss must be a number or a one-element tensor, got {type(loss).__name__}") from exc
 
-
-def _positive_int(value: Any, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{field} must be a positive integer, got {value!r}")
-    return value

@@ -1,4 +1,4 @@
-"""One-time bandwidth micro-probe (profiler -> plan -> snapshot -> persist -> report).
+"""One-time bandwidth micro-probe: host-copy and write+fsync speed, for cost priors before any checkpoint.
 
 Before the first checkpoint nothing has been measured, yet the planner needs a stall and a persist
 time. This probe times, once, (1) a ``copy_`` into a preallocated host tensor, the operation the
@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from profiler import knobs
+from profiler._checks import integer
 from profiler.profile import Bandwidth
 
 logger = logging.getLogger(__name__)
@@ -36,8 +37,7 @@ def probe_bandwidth(directory: str | os.PathLike[str], nbytes: int, *, device: s
     host memory when the source is on CUDA. ``directory`` is created if missing; the probe file is
     removed afterwards.
     """
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-        raise ValueError(f"nbytes must be a non-negative integer, got {nbytes!r}")
+    nbytes = integer(nbytes, "nbytes")
     copy_bytes = min(max(nbytes, knobs.PROBE_MIN_BYTES), knobs.PROBE_COPY_MAX_BYTES)
     write_bytes = min(max(nbytes, knobs.PROBE_MIN_BYTES), knobs.PROBE_WRITE_MAX_BYTES)
     copy_seconds = _time_copy(copy_bytes, torch.device(device))

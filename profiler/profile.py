@@ -1,4 +1,4 @@
-"""The measured costs of a job as data (profiler -> plan -> snapshot -> persist -> report).
+"""The measured costs of a job as data: what the profiler hands to the planner and the report.
 
 :class:`Profile` is what the profiler hands to the planner, the report and every checkpoint: a frozen
 pydantic model with a JSON round trip. Every figure is an :class:`Estimate` carrying its sample count
@@ -6,8 +6,8 @@ and spread, so a consumer can tell a measured value (``count > 0``) from a prior
 state size and the one-time bandwidth probe (``count == 0``, ``value`` set) and from an unknown
 (``value is None``).
 
-What one checkpoint costs training (C in DESIGN's math)
--------------------------------------------------------
+What one checkpoint costs training (the planner's C)
+----------------------------------------------------
 ``checkpoint_seconds = stall_seconds + interference_seconds``.
 
 * The stall is the wall time training waited for the snapshot.

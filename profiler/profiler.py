@@ -1,4 +1,4 @@
-"""The online profiler (the first stage of **profiler** -> plan -> snapshot -> persist -> report).
+"""The online profiler: measures a training job's step time, checkpoint costs and loss as it runs.
 
 One :class:`Profiler` per training job. The session calls ``step(loss)`` once per training step, at
 its end, and reports every checkpoint phase; :attr:`Profiler.profile` turns what was seen into a
@@ -35,7 +35,6 @@ take a lock. ``step`` takes none (it is on the hot path, a few microseconds).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
@@ -47,6 +46,7 @@ import numpy as np
 import torch
 
 from profiler import knobs
+from profiler._checks import integer, non_negative_number, optional_integer
 from profiler.loss_trace import LossTrace
 from profiler.probe import probe_bandwidth
 from profiler.profile import Bandwidth, Estimate, Profile
@@ -88,11 +88,9 @@ class Profiler:
         if not callable(clock):
             raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
         self._clock = clock
-        self._warmup_steps = _non_negative_int(
-            knobs.WARMUP_STEPS if warmup_steps is None else warmup_steps, "warmup_steps"
-        )
-        step_window = _positive_int(knobs.STEP_WINDOW if step_window is None else step_window, "step_window")
-        cost_window = _positive_int(knobs.COST_WINDOW if cost_window is None else cost_window, "cost_window")
+        self._warmup_steps = integer(knobs.WARMUP_STEPS if warmup_steps is None else warmup_steps, "warmup_steps")
+        step_window = integer(knobs.STEP_WINDOW if step_window is None else step_window, "step_window", positive=True)
+        cost_window = integer(knobs.COST_WINDOW if cost_window is None else cost_window, "cost_window", positive=True)
         self._lock = threading.Lock()
         self._clean: deque[float] = deque(maxlen=step_window)
         self._overlapped: deque[float] = deque(maxlen=step_window)
@@ -201,8 +199,8 @@ class Profiler:
     # ------------------------------------------------------------------ checkpoint reports
     def record_stall(self, seconds: float, nbytes: int | None = None) -> None:
         """Training waited ``seconds`` for a snapshot of ``nbytes``; marks the open interval a stall step."""
-        seconds = _non_negative_float(seconds, "seconds")
-        nbytes = _optional_bytes(nbytes, "nbytes")
+        seconds = non_negative_number(seconds, "seconds")
+        nbytes = optional_integer(nbytes, "nbytes")
         with self._lock:
             self._interval_stall = True
             self._costs["stall_seconds"].append(seconds)
@@ -220,8 +218,8 @@ class Profiler:
 
         The open interval stays persist-overlapped; the next ``step()`` closes it.
         """
-        seconds = _non_negative_float(seconds, "seconds")
-        nbytes = _optional_bytes(nbytes, "nbytes")
+        seconds = non_negative_number(seconds, "seconds")
+        nbytes = optional_integer(nbytes, "nbytes")
         with self._lock:
             if self._persists_in_flight == 0:
                 logger.debug("persist_finished without persist_started; recording the sample anyway")
@@ -237,8 +235,8 @@ class Profiler:
 
     def record_restore(self, seconds: float, nbytes: int | None = None) -> None:
         """Restoring a checkpoint of ``nbytes`` took ``seconds``."""
-        seconds = _non_negative_float(seconds, "seconds")
-        nbytes = _optional_bytes(nbytes, "nbytes")
+        seconds = non_negative_number(seconds, "seconds")
+        nbytes = optional_integer(nbytes, "nbytes")
         with self._lock:
             self._costs["restore_seconds"].append(seconds)
             if nbytes is not None:
@@ -246,9 +244,7 @@ class Profiler:
 
     def set_state_bytes(self, nbytes: int) -> None:
         """Bytes of one checkpoint's state: with the probe, gives the priors before any checkpoint."""
-        value = _optional_bytes(nbytes, "nbytes")
-        if value is None:
-            raise ValueError("nbytes must be a non-negative integer, got None")
+        value = integer(nbytes, "nbytes")
         with self._lock:
             self._state_bytes = value
 
@@ -293,7 +289,7 @@ class Profiler:
 
     @steps.setter
     def steps(self, value: int) -> None:
-        self._steps = _non_negative_int(value, "steps")
+        self._steps = integer(value, "steps")
 
     @property
     def persist_in_flight(self) -> bool:
@@ -377,8 +373,8 @@ class Profiler:
         if version != STATE_FORMAT:
             raise ValueError(f"profiler state format must be {STATE_FORMAT}, got {version!r}")
         try:
-            steps = _non_negative_int(int(state["steps"]), "steps")
-            state_bytes = _optional_bytes(state["state_bytes"], "state_bytes")
+            steps = integer(int(state["steps"]), "steps")
+            state_bytes = optional_integer(state["state_bytes"], "state_bytes")
             bandwidth = None if state["bandwidth"] is None else Bandwidth.model_validate(state["bandwidth"])
             series = {name: _float_array(state[name], name) for name in _STEP_SERIES + _COST_SERIES}
             trace_state = state["loss_trace"]
@@ -416,29 +412,3 @@ def _float_array(value: Any, field: str) -> np.ndarray:
     if not np.all(np.isfinite(array)):
         raise ValueError(f"profiler state field {field!r} holds NaN or infinite samples")
     return array
-
-
-def _non_negative_float(value: Any, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{field} must be a non-negative finite number, got {value!r}")
-    return float(value)
-
-
-def _optional_bytes(value: Any, field: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{field} must be a non-negative integer, got {value!r}")
-    return int(value)
-
-
-def _non_negative_int(value: Any, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{field} must be a non-negative integer, got {value!r}")
-    return int(value)
-
-
-def _positive_int(value: Any, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{field} must be a positive integer, got {value!r}")
-    return int(value)

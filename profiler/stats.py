@@ -1,4 +1,4 @@
-"""Robust summaries of measured samples (profiler -> plan -> snapshot -> persist -> report).
+"""Robust summaries of measured samples: median and median absolute deviation of a window.
 
 Pure functions: a bounded window of samples in, an :class:`~profiler.profile.Estimate` out. The
 median and the median absolute deviation resist the outliers a training job produces (a data-loader

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import coci  # noqa: E402
 from coci import knobs  # noqa: E402
-from coci.checkpoint import storage  # noqa: E402
+from coci.checkpoint import format  # noqa: E402
 
 SAMPLES = 48
 BATCH = 4
@@ -69,7 +69,7 @@ def install_fault(spec: str, rank: int) -> None:
             if hits["count"] == int(nth):
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    storage.set_fault_hook(hook)
+    format.set_fault_hook(hook)
 
 
 def main() -> None:

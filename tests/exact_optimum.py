@@ -1,4 +1,4 @@
-"""Exact numeric optimum of the checkpoint objective (profiler -> **plan** -> snapshot -> persist -> report).
+"""Exact numeric optimum of the checkpoint objective: the oracle the planner's tests compare ``auto`` with.
 
 A dynamic program over step positions that minimises the same objective as the planner
 (:class:`coci.planning.objective.CostModel`), used by the tests to validate ``auto`` and by benchmarks to

@@ -1,7 +1,7 @@
 """Fault-injection harness: a tiny deterministic job, a fork server, and a kill campaign.
 
-Where it sits: it drives the whole flow (snapshot -> persist -> restore) of a real process and
-checks the persist stage's crash-safety invariants. Used by ``tests/test_faults.py`` (20 kills)
+It drives snapshot, persist and restore in a real process and checks crash safety after every
+kill (the checks are listed below). Used by ``tests/test_faults.py`` (20 kills)
 and ``benchmarks/kill_soak.py`` (200 kills).
 
 Why a fork server: importing torch costs 3-6 s on the shared CI machine, while one run of the
@@ -12,7 +12,7 @@ and is killed with SIGKILL by itself at a chosen instant:
 
 * ``copy:K``      inside the K-th snapshot copy of this process (``CopyJob.run_cpu`` is wrapped:
                   half the fenced tensors copied, then SIGKILL);
-* ``point:P:K``   at the K-th time this process reaches commit point P of ``coci.checkpoint.storage``
+* ``point:P:K``   at the K-th time this process reaches commit point P of ``coci.checkpoint.format``
                   (``mid_write`` after the first 4 KiB chunk of data.bin, ``before_manifest``,
                   ``before_rename`` after the fsyncs, ``after_rename`` before the parent fsync,
                   ``after_commit``, ``retention`` between the hiding rename and the delete);
@@ -76,7 +76,7 @@ def run_job(run_dir: str, steps: int, every: int, kill: str | None = None, sabot
 
     import coci
     from coci import knobs
-    from coci.checkpoint import snapshot, storage
+    from coci.checkpoint import fileio, format, local, snapshot
 
     sys.path.insert(0, str(HERE))
     from train_job import build, data
@@ -89,9 +89,9 @@ def run_job(run_dir: str, steps: int, every: int, kill: str | None = None, sabot
     knobs.WRITE_CHUNK_BYTES = 4096  # several chunks per data file: "mid_write" is really mid-file
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
-    _audit_reads(storage, run / "reads.txt")
-    _arm(kill, storage, snapshot)
-    _sabotage(sabotage, storage)
+    _audit_reads(local, fileio, run / "reads.txt")
+    _arm(kill, format, snapshot)
+    _sabotage(sabotage, format)
 
     model, optimizer, scheduler = build()
     x, y = data()
@@ -126,41 +126,41 @@ def run_job(run_dir: str, steps: int, every: int, kill: str | None = None, sabot
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, run / "final.pt")
 
 
-def _sabotage(kind: str | None, storage: Any) -> None:
+def _sabotage(kind: str | None, format: Any) -> None:
     import re
 
     from coci.checkpoint import rng_state
 
     if kind == "read_tmp":
-        storage._STEP_DIR = re.compile(r"^step_(\d+)(?:\.tmp)?$")
-        storage.remove_stale_tmp = lambda root: []
+        format._STEP_DIR = re.compile(r"^step_(\d+)(?:\.tmp)?$")
+        format.remove_stale_tmp = lambda root: []
     elif kind == "skip_rng":
         rng_state.restore = lambda state: None
     elif kind is not None:
         raise ValueError(f"unknown sabotage {kind!r}")
 
 
-def _audit_reads(storage: Any, log_path: Path) -> None:
-    """Log every checkpoint path the storage layer reads (module globals: internal calls see it)."""
-    read_manifest, read_verified = storage.read_manifest, storage._read_verified
+def _audit_reads(local: Any, fileio: Any, log_path: Path) -> None:
+    """Log every checkpoint path the readers read (module globals: internal calls see it)."""
+    read_manifest, read_verified = local.read_manifest, fileio.read_verified
 
     def note(path: Path) -> None:
         with open(log_path, "a") as handle:
             handle.write(f"{path}\n")
 
     def audited_manifest(path: Path) -> Any:
-        note(Path(path) / storage.MANIFEST_FILENAME)
+        note(Path(path) / local.format.MANIFEST_FILENAME)
         return read_manifest(path)
 
     def audited_data(path: Path, entry: Any, keep: bool = True) -> Any:
         note(Path(path))
         return read_verified(path, entry, keep)
 
-    storage.read_manifest = audited_manifest
-    storage._read_verified = audited_data
+    local.read_manifest = audited_manifest
+    fileio.read_verified = audited_data
 
 
-def _arm(kill: str | None, storage: Any, snapshot: Any) -> None:
+def _arm(kill: str | None, format: Any, snapshot: Any) -> None:
     if not kill:
         return
     kind, *args = kill.split(":")
@@ -178,7 +178,7 @@ def _arm(kill: str | None, storage: Any, snapshot: Any) -> None:
                 if seen["count"] == wanted:
                     os.kill(os.getpid(), signal.SIGKILL)
 
-        storage.set_fault_hook(hook)
+        format.set_fault_hook(hook)
     elif kind == "copy":
         wanted, original = int(args[0]), snapshot.CopyJob.run_cpu
         copies = {"count": 0}
@@ -206,7 +206,7 @@ def serve() -> None:
     import torch
 
     import coci  # noqa: F401
-    from coci.checkpoint import storage  # noqa: F401
+    from coci.checkpoint import format  # noqa: F401
     from coci.checkpoint import snapshot
 
     torch.use_deterministic_algorithms(True)  # imports torch's compiler stack once, in the server
@@ -302,9 +302,9 @@ class CampaignResult:
 
 def committed(run_dir: Path) -> list[int]:
     """Committed steps as a reader sees them (``step_<n>`` directories holding a manifest)."""
-    from coci.checkpoint import storage
+    from coci.checkpoint import format
 
-    return [step for step, _ in storage.committed_steps(storage.checkpoints_dir(run_dir))]
+    return [step for step, _ in format.committed_steps(format.checkpoints_dir(run_dir))]
 
 
 def events(run_dir: Path) -> list[dict[str, Any]]:
@@ -450,11 +450,11 @@ def _observe(run_dir: Path) -> _Before:
 
 def _plant_decoy(run_dir: Path, newest: int) -> Path | None:
     """Copy the newest committed checkpoint to a newer ``step_<n>.tmp`` (valid inside): never to be read."""
-    from coci.checkpoint import storage
+    from coci.checkpoint import format
 
     if not newest:
         return None
-    root = storage.checkpoints_dir(run_dir)
+    root = format.checkpoints_dir(run_dir)
     decoy = root / f"step_{newest + 1000}.tmp"
     shutil.copytree(root / f"step_{newest}", decoy, dirs_exist_ok=True)
     return decoy

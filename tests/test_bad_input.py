@@ -1,4 +1,8 @@
-"""Bad input across the public API gets a clear, typed error naming the field (invariant 6).
+"""Bad input across the public API gets a clear, typed error naming the field.
+
+The rule: every argument a user passes is checked where it enters (``coci.checks``,
+``coci.units.parse_duration``, the policy and session constructors) and refused with a
+``coci.CociError`` subclass (``coci.errors``) whose message names the field and shows the value.
 
 One table: each row is what a user might type, the exception class, and the fragment of the
 message the user sees. NaN / inf losses are not errors but a documented fallback (dropped from the
@@ -166,8 +170,8 @@ def test_non_finite_losses_are_dropped_not_fatal(tmp_path: Path, loss: Any) -> N
 
 @pytest.mark.parametrize("empty", [[], (), "numpy"], ids=["list", "tuple", "numpy"])
 def test_empty_curve_is_the_same_fallback_as_a_short_one(empty: Any) -> None:
-    """An empty loss trace (a run that has logged no loss yet) is "too few points", like one loss;
-    today it raises ``ConfigError('steps is empty')``, a message that does not name the curve."""
+    """An empty loss trace (a run that has logged no loss yet) is "too few points", like one loss,
+    not a ``ConfigError('steps is empty')`` that does not name the curve."""
     import numpy as np
 
     curve = np.array([]) if empty == "numpy" else empty

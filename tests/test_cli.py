@@ -55,6 +55,7 @@ def test_plan_json_parses_as_a_plan_with_increasing_steps(capsys: pytest.Capture
     assert plan.inputs.restart_seconds == 60
 
 
+@pytest.mark.slow  # a full plan for every policy (~2.5 s)
 def test_plan_all_compares_every_policy(capsys: pytest.CaptureFixture[str], curve_csv: Path) -> None:
     assert main(["plan", *PLAN_ARGS, "--policy", "all", "--curve", str(curve_csv), "--json"]) == 0
     plans = {name: Plan.model_validate(value) for name, value in json.loads(capsys.readouterr().out).items()}
@@ -198,6 +199,7 @@ def test_help_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
     assert "required" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a new Python process importing torch
 def test_console_script_runs_as_a_real_process() -> None:
     script = Path(sys.executable).with_name("coci")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "coci.cli"]

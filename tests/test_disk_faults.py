@@ -1,6 +1,6 @@
-"""A full or failing disk during persist (persist stage; invariant 5).
+"""A full or failing disk during persist: training goes on and no partial checkpoint is ever visible.
 
-ENOSPC / EIO come from an injected writer fault (``storage.set_fault_hook`` raising OSError at a
+ENOSPC / EIO come from an injected writer fault (``format.set_fault_hook`` raising OSError at a
 commit point) and, where the machine allows a mount, from a real 2 MiB tmpfs that fills up.
 Training continues; the failure is an ``error`` event and a :class:`coci.PersistError` at the
 next ``step`` (or only a log line with ``on_error="log"``); no partial checkpoint becomes visible;
@@ -24,7 +24,7 @@ import torch
 from ckpt_helpers import build_state, events_of, restore_fresh
 
 import coci
-from coci.checkpoint import storage
+from coci.checkpoint import format
 from coci.checkpoint.verify import verify_run
 
 MESSAGES = {errno.ENOSPC: "No space left on device", errno.EIO: "Input/output error"}
@@ -43,11 +43,11 @@ def fault_hook() -> Iterator[list]:
                 time.sleep(delay)
                 raise error
 
-    storage.set_fault_hook(hook)
+    format.set_fault_hook(hook)
     try:
         yield faults
     finally:
-        storage.set_fault_hook(None)
+        format.set_fault_hook(None)
 
 
 def one_step(session: coci.Session, state: dict, generator: torch.Generator) -> coci.PendingCheckpoint | None:
@@ -60,8 +60,8 @@ def one_step(session: coci.Session, state: dict, generator: torch.Generator) -> 
 
 
 def assert_nothing_partial(run_dir: Path, committed: list[int]) -> None:
-    root = storage.checkpoints_dir(run_dir)
-    assert [s for s, _ in storage.committed_steps(root)] == committed
+    root = format.checkpoints_dir(run_dir)
+    assert [s for s, _ in format.committed_steps(root)] == committed
     assert list(root.glob("*.tmp")) == []  # the failed write's directory was removed
     statuses = verify_run(run_dir)
     assert [(s.step, s.ok) for s in statuses] == [(s, True) for s in committed]
@@ -175,6 +175,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
 
 
+@pytest.mark.slow  # runs mount(8) / umount(8) as processes
 def test_real_full_disk(small_disk: Path) -> None:
     run_dir = small_disk / "run"
     state = build_state()

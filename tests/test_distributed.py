@@ -30,18 +30,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from coci.checkpoint import storage
-from coci.distributed import checkpoint_format, read_dcp_manifest, verify_dcp_checkpoint
+from coci.checkpoint import format
+from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
 
 JOB = Path(__file__).with_name("dist_job.py")
 REPO = JOB.parents[1]
 EPOCHS, SAMPLES, BATCH = 3, 48, 4
 TIMEOUT = 120
 
-pytestmark = pytest.mark.skipif(
-    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-    reason="torch.distributed with gloo is required",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.distributed,
+    pytest.mark.skipif(
+        not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+        reason="torch.distributed with gloo is required",
+    ),
+]
 
 
 def free_port() -> int:
@@ -89,7 +93,7 @@ def step_log(run_dir: Path, rank: int) -> list[tuple[int, int, list[int], str]]:
 
 
 def committed(run_dir: Path) -> list[int]:
-    return [step for step, _ in storage.committed_steps(storage.checkpoints_dir(run_dir))]
+    return [step for step, _ in format.committed_steps(format.checkpoints_dir(run_dir))]
 
 
 def assert_same_as_reference(run_dir: Path, reference: Path) -> None:
@@ -122,11 +126,11 @@ def test_uninterrupted_run_persists_balanced_deduplicated_dcp_checkpoints(refere
     steps = committed(reference)
     assert steps == [12, 16]  # every 4 steps of 18, keep_last=2
     for step in steps:
-        path = storage.checkpoints_dir(reference) / f"step_{step}"
-        assert checkpoint_format(path) == "dcp"
+        path = format.checkpoints_dir(reference) / f"step_{step}"
+        assert format.record_format(path) == "dcp"
         manifest = verify_dcp_checkpoint(path)
         assert manifest.world_size == 2 and manifest.step == step
-        on_disk = {p.name: p.stat().st_size for p in path.iterdir() if p.name != storage.MANIFEST_FILENAME}
+        on_disk = {p.name: p.stat().st_size for p in path.iterdir() if p.name != format.MANIFEST_FILENAME}
         assert on_disk == {f.name: f.size for f in manifest.files}  # every file DCP wrote is recorded
         # each replicated tensor was written once, by one rank, and both ranks wrote some
         from torch.distributed.checkpoint import FileSystemReader
@@ -154,7 +158,7 @@ def test_rank_killed_after_its_dcp_write_commits_nothing_and_survivor_exits(tmp_
     codes = launch(tmp_path, 2, "--fault", "1:dcp_after_save:2", "--coci-timeout", "20")
     assert codes[1] == -signal.SIGKILL and codes[0] not in (0, None)  # the survivor failed, not hung
     assert committed(tmp_path) == [4]
-    root = storage.checkpoints_dir(tmp_path)
+    root = format.checkpoints_dir(tmp_path)
     assert not (root / "step_8").exists()
     assert verify_dcp_checkpoint(root / "step_4").step == 4
 
@@ -163,8 +167,8 @@ def test_rank0_killed_before_the_rename_commits_nothing(tmp_path: Path) -> None:
     codes = launch(tmp_path, 2, "--fault", "0:before_rename:2", "--coci-timeout", "20")
     assert codes[0] == -signal.SIGKILL and codes[1] not in (0, None)
     assert committed(tmp_path) == [4]
-    assert (storage.checkpoints_dir(tmp_path) / "step_8.tmp" / storage.MANIFEST_FILENAME).is_file()  # never read
-    assert read_dcp_manifest(storage.checkpoints_dir(tmp_path) / "step_4").step == 4
+    assert (format.checkpoints_dir(tmp_path) / "step_8.tmp" / format.MANIFEST_FILENAME).is_file()  # never read
+    assert read_dcp_manifest(format.checkpoints_dir(tmp_path) / "step_4").step == 4
 
 
 def test_world_size_change_2_1_2_uses_each_sample_once_per_epoch(tmp_path: Path) -> None:

@@ -15,8 +15,10 @@ import pytest
 
 from fault_job import ForkServer, compare_final, committed, events, run_campaign
 
-from coci.checkpoint import storage
+from coci.checkpoint import format
 from coci.checkpoint.verify import verify_run
+
+pytestmark = pytest.mark.slow  # a fork server whose children are SIGKILLed 20 times
 
 STEPS, EVERY = 40, 3
 REQUIRED_KINDS = {"copy", "mid_write", "before_rename", "after_rename", "retention", "time"}
@@ -61,7 +63,7 @@ def test_kill_instant_leaves_what_it_should(
     server: ForkServer, reference: Path, tmp_path: Path, kill: str, visible: list[int], tmp_files: set[str] | None
 ) -> None:
     assert server.run(tmp_path, STEPS, EVERY, kill)[0] == -signal.SIGKILL
-    root = storage.checkpoints_dir(tmp_path)
+    root = format.checkpoints_dir(tmp_path)
     assert committed(tmp_path) == visible
     leftovers = sorted(root.glob("*.tmp")) if root.exists() else []
     if tmp_files is None:
@@ -81,7 +83,7 @@ def test_kill_instant_leaves_what_it_should(
 
 def test_kill_during_retention_keeps_the_newer_checkpoints(server: ForkServer, reference: Path, tmp_path: Path) -> None:
     assert server.run(tmp_path, STEPS, EVERY, "point:retention:1")[0] == -signal.SIGKILL
-    root = storage.checkpoints_dir(tmp_path)
+    root = format.checkpoints_dir(tmp_path)
     assert committed(tmp_path) == [6, 9]
     hidden = [p.name for p in root.glob("*.tmp")]
     assert len(hidden) == 1 and hidden[0].startswith("step_3.")  # hidden by rename, not yet deleted

@@ -1,4 +1,5 @@
-"""Hostile checkpoints: nothing in a checkpoint ever runs code (invariant 4).
+"""Hostile checkpoints: nothing in a checkpoint ever runs code (``coci.checkpoint.local`` reads JSON
+manifests and raw tensor bytes only; nothing is unpickled).
 
 Each payload below runs ``touch MARKER`` when unpickled (its ``__reduce__`` returns ``os.system``);
 a liveness test proves it does. The payload is planted as the data file (raw pickle, and a

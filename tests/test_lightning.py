@@ -22,6 +22,8 @@ import torch
 pytest.importorskip("lightning")
 pytest.importorskip("torchdata.stateful_dataloader")
 
+pytestmark = pytest.mark.slow  # real Lightning processes, SIGKILLed and resumed
+
 JOB = Path(__file__).with_name("lightning_job.py")
 STEPS = 36
 EVERY = 5
@@ -128,3 +130,18 @@ def test_bad_arguments_name_the_field(tmp_path: Path) -> None:
         CociCallback(tmp_path, save_last="yes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="run_dir"):
         CociCallback(3)  # type: ignore[arg-type]
+
+
+def test_callback_takes_a_plan_config_and_fills_its_horizon_from_max_steps(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from coci import Failures, PlanConfig
+    from coci.integrations.lightning import CociCallback
+
+    config = PlanConfig(policy="young", failures=Failures.exponential("8h"))
+    options = CociCallback(tmp_path, plan_config=config)._options_for(SimpleNamespace(max_steps=300))
+    assert options["plan_config"] == config.replace(total_steps=300) and options["total_steps"] is None
+    options = CociCallback(tmp_path, mtbf="8h")._options_for(SimpleNamespace(max_steps=-1))
+    assert options["plan_config"] is None and options["total_steps"] is None
+    options = CociCallback(tmp_path, mtbf="8h")._options_for(SimpleNamespace(max_steps=300))
+    assert options["total_steps"] == 300

@@ -137,7 +137,7 @@ def test_pin_memory_passes_through() -> None:
         assert sorted(torch.cat(list(loader)).tolist()) == list(range(8))
 
 
-# --- repeated resumes inside one epoch (trap 7) ------------------------------------------------
+# --- repeated resumes inside one epoch: each continues at the saved position, nothing replayed --
 
 
 def test_three_save_resume_cycles_in_one_epoch() -> None:
@@ -188,7 +188,7 @@ def test_load_state_dict_abandons_the_pass_in_progress() -> None:
     assert as_lists(loader) == as_lists(fresh)
 
 
-# --- epochs and the boundary (trap 6) ------------------------------------------------------------
+# --- epochs and the boundary: a state saved after an epoch's last batch resumes into the next ---
 
 
 def user_loop(

@@ -31,6 +31,7 @@ def _deterministic_single_thread() -> None:
     demo.configure_torch(1)
 
 
+@pytest.mark.slow  # trains every reference workload (cnn alone ~8 s)
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_builder_loss_falls_in_a_few_steps(name: str) -> None:
     steps = 45 if name == "cnn" else 24  # the CNN's warm-up (5% of its run) holds it for ~30 steps
@@ -68,6 +69,7 @@ def test_schedules_warm_up_then_decay() -> None:
         assert rates[0] < rates[peak] and rates[-1] < 0.5 * rates[peak], name  # then decay
 
 
+@pytest.mark.slow  # the demo supervisor starts, SIGKILLs and restarts training processes
 @pytest.mark.parametrize(
     ("name", "policy", "steps", "kill_at"),
     [("mlp", "every:5", 16, "8"), ("cnn", "every:4", 14, "10"), ("gpt", "every:5", 16, "12")],
@@ -120,6 +122,7 @@ def test_verify_detects_a_single_changed_bit(tmp_path: Path) -> None:
     assert demo.compare_runs(tmp_path, reference, changed)[-1].startswith("loss at step 4:")
 
 
+@pytest.mark.slow  # starts two Python processes and SIGKILLs one
 def test_failure_clock_kills_a_running_child_and_spares_a_finished_one() -> None:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     assert demo.wait_or_kill(sleeper, 0.2, running=True) == (-signal.SIGKILL, True)

@@ -9,6 +9,8 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
+pytestmark = pytest.mark.slow  # executes the walkthrough notebook in a kernel process
+
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "walkthrough.ipynb"
 CELL_TIMEOUT_SECONDS = 300
 
@@ -28,7 +30,7 @@ def test_walkthrough_executes_and_shows_its_figures() -> None:
     outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    # curve, policy intervals, the simulated overhead (when coci.simulate exists), and the run
+    # curve, policy intervals, the simulated overhead, and the run
     # report's four figures
     assert len(images) >= 6, f"only {len(images)} figures"
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")

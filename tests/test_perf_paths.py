@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from coci import knobs
-from coci.checkpoint import storage
+from coci.checkpoint import fileio, format
 from coci.errors import CorruptCheckpointError
 from coci.checkpoint.snapshot import CopyJob, StagingArena, aligned_empty
 
@@ -36,8 +36,8 @@ def _arena_payload(numel: int, seed: int = 0) -> tuple[StagingArena, memoryview]
     return arena, arena.payload()
 
 
-def _entry(path: Path, size: int, crc: int) -> storage.FileEntry:
-    return storage.FileEntry(name=path.name, size=size, crc32=crc)
+def _entry(path: Path, size: int, crc: int) -> format.FileEntry:
+    return format.FileEntry(name=path.name, size=size, crc32=crc)
 
 
 def test_arena_and_aligned_buffers_start_on_a_block_boundary() -> None:
@@ -55,9 +55,9 @@ def test_direct_write_round_trips_with_the_same_crc_as_zlib(tmp_path: Path, monk
     _, payload = _arena_payload(numel)
     assert len(payload) >= knobs.DIRECT_IO_MIN_BYTES
     path = tmp_path / "data.bin"
-    fd, direct = storage._open_for_write(path, payload)
+    fd, direct = fileio.open_for_write(path, payload)
     os.close(fd)
-    size, crc = storage._write_file(path, payload)
+    size, crc = fileio.write_file(path, payload)
     assert (size, crc) == (len(payload), zlib.crc32(payload))
     assert path.read_bytes() == bytes(payload)
     if not direct:
@@ -77,19 +77,19 @@ def test_direct_write_falls_back_to_the_page_cache_when_refused(tmp_path: Path, 
     monkeypatch.setattr(os, "open", no_direct)
     _, payload = _arena_payload((2 << 20) // 4 + 3)
     path = tmp_path / "data.bin"
-    assert storage._write_file(path, payload) == (len(payload), zlib.crc32(payload))
+    assert fileio.write_file(path, payload) == (len(payload), zlib.crc32(payload))
     assert path.read_bytes() == bytes(payload) and refused == [path]
     entry = _entry(path, len(payload), zlib.crc32(payload))
-    assert bytes(storage._read_verified(path, entry).numpy()) == bytes(payload)
+    assert bytes(fileio.read_verified(path, entry).numpy()) == bytes(payload)
 
 
 def test_unaligned_or_small_payloads_never_ask_for_o_direct(tmp_path: Path) -> None:
     _, payload = _arena_payload(1 << 20)
-    assert storage._direct_eligible(payload)
-    assert not storage._direct_eligible(payload[1:])  # address off the block boundary
-    assert not storage._direct_eligible(payload[: knobs.DIRECT_IO_MIN_BYTES - 1])
+    assert fileio.direct_eligible(payload)
+    assert not fileio.direct_eligible(payload[1:])  # address off the block boundary
+    assert not fileio.direct_eligible(payload[: knobs.DIRECT_IO_MIN_BYTES - 1])
     path = tmp_path / "data.bin"
-    assert storage._write_file(path, payload[1:]) == (len(payload) - 1, zlib.crc32(payload[1:]))
+    assert fileio.write_file(path, payload[1:]) == (len(payload) - 1, zlib.crc32(payload[1:]))
     assert path.read_bytes() == bytes(payload[1:])
 
 
@@ -98,11 +98,11 @@ def test_mid_write_fault_fires_once_after_the_first_direct_chunk(tmp_path: Path,
     _, payload = _arena_payload((1 << 20) // 4 + 100)
     path = tmp_path / "data.bin"
     seen: list[tuple[str, int]] = []
-    storage.set_fault_hook(lambda point: seen.append((point, path.stat().st_size)))
+    format.set_fault_hook(lambda point: seen.append((point, path.stat().st_size)))
     try:
-        storage._write_file(path, payload, fault_point="mid_write")
+        fileio.write_file(path, payload, fault_point="mid_write")
     finally:
-        storage.set_fault_hook(None)
+        format.set_fault_hook(None)
     assert seen == [("mid_write", 256 << 10)]
 
 
@@ -113,18 +113,18 @@ def test_verified_read_matches_for_any_chunking(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(knobs, "READ_CHUNK_BYTES", chunk)
     _, payload = _arena_payload((1 << 20) // 4 + 999)
     path = tmp_path / "data.bin"
-    size, crc = storage._write_file(path, payload)
+    size, crc = fileio.write_file(path, payload)
     entry = _entry(path, size, crc)
-    loaded = storage._read_verified(path, entry)
+    loaded = fileio.read_verified(path, entry)
     assert loaded.numel() == size and bytes(loaded.numpy()) == bytes(payload)
-    storage._read_verified(path, entry, keep=False)  # verifies without keeping: no error
+    fileio.read_verified(path, entry, keep=False)  # verifies without keeping: no error
 
 
 def test_verified_read_detects_a_flipped_byte_in_the_middle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(knobs, "READ_CHUNK_BYTES", 256 << 10)
     _, payload = _arena_payload((2 << 20) // 4)
     path = tmp_path / "data.bin"
-    size, crc = storage._write_file(path, payload)
+    size, crc = fileio.write_file(path, payload)
     with open(path, "r+b") as handle:
         handle.seek(size // 2 + 1)
         byte = handle.read(1)
@@ -132,14 +132,14 @@ def test_verified_read_detects_a_flipped_byte_in_the_middle(tmp_path: Path, monk
         handle.write(bytes([byte[0] ^ 0xFF]))
     for keep in (True, False):
         with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
-            storage._read_verified(path, _entry(path, size, crc), keep=keep)
+            fileio.read_verified(path, _entry(path, size, crc), keep=keep)
 
 
 def test_threaded_checksum_equals_sequential_crc_in_chunk_order() -> None:
     data = memoryview(torch.randint(0, 256, (3 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)).numpy())
     pieces = [data[i : i + 123457] for i in range(0, len(data), 123457)]
     for threaded in (True, False):
-        checksum = storage._ChunkChecksum(threaded=threaded)
+        checksum = fileio.ChunkChecksum(threaded=threaded)
         for piece in pieces:
             checksum.submit(piece)
         assert checksum.result() == zlib.crc32(data)
@@ -223,6 +223,7 @@ def test_a_job_without_fenced_cpu_tensors_is_done_at_once() -> None:
     assert torch.equal(view, source)
 
 
+@pytest.mark.slow  # runs benchmarks/cuda_path.py as a process
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit")
 def test_cuda_script_exits_cleanly_without_cuda() -> None:
     result = subprocess.run(

@@ -38,7 +38,7 @@ def losses(n: int = 3000, seed: int = 0) -> np.ndarray:
 def test_every_policy_plans_and_round_trips_through_json(policy: str) -> None:
     p = plan(policy, curve=losses(), **BASE)
     assert p.policy == policy and p.steps == sorted(set(p.steps))
-    assert 0 < p.steps[0] and p.steps[-1] < BASE["total_steps"]
+    assert p.steps[0] > 0 and p.steps[-1] < BASE["total_steps"]
     again = Plan.model_validate_json(p.model_dump_json())
     assert again == p
     assert json.loads(p.model_dump_json())["inputs"]["failures"]["kind"] == "exponential"
@@ -64,6 +64,7 @@ def test_auto_records_fit_mu_and_budget_and_beats_young_on_progress() -> None:
     assert intervals[-1] > intervals[0]
 
 
+@pytest.mark.slow  # several full plans (~3 s)
 def test_curve_inputs_are_equivalent() -> None:
     y = losses()
     steps = np.arange(1, y.size + 1)
@@ -229,6 +230,7 @@ def test_only_progress_weighting_checkpoints_before_its_first_plan(policy: str, 
     assert [s for s in range(1, 6) if short.should_checkpoint(s)] == [1, 2, 4]
 
 
+@pytest.mark.slow  # several full plans and a curve fit (~6 s)
 def test_a_short_trace_plans_with_the_prior_and_a_fit_replaces_it() -> None:
     pol = make_policy("auto", failures=BASE["failures"], total_steps=20_000, restart_seconds=60.0)
     sparse = np.array([9.0, 6.0, 5.0])  # e.g. validation losses: 3 points, too few to fit
@@ -257,6 +259,7 @@ def test_a_flat_trace_or_no_loss_gets_no_prior() -> None:
     assert silent.plan.objective == "time"
 
 
+@pytest.mark.slow  # several full re-plans (~5 s)
 def test_planning_policy_replans_only_when_something_moved() -> None:
     pol = make_policy("auto", failures=BASE["failures"], total_steps=20_000, restart_seconds=60.0,
                       objective="progress", time_budget=0.05, max_overhead=None)
@@ -271,6 +274,7 @@ def test_planning_policy_replans_only_when_something_moved() -> None:
     assert pol.replans == 3
 
 
+@pytest.mark.slow  # several full plans (~3.5 s)
 def test_planning_policy_state_round_trips() -> None:
     pol = make_policy("auto", failures=BASE["failures"], total_steps=20_000, restart_seconds=60.0,
                       objective="progress", time_budget=0.05, max_overhead=None)
@@ -346,3 +350,79 @@ def test_a_fit_extrapolating_below_zero_stops_falling_at_zero() -> None:
     assert rate(np.array([crossing + 10.0]))[0] == 0.0 and rate(np.array([100.0]))[0] > 0
     level = fit.loss(np.array([fit.first_step]))[0]  # a whole-trace fit: the fitted first loss
     assert mean == pytest.approx((level - 0.0) / (20_000 - fit.first_step), rel=1e-9)
+
+
+# --- PlanConfig ----------------------------------------------------------------------------------
+
+
+def test_plan_config_gives_the_same_plan_as_the_keywords() -> None:
+    from coci import PlanConfig
+
+    costs = dict(step_seconds=0.5, stall_seconds=0.8, persist_seconds=4.0)
+    for name in POLICIES:
+        config = PlanConfig(policy=name, failures="2h", total_steps=20_000, restart_seconds=60.0)
+        assert config.failures == BASE["failures"]  # an MTBF becomes the exponential model
+        assert plan(config=config, curve=losses(), **costs) == plan(name, curve=losses(), **BASE)
+
+
+def test_plan_config_validates_its_fields_and_is_not_mixed_with_keywords() -> None:
+    from coci import PlanConfig
+
+    with pytest.raises(ConfigError, match="policy must be one of"):
+        PlanConfig(policy="often", failures="8h")
+    with pytest.raises(ConfigError, match="failures is required for policy 'auto'"):
+        PlanConfig()
+    with pytest.raises(ConfigError, match="time_budget must be"):
+        PlanConfig(failures="8h", time_budget=-1.0)
+    with pytest.raises(ConfigError, match="total_steps must be an integer >= 1"):
+        PlanConfig(failures="8h", total_steps=True)
+    assert PlanConfig(policy="checkfreq").failures is None
+    config = PlanConfig(failures="8h", total_steps=100)
+    with pytest.raises(ConfigError, match="either config= or the planning choices"):
+        plan(config=config, total_steps=200, step_seconds=1.0, stall_seconds=1.0, persist_seconds=1.0)
+    with pytest.raises(ConfigError, match="total_steps must be an integer >= 1, got None"):
+        plan(config=config.replace(total_steps=None), step_seconds=1.0, stall_seconds=1.0, persist_seconds=1.0)
+
+
+def test_every_policy_re_plans_from_a_plans_inputs_in_two_lines() -> None:
+    from coci import PlanConfig
+
+    reference = plan("auto", curve=losses(), **BASE)
+    for name in POLICIES:
+        config = PlanConfig.from_inputs(reference.inputs, policy=name, time_budget=reference.time_budget)
+        again = plan(config=config, curve=reference.fit, **reference.inputs.measured_costs())
+        assert again == plan(name, curve=reference.fit, **BASE)
+
+
+def test_make_policy_and_planning_policy_accept_a_plan_config() -> None:
+    from coci import PlanConfig
+
+    config = PlanConfig(policy="young", failures=BASE["failures"], total_steps=20_000, restart_seconds=60.0)
+    by_config, by_keywords = make_policy(config), make_policy("young", failures="2h", total_steps=20_000,
+                                                              restart_seconds=60.0)
+    assert by_config.config == by_keywords.config == config
+    by_config.observe(observation(100))
+    by_keywords.observe(observation(100))
+    assert by_config.plan == by_keywords.plan
+    with pytest.raises(ConfigError, match="either a PlanConfig or its fields"):
+        PlanningPolicy(config, total_steps=10)
+
+
+def test_session_takes_a_plan_config_or_builds_one_from_its_keywords(tmp_path) -> None:
+    import torch
+
+    from coci import PlanConfig, Session
+
+    state = {"w": torch.zeros(4)}
+    config = PlanConfig(policy="daly", failures=BASE["failures"], total_steps=500, restart_seconds=5.0)
+    with_config = Session(tmp_path / "a", state, plan_config=config)
+    with_keywords = Session(tmp_path / "b", state, policy="daly", mtbf="2h", total_steps=500, restart_seconds=5.0)
+    try:
+        assert with_config.policy.config == with_keywords.policy.config == config
+    finally:
+        with_config.close()
+        with_keywords.close()
+    with pytest.raises(ConfigError, match=r"either plan_config= or the planning arguments \(total_steps\)"):
+        Session(tmp_path / "c", state, plan_config=config, total_steps=10)
+    with pytest.raises(ConfigError, match=r"either plan_config= or the planning arguments \(policy\)"):
+        Session(tmp_path / "d", state, policy="young", plan_config=config)

@@ -39,8 +39,8 @@ def decaying_rate(s: np.ndarray) -> np.ndarray:
     [(24 * HOUR, 116.7, 117.0), (6 * HOUR, 56.7, 57.0), (15 * MINUTE, 9.17, 9.1)],
 )
 def test_daly_reproduces_his_published_cases(mtbf: float, design: float, published: float) -> None:
-    """Daly 2006, C = 5 min, R = 10 min: 117 / 57 / 9.1 min (his table rounds; DESIGN lists the
-    exact Lambert-W values 116.7 / 56.7 / 9.17)."""
+    """Daly 2006, C = 5 min, R = 10 min: 117 / 57 / 9.1 min (his table rounds; the exact
+    Lambert-W values are 116.7 / 56.7 / 9.17)."""
     minutes = daly_interval_seconds(5 * MINUTE, mtbf) / MINUTE
     assert minutes == pytest.approx(design, abs=0.1)
     assert round(minutes) == round(published) if published > 10 else minutes == pytest.approx(published, abs=0.1)

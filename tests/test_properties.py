@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -53,6 +54,7 @@ def plan_inputs(draw: Any) -> dict[str, Any]:
     )
 
 
+@pytest.mark.slow  # a full plan per generated example (~3 s)
 @PLAN_SETTINGS
 @given(plan_inputs())
 def test_plan_steps_are_increasing_inside_the_horizon_and_spaced(inputs: dict[str, Any]) -> None:
@@ -72,6 +74,7 @@ def test_plan_steps_are_increasing_inside_the_horizon_and_spaced(inputs: dict[st
     assert type(result).model_validate_json(result.model_dump_json()).steps == steps  # JSON round-trip
 
 
+@pytest.mark.slow  # a full plan per generated example (~2.5 s)
 @PLAN_SETTINGS
 @given(plan_inputs(), st.integers(min_value=0, max_value=19_999))
 def test_replanning_mid_run_stays_after_the_start(inputs: dict[str, Any], start: int) -> None:

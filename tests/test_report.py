@@ -1,4 +1,4 @@
-"""Tests of coci.report: the plan report read back from real and hand-written run directories."""
+"""Tests of coci.analysis.report: the plan report read back from real and hand-written run directories."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ import pytest
 import torch
 
 import coci
-from coci.checkpoint import storage
+from coci.analysis.report import FIGURES, Report, ReportData, report
+from coci.analysis.report.read import _restores
+from coci.checkpoint import format as storage
 from coci.errors import ConfigError
 from coci.events import read_events
 from coci.planning.planner import POLICIES, Plan, plan
-from coci.analysis.report import FIGURES, Report, ReportData, _restores, report
 
 TOTAL_STEPS = 120
 CRASH_AT = 70
@@ -275,15 +276,15 @@ def test_write_produces_json_html_and_pngs_that_round_trip(run, built, tmp_path:
 
 def test_figures_carry_axis_labels_with_units(built) -> None:
     import matplotlib
-
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    builders = [built._plot_loss, built._plot_intervals, built._plot_overhead, built._plot_costs]
-    for build in builders:
+    from coci.analysis.report.figures import FIGURE_BUILDERS
+
+    for build in FIGURE_BUILDERS.values():
         figure = Figure()
         FigureCanvasAgg(figure)
-        build(figure)
+        build(figure, built.data)
         axis = figure.axes[0]
         assert "(" in axis.get_xlabel() and ")" in axis.get_xlabel(), axis.get_xlabel()
         assert axis.get_ylabel(), build.__name__
@@ -311,6 +312,7 @@ def test_simulated_confidence_intervals_bracket_the_means(run, built) -> None:
             assert r.wall_ci_percent[0] <= r.wall_percent <= r.wall_ci_percent[1]
 
 
+@pytest.mark.slow  # runs headless chromium as a process
 @pytest.mark.skipif(shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists(), reason="chromium is not installed")
 def test_html_renders_in_headless_chromium(built, tmp_path: Path) -> None:
     page = tmp_path / "report.html"

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # real training processes, SIGKILLed and resumed
+
 JOB = Path(__file__).with_name("train_job.py")
 STEPS = 40
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import coci
-from coci.checkpoint import snapshot, storage
+from coci.checkpoint import fileio, format, local, snapshot
 from coci.errors import ConfigError, CorruptCheckpointError, PersistError, StateError, StateMismatchError
 
 
@@ -114,8 +114,8 @@ def test_snapshot_isolation_under_a_slow_copy(tmp_path: Path, monkeypatch: pytes
     train(model, opt, sched, 2, session)  # these optimizer steps hit the fence
     session.close()
     assert not states_equal(expected, model.state_dict())
-    _, tensors = storage.load_checkpoint(tmp_path / "checkpoints" / "step_3")
-    manifest = storage.read_manifest(tmp_path / "checkpoints" / "step_3")
+    _, tensors = local.load_checkpoint(tmp_path / "checkpoints" / "step_3")
+    manifest = local.read_manifest(tmp_path / "checkpoints" / "step_3")
     tree = coci.checkpoint.tree.unflatten(manifest.skeleton, tensors)
     assert states_equal(tree["model"], expected)
     stall = [e for e in coci.events.read_events(tmp_path) if e["event"] == "snapshot_end"]
@@ -129,7 +129,7 @@ def test_buffers_changed_by_the_next_forward_do_not_leak_in(tmp_path: Path) -> N
     running_mean = model[1].running_mean.clone()
     model(torch.randn(16, 8) + 5.0)  # a forward pass moves BatchNorm statistics before any opt.step
     session.close()
-    manifest, tensors = storage.load_checkpoint(tmp_path / "checkpoints" / "step_2")
+    manifest, tensors = local.load_checkpoint(tmp_path / "checkpoints" / "step_2")
     tree = coci.checkpoint.tree.unflatten(manifest.skeleton, tensors)
     assert torch.equal(tree["model"]["1.running_mean"], running_mean)
 
@@ -139,6 +139,7 @@ def _rss_bytes() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.slow  # a soak of many real checkpoints (~15 s)
 def test_staging_buffers_are_reused_and_rss_is_flat(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(1024, 1024)  # 4 MiB of weights, 12 MiB with Adam state
@@ -167,7 +168,7 @@ def test_staging_buffers_are_reused_and_rss_is_flat(tmp_path: Path) -> None:
     assert arena.buffer_ptr == pointer
     assert [v.data_ptr() for v in arena._views[:4]] == model_slots
     assert growth < 0.02 * rss_before, f"RSS grew by {growth / 2**20:.1f} MiB over 100 checkpoints"
-    assert [s for s, _ in storage.committed_steps(tmp_path / "checkpoints")] == [250]
+    assert [s for s, _ in format.committed_steps(tmp_path / "checkpoints")] == [250]
 
 
 def test_persist_failure_is_surfaced_and_previous_checkpoint_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,20 +176,20 @@ def test_persist_failure_is_surfaced_and_previous_checkpoint_kept(tmp_path: Path
     session = coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.EveryN(2))
     train(model, opt, sched, 2, session)
     session.wait()
-    real_write = storage._write_file
+    real_write = fileio.write_file
 
     def full_disk(path, payload, fault_point=None):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(storage, "_write_file", full_disk)
+    monkeypatch.setattr(fileio, "write_file", full_disk)
     train(model, opt, sched, 2, session)  # checkpoint at 4 fails in the background
     session._checkpointer.pending.upload_completion.exception()
     with pytest.raises(PersistError, match="No space left"):
         train(model, opt, sched, 1, session)
-    monkeypatch.setattr(storage, "_write_file", real_write)
+    monkeypatch.setattr(fileio, "write_file", real_write)
     train(model, opt, sched, 1, session)  # the session is still usable: step 6 checkpoints again
     session.close()
-    steps = [s for s, _ in storage.committed_steps(tmp_path / "checkpoints")]
+    steps = [s for s, _ in format.committed_steps(tmp_path / "checkpoints")]
     assert steps == [2, 6]
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
     errors = [e for e in coci.events.read_events(tmp_path) if e["event"] == "error"]
@@ -340,6 +341,7 @@ def _commit(session: coci.Session) -> None:
         session._checkpointer.pending.upload_completion.exception()
 
 
+@pytest.mark.slow  # trains until the first real plan (~3 s)
 def test_auto_checkpoints_on_doublings_before_its_first_plan(tmp_path: Path) -> None:
     """Before the first plan (no costs measured, no fit) auto bets on the steep start of training:
     checkpoints at 1, 2, 4, 8, 16; the first plan (once the profiler times steps) replaces them."""
@@ -360,13 +362,13 @@ def test_warmup_checkpoints_never_wait_for_a_persist_and_respect_the_stall_budge
 ) -> None:
     # a persist held in flight: the warm-up checkpoints at 2 and 4 are skipped, not waited for
     released = __import__("threading").Event()
-    real_write = storage._write_file
+    real_write = fileio.write_file
 
     def held_write(path, payload, fault_point=None):
         released.wait(5)  # a regression that waits fails after 5 s instead of hanging
         return real_write(path, payload, fault_point)
 
-    monkeypatch.setattr(storage, "_write_file", held_write)
+    monkeypatch.setattr(fileio, "write_file", held_write)
     now = [0.0]
     session = _auto_session(tmp_path / "held", now)
     for step in range(1, 9):
@@ -380,7 +382,7 @@ def test_warmup_checkpoints_never_wait_for_a_persist_and_respect_the_stall_budge
 
     # a checkpoint that stalls training 2 s against 1 s steps: after the first, the stalls exceed 10%
     # of the wall time at every later warm-up step, so the bet stops at one checkpoint
-    monkeypatch.setattr(storage, "_write_file", real_write)
+    monkeypatch.setattr(fileio, "write_file", real_write)
     now = [0.0]
     session = _auto_session(tmp_path / "dear", now)
     start = session._checkpointer.start

@@ -1,4 +1,4 @@
-"""coci.checkpoint.storage: the commit protocol, verification, retention and refusal of bad files."""
+"""coci.checkpoint.format and .local: the commit protocol, verification, retention and refusal of bad files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coci.checkpoint import storage
+from coci.checkpoint import format, local
 from coci.errors import CorruptCheckpointError
 from coci.checkpoint.snapshot import StagingArena
 
@@ -18,7 +18,7 @@ def write(root: Path, step: int, tensors: list[torch.Tensor]) -> Path:
     views = arena.prepare(tensors)
     for view, tensor in zip(views, tensors):
         view.copy_(tensor)
-    path, _ = storage.write_checkpoint(root, step, arena.payload(), arena.slots, {"t": [{"__tensor__": i} for i in range(len(tensors))]}, epoch=0, state_keys=["t"])
+    path, _ = local.write_checkpoint(root, step, arena.payload(), arena.slots, {"t": [{"__tensor__": i} for i in range(len(tensors))]}, epoch=0, state_keys=["t"])
     return path
 
 
@@ -26,7 +26,7 @@ def test_write_then_load_round_trips_bytes(tmp_path: Path) -> None:
     tensors = [torch.randn(10, 3), torch.arange(7, dtype=torch.int64), torch.randn(4).to(torch.bfloat16), torch.tensor(True)]
     path = write(tmp_path, 3, tensors)
     assert path.name == "step_3" and not (tmp_path / "step_3.tmp").exists()
-    manifest, loaded = storage.load_checkpoint(path)
+    manifest, loaded = local.load_checkpoint(path)
     assert manifest.step == 3 and manifest.epoch == 0
     for original, back in zip(tensors, loaded):
         assert back.dtype == original.dtype and torch.equal(back, original)
@@ -37,18 +37,18 @@ def test_tmp_directories_are_never_checkpoints(tmp_path: Path) -> None:
     stale = tmp_path / "step_9.tmp"
     stale.mkdir()
     (stale / "manifest.json").write_text("{}")
-    assert [s for s, _ in storage.committed_steps(tmp_path)] == [1]
-    storage.remove_stale_tmp(tmp_path)
+    assert [s for s, _ in format.committed_steps(tmp_path)] == [1]
+    format.remove_stale_tmp(tmp_path)
     assert not stale.exists()
 
 
 def test_retention_keeps_newest(tmp_path: Path) -> None:
     for step in (1, 2, 3, 4):
         write(tmp_path, step, [torch.full((2,), float(step))])
-        storage.apply_retention(tmp_path, keep_last=2)
-    assert [s for s, _ in storage.committed_steps(tmp_path)] == [3, 4]
-    assert storage.apply_retention(tmp_path, keep_last=1) == [3]
-    assert [s for s, _ in storage.committed_steps(tmp_path)] == [4]
+        format.apply_retention(tmp_path, keep_last=2)
+    assert [s for s, _ in format.committed_steps(tmp_path)] == [3, 4]
+    assert format.apply_retention(tmp_path, keep_last=1) == [3]
+    assert [s for s, _ in format.committed_steps(tmp_path)] == [4]
 
 
 @pytest.mark.parametrize(
@@ -83,29 +83,29 @@ def test_damaged_checkpoints_are_refused(tmp_path: Path, damage: str, message: s
             manifest["tensors"][0]["shape"] = [10**6]
         manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(CorruptCheckpointError, match=message):
-        storage.verify_checkpoint(path)
+        local.verify_checkpoint(path)
     with pytest.raises(CorruptCheckpointError):
-        storage.load_checkpoint(path)
+        local.load_checkpoint(path)
 
 
 def test_fault_hook_sees_every_commit_point(tmp_path: Path) -> None:
     seen: list[str] = []
-    storage.set_fault_hook(seen.append)
+    format.set_fault_hook(seen.append)
     try:
         write(tmp_path, 1, [torch.ones(3)])
         write(tmp_path, 2, [torch.ones(3)])
-        storage.apply_retention(tmp_path, keep_last=1)
+        format.apply_retention(tmp_path, keep_last=1)
     finally:
-        storage.set_fault_hook(None)
+        format.set_fault_hook(None)
     assert seen[:5] == ["mid_write", "before_manifest", "before_rename", "after_rename", "after_commit"]
     assert seen[-1] == "retention"
 
 
 def test_the_dcp_commit_record_is_sealed_and_nan_safe_too(tmp_path: Path) -> None:
-    """Both formats' manifests share storage.CommitRecord: NaN kept, an altered value refused."""
+    """Both formats' manifests share format.CommitRecord: NaN kept, an altered value refused."""
     import math
 
-    from coci.distributed import DcpManifest, DcpPart
+    from coci.checkpoint.dcp import DcpManifest, DcpPart
 
     record = DcpManifest(
         format="dcp", format_version=1, coci_version="test", step=3, wall_time=0.0, state_keys=["m"],
@@ -114,9 +114,9 @@ def test_the_dcp_commit_record_is_sealed_and_nan_safe_too(tmp_path: Path) -> Non
     )
     path = tmp_path / "manifest.json"
     path.write_text(record.sealed().model_dump_json())
-    back = storage.parse_record(tmp_path, DcpManifest)
-    storage.check_sealed(back, tmp_path)
+    back = format.parse_record(tmp_path, DcpManifest)
+    format.check_sealed(back, tmp_path)
     assert math.isnan(back.shared.skeleton["m"]["best"])
     path.write_text(path.read_text().replace('"step":3', '"step":4'))
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
-        storage.check_sealed(storage.parse_record(tmp_path, DcpManifest), tmp_path)
+        format.check_sealed(format.parse_record(tmp_path, DcpManifest), tmp_path)

@@ -32,6 +32,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # this file run as a job process, SIGKILLed and resumed
+
 STEPS = 20
 EVERY = 4
 

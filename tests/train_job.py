@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import coci  # noqa: E402
-from coci.checkpoint import storage  # noqa: E402
+from coci.checkpoint import format  # noqa: E402
 
 
 def build(seed: int = 0, state_mb: float = 0.0) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
@@ -77,7 +77,7 @@ def main() -> None:
             if name == point:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        storage.set_fault_hook(hook)
+        format.set_fault_hook(hook)
     session = coci.Session(args.run_dir, state=state, policy=coci.EveryN(args.every), keep_last=2)
     session.restore()
     log = open(os.path.join(args.run_dir, f"losses_{os.getpid()}.txt"), "a")

@@ -1,4 +1,4 @@
-"""Monte Carlo replay of a training job under failures (profiler -> **plan** -> snapshot -> persist -> report).
+"""Monte Carlo replay of a training job under failures: what a checkpoint schedule really costs.
 
 :func:`simulate` takes a :class:`coci.Plan` (or a checkpoint policy replayed online) and plays the
 job ``trials`` times against a failure model, counting what fault tolerance really cost: it is the
@@ -55,21 +55,19 @@ Online re-planning (``online=True``, or a policy object): the schedule is derive
 policy step by step as :class:`coci.Session` drives it (``should_checkpoint(step)`` asked before any
 re-plan at that step, so a re-plan never drops a checkpoint due now), with a profile holding the
 job's costs and the loss trace seen so far (the profiler's own :class:`profiler.loss_trace.LossTrace`),
-so the planner sees only the past. When it observes (``cadence``):
-
-* ``"session"`` (default): the session's own cadence (``Session._poll_persist`` /
-  ``_should_observe``): once at warm-up (``knobs.PLAN_WARMUP_STEPS``), after **every** commit, and
-  ``knobs.OBSERVE_EVERY_STEPS`` steps after the last observation (as in the session, the profile
-  has no step time during the profiler's warm-up, ``profiler.knobs.WARMUP_STEPS``, so an observation
-  after a warm-up checkpoint's commit plans nothing and is not charged); after warm-up, each only while
-  re-planning so far has cost at most ``knobs.PLANNING_TIME_FRACTION`` of the job's wall time. The
-  replay does not time the planner (that would make schedules machine-dependent): each observation
-  is charged ``plan_seconds`` of wall time (default ``knobs.SIMULATE_PLAN_SECONDS``, 0.3 s: a refit
-  and a solve on 2 busy cores), and the job's wall time at step ``s`` is the failure-free
-  ``s t + k (S + I) + planning`` (``k`` checkpoints taken so far).
-* ``"fixed"``: the replay's earlier cadence: warm-up, every ``observe_every`` steps, and after a
-  commit at most once per ``min_gap`` steps (``knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS``); no
-  planning-time cap.
+so the planner sees only the past. When the policy observes, and which warm-up checkpoints are
+skipped, is decided by the session's own :class:`coci.planning.cadence.Cadence`: once at warm-up
+(``knobs.PLAN_WARMUP_STEPS``), after **every** commit, and ``knobs.OBSERVE_EVERY_STEPS`` steps
+after the last observation; after the first plan, each only while re-planning so far has cost at
+most ``knobs.PLANNING_TIME_FRACTION`` of the job's wall time. As in the session, the profile has no
+step time during the profiler's warm-up (``profiler.knobs.WARMUP_STEPS``), so an observation then
+plans nothing and is not charged. The replay does not time the planner (that would make schedules
+machine-dependent): each observation is charged ``plan_seconds`` of wall time (default
+``knobs.SIMULATE_PLAN_SECONDS``, 0.3 s: a refit and a solve on 2 busy cores), and the job's wall
+time at step ``s`` is the failure-free ``s t + k (S + I) + planning`` (``k`` checkpoints taken so
+far; the warm-up checkpoints' stall budget is measured against ``s t + k S + planning``). The
+replay observes at most once per step, where the session may observe again right after a commit's
+observation that left the policy without a plan (the same inputs, so the same outcome).
 
 Approximation: the schedule is derived once, along the failure-free progression, and every
 trial replays it; a real run re-plans after each restore too (from the same curve prefix, so the
@@ -94,15 +92,19 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 from scipy import stats
 
-from coci import knobs
+from coci import checks, knobs
 from coci.errors import ConfigError
+from coci.planning.cadence import Cadence, ElapsedClock
 from coci.planning.failures import Failures
-from coci.planning.fit import CurveFit
+from coci.planning.fit import CurveFit, bin_trace
 from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model
 from coci.planning.planner import Plan, PlanInputs, make_policy
+from coci.planning.policy import Observation
+from profiler import Estimate, Profile
+from profiler import knobs as profiler_knobs
+from profiler.loss_trace import LossTrace
 
 __all__ = [
-    "CADENCES",
     "METRICS",
     "MetricSummary",
     "SimulationResult",
@@ -263,16 +265,11 @@ class Job:
 
     @classmethod
     def of(cls, inputs: PlanInputs) -> Job:
-        if isinstance(inputs.total_steps, bool) or inputs.total_steps < 1:
-            raise ConfigError(f"plan.inputs.total_steps must be >= 1, got {inputs.total_steps!r}")
+        checks.integer(inputs.total_steps, "plan.inputs.total_steps", minimum=1)
         for name in ("step_seconds", "stall_seconds", "persist_seconds"):
-            value = getattr(inputs, name)
-            if not (value > 0 and math.isfinite(value)):
-                raise ConfigError(f"plan.inputs.{name} must be positive and finite, got {value!r}")
+            checks.number(getattr(inputs, name), f"plan.inputs.{name}", positive=True)
         for name in ("interference_seconds", "restart_seconds"):
-            value = getattr(inputs, name)
-            if not (value >= 0 and math.isfinite(value)):
-                raise ConfigError(f"plan.inputs.{name} must be non-negative and finite, got {value!r}")
+            checks.number(getattr(inputs, name), f"plan.inputs.{name}")
         if inputs.interference_seconds >= inputs.persist_seconds:
             raise ConfigError(
                 "plan.inputs.interference_seconds must be below persist_seconds (a persist of P seconds "
@@ -371,10 +368,6 @@ class Timeline:
             progress_knots=np.concatenate(progress),
         )
 
-    @property
-    def end_wall(self) -> float:
-        return float(self.wall_knots[-1])
-
     def progress_at(self, wall: np.ndarray, resumed_from: np.ndarray) -> np.ndarray:
         """Progress reached at (timeline) wall time ``wall`` by a run resumed from checkpoint ``j``."""
         clean = self.x[resumed_from] + (wall - self.offset[resumed_from])
@@ -417,7 +410,7 @@ def empirical_progress_rate(steps: Any, losses: Any = None, *, max_points: int |
     s, y = s[order], y[order]
     if s.size < 2 or s[-1] <= s[0]:
         raise ConfigError("curve: the true curve needs at least two finite points at distinct steps")
-    centres, levels, counts = _bin(s, y, knobs.SIMULATE_TRUTH_POINTS if max_points is None else max_points)
+    centres, levels, counts = _binned(s, y, knobs.SIMULATE_TRUTH_POINTS if max_points is None else max_points)
     centres, levels = _isotonic_decreasing(centres, levels, counts)
     if centres.size < 2 or levels[0] <= levels[-1]:
         raise ConfigError("curve: the true curve does not fall (no progress to weight)")
@@ -443,22 +436,21 @@ def _pair(steps: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
     return s, y
 
 
-def _bin(s: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Median loss and mean step per bin (half log-, half linearly spaced edges); counts."""
-    if s.size <= max_points:
-        return s, y, np.ones_like(s)
-    low, high = s[0], s[-1]
-    shift = 1.0 - min(low, 1.0)  # log spacing needs positive steps
-    log_edges = np.geomspace(low + shift, high + shift, max_points // 2 + 1) - shift
-    edges = np.unique(np.concatenate([log_edges, np.linspace(low, high, max_points // 2 + 1)]))
-    which = np.clip(np.searchsorted(edges, s, side="right") - 1, 0, edges.size - 2)
-    centres, levels, counts = [], [], []
-    for b in np.unique(which):
-        mask = which == b
-        centres.append(s[mask].mean())
-        levels.append(np.median(y[mask]))
-        counts.append(mask.sum())
-    return np.asarray(centres), np.asarray(levels), np.asarray(counts, dtype=float)
+def _binned(s: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The fitter's bins of a sorted trace (:func:`coci.planning.fit.bin_trace`: mean step, median
+    loss) and how many points each bin holds."""
+    centres, levels = bin_trace(s, y, max_points)
+    if centres.size == s.size:
+        return centres, levels, np.ones_like(s)
+    # Bins are runs of consecutive points; one holding points a..b-1 has median index (a + b - 1) / 2,
+    # so binning the indices gives each bin's end from its start.
+    _, middles = bin_trace(s, np.arange(s.size, dtype=float), max_points)
+    counts = np.empty(middles.size)
+    start = 0.0
+    for index, middle in enumerate(middles.tolist()):
+        counts[index] = 2.0 * (middle - start) + 1.0
+        start += counts[index]
+    return centres, levels, counts
 
 
 def _isotonic_decreasing(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -494,7 +486,110 @@ def _true_rate(curve: Any, plan: Plan | None) -> tuple[RateFunction | None, str,
 # --- online replay -------------------------------------------------------------------------------
 
 
-CADENCES: tuple[str, ...] = ("session", "fixed")
+class _RevealedTrace:
+    """A loss trace revealed as training goes: a point at step ``s`` is seen from step ``s`` on."""
+
+    def __init__(self, losses: Any) -> None:
+        steps, values = (np.zeros(0), np.zeros(0)) if losses is None else _pair(losses, None)
+        keep = steps >= 1  # the profiler counts completed steps from 1
+        steps, values = steps[keep], values[keep]
+        order = np.argsort(steps, kind="stable")
+        self._steps, self._values = steps[order], values[order]
+        self._trace = LossTrace()
+        self._fed = 0
+
+    def curve(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """The profiler's curve of the points seen by ``step``."""
+        end = int(np.searchsorted(self._steps, step, side="right"))
+        if end > self._fed:
+            self._trace.extend(self._steps[self._fed : end], self._values[self._fed : end])
+            self._fed = end
+        return self._trace.curve()
+
+
+class _OnlineReplay:
+    """A policy driven step by step as :class:`coci.Session` drives it, on the failure-free run,
+    observing on a :class:`Cadence`."""
+
+    def __init__(self, policy: Any, job: Job, trace: _RevealedTrace, cadence: Cadence, plan_seconds: float) -> None:
+        self.policy = policy
+        self.job = job
+        self.trace = trace
+        self.cadence = cadence
+        self.plan_seconds = plan_seconds
+        self.commit_lag = max(1, math.ceil(job.window_progress / job.step_seconds - 1e-9))  # steps a persist spans
+        self.taken: list[int] = []
+        self.commit_step: int | None = None  # step at which the persist in flight commits
+        self.observations = 0
+
+    def run(self) -> tuple[np.ndarray, int]:
+        """``(checkpoint steps, observations)`` of the whole run."""
+        for step in range(1, self.job.total_steps + 1):
+            self._advance(step)
+        return np.asarray(self.taken, dtype=np.int64), self.observations
+
+    def _advance(self, step: int) -> None:
+        committed = self.commit_step is not None and step >= self.commit_step
+        if committed:
+            self.commit_step = None
+        planned = self.policy.should_checkpoint(step)  # asked before any re-plan at this step, as the session does
+        if self._observe_due(step, committed):
+            self._observe(step)
+        last = step == self.job.total_steps
+        if not last and (planned or self.policy.should_checkpoint(step)) and not self._warmup_skipped(step):
+            self.taken.append(step)
+            self.commit_step = step + self.commit_lag
+
+    def _wall_clock(self, step: int, per_checkpoint: float) -> ElapsedClock:
+        """Failure-free wall time at ``step``: steps, ``per_checkpoint`` seconds per checkpoint taken,
+        and the planning charged so far."""
+        return lambda: step * self.job.step_seconds + len(self.taken) * per_checkpoint + self.cadence.planning_seconds
+
+    def _observe_due(self, step: int, committed: bool) -> bool:
+        elapsed = self._wall_clock(step, self.job.stall_seconds + self.job.interference_seconds)
+        if committed and self.cadence.observe_after_commit(elapsed):
+            return True
+        return self.cadence.observe_at_step(step, step, _warming_up(self.policy), elapsed)
+
+    def _warmup_skipped(self, step: int) -> bool:
+        return Cadence.skip_warmup_checkpoint(
+            warming_up=_warming_up(self.policy),
+            persist_in_flight=self.commit_step is not None,
+            stalled_seconds=len(self.taken) * self.job.stall_seconds,
+            elapsed=self._wall_clock(step, self.job.stall_seconds),
+        )
+
+    def _observe(self, step: int) -> None:
+        loss_steps, losses = self.trace.curve(step)
+        observation = Observation(
+            step=step,
+            profile=_replay_profile(self.job, step),
+            loss_steps=loss_steps,
+            losses=losses,
+            checkpoint_steps=tuple(self.taken),
+        )
+        self.policy.observe(observation)
+        self.observations += 1
+        timed = step > profiler_knobs.WARMUP_STEPS  # before, a planning policy has no step time and returns at once
+        self.cadence.record_observation(step, self.plan_seconds if timed else 0.0)
+
+
+def _warming_up(policy: Any) -> bool:
+    return bool(getattr(policy, "warming_up", False))
+
+
+def _replay_profile(job: Job, step: int) -> Profile:
+    """The profile at ``step``: the job's costs as measured values (no step time during the
+    profiler's warm-up, which times no step)."""
+    timed_steps = step - profiler_knobs.WARMUP_STEPS
+    return Profile(
+        steps=step,
+        step_seconds=Estimate(value=job.step_seconds, count=timed_steps) if timed_steps >= 1 else Estimate(),
+        stall_seconds=Estimate(value=job.stall_seconds, count=1),
+        persist_seconds=Estimate(value=job.persist_seconds, count=1),
+        interference=Estimate(value=job.slowdown, count=1),
+        restore_seconds=Estimate(value=job.restart_seconds, count=1),
+    )
 
 
 def online_schedule(
@@ -502,110 +597,24 @@ def online_schedule(
     job: Job | PlanInputs,
     losses: Any,
     *,
-    cadence: str = "session",
     observe_every: int | None = None,
-    min_gap: int | None = None,
     plan_seconds: float | None = None,
 ) -> tuple[np.ndarray, int]:
     """Checkpoint steps a policy takes when driven as :class:`coci.Session` drives it.
 
     ``losses``: per-step losses or ``(steps, losses)`` (the trace training reveals; a point at
-    step ``s`` is seen from step ``s`` on). Returns ``(steps, observations)``. ``cadence``:
-    ``"session"`` (warm-up, after each commit and every ``observe_every`` steps, under the session's
-    planning-time cap, each observation charged ``plan_seconds``) or ``"fixed"`` (warm-up, every
-    ``observe_every`` steps, after a commit at most every ``min_gap`` steps); see the module
-    docstring. The profile carries the job's costs as measured values.
+    step ``s`` is seen from step ``s`` on). Returns ``(steps, observations)``. The policy observes on
+    the session's :class:`~coci.planning.cadence.Cadence` (warm-up, after each commit and every
+    ``observe_every`` steps, default ``knobs.OBSERVE_EVERY_STEPS``), each observation charged
+    ``plan_seconds`` against the planning-time cap; see the module docstring. The profile carries
+    the job's costs as measured values.
     """
-    from coci.planning.policy import Observation
-    from profiler import Estimate, Profile
-    from profiler import knobs as profiler_knobs
-    from profiler.loss_trace import LossTrace
-
-    job = job if isinstance(job, Job) else Job.of(job)
-    if cadence not in CADENCES:
-        raise ConfigError(f"cadence must be one of {', '.join(CADENCES)}, got {cadence!r}")
-    every = knobs.OBSERVE_EVERY_STEPS if observe_every is None else observe_every
-    gap = knobs.SIMULATE_OBSERVE_MIN_GAP_STEPS if min_gap is None else min_gap
-    for name, value in (("observe_every", every), ("min_gap", gap)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    every, gap = int(every), int(gap)
-    plan_cost = knobs.SIMULATE_PLAN_SECONDS if plan_seconds is None else plan_seconds
-    if isinstance(plan_cost, bool) or not isinstance(plan_cost, (int, float)) or not (
-        plan_cost >= 0 and math.isfinite(plan_cost)
-    ):
-        raise ConfigError(f"plan_seconds must be non-negative and finite, got {plan_cost!r}")
-    plan_cost = float(plan_cost)
-    trace_steps, trace_losses = (np.zeros(0), np.zeros(0)) if losses is None else _pair(losses, None)
-    keep = trace_steps >= 1  # the profiler counts completed steps from 1
-    trace_steps, trace_losses = trace_steps[keep], trace_losses[keep]
-    order = np.argsort(trace_steps, kind="stable")
-    trace_steps, trace_losses = trace_steps[order], trace_losses[order]
-    trace = LossTrace()
-    fed = 0
-    ratio = job.slowdown
-
-    timed_from = profiler_knobs.WARMUP_STEPS + 1  # the profiler times no step of its warm-up
-
-    def profile(now: int) -> Profile:
-        return Profile(
-            steps=now,
-            step_seconds=Estimate(value=job.step_seconds, count=now - profiler_knobs.WARMUP_STEPS)
-            if now >= timed_from else Estimate(),
-            stall_seconds=Estimate(value=job.stall_seconds, count=1),
-            persist_seconds=Estimate(value=job.persist_seconds, count=1),
-            interference=Estimate(value=ratio, count=1),
-            restore_seconds=Estimate(value=job.restart_seconds, count=1),
-        )
-
-    commit_lag = max(1, math.ceil(job.window_progress / job.step_seconds - 1e-9))
-    checkpoint_cost = job.stall_seconds + job.interference_seconds
-    taken: list[int] = []
-    pending_commit: int | None = None
-    observed_at = -1
-    observations = 0
-    planning_seconds = 0.0
-
-    def warmup_skipped(step: int) -> bool:  # Session._warmup_skipped on the failure-free timeline
-        if not getattr(policy, "warming_up", False):
-            return False
-        stalled = len(taken) * job.stall_seconds
-        elapsed = step * job.step_seconds + stalled + planning_seconds
-        return pending_commit is not None or stalled > knobs.PLAN_WARMUP_STALL_FRACTION * elapsed
-
-    def affordable(step: int) -> bool:  # Session._planning_affordable on the failure-free timeline
-        elapsed = step * job.step_seconds + len(taken) * checkpoint_cost + planning_seconds
-        return planning_seconds <= knobs.PLANNING_TIME_FRACTION * elapsed
-
-    for step in range(1, job.total_steps + 1):
-        committed = pending_commit is not None and step >= pending_commit
-        if committed:
-            pending_commit = None
-        planned = policy.should_checkpoint(step)  # asked before any re-plan at this step, as the session does
-        if observed_at < 0 or getattr(policy, "warming_up", False):  # not planned yet
-            due = step >= knobs.PLAN_WARMUP_STEPS or (cadence == "session" and committed and affordable(step))
-        elif cadence == "session":  # Session._poll_persist, then Session._should_observe
-            due = (committed or step - observed_at >= every) and affordable(step)
-        else:
-            due = step - observed_at >= every or (committed and step - observed_at >= gap)
-        if due:
-            end = int(np.searchsorted(trace_steps, step, side="right"))
-            if end > fed:
-                trace.extend(trace_steps[fed:end], trace_losses[fed:end])
-                fed = end
-            loss_steps, loss_values = trace.curve()
-            policy.observe(
-                Observation(step=step, profile=profile(step), loss_steps=loss_steps, losses=loss_values,
-                            checkpoint_steps=tuple(taken))
-            )
-            observed_at = step
-            observations += 1
-            if step >= timed_from:  # before, a planning policy has no step time and returns at once
-                planning_seconds += plan_cost
-        if step < job.total_steps and (planned or policy.should_checkpoint(step)) and not warmup_skipped(step):
-            taken.append(step)
-            pending_commit = step + commit_lag
-    return np.asarray(taken, dtype=np.int64), observations
+    figures = job if isinstance(job, Job) else Job.of(job)
+    every = None if observe_every is None else checks.integer(observe_every, "observe_every", minimum=1)
+    charge = checks.number(knobs.SIMULATE_PLAN_SECONDS if plan_seconds is None else plan_seconds, "plan_seconds")
+    assert charge is not None  # checks.number returns None only where allowed
+    replay = _OnlineReplay(policy, figures, _RevealedTrace(losses), Cadence(observe_every=every), charge)
+    return replay.run()
 
 
 # --- simulate ------------------------------------------------------------------------------------
@@ -622,7 +631,6 @@ def simulate(
     online: bool = False,
     job: Plan | PlanInputs | None = None,
     losses: Any = None,
-    cadence: str = "session",
     plan_seconds: float | None = None,
 ) -> SimulationResult:
     """Monte Carlo replay of a job under failures; see the module docstring for the model.
@@ -643,14 +651,11 @@ def simulate(
             trace (``losses``, else ``curve`` when it is a trace) instead of using its steps.
         job: the job's inputs (a Plan or PlanInputs) when ``plan_or_policy`` is a policy object.
         losses: the loss trace an online policy sees (default: ``curve`` when it is a trace).
-        cadence: when an online replay observes: ``"session"`` (the session's cadence, default) or
-            ``"fixed"`` (see :func:`online_schedule`).
-        plan_seconds: online, ``"session"`` cadence: wall seconds charged per re-plan against the
-            session's planning-time cap (default ``knobs.SIMULATE_PLAN_SECONDS``).
+        plan_seconds: online: wall seconds charged per re-plan against the session's planning-time
+            cap (default ``knobs.SIMULATE_PLAN_SECONDS``).
     """
-    trials = _positive_int(trials, "trials")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    trials = checks.integer(trials, "trials", minimum=1)
+    seed = checks.integer(seed, "seed", minimum=0)
     plan, inputs, policy_name = _target(plan_or_policy, job)
     model_failures = _failures(failures, inputs)
     job_figures = Job.of(inputs)
@@ -663,24 +668,13 @@ def simulate(
 
     replans = 0
     if plan is not None and not online:
-        steps = np.asarray(plan.steps, dtype=np.int64)
-        expected = {k: float(v) for k, v in plan.expected.items()}
-        if "wall_seconds" in expected and expected.get("run_seconds"):
-            expected["wall_percent"] = 100.0 * expected["wall_seconds"] / expected["run_seconds"]
-            expected["progress_percent"] = 100.0 * expected.get("progress_seconds", math.nan) / expected["run_seconds"]
+        steps, expected = np.asarray(plan.steps, dtype=np.int64), _expected_percentages(plan)
     else:
-        trace = losses if losses is not None else curve
-        if trace is None or isinstance(trace, CurveFit) or callable(trace):
-            if isinstance(trace, CurveFit) and trace.usable:
-                trace = (np.arange(1, job_figures.total_steps + 1), trace.loss(np.arange(1, job_figures.total_steps + 1)))
-            elif _needs_trace(plan, plan_or_policy):
-                raise ConfigError("losses: online replay needs the loss trace (per-step losses or (steps, losses))")
-            else:
-                trace = None
+        trace = _online_trace(losses if losses is not None else curve, plan, plan_or_policy, job_figures)
         policy = _online_policy(plan) if plan is not None else plan_or_policy
-        steps, replans = online_schedule(policy, job_figures, trace, cadence=cadence, plan_seconds=plan_seconds)
+        steps, replans = online_schedule(policy, job_figures, trace, plan_seconds=plan_seconds)
         expected = {}
-        notes.append(f"online: schedule re-derived by replaying the policy ({replans} observations, {cadence} cadence)")
+        notes.append(f"online: schedule re-derived by replaying the policy ({replans} observations, session cadence)")
     if steps.size and (steps[0] < 1 or steps[-1] > job_figures.total_steps or np.any(np.diff(steps) <= 0)):
         raise ConfigError("plan.steps must be strictly increasing within [1, total_steps]")
 
@@ -691,12 +685,11 @@ def simulate(
             f"{unfinished} of {trials} trials did not finish within {knobs.SIMULATE_MAX_FAILURES} failures "
             "(knobs.SIMULATE_MAX_FAILURES): their overheads are lower bounds"
         )
-    summaries = {name: MetricSummary.of(samples[name]) for name in METRICS}
     return SimulationResult(
         policy=policy_name,
         online=plan is None or online,
         trials=trials,
-        seed=int(seed),
+        seed=seed,
         termination=stop_range,
         failures=model_failures,
         inputs=inputs,
@@ -704,17 +697,33 @@ def simulate(
         steps=[int(s) for s in steps],
         replans=replans,
         unfinished=unfinished,
-        metrics=summaries,
+        metrics={name: MetricSummary.of(samples[name]) for name in METRICS},
         samples={name: samples[name].tolist() for name in METRICS},
         expected=expected if stop_range is None else {},
         notes=notes,
     )
 
 
-def _positive_int(value: Any, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"{field} must be a positive integer, got {value!r}")
-    return int(value)
+def _expected_percentages(plan: Plan) -> dict[str, float]:
+    """The plan's expected figures, with the wall and progress overheads as percentages of the run."""
+    expected = {k: float(v) for k, v in plan.expected.items()}
+    if "wall_seconds" in expected and expected.get("run_seconds"):
+        expected["wall_percent"] = 100.0 * expected["wall_seconds"] / expected["run_seconds"]
+        expected["progress_percent"] = 100.0 * expected.get("progress_seconds", math.nan) / expected["run_seconds"]
+    return expected
+
+
+def _online_trace(trace: Any, plan: Plan | None, target: Any, job: Job) -> Any:
+    """The loss trace an online replay reveals: a trace as given, a usable fit's curve over the
+    run, or None where the policy does not need one."""
+    if not (trace is None or isinstance(trace, CurveFit) or callable(trace)):
+        return trace
+    if isinstance(trace, CurveFit) and trace.usable:
+        steps = np.arange(1, job.total_steps + 1)
+        return steps, trace.loss(steps)
+    if _needs_trace(plan, target):
+        raise ConfigError("losses: online replay needs the loss trace (per-step losses or (steps, losses))")
+    return None
 
 
 def _target(target: Any, job: Plan | PlanInputs | None) -> tuple[Plan | None, PlanInputs, str]:
@@ -738,7 +747,7 @@ def _failures(failures: Any, inputs: PlanInputs) -> Failures:
         return inputs.failures
     if isinstance(failures, Failures):
         return failures
-    if isinstance(failures, (str, int, float)) and not isinstance(failures, bool):
+    if isinstance(failures, str) or checks.is_number(failures):
         return Failures.exponential(mtbf=failures)
     raise ConfigError(f"failures must be a coci.Failures or an MTBF such as '8h', got {failures!r}")
 
@@ -746,7 +755,7 @@ def _failures(failures: Any, inputs: PlanInputs) -> Failures:
 def _termination(termination: Any, job: Job) -> tuple[float, float] | None:
     if termination is None:
         return None
-    if isinstance(termination, (int, float)) and not isinstance(termination, bool):
+    if checks.is_number(termination):
         low = high = float(termination)
     elif isinstance(termination, Sequence) and len(termination) == 2:
         low, high = (float(v) for v in termination)

@@ -1,22 +1,21 @@
-"""Two-phase checkpoint orchestration: snapshot, then background persist and commit.
+"""Two-phase checkpoint orchestration: snapshot, then background write and commit; and the one
+entry point that loads a committed checkpoint, whatever its format.
 
-profiler -> plan -> **snapshot -> persist** -> report. ``Checkpointer.start`` runs on the training
-thread: it waits for the previous persist (at most one in flight, since the staging arena is
-reused), flattens the state tree, copies what the optimizer fence does not protect, and hands the
-rest to a single background worker. The worker copies the fenced tensors (overlapping the next
-forward/backward), resolves ``staging_completion``, writes and commits the files, applies
-retention and resolves ``upload_completion`` (the futures mirror DCP's ``async_save``).
+``Checkpointer.start`` runs on the training thread: it waits for the previous persist (at most one
+in flight, since the staging arena is reused), flattens the state tree, copies what the optimizer
+fence does not protect, and hands the rest to a single background worker. The worker copies the
+fenced tensors (overlapping the next forward/backward), resolves ``staging_completion``, has its
+:class:`CheckpointWriter` write and commit the files, applies retention and resolves
+``upload_completion`` (the futures mirror DCP's ``async_save``).
 
 Persist runs in a thread, not a process: ``os.write``, ``zlib.crc32``, ``os.fsync`` and
 ``Tensor.copy_`` all release the GIL, so the thread contends for cores, not for the interpreter;
 a process would add a shared-memory hand-off for the same syscalls (see benchmarks/README.md).
 A failure in the worker is logged, written to ``events.jsonl`` and set on the futures; the
-previous committed checkpoint is untouched because nothing becomes visible before the rename.
+previous committed checkpoint is untouched because nothing becomes visible before its commit.
 
-Persist backend seam: by default the worker writes coci's own format (``storage.write_checkpoint``,
-then retention). A :class:`PersistBackend` given to the constructor replaces exactly that part
-(write, commit, retention) and nothing else: the snapshot, the fence and the futures are the same.
-``coci.distributed.DcpPersist`` is the one used under ``torch.distributed``.
+Reading goes through :func:`load_committed`, which picks the :class:`CheckpointReader` from the
+format the commit record declares (:data:`READERS`), so callers never branch on the format.
 """
 
 from __future__ import annotations
@@ -30,14 +29,124 @@ from typing import Any, Protocol
 
 import torch
 
-from coci.checkpoint import storage
+from coci import distributed
+from coci.checkpoint import format
+from coci.checkpoint.dcp import DCP_FORMAT, DcpReader, DcpWriter
+from coci.checkpoint.format import CommitRecord, LoadedCheckpoint
+from coci.checkpoint.local import LocalReader, LocalWriter
 from coci.checkpoint.snapshot import CopyJob, StagingArena, layout_bytes
 from coci.checkpoint.tree import flatten
+from coci.distributed import DistributedContext
+from coci.errors import CorruptCheckpointError
 from coci.events import EventLog
 
 logger = logging.getLogger(__name__)
 
 
+class CheckpointWriter(Protocol):
+    """Writes and commits staged checkpoints in one format (runs on the background worker).
+
+    For each checkpoint the :class:`Checkpointer` calls, in this order:
+
+    1. ``write(step, payload, slots, skeleton, epoch=..., state_keys=...)``: write the files of
+       ``step`` into ``step_<n>.tmp`` and commit them with :func:`coci.checkpoint.format.publish`;
+       return the committed directory. ``payload`` is the staging arena's bytes, ``slots`` where
+       each tensor of the flattened ``skeleton`` lies in it.
+    2. ``retain(keep_last)``: delete the oldest committed checkpoints beyond ``keep_last``; return
+       the steps removed.
+
+    Under ``torch.distributed`` both calls are collective: every rank makes them in the same order.
+    """
+
+    def write(
+        self,
+        step: int,
+        payload: memoryview,
+        slots: list[Any],
+        skeleton: Any,
+        *,
+        epoch: int | None,
+        state_keys: list[str],
+    ) -> Path: ...
+
+    def retain(self, keep_last: int | None) -> list[int]: ...
+
+
+class CheckpointReader(Protocol):
+    """Reads committed checkpoints in one format; every method raises CorruptCheckpointError on
+    damage, and nothing outside the checkpoint directory is read.
+
+    To load a checkpoint directory, :func:`load_committed` calls:
+
+    1. ``read_record(path)``: parse and check the commit record (no data file is read). Under
+       ``torch.distributed`` only rank 0 calls it; the other ranks rebuild the same record from its
+       JSON with ``record_type``, so every rank uses the one record rank 0 read.
+    2. ``load(path, record, context)``: verify the data files this process reads (sizes, crc32)
+       and load them into a state tree; collective when ``context`` is given.
+
+    ``verify(path)`` checks a checkpoint completely without loading it (``coci verify``).
+    """
+
+    @property
+    def record_type(self) -> type[CommitRecord]: ...
+
+    def read_record(self, path: Path) -> CommitRecord: ...
+
+    def load(self, path: Path, record: CommitRecord, context: DistributedContext | None) -> LoadedCheckpoint: ...
+
+    def verify(self, path: Path) -> CommitRecord: ...
+
+
+#: The reader of each format, by the ``format`` its commit record declares.
+READERS: dict[str, CheckpointReader] = {format.LOCAL_FORMAT: LocalReader(), DCP_FORMAT: DcpReader()}
+
+
+def reader_for(declared: str, path: Path) -> CheckpointReader:
+    """The reader of the format a commit record declares (:func:`coci.checkpoint.format.record_format`)."""
+    reader = READERS.get(declared)
+    if reader is None:
+        raise CorruptCheckpointError(f"{path}: unknown checkpoint format {declared!r}")
+    return reader
+
+
+def writer_for(root: Path, context: DistributedContext | None) -> CheckpointWriter:
+    """The writer for a job: coci's own format in one process, DCP's under ``torch.distributed``
+    (any world size, so a job keeps one format when it shrinks to one process and grows back)."""
+    return LocalWriter(root) if context is None else DcpWriter(root, context)
+
+
+def restore_candidates(root: Path, context: DistributedContext | None) -> list[tuple[int, Path]]:
+    """Every ``step_<n>`` directory, newest first, damaged ones included so each is reported;
+    stale temporaries are removed first. Listed by rank 0 under ``torch.distributed`` (collective)."""
+
+    def listing() -> list[tuple[int, str]]:
+        format.remove_stale_tmp(root)
+        return [(step, str(path)) for step, path in reversed(format.step_dirs(root))]
+
+    return [(step, Path(path)) for step, path in distributed.from_coordinator(listing, context)]
+
+
+def load_committed(path: Path, context: DistributedContext | None) -> LoadedCheckpoint:
+    """Verify and load the checkpoint in ``path``, in whichever format it was written.
+
+    Collective under ``torch.distributed``: rank 0 reads the commit record and every rank uses it.
+    """
+
+    def read() -> tuple[str, str | None, str | None]:
+        declared = format.record_format(path)
+        try:
+            return declared, reader_for(declared, path).read_record(path).model_dump_json(), None
+        except (CorruptCheckpointError, OSError) as exc:  # every rank must hear of it
+            return declared, None, str(exc)
+
+    if context is None:
+        reader = reader_for(format.record_format(path), path)
+        return reader.load(path, reader.read_record(path), None)
+    declared, record_json, problem = distributed.from_coordinator(read, context)
+    if record_json is None:
+        raise CorruptCheckpointError(problem or f"{path}: unreadable")
+    reader = READERS[declared]
+    return reader.load(path, reader.record_type.model_validate_json(record_json), context)
 @dataclass(frozen=True)
 class PersistResult:
     """What one finished persist measured."""
@@ -48,25 +157,6 @@ class PersistResult:
     staging_seconds: float
     persist_seconds: float
     removed_steps: tuple[int, ...]
-
-
-class PersistBackend(Protocol):
-    """Writes and commits one staged checkpoint (runs on the background worker).
-
-    ``payload`` is the staging arena's bytes, ``slots`` where each tensor of the flattened
-    ``skeleton`` lies in it. Returns the committed path and the steps retention removed.
-    """
-
-    def persist(
-        self,
-        step: int,
-        payload: memoryview,
-        slots: list[Any],
-        skeleton: Any,
-        *,
-        epoch: int | None,
-        state_keys: list[str],
-    ) -> tuple[Path, list[int]]: ...
 
 
 class PendingCheckpoint:
@@ -98,10 +188,10 @@ class Checkpointer:
         events: EventLog,
         keep_last: int | None,
         clock: Callable[[], float],
-        backend: PersistBackend | None = None,
+        writer: CheckpointWriter | None = None,
     ) -> None:
-        self.root = storage.checkpoints_dir(run_dir)
-        self.backend = backend  # None: coci's own single-process format
+        self.root = format.checkpoints_dir(run_dir)
+        self.writer = writer if writer is not None else LocalWriter(self.root)
         self.events = events
         self.keep_last = keep_last
         self.clock = clock
@@ -150,19 +240,12 @@ class Checkpointer:
             staged = self.clock()
             pending.staging_completion.set_result(None)
             self.events.emit("snapshot_end", step=pending.step, seconds=staged - began, bytes=pending.nbytes)
-            if self.backend is not None:  # writes, commits and applies retention itself
-                path, removed = self.backend.persist(
-                    pending.step, self.arena.payload(), slots, skeleton, epoch=epoch, state_keys=state_keys
-                )
-                committed = self.clock()
-                self.events.emit("commit", step=pending.step, seconds=committed - staged, bytes=pending.nbytes, path=str(path))
-            else:
-                path, _ = storage.write_checkpoint(
-                    self.root, pending.step, self.arena.payload(), slots, skeleton, epoch=epoch, state_keys=state_keys
-                )
-                committed = self.clock()
-                self.events.emit("commit", step=pending.step, seconds=committed - staged, bytes=pending.nbytes, path=str(path))
-                removed = storage.apply_retention(self.root, self.keep_last)
+            path = self.writer.write(
+                pending.step, self.arena.payload(), slots, skeleton, epoch=epoch, state_keys=state_keys
+            )
+            committed = self.clock()
+            self.events.emit("commit", step=pending.step, seconds=committed - staged, bytes=pending.nbytes, path=str(path))
+            removed = self.writer.retain(self.keep_last)
             if removed:
                 self.events.emit("retention", step=pending.step, removed=removed)
             pending.upload_completion.set_result(

@@ -1,9 +1,9 @@
 """Capture and restore every random number generator (snapshot stage; restored last on resume).
 
-profiler -> plan -> **snapshot** -> persist -> report. Python's ``random``, NumPy's legacy global
-generator, torch's CPU generator and every CUDA device's generator. Capturing only reads state, so
-it never disturbs the streams (torchsnapshot's rule); restoring happens after every other state so
-that nothing the loaders or models do while loading consumes draws.
+Python's ``random``, NumPy's legacy global generator, torch's CPU generator and every CUDA device's
+generator. Capturing only reads state, so it never disturbs the streams (torchsnapshot's rule);
+restoring happens after every other state so that nothing the loaders or models do while loading
+consumes draws.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Phase one of a checkpoint: copy state tensors into reused host buffers (the snapshot stage).
 
-profiler -> plan -> **snapshot** -> persist -> report. All tensors of a checkpoint are staged in one
-host *arena*: a flat uint8 buffer allocated at the first checkpoint (pinned when CUDA tensors are
-staged), pre-faulted, and reused by every later checkpoint. Each tensor gets a typed view at an
-aligned offset, and staging is ``view.copy_(tensor)``: no clone, no deepcopy, no per-save
-allocation (pytorch #170163). The arena grows only when the state itself grows (for example when
-an optimizer creates its state at its first step), never per checkpoint. The persist stage writes
+All tensors of a checkpoint are staged in one host *arena*: a flat uint8 buffer allocated at the
+first checkpoint (pinned when CUDA tensors are staged), pre-faulted, and reused by every later
+checkpoint. Each tensor gets a typed view at an aligned offset, and staging is
+``view.copy_(tensor)``: no clone, no deepcopy, no per-save allocation. The arena grows only when
+the state itself grows (for example when an optimizer creates its state at its first step), never
+per checkpoint. The persist stage writes
 the arena's bytes as they lie, so the file layout equals the memory layout.
 
 CUDA tensors are copied with ``non_blocking=True``: those the optimizer fence protects on a side
@@ -38,8 +38,10 @@ class TensorSlot:
     nbytes: int
 
 
-def plan_layout(tensors: Sequence[torch.Tensor], align: int = knobs.ARENA_ALIGN_BYTES) -> list[TensorSlot]:
-    """Assign each tensor an aligned offset; pure function of dtypes and shapes."""
+def plan_layout(tensors: Sequence[torch.Tensor], align: int | None = None) -> list[TensorSlot]:
+    """Assign each tensor an offset aligned to ``align`` (default ``knobs.ARENA_ALIGN_BYTES``, read
+    at call time); a pure function of dtypes and shapes."""
+    align = knobs.ARENA_ALIGN_BYTES if align is None else align
     slots: list[TensorSlot] = []
     offset = 0
     for tensor in tensors:
@@ -106,7 +108,7 @@ class StagingArena:
         """The staged bytes, as they will be written."""
         if self._buffer is None:
             return memoryview(b"")
-        return memoryview(self._buffer.numpy())[: layout_bytes(self._slots)]
+        return self._buffer.numpy().data[: layout_bytes(self._slots)]
 
 
 def aligned_empty(size: int, pin: bool = False) -> torch.Tensor:

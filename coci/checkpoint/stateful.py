@@ -1,10 +1,9 @@
 """What may go into ``Session(state=...)`` (first touch of the snapshot stage).
 
-profiler -> plan -> **snapshot** -> persist -> report. A state value is either an object with
-``state_dict()`` / ``load_state_dict()`` (model, optimizer, scheduler, loader, GradScaler, ...: the
-runtime-checkable :class:`Stateful` protocol, as in torch.distributed.checkpoint) or a plain value
-(tensor, numpy array, number, string, list/dict of those). Everything is validated once, up front,
-with an error that names the key.
+A state value is either an object with ``state_dict()`` / ``load_state_dict()`` (model, optimizer,
+scheduler, loader, GradScaler, ...: the runtime-checkable :class:`Stateful` protocol, as in
+torch.distributed.checkpoint) or a plain value (tensor, numpy array, number, string, list/dict of
+those). Everything is validated once, up front, with an error that names the key.
 """
 
 from __future__ import annotations

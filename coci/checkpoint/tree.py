@@ -1,11 +1,11 @@
 """Split a state tree into a JSON skeleton and a list of tensors (snapshot and persist stages).
 
-profiler -> plan -> **snapshot -> persist** -> report. A checkpoint stores tensors as raw bytes and
-everything else as JSON, so loading never unpickles anything (invariant 4). ``flatten`` walks the
-nested dicts, lists and tuples of a state_dict and replaces each tensor (and numpy array) with a
-placeholder; ``unflatten`` puts loaded tensors back. Types JSON lacks are tagged so they come back
-as they went in: tuples, dicts with non-string keys (an optimizer's ``state`` is keyed by int),
-numpy arrays and scalars, torch dtypes. Anything else is refused with the path to the value.
+A checkpoint stores tensors as raw bytes and everything else as JSON, so loading never unpickles
+anything. ``flatten`` walks the nested dicts, lists and tuples of a state_dict and replaces each
+tensor (and numpy array) with a placeholder; ``unflatten`` puts loaded tensors back. Types JSON
+lacks are tagged so they come back as they went in: tuples, dicts with non-string keys (an
+optimizer's ``state`` is keyed by int), numpy arrays and scalars, torch dtypes. Anything else is
+refused with the path to the value.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from coci.checks import is_int
 from coci.errors import StateError
 
 _TAGS = frozenset({"__tensor__", "__ndarray__", "__tuple__", "__dict__", "__np__", "__dtype__"})
@@ -120,7 +121,7 @@ def own_storage(tree: Any) -> Any:
 
 
 def _index(value: Any, tensors: list[torch.Tensor]) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(tensors):
+    if not is_int(value) or not 0 <= value < len(tensors):
         raise StateError(f"checkpoint skeleton refers to tensor {value!r} of {len(tensors)}")
     return value
 

@@ -1,6 +1,6 @@
 """Check every checkpoint of a run directory without loading it (``coci verify RUN_DIR``).
 
-profiler -> plan -> snapshot -> **persist** -> report. :func:`verify_run` walks
+:func:`verify_run` walks
 ``<run_dir>/checkpoints/`` and returns one :class:`CheckpointStatus` per entry, newest step last:
 
 * every ``step_<n>`` directory is checked the way ``Session.restore()`` checks it before loading:
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from coci import distributed, knobs
-from coci.checkpoint import storage
+from coci.checkpoint import format
+from coci.checkpoint.checkpointer import reader_for
 from coci.errors import ConfigError, CorruptCheckpointError
 
 __all__ = ["CheckpointStatus", "verify_run"]
@@ -64,7 +64,7 @@ def verify_run(run_dir: str | os.PathLike[str]) -> list[CheckpointStatus]:
     run_path = Path(run_dir)
     if not run_path.is_dir():
         raise ConfigError(f"run_dir {str(run_path)!r} is not a directory")
-    root = storage.checkpoints_dir(run_path)
+    root = format.checkpoints_dir(run_path)
     if not root.is_dir():
         return []
     statuses = [_status(entry) for entry in root.iterdir()]
@@ -79,7 +79,7 @@ def _status(entry: Path) -> CheckpointStatus:
     match = _STEP_NAME.match(entry.name)
     step = int(match.group(1)) if match else None
     size = _disk_bytes(entry)
-    if entry.name.endswith(knobs.TMP_SUFFIX):
+    if entry.name.endswith(format.TMP_SUFFIX):
         return CheckpointStatus(
             step=step, path=str(entry), ok=False, committed=False, bytes=size,
             error="not committed: left by an interrupted write or deletion (never loaded; "
@@ -90,12 +90,9 @@ def _status(entry: Path) -> CheckpointStatus:
             step=None, path=str(entry), ok=False, committed=False, bytes=size,
             error="not a checkpoint: unexpected entry in the checkpoints directory",
         )
-    committed = (entry / storage.MANIFEST_FILENAME).is_file()
+    committed = (entry / format.MANIFEST_FILENAME).is_file()
     try:
-        if distributed.checkpoint_format(entry) == distributed.DCP_FORMAT:  # written by a DP job
-            distributed.verify_dcp_checkpoint(entry)
-        else:
-            storage.verify_checkpoint(entry)
+        reader_for(format.record_format(entry), entry).verify(entry)
     except CorruptCheckpointError as exc:
         return CheckpointStatus(step=step, path=str(entry), ok=False, committed=committed, bytes=size, error=str(exc))
     except OSError as exc:  # unreadable file (permissions, I/O error): as bad as corrupt

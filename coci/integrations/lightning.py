@@ -1,6 +1,6 @@
-"""``CociCallback``: coci's plan and checkpointer inside Lightning's ``Trainer`` (whole flow).
+"""``CociCallback``: coci's plan and checkpointer inside Lightning's ``Trainer``.
 
-profiler -> plan -> snapshot -> persist -> report, driven from Lightning's hooks: the callback owns
+Driven from Lightning's hooks, the callback owns
 a :class:`coci.Session` whose state is the LightningModule, the trainer's optimizers and LR
 schedulers, and the trainer's resumable state (loop progress, including the train loader's
 position when the loader is stateful; other callbacks' state; precision plugin; datamodule).
@@ -80,8 +80,10 @@ except ImportError as exc:  # pragma: no cover - exercised only where lightning 
 
 import torch
 
+from coci import checks
 from coci.checkpoint import rng_state
 from coci.errors import ConfigError
+from coci.planning.config import PlanConfig
 from coci.session import RestoreResult, Session
 
 __all__ = ["CociCallback"]
@@ -97,6 +99,8 @@ class CociCallback(Callback):
         mtbf / failures: the failure model for planning policies (one of them).
         policy: ``"auto"``, ``"coci"``, ``"young"``, ``"daly"``, ``"checkfreq"``,
             ``coci.EveryN(k)``, a collection of steps, a ``coci.Plan`` or a ``CheckpointPolicy``.
+        plan_config: a :class:`coci.PlanConfig` instead of ``policy`` and the planning keywords
+            (its ``total_steps``, when None, also defaults to ``Trainer(max_steps)``).
         keep_last: committed checkpoints kept (None keeps all).
         total_steps: planning horizon in optimizer steps; defaults to ``Trainer(max_steps)`` when
             that is set, otherwise the horizon is open-ended.
@@ -112,6 +116,7 @@ class CociCallback(Callback):
         mtbf: str | float | None = None,
         failures: Any = None,
         policy: Any = "auto",
+        plan_config: PlanConfig | None = None,
         keep_last: int | None = 2,
         total_steps: int | None = None,
         restart_seconds: float | None = None,
@@ -132,6 +137,7 @@ class CociCallback(Callback):
         self.resume = resume
         self._session_options: dict[str, Any] = {
             "policy": policy,
+            "plan_config": plan_config,
             "mtbf": mtbf,
             "failures": failures,
             "keep_last": keep_last,
@@ -170,10 +176,9 @@ class CociCallback(Callback):
                 f"CociCallback supports single-process training only, got trainer.world_size={trainer.world_size}"
             )
         self._close_session()
-        options = dict(self._session_options)
-        if options["total_steps"] is None and trainer.max_steps is not None and trainer.max_steps > 0:
-            options["total_steps"] = int(trainer.max_steps)
-        self._session = Session(self.run_dir, state=_lightning_state(trainer, pl_module, self), **options)
+        self._session = Session(
+            self.run_dir, state=_lightning_state(trainer, pl_module, self), **self._options_for(trainer)
+        )
         self._restored = self._session.restore() if self.resume else None
         if self._restored is not None:
             # Lightning builds the train iterator after this hook (a DataLoader iterator draws its
@@ -231,6 +236,18 @@ class CociCallback(Callback):
 
     # -- internals -------------------------------------------------------------------------------
 
+    def _options_for(self, trainer: pl.Trainer) -> dict[str, Any]:
+        """The Session's arguments; an unset planning horizon becomes ``Trainer(max_steps)``."""
+        options = dict(self._session_options)
+        if trainer.max_steps is None or trainer.max_steps <= 0:
+            return options
+        config = options["plan_config"]
+        if isinstance(config, PlanConfig) and config.total_steps is None:
+            options["plan_config"] = config.replace(total_steps=int(trainer.max_steps))
+        elif config is None and options["total_steps"] is None:
+            options["total_steps"] = int(trainer.max_steps)
+        return options
+
     def _close_session(self) -> None:
         session, self._session = self._session, None
         if session is None:
@@ -263,7 +280,7 @@ class _TrainerState:
             "callbacks": self._callback_states(),
             "precision": trainer.precision_plugin.state_dict(),
         }
-        datamodule = trainer.datamodule
+        datamodule = _datamodule(trainer)
         if datamodule is not None:
             state["datamodule"] = datamodule.state_dict()
         return state
@@ -272,13 +289,14 @@ class _TrainerState:
         trainer = self._trainer
         trainer.fit_loop.load_state_dict(state["fit_loop"])
         saved_callbacks = state.get("callbacks", {})
-        for callback in trainer.callbacks:
+        for callback in _callbacks(trainer):
             if callback is not self._owner and callback.state_key in saved_callbacks:
                 callback.load_state_dict(saved_callbacks[callback.state_key])
         if state.get("precision"):
             trainer.precision_plugin.load_state_dict(state["precision"])
-        if trainer.datamodule is not None and state.get("datamodule"):
-            trainer.datamodule.load_state_dict(state["datamodule"])
+        datamodule = _datamodule(trainer)
+        if datamodule is not None and state.get("datamodule"):
+            datamodule.load_state_dict(state["datamodule"])
 
     @property
     def epoch(self) -> int:
@@ -287,7 +305,7 @@ class _TrainerState:
 
     def _callback_states(self) -> dict[str, Any]:
         states: dict[str, Any] = {}
-        for callback in self._trainer.callbacks:
+        for callback in _callbacks(self._trainer):
             if callback is self._owner:
                 continue
             state = callback.state_dict()
@@ -307,13 +325,23 @@ def _lightning_state(trainer: pl.Trainer, pl_module: pl.LightningModule, owner: 
     return state
 
 
+def _datamodule(trainer: pl.Trainer) -> pl.LightningDataModule | None:
+    """``trainer.datamodule``: set by Lightning's data connector at run time, not declared on ``Trainer``."""
+    datamodule: pl.LightningDataModule | None = trainer.datamodule  # type: ignore[attr-defined]
+    return datamodule
+
+
+def _callbacks(trainer: pl.Trainer) -> list[Callback]:
+    """``trainer.callbacks``: set by Lightning's callback connector at run time, not declared on ``Trainer``."""
+    callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+    return callbacks
 
 def _loss_of(outputs: Any) -> Any:
     """The step's loss from ``training_step``'s output (a tensor, or a dict with "loss"); no sync."""
-    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    loss: Any = outputs.get("loss") if isinstance(outputs, dict) else outputs
     if isinstance(loss, torch.Tensor):
         return loss.detach()
-    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+    if checks.is_number(loss):
         return float(loss)
     return None
 

@@ -1,4 +1,4 @@
-"""Failure models for planning (profiler -> **plan** -> snapshot -> persist -> report).
+"""Failure models for planning: how likely the job is to be interrupted, and when.
 
 :class:`Failures` says how likely the *job* is to be interrupted, as a function of
 ``tau``: seconds since the job last (re)started. The planner reads its hazard, the simulator
@@ -55,6 +55,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from scipy import optimize, special
 
+from coci import checks
 from coci.errors import ConfigError
 from coci.units import parse_duration
 
@@ -94,7 +95,7 @@ def _positive_finite(value: Any, field: str) -> float:
 
 
 def _check_nodes(nodes: Any) -> int:
-    if isinstance(nodes, bool) or not isinstance(nodes, (int, np.integer)) or nodes < 1:
+    if not checks.is_int(nodes) or nodes < 1:
         raise ConfigError(f"nodes must be a positive integer, got {nodes!r}")
     return int(nodes)
 

@@ -1,4 +1,4 @@
-"""Convergence-curve fits for planning (profiler -> **plan** -> snapshot -> persist -> report).
+"""Convergence-curve fits for planning: laws fitted to the loss trace, and their progress rate.
 
 The planner weighs lost work by how much training progress it represents, which needs the slope of
 the loss against the step, now and in the future. :func:`fit_curve` fits a small set of
@@ -58,7 +58,7 @@ from scipy import optimize
 from coci import knobs
 from coci.errors import ConfigError
 
-__all__ = ["CurveFit", "FAMILIES", "fit_curve", "fit_coci_exponential"]
+__all__ = ["CurveFit", "FAMILIES", "bin_trace", "fit_coci_exponential", "fit_curve"]
 
 logger = logging.getLogger(__name__)
 
@@ -347,8 +347,9 @@ def _split_input(steps_or_losses: Any, losses: Any) -> tuple[np.ndarray, np.ndar
     return steps, values
 
 
-def _smooth(steps: np.ndarray, values: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bin a sorted trace (half log-, half linearly-spaced edges): mean step, median loss per bin."""
+def bin_trace(steps: np.ndarray, values: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bin a sorted trace into at most about ``max_points`` bins (half log-, half linearly-spaced
+    edges): mean step, median loss per bin. A trace that short already is returned as is."""
     if steps.size <= max_points:
         return steps, values
     offset = steps - steps[0] + 1.0
@@ -438,30 +439,30 @@ def fit_curve(
     n_points = int(steps.size)
     last = float(steps[-1]) if n_points else None
     level = float(np.median(values[-max(1, n_points // 10):])) if n_points else None
-    common = {"n_points": n_points, "dropped": dropped, "level": level, "last": last}
+
+    def unusable(reason: str) -> CurveFit:
+        return _none(reason, n_points=n_points, dropped=dropped, level=level, last=last)
 
     if n_points < knobs.FIT_MIN_POINTS:
-        return _none(
+        return unusable(
             f"too few points: {n_points} finite (dropped {dropped} NaN/inf), need at least "
-            f"{knobs.FIT_MIN_POINTS}",
-            **common,
+            f"{knobs.FIT_MIN_POINTS}"
         )
     if steps[-1] <= steps[0]:
-        return _none("all points are at the same step", **common)
+        return unusable("all points are at the same step")
 
-    s, y = _smooth(steps, values, knobs.FIT_MAX_POINTS)
+    s, y = bin_trace(steps, values, knobs.FIT_MAX_POINTS)
     if s.size < knobs.FIT_MIN_POINTS:
-        return _none(f"too few distinct points after smoothing: {s.size}", **common)
+        return unusable(f"too few distinct points after smoothing: {s.size}")
     head = float(np.median(y[: max(2, s.size // 5)]))
     tail = float(np.median(y[-max(2, s.size // 5):]))
     noise = max(_noise_sd(values), 1e-12)
     required = max(knobs.FIT_MIN_DROP_SIGMA * noise, knobs.FIT_MIN_DROP_RELATIVE * abs(head))
     if head - tail <= required:
         verb = "rising" if tail - head > required else "not falling"
-        return _none(
+        return unusable(
             f"loss {verb}: median of the first fifth {head:.6g}, of the last fifth {tail:.6g} "
-            f"(needs a drop above {required:.3g})",
-            **common,
+            f"(needs a drop above {required:.3g})"
         )
 
     scale = float(max(abs(s[-1]), abs(s[0]), 1.0))
@@ -508,14 +509,14 @@ def fit_curve(
             best = windowed
 
     if best is None:
-        return _none("no family could be fitted to the trace", **common)
+        return unusable("no family could be fitted to the trace")
 
     holdout_error, family, fraction = best
     chosen = _window_mask(s, float(s[-1]), fraction)
     extra = 1 if fraction == 1.0 else knobs.FIT_WINDOW_EXTRA_POINTS
     params = _fit_on(family, s, y, chosen, scale, extra)
     if params is None:  # cannot happen in practice: the final window has more points than the backtest
-        return _none(f"refitting {family} on the whole window failed", **common)
+        return unusable(f"refitting {family} on the whole window failed")
     window_start = float(s[chosen][0])
     resid = y[chosen] - _evaluate(family, params, s[chosen])
     return CurveFit(

@@ -1,4 +1,4 @@
-"""Checkpoint policies as pure functions (profiler -> **plan** -> snapshot -> persist -> report).
+"""Checkpoint policies as pure functions: costs, a failure model and a curve in, steps out.
 
 Each policy turns cost figures, a failure model and (for the convergence-aware ones) a loss curve
 into checkpoint steps. :mod:`coci.planning.planner` validates inputs, picks the policy by name and wraps the
@@ -21,7 +21,7 @@ result in a :class:`coci.Plan`; everything here is plain numbers and arrays.
   comparison. When the fitted loss cannot fall by another ``P_e`` before the horizon (``L`` tends to
   0), the last interval is repeated to the end (the authors' code re-fits every 10,000 steps
   instead); the planner records this.
-* ``auto``: DESIGN's convergence-aware optimum, see :func:`auto_steps`.
+* ``auto``: the convergence-aware optimum, see :func:`auto_steps`.
 
 Constraints shared by every policy (:func:`min_interval_steps`): consecutive checkpoints are at least
 ``ceil(P / t)`` steps apart (one persist in flight: the next snapshot waits for the previous
@@ -178,7 +178,7 @@ def coci_minutes(
     inside = times[times < end_minutes]
     if inside.size == times.size and times.size >= 2:
         last_interval = float(times[-1] - times[-2])
-        extra = np.arange(times[-1] + last_interval, end_minutes, last_interval) if last_interval > 0 else []
+        extra = np.arange(times[-1] + last_interval, end_minutes, last_interval) if last_interval > 0 else np.empty(0)
         return np.concatenate([times, extra]), True
     return inside, False
 
@@ -396,7 +396,7 @@ def auto_steps(
     max_steps: int | None = None,
     alpha: float | None = None,
 ) -> AutoResult:
-    """DESIGN's "auto": minimise progress-weighted overhead within a wall-clock budget.
+    """``auto``: minimise progress-weighted overhead within a wall-clock budget.
 
     1. The time-optimal plan (``alpha = 0``, Young/Daly generalised to the hazard; the better of
        the density plan and the two integer Young intervals) sets the reference ``J_t*``; ``objective="time"`` (or a model without progress) returns it.

@@ -1,10 +1,10 @@
-"""The one definition of what a checkpoint plan costs (profiler -> **plan** -> snapshot -> persist -> report).
+"""The one definition of what a checkpoint plan costs.
 
 The planner (:mod:`coci.planning.formulas`, :mod:`coci.planning.planner`), the exact check (:mod:`exact_optimum`) and
 the simulator all score a plan with the functions here, so "expected overhead" means the same thing
 everywhere.
 
-Notation (DESIGN, "The math"): step time ``t``; checkpoint cost ``C`` (stall + interference: what one
+Notation: step time ``t``; checkpoint cost ``C`` (stall + interference: what one
 checkpoint costs training); persist time ``P`` (background; a checkpoint *commits* ``P`` seconds after
 its snapshot); restart cost ``R``; progress rate ``v(s) = -dL/ds`` of the fitted loss curve.
 
@@ -15,9 +15,9 @@ step (step 0, or the first observed step) to the horizon: ``v_bar = (L(origin) -
 (:func:`whole_run_mean_rate`). ``w`` averages 1 over the run and a second of work lost where
 ``w = 2`` costs as much as two average seconds. The normalisation never depends on where a plan
 starts: an online re-plan at step ``s`` scores the remaining steps with the same weights as the
-offline plan (they average below 1 late in a decaying run), so re-planning is time-consistent. (An
-earlier version normalised over the remaining steps only; every re-plan then saw a steep front and
-checkpointed densely "now" again and again.) :func:`mixture_weight` gives DESIGN's
+offline plan (they average below 1 late in a decaying run), so re-planning is time-consistent
+(normalised over the remaining steps only, every re-plan would see a steep front and checkpoint
+densely "now" again and again). :func:`mixture_weight` gives the mixture
 ``w_mu = (w + mu) / (1 + mu)``; internally the planner uses ``alpha = 1 / (1 + mu)`` (the weight on
 progress) because it stays finite: ``w_alpha = alpha w + (1 - alpha)``, alpha = 1 is pure progress,
 alpha = 0 pure time.
@@ -68,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-from coci import knobs
+from coci import checks, knobs
 from coci.errors import ConfigError
 
 __all__ = [
@@ -146,7 +146,7 @@ def whole_run_mean_rate(
 
 
 def mixture_weight(weight: Any, mu: float | None) -> np.ndarray:
-    """DESIGN's ``w_mu = (w + mu) / (1 + mu)``; ``mu = None`` or ``inf`` gives the time weight 1."""
+    """The mixture weight ``w_mu = (w + mu) / (1 + mu)``; ``mu = None`` or ``inf`` gives the time weight 1."""
     w = np.asarray(weight, dtype=float)
     if mu is None or math.isinf(mu):
         return np.ones_like(w)
@@ -261,7 +261,7 @@ def expected_failures(
     positive number (a constant rate per second)."""
     if isinstance(failures, ExpectedFailures):
         return failures
-    if isinstance(failures, (int, float)) and not isinstance(failures, bool):
+    if checks.is_number(failures):
         return ExpectedFailures.constant(float(failures), origin_seconds)
     if getattr(failures, "is_memoryless", False):
         return ExpectedFailures.constant(float(failures.rate), origin_seconds)

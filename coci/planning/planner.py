@@ -1,12 +1,12 @@
-"""Plans: from measured costs, a failure model and a loss curve to checkpoint steps
-(profiler -> **plan** -> snapshot -> persist -> report).
+"""Plans: from measured costs, a failure model and a loss curve to checkpoint steps.
 
-:func:`plan` is the offline entry point (and what the CLI and the session call): it validates the
-inputs, fits the curve, builds the one cost model of :mod:`coci.planning.objective`, runs the named policy
-of :mod:`coci.planning.formulas` and returns a :class:`Plan` with the steps, the expected costs under both
-metrics and every fallback taken. :func:`make_policy` wraps it for :class:`coci.Session`: a
-:class:`PlanningPolicy` that plans after warm-up from the live profile and re-plans only when the
-measured costs or the fit move by more than a threshold.
+:func:`plan` is the offline entry point (and what the CLI and the session call): a pure function
+that validates the inputs, fits the curve, builds the one cost model of
+:mod:`coci.planning.objective`, runs the chosen policy (one small function per policy name in
+:data:`POLICY_PLANNERS`, built on :mod:`coci.planning.formulas`) and returns a :class:`Plan` with the
+steps, the expected costs under both metrics and every fallback taken. :func:`make_policy` wraps it
+for :class:`coci.Session`: a :class:`PlanningPolicy` that plans after warm-up from the live profile
+and re-plans only when the measured costs or the fit move by more than a threshold.
 
 Fallbacks (recorded in ``Plan.fallbacks``, never silent):
 
@@ -38,9 +38,9 @@ revealed) is time-consistent with the offline plan:
   prior progress rate :data:`PRIOR_PROGRESS_RATE` (equal loss decrease per doubling of the step
   count); a trace the fitter finds flat or rising, or a run that records no loss, gets the
   time-optimal plan (Young/Daly generalised to the hazard); each recorded in ``fallbacks``;
-* a loss observed positive never falls below 0 in the planner's curve (``knobs.PLAN_NONNEGATIVE_LOSS``):
-  early, noisy fits often extrapolate to a negative asymptote, which would put most of the run's
-  progress in the future and flatten the weight.
+* a loss observed positive never falls below 0 in the planner's curve: early, noisy fits often
+  extrapolate to a negative asymptote, which would put most of the run's progress in the future
+  and flatten the weight.
 
 Open-ended runs (``total_steps=None`` in the session) are planned over
 ``max(knobs.PLAN_DEFAULT_HORIZON_STEPS, 2 * current step)`` steps and re-planned over a doubled
@@ -51,15 +51,17 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from coci import knobs
+from coci import checks, knobs
 from coci.errors import ConfigError
+from coci.planning.config import OBJECTIVES, POLICIES, PlanConfig
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit, fit_coci_exponential, fit_curve
 from coci.planning.formulas import (
@@ -75,20 +77,27 @@ from coci.planning.formulas import (
     snap_to_steps,
     young_interval_seconds,
 )
-from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model, expected_failures, whole_run_mean_rate
+from coci.planning.objective import CostModel, build_cost_model, expected_failures, whole_run_mean_rate
 from coci.planning.policy import Observation
 from coci.units import parse_duration
 
 __all__ = [
-    "OBJECTIVES", "POLICIES", "PRIOR_PROGRESS_RATE", "Plan", "PlanInputs", "PlanningPolicy", "make_policy", "plan",
+    "OBJECTIVES",
+    "POLICIES",
+    "POLICY_PLANNERS",
+    "PRIOR_PROGRESS_RATE",
+    "CheckFreqAdaptation",
+    "Plan",
+    "PlanConfig",
+    "PlanInputs",
+    "PlanningPolicy",
+    "make_policy",
+    "plan",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: Policy names :func:`plan` and :func:`make_policy` accept.
-POLICIES: tuple[str, ...] = ("auto", "young", "daly", "checkfreq", "coci")
-#: Objectives of ``auto``.
-OBJECTIVES: tuple[str, ...] = ("progress", "time")
+RateFunction = Callable[[np.ndarray], np.ndarray]
 
 
 class PriorProgressRate:
@@ -97,8 +106,7 @@ class PriorProgressRate:
     Scale-free diminishing returns: the loss falls by the same amount per doubling of the step
     count, so ``w(s) = v(s) / v_bar`` is about ``H / (s ln H)`` over a horizon of ``H`` steps (large
     at the start, below 1 after ``H / ln H``). :class:`PlanningPolicy` plans with it while the loss
-    trace is too short to fit (``knobs.PLAN_PRIOR_ENABLED``); :func:`plan` accepts it as ``curve``
-    like any progress-rate callable.
+    trace is too short to fit; :func:`plan` accepts it as ``curve`` like any progress-rate callable.
     """
 
     description = "prior v(s) = 1/max(s, 1)"
@@ -113,7 +121,7 @@ class PriorProgressRate:
 #: The prior progress rate (see :class:`PriorProgressRate`).
 PRIOR_PROGRESS_RATE = PriorProgressRate()
 
-ProgressCurve = CurveFit | Callable[[np.ndarray], np.ndarray]
+ProgressCurve = CurveFit | RateFunction
 
 
 class PlanInputs(BaseModel):
@@ -135,6 +143,15 @@ class PlanInputs(BaseModel):
     last_checkpoint_step: int = 0
     failure_origin_step: int = 0
     min_interval_steps: int = 1
+
+    def measured_costs(self) -> dict[str, float]:
+        """The measured costs as :func:`plan` keyword arguments (step, stall, persist, interference)."""
+        return {
+            "step_seconds": self.step_seconds,
+            "stall_seconds": self.stall_seconds,
+            "persist_seconds": self.persist_seconds,
+            "interference_seconds": self.interference_seconds,
+        }
 
 
 class Plan(BaseModel):
@@ -190,51 +207,6 @@ class Plan(BaseModel):
         )
 
 
-# --- validation --------------------------------------------------------------------------------
-
-
-def _choice(value: Any, valid: tuple[str, ...], field: str) -> str:
-    if not isinstance(value, str) or value not in valid:
-        raise ConfigError(f"{field} must be one of {', '.join(repr(v) for v in valid)}; got {value!r}")
-    return value
-
-
-def _seconds(value: Any, field: str, *, positive: bool) -> float:
-    return parse_duration(value, field=field, positive=positive)
-
-
-def _fraction(value: Any, field: str, *, allow_none: bool, positive: bool) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise ConfigError(f"{field} must be a number{' or None' if allow_none else ''}, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number < 0 or (positive and number == 0):
-        raise ConfigError(f"{field} must be {'positive' if positive else 'non-negative'} and finite, got {value!r}")
-    return number
-
-
-def _steps_count(value: Any, field: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"{field} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _failure_model(failures: Any, required: bool, policy: str) -> Failures | None:
-    if failures is None:
-        if required:
-            raise ConfigError(f"failures is required for policy {policy!r} (e.g. coci.Failures.exponential('8h'))")
-        return None
-    if isinstance(failures, Failures):
-        return failures
-    if isinstance(failures, (str, int, float)) and not isinstance(failures, bool):
-        try:
-            return Failures.exponential(mtbf=failures)
-        except ConfigError as exc:  # name the argument the user actually passed
-            raise ConfigError(str(exc).replace("mtbf", "failures", 1)) from None
-    raise ConfigError(f"failures must be a coci.Failures or an MTBF such as '8h', got {failures!r}")
-
-
 # --- the curve ---------------------------------------------------------------------------------
 
 
@@ -248,7 +220,7 @@ def _is_pair(curve: Any) -> bool:
 
 def _resolve_curve(
     curve: Any,
-) -> tuple[CurveFit | None, Callable[[np.ndarray], np.ndarray] | None, tuple[np.ndarray, np.ndarray] | None, str, list[str]]:
+) -> tuple[CurveFit | None, RateFunction | None, tuple[np.ndarray, np.ndarray] | None, str, list[str]]:
     """``(fit, progress_rate, raw (steps, losses), description, fallbacks)`` for a ``curve`` input."""
     if curve is None:
         return None, None, None, "none", []
@@ -257,14 +229,7 @@ def _resolve_curve(
     elif callable(curve):
         return None, curve, None, str(getattr(curve, "description", "progress-rate callable")), []
     else:
-        if _is_pair(curve):
-            steps = np.asarray(curve[0], dtype=float)
-            losses = np.asarray(curve[1], dtype=float)
-        else:
-            losses = np.asarray(curve, dtype=float) if not isinstance(curve, str) else None
-            if losses is None or losses.ndim != 1:
-                raise ConfigError("curve must be per-step losses, (steps, losses), a CurveFit or a progress-rate callable")
-            steps = np.arange(1, losses.size + 1, dtype=float)
+        steps, losses = _steps_and_losses(curve)
         fit = fit_curve(steps, losses)
         raw, description = (steps, losses), f"{losses.size} losses"
     fallbacks: list[str] = []
@@ -274,6 +239,16 @@ def _resolve_curve(
         fallbacks.append(f"curve unusable ({fit.fallback}): planned for the time objective")
         return _clean_fit(fit), None, raw, description, fallbacks
     return _clean_fit(fit), fit.progress_rate, raw, description, fallbacks
+
+
+def _steps_and_losses(curve: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, losses)`` from per-step losses or a ``(steps, losses)`` pair."""
+    if _is_pair(curve):
+        return np.asarray(curve[0], dtype=float), np.asarray(curve[1], dtype=float)
+    losses = None if isinstance(curve, str) else np.asarray(curve, dtype=float)
+    if losses is None or losses.ndim != 1:
+        raise ConfigError("curve must be per-step losses, (steps, losses), a CurveFit or a progress-rate callable")
+    return np.arange(1, losses.size + 1, dtype=float), losses
 
 
 def _clean_fit(fit: CurveFit) -> CurveFit:
@@ -297,13 +272,14 @@ def _clean_fit(fit: CurveFit) -> CurveFit:
 def plan(
     policy: str = "auto",
     *,
-    failures: Failures | str | float | None,
-    total_steps: int,
-    step_seconds: float,
-    stall_seconds: float,
-    persist_seconds: float,
-    restart_seconds: float = 0.0,
-    interference_seconds: float = 0.0,
+    config: PlanConfig | None = None,
+    failures: Failures | str | float | None = None,
+    total_steps: int | None = None,
+    step_seconds: float | str,
+    stall_seconds: float | str,
+    persist_seconds: float | str,
+    restart_seconds: float | str | None = 0.0,
+    interference_seconds: float | str = 0.0,
     curve: Any = None,
     objective: str = "progress",
     time_budget: float | None = 0.05,
@@ -312,206 +288,300 @@ def plan(
     last_checkpoint_step: int = 0,
     failure_origin_step: int = 0,
 ) -> Plan:
-    """Plan checkpoint steps for a run of ``total_steps`` steps (see DESIGN, "The math").
+    """Plan checkpoint steps for a run of ``total_steps`` steps.
+
+    The planning choices come either as ``config`` (a :class:`PlanConfig`) or as the keywords
+    ``policy``, ``failures``, ``total_steps``, ``restart_seconds``, ``objective``,
+    ``time_budget`` and ``max_overhead`` (documented on :class:`PlanConfig`), not both.
 
     Args:
-        policy: ``"auto"`` (default), ``"young"``, ``"daly"``, ``"checkfreq"`` or ``"coci"``.
-        failures: a :class:`coci.Failures`, or an MTBF (``"8h"`` or seconds) for an exponential
-            model. Optional only for ``checkfreq`` (which ignores it; expected costs are then
-            not computed).
-        total_steps: the horizon in steps (>= 1).
         step_seconds, stall_seconds, persist_seconds: clean step time, snapshot stall and background
             persist time (seconds, positive; durations such as ``"6s"`` are accepted).
-        restart_seconds: cost of a restart (restore + relaunch), >= 0.
         interference_seconds: extra training time one background persist costs, >= 0; the
             checkpoint cost is ``C = stall + interference``.
         curve: per-step losses, ``(steps, losses)``, a :class:`coci.planning.fit.CurveFit`, or a callable
             ``v(steps)`` giving the progress rate directly. Needed by ``auto``'s progress
             objective and by ``coci``.
-        objective: ``"progress"`` (default) or ``"time"`` (``auto`` only).
-        time_budget: ``auto``: allowed extra expected wall-clock overhead over the time-optimal
-            plan (0.05 = 5%); None = pure progress optimum.
-        max_overhead: cap on checkpoint cost as a share of run time (every policy; CheckFreq's
-            growth threshold, 5% when None).
         start_step, last_checkpoint_step, failure_origin_step: for re-planning mid-run: plan steps
             after ``start_step``; failures before the first new commit roll back to
             ``last_checkpoint_step``; the failure clock (re)started at ``failure_origin_step``.
     """
-    policy = _choice(policy, POLICIES, "policy")
-    objective = _choice(objective, OBJECTIVES, "objective")
-    time_budget = _fraction(time_budget, "time_budget", allow_none=True, positive=False)
-    max_overhead = _fraction(max_overhead, "max_overhead", allow_none=True, positive=True)
-    total_steps = _steps_count(total_steps, "total_steps", 1)
-    start_step = _steps_count(start_step, "start_step", 0)
-    last_checkpoint_step = _steps_count(last_checkpoint_step, "last_checkpoint_step", 0)
-    failure_origin_step = _steps_count(failure_origin_step, "failure_origin_step", 0)
-    if start_step >= total_steps:
-        raise ConfigError(f"start_step must be below total_steps ({total_steps}), got {start_step}")
-    step = _seconds(step_seconds, "step_seconds", positive=True)
-    stall = _seconds(stall_seconds, "stall_seconds", positive=True)
-    persist = _seconds(persist_seconds, "persist_seconds", positive=True)
-    restart = _seconds(restart_seconds, "restart_seconds", positive=False)
-    interference = _seconds(interference_seconds, "interference_seconds", positive=False)
-    model_failures = _failure_model(failures, policy != "checkfreq", policy)
+    choices: dict[str, Any] = dict(
+        policy=policy, failures=failures, total_steps=total_steps, restart_seconds=restart_seconds,
+        objective=objective, time_budget=time_budget, max_overhead=max_overhead,
+    )
+    if config is None:
+        config = PlanConfig(**choices)
+    elif choices != _DEFAULT_CHOICES:
+        raise ConfigError("pass either config= or the planning choices (policy, failures, total_steps, ...), not both")
+    problem = _problem(
+        config, curve,
+        step_seconds=step_seconds, stall_seconds=stall_seconds, persist_seconds=persist_seconds,
+        interference_seconds=interference_seconds, start_step=start_step,
+        last_checkpoint_step=last_checkpoint_step, failure_origin_step=failure_origin_step,
+    )
+    return _finish(problem, POLICY_PLANNERS[config.policy](problem))
+
+
+_DEFAULT_CHOICES: dict[str, Any] = dict(
+    policy="auto", failures=None, total_steps=None, restart_seconds=0.0,
+    objective="progress", time_budget=0.05, max_overhead=None,
+)
+
+
+@dataclass
+class _Problem:
+    """One validated planning problem: the choices, the recorded inputs, the curve, the cost model,
+    and the fallbacks, notes and details gathered while planning."""
+
+    config: PlanConfig
+    inputs: PlanInputs
+    last_checkpoint_step: int  # as given (``inputs`` records it clipped to ``start_step``)
+    curve_given: bool
+    fit: CurveFit | None
+    rate: RateFunction | None
+    raw: tuple[np.ndarray, np.ndarray] | None
+    mean_rate: float | None
+    weight_origin: float
+    model: CostModel | None
+    fallbacks: list[str]
+    details: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> Failures:
+        """The failure model (every policy but ``checkfreq`` requires one)."""
+        assert self.config.failures is not None
+        return self.config.failures
+
+    @property
+    def cost_model(self) -> CostModel:
+        """The cost model (built whenever there is a failure model)."""
+        assert self.model is not None
+        return self.model
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """What a policy function chose: the steps, the objective they optimise, auto's mixture weight."""
+
+    steps: np.ndarray
+    objective: str
+    mu: float | None = None
+    expected: dict[str, float] = field(default_factory=dict)
+
+
+def _problem(
+    config: PlanConfig,
+    curve: Any,
+    *,
+    step_seconds: Any,
+    stall_seconds: Any,
+    persist_seconds: Any,
+    interference_seconds: Any,
+    start_step: Any,
+    last_checkpoint_step: Any,
+    failure_origin_step: Any,
+) -> _Problem:
+    """Validate the measurements, resolve the curve and build the cost model."""
+    total_steps = checks.integer(config.total_steps, "total_steps", minimum=1)
+    start = checks.integer(start_step, "start_step", minimum=0)
+    last_checkpoint = checks.integer(last_checkpoint_step, "last_checkpoint_step", minimum=0)
+    origin = checks.integer(failure_origin_step, "failure_origin_step", minimum=0)
+    if start >= total_steps:
+        raise ConfigError(f"start_step must be below total_steps ({total_steps}), got {start}")
+    step = parse_duration(step_seconds, field="step_seconds", positive=True)
+    stall = parse_duration(stall_seconds, field="stall_seconds", positive=True)
+    persist = parse_duration(persist_seconds, field="persist_seconds", positive=True)
+    interference = parse_duration(interference_seconds, field="interference_seconds", positive=False)
     cost = stall + interference
-    min_steps = min_interval_steps(step, persist, cost, max_overhead)
+    min_steps = min_interval_steps(step, persist, cost, config.max_overhead)
 
     fit, rate, raw, description, fallbacks = _resolve_curve(curve)
     if fit is not None and rate is not None:
         rate = _observed_past_rate(fit, rate)
-    notes: list[str] = []
     details: dict[str, float] = {"min_interval_steps": float(min_steps)}
-
-    model: CostModel | None = None
     mean_rate, weight_origin = _mean_rate(fit, rate, total_steps, fallbacks) if rate is not None else (None, 0.0)
     if mean_rate is None:
         rate = None
     else:
         details.update(mean_progress_rate=mean_rate, weight_origin_step=weight_origin)
-    if model_failures is not None:
-        horizon = total_steps * step
-        origin = failure_origin_step * step
-        hazard = expected_failures(model_failures, horizon - origin, origin)
-        if not model_failures.is_memoryless:
-            fallbacks.append(
-                "failures restart at each (re)start: planned with the expected (renewal) hazard; "
-                "young/daly/coci use the long-run rate 1/MTBF"
-            )
-        model = _cost_model(
-            total_steps, step, cost, persist, restart, hazard, rate, start_step, last_checkpoint_step, fallbacks,
-            mean_rate,
-        )
-
     inputs = PlanInputs(
-        total_steps=total_steps,
-        step_seconds=step,
-        stall_seconds=stall,
-        persist_seconds=persist,
-        restart_seconds=restart,
-        interference_seconds=interference,
-        checkpoint_seconds=cost,
-        max_overhead=max_overhead,
-        failures=model_failures,
-        curve=description,
-        start_step=start_step,
-        last_checkpoint_step=min(last_checkpoint_step, start_step),
-        failure_origin_step=failure_origin_step,
-        min_interval_steps=min_steps,
+        total_steps=total_steps, step_seconds=step, stall_seconds=stall, persist_seconds=persist,
+        restart_seconds=0.0 if config.restart_seconds is None else config.restart_seconds,
+        interference_seconds=interference, checkpoint_seconds=cost, max_overhead=config.max_overhead,
+        failures=config.failures, curve=description, start_step=start,
+        last_checkpoint_step=min(last_checkpoint, start), failure_origin_step=origin, min_interval_steps=min_steps,
     )
-    mu: float | None = None
-    effective_objective = objective
-    expected_extra: dict[str, float] = {}
-
-    if policy in ("young", "daly"):
-        assert model_failures is not None
-        if policy == "young":
-            seconds = young_interval_seconds(cost, model_failures.rate)
-        else:
-            seconds = daly_interval_seconds(cost, model_failures.mean_seconds)
-        interval = max(int(round(seconds / step)), 1)
-        details.update(interval_seconds=seconds, interval_steps_formula=float(interval))
-        if interval < min_steps:
-            notes.append(f"{policy} interval raised from {interval} to {min_steps} steps (persist / max_overhead)")
-            interval = min_steps
-        details["interval_steps"] = float(interval)
-        steps = periodic_steps(interval, start_step, total_steps, anchor=min(start_step, last_checkpoint_step))
-        effective_objective = "time"
-    elif policy == "checkfreq":
-        threshold = knobs.CHECKFREQ_MAX_OVERHEAD if max_overhead is None else max_overhead
-        first = checkfreq_interval(stall, persist, step)
-        steps, final = checkfreq_steps(
-            first, checkpoint_seconds=cost, step_seconds=step, max_overhead=threshold,
-            start_step=start_step, total_steps=total_steps, anchor=max(start_step, last_checkpoint_step),
-        )
-        details.update(interval_steps=float(first), final_interval_steps=float(final), max_overhead=threshold)
-        effective_objective = "time"
-    elif policy == "coci":
-        assert model is not None and model_failures is not None
-        steps, coci_details, coci_fallbacks = _coci_plan(fit, raw, model, model_failures, min_steps)
-        details.update(coci_details)
-        fallbacks.extend(coci_fallbacks)
-        effective_objective = "progress" if "theta1_per_minute" in coci_details else "time"
-    else:  # auto
-        assert model is not None
-        if objective == "progress" and not model.has_progress:
-            if curve is None:
-                fallbacks.append("no curve given: planned for the time objective")
-            effective_objective = "time"
-        max_steps = max_interval_steps(model, min_steps)
-        details["max_interval_steps"] = float(max_steps)
-        whole_alpha = None
-        if effective_objective == "progress" and time_budget is not None and model.has_progress:
-            assert model_failures is not None and rate is not None
-            whole_alpha = _whole_run_alpha(
-                model, model_failures, rate, mean_rate, weight_origin, time_budget, min_steps, fit
-            )
-        if whole_alpha is not None:
-            details["whole_run_alpha"] = whole_alpha
-            notes.append(
-                "re-plan: the time budget applies to the whole run; its mixture weight "
-                f"(alpha {whole_alpha:.3g}) was chosen there and the remaining steps planned with it"
-            )
-        result = auto_steps(
-            model, objective=effective_objective, time_budget=time_budget, min_steps=min_steps,
-            max_steps=max_steps, alpha=whole_alpha,
-        )
-        steps = result.steps
-        mu = result.mu if effective_objective == "progress" else None
-        expected_extra["time_optimal_wall_seconds"] = result.time_optimal_wall_seconds
-        if result.budget_wall_seconds is not None:
-            expected_extra["budget_wall_seconds"] = result.budget_wall_seconds
-
-    expected: dict[str, float] = {}
-    if model is not None:
-        expected = model.expected(steps).as_dict()
-        expected.update(expected_extra)
-    else:
-        expected = {"checkpoints": float(len(steps)), "checkpoint_seconds": len(steps) * cost}
-        notes.append("no failure model: only checkpoint costs are expected")
-    return Plan(
-        policy=policy,
-        objective=effective_objective,
-        time_budget=time_budget,
-        inputs=inputs,
-        fit=fit,
-        steps=[int(s) for s in steps],
-        expected=expected,
-        fallbacks=fallbacks,
-        mu=mu,
-        details=details,
-        notes=notes,
+    model = _cost_model(inputs, last_checkpoint, rate, mean_rate, fallbacks)
+    return _Problem(
+        config=config, inputs=inputs, last_checkpoint_step=last_checkpoint, curve_given=curve is not None,
+        fit=fit, rate=rate, raw=raw, mean_rate=mean_rate, weight_origin=weight_origin, model=model,
+        fallbacks=fallbacks, details=details,
     )
 
 
 def _cost_model(
-    total_steps: int,
-    step: float,
-    cost: float,
-    persist: float,
-    restart: float,
-    hazard: ExpectedFailures,
-    rate: Callable[[np.ndarray], np.ndarray] | None,
-    start_step: int,
-    last_checkpoint_step: int,
+    inputs: PlanInputs, last_checkpoint_step: int, rate: RateFunction | None, mean_rate: float | None,
     fallbacks: list[str],
-    mean_rate: float | None = None,
-) -> CostModel:
-    common = dict(
-        total_steps=total_steps, step_seconds=step, checkpoint_seconds=cost, persist_seconds=persist,
-        restart_seconds=restart, failures=hazard, start_step=start_step,
-        last_checkpoint_step=last_checkpoint_step,
-    )
+) -> CostModel | None:
+    """The cost model of :mod:`coci.planning.objective` (None without a failure model); the
+    progress weight is dropped, with a fallback, when the curve cannot give one."""
+    failures = inputs.failures
+    if failures is None:
+        return None
+    step = inputs.step_seconds
+    origin = inputs.failure_origin_step * step
+    hazard = expected_failures(failures, inputs.total_steps * step - origin, origin)
+    if not failures.is_memoryless:
+        fallbacks.append(
+            "failures restart at each (re)start: planned with the expected (renewal) hazard; "
+            "young/daly/coci use the long-run rate 1/MTBF"
+        )
+
+    def build(progress_rate: RateFunction | None) -> CostModel:
+        return build_cost_model(
+            total_steps=inputs.total_steps, step_seconds=step, checkpoint_seconds=inputs.checkpoint_seconds,
+            persist_seconds=inputs.persist_seconds, restart_seconds=inputs.restart_seconds, failures=hazard,
+            progress_rate=progress_rate, start_step=inputs.start_step, last_checkpoint_step=last_checkpoint_step,
+            mean_rate=mean_rate if progress_rate is not None else None,
+        )
+
     if rate is not None:
         try:
-            return build_cost_model(progress_rate=rate, mean_rate=mean_rate, **common)
+            return build(rate)
         except ConfigError as exc:
             fallbacks.append(f"{exc}: planned for the time objective")
-    return build_cost_model(progress_rate=None, **common)
+    return build(None)
 
 
-def _observed_past_rate(
-    fit: CurveFit, rate: Callable[[np.ndarray], np.ndarray]
-) -> Callable[[np.ndarray], np.ndarray]:
+def _finish(problem: _Problem, placement: _Placement) -> Plan:
+    """The :class:`Plan` of ``placement``, with its expected costs."""
+    steps = placement.steps
+    if problem.model is not None:
+        expected = problem.model.expected(steps).as_dict()
+        expected.update(placement.expected)
+    else:
+        expected = {"checkpoints": float(len(steps)), "checkpoint_seconds": len(steps) * problem.inputs.checkpoint_seconds}
+        problem.notes.append("no failure model: only checkpoint costs are expected")
+    return Plan(
+        policy=problem.config.policy,
+        objective=placement.objective,
+        time_budget=problem.config.time_budget,
+        inputs=problem.inputs,
+        fit=problem.fit,
+        steps=[int(s) for s in steps],
+        expected=expected,
+        fallbacks=problem.fallbacks,
+        mu=placement.mu,
+        details=problem.details,
+        notes=problem.notes,
+    )
+
+
+# --- one function per policy ---------------------------------------------------------------------
+
+
+def _plan_young(problem: _Problem) -> _Placement:
+    """Young: ``T = sqrt(2 C / lambda)``, periodic."""
+    seconds = young_interval_seconds(problem.inputs.checkpoint_seconds, problem.failures.rate)
+    return _periodic(problem, seconds)
+
+
+def _plan_daly(problem: _Problem) -> _Placement:
+    """Daly's exact optimum for exponential failures, periodic."""
+    seconds = daly_interval_seconds(problem.inputs.checkpoint_seconds, problem.failures.mean_seconds)
+    return _periodic(problem, seconds)
+
+
+def _periodic(problem: _Problem, seconds: float) -> _Placement:
+    """Every ``seconds`` of training (rounded to steps, at least the minimum interval)."""
+    inputs, name = problem.inputs, problem.config.policy
+    interval = max(int(round(seconds / inputs.step_seconds)), 1)
+    problem.details.update(interval_seconds=seconds, interval_steps_formula=float(interval))
+    if interval < inputs.min_interval_steps:
+        problem.notes.append(
+            f"{name} interval raised from {interval} to {inputs.min_interval_steps} steps (persist / max_overhead)"
+        )
+        interval = inputs.min_interval_steps
+    problem.details["interval_steps"] = float(interval)
+    steps = periodic_steps(interval, inputs.start_step, inputs.total_steps, anchor=inputs.last_checkpoint_step)
+    return _Placement(steps, "time")
+
+
+def _checkfreq_threshold(max_overhead: float | None) -> float:
+    return knobs.CHECKFREQ_MAX_OVERHEAD if max_overhead is None else max_overhead
+
+
+def _plan_checkfreq(problem: _Problem) -> _Placement:
+    """CheckFreq: the interval the persist allows, grown by 2 while ``C / (k t)`` exceeds the threshold."""
+    inputs = problem.inputs
+    threshold = _checkfreq_threshold(inputs.max_overhead)
+    first = checkfreq_interval(inputs.stall_seconds, inputs.persist_seconds, inputs.step_seconds)
+    steps, final = checkfreq_steps(
+        first, checkpoint_seconds=inputs.checkpoint_seconds, step_seconds=inputs.step_seconds,
+        max_overhead=threshold, start_step=inputs.start_step, total_steps=inputs.total_steps,
+        anchor=max(inputs.start_step, problem.last_checkpoint_step),
+    )
+    problem.details.update(interval_steps=float(first), final_interval_steps=float(final), max_overhead=threshold)
+    return _Placement(steps, "time")
+
+
+def _plan_coci(problem: _Problem) -> _Placement:
+    """COCI as published (the time-optimal plan when the curve does not fall)."""
+    steps, details, fallbacks = _coci_plan(
+        problem.fit, problem.raw, problem.cost_model, problem.failures, problem.inputs.min_interval_steps
+    )
+    problem.details.update(details)
+    problem.fallbacks.extend(fallbacks)
+    return _Placement(steps, "progress" if "theta1_per_minute" in details else "time")
+
+
+def _plan_auto(problem: _Problem) -> _Placement:
+    """``auto``: the convergence-aware optimum (progress objective within the time budget), or the
+    time optimum for ``objective="time"`` or without a usable curve."""
+    model, config = problem.cost_model, problem.config
+    objective = config.objective
+    if objective == "progress" and not model.has_progress:
+        if not problem.curve_given:
+            problem.fallbacks.append("no curve given: planned for the time objective")
+        objective = "time"
+    min_steps = problem.inputs.min_interval_steps
+    max_steps = max_interval_steps(model, min_steps)
+    problem.details["max_interval_steps"] = float(max_steps)
+    whole_alpha = None
+    if objective == "progress" and config.time_budget is not None and model.has_progress:
+        whole_alpha = _whole_run_alpha(problem, config.time_budget)
+    if whole_alpha is not None:
+        problem.details["whole_run_alpha"] = whole_alpha
+        problem.notes.append(
+            "re-plan: the time budget applies to the whole run; its mixture weight "
+            f"(alpha {whole_alpha:.3g}) was chosen there and the remaining steps planned with it"
+        )
+    result = auto_steps(
+        model, objective=objective, time_budget=config.time_budget, min_steps=min_steps,
+        max_steps=max_steps, alpha=whole_alpha,
+    )
+    expected = {"time_optimal_wall_seconds": result.time_optimal_wall_seconds}
+    if result.budget_wall_seconds is not None:
+        expected["budget_wall_seconds"] = result.budget_wall_seconds
+    return _Placement(result.steps, objective, result.mu if objective == "progress" else None, expected)
+
+
+#: The function that places the checkpoints of each policy name.
+POLICY_PLANNERS: dict[str, Callable[[_Problem], _Placement]] = {
+    "auto": _plan_auto,
+    "young": _plan_young,
+    "daly": _plan_daly,
+    "checkfreq": _plan_checkfreq,
+    "coci": _plan_coci,
+}
+
+
+# --- the progress rate the planner uses ------------------------------------------------------------
+
+
+def _observed_past_rate(fit: CurveFit, rate: RateFunction) -> RateFunction:
     """The fit's progress rate from its window on (before the first observed step: the rate there,
     not a law extrapolated towards a singularity); before the window (a recent-window fit after
     drift) the observed average ``(first_loss - L(window_start)) / (window_start - first_step)``
@@ -548,16 +618,16 @@ def _observed_past_rate(
 def _loss_floor(fit: CurveFit) -> float | None:
     """0 when the loss is positive where it was observed (cross-entropy, MSE, any norm): a law
     extrapolated below 0 (a short, noisy trace fitted with a negative asymptote) would put most of
-    the run's progress in the future and flatten the weight; the planner's curve stops at 0 instead
-    (``knobs.PLAN_NONNEGATIVE_LOSS``). None otherwise."""
-    if not knobs.PLAN_NONNEGATIVE_LOSS or fit.first_loss is None or fit.last_step is None:
+    the run's progress in the future and flatten the weight; the planner's curve stops at 0 instead.
+    None otherwise."""
+    if fit.first_loss is None or fit.last_step is None:
         return None
     observed = fit.loss(np.array([float(fit.last_step)]))[0]
     return 0.0 if fit.first_loss > 0 and observed > 0 else None
 
 
 def _mean_rate(
-    fit: CurveFit | None, rate: Callable[[np.ndarray], np.ndarray], total_steps: int, fallbacks: list[str]
+    fit: CurveFit | None, rate: RateFunction, total_steps: int, fallbacks: list[str]
 ) -> tuple[float | None, float]:
     """The whole run's mean progress rate ``v_bar`` and the step it is measured from.
 
@@ -587,16 +657,7 @@ def _mean_rate(
         return None, origin
 
 
-def _whole_run_alpha(
-    model: CostModel,
-    failures: Failures,
-    rate: Callable[[np.ndarray], np.ndarray],
-    mean_rate: float | None,
-    weight_origin: float,
-    time_budget: float,
-    min_steps: int,
-    fit: CurveFit | None,
-) -> float | None:
+def _whole_run_alpha(problem: _Problem, time_budget: float) -> float | None:
     """For a re-plan (``start_step > 0``): the mixture weight ``alpha`` that ``auto`` picks for the
     whole run, i.e. the span from the curve's first step (or its fit window's start, where the law
     holds) to the horizon, planned fresh under the same costs and curve.
@@ -607,22 +668,29 @@ def _whole_run_alpha(
     (principle of optimality), so re-planning keeps the run's trade-off. None when the plan starts
     at the whole span's start (the ordinary bisection applies).
     """
-    start = max(weight_origin, fit.window_start if fit is not None and fit.window_start else 0.0)
+    model, fit = problem.cost_model, problem.fit
+    start = max(problem.weight_origin, fit.window_start if fit is not None and fit.window_start else 0.0)
     start = int(math.ceil(start))
-    if start >= model.start_step or start >= model.total_steps - 1:
+    if problem.rate is None or start >= model.start_step or start >= model.total_steps - 1:
         return None
     whole = build_cost_model(
         total_steps=model.total_steps, step_seconds=model.step_seconds,
         checkpoint_seconds=model.checkpoint_seconds, persist_seconds=model.persist_seconds,
         restart_seconds=model.restart_seconds,
-        failures=expected_failures(failures, model.horizon_seconds - start * model.step_seconds, start * model.step_seconds),
-        progress_rate=rate, start_step=start, mean_rate=mean_rate,
+        failures=expected_failures(
+            problem.failures, model.horizon_seconds - start * model.step_seconds, start * model.step_seconds
+        ),
+        progress_rate=problem.rate, start_step=start, mean_rate=problem.mean_rate,
     )
+    min_steps = problem.inputs.min_interval_steps
     result = auto_steps(
         whole, objective="progress", time_budget=time_budget, min_steps=min_steps,
         max_steps=max_interval_steps(whole, min_steps),
     )
     return float(result.alpha)
+
+
+# --- COCI as published -----------------------------------------------------------------------------
 
 
 def _coci_thetas(
@@ -673,26 +741,58 @@ def _coci_plan(
 # --- the session's planning policy ---------------------------------------------------------------
 
 
-def make_policy(
-    policy: str,
-    *,
-    failures: Failures | str | float | None,
-    total_steps: int | None,
-    restart_seconds: float | None = None,
-    objective: str = "progress",
-    time_budget: float | None = 0.05,
-    max_overhead: float | None = None,
-) -> PlanningPolicy:
-    """The :class:`coci.planning.policy.CheckpointPolicy` the session uses for a policy name."""
-    return PlanningPolicy(
-        policy,
-        failures=failures,
-        total_steps=total_steps,
-        restart_seconds=restart_seconds,
-        objective=objective,
-        time_budget=time_budget,
-        max_overhead=max_overhead,
-    )
+def make_policy(config: PlanConfig | str = "auto", **choices: Any) -> PlanningPolicy:
+    """The :class:`coci.planning.policy.CheckpointPolicy` the session uses: a :class:`PlanningPolicy`
+    for ``config``, or for a policy name and the other :class:`PlanConfig` fields as keywords."""
+    return PlanningPolicy(config, **choices)
+
+
+class CheckFreqAdaptation:
+    """CheckFreq's online rule: a fixed interval ``k`` (set from the first plan, kept across
+    re-plans and restarts), grown by 2 after each new checkpoint whose cost ``C / (k t)`` exceeds
+    the overhead threshold (``max_overhead``, CheckFreq's 5% when None); never shrunk."""
+
+    def __init__(self, max_overhead: float | None) -> None:
+        self.max_overhead = max_overhead
+        self.interval: int | None = None
+        self.seen_step = 0  # the newest checkpoint already judged
+
+    def observe(self, checkpoint_steps: Iterable[int], cost: float, step_seconds: float) -> bool:
+        """Judge the checkpoints taken since the last call; True when ``k`` grew."""
+        if self.interval is None:
+            return False
+        threshold = _checkfreq_threshold(self.max_overhead)
+        grew = False
+        for step in sorted(checkpoint_steps):
+            if step <= self.seen_step:
+                continue
+            self.seen_step = step
+            if cost / (self.interval * step_seconds) > threshold:
+                self.interval += 2
+                grew = True
+        return grew
+
+    def plan(self, offline: Plan, last_checkpoint: int) -> Plan:
+        """``offline`` with its steps replaced by every ``k`` steps from the last checkpoint (``k``
+        taken from ``offline`` the first time) and its expected costs recomputed for them."""
+        inputs = offline.inputs
+        if self.interval is None:
+            self.interval = int(offline.details.get("interval_steps", 1))
+        steps = periodic_steps(self.interval, inputs.start_step, inputs.total_steps, anchor=last_checkpoint)
+        details = {**offline.details, "interval_steps": float(self.interval)}
+        details.pop("final_interval_steps", None)
+        if inputs.failures is not None:
+            expected = _rescore(offline, steps, inputs.failures)
+        else:
+            expected = {"checkpoints": float(steps.size), "checkpoint_seconds": steps.size * inputs.checkpoint_seconds}
+        return offline.model_copy(update={"steps": [int(s) for s in steps], "details": details, "expected": expected})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"checkfreq_k": self.interval, "checkfreq_seen": self.seen_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.interval = state.get("checkfreq_k")
+        self.seen_step = int(state.get("checkfreq_seen") or 0)
 
 
 class PlanningPolicy:
@@ -705,43 +805,47 @@ class PlanningPolicy:
     from the current step when there is no plan yet, when a cost moved by more than
     ``knobs.PLAN_REPLAN_COST_CHANGE``, when the fitted progress weight moved by more than
     ``knobs.PLAN_REPLAN_FIT_CHANGE`` (the relative change of the planned checkpoint density
-    ``sqrt(w_alpha)`` on the remaining steps, old fit against new; or the fit's family changed), when an open-ended horizon
-    needs extending, or (``checkfreq``) when its interval grew. :meth:`should_checkpoint` is a set
-    lookup. ``state_dict`` keeps CheckFreq's grown interval and the current plan.
+    ``sqrt(w_alpha)`` on the remaining steps, old fit against new; or the fit's family changed),
+    when an open-ended horizon needs extending, or (``checkfreq``) when its interval grew
+    (:class:`CheckFreqAdaptation`). :meth:`should_checkpoint` is a set lookup. ``state_dict`` keeps
+    CheckFreq's grown interval and the current plan.
 
     The failure clock of a restarting hazard is taken to have (re)started
     ``knobs.PLAN_WARMUP_STEPS`` steps before this object's first observation (an approximation:
     the policy does not see the restore itself).
     """
 
-    def __init__(
-        self,
-        policy: str,
-        *,
-        failures: Failures | str | float | None,
-        total_steps: int | None,
-        restart_seconds: float | None = None,
-        objective: str = "progress",
-        time_budget: float | None = 0.05,
-        max_overhead: float | None = None,
-    ) -> None:
-        self.policy = _choice(policy, POLICIES, "policy")
-        self.objective = _choice(objective, OBJECTIVES, "objective")
-        self.time_budget = _fraction(time_budget, "time_budget", allow_none=True, positive=False)
-        self.max_overhead = _fraction(max_overhead, "max_overhead", allow_none=True, positive=True)
-        self.total_steps = None if total_steps is None else _steps_count(total_steps, "total_steps", 1)
-        self.restart_seconds = None if restart_seconds is None else _seconds(restart_seconds, "restart_seconds", positive=False)
-        self.failures = _failure_model(failures, self.policy != "checkfreq", self.policy)
+    def __init__(self, config: PlanConfig | str = "auto", **choices: Any) -> None:
+        if isinstance(config, PlanConfig):
+            if choices:
+                raise ConfigError(f"pass either a PlanConfig or its fields, not both (got {sorted(choices)})")
+            self.config = config
+        else:
+            self.config = PlanConfig(policy=config, **choices)
         self.plan: Plan | None = None
+        self.replans = 0
         self._steps: frozenset[int] = self._warmup_steps()
         self._basis: tuple[float, float, float] | None = None
         self._fit: ProgressCurve | None = None
         self._fit_family: str | None = None
         self._origin: int | None = None
         self._horizon: int | None = None
-        self._checkfreq_k: int | None = None
-        self._checkfreq_seen = 0
-        self.replans = 0
+        self._checkfreq = CheckFreqAdaptation(self.config.max_overhead) if self.policy == "checkfreq" else None
+
+    @property
+    def policy(self) -> str:
+        """The policy name."""
+        return self.config.policy
+
+    @property
+    def objective(self) -> str:
+        """The objective asked for (``auto``)."""
+        return self.config.objective
+
+    @property
+    def total_steps(self) -> int | None:
+        """The planning horizon (None: open-ended)."""
+        return self.config.total_steps
 
     # -- CheckpointPolicy ----------------------------------------------------------------------
 
@@ -771,50 +875,37 @@ class PlanningPolicy:
         cost = stall + interference
         basis = (step_seconds, cost, persist)
         last_checkpoint = max((s for s in observation.checkpoint_steps if s <= now), default=0)
-
-        grew = self._checkfreq_grow(observation, cost, step_seconds)
+        grew = self._checkfreq is not None and self._checkfreq.observe(observation.checkpoint_steps, cost, step_seconds)
         curve = self._curve(observation, fallbacks)
         reasons = self._moved(basis, curve, now, horizon, grew)
         if not reasons:
             return
         try:
             new_plan = plan(
-                self.policy,
-                failures=self.failures,
-                total_steps=horizon,
-                step_seconds=step_seconds,
-                stall_seconds=stall,
-                persist_seconds=persist,
-                restart_seconds=restart,
-                interference_seconds=interference,
-                curve=curve,
-                objective=self.objective,
-                time_budget=self.time_budget,
-                max_overhead=self.max_overhead,
-                start_step=now,
-                last_checkpoint_step=last_checkpoint,
+                config=self.config.replace(total_steps=horizon, restart_seconds=restart), curve=curve,
+                step_seconds=step_seconds, stall_seconds=stall, persist_seconds=persist,
+                interference_seconds=interference, start_step=now, last_checkpoint_step=last_checkpoint,
                 failure_origin_step=min(self._origin, now),
             )
         except ConfigError as exc:  # a measured figure out of range: keep the current plan
             logger.warning("re-planning at step %d failed, keeping the current plan: %s", now, exc)
             return
-        if self.policy == "checkfreq":
-            new_plan = self._checkfreq_plan(new_plan, now, horizon, last_checkpoint, cost, step_seconds)
+        if self._checkfreq is not None:
+            new_plan = self._checkfreq.plan(new_plan, last_checkpoint)
         if fallbacks or self.total_steps is None:
-            extra = list(fallbacks)
             if self.total_steps is None:
-                extra.append(f"total_steps unknown: planned over a horizon of {horizon} steps")
-            new_plan = new_plan.model_copy(update={"fallbacks": [*new_plan.fallbacks, *extra]})
-        self._install(new_plan, basis, curve, now, horizon)
+                fallbacks.append(f"total_steps unknown: planned over a horizon of {horizon} steps")
+            new_plan = new_plan.model_copy(update={"fallbacks": [*new_plan.fallbacks, *fallbacks]})
+        self._install(new_plan, basis, curve, horizon)
         logger.info("planned at step %d (%s): %d checkpoints", now, ", ".join(reasons), len(new_plan.steps))
 
     # -- state ---------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        checkfreq = CheckFreqAdaptation(None) if self._checkfreq is None else self._checkfreq
         return {
             "policy": self.policy,
-            "checkfreq_k": self._checkfreq_k,
-            "checkfreq_seen": self._checkfreq_seen,
+            **checkfreq.state_dict(),
             "horizon": self._horizon,
             "plan": None if self.plan is None else self.plan.model_dump_json(),
         }
@@ -823,8 +914,8 @@ class PlanningPolicy:
         if state.get("policy") != self.policy:
             logger.warning("policy state for %r ignored by policy %r", state.get("policy"), self.policy)
             return
-        self._checkfreq_k = state.get("checkfreq_k")
-        self._checkfreq_seen = int(state.get("checkfreq_seen") or 0)
+        if self._checkfreq is not None:
+            self._checkfreq.load_state_dict(state)
         self._horizon = state.get("horizon")
         raw = state.get("plan")
         if raw:
@@ -864,7 +955,7 @@ class PlanningPolicy:
             persist = knobs.PLAN_ASSUMED_PERSIST_STEPS * step_seconds
             fallbacks.append(f"persist not measured yet: assumed {persist:.3g} s")
         interference = float(getattr(profile, "interference_seconds", 0.0) or 0.0)
-        restart = self.restart_seconds
+        restart = self.config.restart_seconds
         if restart is None:
             restart = profile.restore_seconds.value
             if restart is None:
@@ -885,7 +976,7 @@ class PlanningPolicy:
         points = int(np.count_nonzero(np.isfinite(np.asarray(observation.losses, dtype=float))))
         if not needs or points == 0:
             return None
-        if self._weights_progress and knobs.PLAN_PRIOR_ENABLED and points < knobs.FIT_MIN_POINTS:
+        if self._weights_progress and points < knobs.FIT_MIN_POINTS:
             fallbacks.append(
                 f"loss trace has {points} point(s), fewer than {knobs.FIT_MIN_POINTS} to fit: planned with "
                 f"the prior progress rate {PRIOR_PROGRESS_RATE.description}"
@@ -917,39 +1008,41 @@ class PlanningPolicy:
     def _moved(
         self, basis: tuple[float, float, float], fit: ProgressCurve | None, now: int, horizon: int, grew: bool
     ) -> list[str]:
+        """Why the current plan is out of date (empty: keep it)."""
         if self.plan is None or self._basis is None:
             return ["first plan"]
         reasons = []
         if horizon != self._horizon:
             reasons.append(f"horizon {horizon}")
-        if grew:
-            reasons.append(f"checkfreq interval grew to {self._checkfreq_k}")
+        if grew and self._checkfreq is not None:
+            reasons.append(f"checkfreq interval grew to {self._checkfreq.interval}")
         if self.policy != "checkfreq":
             for name, new, old in zip(("step time", "checkpoint cost", "persist"), basis, self._basis):
                 if abs(new - old) > knobs.PLAN_REPLAN_COST_CHANGE * max(abs(old), 1e-12):
                     reasons.append(f"{name} {old:.3g} -> {new:.3g} s")
-            family = self._family(fit)
-            if family != self._fit_family:
-                reasons.append(f"fit {self._fit_family} -> {family}")
-            else:
-                probe = self._probe(fit, now, horizon)
-                old = self._probe(self._fit, now, horizon)  # the planned fit, on the same steps
-                if (probe is None) != (old is None):
-                    reasons.append("fit usability changed")
-                elif probe is not None and old is not None:
-                    # what the plan responds to: the density sqrt(w_alpha) of the planned mixture
-                    mu = None if self.plan is None else self.plan.mu
-                    alpha = 1.0 if mu is None else 1.0 / (1.0 + mu)
-                    new_density = np.sqrt(alpha * probe + 1.0 - alpha)
-                    old_density = np.sqrt(alpha * old + 1.0 - alpha)
-                    change = float(np.max(np.abs(new_density - old_density) / np.maximum(old_density, 1e-12)))
-                    if change > knobs.PLAN_REPLAN_FIT_CHANGE:
-                        reasons.append(f"progress weight moved by {change:.0%}")
+            reasons.extend(self._fit_moved(fit, now, horizon))
         return reasons
 
-    def _install(
-        self, new_plan: Plan, basis: tuple[float, float, float], fit: ProgressCurve | None, now: int, horizon: int
-    ) -> None:
+    def _fit_moved(self, fit: ProgressCurve | None, now: int, horizon: int) -> list[str]:
+        """Why the new fit calls for a re-plan: another family or usability, or a planned checkpoint
+        density ``sqrt(w_alpha)`` (the mixture of the current plan) moved by more than the threshold."""
+        family = self._family(fit)
+        if family != self._fit_family:
+            return [f"fit {self._fit_family} -> {family}"]
+        probe = self._probe(fit, now, horizon)
+        planned = self._probe(self._fit, now, horizon)  # the planned fit, on the same steps
+        if (probe is None) != (planned is None):
+            return ["fit usability changed"]
+        if probe is None or planned is None:
+            return []
+        mu = None if self.plan is None else self.plan.mu
+        alpha = 1.0 if mu is None else 1.0 / (1.0 + mu)
+        new_density = np.sqrt(alpha * probe + 1.0 - alpha)
+        old_density = np.sqrt(alpha * planned + 1.0 - alpha)
+        change = float(np.max(np.abs(new_density - old_density) / np.maximum(old_density, 1e-12)))
+        return [f"progress weight moved by {change:.0%}"] if change > knobs.PLAN_REPLAN_FIT_CHANGE else []
+
+    def _install(self, new_plan: Plan, basis: tuple[float, float, float], fit: ProgressCurve | None, horizon: int) -> None:
         self.plan = new_plan
         self._steps = frozenset(new_plan.steps)
         self._basis = basis
@@ -957,36 +1050,6 @@ class PlanningPolicy:
         self._fit = fit
         self._horizon = horizon
         self.replans += 1
-
-    def _checkfreq_grow(self, observation: Observation, cost: float, step_seconds: float) -> bool:
-        """CheckFreq's online rule: after each new checkpoint, k += 2 if C / (k t) > max_overhead."""
-        if self.policy != "checkfreq" or self._checkfreq_k is None:
-            return False
-        threshold = knobs.CHECKFREQ_MAX_OVERHEAD if self.max_overhead is None else self.max_overhead
-        grew = False
-        for step in sorted(observation.checkpoint_steps):
-            if step <= self._checkfreq_seen:
-                continue
-            self._checkfreq_seen = step
-            if cost / (self._checkfreq_k * step_seconds) > threshold:
-                self._checkfreq_k += 2
-                grew = True
-        return grew
-
-    def _checkfreq_plan(
-        self, offline: Plan, now: int, horizon: int, last_checkpoint: int, cost: float, step_seconds: float
-    ) -> Plan:
-        """Online CheckFreq: a fixed k (set once, grown by measurement), from the last checkpoint."""
-        if self._checkfreq_k is None:
-            self._checkfreq_k = int(offline.details.get("interval_steps", 1))
-        steps = periodic_steps(self._checkfreq_k, now, horizon, anchor=last_checkpoint)
-        details = {**offline.details, "interval_steps": float(self._checkfreq_k)}
-        details.pop("final_interval_steps", None)
-        if self.failures is not None:
-            expected = _rescore(offline, steps, self.failures)
-        else:
-            expected = {"checkpoints": float(steps.size), "checkpoint_seconds": steps.size * cost}
-        return offline.model_copy(update={"steps": [int(s) for s in steps], "details": details, "expected": expected})
 
 
 def _rescore(reference: Plan, steps: np.ndarray, failures: Failures) -> dict[str, float]:
@@ -1001,4 +1064,3 @@ def _rescore(reference: Plan, steps: np.ndarray, failures: Failures) -> dict[str
         last_checkpoint_step=inputs.last_checkpoint_step,
     )
     return model.expected(steps).as_dict()
-

@@ -1,4 +1,4 @@
-"""The seam between plan and snapshot (profiler -> **plan** -> snapshot -> persist -> report).
+"""The checkpoint-policy interface: what the session asks at each step, and the simple policies.
 
 A :class:`CheckpointPolicy` answers one question per step: checkpoint now? The session asks
 ``should_checkpoint(step)`` after every ``session.step`` (it must be O(1): a set lookup or a
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from coci import checks
 from coci.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ class EveryN:
     k: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+        if not checks.is_int(self.k) or self.k < 1:
             raise ConfigError(f"EveryN.k must be a positive integer, got {self.k!r}")
 
     def should_checkpoint(self, step: int) -> bool:
@@ -77,7 +78,7 @@ class AtSteps:
     def of(cls, steps: Iterable[Any]) -> AtSteps:
         checked: set[int] = set()
         for value in steps:
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            if not checks.is_int(value) or value < 1:
                 raise ConfigError(f"policy steps must be positive integers, got {value!r}")
             checked.add(int(value))
         return cls(frozenset(checked))

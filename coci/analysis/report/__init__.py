@@ -1,0 +1,32 @@
+"""The interval plan report: where a run's checkpoints went, why, what they cost, and the alternatives.
+
+:func:`report` reads a run directory written by :class:`coci.Session` (:mod:`.read`), re-plans
+every policy with what the run measured (:mod:`.compare`) and returns a :class:`Report`, which
+shows it as text (:mod:`.text`) and figures (:mod:`.figures`); nothing is written unless asked
+(:meth:`Report.write`, :meth:`Report.plot`).
+"""
+
+from __future__ import annotations
+
+from coci.analysis.report.compare import compare_policies, simulated_into
+from coci.analysis.report.figures import FIGURES
+from coci.analysis.report.read import CheckpointRow, ObservedCosts, PolicyRow, ReportData, RestoreRow, read_run
+from coci.analysis.report.run_report import Report, report
+from coci.analysis.report.text import format_bytes, format_seconds, step_list
+
+__all__ = [
+    "FIGURES",
+    "CheckpointRow",
+    "ObservedCosts",
+    "PolicyRow",
+    "Report",
+    "ReportData",
+    "RestoreRow",
+    "compare_policies",
+    "format_bytes",
+    "format_seconds",
+    "read_run",
+    "report",
+    "simulated_into",
+    "step_list",
+]

@@ -1,0 +1,113 @@
+"""The report's policy comparison: every policy re-planned over the whole run with what the run measured.
+
+Each policy of :data:`coci.planning.planner.POLICIES` is planned from step 0 with the final plan's
+measured inputs, failure model and fit ("what each policy would have planned, knowing what the run
+measured"). Its overheads are the planner's expected values, or Monte Carlo means with 95%
+confidence intervals from :func:`coci.analysis.simulate.simulate` when trials are asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from coci.analysis.report.read import PolicyRow
+from coci.analysis.simulate import simulate as simulate_plan
+from coci.errors import CociError
+from coci.planning.planner import POLICIES, Plan
+from coci.planning.planner import plan as make_plan
+
+__all__ = ["compare_policies", "simulated_into"]
+
+
+def compare_policies(
+    reference: Plan,
+    *,
+    policies: Iterable[str] = POLICIES,
+    trials: int = 0,
+    seed: int = 0,
+) -> tuple[list[PolicyRow], dict[str, Plan]]:
+    """Plan every policy over the whole run from ``reference``'s inputs and fit; score each.
+
+    Rows carry the expected overhead from the planner, replaced by Monte Carlo mean and 95% CI
+    when ``trials > 0``.
+    """
+    inputs = reference.inputs
+    curve = reference.fit if reference.fit is not None and reference.fit.usable else None
+    simulate = simulate_plan if trials > 0 else None
+    rows: list[PolicyRow] = []
+    plans: dict[str, Plan] = {}
+    for name in policies:
+        try:
+            planned = make_plan(
+                name,
+                failures=inputs.failures,
+                total_steps=inputs.total_steps,
+                step_seconds=inputs.step_seconds,
+                stall_seconds=inputs.stall_seconds,
+                persist_seconds=inputs.persist_seconds,
+                restart_seconds=inputs.restart_seconds,
+                interference_seconds=inputs.interference_seconds,
+                curve=curve,
+                objective="progress" if name != reference.policy else _requested_objective(reference),
+                time_budget=reference.time_budget,
+                max_overhead=inputs.max_overhead,
+            )
+        except (CociError, ValueError) as exc:
+            rows.append(PolicyRow(policy=name, chosen=name == reference.policy, error=str(exc)))
+            continue
+        plans[name] = planned
+        row = _expected_row(planned, chosen=name == reference.policy)
+        if simulate is not None and inputs.failures is not None:
+            simulated_into(row, simulate, planned, inputs.failures, trials, seed)
+        rows.append(row)
+    return rows, plans
+
+
+def _requested_objective(reference: Plan) -> str:
+    # A plan records the objective it ended up optimising; "time" may be a fallback of "progress".
+    fell_back = any("time objective" in f for f in reference.fallbacks)
+    return "progress" if fell_back else reference.objective
+
+
+def _expected_row(planned: Plan, *, chosen: bool) -> PolicyRow:
+    expected = planned.expected
+    run = expected.get("run_seconds") or planned.inputs.total_steps * planned.inputs.step_seconds
+    intervals = planned.intervals
+
+    def percent(key: str) -> float | None:
+        value = expected.get(key)
+        return None if value is None or not run else 100.0 * value / run
+
+    return PolicyRow(
+        policy=planned.policy,
+        chosen=chosen,
+        checkpoints=len(planned.steps),
+        first_interval_steps=intervals[0] if intervals else None,
+        last_interval_steps=intervals[-1] if intervals else None,
+        wall_seconds=expected.get("wall_seconds"),
+        wall_percent=percent("wall_seconds"),
+        progress_seconds=expected.get("progress_seconds"),
+        progress_percent=percent("progress_seconds"),
+        lost_seconds=expected.get("lost_seconds"),
+        fallbacks=list(planned.fallbacks),
+    )
+
+
+def simulated_into(row: PolicyRow, simulate: Any, planned: Plan, failures: Any, trials: int, seed: int) -> None:
+    """Replace the row's expected figures with the simulated means and 95% CIs of
+    :func:`coci.analysis.simulate.simulate` (its ``metrics``: ``wall_*`` / ``progress_*`` summaries)."""
+    try:
+        result = simulate(planned, failures=failures, trials=trials, seed=seed)
+    except (CociError, ValueError) as exc:
+        row.error = f"simulation failed: {exc}"
+        return
+    metrics = result.metrics
+    for metric in ("wall", "progress"):
+        seconds, percent = metrics[f"{metric}_seconds"], metrics[f"{metric}_percent"]
+        setattr(row, f"{metric}_seconds", seconds.mean)
+        setattr(row, f"{metric}_percent", percent.mean)
+        setattr(row, f"{metric}_ci_percent", [percent.ci_low, percent.ci_high])
+    row.lost_seconds = metrics["lost_seconds"].mean
+    row.source = f"simulated, {trials} trials, mean [95% CI]"
+

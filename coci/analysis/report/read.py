@@ -1,0 +1,400 @@
+"""Reading a run directory written by :class:`coci.Session` into a :class:`ReportData`.
+
+What it reads (every input is optional except the directory itself; what is missing is said in
+``ReportData.notes``, never guessed silently):
+
+* ``events.jsonl``: every checkpoint's snapshot, commit and persist times and bytes, persist errors,
+  restores, and one ``plan`` event per (re-)plan. A ``stall`` event (``step``, ``seconds``) gives the
+  stall of each checkpoint; where a run has none, the per-checkpoint stall is unknown and the total
+  is estimated from the profile's median stall (marked as estimated). A ``plan`` event that carries
+  ``steps`` lets the report mark every checkpoint as planned or not; otherwise only checkpoints
+  inside the final plan's span are marked and earlier ones show "earlier plan" (None).
+* ``plan.json``: the current :class:`coci.planning.planner.Plan` (its inputs, fit, failure model,
+  expected costs, fallbacks).
+* ``profile.json``: the final :class:`profiler.Profile` (clean step time, stall, persist,
+  interference).
+* ``checkpoints/``: the committed checkpoints on disk (manifests only; nothing is verified here,
+  that is ``coci verify``).
+* The loss trace: ``loss_curve.json`` (``{"steps": [...], "losses": [...]}``) when the run wrote
+  one; else the profiler's trace saved inside the newest committed checkpoint (only those arrays are
+  read, by offset, without the checksum pass); else none, and the loss figure shows the fit alone.
+
+Lost work: a restore that follows a segment of the event log with no ``close`` event is a failure.
+The work lost is at least the steps between the last step that segment recorded and the step
+restored (events are written at checkpoints and plans, not at every step, so this is a lower bound).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from coci.checkpoint import local as storage
+from coci.checkpoint.format import SESSION_KEY as _SESSION_KEY
+from coci.checkpoint.tree import tensor_refs
+from coci.checks import is_int
+from coci.errors import CociError, ConfigError
+from coci.events import read_events
+from coci.planning.planner import Plan
+from profiler import Profile
+
+__all__ = ["CheckpointRow", "ObservedCosts", "PolicyRow", "ReportData", "RestoreRow", "read_run"]
+
+logger = logging.getLogger(__name__)
+
+PLAN_FILENAME = "plan.json"
+PROFILE_FILENAME = "profile.json"
+LOSS_CURVE_FILENAME = "loss_curve.json"
+
+
+# --- the data ----------------------------------------------------------------------------------
+
+
+class CheckpointRow(BaseModel):
+    """One checkpoint the run started. Seconds and bytes; None where the log does not say."""
+
+    step: int
+    planned: bool | None = None
+    stall_seconds: float | None = None
+    staging_seconds: float | None = None
+    persist_seconds: float | None = None
+    bytes: int | None = None
+    committed: bool = False
+    on_disk: bool = False
+    error: str | None = None
+
+
+class RestoreRow(BaseModel):
+    """One restore: the step restored and, after a failure, the work lost (a lower bound)."""
+
+    step: int
+    seconds: float | None = None
+    failure: bool = True
+    reached_step: int | None = None
+    lost_steps: int | None = None
+    lost_seconds: float | None = None
+
+
+class ObservedCosts(BaseModel):
+    """What the run's checkpoints and failures actually cost (seconds)."""
+
+    steps: int = 0
+    step_seconds: float | None = None
+    compute_seconds: float | None = None
+    checkpoints: int = 0
+    committed: int = 0
+    failed: int = 0
+    on_disk: int = 0
+    stall_seconds: float | None = None
+    stall_estimated: bool = False
+    interference_seconds: float = 0.0
+    overhead_seconds: float | None = None
+    overhead_percent: float | None = None
+    failures: int = 0
+    lost_steps: int = 0
+    lost_seconds: float | None = None
+
+
+class PolicyRow(BaseModel):
+    """Expected cost of one policy's plan over the whole run (seconds; percent of the run)."""
+
+    policy: str
+    chosen: bool = False
+    checkpoints: int = 0
+    first_interval_steps: int | None = None
+    last_interval_steps: int | None = None
+    wall_seconds: float | None = None
+    wall_percent: float | None = None
+    wall_ci_percent: list[float] | None = None
+    progress_seconds: float | None = None
+    progress_percent: float | None = None
+    progress_ci_percent: list[float] | None = None
+    lost_seconds: float | None = None
+    source: str = "expected"
+    fallbacks: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
+class ReportData(BaseModel):
+    """Everything the report shows, as one JSON-able record (``report.json``)."""
+
+    run_dir: str
+    created: float
+    plan: Plan | None = None
+    profile: Profile | None = None
+    replans: int = 0
+    checkpoints: list[CheckpointRow] = Field(default_factory=list)
+    restores: list[RestoreRow] = Field(default_factory=list)
+    observed: ObservedCosts = Field(default_factory=ObservedCosts)
+    loss_steps: list[float] = Field(default_factory=list)
+    losses: list[float] = Field(default_factory=list)
+    loss_source: str = "none"
+    comparison: list[PolicyRow] = Field(default_factory=list)
+    comparison_steps: dict[str, list[int]] = Field(default_factory=dict)
+    errors: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+
+# --- reading a run -----------------------------------------------------------------------------
+
+
+def read_run(run_dir: Path) -> ReportData:
+    """The :class:`ReportData` of the run directory ``run_dir``, without the policy comparison."""
+    if not run_dir.is_dir():
+        raise ConfigError(f"run_dir {str(run_dir)!r} is not a directory")
+    notes: list[str] = []
+    events = list(read_events(run_dir))
+    plan = _read_model(run_dir / PLAN_FILENAME, Plan, notes)
+    profile = _read_model(run_dir / PROFILE_FILENAME, Profile, notes)
+    on_disk = {step for step, _ in storage.committed_steps(storage.checkpoints_dir(run_dir))}
+    if not events and plan is None and profile is None and not on_disk:
+        raise ConfigError(
+            f"run_dir {str(run_dir)!r} holds no coci run (no events.jsonl, plan.json, profile.json or checkpoints)"
+        )
+    rows, errors = _checkpoint_rows(events, on_disk)
+    _mark_planned(rows, events, plan, notes)
+    step_seconds = _step_seconds(profile, plan)
+    restores = _restores(events, step_seconds)
+    observed = _observed(rows, restores, events, profile, step_seconds, notes)
+    loss_steps, losses, loss_source = _loss_trace(run_dir, notes)
+    return ReportData(
+        run_dir=str(run_dir),
+        created=time.time(),
+        plan=plan,
+        profile=profile,
+        replans=sum(1 for e in events if e.get("event") == "plan"),
+        checkpoints=rows,
+        restores=restores,
+        observed=observed,
+        loss_steps=[float(s) for s in loss_steps],
+        losses=[float(v) for v in losses],
+        loss_source=loss_source,
+        errors=errors,
+        notes=notes,
+    )
+
+
+def _event_step(event: dict[str, Any]) -> int | None:
+    """The event's ``step`` when it is an integer, else None."""
+    step: Any = event.get("step")
+    return int(step) if is_int(step) else None
+
+
+def _read_model(path: Path, model: type[BaseModel], notes: list[str]) -> Any:
+    if not path.is_file():
+        notes.append(f"{path.name} is missing")
+        return None
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        notes.append(f"{path.name} is unreadable ({type(exc).__name__}); ignored")
+        logger.warning("%s unreadable: %s", path, exc)
+        return None
+
+
+def _checkpoint_rows(events: Iterable[dict[str, Any]], on_disk: set[int]) -> tuple[list[CheckpointRow], list[str]]:
+    """One row per checkpoint step; a retried step keeps its latest attempt's figures."""
+    rows: dict[int, dict[str, Any]] = {}
+    errors: list[str] = []
+    for event in events:
+        kind, step = event.get("event"), _event_step(event)
+        if step is None or kind not in ("snapshot_start", "snapshot_end", "commit", "stall", "error"):
+            continue
+        row = rows.setdefault(step, {"step": step})
+        if kind == "snapshot_start":
+            row.update(bytes=event.get("bytes"), error=None)
+        elif kind == "snapshot_end":
+            row["staging_seconds"] = event.get("seconds")
+        elif kind == "commit":
+            row.update(committed=True, persist_seconds=event.get("seconds"), bytes=event.get("bytes", row.get("bytes")))
+        elif kind == "stall":
+            row["stall_seconds"] = event.get("seconds")
+        else:
+            message = str(event.get("message", "error"))
+            row["error"] = message
+            errors.append(f"step {step}: {event.get('phase', 'checkpoint')} failed: {message}")
+    for step in on_disk:
+        rows.setdefault(step, {"step": step, "committed": True})
+    result = []
+    for step in sorted(rows):
+        row = rows[step]
+        row["on_disk"] = step in on_disk
+        result.append(CheckpointRow(**row))
+    return result, errors
+
+
+def _mark_planned(rows: list[CheckpointRow], events: list[dict[str, Any]], plan: Plan | None, notes: list[str]) -> None:
+    """Set ``planned``: from plan events that carry steps, else from the final plan's span."""
+    plan_events = [e for e in events if e.get("event") == "plan" and _event_step(e) is not None]
+    governed: list[tuple[int, float, set[int]]] = []  # (from, to, steps) a plan was in force
+    if plan_events and all(isinstance(e.get("steps"), list) for e in plan_events):
+        for current, following in zip(plan_events, [*plan_events[1:], None]):
+            end: float = following["step"] if following is not None else math.inf
+            governed.append((current["step"], end, {int(s) for s in current["steps"]}))
+    elif plan is not None:
+        governed.append((plan.inputs.start_step, math.inf, set(plan.steps)))
+        if rows and rows[0].step <= plan.inputs.start_step:
+            notes.append(
+                f"checkpoints up to step {plan.inputs.start_step} followed earlier plans (not recorded): "
+                "shown as 'earlier plan'"
+            )
+    for row in rows:
+        for start, end, steps in governed:
+            if start < row.step <= end:  # a plan made at step s governs the steps after s
+                row.planned = row.step in steps
+        if plan is None and not governed:
+            row.planned = None
+
+
+def _step_seconds(profile: Profile | None, plan: Plan | None) -> float | None:
+    if profile is not None and profile.step_seconds.value:
+        return float(profile.step_seconds.value)
+    if plan is not None:
+        return float(plan.inputs.step_seconds)
+    return None
+
+
+def _restores(events: list[dict[str, Any]], step_seconds: float | None) -> list[RestoreRow]:
+    """Each restore, and what the segment before it had reached (a failure unless it closed)."""
+    rows: list[RestoreRow] = []
+    reached: int | None = None
+    closed = False
+    for event in events:
+        kind, step = event.get("event"), _event_step(event)
+        if kind == "restore" and step is not None:
+            failure = reached is not None and not closed
+            lost = max(reached - step, 0) if failure and reached is not None else None
+            rows.append(
+                RestoreRow(
+                    step=step,
+                    seconds=event.get("seconds"),
+                    failure=failure,
+                    reached_step=reached,
+                    lost_steps=lost,
+                    lost_seconds=None if lost is None or step_seconds is None else lost * step_seconds,
+                )
+            )
+            reached, closed = step, False
+            continue
+        if step is not None and kind not in ("retention", "restore_skip"):
+            reached = step if reached is None else max(reached, step)
+        if kind == "close":
+            closed = True
+    return rows
+
+
+def _observed(
+    rows: list[CheckpointRow],
+    restores: list[RestoreRow],
+    events: list[dict[str, Any]],
+    profile: Profile | None,
+    step_seconds: float | None,
+    notes: list[str],
+) -> ObservedCosts:
+    steps = profile.steps if profile is not None else 0
+    closes = [_event_step(e) for e in events if e.get("event") == "close"]
+    steps = max([steps, *(step for step in closes if step is not None)])
+    taken = [r for r in rows if r.bytes is not None or r.staging_seconds is not None or r.committed]
+    stall, estimated = _stall_total(taken, profile, notes)
+    interference = len(taken) * float(profile.interference_seconds) if profile is not None else 0.0
+    compute = steps * step_seconds if step_seconds is not None and steps else None
+    overhead = None if stall is None else stall + interference
+    failures = [r for r in restores if r.failure]
+    lost_steps = sum(r.lost_steps or 0 for r in failures)
+    return ObservedCosts(
+        steps=steps,
+        step_seconds=step_seconds,
+        compute_seconds=compute,
+        checkpoints=len(taken),
+        committed=sum(r.committed for r in taken),
+        failed=sum(r.error is not None for r in taken),
+        on_disk=sum(r.on_disk for r in rows),
+        stall_seconds=stall,
+        stall_estimated=estimated,
+        interference_seconds=interference,
+        overhead_seconds=overhead,
+        overhead_percent=None if overhead is None or not compute else 100.0 * overhead / compute,
+        failures=len(failures),
+        lost_steps=lost_steps,
+        lost_seconds=None if step_seconds is None else lost_steps * step_seconds,
+    )
+
+
+def _stall_total(taken: list[CheckpointRow], profile: Profile | None, notes: list[str]) -> tuple[float | None, bool]:
+    """Total stall of the checkpoints taken, and whether the profile's median stood in for some."""
+    stalls = [r.stall_seconds for r in taken if r.stall_seconds is not None]
+    stall: float | None = float(sum(stalls)) if stalls else None
+    if len(stalls) == len(taken) or profile is None or profile.stall_seconds.value is None:
+        return stall, False
+    missing = len(taken) - len(stalls)
+    notes.append(
+        f"the event log records no stall for {missing} checkpoint(s): their stall is the profile's median "
+        f"({profile.stall_seconds.value:.3g} s)"
+    )
+    return (stall or 0.0) + missing * float(profile.stall_seconds.value), True
+
+
+def _loss_trace(root: Path, notes: list[str]) -> tuple[np.ndarray, np.ndarray, str]:
+    """``(steps, losses, source)`` from loss_curve.json, else the newest checkpoint's profiler."""
+    path = root / LOSS_CURVE_FILENAME
+    if path.is_file():
+        try:
+            raw = json.loads(path.read_text())
+            steps = np.asarray(raw["steps"], dtype=float)
+            losses = np.asarray(raw["losses"], dtype=float)
+            if steps.shape == losses.shape and steps.ndim == 1:
+                return steps, losses, LOSS_CURVE_FILENAME
+            notes.append(f"{LOSS_CURVE_FILENAME}: steps and losses differ in shape; ignored")
+        except (ValueError, KeyError, TypeError) as exc:
+            notes.append(f"{LOSS_CURVE_FILENAME} unreadable ({type(exc).__name__}); ignored")
+    for step, checkpoint in reversed(storage.committed_steps(storage.checkpoints_dir(root))):
+        try:
+            found = _trace_from_checkpoint(checkpoint)
+        except (CociError, OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("no loss trace from %s: %s", checkpoint, exc)
+            continue
+        if found is not None and found[0].size:
+            return found[0], found[1], f"profiler trace in checkpoint step_{step}"
+    notes.append("no loss trace found (no loss_curve.json; no checkpoint holds a profiler trace)")
+    return np.empty(0), np.empty(0), "none"
+
+
+def _trace_from_checkpoint(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """Read only the loss-trace arrays of a checkpoint's profiler state (by offset)."""
+    from coci.checkpoint.tree import unflatten
+    from profiler.loss_trace import LossTrace
+
+    manifest = storage.read_manifest(path)
+    skeleton = manifest.skeleton
+    sub = skeleton.get(_SESSION_KEY, {}).get("profiler", {}).get("loss_trace") if isinstance(skeleton, dict) else None
+    if not isinstance(sub, dict):
+        return None
+    import torch
+
+    tensors: list[Any] = [None] * len(manifest.tensors)
+    with open(path / manifest.files[0].name, "rb") as handle:
+        for index in _int_refs(sub):
+            entry = manifest.tensors[index]
+            handle.seek(entry.offset)
+            raw = handle.read(entry.nbytes)
+            if len(raw) != entry.nbytes:
+                raise ValueError(f"{path}: loss trace array {index} is truncated")
+            array = np.frombuffer(raw, dtype=np.dtype(entry.dtype)).reshape(entry.shape).copy()
+            tensors[index] = torch.from_numpy(array)
+    trace = LossTrace()
+    trace.load_state_dict(unflatten(sub, tensors))
+    return trace.curve()
+
+
+
+def _int_refs(skeleton: Any) -> list[int]:
+    return [ref for ref in tensor_refs(skeleton) if isinstance(ref, int)]

@@ -1,0 +1,340 @@
+"""The report as text: the plain-text summary, the checkpoint and policy tables, JSON and HTML."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from coci.analysis.report.figures import FIGURES
+from coci.analysis.report.read import PolicyRow, ReportData
+from coci.planning.planner import Plan
+from coci.units import format_duration
+
+__all__ = [
+    "checkpoint_frame",
+    "comparison_frame",
+    "display_checkpoints",
+    "format_bytes",
+    "format_seconds",
+    "step_list",
+    "summary",
+    "to_html",
+    "to_json",
+]
+
+
+# --- tables --------------------------------------------------------------------------------------
+
+
+def checkpoint_frame(data: ReportData) -> pd.DataFrame:
+    """One row per checkpoint: step, planned (True/False/None = earlier plan), stall, staging
+    and persist seconds, bytes, committed, still on disk, error."""
+    rows = [row.model_dump() for row in data.checkpoints]
+    dtypes = {"step": "int64", "planned": object, "stall_seconds": "float64", "staging_seconds": "float64",
+              "persist_seconds": "float64", "bytes": "Int64", "committed": "bool", "on_disk": "bool", "error": object}
+    return pd.DataFrame({name: pd.Series([r[name] for r in rows], dtype=dtype) for name, dtype in dtypes.items()})
+
+
+def comparison_frame(data: ReportData) -> pd.DataFrame:
+    """One row per policy: checkpoints, first/last interval, expected overheads (s and %)."""
+    return pd.DataFrame([row.model_dump() for row in data.comparison], columns=list(PolicyRow.model_fields))
+
+
+def summary(data: ReportData, plans: dict[str, Plan]) -> str:
+    """A readable plain-text summary (what ``coci report`` prints)."""
+    obs, plan = data.observed, data.plan
+    lines = [f"coci report: {data.run_dir}"]
+    run = f"  run: {obs.steps} steps"
+    if obs.step_seconds:
+        run += f", clean step {format_seconds(obs.step_seconds)}"
+    if data.profile is not None and data.profile.state_bytes:
+        run += f", state {format_bytes(data.profile.state_bytes)}"
+    lines.append(run)
+    lines += _plan_lines(data)
+    lines += _checkpoint_lines(data)
+    lines += _cost_lines(data, plans)
+    lines += _lost_work_lines(data, plans)
+    fallbacks = list(plan.fallbacks) if plan else []
+    lines.append("fallbacks: " + ("none" if not fallbacks else ""))
+    lines += [f"  - {f}" for f in fallbacks]
+    if plan and plan.notes:
+        lines.append("plan notes:")
+        lines += [f"  - {n}" for n in plan.notes]
+    if data.errors:
+        lines.append("persist errors:")
+        lines += [f"  - {e}" for e in data.errors]
+    if data.notes:
+        lines.append("report notes:")
+        lines += [f"  - {n}" for n in data.notes]
+    lines += _comparison_lines(data)
+    return "\n".join(lines)
+
+
+def _plan_lines(data: ReportData) -> list[str]:
+    plan = data.plan
+    if plan is None:
+        return ["  plan: none recorded (the policy does not plan, e.g. EveryN / fixed steps)"]
+    budget = "none" if plan.time_budget is None else f"{plan.time_budget:.0%}"
+    mu = "" if plan.mu is None else f", mu {plan.mu:.3g}"
+    lines = [
+        f"  policy: {plan.policy} (objective {plan.objective}, time budget {budget}{mu}); "
+        f"{data.replans} plan(s) made, horizon {plan.inputs.total_steps} steps",
+        f"  failure model: {plan.inputs.failures.describe() if plan.inputs.failures else 'none'}; "
+        f"restart {format_seconds(plan.inputs.restart_seconds)}",
+        f"  costs planned with: stall {format_seconds(plan.inputs.stall_seconds)}, interference "
+        f"{format_seconds(plan.inputs.interference_seconds)}, persist {format_seconds(plan.inputs.persist_seconds)}, "
+        f"step {format_seconds(plan.inputs.step_seconds)}",
+    ]
+    fit = plan.fit
+    if fit is None:
+        lines.append("  fit: none (no loss curve used)")
+    elif not fit.usable:
+        lines.append(f"  fit: unusable ({fit.fallback})")
+    else:
+        params = ", ".join(f"{k}={v:.4g}" for k, v in fit.params.items())
+        holdout = "n/a" if fit.holdout_error is None else f"{fit.holdout_error:.3g}"
+        lines.append(
+            f"  fit: {fit.family} ({params}); holdout error {holdout}, window from step "
+            f"{(fit.window_start or 0):.0f}, {fit.n_points} points"
+        )
+    return lines
+
+
+def _checkpoint_lines(data: ReportData) -> list[str]:
+    obs, plan = data.observed, data.plan
+    lines = [
+        f"checkpoints: {obs.checkpoints} taken, {obs.committed} committed, {obs.failed} failed, "
+        f"{obs.on_disk} on disk now"
+    ]
+    if plan is not None:
+        lines += _plan_against_taken_lines(data, plan)
+    frame = checkpoint_frame(data)
+    if not frame.empty:
+        table = display_checkpoints(frame)
+        if len(table) > 12:
+            table = pd.concat([table.head(6), table.tail(6)])
+            lines.append(f"  (first and last 6 of {len(frame)} checkpoints)")
+        lines += ["  " + line for line in table.to_string(index=False).splitlines()]
+    return lines
+
+
+def _plan_against_taken_lines(data: ReportData, plan: Plan) -> list[str]:
+    """The current plan's steps beside the checkpoints taken since it was made."""
+    obs, start = data.observed, plan.inputs.start_step
+    reached = [s for s in plan.steps if s <= obs.steps] if obs.steps else []
+    taken_after = [r.step for r in data.checkpoints if r.step > start]
+    if not plan.steps:
+        lines = [f"  current plan (made at step {start}): no checkpoint left before step {plan.inputs.total_steps}"]
+    else:
+        lines = [
+            f"  current plan (made at step {start}): {step_list(plan.steps)}"
+            + (f"; {len(reached)} within the {obs.steps} steps run" if obs.steps else "")
+        ]
+    if plan.steps or taken_after:
+        lines.append(f"  taken after step {start}: {step_list(taken_after)}")
+    missed = sorted(set(reached) - set(taken_after))
+    extra = sorted(set(taken_after) - set(plan.steps))
+    if missed or extra:
+        lines.append(f"  planned but not taken: {step_list(missed)}; taken but not planned: {step_list(extra)}")
+    return lines
+
+
+def _cost_lines(data: ReportData, plans: dict[str, Plan]) -> list[str]:
+    obs, profile = data.observed, data.profile
+    lines = ["costs:"]
+    rows = [r for r in data.checkpoints if r.persist_seconds is not None]
+    if obs.stall_seconds is not None:
+        tag = " (partly estimated)" if obs.stall_estimated else ""
+        per = obs.stall_seconds / obs.checkpoints if obs.checkpoints else 0.0
+        lines.append(f"  stall: {format_seconds(obs.stall_seconds)} in all{tag}, {format_seconds(per)} per checkpoint")
+    if rows:
+        persist = np.array([r.persist_seconds for r in rows], dtype=float)
+        lines.append(
+            f"  persist (background): median {format_seconds(float(np.median(persist)))}, max "
+            f"{format_seconds(float(persist.max()))} per checkpoint"
+        )
+    if profile is not None and profile.interference.value is not None:
+        lines.append(
+            f"  interference: steps {profile.interference.value:.3g}x slower during a persist = "
+            f"{format_seconds(profile.interference_seconds)} per checkpoint"
+        )
+    if obs.overhead_percent is not None:
+        line = (
+            f"  checkpoint overhead: {format_seconds(obs.overhead_seconds or 0.0)} = {obs.overhead_percent:.2f}% of "
+            f"{format_seconds(obs.compute_seconds or 0.0)} of compute"
+        )
+        reference, where = _expectation(data, plans)
+        if reference is not None and reference.expected.get("run_seconds"):
+            expected = reference.expected
+            share = 100.0 * expected.get("checkpoint_seconds", 0.0) / expected["run_seconds"]
+            line += f"; {where} expects {share:.2f}% (with failures {100 * expected.get('wall_fraction', 0):.2f}%)"
+        lines.append(line)
+    return lines
+
+
+def _expectation(data: ReportData, plans: dict[str, Plan]) -> tuple[Plan | None, str]:
+    """The plan expectations are read from: the run's policy planned over the whole run with the
+    final measurements (comparison), else the current plan (which covers only its own span)."""
+    plan = data.plan
+    if plan is not None and plan.policy in plans:
+        return plans[plan.policy], f"{plan.policy} planned over the whole run"
+    if plan is not None:
+        return plan, f"the current plan (steps {plan.inputs.start_step}-{plan.inputs.total_steps})"
+    return None, ""
+
+
+def _lost_work_lines(data: ReportData, plans: dict[str, Plan]) -> list[str]:
+    obs = data.observed
+    lines = ["lost work:"]
+    reference, where = _expectation(data, plans)
+    if reference is not None and reference.expected.get("failures"):
+        expected = reference.expected
+        per_failure = expected.get("lost_seconds", 0.0) / expected["failures"]
+        lines.append(
+            f"  expected ({where}): {expected['failures']:.3g} failures, "
+            f"{format_seconds(expected.get('lost_seconds', 0.0))} lost = {format_seconds(per_failure)} per failure"
+        )
+    if obs.failures:
+        per = (obs.lost_seconds or 0.0) / obs.failures
+        lines.append(
+            f"  observed: {obs.failures} failure(s), at least {obs.lost_steps} steps "
+            f"({format_seconds(obs.lost_seconds or 0.0)}) lost = at least {format_seconds(per)} per failure "
+            "(counted up to the last logged event before each failure)"
+        )
+    else:
+        restarts = len(data.restores)
+        lines.append(f"  observed: no failures ({restarts} restore(s) after a clean close)" if restarts else "  observed: no failures")
+    return lines
+
+
+def _comparison_lines(data: ReportData) -> list[str]:
+    rows = data.comparison
+    if not rows:
+        return []
+    source = rows[0].source if all(r.source == rows[0].source for r in rows) else "mixed"
+    lines = [f"policies over the whole run with the measured inputs ({source}; % of the failure-free run time):"]
+    table = pd.DataFrame(
+        {
+            "policy": [r.policy + (" *" if r.chosen else "") for r in rows],
+            "checkpoints": [r.checkpoints for r in rows],
+            "first/last interval": [
+                "-" if r.first_interval_steps is None else f"{r.first_interval_steps}/{r.last_interval_steps}"
+                for r in rows
+            ],
+            "wall %": [_percent(r.wall_percent, r.wall_ci_percent) for r in rows],
+            "progress %": [_percent(r.progress_percent, r.progress_ci_percent) for r in rows],
+            "note": [r.error or ("; ".join(r.fallbacks)[:60] if r.fallbacks else "") for r in rows],
+        }
+    )
+    lines += ["  " + line for line in table.to_string(index=False).splitlines()]
+    lines.append("  (* = this run's policy; wall: wall-clock overhead; progress: progress-weighted overhead)")
+    return lines
+
+
+# --- JSON and HTML -------------------------------------------------------------------------------
+
+
+def to_json(data: ReportData, summary_text: str) -> str:
+    """The report as JSON (:class:`ReportData` plus the figure file names)."""
+    payload = json.loads(data.model_dump_json())
+    payload["figures"] = dict(FIGURES)
+    payload["summary"] = summary_text
+    return json.dumps(payload, indent=2, allow_nan=False)
+
+
+def to_html(data: ReportData, summary_text: str, figures: dict[str, bytes]) -> str:
+    """A self-contained HTML page: summary, tables and every figure embedded as base64 PNG."""
+    images = "\n".join(
+        f'<figure><img alt="{html.escape(name)} figure" src="data:image/png;base64,'
+        f'{base64.b64encode(png).decode("ascii")}"/><figcaption>{html.escape(FIGURES[name])}</figcaption></figure>'
+        for name, png in figures.items()
+    )
+    checkpoints = display_checkpoints(checkpoint_frame(data)).to_html(index=False, border=0, na_rep="-")
+    comparison = comparison_frame(data)
+    comparison_html = (
+        comparison.drop(columns=["fallbacks"]).to_html(index=False, border=0, na_rep="-", float_format=lambda v: f"{v:.4g}")
+        if not comparison.empty else "<p>No plan was recorded, so no comparison.</p>"
+    )
+    title = f"coci report: {html.escape(data.run_dir)}"
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>"
+        f"<title>{title}</title><style>{_CSS}</style></head><body>\n"
+        f"<h1>{title}</h1>\n<h2>Summary</h2>\n<pre>{html.escape(summary_text)}</pre>\n"
+        f"<h2>Figures</h2>\n{images}\n"
+        f"<h2>Checkpoints</h2>\n{checkpoints}\n"
+        f"<h2>Policies over the whole run</h2>\n{comparison_html}\n"
+        "</body></html>\n"
+    )
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+    "pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}"
+    "table{border-collapse:collapse;font-size:12px;margin:1em 0}td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}"
+    "img{max-width:100%;height:auto}figure{margin:1em 0}figcaption{font-size:11px;color:#666}"
+)
+
+
+def display_checkpoints(frame: pd.DataFrame) -> pd.DataFrame:
+    """The checkpoint table with readable units (ms, kB) for text and HTML."""
+    if frame.empty:
+        return frame
+    planned = frame["planned"].map(lambda v: "earlier plan" if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else ("yes" if v else "no"))
+    return pd.DataFrame(
+        {
+            "step": frame["step"],
+            "planned": planned,
+            "stall ms": frame["stall_seconds"].map(_ms),
+            "copy ms": frame["staging_seconds"].map(_ms),
+            "persist ms": frame["persist_seconds"].map(_ms),
+            "bytes": frame["bytes"].map(lambda v: "-" if v is None or pd.isna(v) else format_bytes(int(v))),
+            "committed": frame["committed"].map(lambda v: "yes" if v else "NO"),
+            "on disk": frame["on_disk"].map(lambda v: "yes" if v else "-"),
+        }
+    )
+
+
+def _ms(value: Any) -> str:
+    return "-" if value is None or pd.isna(value) else f"{1e3 * float(value):.3g}"
+
+
+def format_seconds(value: float | None) -> str:
+    """Seconds for people: ms below one second, a duration beside minutes and more; "-" if unknown."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    if abs(value) < 1.0:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value:.3g} s" if value < 60 else f"{value:.4g} s ({format_duration(value)})"
+
+
+def format_bytes(value: int) -> str:
+    """Bytes in decimal units (B, kB, MB, GB) at three significant digits."""
+    size = float(value)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.3g} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1000
+    return f"{value} B"
+
+
+def step_list(steps: list[int], limit: int = 12) -> str:
+    """Steps as a comma-separated list; beyond ``limit`` of them, the first and last few."""
+    if not steps:
+        return "none"
+    if len(steps) <= limit:
+        return ", ".join(map(str, steps))
+    head = ", ".join(map(str, steps[: limit // 2]))
+    tail = ", ".join(map(str, steps[-limit // 2 :]))
+    return f"{head}, ... {tail} ({len(steps)} steps)"
+
+
+def _percent(value: float | None, ci: list[float] | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if ci is None else f"{value:.3g} [{ci[0]:.3g}, {ci[1]:.3g}]"

@@ -1,0 +1,358 @@
+"""The checkpoint format of jobs under ``torch.distributed``: DCP's files plus coci's commit record.
+
+Writing (:class:`DcpWriter`, collective on coci's persist group): the staged arena is handed to
+``torch.distributed.checkpoint.save`` with a ``FileSystemWriter`` on ``step_<n>.tmp`` as zero-copy
+tensors, each over its own slice of the arena. The user's state is replicated under DDP and saved
+under the same keys on every rank, so DCP writes each tensor once and balances the writes across
+ranks; coci's per-rank state (RNG streams, the rank's profiler) is saved under per-rank keys.
+The ranks agree on the step and the replicated layout before writing; after the save every rank
+checksums the files it wrote and votes, and only once every vote arrived does the coordinator
+write the commit record (``"format": "dcp"``, sizes and crc32 of every file) and publish it.
+
+Reading (:class:`DcpReader`): the ranks verify the files' checksums, a share each, agree on the
+verdict and load through ``torch.distributed.checkpoint.load``. DCP unpickles its ``.metadata``;
+coci reads it through a restricted unpickler that only builds DCP's plain records. A rank that did
+not exist when the checkpoint was saved keeps its own RNG streams and takes rank 0's profiler.
+Without a process group the same checkpoint is read by one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from coci import distributed
+from coci.checkpoint import fileio, format
+from coci.checkpoint.format import CommitRecord, FileEntry, LoadedCheckpoint
+from coci.checkpoint.local import dtype_name, torch_dtype
+from coci.checkpoint.tree import tensor_refs, unflatten
+from coci.distributed import DistributedContext
+from coci.errors import CorruptCheckpointError, PersistError
+
+logger = logging.getLogger(__name__)
+
+DCP_FORMAT: Final = "dcp"
+_DCP_METADATA = ".metadata"
+
+
+# --- commit record -----------------------------------------------------------------------------
+
+
+class DcpTensor(BaseModel):
+    """One tensor of the state tree, saved through DCP under ``key``."""
+
+    model_config = ConfigDict(frozen=True)
+    index: int = Field(ge=0)  # its placeholder in the skeleton
+    key: str
+    dtype: str
+    shape: list[int]
+
+
+class DcpPart(BaseModel):
+    """A sub-tree (JSON skeleton) and the DCP keys of its tensors."""
+
+    skeleton: Any
+    tensors: list[DcpTensor]
+
+
+class DcpManifest(CommitRecord):
+    """coci's commit record of a DCP checkpoint: written last, by rank 0, once every rank voted."""
+
+    format: Literal["dcp"]
+    world_size: int = Field(ge=1)
+    bytes_per_rank: list[int]
+    shared: DcpPart
+    ranks: list[DcpPart]
+
+
+def read_dcp_manifest(path: Path) -> DcpManifest:
+    """Parse and sanity-check a DCP checkpoint's manifest; CorruptCheckpointError on anything off."""
+    manifest = format.parse_record(path, DcpManifest)
+    names = [entry.name for entry in manifest.files]
+    if _DCP_METADATA not in names or len(manifest.ranks) != manifest.world_size:
+        raise CorruptCheckpointError(f"{path}: manifest lacks DCP's {_DCP_METADATA} or a rank's record")
+    format.check_file_names(path, names, also=frozenset({_DCP_METADATA}))
+    format.check_sealed(manifest, path)
+    return manifest
+
+
+def verify_dcp_checkpoint(path: Path) -> DcpManifest:
+    """Check a DCP checkpoint's manifest and every file's size and checksum (one process)."""
+    manifest = read_dcp_manifest(path)
+    problem = _verify_files(path, manifest.files)
+    if problem:
+        raise CorruptCheckpointError(problem)
+    return manifest
+
+
+def _verify_files(path: Path, files: list[FileEntry]) -> str | None:
+    """None when every file has its recorded size and crc32, else what is wrong."""
+    try:
+        for entry in files:
+            fileio.read_verified(path / entry.name, entry, keep=False)
+    except CorruptCheckpointError as exc:
+        return str(exc)
+    return None
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+def split_skeleton(skeleton: dict[str, Any]) -> tuple[Any, Any]:
+    """(replicated part, this rank's part) of a session tree's skeleton.
+
+    The rank's part is coci's per-process state: the RNG streams and the rank's profiler.
+    """
+    shared = dict(skeleton)
+    own = dict(shared.get(format.SESSION_KEY) or {})
+    rank_part = {"rng": shared.pop(format.RNG_KEY, None), "profiler": own.pop("profiler", None)}
+    shared[format.SESSION_KEY] = own
+    return shared, rank_part
+
+
+def _part(skeleton: Any, slots: list[Any], prefix: str) -> DcpPart:
+    indices = [int(ref) for ref in tensor_refs(skeleton)]
+    return DcpPart(
+        skeleton=skeleton,
+        tensors=[
+            DcpTensor(index=i, key=f"{prefix}/{n}", dtype=dtype_name(slots[i].dtype), shape=list(slots[i].shape))
+            for n, i in enumerate(indices)
+        ],
+    )
+
+
+def staged_tensors(payload: memoryview, slots: list[Any]) -> list[torch.Tensor]:
+    """One tensor per slot over the arena's bytes, each owning exactly its slice (zero copy)."""
+    tensors = []
+    for slot in slots:
+        if slot.nbytes == 0:
+            tensors.append(torch.empty(slot.shape, dtype=slot.dtype))
+            continue
+        raw = torch.frombuffer(payload[slot.offset : slot.offset + slot.nbytes], dtype=torch.uint8)
+        tensors.append(raw.view(slot.dtype).view(slot.shape))
+    return tensors
+
+
+class DcpWriter:
+    """The checkpoint writer under ``torch.distributed`` (runs on every rank's worker).
+
+    ``write`` and ``retain`` are collective on the context's persist group. Fault points
+    (``format.set_fault_hook``): ``dcp_before_save`` and ``dcp_after_save`` on every rank, then
+    ``before_manifest``, ``before_rename``, ``after_rename``, ``after_commit`` on rank 0.
+    """
+
+    def __init__(self, root: Path, context: DistributedContext) -> None:
+        self.root = root
+        self.context = context
+        self.last_bytes_written = 0  # this rank's bytes in the last checkpoint (benchmarks read it)
+        import torch.distributed.checkpoint  # noqa: F401  now, not inside the first persist's timing
+
+    def write(
+        self,
+        step: int,
+        payload: memoryview,
+        slots: list[Any],
+        skeleton: Any,
+        *,
+        epoch: int | None,
+        state_keys: list[str],
+    ) -> Path:
+        tmp = format.tmp_dir(self.root, step)
+        if self.context.is_coordinator:
+            self.root.mkdir(parents=True, exist_ok=True)
+            format.remove_stale_tmp(self.root)  # leftovers of failed persists: never checkpoints
+            tmp.mkdir()
+        shared_skeleton, rank_skeleton = split_skeleton(skeleton)
+        shared = _part(shared_skeleton, slots, "shared")
+        mine = _part(rank_skeleton, slots, f"rank{self.context.rank}")
+        self._agree_on_layout(step, shared)  # also: nobody writes before rank 0 made tmp
+        written = self._save(tmp, staged_tensors(payload, slots), shared, mine)
+        votes = distributed.gather_objects((written, mine.model_dump()), self.context.persist_group)
+        self._coordinated(
+            lambda: self._commit(tmp, step, epoch, state_keys, shared, votes), f"checkpoint at step {step} was not committed"
+        )
+        return self.root / format.step_dirname(step)
+
+    def retain(self, keep_last: int | None) -> list[int]:
+        """Rank 0 applies retention; every rank learns which steps it removed."""
+        return list(self._coordinated(lambda: format.apply_retention(self.root, keep_last), "retention failed on rank 0"))
+
+    def _agree_on_layout(self, step: int, shared: DcpPart) -> None:
+        layout = [(t.key, t.dtype, t.shape) for t in shared.tensors]
+        agreed = distributed.gather_objects((step, layout), self.context.persist_group)
+        if any(other != (step, layout) for other in agreed):
+            steps = [other[0] for other in agreed]
+            raise PersistError(
+                f"ranks disagree on the checkpoint (steps {steps}"
+                + ("" if len(set(steps)) > 1 else ", or on the replicated state's tensors")
+                + "): every rank must checkpoint the same state at the same step"
+            )
+
+    def _save(self, tmp: Path, tensors: list[torch.Tensor], shared: DcpPart, mine: DcpPart) -> list[FileEntry]:
+        """DCP's save of this rank's share (files fsynced); returns the files this rank wrote."""
+        from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint import save as dcp_save
+
+        format.fault("dcp_before_save")
+        state_dict = {t.key: tensors[t.index] for t in shared.tensors + mine.tensors}
+        group = self.context.persist_group
+        dcp_save(state_dict, storage_writer=FileSystemWriter(tmp, sync_files=True), process_group=group)
+        format.fault("dcp_after_save")
+        written = [fileio.describe_file(p) for p in sorted(tmp.glob(f"__{self.context.rank}_*"))]
+        self.last_bytes_written = sum(entry.size for entry in written)
+        return written
+
+    def _coordinated(self, action: Callable[[], Any], failure: str) -> Any:
+        """Run ``action`` on rank 0 and broadcast its outcome; every rank raises when it failed."""
+        outcome: tuple[str, Any] = ("error", "rank 0 did not report")
+        error: BaseException | None = None
+        if self.context.is_coordinator:
+            try:
+                outcome = ("ok", action())
+            except BaseException as exc:  # tell the others before raising
+                error = exc
+                outcome = ("error", f"{type(exc).__name__}: {exc}")
+        outcome = distributed.broadcast_object(outcome, self.context.persist_group)
+        if error is not None:
+            raise error
+        if outcome[0] != "ok":
+            raise PersistError(f"{failure}: {outcome[1]}")
+        return outcome[1]
+
+    def _commit(
+        self,
+        tmp: Path,
+        step: int,
+        epoch: int | None,
+        state_keys: list[str],
+        shared: DcpPart,
+        votes: list[tuple[list[FileEntry], dict[str, Any]]],
+    ) -> None:
+        files = [entry for written, _ in votes for entry in written]
+        files.append(fileio.describe_file(tmp / _DCP_METADATA))
+        manifest = DcpManifest(
+            **format.record_header(step, epoch=epoch, state_keys=state_keys, files=files),
+            format=DCP_FORMAT,
+            world_size=self.context.world_size,
+            bytes_per_rank=[sum(entry.size for entry in written) for written, _ in votes],
+            shared=shared,
+            ranks=[DcpPart.model_validate(part) for _, part in votes],
+        )
+        format.publish(self.root, tmp, self.root / format.step_dirname(step), manifest)
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+class DcpReader:
+    """Reads DCP checkpoints, collectively under a context, or in one process without one."""
+
+    record_type = DcpManifest
+
+    def read_record(self, path: Path) -> DcpManifest:
+        return read_dcp_manifest(path)
+
+    def verify(self, path: Path) -> DcpManifest:
+        return verify_dcp_checkpoint(path)
+
+    def load(self, path: Path, record: CommitRecord, context: DistributedContext | None) -> LoadedCheckpoint:
+        """Verify this process's share of the files, agree with the others, then load (collective)."""
+        assert isinstance(record, DcpManifest)
+        rank, world = (0, 1) if context is None else (context.rank, context.world_size)
+        problem = distributed.agree(_verify_files(path, record.files[rank::world]), context)
+        if problem is not None:
+            raise CorruptCheckpointError(problem)
+        tree, nbytes = load_dcp_checkpoint(path, record, context)
+        return LoadedCheckpoint(record.step, record.epoch, record.state_keys, path, tree, nbytes)
+
+
+def _by_index(part: DcpPart, loaded: dict[str, torch.Tensor]) -> list[Any]:
+    tensors: list[Any] = [None] * (max((t.index for t in part.tensors), default=-1) + 1)
+    for t in part.tensors:
+        tensors[t.index] = loaded[t.key]
+    return tensors
+
+
+#: The only globals DCP's pickled ``.metadata`` may name (classes of plain records, dtypes, sizes).
+_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "ChunkStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata`` without running code: named records and dtypes only."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _METADATA_GLOBALS.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise CorruptCheckpointError(f"DCP metadata names a forbidden global {module}.{name}")
+
+
+def _safe_reader(path: Path) -> Any:
+    """DCP's FileSystemReader, reading ``.metadata`` through the restricted unpickler: nothing a
+    checkpoint holds may run code when loaded (DCP itself would call ``pickle.load`` on it; it
+    loads the tensors with ``weights_only=True``)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeMetadataReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            with open(Path(self.path) / _DCP_METADATA, "rb") as handle:
+                metadata = _MetadataUnpickler(handle).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeMetadataReader(path)
+
+
+def load_dcp_checkpoint(
+    path: Path, manifest: DcpManifest, context: DistributedContext | None
+) -> tuple[dict[str, Any], int]:
+    """Load a (verified) DCP checkpoint into a session tree; collective when ``context`` is given.
+
+    Returns the tree and the bytes this process loaded.
+    """
+    from torch.distributed.checkpoint import load as dcp_load
+
+    rank = context.rank if context is not None else 0
+    own = manifest.ranks[rank] if rank < len(manifest.ranks) else None
+    donor = own if own is not None else manifest.ranks[0]
+    wanted = {
+        t.key: torch.empty(t.shape, dtype=torch_dtype(t.dtype, path)) for t in manifest.shared.tensors + donor.tensors
+    }
+    with warnings.catch_warnings():  # DCP warns on every load without a process group: intended here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp_load(
+            wanted,
+            storage_reader=_safe_reader(path),
+            process_group=None if context is None else context.control_group,
+            no_dist=context is None,
+        )
+    tree = unflatten(manifest.shared.skeleton, _by_index(manifest.shared, wanted))
+    per_rank = unflatten(donor.skeleton, _by_index(donor, wanted))
+    tree[format.SESSION_KEY]["profiler"] = per_rank["profiler"]
+    if own is not None:
+        tree[format.RNG_KEY] = per_rank["rng"]
+    else:
+        logger.info("rank %d is new (checkpoint saved by %d ranks): it keeps its own RNG streams", rank, manifest.world_size)
+    nbytes = sum(t.numel() * t.element_size() for t in wanted.values())
+    return tree, nbytes

@@ -1,0 +1,226 @@
+"""Fast, verified data-file I/O shared by every checkpoint format.
+
+Large files are written and read in chunks with ``O_DIRECT`` where the filesystem allows it, and
+their crc32 is computed on a helper thread while the next chunk moves, so checksumming costs no
+persist or restore time. A file read back is checked against its recorded size and crc32 before
+any byte of it is used.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from coci import knobs
+from coci.checkpoint import format
+from coci.checkpoint.snapshot import aligned_empty
+from coci.errors import CorruptCheckpointError
+
+try:  # ISA-L's crc32 computes the same checksum as zlib's, ~5x faster (SIMD); optional
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - depends on the environment
+    _crc32 = zlib.crc32
+
+logger = logging.getLogger(__name__)
+
+
+def write_file(path: Path, payload: memoryview, fault_point: str | None = None) -> tuple[int, int]:
+    """Write ``payload`` in chunks, fsync, and return (size, crc32); ``fault_point`` fires after the first chunk.
+
+    Large page-aligned payloads (the staging arena) are written with ``O_DIRECT`` where the
+    filesystem allows it: the device reads the arena itself, so the persist does not memcpy every
+    byte into the page cache and leave the kernel to write it back, which on a 2-core machine costs
+    the training loop several times the write (benchmarks/README.md, P2/P3). The unaligned tail
+    goes through the page cache. The checksum of each chunk is computed on a helper thread while
+    the next chunk is written (both release the GIL), so it costs no persist time.
+    """
+    size = len(payload)
+    fd, direct = open_for_write(path, payload)
+    checksum = ChunkChecksum(threaded=direct and knobs.WRITE_CHECKSUM_THREAD)
+    try:
+        chunk = io_chunk_bytes(direct)
+        aligned_end = size - size % knobs.DIRECT_IO_ALIGN_BYTES if direct else size
+        start = 0
+        while start < size:
+            if direct and start >= aligned_end:
+                set_direct(fd, False)  # the tail is shorter than one block: page cache
+                direct = False
+            end = min(start + chunk, aligned_end) if direct else min(start + chunk, size)
+            piece = payload[start:end]
+            checksum.submit(piece)
+            view = piece
+            while len(view):
+                view = view[os.write(fd, view) :]
+            if start == 0 and fault_point:
+                format.fault(fault_point)
+            start = end
+        crc = checksum.result()
+        os.fsync(fd)
+    finally:
+        checksum.close()
+        os.close(fd)
+    return size, crc
+
+
+def open_for_write(path: Path, payload: memoryview) -> tuple[int, bool]:
+    """Open ``path`` for writing, with O_DIRECT when the payload and filesystem allow it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    if direct_eligible(payload):
+        try:
+            return os.open(path, flags | os.O_DIRECT, 0o644), True
+        except OSError as exc:  # tmpfs and some network filesystems refuse O_DIRECT
+            logger.debug("O_DIRECT refused for %s (%s); writing through the page cache", path, exc)
+    return os.open(path, flags, 0o644), False
+
+
+def direct_eligible(payload: memoryview) -> bool:
+    if not knobs.WRITE_DIRECT or not hasattr(os, "O_DIRECT") or len(payload) < knobs.DIRECT_IO_MIN_BYTES:
+        return False
+    address = np.frombuffer(payload, dtype=np.uint8).ctypes.data
+    return address % knobs.DIRECT_IO_ALIGN_BYTES == 0
+
+
+def io_chunk_bytes(direct: bool, requested: int | None = None) -> int:
+    """The I/O size per call: ``knobs.WRITE_CHUNK_BYTES`` (or ``requested``), whole blocks for O_DIRECT."""
+    chunk = max(int(knobs.WRITE_CHUNK_BYTES if requested is None else requested), 1)
+    if direct:  # O_DIRECT transfers are whole blocks
+        align = knobs.DIRECT_IO_ALIGN_BYTES
+        chunk = max(chunk - chunk % align, align)
+    return chunk
+
+
+def set_direct(fd: int, enabled: bool) -> None:
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT if enabled else flags & ~os.O_DIRECT)
+
+
+class ChunkChecksum:
+    """crc32 over consecutive chunks, optionally on a helper thread that overlaps the I/O.
+
+    Chunks are checksummed strictly in order (one worker, FIFO), each continuing the previous
+    value. The buffers must stay unchanged until :meth:`result` returns (the arena does: the next
+    snapshot waits for this persist).
+    """
+
+    def __init__(self, threaded: bool) -> None:
+        self._crc = 0
+        self._futures: list[Future[None]] = []
+        self._executor = _checksum_executor() if threaded else None
+
+    def submit(self, piece: memoryview) -> None:
+        if self._executor is None:
+            self._crc = _crc32(piece, self._crc)
+        else:
+            self._futures.append(self._executor.submit(self._update, piece))
+
+    def _update(self, piece: memoryview) -> None:
+        self._crc = _crc32(piece, self._crc)
+
+    def wait_for(self, index: int) -> None:
+        """Block until chunk ``index`` (0-based, in submission order) is checksummed."""
+        if 0 <= index < len(self._futures):
+            self._futures[index].result()
+
+    def result(self) -> int:
+        for future in self._futures:
+            future.result()
+        return self._crc
+
+    def close(self) -> None:
+        for future in self._futures:  # an I/O error left chunks queued: let them finish first
+            future.exception()
+
+
+_CHECKSUM_EXECUTOR: ThreadPoolExecutor | None = None
+_CHECKSUM_LOCK = threading.Lock()
+
+
+def _checksum_executor() -> ThreadPoolExecutor:
+    """One process-wide checksum thread, created on first use (no import-time side effect)."""
+    global _CHECKSUM_EXECUTOR
+    with _CHECKSUM_LOCK:
+        if _CHECKSUM_EXECUTOR is None:
+            _CHECKSUM_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coci-crc32")
+        return _CHECKSUM_EXECUTOR
+
+
+def read_verified(path: Path, entry: format.FileEntry, keep: bool = True) -> torch.Tensor:
+    """Read a data file and check its size and crc32; return its bytes (``keep``) or a scratch buffer.
+
+    Large files are read with ``O_DIRECT`` into a block-aligned buffer where the filesystem allows
+    it (the device fills the buffer; no page-cache copy), and the checksum of each chunk runs on the
+    checksum thread while the next chunk is read, so a verified restore costs about what the read
+    costs (benchmarks/README.md, P4). With ``keep=False`` two chunk buffers alternate through the
+    page cache, each reused only once its checksum is done.
+    """
+    try:
+        actual = path.stat().st_size
+    except FileNotFoundError as exc:
+        raise CorruptCheckpointError(f"{path}: data file is missing") from exc
+    if actual != entry.size:
+        raise CorruptCheckpointError(f"{path}: size {actual} != manifest size {entry.size}")
+    size = entry.size
+    fd, direct = open_for_read(path, size if keep else 0)
+    align = knobs.DIRECT_IO_ALIGN_BYTES
+    chunk = io_chunk_bytes(direct, knobs.READ_CHUNK_BYTES)
+    threaded = knobs.WRITE_CHECKSUM_THREAD and size > chunk
+    if keep:
+        buffer = aligned_empty(size + (-size % align), False) if direct else torch.empty(size, dtype=torch.uint8)
+    else:
+        buffer = torch.empty(min(size, chunk) * (2 if threaded else 1), dtype=torch.uint8)
+    view = buffer.numpy().data
+    checksum = ChunkChecksum(threaded=threaded)
+    try:
+        offset = 0
+        index = 0
+        while offset < size:
+            length = min(chunk, size - offset)
+            if keep:  # O_DIRECT reads whole blocks: the last one may ask past the end of the file
+                target = view[offset : offset + (length + (-length % align) if direct else length)]
+            else:
+                base = (index % 2) * chunk if threaded else 0
+                checksum.wait_for(index - 2)  # the buffer half about to be refilled is checksummed
+                target = view[base : base + length]
+            count = os.readv(fd, [target])
+            if not count:
+                raise CorruptCheckpointError(f"{path}: file ended early at byte {offset}")
+            count = min(count, size - offset)
+            checksum.submit(target[:count])
+            offset += count
+            index += 1
+        crc = checksum.result()
+    finally:
+        checksum.close()
+        os.close(fd)
+    if crc != entry.crc32:
+        raise CorruptCheckpointError(f"{path}: checksum mismatch (crc32 {crc:#010x} != {entry.crc32:#010x})")
+    return buffer[:size] if keep else buffer
+
+
+def open_for_read(path: Path, size: int) -> tuple[int, bool]:
+    """Open ``path`` for reading, with O_DIRECT for a large file read into an aligned buffer."""
+    if knobs.WRITE_DIRECT and hasattr(os, "O_DIRECT") and size >= knobs.DIRECT_IO_MIN_BYTES:
+        try:
+            return os.open(path, os.O_RDONLY | os.O_DIRECT), True
+        except OSError as exc:
+            logger.debug("O_DIRECT refused for %s (%s); reading through the page cache", path, exc)
+    return os.open(path, os.O_RDONLY), False
+
+
+def describe_file(path: Path) -> format.FileEntry:
+    """The size and crc32 of a file already written (and fsynced) by someone else."""
+    crc = 0
+    size = 0
+    with open(path, "rb", buffering=0) as handle:
+        while chunk := handle.read(knobs.READ_CHUNK_BYTES):
+            crc = _crc32(chunk, crc)
+            size += len(chunk)
+    return format.FileEntry(name=path.name, size=size, crc32=crc)

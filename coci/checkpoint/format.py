@@ -1,0 +1,289 @@
+"""What every checkpoint format shares on disk, and the crash-safe commit they all go through.
+
+Layout of a run directory::
+
+    <run_dir>/checkpoints/step_<n>/manifest.json  the commit record: written last
+    <run_dir>/checkpoints/step_<n>/...            the format's data files (coci's: ``data.bin``)
+    <run_dir>/checkpoints/step_<n>.tmp/           a checkpoint being written or deleted: never read
+
+Everything here is part of the on-disk contract: a change to a name, a field of
+:class:`CommitRecord` or the commit order makes existing checkpoints unreadable or unsafe, so it
+must come with a new :data:`FORMAT_VERSION`. ``set_fault_hook`` installs a callback invoked at
+named points of the commit and retention (crash tests kill the writer there); a no-op by default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from coci import __version__
+from coci.errors import CorruptCheckpointError
+
+#: Written into every commit record; a reader refuses a record with a newer version.
+FORMAT_VERSION: int = 1
+#: Sub-directory of the run directory that holds the checkpoints.
+CHECKPOINT_DIRNAME = "checkpoints"
+#: Suffix of a checkpoint directory still being written, or being deleted.
+TMP_SUFFIX = ".tmp"
+#: The commit record of every format.
+MANIFEST_FILENAME = "manifest.json"
+#: The single data file of coci's own (single-process) format.
+DATA_FILENAME = "data.bin"
+#: Keys of the session's own entries in a checkpointed state tree (never a user's state key).
+SESSION_KEY = "__coci__"
+RNG_KEY = "__coci_rng__"
+#: ``format`` of coci's own single-process records, which carry no ``format`` field.
+LOCAL_FORMAT = "coci"
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+FaultHook = Callable[[str], None]
+_fault_hook: FaultHook | None = None
+
+
+def set_fault_hook(hook: FaultHook | None) -> None:
+    """Install ``hook(point)`` called at each named point of the commit protocol (tests only)."""
+    global _fault_hook
+    _fault_hook = hook
+
+
+def fault(point: str) -> None:
+    """Reach the named fault point (calls the installed hook, if any)."""
+    if _fault_hook is not None:
+        _fault_hook(point)
+
+
+# --- commit record -----------------------------------------------------------------------------
+
+
+class FileEntry(BaseModel):
+    """One data file of a checkpoint, with what verification checks."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    size: int = Field(ge=0)
+    crc32: int
+
+
+class CommitRecord(BaseModel):
+    """What every checkpoint's ``manifest.json`` holds, whatever format wrote its files: its
+    presence makes the checkpoint exist.
+
+    ``checksum`` is the crc32 of the record's own JSON without that field, so a flipped bit inside
+    a value (an lr of 0.1 read as 0.3) is caught, not only damage to the data files. NaN and
+    infinities in the state are written as JSON constants, never silently as null.
+    """
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+    format_version: int
+    coci_version: str
+    step: int = Field(ge=0)
+    epoch: int | None = None
+    wall_time: float
+    state_keys: list[str]
+    files: list[FileEntry]
+    checksum: int | None = None
+
+    def body_checksum(self) -> int:
+        return zlib.crc32(self.model_dump_json(exclude={"checksum"}).encode())
+
+    def sealed(self) -> Self:
+        """This record with its checksum filled in (what is written to disk)."""
+        return self.model_copy(update={"checksum": self.body_checksum()})
+
+
+RecordT = TypeVar("RecordT", bound=CommitRecord)
+
+
+def record_header(step: int, *, epoch: int | None, state_keys: list[str], files: list[FileEntry]) -> dict[str, Any]:
+    """The fields every format's commit record starts with (the one place they are filled in)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "coci_version": __version__,
+        "step": step,
+        "epoch": epoch,
+        "wall_time": time.time(),
+        "state_keys": state_keys,
+        "files": files,
+    }
+
+
+def record_format(path: Path) -> str:
+    """The ``format`` a checkpoint's record declares (:data:`LOCAL_FORMAT` when it names none).
+
+    An unreadable record counts as the local format, whose reader reports it as corrupt.
+    """
+    try:
+        raw = json.loads((path / MANIFEST_FILENAME).read_bytes())
+    except (OSError, ValueError):
+        return LOCAL_FORMAT
+    declared = raw.get("format") if isinstance(raw, dict) else None
+    return declared if isinstance(declared, str) else LOCAL_FORMAT
+
+
+def parse_record(path: Path, model: type[RecordT]) -> RecordT:
+    """Read ``path/manifest.json`` as ``model``: present, parseable, not from a newer coci.
+    CorruptCheckpointError on anything off; format-specific checks, then :func:`check_sealed`, follow."""
+    try:
+        record = model.model_validate_json((path / MANIFEST_FILENAME).read_bytes())
+    except FileNotFoundError as exc:
+        raise CorruptCheckpointError(f"{path}: manifest.json is missing") from exc
+    except (ValidationError, ValueError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpointError(f"{path}: manifest.json is unreadable ({exc.__class__.__name__})") from exc
+    if record.format_version > FORMAT_VERSION:
+        raise CorruptCheckpointError(
+            f"{path}: format_version {record.format_version} is newer than this coci supports ({FORMAT_VERSION})"
+        )
+    return record
+
+
+def check_file_names(path: Path, names: list[str], also: frozenset[str] = frozenset()) -> None:
+    """Loading never reads outside the checkpoint directory: every file a record names is a plain
+    name inside it (no separator, no leading dot, except the format's own names in ``also``)."""
+    for name in names:
+        if name in {".", ".."} or "/" in name or not (name in also or _SAFE_NAME.match(name)):
+            raise CorruptCheckpointError(f"{path}: manifest names a file outside its checkpoint: {name!r}")
+
+
+def check_step(record: CommitRecord, path: Path) -> None:
+    """A record describes the step its directory is named after."""
+    match = _STEP_DIR.match(path.name)
+    if match and record.step != int(match.group(1)):
+        raise CorruptCheckpointError(f"{path}: manifest says step {record.step} but the directory is {path.name}")
+
+
+def check_sealed(record: CommitRecord, path: Path) -> None:
+    """Last check of a reader (after the specific ones, which name the damage more precisely)."""
+    if record.checksum is not None and record.checksum != record.body_checksum():
+        raise CorruptCheckpointError(f"{path}: manifest.json checksum mismatch (a value in it was altered)")
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """What every format's reader returns: a verified checkpoint loaded into a state tree."""
+
+    step: int
+    epoch: int | None
+    state_keys: list[str]
+    path: Path
+    tree: dict[str, Any]
+    nbytes: int  # bytes this process read
+
+
+# --- directories -------------------------------------------------------------------------------
+
+
+def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIRNAME
+
+
+def step_dirname(step: int) -> str:
+    return f"step_{step}"
+
+
+def tmp_dir(root: Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` is written before its commit."""
+    return root / (step_dirname(step) + TMP_SUFFIX)
+
+
+def step_dirs(root: Path) -> list[tuple[int, Path]]:
+    """Every ``step_<n>`` directory, committed or damaged (restore reports the damaged ones), oldest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), e) for e in root.iterdir() if (m := _STEP_DIR.match(e.name)) and e.is_dir()]
+    return sorted(found)
+
+
+def committed_steps(root: Path) -> list[tuple[int, Path]]:
+    """Committed checkpoints (a ``step_<n>`` directory holding a commit record), oldest first."""
+    return [(step, path) for step, path in step_dirs(root) if (path / MANIFEST_FILENAME).is_file()]
+
+
+def remove_stale_tmp(root: Path) -> list[Path]:
+    """Delete leftovers of interrupted writes and deletions: a ``*.tmp`` entry is never a checkpoint."""
+    removed = []
+    if root.is_dir():
+        for entry in root.iterdir():
+            if entry.name.endswith(TMP_SUFFIX):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
+    return removed
+
+
+# --- commit and retention ----------------------------------------------------------------------
+
+
+def publish(root: Path, tmp: Path, final: Path, record: CommitRecord) -> None:
+    """Commit the checkpoint written in ``tmp`` (its data files already fsynced) as ``final``.
+
+    A checkpoint is visible only after its commit: the sealed record is written and fsynced last,
+    then the directory is fsynced and renamed into place inside the same parent (a rename is atomic
+    only within one filesystem), then the parent is fsynced so the rename survives a power loss.
+    A checkpoint of the same step that failed verification is replaced.
+    """
+    fault("before_manifest")
+    write_durably(tmp / MANIFEST_FILENAME, record.sealed().model_dump_json().encode())
+    fsync_dir(tmp)
+    fault("before_rename")
+    if final.exists():
+        _discard(final)
+    os.rename(tmp, final)
+    fault("after_rename")
+    fsync_dir(root)
+    fault("after_commit")
+
+
+def apply_retention(root: Path, keep_last: int | None) -> list[int]:
+    """Delete the oldest committed checkpoints beyond ``keep_last``; return their steps.
+
+    The newest checkpoint is never deleted, and retention only runs after a newer commit.
+    """
+    if keep_last is None:
+        return []
+    committed = committed_steps(root)
+    doomed = committed[: max(len(committed) - max(keep_last, 1), 0)]
+    for _, path in doomed:
+        _discard(path)
+    return [step for step, _ in doomed]
+
+
+def _discard(path: Path) -> None:
+    """A checkpoint being deleted is never half-visible: it is atomically renamed to ``*.tmp``
+    (and the rename made durable) before any of its files is removed."""
+    doomed = path.with_name(f"{path.name}.{os.getpid()}.{time.monotonic_ns()}{TMP_SUFFIX}")
+    os.rename(path, doomed)
+    fsync_dir(path.parent)
+    fault("retention")
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Write a small file and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while len(view):
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

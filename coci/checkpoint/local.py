@@ -1,0 +1,228 @@
+"""coci's own checkpoint format, written by a single process: one data file and its manifest.
+
+``step_<n>/data.bin`` holds every tensor's raw bytes at the offsets of the staging arena (the file
+layout is the memory layout); ``step_<n>/manifest.json`` is the commit record with the tensor table
+and the JSON skeleton of the state tree. Nothing is unpickled: tensors are raw bytes, everything
+else JSON. :class:`LocalWriter` and :class:`LocalReader` are this format's checkpoint writer and
+reader; the functions below them are what they (and ``coci verify``) are made of.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from coci.checkpoint import fileio, format
+from coci.checkpoint.format import CommitRecord, FileEntry, LoadedCheckpoint, checkpoints_dir, committed_steps
+from coci.checkpoint.snapshot import TensorSlot
+from coci.checkpoint.tree import tensor_refs, unflatten
+from coci.checks import is_int
+from coci.errors import CorruptCheckpointError
+
+__all__ = [
+    "LocalReader",
+    "LocalWriter",
+    "Manifest",
+    "TensorEntry",
+    "check_consistent",
+    "checkpoints_dir",  # re-exported: coci.analysis.report lists local checkpoints through this module
+    "committed_steps",
+    "load_checkpoint",
+    "load_tensors",
+    "read_manifest",
+    "verify_checkpoint",
+    "write_checkpoint",
+]
+
+
+class TensorEntry(BaseModel):
+    """One tensor in ``data.bin``."""
+
+    model_config = ConfigDict(frozen=True)
+    dtype: str
+    shape: list[int]
+    offset: int = Field(ge=0)
+    nbytes: int = Field(ge=0)
+
+
+class Manifest(CommitRecord):
+    """The commit record of a single-process checkpoint: one ``data.bin`` and its tensor table."""
+
+    tensors: list[TensorEntry]
+    skeleton: Any
+
+
+class LocalWriter:
+    """Writes and commits checkpoints in coci's own format under ``root`` (one process)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def write(
+        self,
+        step: int,
+        payload: memoryview,
+        slots: list[TensorSlot],
+        skeleton: Any,
+        *,
+        epoch: int | None,
+        state_keys: list[str],
+    ) -> Path:
+        path, _ = write_checkpoint(self.root, step, payload, slots, skeleton, epoch=epoch, state_keys=state_keys)
+        return path
+
+    def retain(self, keep_last: int | None) -> list[int]:
+        return format.apply_retention(self.root, keep_last)
+
+
+class LocalReader:
+    """Reads checkpoints in coci's own format; under torch.distributed every rank reads the data
+    file, and the saved RNG streams (one process's) go to the coordinator only."""
+
+    record_type = Manifest
+
+    def read_record(self, path: Path) -> Manifest:
+        return read_manifest(path)
+
+    def verify(self, path: Path) -> Manifest:
+        return verify_checkpoint(path)
+
+    def load(self, path: Path, record: CommitRecord, context: Any) -> LoadedCheckpoint:
+        assert isinstance(record, Manifest)
+        tree = unflatten(record.skeleton, load_tensors(path, record))
+        if context is not None and not context.is_coordinator:
+            tree.pop(format.RNG_KEY, None)
+        return LoadedCheckpoint(record.step, record.epoch, record.state_keys, path, tree, record.files[0].size)
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+def write_checkpoint(
+    root: Path,
+    step: int,
+    payload: memoryview,
+    slots: list[TensorSlot],
+    skeleton: Any,
+    *,
+    epoch: int | None,
+    state_keys: list[str],
+) -> tuple[Path, Manifest]:
+    """Write and commit one checkpoint under ``root``; return its final path and manifest."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / format.step_dirname(step)
+    tmp = format.tmp_dir(root, step)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        size, crc = fileio.write_file(tmp / format.DATA_FILENAME, payload, fault_point="mid_write")
+        manifest = Manifest(
+            **format.record_header(
+                step, epoch=epoch, state_keys=state_keys, files=[FileEntry(name=format.DATA_FILENAME, size=size, crc32=crc)]
+            ),
+            tensors=[
+                TensorEntry(dtype=dtype_name(s.dtype), shape=list(s.shape), offset=s.offset, nbytes=s.nbytes) for s in slots
+            ],
+            skeleton=skeleton,
+        )
+        format.publish(root, tmp, final, manifest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # free the space; a kill leaves it to remove_stale_tmp
+        raise
+    return final, manifest
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def read_manifest(path: Path) -> Manifest:
+    """Parse and sanity-check a manifest; CorruptCheckpointError on anything off."""
+    manifest = format.parse_record(path, Manifest)
+    format.check_file_names(path, [entry.name for entry in manifest.files])
+    if [f.name for f in manifest.files] != [format.DATA_FILENAME]:
+        raise CorruptCheckpointError(f"{path}: manifest must list exactly {format.DATA_FILENAME!r}")
+    size = manifest.files[0].size
+    for index, tensor in enumerate(manifest.tensors):
+        if tensor.offset + tensor.nbytes > size or _itemsize(tensor.dtype, path) * _numel(tensor.shape) != tensor.nbytes:
+            raise CorruptCheckpointError(f"{path}: tensor {index} does not fit its declared bytes")
+    check_consistent(manifest, path)
+    format.check_sealed(manifest, path)
+    return manifest
+
+
+def check_consistent(manifest: Manifest, path: Path) -> None:
+    """Structural checks of a parsed manifest: its step matches the directory, the skeleton refers
+    to each stored tensor exactly once, and every state key (and the session's own) is present.
+    """
+    format.check_step(manifest, path)
+    count = len(manifest.tensors)
+    refs = tensor_refs(manifest.skeleton)
+    for ref in refs:
+        if not is_int(ref) or not 0 <= ref < count:
+            raise CorruptCheckpointError(f"{path}: manifest skeleton refers to tensor {ref!r} of {count}")
+    if sorted(refs) != list(range(count)):  # flatten() stores each tensor once, in walk order
+        raise CorruptCheckpointError(f"{path}: manifest skeleton does not refer to each of its {count} tensors once")
+    keys = set(manifest.skeleton) if isinstance(manifest.skeleton, dict) else set()
+    missing = sorted(set(manifest.state_keys) - keys)
+    if missing:
+        raise CorruptCheckpointError(f"{path}: manifest skeleton lacks the state keys {missing}")
+
+
+def load_tensors(path: Path, manifest: Manifest) -> list[torch.Tensor]:
+    """Read ``data.bin`` (its size and crc32 checked against ``manifest``) and view its tensors."""
+    entry = manifest.files[0]
+    buffer = fileio.read_verified(path / entry.name, entry)
+    tensors = []
+    for tensor in manifest.tensors:
+        dtype = torch_dtype(tensor.dtype, path)
+        raw = buffer[tensor.offset : tensor.offset + tensor.nbytes]
+        tensors.append(raw.view(dtype).view(tensor.shape) if tensor.nbytes else torch.empty(tensor.shape, dtype=dtype))
+    return tensors
+
+
+def load_checkpoint(path: Path) -> tuple[Manifest, list[torch.Tensor]]:
+    """Read, verify (size and crc32) and return the tensors of a committed checkpoint."""
+    manifest = read_manifest(path)
+    return manifest, load_tensors(path, manifest)
+
+
+def verify_checkpoint(path: Path) -> Manifest:
+    """Check a checkpoint's manifest, sizes and checksums without building tensors."""
+    manifest = read_manifest(path)
+    for entry in manifest.files:
+        fileio.read_verified(path / entry.name, entry, keep=False)
+    return manifest
+
+
+# --- dtypes ------------------------------------------------------------------------------------
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """How a dtype is written in a commit record (``float32``, ``bfloat16``...)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str, path: Path) -> torch.dtype:
+    """The dtype a commit record names; CorruptCheckpointError for anything that is not one."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CorruptCheckpointError(f"{path}: unknown dtype {name!r}")
+    return dtype
+
+
+def _itemsize(name: str, path: Path) -> int:
+    return torch.empty(0, dtype=torch_dtype(name, path)).element_size()
+
+
+def _numel(shape: list[int]) -> int:
+    count = 1
+    for dim in shape:
+        if dim < 0:
+            return -1
+        count *= dim
+    return count
