@@ -84,7 +84,10 @@ class CheckpointReader(Protocol):
     2. ``load(path, record, context)``: verify the data files this process reads (sizes, crc32)
        and load them into a state tree; collective when ``context`` is given.
 
-    ``verify(path)`` checks a checkpoint completely without loading it (``coci verify``).
+    ``verify(path)`` checks a checkpoint completely without loading it (``coci verify``), and
+    ``load_entry(path, record, keys)`` returns one entry of the saved tree (``keys`` is its path
+    of dict keys, e.g. ``(SESSION_KEY, "profiler")``) or None, in one process, reading no more of
+    the data than the format requires (used by the report for the profiler's loss trace).
     """
 
     @property
@@ -95,6 +98,8 @@ class CheckpointReader(Protocol):
     def load(self, path: Path, record: CommitRecord, context: DistributedContext | None) -> LoadedCheckpoint: ...
 
     def verify(self, path: Path) -> CommitRecord: ...
+
+    def load_entry(self, path: Path, record: CommitRecord, keys: tuple[str, ...]) -> Any | None: ...
 
 
 #: The reader of each format, by the ``format`` its commit record declares.
@@ -124,6 +129,12 @@ def restore_candidates(root: Path, context: DistributedContext | None) -> list[t
         return [(step, str(path)) for step, path in reversed(format.step_dirs(root))]
 
     return [(step, Path(path)) for step, path in distributed.from_coordinator(listing, context)]
+
+
+def load_entry(path: Path, keys: tuple[str, ...]) -> Any | None:
+    """One entry of the tree saved in ``path`` (None where it has none), in whichever format."""
+    reader = reader_for(format.record_format(path), path)
+    return reader.load_entry(path, reader.read_record(path), keys)
 
 
 def load_committed(path: Path, context: DistributedContext | None) -> LoadedCheckpoint:

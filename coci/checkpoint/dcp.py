@@ -272,6 +272,12 @@ class DcpReader:
         tree, nbytes = load_dcp_checkpoint(path, record, context)
         return LoadedCheckpoint(record.step, record.epoch, record.state_keys, path, tree, nbytes)
 
+    def load_entry(self, path: Path, record: CommitRecord, keys: tuple[str, ...]) -> Any | None:
+        """Loads the whole checkpoint in this process (DCP plans reads per tensor key, not per
+        subtree; a selective plan would read less) and returns the entry."""
+        loaded = self.load(path, record, None)
+        return format.subtree(loaded.tree, keys)
+
 
 def _by_index(part: DcpPart, loaded: dict[str, torch.Tensor]) -> list[Any]:
     tensors: list[Any] = [None] * (max((t.index for t in part.tensors), default=-1) + 1)

@@ -185,6 +185,16 @@ class LoadedCheckpoint:
 # --- directories -------------------------------------------------------------------------------
 
 
+def subtree(tree: Any, keys: tuple[str, ...]) -> Any | None:
+    """The entry of nested dicts at ``keys``, or None where any level is missing or not a dict."""
+    node = tree
+    for key in keys:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
 def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
     return Path(run_dir) / CHECKPOINT_DIRNAME
 

@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from coci.checkpoint import fileio, format
-from coci.checkpoint.format import CommitRecord, FileEntry, LoadedCheckpoint, checkpoints_dir, committed_steps
+from coci.checkpoint.format import CommitRecord, FileEntry, LoadedCheckpoint
 from coci.checkpoint.snapshot import TensorSlot
 from coci.checkpoint.tree import tensor_refs, unflatten
 from coci.checks import is_int
@@ -29,8 +29,6 @@ __all__ = [
     "Manifest",
     "TensorEntry",
     "check_consistent",
-    "checkpoints_dir",  # re-exported: coci.analysis.report lists local checkpoints through this module
-    "committed_steps",
     "load_checkpoint",
     "load_tensors",
     "read_manifest",
@@ -97,6 +95,25 @@ class LocalReader:
         if context is not None and not context.is_coordinator:
             tree.pop(format.RNG_KEY, None)
         return LoadedCheckpoint(record.step, record.epoch, record.state_keys, path, tree, record.files[0].size)
+
+    def load_entry(self, path: Path, record: CommitRecord, keys: tuple[str, ...]) -> Any | None:
+        """Read only the tensors the entry refers to, each at its offset in the data file."""
+        assert isinstance(record, Manifest)
+        entry = format.subtree(record.skeleton, keys)
+        if entry is None:
+            return None
+        tensors: list[Any] = [None] * len(record.tensors)
+        with open(path / record.files[0].name, "rb") as handle:
+            for index in tensor_refs(entry):  # indices checked against the table by read_manifest
+                table = record.tensors[index]
+                handle.seek(table.offset)
+                raw = handle.read(table.nbytes)
+                if len(raw) != table.nbytes:
+                    raise CorruptCheckpointError(f"{path}: tensor {index} is truncated")
+                dtype = torch_dtype(table.dtype, path)
+                empty = torch.empty(table.shape, dtype=dtype)
+                tensors[index] = torch.frombuffer(bytearray(raw), dtype=dtype).reshape(table.shape) if raw else empty
+        return unflatten(entry, tensors)
 
 
 # --- writing -----------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -144,7 +144,7 @@ class PlanInputs(BaseModel):
     failure_origin_step: int = 0
     min_interval_steps: int = 1
 
-    def measured_costs(self) -> dict[str, float]:
+    def measured_costs(self) -> MeasuredCosts:
         """The measured costs as :func:`plan` keyword arguments (step, stall, persist, interference)."""
         return {
             "step_seconds": self.step_seconds,
@@ -152,6 +152,15 @@ class PlanInputs(BaseModel):
             "persist_seconds": self.persist_seconds,
             "interference_seconds": self.interference_seconds,
         }
+
+
+class MeasuredCosts(TypedDict):
+    """What a run measured, as :func:`plan` keyword arguments."""
+
+    step_seconds: float
+    stall_seconds: float
+    persist_seconds: float
+    interference_seconds: float
 
 
 class Plan(BaseModel):

@@ -14,6 +14,7 @@ from typing import Any
 from coci.analysis.report.read import PolicyRow
 from coci.analysis.simulate import simulate as simulate_plan
 from coci.errors import CociError
+from coci.planning.config import PlanConfig
 from coci.planning.planner import POLICIES, Plan
 from coci.planning.planner import plan as make_plan
 
@@ -39,20 +40,9 @@ def compare_policies(
     plans: dict[str, Plan] = {}
     for name in policies:
         try:
-            planned = make_plan(
-                name,
-                failures=inputs.failures,
-                total_steps=inputs.total_steps,
-                step_seconds=inputs.step_seconds,
-                stall_seconds=inputs.stall_seconds,
-                persist_seconds=inputs.persist_seconds,
-                restart_seconds=inputs.restart_seconds,
-                interference_seconds=inputs.interference_seconds,
-                curve=curve,
-                objective="progress" if name != reference.policy else _requested_objective(reference),
-                time_budget=reference.time_budget,
-                max_overhead=inputs.max_overhead,
-            )
+            objective = "progress" if name != reference.policy else _requested_objective(reference)
+            config = PlanConfig.from_inputs(inputs, policy=name, objective=objective, time_budget=reference.time_budget)
+            planned = make_plan(config=config, curve=curve, **inputs.measured_costs())
         except (CociError, ValueError) as exc:
             rows.append(PolicyRow(policy=name, chosen=name == reference.policy, error=str(exc)))
             continue

@@ -37,9 +37,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
-from coci.checkpoint import local as storage
-from coci.checkpoint.format import SESSION_KEY as _SESSION_KEY
-from coci.checkpoint.tree import tensor_refs
+from coci.checkpoint.checkpointer import load_entry
+from coci.checkpoint.format import SESSION_KEY, checkpoints_dir, committed_steps
 from coci.checks import is_int
 from coci.errors import CociError, ConfigError
 from coci.events import read_events
@@ -155,7 +154,7 @@ def read_run(run_dir: Path) -> ReportData:
     events = list(read_events(run_dir))
     plan = _read_model(run_dir / PLAN_FILENAME, Plan, notes)
     profile = _read_model(run_dir / PROFILE_FILENAME, Profile, notes)
-    on_disk = {step for step, _ in storage.committed_steps(storage.checkpoints_dir(run_dir))}
+    on_disk = {step for step, _ in committed_steps(checkpoints_dir(run_dir))}
     if not events and plan is None and profile is None and not on_disk:
         raise ConfigError(
             f"run_dir {str(run_dir)!r} holds no coci run (no events.jsonl, plan.json, profile.json or checkpoints)"
@@ -356,7 +355,7 @@ def _loss_trace(root: Path, notes: list[str]) -> tuple[np.ndarray, np.ndarray, s
             notes.append(f"{LOSS_CURVE_FILENAME}: steps and losses differ in shape; ignored")
         except (ValueError, KeyError, TypeError) as exc:
             notes.append(f"{LOSS_CURVE_FILENAME} unreadable ({type(exc).__name__}); ignored")
-    for step, checkpoint in reversed(storage.committed_steps(storage.checkpoints_dir(root))):
+    for step, checkpoint in reversed(committed_steps(checkpoints_dir(root))):
         try:
             found = _trace_from_checkpoint(checkpoint)
         except (CociError, OSError, ValueError, KeyError, TypeError) as exc:
@@ -369,32 +368,12 @@ def _loss_trace(root: Path, notes: list[str]) -> tuple[np.ndarray, np.ndarray, s
 
 
 def _trace_from_checkpoint(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
-    """Read only the loss-trace arrays of a checkpoint's profiler state (by offset)."""
-    from coci.checkpoint.tree import unflatten
+    """The loss trace of a checkpoint's profiler state, read without loading the model."""
     from profiler.loss_trace import LossTrace
 
-    manifest = storage.read_manifest(path)
-    skeleton = manifest.skeleton
-    sub = skeleton.get(_SESSION_KEY, {}).get("profiler", {}).get("loss_trace") if isinstance(skeleton, dict) else None
-    if not isinstance(sub, dict):
+    state = load_entry(path, (SESSION_KEY, "profiler", "loss_trace"))
+    if not isinstance(state, dict):
         return None
-    import torch
-
-    tensors: list[Any] = [None] * len(manifest.tensors)
-    with open(path / manifest.files[0].name, "rb") as handle:
-        for index in _int_refs(sub):
-            entry = manifest.tensors[index]
-            handle.seek(entry.offset)
-            raw = handle.read(entry.nbytes)
-            if len(raw) != entry.nbytes:
-                raise ValueError(f"{path}: loss trace array {index} is truncated")
-            array = np.frombuffer(raw, dtype=np.dtype(entry.dtype)).reshape(entry.shape).copy()
-            tensors[index] = torch.from_numpy(array)
     trace = LossTrace()
-    trace.load_state_dict(unflatten(sub, tensors))
+    trace.load_state_dict(state)
     return trace.curve()
-
-
-
-def _int_refs(skeleton: Any) -> list[int]:
-    return [ref for ref in tensor_refs(skeleton) if isinstance(ref, int)]
