@@ -1,7 +1,7 @@
 """coci: decide when a PyTorch job should checkpoint; make each checkpoint cheap, safe, resumable.
 
-Flow: profiler -> plan -> snapshot -> persist -> report. The public surface is the handful of names
-below; everything else is an implementation module.
+The public surface is the handful of names below; the subpackages ``planning``, ``checkpoint`` and
+``analysis`` hold the implementation (the README's Architecture section draws how they connect).
 """
 
 from __future__ import annotations

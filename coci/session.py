@@ -1,9 +1,9 @@
-"""``coci.Session``: the one object a training loop talks to (drives every stage of the flow).
+"""``coci.Session``: the one object a training loop talks to.
 
-profiler -> plan -> snapshot -> persist -> report. Each ``session.step(loss)`` feeds the profiler,
+Each ``session.step(loss)`` feeds the profiler,
 lets the policy re-plan now and then, and, at a planned step, starts a two-phase checkpoint. A step
 pre-hook on every optimizer in ``state`` is the fence: weights never change while their snapshot
-is being copied (pytorch #144657). ``restore()`` loads the newest committed checkpoint that
+is being copied, so a snapshot never holds the next step's weights. ``restore()`` loads the newest committed checkpoint that
 verifies, skipping corrupt ones, and restores RNG state last. A persist that fails in the
 background is recorded in ``events.jsonl`` and raised as :class:`coci.PersistError` at the next
 ``step()`` or ``close()``; the session stays usable, so a caller that catches it trains on and the

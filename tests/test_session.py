@@ -99,7 +99,7 @@ def test_fresh_run_restores_nothing(tmp_path: Path) -> None:
 
 
 def test_snapshot_isolation_under_a_slow_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The optimizer step after a checkpoint must wait for the copy (pytorch #144657)."""
+    """The optimizer step after a checkpoint must wait for the copy: the snapshot holds step 3's weights."""
     original = snapshot.CopyJob.run_cpu
 
     def slow(self) -> None:

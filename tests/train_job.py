@@ -7,7 +7,7 @@ Trains a small MLP with dropout (consumes RNG), Adam and a LambdaLR schedule, ch
 K steps through coci.Session. Each process appends "step loss_hex" lines to losses_<pid>.txt and,
 when it finishes, saves the final model/optimizer state to final.pt. --die-at sends SIGKILL to
 itself right after that step's session.step (a checkpoint may be in flight); --die-in-persist
-installs a storage fault hook that SIGKILLs the writer thread's process at that commit point.
+installs a checkpoint fault hook (coci.checkpoint.format.set_fault_hook) that SIGKILLs the writer thread's process at that commit point.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from coci.checkpoint import format
 from coci.checkpoint.dcp import DCP_FORMAT, DcpReader, DcpWriter
 from coci.checkpoint.format import CommitRecord, LoadedCheckpoint
 from coci.checkpoint.local import LocalReader, LocalWriter
-from coci.checkpoint.snapshot import CopyJob, StagingArena, layout_bytes
+from coci.checkpoint.snapshot import CopyJob, StagedCheckpoint, StagingArena, layout_bytes
 from coci.checkpoint.tree import flatten
 from coci.distributed import DistributedContext
 from coci.errors import CorruptCheckpointError
@@ -48,26 +48,15 @@ class CheckpointWriter(Protocol):
 
     For each checkpoint the :class:`Checkpointer` calls, in this order:
 
-    1. ``write(step, payload, slots, skeleton, epoch=..., state_keys=...)``: write the files of
-       ``step`` into ``step_<n>.tmp`` and commit them with :func:`coci.checkpoint.format.publish`;
-       return the committed directory. ``payload`` is the staging arena's bytes, ``slots`` where
-       each tensor of the flattened ``skeleton`` lies in it.
+    1. ``write(staged)``: write the files of ``staged.step`` into ``step_<n>.tmp`` and commit them
+       with :func:`coci.checkpoint.format.publish`; return the committed directory.
     2. ``retain(keep_last)``: delete the oldest committed checkpoints beyond ``keep_last``; return
        the steps removed.
 
     Under ``torch.distributed`` both calls are collective: every rank makes them in the same order.
     """
 
-    def write(
-        self,
-        step: int,
-        payload: memoryview,
-        slots: list[Any],
-        skeleton: Any,
-        *,
-        epoch: int | None,
-        state_keys: list[str],
-    ) -> Path: ...
+    def write(self, staged: StagedCheckpoint) -> Path: ...
 
     def retain(self, keep_last: int | None) -> list[int]: ...
 
@@ -232,35 +221,26 @@ class Checkpointer:
         self.events.emit("snapshot_start", step=step, bytes=nbytes)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coci-persist")
-        self._executor.submit(self._run, pending, job, slots, skeleton, epoch, state_keys)
+        staged = StagedCheckpoint(step, self.arena.payload(), slots, skeleton, epoch, state_keys)
+        self._executor.submit(self._run, pending, job, staged)
         self.pending = pending
         return pending
 
-    def _run(
-        self,
-        pending: PendingCheckpoint,
-        job: CopyJob,
-        slots: list[Any],
-        skeleton: Any,
-        epoch: int | None,
-        state_keys: list[str],
-    ) -> None:
+    def _run(self, pending: PendingCheckpoint, job: CopyJob, staged: StagedCheckpoint) -> None:
         began = self.clock()
         try:
             job.run_cpu()
-            staged = self.clock()
+            copied = self.clock()
             pending.staging_completion.set_result(None)
-            self.events.emit("snapshot_end", step=pending.step, seconds=staged - began, bytes=pending.nbytes)
-            path = self.writer.write(
-                pending.step, self.arena.payload(), slots, skeleton, epoch=epoch, state_keys=state_keys
-            )
+            self.events.emit("snapshot_end", step=pending.step, seconds=copied - began, bytes=pending.nbytes)
+            path = self.writer.write(staged)
             committed = self.clock()
-            self.events.emit("commit", step=pending.step, seconds=committed - staged, bytes=pending.nbytes, path=str(path))
+            self.events.emit("commit", step=pending.step, seconds=committed - copied, bytes=pending.nbytes, path=str(path))
             removed = self.writer.retain(self.keep_last)
             if removed:
                 self.events.emit("retention", step=pending.step, removed=removed)
             pending.upload_completion.set_result(
-                PersistResult(pending.step, path, pending.nbytes, staged - began, committed - staged, tuple(removed))
+                PersistResult(pending.step, path, pending.nbytes, copied - began, committed - copied, tuple(removed))
             )
         except BaseException as exc:  # recorded and surfaced by the session, never swallowed
             logger.error("checkpoint at step %d failed: %s", pending.step, exc)

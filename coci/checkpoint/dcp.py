@@ -32,6 +32,7 @@ from coci import distributed
 from coci.checkpoint import fileio, format
 from coci.checkpoint.format import CommitRecord, FileEntry, LoadedCheckpoint
 from coci.checkpoint.local import dtype_name, torch_dtype
+from coci.checkpoint.snapshot import StagedCheckpoint
 from coci.checkpoint.tree import tensor_refs, unflatten
 from coci.distributed import DistributedContext
 from coci.errors import CorruptCheckpointError, PersistError
@@ -154,16 +155,8 @@ class DcpWriter:
         self.last_bytes_written = 0  # this rank's bytes in the last checkpoint (benchmarks read it)
         import torch.distributed.checkpoint  # noqa: F401  now, not inside the first persist's timing
 
-    def write(
-        self,
-        step: int,
-        payload: memoryview,
-        slots: list[Any],
-        skeleton: Any,
-        *,
-        epoch: int | None,
-        state_keys: list[str],
-    ) -> Path:
+    def write(self, staged: StagedCheckpoint) -> Path:
+        step, slots, skeleton = staged.step, staged.slots, staged.skeleton
         tmp = format.tmp_dir(self.root, step)
         if self.context.is_coordinator:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -173,10 +166,10 @@ class DcpWriter:
         shared = _part(shared_skeleton, slots, "shared")
         mine = _part(rank_skeleton, slots, f"rank{self.context.rank}")
         self._agree_on_layout(step, shared)  # also: nobody writes before rank 0 made tmp
-        written = self._save(tmp, staged_tensors(payload, slots), shared, mine)
+        written = self._save(tmp, staged_tensors(staged.payload, slots), shared, mine)
         votes = distributed.gather_objects((written, mine.model_dump()), self.context.persist_group)
         self._coordinated(
-            lambda: self._commit(tmp, step, epoch, state_keys, shared, votes), f"checkpoint at step {step} was not committed"
+            lambda: self._commit(tmp, step, staged.epoch, staged.state_keys, shared, votes), f"checkpoint at step {step} was not committed"
         )
         return self.root / format.step_dirname(step)
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coci.checkpoint import fileio, format
 from coci.checkpoint.format import CommitRecord, FileEntry, LoadedCheckpoint
-from coci.checkpoint.snapshot import TensorSlot
+from coci.checkpoint.snapshot import StagedCheckpoint, TensorSlot
 from coci.checkpoint.tree import tensor_refs, unflatten
 from coci.checks import is_int
 from coci.errors import CorruptCheckpointError
@@ -60,17 +60,10 @@ class LocalWriter:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def write(
-        self,
-        step: int,
-        payload: memoryview,
-        slots: list[TensorSlot],
-        skeleton: Any,
-        *,
-        epoch: int | None,
-        state_keys: list[str],
-    ) -> Path:
-        path, _ = write_checkpoint(self.root, step, payload, slots, skeleton, epoch=epoch, state_keys=state_keys)
+    def write(self, staged: StagedCheckpoint) -> Path:
+        path, _ = write_checkpoint(
+            self.root, staged.step, staged.payload, staged.slots, staged.skeleton, epoch=staged.epoch, state_keys=staged.state_keys
+        )
         return path
 
     def retain(self, keep_last: int | None) -> list[int]:

@@ -20,6 +20,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,6 +37,20 @@ class TensorSlot:
     shape: tuple[int, ...]
     offset: int
     nbytes: int
+
+
+@dataclass(frozen=True)
+class StagedCheckpoint:
+    """One snapshot as a :class:`coci.checkpoint.checkpointer.CheckpointWriter` receives it: the
+    arena's bytes, where each tensor of the flattened ``skeleton`` lies in them, and the record's
+    fields. Valid until the next snapshot reuses the arena."""
+
+    step: int
+    payload: memoryview
+    slots: list[TensorSlot]
+    skeleton: Any
+    epoch: int | None
+    state_keys: list[str]
 
 
 def plan_layout(tensors: Sequence[torch.Tensor], align: int | None = None) -> list[TensorSlot]:

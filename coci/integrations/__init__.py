@@ -1,7 +1,5 @@
-"""Integrations of coci with training frameworks that own the loop (beside the whole flow).
-
-profiler -> plan -> snapshot -> persist -> report, driven from a framework's hooks instead of a
-hand-written loop. Each integration lives in its own module and imports its framework only when
+"""Integrations of coci with training frameworks that own the loop: the session driven from a
+framework's hooks instead of a hand-written loop. Each integration lives in its own module and imports its framework only when
 that module is imported, so ``import coci`` never pulls in an optional dependency:
 
 * :mod:`coci.integrations.lightning` -- ``CociCallback`` for Lightning's ``Trainer``
