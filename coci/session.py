@@ -58,8 +58,9 @@ from coci.errors import (
 from coci.events import EventLog
 from coci.planning.cadence import Cadence
 from coci.planning.config import PlanConfig
+from coci.planning.planner import Plan
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
-from profiler import Profiler
+from profiler import Profile, Profiler
 
 logger = logging.getLogger(__name__)
 
@@ -179,14 +180,15 @@ class Session:
         return self._steps
 
     @property
-    def profile(self) -> Any:
+    def profile(self) -> Profile:
         """The live :class:`coci.Profile`."""
         return self._profiler.profile
 
     @property
-    def plan(self) -> Any:
+    def plan(self) -> Plan | None:
         """The policy's current :class:`coci.Plan` (None for policies that do not plan)."""
-        return getattr(self.policy, "plan", None)
+        plan = getattr(self.policy, "plan", None)
+        return plan if isinstance(plan, Plan) else None
 
     @property
     def checkpoint_steps(self) -> tuple[int, ...]:
