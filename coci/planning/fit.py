@@ -49,6 +49,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -430,12 +431,7 @@ def fit_curve(
     unknown = [f for f in tried if f not in FAMILIES]
     if unknown or not tried:
         raise ConfigError(f"families must be a non-empty subset of {FAMILIES}, got {families!r}")
-
-    finite = np.isfinite(steps) & np.isfinite(values)
-    dropped = int(np.count_nonzero(~finite))
-    steps, values = steps[finite], values[finite]
-    order = np.argsort(steps, kind="stable")
-    steps, values = steps[order], values[order]
+    steps, values, dropped = _finite_sorted(steps, values)
     n_points = int(steps.size)
     last = float(steps[-1]) if n_points else None
     level = float(np.median(values[-max(1, n_points // 10):])) if n_points else None
@@ -450,81 +446,30 @@ def fit_curve(
         )
     if steps[-1] <= steps[0]:
         return unusable("all points are at the same step")
-
     s, y = bin_trace(steps, values, knobs.FIT_MAX_POINTS)
     if s.size < knobs.FIT_MIN_POINTS:
         return unusable(f"too few distinct points after smoothing: {s.size}")
-    head = float(np.median(y[: max(2, s.size // 5)]))
-    tail = float(np.median(y[-max(2, s.size // 5):]))
     noise = max(_noise_sd(values), 1e-12)
-    required = max(knobs.FIT_MIN_DROP_SIGMA * noise, knobs.FIT_MIN_DROP_RELATIVE * abs(head))
-    if head - tail <= required:
-        verb = "rising" if tail - head > required else "not falling"
-        return unusable(
-            f"loss {verb}: median of the first fifth {head:.6g}, of the last fifth {tail:.6g} "
-            f"(needs a drop above {required:.3g})"
-        )
-
-    scale = float(max(abs(s[-1]), abs(s[0]), 1.0))
-    holdout_start = float(s[-1] - knobs.FIT_HOLDOUT_FRACTION * (s[-1] - s[0]))
-    in_holdout = s > holdout_start
-    if np.count_nonzero(in_holdout) < knobs.FIT_MIN_HOLDOUT_POINTS:
-        in_holdout = np.zeros_like(in_holdout)
-        in_holdout[-knobs.FIT_MIN_HOLDOUT_POINTS:] = True
-    backtest_end = float(s[~in_holdout][-1])
-
-    def backtest(family: str, fraction: float, extra: int) -> float:
-        """Apply "fit the last ``fraction`` of the trace" as it was at the holdout start; score it."""
-        params = _fit_on(family, s, y, _window_mask(s, backtest_end, fraction), scale, extra)
-        if params is None:
-            return math.inf
-        return _mae(family, params, s[in_holdout], y[in_holdout])
-
-    # 1. global fit: the family is chosen by its error forecasting the held-back tail
-    candidates = {family: backtest(family, 1.0, 1) for family in tried}
-    best: tuple[float, str, float] | None = None  # (holdout error, family, window fraction)
-    for family, err in candidates.items():
-        if math.isfinite(err) and (best is None or err < best[0]):
-            best = (err, family, 1.0)
-
-    # 2. drift: does the loss on the held-back tail fall below what the global law forecast?
-    drift = None
-    if best is not None and window:
-        params = _fit_on(best[1], s, y, _window_mask(s, backtest_end, 1.0), scale, 1)
-        if params is not None:
-            resid = y[in_holdout] - _evaluate(best[1], params, s[in_holdout])
-            spread = max(float(np.std(resid, ddof=1)) if resid.size > 1 else 0.0, noise, 1e-12)
-            drift = float(np.mean(resid) / (spread / math.sqrt(resid.size)))
-    # 3. on drift, the global law is stale: pick the best recent window (same backtest)
-    if drift is not None and abs(drift) > knobs.FIT_DRIFT_SIGMA:
-        window_families = [f for f in tried if f != "coci_exp"] or list(tried)
-        windowed: tuple[float, str, float] | None = None
-        for family in window_families:
-            for fraction in knobs.FIT_WINDOW_FRACTIONS:
-                err = backtest(family, fraction, knobs.FIT_WINDOW_EXTRA_POINTS)
-                if math.isfinite(err) and (windowed is None or err < windowed[0]):
-                    windowed = (err, family, fraction)
-                candidates[family] = min(candidates.get(family, math.inf), err)
-        if windowed is not None:
-            best = windowed
-
+    not_falling = _not_falling(y, noise)
+    if not_falling is not None:
+        return unusable(not_falling)
+    backtest = _Backtest.of(s, y)
+    best, candidates, drift = _choose_law(backtest, tried, window, noise)
     if best is None:
         return unusable("no family could be fitted to the trace")
-
     holdout_error, family, fraction = best
     chosen = _window_mask(s, float(s[-1]), fraction)
     extra = 1 if fraction == 1.0 else knobs.FIT_WINDOW_EXTRA_POINTS
-    params = _fit_on(family, s, y, chosen, scale, extra)
+    params = _fit_on(family, s, y, chosen, backtest.scale, extra)
     if params is None:  # cannot happen in practice: the final window has more points than the backtest
         return unusable(f"refitting {family} on the whole window failed")
-    window_start = float(s[chosen][0])
     resid = y[chosen] - _evaluate(family, params, s[chosen])
     return CurveFit(
         family=family,  # type: ignore[arg-type]
         params=params,
         holdout_error=_finite_or_none(holdout_error),
         rmse=_finite_or_none(float(np.sqrt(np.mean(resid**2)))),
-        window_start=window_start,
+        window_start=float(s[chosen][0]),
         n_points=n_points,
         dropped_points=dropped,
         fallback=None,
@@ -535,6 +480,101 @@ def fit_curve(
         first_step=float(s[0]),
         first_loss=float(y[0]),
     )
+
+
+def _finite_sorted(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """The finite points sorted by step (stable), and how many were dropped."""
+    finite = np.isfinite(steps) & np.isfinite(values)
+    steps, values = steps[finite], values[finite]
+    order = np.argsort(steps, kind="stable")
+    return steps[order], values[order], int(np.count_nonzero(~finite))
+
+
+def _not_falling(y: np.ndarray, noise: float) -> str | None:
+    """Why the binned loss ``y`` does not fall enough to fit (None when it does): the median of
+    its last fifth must lie below that of its first fifth by more than the noise and a margin."""
+    head = float(np.median(y[: max(2, y.size // 5)]))
+    tail = float(np.median(y[-max(2, y.size // 5):]))
+    required = max(knobs.FIT_MIN_DROP_SIGMA * noise, knobs.FIT_MIN_DROP_RELATIVE * abs(head))
+    if head - tail > required:
+        return None
+    verb = "rising" if tail - head > required else "not falling"
+    return (
+        f"loss {verb}: median of the first fifth {head:.6g}, of the last fifth {tail:.6g} "
+        f"(needs a drop above {required:.3g})"
+    )
+
+
+@dataclass(frozen=True)
+class _Backtest:
+    """The binned trace split into a fitting part and a held-back tail (at least
+    ``knobs.FIT_MIN_HOLDOUT_POINTS`` points) that scores each candidate law."""
+
+    s: np.ndarray
+    y: np.ndarray
+    scale: float
+    in_holdout: np.ndarray
+    end: float  # last step before the holdout
+
+    @classmethod
+    def of(cls, s: np.ndarray, y: np.ndarray) -> _Backtest:
+        holdout_start = float(s[-1] - knobs.FIT_HOLDOUT_FRACTION * (s[-1] - s[0]))
+        in_holdout = s > holdout_start
+        if np.count_nonzero(in_holdout) < knobs.FIT_MIN_HOLDOUT_POINTS:
+            in_holdout = np.zeros_like(in_holdout)
+            in_holdout[-knobs.FIT_MIN_HOLDOUT_POINTS:] = True
+        scale = float(max(abs(s[-1]), abs(s[0]), 1.0))
+        return cls(s, y, scale, in_holdout, float(s[~in_holdout][-1]))
+
+    def fit(self, family: str, fraction: float, extra: int) -> Any:
+        """Parameters of "fit the last ``fraction`` of the trace" as it was at the holdout start."""
+        return _fit_on(family, self.s, self.y, _window_mask(self.s, self.end, fraction), self.scale, extra)
+
+    def error(self, family: str, fraction: float, extra: int) -> float:
+        """That fit's mean absolute error forecasting the held-back tail (inf when it cannot fit)."""
+        params = self.fit(family, fraction, extra)
+        if params is None:
+            return math.inf
+        return _mae(family, params, self.s[self.in_holdout], self.y[self.in_holdout])
+
+    def drift(self, family: str, noise: float) -> float | None:
+        """How far (in standard errors) the held-back tail lies from the global law's forecast."""
+        params = self.fit(family, 1.0, 1)
+        if params is None:
+            return None
+        resid = self.y[self.in_holdout] - _evaluate(family, params, self.s[self.in_holdout])
+        spread = max(float(np.std(resid, ddof=1)) if resid.size > 1 else 0.0, noise, 1e-12)
+        return float(np.mean(resid) / (spread / math.sqrt(resid.size)))
+
+
+Choice = tuple[float, str, float]  # (holdout error, family, window fraction)
+
+
+def _choose_law(
+    backtest: _Backtest, tried: tuple[str, ...], window: bool, noise: float
+) -> tuple[Choice | None, dict[str, float], float | None]:
+    """The best (error, family, window) by backtest, every family's error, and the drift.
+
+    1. Global fit: the family is chosen by its error forecasting the held-back tail.
+    2. Drift: does the loss on the held-back tail fall below what the global law forecast?
+    3. On drift the global law is stale: the best recent window wins (same backtest).
+    """
+    candidates = {family: backtest.error(family, 1.0, 1) for family in tried}
+    best: Choice | None = None
+    for family, err in candidates.items():
+        if math.isfinite(err) and (best is None or err < best[0]):
+            best = (err, family, 1.0)
+    drift = backtest.drift(best[1], noise) if best is not None and window else None
+    if drift is None or abs(drift) <= knobs.FIT_DRIFT_SIGMA:
+        return best, candidates, drift
+    windowed: Choice | None = None
+    for family in [f for f in tried if f != "coci_exp"] or list(tried):
+        for fraction in knobs.FIT_WINDOW_FRACTIONS:
+            err = backtest.error(family, fraction, knobs.FIT_WINDOW_EXTRA_POINTS)
+            if math.isfinite(err) and (windowed is None or err < windowed[0]):
+                windowed = (err, family, fraction)
+            candidates[family] = min(candidates.get(family, math.inf), err)
+    return (windowed if windowed is not None else best), candidates, drift
 
 
 def fit_coci_exponential(minutes: Any, losses: Any) -> tuple[float, float]:
