@@ -807,6 +807,33 @@ def _weight_function(rate: RateFunction | None, job: Job) -> Callable[[np.ndarra
     return lambda x: model.weight_until(x, 1.0)
 
 
+@dataclass
+class _Trials:
+    """Per-trial accumulators of the event loop, one entry per trial."""
+
+    wall: np.ndarray
+    restart_paid: np.ndarray
+    lost: np.ndarray
+    lost_weighted: np.ndarray
+    steps_lost: np.ndarray
+    snapshots: np.ndarray
+    failure_count: np.ndarray
+    resume: np.ndarray  # index of the checkpoint each trial resumes from
+    restarting: np.ndarray  # the trial failed and pays a restart before it runs again
+    active: np.ndarray
+
+    @classmethod
+    def start(cls, trials: int) -> _Trials:
+        def zeros() -> np.ndarray:
+            return np.zeros(trials)
+
+        return cls(
+            wall=zeros(), restart_paid=zeros(), lost=zeros(), lost_weighted=zeros(), steps_lost=zeros(),
+            snapshots=zeros(), failure_count=zeros(), resume=np.zeros(trials, dtype=np.int64),
+            restarting=np.zeros(trials, dtype=bool), active=np.ones(trials, dtype=bool),
+        )
+
+
 def _run(
     steps: np.ndarray,
     job: Job,
@@ -820,98 +847,112 @@ def _run(
     timeline = Timeline.build(steps, job)
     weight = _weight_function(rate, job)
     run_stream, restart_stream, stop_stream = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
-    t, restart = job.step_seconds, job.restart_seconds
-
-    if stop_range is None:
-        stop_steps = np.full(trials, job.total_steps, dtype=np.int64)
-    else:
-        fractions = stop_stream.uniform(stop_range[0], stop_range[1], trials)
-        stop_steps = np.clip(np.rint(fractions * job.total_steps).astype(np.int64), 1, job.total_steps)
-    stop_x = stop_steps * t
+    stop_steps = _stop_steps(stop_range, job, trials, stop_stream)
+    stop_x = stop_steps * job.step_seconds
     # checkpoints a trial takes: those before its stopping step
     last_checkpoint = np.searchsorted(timeline.steps[1:], stop_steps, side="left")
-
-    wall = np.zeros(trials)
-    restart_paid = np.zeros(trials)
-    lost = np.zeros(trials)
-    lost_weighted = np.zeros(trials)
-    steps_lost = np.zeros(trials)
-    snapshots = np.zeros(trials)
-    failure_count = np.zeros(trials)
-    resume = np.zeros(trials, dtype=np.int64)
-    restarting = np.zeros(trials, dtype=bool)
-    active = np.ones(trials, dtype=bool)
-    snap_end = timeline.snap_end[1:]
-
+    state = _Trials.start(trials)
     iterations = 0
-    while active.any():
+    while state.active.any():
         iterations += 1
         if iterations > knobs.SIMULATE_MAX_FAILURES:
-            logger.warning("%d trials did not finish within %d failures", int(active.sum()), knobs.SIMULATE_MAX_FAILURES)
+            logger.warning("%d trials did not finish within %d failures", int(state.active.sum()), knobs.SIMULATE_MAX_FAILURES)
             break
-        index = np.flatnonzero(active)
+        index = np.flatnonzero(state.active)
         life = failures.sample(run_stream, trials)[index]  # a full column: common random numbers
-        # restart phase: a lifetime shorter than R fails the restart, which starts over
-        again = restarting[index]
-        if restart > 0 and again.any():
-            who = index[again]
-            left = life[again]
-            failing = left < restart
-            while failing.any():
-                hit = who[failing]
-                wall[hit] += left[failing]
-                restart_paid[hit] += left[failing]
-                failure_count[hit] += 1
-                redraw = failures.sample(restart_stream, trials)[hit]
-                left[failing] = redraw
-                failing = left < restart
-            wall[who] += restart
-            restart_paid[who] += restart
-            life[again] = left - restart
-        # run phase from the resume checkpoint
-        j = resume[index]
-        start = timeline.offset[j]
-        end = timeline.run_end(j, stop_x[index])
-        at = start + life
-        done = at >= end
-        finished = index[done]
-        wall[finished] += (end - start)[done]
-        snapshots[finished] += last_checkpoint[finished] - j[done]
-        active[finished] = False
+        _restart_phase(state, index, life, job.restart_seconds, failures, restart_stream)
+        _run_phase(state, index, life, timeline, stop_x, last_checkpoint, weight, job.step_seconds)
+    return _metrics(state, stop_x)
 
-        fail = ~done
-        hit, j_hit, at_hit = index[fail], j[fail], at[fail]
-        wall[hit] += life[fail]
-        failure_count[hit] += 1
-        progress = timeline.progress_at(at_hit, j_hit)
-        committed = np.searchsorted(timeline.commit, at_hit, side="right") - 1
-        back = np.maximum(committed, j_hit)
-        lost[hit] += progress - timeline.x[back]
-        lost_weighted[hit] += weight(progress) - weight(timeline.x[back])
-        steps_lost[hit] += np.floor(progress / t + 1e-9) - timeline.steps[back]
-        snapshots[hit] += np.searchsorted(snap_end, at_hit, side="right") - j_hit
-        resume[hit] = back
-        restarting[hit] = True
 
-    unfinished = active.copy()  # stopped by the failure cap: their figures are lower bounds
+def _stop_steps(stop_range: tuple[float, float] | None, job: Job, trials: int, stream: np.random.Generator) -> np.ndarray:
+    """The step each trial stops at: the horizon, or drawn uniformly from a fraction range of it."""
+    if stop_range is None:
+        return np.full(trials, job.total_steps, dtype=np.int64)
+    fractions = stream.uniform(stop_range[0], stop_range[1], trials)
+    return np.clip(np.rint(fractions * job.total_steps).astype(np.int64), 1, job.total_steps)
+
+
+def _restart_phase(
+    state: _Trials, index: np.ndarray, life: np.ndarray, restart: float, failures: Failures, stream: np.random.Generator
+) -> None:
+    """Trials that are restarting pay the restart first; a lifetime shorter than it fails the
+    restart, which starts over with a fresh lifetime. ``life`` is left with what remains."""
+    again = state.restarting[index]
+    if restart <= 0 or not again.any():
+        return
+    who = index[again]
+    left = life[again]
+    failing = left < restart
+    while failing.any():
+        hit = who[failing]
+        state.wall[hit] += left[failing]
+        state.restart_paid[hit] += left[failing]
+        state.failure_count[hit] += 1
+        left[failing] = failures.sample(stream, len(state.active))[hit]
+        failing = left < restart
+    state.wall[who] += restart
+    state.restart_paid[who] += restart
+    life[again] = left - restart
+
+
+def _run_phase(
+    state: _Trials,
+    index: np.ndarray,
+    life: np.ndarray,
+    timeline: Timeline,
+    stop_x: np.ndarray,
+    last_checkpoint: np.ndarray,
+    weight: Callable[[np.ndarray], np.ndarray],
+    step_seconds: float,
+) -> None:
+    """Run each trial from its resume checkpoint: it finishes, or fails and rolls back to the
+    newest checkpoint committed before the failure."""
+    j = state.resume[index]
+    start = timeline.offset[j]
+    end = timeline.run_end(j, stop_x[index])
+    at = start + life
+    done = at >= end
+    finished = index[done]
+    state.wall[finished] += (end - start)[done]
+    state.snapshots[finished] += last_checkpoint[finished] - j[done]
+    state.active[finished] = False
+
+    fail = ~done
+    hit, j_hit, at_hit = index[fail], j[fail], at[fail]
+    state.wall[hit] += life[fail]
+    state.failure_count[hit] += 1
+    progress = timeline.progress_at(at_hit, j_hit)
+    committed = np.searchsorted(timeline.commit, at_hit, side="right") - 1
+    back = np.maximum(committed, j_hit)
+    state.lost[hit] += progress - timeline.x[back]
+    state.lost_weighted[hit] += weight(progress) - weight(timeline.x[back])
+    state.steps_lost[hit] += np.floor(progress / step_seconds + 1e-9) - timeline.steps[back]
+    state.snapshots[hit] += np.searchsorted(timeline.snap_end[1:], at_hit, side="right") - j_hit
+    state.resume[hit] = back
+    state.restarting[hit] = True
+
+
+def _metrics(state: _Trials, stop_x: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-trial metrics; trials stopped by the failure cap (``unfinished``) give lower bounds."""
     run = stop_x.astype(float)
-    overhead = wall - run
-    checkpoint_paid = overhead - restart_paid - lost
-    progress_overhead = checkpoint_paid + restart_paid + lost_weighted
+    overhead = state.wall - run
+    checkpoint_paid = overhead - state.restart_paid - state.lost
+    progress_overhead = checkpoint_paid + state.restart_paid + state.lost_weighted
     return {
         "wall_seconds": overhead,
         "wall_percent": 100.0 * overhead / run,
         "progress_seconds": progress_overhead,
         "progress_percent": 100.0 * progress_overhead / run,
         "checkpoint_seconds": checkpoint_paid,
-        "restart_seconds": restart_paid,
-        "lost_seconds": lost,
-        "lost_progress_seconds": lost_weighted,
-        "checkpoints": snapshots,
-        "failures": failure_count,
-        "steps_lost": steps_lost,
+        "restart_seconds": state.restart_paid,
+        "lost_seconds": state.lost,
+        "lost_progress_seconds": state.lost_weighted,
+        "checkpoints": state.snapshots,
+        "failures": state.failure_count,
+        "steps_lost": state.steps_lost,
         "run_seconds": run,
-        "unfinished": unfinished.astype(float),
+        "unfinished": state.active.astype(float),
     }
 
 
