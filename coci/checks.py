@@ -7,19 +7,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from coci.errors import ConfigError
+from profiler.checks import is_int, is_number
 
-
-def is_int(value: Any) -> bool:
-    """True for a Python or NumPy integer, False for ``bool`` and everything else."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def is_number(value: Any) -> bool:
-    """True for a Python or NumPy integer or float, False for ``bool`` and everything else."""
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+__all__ = ["integer", "is_int", "is_number", "number", "optional_integer", "optional_number"]
 
 
 def integer(value: Any, field: str, *, minimum: int | None = None) -> int:
@@ -35,13 +26,24 @@ def optional_integer(value: Any, field: str, *, minimum: int | None = None) -> i
     return None if value is None else integer(value, field, minimum=minimum)
 
 
-def number(value: Any, field: str, *, positive: bool = False, allow_none: bool = False) -> float | None:
-    """``value`` as a finite, non-negative ``float`` (positive where asked); ``None`` where allowed."""
-    if value is None and allow_none:
+def number(value: Any, field: str, *, positive: bool = False) -> float:
+    """``value`` as a finite, non-negative ``float`` (positive where asked); a ``ConfigError``
+    naming ``field`` otherwise."""
+    if not is_number(value):
+        raise ConfigError(f"{field} must be a number, got {value!r}")
+    return _finite(float(value), value, field, positive)
+
+
+def optional_number(value: Any, field: str, *, positive: bool = False) -> float | None:
+    """Like :func:`number`, with ``None`` passed through."""
+    if value is None:
         return None
     if not is_number(value):
-        raise ConfigError(f"{field} must be a number{' or None' if allow_none else ''}, got {value!r}")
-    result = float(value)
+        raise ConfigError(f"{field} must be a number or None, got {value!r}")
+    return _finite(float(value), value, field, positive)
+
+
+def _finite(result: float, value: Any, field: str, positive: bool) -> float:
     if not math.isfinite(result) or result < 0 or (positive and result == 0):
         raise ConfigError(f"{field} must be {'positive' if positive else 'non-negative'} and finite, got {value!r}")
     return result

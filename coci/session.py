@@ -119,7 +119,7 @@ class Session:
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
             raise ConfigError(f"run_dir must be a path to a directory, got {run_dir!r}")
         self.state = validate_state(state)
-        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
+        if keep_last is not None and (not checks.is_int(keep_last) or keep_last < 1):
             raise ConfigError(f"keep_last must be a positive integer or None, got {keep_last!r}")
         if total_steps is not None and (not checks.is_int(total_steps) or total_steps < 1):
             raise ConfigError(f"total_steps must be a positive integer or None, got {total_steps!r}")

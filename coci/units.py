@@ -39,9 +39,7 @@ _BARE_NUMBER = re.compile(rf"\s*[+-]?{_NUMBER}\s*|\s*[+-]?(?:inf|infinity|nan)\s
 
 def _finite_seconds(seconds: object, field: str, positive: bool) -> float:
     """``seconds`` checked by :func:`coci.checks.number`: finite, non-negative, positive if asked."""
-    checked = number(seconds, field, positive=positive)
-    assert checked is not None  # number() returns None only with allow_none=True
-    return checked
+    return number(seconds, field, positive=positive)
 
 
 def _parse_string(text: str, field: str) -> float:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from profiler import knobs
-from profiler._checks import integer, is_number
+from profiler.checks import integer, is_number
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from profiler import knobs
-from profiler._checks import integer
+from profiler.checks import integer
 from profiler.profile import Bandwidth
 
 logger = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from profiler import knobs
-from profiler._checks import integer, non_negative_number, optional_integer
+from profiler.checks import integer, non_negative_number, optional_integer
 from profiler.loss_trace import LossTrace
 from profiler.probe import probe_bandwidth
 from profiler.profile import Bandwidth, Estimate, Profile

@@ -610,9 +610,8 @@ def online_schedule(
     the job's costs as measured values.
     """
     figures = job if isinstance(job, Job) else Job.of(job)
-    every = None if observe_every is None else checks.integer(observe_every, "observe_every", minimum=1)
+    every = checks.optional_integer(observe_every, "observe_every", minimum=1)
     charge = checks.number(knobs.SIMULATE_PLAN_SECONDS if plan_seconds is None else plan_seconds, "plan_seconds")
-    assert charge is not None  # checks.number returns None only where allowed
     replay = _OnlineReplay(policy, figures, _RevealedTrace(losses), Cadence(observe_every=every), charge)
     return replay.run()
 

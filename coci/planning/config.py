@@ -61,8 +61,8 @@ class PlanConfig:
     def __post_init__(self) -> None:
         _set(self, "policy", _choice(self.policy, POLICIES, "policy"))
         _set(self, "objective", _choice(self.objective, OBJECTIVES, "objective"))
-        _set(self, "time_budget", checks.number(self.time_budget, "time_budget", allow_none=True))
-        _set(self, "max_overhead", checks.number(self.max_overhead, "max_overhead", positive=True, allow_none=True))
+        _set(self, "time_budget", checks.optional_number(self.time_budget, "time_budget"))
+        _set(self, "max_overhead", checks.optional_number(self.max_overhead, "max_overhead", positive=True))
         _set(self, "total_steps", checks.optional_integer(self.total_steps, "total_steps", minimum=1))
         if self.restart_seconds is not None:
             _set(self, "restart_seconds", parse_duration(self.restart_seconds, field="restart_seconds", positive=False))

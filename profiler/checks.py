@@ -1,7 +1,8 @@
 """Argument checks of the profiler: each failure is a ``ValueError`` naming the field and the value.
 
 ``bool`` is never accepted where a number is asked for, although Python counts it as an ``int``.
-The profiler is the lower layer and never imports ``coci``, so it keeps these few checks itself.
+The profiler is the lower layer and never imports ``coci``; ``coci.checks`` builds on
+:func:`is_int` and :func:`is_number` from here.
 """
 
 from __future__ import annotations
