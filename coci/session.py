@@ -57,8 +57,9 @@ from coci.errors import (
 )
 from coci.events import EventLog
 from coci.planning.cadence import Cadence
-from coci.planning.config import PlanConfig
-from coci.planning.planner import Plan
+from coci.planning.config import PlanConfig, changed_arguments
+from coci.planning.failures import Failures
+from coci.planning.planner import Plan, make_policy
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from profiler import Profile, Profiler
 
@@ -537,8 +538,6 @@ def _resolve_policy(policy: Any, plan_config: PlanConfig | None, **planning: Any
     """Turn the ``policy`` argument, or ``plan_config``, into a CheckpointPolicy (policy names and
     plan configs go to the planner). ``planning`` holds the session's planning keywords."""
     if plan_config is not None or isinstance(policy, str):
-        from coci.planning.planner import make_policy  # the planner is only needed for planning policies
-
         return make_policy(_plan_config(policy, plan_config, **planning))
     if isinstance(policy, (EveryN, AtSteps, CheckpointPolicy)):
         return policy
@@ -567,13 +566,6 @@ class _PlanPolicy:
         return None
 
 
-#: The session's planning keywords as they are when not passed (``plan_config`` replaces them all).
-_PLANNING_DEFAULTS: dict[str, Any] = dict(
-    mtbf=None, failures=None, total_steps=None, restart_seconds=None,
-    objective="progress", time_budget=0.05, max_overhead=None,
-)
-
-
 def _plan_config(policy: Any, plan_config: PlanConfig | None, **planning: Any) -> PlanConfig:
     """``plan_config`` as given (the other planning arguments left unset), or the config that the
     policy name and the planning keywords describe."""
@@ -581,7 +573,7 @@ def _plan_config(policy: Any, plan_config: PlanConfig | None, **planning: Any) -
         return PlanConfig(policy=policy, failures=_failures(planning.pop("mtbf"), planning.pop("failures")), **planning)
     if not isinstance(plan_config, PlanConfig):
         raise ConfigError(f"plan_config must be a coci.PlanConfig or None, got {plan_config!r}")
-    given = sorted(name for name, value in planning.items() if value != _PLANNING_DEFAULTS[name])
+    given = changed_arguments(Session.__init__, planning)
     if given or not (isinstance(policy, str) and policy in ("auto", plan_config.policy)):
         raise ConfigError(f"pass either plan_config= or the planning arguments ({', '.join(given or ['policy'])}), not both")
     return plan_config
@@ -591,8 +583,4 @@ def _failures(mtbf: Any, failures: Any) -> Any:
     """The failure model from ``mtbf=`` (an exponential model) or ``failures=``, never both."""
     if mtbf is not None and failures is not None:
         raise ConfigError("pass either mtbf= or failures=, not both")
-    if mtbf is None:
-        return failures
-    from coci.planning.failures import Failures
-
-    return Failures.exponential(mtbf=mtbf)
+    return failures if mtbf is None else Failures.exponential(mtbf=mtbf)

@@ -6,6 +6,8 @@ the Lightning callback and the ``coci`` command line.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +19,7 @@ from coci.units import parse_duration
 if TYPE_CHECKING:
     from coci.planning.planner import PlanInputs
 
-__all__ = ["OBJECTIVES", "POLICIES", "PlanConfig"]
+__all__ = ["OBJECTIVES", "POLICIES", "PlanConfig", "changed_arguments"]
 
 #: Policy names a :class:`PlanConfig` accepts.
 POLICIES: tuple[str, ...] = ("auto", "young", "daly", "checkfreq", "coci")
@@ -92,6 +94,14 @@ class PlanConfig:
             max_overhead=inputs.max_overhead,
             restart_seconds=inputs.restart_seconds,
         )
+
+
+def changed_arguments(function: Callable[..., Any], values: Mapping[str, Any]) -> list[str]:
+    """The names in ``values`` whose value differs from ``function``'s default for that parameter:
+    how an entry point that takes a :class:`PlanConfig` or the planning keywords tells that both
+    were passed (its own signature is the one table of defaults)."""
+    parameters = inspect.signature(function).parameters
+    return sorted(name for name, value in values.items() if value != parameters[name].default)
 
 
 def _set(config: PlanConfig, field: str, value: Any) -> None:

@@ -61,7 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from coci import checks, knobs
 from coci.errors import ConfigError
-from coci.planning.config import OBJECTIVES, POLICIES, PlanConfig
+from coci.planning.config import OBJECTIVES, POLICIES, PlanConfig, changed_arguments
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit, fit_coci_exponential, fit_curve
 from coci.planning.formulas import (
@@ -321,7 +321,7 @@ def plan(
     )
     if config is None:
         config = PlanConfig(**choices)
-    elif choices != _DEFAULT_CHOICES:
+    elif changed_arguments(plan, choices):
         raise ConfigError("pass either config= or the planning choices (policy, failures, total_steps, ...), not both")
     problem = _problem(
         config, curve,
@@ -330,12 +330,6 @@ def plan(
         last_checkpoint_step=last_checkpoint_step, failure_origin_step=failure_origin_step,
     )
     return _finish(problem, POLICY_PLANNERS[config.policy](problem))
-
-
-_DEFAULT_CHOICES: dict[str, Any] = dict(
-    policy="auto", failures=None, total_steps=None, restart_seconds=0.0,
-    objective="progress", time_budget=0.05, max_overhead=None,
-)
 
 
 @dataclass
