@@ -38,7 +38,6 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
 
     sys.path.insert(0, str(REPO))
     import coci
-    from coci.checkpoint import format
     from coci.checkpoint.checkpointer import reader_for
 
     torch.set_num_threads(1)
@@ -57,7 +56,7 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
     for _ in range(repeats):
         result = session.checkpoint().upload_completion.result()
         seconds.append(result.persist_seconds)
-        record = reader_for(format.record_format(result.path), result.path).read_record(result.path)
+        record = reader_for(result.path).read_record(result.path)
         per_rank = getattr(record, "bytes_per_rank", [entry.size for entry in record.files])
     session.close()
     slowest = seconds

@@ -308,7 +308,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         rows = []
         for step, path in format.committed_steps(format.checkpoints_dir(root)):
             try:
-                manifest = reader_for(format.record_format(path), path).read_record(path)
+                manifest = reader_for(path).read_record(path)
                 rows.append((step, sum(f.size for f in manifest.files), "committed (not verified)"))
             except CorruptCheckpointError as exc:
                 rows.append((step, None, f"CORRUPT: {exc}"))

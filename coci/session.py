@@ -154,7 +154,7 @@ class Session:
         if self._dist is not None and not self._dist.is_coordinator:
             self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
         writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
-        self._checkpointer = Checkpointer(self.run_dir, self.events, keep_last, self._clock, writer)
+        self._checkpointer = Checkpointer(writer, self.events, keep_last, self._clock)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
         self._error: BaseException | None = None

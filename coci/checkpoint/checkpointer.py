@@ -95,8 +95,12 @@ class CheckpointReader(Protocol):
 READERS: dict[str, CheckpointReader] = {format.LOCAL_FORMAT: LocalReader(), DCP_FORMAT: DcpReader()}
 
 
-def reader_for(declared: str, path: Path) -> CheckpointReader:
-    """The reader of the format a commit record declares (:func:`coci.checkpoint.format.record_format`)."""
+def reader_for(path: Path) -> CheckpointReader:
+    """The reader of the format the commit record in ``path`` declares (:func:`coci.checkpoint.format.record_format`)."""
+    return _reader_named(format.record_format(path), path)
+
+
+def _reader_named(declared: str, path: Path) -> CheckpointReader:
     reader = READERS.get(declared)
     if reader is None:
         raise CorruptCheckpointError(f"{path}: unknown checkpoint format {declared!r}")
@@ -122,7 +126,7 @@ def restore_candidates(root: Path, context: DistributedContext | None) -> list[t
 
 def load_entry(path: Path, keys: tuple[str, ...]) -> Any | None:
     """One entry of the tree saved in ``path`` (None where it has none), in whichever format."""
-    reader = reader_for(format.record_format(path), path)
+    reader = reader_for(path)
     return reader.load_entry(path, reader.read_record(path), keys)
 
 
@@ -135,12 +139,12 @@ def load_committed(path: Path, context: DistributedContext | None) -> LoadedChec
     def read() -> tuple[str, str | None, str | None]:
         declared = format.record_format(path)
         try:
-            return declared, reader_for(declared, path).read_record(path).model_dump_json(), None
+            return declared, _reader_named(declared, path).read_record(path).model_dump_json(), None
         except (CorruptCheckpointError, OSError) as exc:  # every rank must hear of it
             return declared, None, str(exc)
 
     if context is None:
-        reader = reader_for(format.record_format(path), path)
+        reader = reader_for(path)
         return reader.load(path, reader.read_record(path), None)
     declared, record_json, problem = distributed.from_coordinator(read, context)
     if record_json is None:
@@ -180,18 +184,16 @@ class PendingCheckpoint:
 
 
 class Checkpointer:
-    """Owns the staging arena, the background worker and the checkpoint directory."""
+    """Owns the staging arena and the background worker; ``writer`` owns the checkpoint directory."""
 
     def __init__(
         self,
-        run_dir: Path,
+        writer: CheckpointWriter,
         events: EventLog,
         keep_last: int | None,
         clock: Callable[[], float],
-        writer: CheckpointWriter | None = None,
     ) -> None:
-        self.root = format.checkpoints_dir(run_dir)
-        self.writer = writer if writer is not None else LocalWriter(self.root)
+        self.writer = writer
         self.events = events
         self.keep_last = keep_last
         self.clock = clock

@@ -182,9 +182,6 @@ class LoadedCheckpoint:
     nbytes: int  # bytes this process read
 
 
-# --- directories -------------------------------------------------------------------------------
-
-
 def subtree(tree: Any, keys: tuple[str, ...]) -> Any | None:
     """The entry of nested dicts at ``keys``, or None where any level is missing or not a dict."""
     node = tree
@@ -193,6 +190,9 @@ def subtree(tree: Any, keys: tuple[str, ...]) -> Any | None:
             return None
         node = node[key]
     return node
+
+
+# --- directories -------------------------------------------------------------------------------
 
 
 def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:

@@ -92,7 +92,7 @@ def _status(entry: Path) -> CheckpointStatus:
         )
     committed = (entry / format.MANIFEST_FILENAME).is_file()
     try:
-        reader_for(format.record_format(entry), entry).verify(entry)
+        reader_for(entry).verify(entry)
     except CorruptCheckpointError as exc:
         return CheckpointStatus(step=step, path=str(entry), ok=False, committed=committed, bytes=size, error=str(exc))
     except OSError as exc:  # unreadable file (permissions, I/O error): as bad as corrupt
