@@ -31,7 +31,9 @@ import pytest
 import torch
 
 from coci.checkpoint import format
+from coci.checkpoint.checkpointer import load_entry
 from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
+from profiler.loss_trace import LossTrace
 
 JOB = Path(__file__).with_name("dist_job.py")
 REPO = JOB.parents[1]
@@ -144,6 +146,12 @@ def test_uninterrupted_run_persists_balanced_deduplicated_dcp_checkpoints(refere
         by_rank = Counter(next(iter(writers[key]))[:3] for key in shared)
         assert set(by_rank) == {"__0", "__1"}
         assert min(manifest.bytes_per_rank) > 0.25 * sum(manifest.bytes_per_rank)
+    # the report reads the loss trace of a DCP checkpoint through the same reader seam
+    trace = load_entry(format.checkpoints_dir(reference) / "step_16", (format.SESSION_KEY, "profiler", "loss_trace"))
+    restored = LossTrace()
+    restored.load_state_dict(trace)
+    assert restored.curve()[0].size > 0
+    assert load_entry(format.checkpoints_dir(reference) / "step_16", (format.SESSION_KEY, "no such key")) is None
 
 
 def test_resume_after_sigkill_of_the_whole_job_is_bitwise(tmp_path: Path, reference: Path) -> None:
