@@ -172,8 +172,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _describe_plan(plan: Any) -> str:
-    from coci.analysis.report import format_seconds as _seconds
-    from coci.analysis.report import step_list as _step_list
+    from coci.analysis.report import format_seconds, step_list
 
     inputs = plan.inputs
     lines = [
@@ -181,14 +180,14 @@ def _describe_plan(plan: Any) -> str:
         + ("" if plan.mu is None else f", mu {plan.mu:.3g}")
         + f"): {len(plan.steps)} checkpoints over {inputs.total_steps} steps",
         f"  failure model: {inputs.failures.describe() if inputs.failures else 'none'}",
-        f"  checkpoint cost C {_seconds(inputs.checkpoint_seconds)}, persist {_seconds(inputs.persist_seconds)}, "
-        f"restart {_seconds(inputs.restart_seconds)}, step {_seconds(inputs.step_seconds)}",
+        f"  checkpoint cost C {format_seconds(inputs.checkpoint_seconds)}, persist {format_seconds(inputs.persist_seconds)}, "
+        f"restart {format_seconds(inputs.restart_seconds)}, step {format_seconds(inputs.step_seconds)}",
     ]
     if plan.fit is not None:
         fit = plan.fit
         params = ", ".join(f"{k}={v:.4g}" for k, v in fit.params.items())
         lines.append(f"  fit: {fit.family} ({params})" if fit.usable else f"  fit: unusable ({fit.fallback})")
-    lines.append(f"  steps: {_step_list(plan.steps)}")
+    lines.append(f"  steps: {step_list(plan.steps)}")
     intervals = plan.intervals
     if intervals:
         lines.append(f"  intervals: first {intervals[0]}, median {int(np.median(intervals))}, last {intervals[-1]} steps")
@@ -202,7 +201,7 @@ def _describe_plan(plan: Any) -> str:
     ):
         if key in expected:
             share = f" ({100 * expected[key] / run:.3g}% of the run)" if run else ""
-            lines.append(f"  {label}: {_seconds(expected[key])}{share}")
+            lines.append(f"  {label}: {format_seconds(expected[key])}{share}")
     if "failures" in expected:
         lines.append(f"  expected failures: {expected['failures']:.3g}")
     lines += [f"  fallback: {f}" for f in plan.fallbacks] + [f"  note: {n}" for n in plan.notes]
@@ -237,8 +236,7 @@ def _plans_table(plans: list[Any]) -> str:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from coci.analysis.report import PolicyRow
-    from coci.analysis.report import simulated_into as _simulated_into
+    from coci.analysis.report import PolicyRow, simulated_into
 
     if args.trials < 1:
         raise ConfigError(f"trials must be a positive integer, got {args.trials}")
@@ -252,7 +250,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     raw: dict[str, Any] = {}
     for plan in tqdm(plans, desc="simulating", unit="policy", disable=args.json or args.quiet, file=sys.stderr):
         row = PolicyRow(policy=plan.policy, checkpoints=len(plan.steps))
-        _simulated_into(row, simulate, plan, failures, args.trials, args.seed)
+        simulated_into(row, simulate, plan, failures, args.trials, args.seed)
         rows.append(row)
         raw[plan.policy] = row.model_dump()
     if args.json:
@@ -295,7 +293,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from coci.analysis.report import format_bytes as _bytes
+    from coci.analysis.report import format_bytes
     from coci.checkpoint import format
     from coci.checkpoint.checkpointer import reader_for
     from coci.checkpoint.verify import verify_run
@@ -322,7 +320,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         return EXIT_OK
     lines = [f"{'step':>10}  {'size':>10}  status"]
     for listed_step, size, status in rows:
-        lines.append(f"{'-' if listed_step is None else listed_step:>10}  {'-' if size is None else _bytes(size):>10}  {status}")
+        lines.append(f"{'-' if listed_step is None else listed_step:>10}  {'-' if size is None else format_bytes(size):>10}  {status}")
     print("\n".join(lines))
     return EXIT_OK
 
