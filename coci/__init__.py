@@ -28,6 +28,7 @@ from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit, fit_curve
 from coci.planning.planner import Plan, plan
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
+from coci.preemption import Preempted
 from coci.session import RestoreResult, Session
 from coci.units import parse_duration
 from profiler import Estimate, Profile
@@ -50,6 +51,7 @@ __all__ = [
     "PlanConfig",
     "PersistError",
     "PersistResult",
+    "Preempted",
     "Profile",
     "Report",
     "RestoreResult",

@@ -74,6 +74,18 @@ OBSERVE_EVERY_STEPS: int = 500
 #: takes just the first).
 PLAN_WARMUP_STALL_FRACTION: float = 0.1
 
+# --- preemption (coci.preemption) -------------------------------------------------------------------
+
+#: Exit status of an uncaught :class:`coci.Preempted`: 143 = 128 + SIGTERM, what a shell reports
+#: for a process SIGTERM ended; non-zero, so restarting schedulers (torchrun --max-restarts, SLURM
+#: --requeue, Kubernetes restartPolicy OnFailure) restart the job.
+PREEMPTED_EXIT_CODE: int = 143
+
+#: Under torch.distributed the ranks agree on preemption notices (one 16-byte all-reduce on coci's
+#: gloo group) about this often (seconds; at most a tenth of the grace, at least every step), so a
+#: notice costs at most this long plus a step before every rank checkpoints the same step.
+PREEMPTION_AGREE_SECONDS: float = 1.0
+
 # --- loader (coci.loader) --------------------------------------------------------------------------
 
 #: Indices converted from the epoch's order tensor to Python ints per chunk while iterating; the

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from typing import Any
 
 import torch
 
-from coci import checks, distributed, knobs
+from coci import checks, distributed, knobs, preemption
 from coci.checkpoint import format, rng_state
 from coci.checkpoint.checkpointer import (
     Checkpointer,
@@ -96,6 +97,9 @@ class Session:
         keep_last: committed checkpoints to keep (None keeps all; never fewer than one).
         on_error: ``"raise"`` (default) raises a background persist failure at the next
             ``step``/``close``; ``"log"`` only logs it (it is always in ``events.jsonl``).
+        preemption_signals / grace: a notice (SIGTERM by default; ``()`` turns it off) makes the
+            next ``step()`` checkpoint, wait for the commit and raise :class:`coci.Preempted`;
+            ``grace`` is the time the scheduler allows (see :mod:`coci.preemption`).
         clock: seconds clock, injectable for tests.
     """
 
@@ -116,6 +120,8 @@ class Session:
         max_overhead: float | None = None,
         on_error: str = "raise",
         clock: Callable[[], float] | None = None,
+        preemption_signals: Iterable[int] = (signal.SIGTERM,),
+        grace: str | float = "30s",
     ) -> None:
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
             raise ConfigError(f"run_dir must be a path to a directory, got {run_dir!r}")
@@ -167,10 +173,12 @@ class Session:
         self._started = self._clock()
         self._progress_at = self._started
         self._hooks = [opt.register_step_pre_hook(self._fence_hook) for opt in self._optimizers()]
+        previous_end = preemption.last_event_time(self.events.path)  # before this process writes any
         self._write_plan()  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
         state_bytes = _tensor_bytes(self.state)
         self._profiler.set_state_bytes(state_bytes)
         self._profiler.probe(self.run_dir, state_bytes)  # once, milliseconds: estimates before any checkpoint
+        self._preemption = preemption.start(self, preemption_signals, grace, previous_end)
         self._profiler.mark()
 
     # -- public API ------------------------------------------------------------------------------
@@ -200,7 +208,8 @@ class Session:
         """Record one finished training step; start a checkpoint if the policy says so.
 
         ``loss`` may be a tensor on any device, a float, or None; it is never synchronised here.
-        Returns the pending checkpoint when one starts.
+        Returns the pending checkpoint when one starts. After a preemption notice it checkpoints
+        this step, waits for the commit and raises :class:`coci.Preempted` (a ``SystemExit``).
         """
         self._check_open()
         if self._stall_pending is not None:
@@ -225,6 +234,8 @@ class Session:
                 logger.debug("warm-up checkpoint at step %d skipped (persist in flight or stall budget)", self._steps)
             else:
                 pending = self.checkpoint()
+        if self._preemption.due(self._steps):  # distributed: collective at agreed steps
+            raise preemption.stop(self, self._preemption)
         self._raise_error()  # last, so a caller that catches it has a consistent session
         return pending
 
@@ -283,8 +294,11 @@ class Session:
                 last_error = problem
                 continue
             seconds = self._clock() - began
-            self._profiler.record_restore(seconds, loaded.nbytes)
-            self.events.emit("restore", step=loaded.step, seconds=seconds, bytes=loaded.nbytes, path=str(path))
+            restart = self._preemption.restart_seconds(seconds)  # from the previous process's last event
+            self._profiler.record_restore(restart, loaded.nbytes)
+            self.events.emit(
+                "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path)
+            )
             self._cadence.restart()
             self._profiler.mark()
             return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, tuple(skipped))
@@ -328,6 +342,7 @@ class Session:
             for hook in self._hooks:
                 hook.remove()
             self._hooks = []
+            self._preemption.uninstall()
         if self._dist is None or self._dist.is_coordinator:  # distributed: rank 0 writes run files
             (self.run_dir / "profile.json").write_text(self._profiler.profile.model_dump_json(indent=2))
             loss_steps, losses = self._profiler.loss_curve()

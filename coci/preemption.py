@@ -1,0 +1,302 @@
+"""Preemption notices: checkpoint on SIGTERM within the grace period, then stop the loop.
+
+Schedulers warn a job before they stop it: spot instances and Kubernetes send SIGTERM and SIGKILL
+after a grace period (Kubernetes: 30 s by default), SLURM sends the signal chosen with
+``--signal`` some seconds before the end, ``torchrun`` forwards the SIGTERM it receives to every
+worker. :class:`Preemption` turns such a notice into a committed checkpoint:
+
+1. The handler (installed by :class:`coci.Session`, main thread only) only records the notice and
+   then calls a Python handler that was installed before it; it never does I/O, since it runs
+   between two bytecodes of whatever the training loop was doing.
+2. At the next ``session.step()`` the session checkpoints that step (after the persist in flight,
+   if any; just that one when it is of this very step), waits for its commit, writes a
+   ``preempted`` event and raises :class:`Preempted`. Under ``torch.distributed`` the ranks agree
+   on notices at a bounded cadence (:func:`agreement_interval`) on coci's gloo control group, so
+   every rank checkpoints the same step even when only one rank got the signal.
+3. :class:`Preempted` is a :class:`SystemExit` with status ``knobs.PREEMPTED_EXIT_CODE`` (143 =
+   128 + SIGTERM, what a process killed by SIGTERM reports): left uncaught, the process exits
+   without a traceback and with a non-zero status, so ``torchrun --max-restarts N``, SLURM
+   ``--requeue`` or a Kubernetes ``restartPolicy: OnFailure`` restart it, and ``session.restore()``
+   resumes at the committed step. ``except Exception`` in a training loop does not swallow it.
+
+The grace budget: when the profile's stall + persist estimate exceeds the grace, the session logs
+a warning at start, and the ``preempted`` event and the report say the checkpoint did not fit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from coci import knobs
+from coci.errors import ConfigError
+from coci.units import parse_duration
+
+__all__ = [
+    "Notice",
+    "Preempted",
+    "Preemption",
+    "agreement_interval",
+    "grace_fits",
+    "last_event_time",
+]
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+class Preempted(SystemExit):
+    """A preemption notice stopped the training loop after a committed checkpoint.
+
+    ``step`` is the committed step, ``path`` its directory, ``signal`` the signal received (None
+    when another rank got it), ``notice_seconds`` the time from the notice to the commit and
+    ``grace_seconds`` the grace it had. ``code`` (the exit status when left uncaught) is
+    ``knobs.PREEMPTED_EXIT_CODE``: non-zero, so restarting schedulers restart the job.
+    """
+
+    def __init__(
+        self, step: int, path: str | None, signum: int | None, notice_seconds: float, grace_seconds: float
+    ) -> None:
+        super().__init__(knobs.PREEMPTED_EXIT_CODE)
+        self.step = step
+        self.path = path
+        self.signal = signum
+        self.notice_seconds = notice_seconds
+        self.grace_seconds = grace_seconds
+
+    def __str__(self) -> str:
+        name = signal.Signals(self.signal).name if self.signal is not None else "a notice on another rank"
+        return (
+            f"preempted by {name}: checkpoint of step {self.step} committed {self.notice_seconds:.3g} s "
+            f"after the notice (grace {self.grace_seconds:.3g} s)"
+        )
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A received preemption signal: which one and when (``time.monotonic()``)."""
+
+    signum: int
+    monotonic: float
+
+
+def grace_fits(grace_seconds: float, stall_seconds: float | None, persist_seconds: float | None) -> bool | None:
+    """Does a checkpoint (stall + persist) fit in the grace? None when either estimate is unknown."""
+    if stall_seconds is None or persist_seconds is None:
+        return None
+    return stall_seconds + persist_seconds <= grace_seconds
+
+
+def agreement_interval(step_seconds: float | None, grace_seconds: float) -> int:
+    """Steps until the ranks next agree on notices: about every ``knobs.PREEMPTION_AGREE_SECONDS``
+    (at most a tenth of the grace), never more often than every step. One tiny all-reduce on
+    coci's gloo group per interval is its whole cost."""
+    seconds = min(knobs.PREEMPTION_AGREE_SECONDS, 0.1 * grace_seconds)
+    if step_seconds is None or not step_seconds > 0 or not math.isfinite(step_seconds):
+        return 1
+    return max(1, int(seconds / step_seconds))
+
+
+def last_event_time(events_path: Path, tail_bytes: int = 1 << 16) -> float | None:
+    """Unix time of the last complete event in ``events_path`` (the end of the previous process
+    in this run directory), read from the file's tail; None without one."""
+    import json
+
+    try:
+        with open(events_path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - tail_bytes))
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            value = json.loads(line).get("time")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+class Preemption:
+    """The notice handler and the agreement cadence of one session.
+
+    ``signals``: the signals that count as a notice (an empty tuple turns the feature off);
+    ``grace``: seconds between the notice and the kill (a duration such as ``"30s"``).
+    """
+
+    def __init__(self, signals: Iterable[int] = (signal.SIGTERM,), grace: str | float = "30s") -> None:
+        try:
+            self.signals = tuple(signal.Signals(s) for s in signals)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"preemption_signals must be signal numbers such as signal.SIGTERM: {exc}") from None
+        if signal.SIGKILL in self.signals or signal.SIGSTOP in self.signals:
+            raise ConfigError("preemption_signals cannot include SIGKILL or SIGSTOP (they cannot be caught)")
+        self.grace_seconds = parse_duration(grace, field="grace", positive=True)
+        self.notice: Notice | None = None
+        self._previous: dict[int, Handler] = {}
+        self._next_agreement = 1
+        self._last_agreement: tuple[int, float] | None = None
+        #: Under torch.distributed: the collective of :meth:`due` (see :func:`agree_on_notice`).
+        self.agree: Callable[[bool, int], tuple[bool, int]] | None = None
+        #: Unix time of the last event of the previous process in this run directory, if any.
+        self.previous_end: float | None = None
+
+    # -- the handler ---------------------------------------------------------------------------
+
+    def install(self) -> bool:
+        """Install the handler for each signal; False (and a warning) outside the main thread,
+        where Python cannot install signal handlers."""
+        if not self.signals:
+            return False
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("coci: preemption signals not handled: the Session was built outside the main thread")
+            return False
+        for signum in self.signals:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return True
+
+    def uninstall(self) -> None:
+        """Put back the handlers that were installed before (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) == self._handle:
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        """Record the first notice; chain a Python handler installed before (not SIG_DFL: ending
+        the process is what this handler replaces)."""
+        if self.notice is None:
+            self.notice = Notice(signum, time.monotonic())
+        previous = self._previous.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+
+    # -- at each step ----------------------------------------------------------------------------
+
+    def due(self, step: int) -> bool:
+        """Stop at this step? One process: when a notice arrived. Under ``torch.distributed``
+        (collective, at agreement steps only, the same on every rank): when any rank has one.
+        ``agree(local notice, proposed interval)`` returns (any notice, the interval every rank
+        uses next)."""
+        if self.agree is None:
+            return self.notice is not None
+        if step < self._next_agreement:
+            return False
+        measured = self._measured_step_seconds(step)
+        any_notice, interval = self.agree(self.notice is not None, agreement_interval(measured, self.grace_seconds))
+        self._next_agreement = step + max(1, interval)
+        return any_notice
+
+    def _measured_step_seconds(self, step: int) -> float | None:
+        now = time.monotonic()
+        last, self._last_agreement = self._last_agreement, (step, now)
+        if last is None or step <= last[0]:
+            return None
+        return (now - last[1]) / (step - last[0])
+
+    def restart_seconds(self, load_seconds: float) -> float:
+        """What the restart cost: from the previous process's last event (its ``preempted`` event
+        after a notice) to the end of this restore; the load time alone without a previous event."""
+        if self.previous_end is None:
+            return load_seconds
+        return max(load_seconds, time.time() - self.previous_end)
+
+    @property
+    def signum(self) -> int | None:
+        """The signal of this process's notice (None: none, or the notice came from another rank)."""
+        return None if self.notice is None else self.notice.signum
+
+    def seconds_since_notice(self) -> float:
+        """Seconds since this process's notice (0 when the notice came from another rank)."""
+        return 0.0 if self.notice is None else time.monotonic() - self.notice.monotonic
+
+
+def agree_on_notice(context: Any) -> Callable[[bool, int], tuple[bool, int]]:
+    """The collective of :meth:`Preemption.due` on coci's gloo control group: one all-reduce
+    (MAX) of ``[notice, -interval]``: any rank's notice counts, the shortest interval wins."""
+    import torch
+    import torch.distributed as dist
+
+    def agree(notice: bool, interval: int) -> tuple[bool, int]:
+        values = torch.tensor([int(notice), -int(interval)], dtype=torch.int64)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=context.control_group)
+        return bool(values[0]), int(-values[1])
+
+    return agree
+
+
+def stop(session: Any, preemption: Preemption) -> Preempted:
+    """Checkpoint ``session`` at its current step (unless a checkpoint of this step is already
+    under way), wait for the commit, write the ``preempted`` event, close the session, and return
+    the :class:`Preempted` to raise. A failed persist raises :class:`coci.PersistError` instead."""
+    signum = preemption.signum
+    step = session.steps
+    taken = session.checkpoint_steps
+    if not taken or taken[-1] != step:
+        session.checkpoint()
+    result = session.wait()
+    seconds = preemption.seconds_since_notice()
+    profile = session.profile
+    estimate = _estimate(profile.stall_seconds.value, profile.persist_seconds.value)
+    fits = grace_fits(preemption.grace_seconds, profile.stall_seconds.value, profile.persist_seconds.value)
+    path = str(result.path) if result is not None else None
+    session.events.emit(
+        "preempted",
+        step=step,
+        signal=signal.Signals(signum).name if signum is not None else None,
+        notice_seconds=seconds,
+        grace_seconds=preemption.grace_seconds,
+        estimate_seconds=estimate,
+        fits=fits,
+        within_grace=seconds <= preemption.grace_seconds,
+        path=path,
+    )
+    if seconds > preemption.grace_seconds:
+        logger.warning("coci: the preemption checkpoint took %.3g s, longer than the %.3g s grace", seconds, preemption.grace_seconds)
+    session.close()
+    return Preempted(step, path, signum, seconds, preemption.grace_seconds)
+
+
+def _estimate(stall: float | None, persist: float | None) -> float | None:
+    return None if stall is None or persist is None else stall + persist
+
+
+def warn_if_grace_too_short(preemption: Preemption, profile: Any) -> bool | None:
+    """Log a warning when the profile's stall + persist estimate exceeds the grace; the verdict."""
+    stall, persist = profile.stall_seconds.value, profile.persist_seconds.value
+    fits = grace_fits(preemption.grace_seconds, stall, persist)
+    if fits is False:
+        logger.warning(
+            "coci: a checkpoint is estimated to take %.3g s (stall %.3g s + persist %.3g s), more than the "
+            "%.3g s preemption grace: a checkpoint taken on a notice may not commit before the kill",
+            stall + persist, stall, persist, preemption.grace_seconds,
+        )
+    return fits
+
+
+def start(session: Any, signals: Iterable[int], grace: str | float, previous_end: float | None) -> Preemption:
+    """Build and install the session's :class:`Preemption`, warn when the grace looks too short,
+    and under ``torch.distributed`` wire the agreement on coci's gloo group."""
+    preemption = Preemption(signals, grace)
+    preemption.previous_end = previous_end
+    if preemption.install():
+        warn_if_grace_too_short(preemption, session.profile)
+    context = getattr(session, "_dist", None)
+    if context is not None:
+        preemption.agree = agree_on_notice(context)
+    return preemption

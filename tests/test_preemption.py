@@ -1,0 +1,238 @@
+"""Preemption notices (coci.preemption): a SIGTERM makes the next step checkpoint, commit and stop.
+
+In-process tests send real signals to this process; the slow test sends SIGTERM to a real training
+subprocess (tests/preempt_job.py) at 20 random moments and checks every notice committed a
+checkpoint at or after the step it landed on, within the grace, and that the resumed run is bitwise
+the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import coci
+from coci import knobs
+from coci.checkpoint.verify import verify_run
+from coci.errors import ConfigError
+from coci.events import read_events
+from coci.preemption import Preemption, agreement_interval, grace_fits
+
+JOB = Path(__file__).with_name("preempt_job.py")
+
+
+def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    optimizer.zero_grad()
+    loss = (model(torch.randn(8, 4)) ** 2).mean()
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def test_sigterm_checkpoints_the_next_step_commits_and_raises_preempted(tmp_path: Path) -> None:
+    model, optimizer = make()
+    session = coci.Session(tmp_path, state={"model": model, "optimizer": optimizer}, policy=coci.EveryN(100))
+    for _ in range(3):
+        session.step(one_step(model, optimizer))
+    os.kill(os.getpid(), signal.SIGTERM)  # the handler only records it: this process goes on
+    one_step(model, optimizer)
+    with pytest.raises(coci.Preempted) as stopped:
+        session.step()
+    assert stopped.value.code == knobs.PREEMPTED_EXIT_CODE != 0
+    assert stopped.value.step == 4 and stopped.value.signal == signal.SIGTERM
+    assert not isinstance(stopped.value, Exception)  # `except Exception` in a loop does not swallow it
+    assert [s.step for s in verify_run(tmp_path) if s.ok] == [4]
+    event = [e for e in read_events(tmp_path) if e["event"] == "preempted"][0]
+    assert event["step"] == 4 and event["signal"] == "SIGTERM" and event["within_grace"]
+    assert event["grace_seconds"] == 30.0 and event["fits"] is True
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the session closed and put it back
+
+    fresh, fresh_optimizer = make()
+    with coci.Session(tmp_path, state={"model": fresh, "optimizer": fresh_optimizer}, policy=coci.EveryN(100)) as again:
+        assert again.restore() is not None and again.steps == 4
+    assert torch.equal(fresh.weight, model.weight)
+    restore = [e for e in read_events(tmp_path) if e["event"] == "restore"][-1]
+    assert restore["restart_seconds"] >= restore["seconds"]  # measured from the preempted event
+
+
+def test_a_notice_during_a_planned_checkpoint_of_that_step_waits_for_it(tmp_path: Path) -> None:
+    model, optimizer = make()
+    session = coci.Session(tmp_path, state={"model": model, "optimizer": optimizer}, policy=coci.EveryN(2))
+    session.step(one_step(model, optimizer))
+    os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(coci.Preempted) as stopped:
+        session.step(one_step(model, optimizer))  # step 2 is planned: one checkpoint, not two
+    assert stopped.value.step == 2
+    assert session.checkpoint_steps == (2,)
+
+
+def test_previous_python_handler_is_chained_and_restored(tmp_path: Path) -> None:
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        model, optimizer = make()
+        session = coci.Session(tmp_path, state={"model": model, "optimizer": optimizer}, policy=coci.EveryN(100))
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(coci.Preempted):
+            session.step(one_step(model, optimizer))
+        assert seen == [signal.SIGTERM]
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler) and not isinstance(getattr(handler, "__self__", None), Preemption)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_preemption_off_and_other_signals(tmp_path: Path) -> None:
+    model, optimizer = make()
+    with coci.Session(tmp_path / "off", state={"model": model}, policy=coci.EveryN(100), preemption_signals=()):
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    session = coci.Session(
+        tmp_path / "usr1", state={"model": model, "optimizer": optimizer}, policy=coci.EveryN(100),
+        preemption_signals=(signal.SIGUSR1,), grace=5,
+    )
+    os.kill(os.getpid(), signal.SIGUSR1)
+    with pytest.raises(coci.Preempted) as stopped:
+        session.step(one_step(model, optimizer))
+    assert stopped.value.signal == signal.SIGUSR1 and stopped.value.grace_seconds == 5.0
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"preemption_signals": (signal.SIGKILL,)}, "SIGKILL"), ({"preemption_signals": ("TERM",)}, "preemption_signals"),
+     ({"grace": 0}, "grace"), ({"grace": "soon"}, "grace")],
+)
+def test_bad_preemption_arguments_name_the_field(tmp_path: Path, kwargs: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        coci.Session(tmp_path, state={"x": torch.zeros(1)}, policy=coci.EveryN(1), **kwargs)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_grace_shorter_than_the_checkpoint_estimate_warns_at_start_and_in_the_event(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model, optimizer = make()
+    with caplog.at_level(logging.WARNING, logger="coci.preemption"):
+        session = coci.Session(
+            tmp_path, state={"model": model, "optimizer": optimizer}, policy=coci.EveryN(100), grace=1e-9
+        )
+    assert "preemption grace" in caplog.text
+    os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(coci.Preempted):
+        session.step(one_step(model, optimizer))
+    event = [e for e in read_events(tmp_path) if e["event"] == "preempted"][0]
+    assert event["fits"] is False and event["within_grace"] is False and event["estimate_seconds"] > 1e-9
+
+
+def test_grace_fit_and_agreement_cadence() -> None:
+    assert grace_fits(30.0, 1.0, 20.0) is True
+    assert grace_fits(30.0, 1.0, 40.0) is False
+    assert grace_fits(30.0, None, 1.0) is None
+    assert agreement_interval(None, 30.0) == 1
+    assert agreement_interval(0.001, 30.0) == int(knobs.PREEMPTION_AGREE_SECONDS / 0.001)
+    assert agreement_interval(0.001, 2.0) == 200  # at most a tenth of the grace
+    assert agreement_interval(5.0, 30.0) == 1  # never less often than every step
+
+
+# --- a real training process, SIGTERMed at 20 random moments ---------------------------------------
+
+STEPS = 800
+ARGS = ("--steps", str(STEPS), "--every", "10", "--step-sleep", "0.004", "--persist-sleep", "0.08")
+GRACE = 60.0  # generous: the machine running the tests may be loaded
+
+
+def losses(run_dir: Path) -> dict[int, set[str]]:
+    seen: dict[int, set[str]] = {}
+    for path in run_dir.glob("losses_*.txt"):
+        for line in path.read_text().splitlines():
+            step, value = line.split()
+            seen.setdefault(int(step), set()).add(value)
+    return seen
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def wait_for(condition, what: str, timeout: float = 300.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_sigterm_at_20_random_moments_commits_each_time_and_resumes_bitwise(tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    command = [sys.executable, str(JOB)]
+    assert subprocess.run([*command, str(reference), *ARGS], timeout=600, capture_output=True).returncode == 0
+
+    run = tmp_path / "run"
+    rng = random.Random(19)
+    notices, exits = 0, 0
+    while notices < 20:  # each process takes up to 5 notices in-process, then exits with 143
+        process = subprocess.Popen(
+            [*command, str(run), *ARGS, "--catch", "4", "--grace", f"{GRACE}s"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        try:
+            for _ in range(5):
+                if notices == 20:
+                    break
+                wait_for(lambda: len(lines(run / "ready.txt")) > notices, "the job to listen")
+                time.sleep(rng.uniform(0.0, 0.12))
+                sent = time.monotonic()
+                process.send_signal(signal.SIGTERM)
+                notices += 1
+                wait_for(lambda: len(lines(run / "preempted.txt")) >= notices, "the preemption record")
+            else:
+                code = process.wait(timeout=GRACE)
+                assert code == knobs.PREEMPTED_EXIT_CODE, process.stderr.read() if process.stderr else ""
+                assert time.monotonic() - sent < GRACE
+                exits += 1
+                continue
+            assert process.wait(timeout=600) == 0, process.stderr.read() if process.stderr else ""
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    if not (run / "final.pt").exists():
+        assert subprocess.run([*command, str(run), *ARGS], timeout=600, capture_output=True).returncode == 0
+
+    records = [line.split() for line in lines(run / "preempted.txt")]
+    assert len(records) == 20 and exits >= 3
+    events = [e for e in read_events(run) if e["event"] == "preempted"]
+    committed = {e["step"] for e in read_events(run) if e["event"] == "commit"}
+    assert [e["step"] for e in events] == [int(r[1]) for r in records]
+    for (notice_step, step, seconds, _), event in zip(records, events):
+        assert int(step) >= int(notice_step) >= 0  # at or after the step the notice landed on
+        assert int(step) in committed and float(seconds) <= GRACE and event["within_grace"]
+    assert sum(int(r[3]) for r in records) >= 1, "no notice landed during a persist"
+
+    got, want = torch.load(run / "final.pt", weights_only=True), torch.load(reference / "final.pt", weights_only=True)
+    for key, value in want["model"].items():
+        assert torch.equal(got["model"][key], value), key
+    for index, per_param in want["optimizer"]["state"].items():
+        for name, value in per_param.items():
+            assert torch.equal(got["optimizer"]["state"][index][name], value), (index, name)
+    reference_losses = {step: values.pop() for step, values in losses(reference).items()}
+    resumed = losses(run)
+    assert set(resumed) == set(range(1, STEPS + 1))
+    for step, values in resumed.items():  # no step recomputed differently (and none lost to a notice)
+        assert values == {reference_losses[step]}, step
