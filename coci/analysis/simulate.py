@@ -21,7 +21,15 @@ during training, a stall, re-executed work, or a restart. A failure rolls the jo
 **committed** checkpoint (one whose persist had finished; a failure during a persist loses that
 checkpoint), then the job restarts: ``R = restart_seconds`` of wall time (a failure during the
 restart starts it over), then training resumes from the checkpoint's step, with no persist in
-flight, and checkpoints again at the planned steps. Exploratory jobs (``termination``) stop each
+flight, and checkpoints again at the planned steps.
+
+Warned failures (:meth:`coci.Failures.warned`): each failure is warned with the model's
+``warned_fraction`` (an independent draw). When a checkpoint fits in the warning (``S + P <= W``)
+a warned failure is a notice: the job checkpoints where it is (``S + P`` of wall time, training
+stopped; counted as a checkpoint) and restarts (``R``) from there, losing no work; its later
+unwarned failures roll back to that checkpoint or a newer committed one. The replay treats the
+notice as a pause of the timeline (a persist in flight at the notice is taken to commit in it).
+A warning the checkpoint does not fit makes the failure an unwarned one. Exploratory jobs (``termination``) stop each
 trial early, at a uniformly drawn fraction of the run.
 
 Metrics, per trial
@@ -382,6 +390,10 @@ class Timeline:
         w0, w1 = knots_w[index - 1], knots_w[index]
         slope = np.where(p1 > p0, (w1 - w0) / np.where(p1 > p0, p1 - p0, 1.0), 0.0)
         return np.where(p <= 0, 0.0, w0 + (p - p0) * slope)
+
+    def wall_at(self, progress: np.ndarray, resumed_from: np.ndarray) -> np.ndarray:
+        """(Timeline) wall time at which a run resumed from checkpoint ``j`` reaches ``progress``."""
+        return self.run_end(resumed_from, progress)
 
     def run_end(self, resumed_from: np.ndarray, stop: np.ndarray) -> np.ndarray:
         """Wall time at which a run resumed from checkpoint ``j`` reaches progress ``stop``."""
@@ -820,6 +832,8 @@ class _Trials:
     resume: np.ndarray  # index of the checkpoint each trial resumes from
     restarting: np.ndarray  # the trial failed and pays a restart before it runs again
     active: np.ndarray
+    start_at: np.ndarray  # timeline wall time the trial runs on from (offset[resume], or a notice's)
+    floor_x: np.ndarray  # progress of the trial's newest checkpoint taken on a notice (0: none)
 
     @classmethod
     def start(cls, trials: int) -> _Trials:
@@ -830,6 +844,7 @@ class _Trials:
             wall=zeros(), restart_paid=zeros(), lost=zeros(), lost_weighted=zeros(), steps_lost=zeros(),
             snapshots=zeros(), failure_count=zeros(), resume=np.zeros(trials, dtype=np.int64),
             restarting=np.zeros(trials, dtype=bool), active=np.ones(trials, dtype=bool),
+            start_at=zeros(), floor_x=zeros(),
         )
 
 
@@ -845,7 +860,9 @@ def _run(
     """The vectorised event loop: one failure per trial per iteration."""
     timeline = Timeline.build(steps, job)
     weight = _weight_function(rate, job)
-    run_stream, restart_stream, stop_stream = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    streams = np.random.SeedSequence(seed).spawn(4)  # the first three as before a fourth was added
+    run_stream, restart_stream, stop_stream, warn_stream = (np.random.default_rng(s) for s in streams)
+    notice = failures.warning_fits(job.stall_seconds + job.persist_seconds)
     stop_steps = _stop_steps(stop_range, job, trials, stop_stream)
     stop_x = stop_steps * job.step_seconds
     # checkpoints a trial takes: those before its stopping step
@@ -860,7 +877,8 @@ def _run(
         index = np.flatnonzero(state.active)
         life = failures.sample(run_stream, trials)[index]  # a full column: common random numbers
         _restart_phase(state, index, life, job.restart_seconds, failures, restart_stream)
-        _run_phase(state, index, life, timeline, stop_x, last_checkpoint, weight, job.step_seconds)
+        warned = failures.sample_warned(warn_stream, trials)[index] if notice else np.zeros(index.size, dtype=bool)
+        _run_phase(state, index, life, timeline, stop_x, last_checkpoint, weight, job, warned)
     return _metrics(state, stop_x)
 
 
@@ -903,33 +921,49 @@ def _run_phase(
     stop_x: np.ndarray,
     last_checkpoint: np.ndarray,
     weight: Callable[[np.ndarray], np.ndarray],
-    step_seconds: float,
+    job: Job,
+    warned: np.ndarray,
 ) -> None:
-    """Run each trial from its resume checkpoint: it finishes, or fails and rolls back to the
-    newest checkpoint committed before the failure."""
+    """Run each trial from where it resumes: it finishes, or fails and rolls back to the newest
+    checkpoint committed before the failure; a warned failure checkpoints on its notice instead."""
     j = state.resume[index]
-    start = timeline.offset[j]
+    start = state.start_at[index]
+    counted = np.searchsorted(timeline.snap_end[1:], start, side="right")  # snapshots already counted
     end = timeline.run_end(j, stop_x[index])
     at = start + life
     done = at >= end
     finished = index[done]
     state.wall[finished] += (end - start)[done]
-    state.snapshots[finished] += last_checkpoint[finished] - j[done]
+    state.snapshots[finished] += last_checkpoint[finished] - counted[done]
     state.active[finished] = False
 
     fail = ~done
     hit, j_hit, at_hit = index[fail], j[fail], at[fail]
     state.wall[hit] += life[fail]
     state.failure_count[hit] += 1
+    state.snapshots[hit] += np.searchsorted(timeline.snap_end[1:], at_hit, side="right") - counted[fail]
+    state.restarting[hit] = True
     progress = timeline.progress_at(at_hit, j_hit)
+
+    notice = warned[fail]  # checkpoint where it is, lose nothing, go on from here after the restart
+    noticed = hit[notice]
+    state.wall[noticed] += job.stall_seconds + job.persist_seconds
+    state.snapshots[noticed] += 1
+    state.floor_x[noticed] = progress[notice]
+    state.start_at[noticed] = at_hit[notice]
+
+    lose = ~notice
+    hit, j_hit, at_hit, progress = hit[lose], j_hit[lose], at_hit[lose], progress[lose]
     committed = np.searchsorted(timeline.commit, at_hit, side="right") - 1
     back = np.maximum(committed, j_hit)
-    state.lost[hit] += progress - timeline.x[back]
-    state.lost_weighted[hit] += weight(progress) - weight(timeline.x[back])
-    state.steps_lost[hit] += np.floor(progress / step_seconds + 1e-9) - timeline.steps[back]
-    state.snapshots[hit] += np.searchsorted(timeline.snap_end[1:], at_hit, side="right") - j_hit
+    floor = state.floor_x[hit]
+    to_floor = floor > timeline.x[back]
+    rollback = np.where(to_floor, floor, timeline.x[back])
+    state.lost[hit] += progress - rollback
+    state.lost_weighted[hit] += weight(progress) - weight(rollback)
+    state.steps_lost[hit] += np.floor(progress / job.step_seconds + 1e-9) - np.floor(rollback / job.step_seconds + 1e-9)
     state.resume[hit] = back
-    state.restarting[hit] = True
+    state.start_at[hit] = np.where(to_floor, timeline.wall_at(floor, back), timeline.offset[back])
 
 
 def _metrics(state: _Trials, stop_x: np.ndarray) -> dict[str, np.ndarray]:

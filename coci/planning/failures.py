@@ -26,6 +26,19 @@ of ``N`` Weibull(k, lam) lifetimes is Weibull(k, lam / N ** (1 / k)), so the job
 
 For the exponential (k = 1) that is the familiar "job MTBF = per-node MTBF / N".
 
+Warned failures
+---------------
+Some failures come with a notice: a spot reclaim, a Kubernetes eviction or a SLURM time limit
+sends SIGTERM ``W`` seconds before the kill. :meth:`Failures.warned` marks a fraction ``p`` of the
+failures (each independently) as warned ``W`` seconds ahead; the rest strike without warning. A
+warned failure loses no work when a checkpoint fits in the warning (stall + persist <= ``W``, see
+:mod:`coci.preemption`): it costs that checkpoint and the restart. So a plan needs periodic
+checkpoints only against the unwarned failures, hazard ``(1 - p) h(tau)``:
+:meth:`Failures.unwarned` gives that model (exact for the exponential; for a Weibull the hazard is
+scaled and its clock, which also restarts at warned failures, is taken to restart at unwarned ones
+only). Two independent exponential classes, one warned and one not, are this model with ``p`` their
+rate share.
+
 Failure logs
 ------------
 :meth:`Failures.from_log` reads a CSV (``#`` starts a comment line) in one of two layouts:
@@ -116,6 +129,8 @@ class Failures(BaseModel):
     scale_seconds: float
     nodes: int = 1
     log_fit: LogFit | None = None
+    warned_fraction: float = 0.0
+    warning_seconds: float | None = None
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -141,6 +156,21 @@ class Failures(BaseModel):
     @classmethod
     def _nodes_positive(cls, value: Any) -> int:
         return _check_nodes(value)
+
+    @field_validator("warned_fraction", mode="before")
+    @classmethod
+    def _fraction_in_range(cls, value: Any) -> float:
+        if not checks.is_number(value) or not 0.0 <= float(value) < 1.0:
+            raise ConfigError(
+                f"warned_fraction must be a number in [0, 1), got {value!r} (if every failure is warned, "
+                "plan no periodic checkpoints: policy=[])"
+            )
+        return float(value)
+
+    @field_validator("warning_seconds", mode="before")
+    @classmethod
+    def _warning_is_duration(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value, field="warning_seconds", positive=True)
 
     @field_validator("shape")
     @classmethod
@@ -187,6 +217,35 @@ class Failures(BaseModel):
         """
         intervals, failed = _read_log(Path(path))
         return _fit_log(intervals, failed, source=str(path))
+
+    # --- warned failures ----------------------------------------------------------------------
+
+    def warned(self, fraction: float, warning: float | str) -> Failures:
+        """This model with ``fraction`` of its failures announced ``warning`` seconds ahead (a
+        duration such as ``"30s"``); see the module docstring."""
+        return Failures(**{**self.model_dump(exclude={"log_fit"}), "log_fit": self.log_fit,
+                           "warned_fraction": fraction, "warning_seconds": warning})
+
+    def warning_fits(self, checkpoint_seconds: float) -> bool:
+        """True when some failures are warned and a checkpoint of ``checkpoint_seconds`` (stall +
+        persist) fits in their warning: those failures lose no work."""
+        return self.warned_fraction > 0 and self.warning_seconds is not None and checkpoint_seconds <= self.warning_seconds
+
+    def unwarned_fraction(self, checkpoint_seconds: float) -> float:
+        """Share of the failures a plan must cover by periodic checkpoints: ``1 - p`` when the
+        checkpoint fits in the warning, else 1."""
+        return 1.0 - self.warned_fraction if self.warning_fits(checkpoint_seconds) else 1.0
+
+    def unwarned(self, checkpoint_seconds: float) -> Failures:
+        """The failures that lose work (hazard ``(1 - p) h``), without a warning of their own; a
+        checkpoint of ``checkpoint_seconds`` that does not fit the warning leaves every failure."""
+        keep = self.unwarned_fraction(checkpoint_seconds)
+        scale = self.scale_seconds * keep ** (-1.0 / self.shape)
+        return Failures(kind=self.kind, shape=self.shape, scale_seconds=scale, nodes=self.nodes, log_fit=self.log_fit)
+
+    def sample_warned(self, rng: np.random.Generator, size: int | tuple[int, ...]) -> np.ndarray:
+        """Which of ``size`` failures come with a warning (independent draws, probability ``p``)."""
+        return rng.random(size) < self.warned_fraction
 
     # --- the distribution ---------------------------------------------------------------------
 
@@ -248,11 +307,15 @@ class Failures(BaseModel):
     def describe(self) -> str:
         """One line for plans and reports."""
         nodes = f" x {self.nodes} nodes" if self.nodes > 1 else ""
+        warned = (
+            f", {100 * self.warned_fraction:.3g}% warned {self.warning_seconds:.6g} s ahead"
+            if self.warned_fraction > 0 and self.warning_seconds is not None else ""
+        )
         if self.kind == "exponential":
-            return f"exponential, MTBF {self.scale_seconds:.6g} s{nodes} (job MTBF {self.mean_seconds:.6g} s)"
+            return f"exponential, MTBF {self.scale_seconds:.6g} s{nodes} (job MTBF {self.mean_seconds:.6g} s){warned}"
         return (
             f"weibull, shape {self.shape:.4g}, scale {self.scale_seconds:.6g} s{nodes} "
-            f"(job MTBF {self.mean_seconds:.6g} s)"
+            f"(job MTBF {self.mean_seconds:.6g} s){warned}"
         )
 
 

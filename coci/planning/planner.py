@@ -144,6 +144,13 @@ class PlanInputs(BaseModel):
     failure_origin_step: int = 0
     min_interval_steps: int = 1
 
+    def planned_failures(self) -> Failures | None:
+        """The failures periodic checkpoints must cover: those without a warning that a
+        checkpoint (stall + persist) fits in (:meth:`Failures.unwarned`)."""
+        if self.failures is None:
+            return None
+        return self.failures.unwarned(self.stall_seconds + self.persist_seconds)
+
     def measured_costs(self) -> MeasuredCosts:
         """The measured costs as :func:`plan` keyword arguments (step, stall, persist, interference)."""
         return {
@@ -353,9 +360,11 @@ class _Problem:
 
     @property
     def failures(self) -> Failures:
-        """The failure model (every policy but ``checkfreq`` requires one)."""
-        assert self.config.failures is not None
-        return self.config.failures
+        """The failures the plan covers (every policy but ``checkfreq`` requires a model): the
+        unwarned ones, see :meth:`PlanInputs.planned_failures`."""
+        failures = self.inputs.planned_failures()
+        assert failures is not None
+        return failures
 
     @property
     def cost_model(self) -> CostModel:
@@ -430,7 +439,7 @@ def _cost_model(
 ) -> CostModel | None:
     """The cost model of :mod:`coci.planning.objective` (None without a failure model); the
     progress weight is dropped, with a fallback, when the curve cannot give one."""
-    failures = inputs.failures
+    failures = inputs.planned_failures()
     if failures is None:
         return None
     step = inputs.step_seconds
@@ -464,6 +473,7 @@ def _finish(problem: _Problem, placement: _Placement) -> Plan:
     if problem.model is not None:
         expected = problem.model.expected(steps).as_dict()
         expected.update(placement.expected)
+        expected.update(warned_expected(problem.inputs, expected, problem.notes))
     else:
         expected = {"checkpoints": float(len(steps)), "checkpoint_seconds": len(steps) * problem.inputs.checkpoint_seconds}
         problem.notes.append("no failure model: only checkpoint costs are expected")
@@ -1059,6 +1069,7 @@ def _rescore(reference: Plan, steps: np.ndarray, failures: Failures) -> dict[str
     """Expected costs of ``steps`` under the inputs of ``reference`` (time metric)."""
     inputs = reference.inputs
     origin = inputs.failure_origin_step * inputs.step_seconds
+    failures = failures.unwarned(inputs.stall_seconds + inputs.persist_seconds)
     hazard = expected_failures(failures, (inputs.total_steps - inputs.failure_origin_step) * inputs.step_seconds, origin)
     model = build_cost_model(
         total_steps=inputs.total_steps, step_seconds=inputs.step_seconds,
@@ -1066,4 +1077,39 @@ def _rescore(reference: Plan, steps: np.ndarray, failures: Failures) -> dict[str
         restart_seconds=inputs.restart_seconds, failures=hazard, start_step=inputs.start_step,
         last_checkpoint_step=inputs.last_checkpoint_step,
     )
-    return model.expected(steps).as_dict()
+    expected = model.expected(steps).as_dict()
+    expected.update(warned_expected(inputs, expected, []))
+    return expected
+
+
+def warned_expected(inputs: PlanInputs, expected: dict[str, float], notes: list[str]) -> dict[str, float]:
+    """The warned failures' share of the expected overhead (empty when no warning fits): each
+    costs one checkpoint taken on its notice (stall + persist, training stopped) and a restart,
+    and loses no work. ``expected`` holds the unwarned failures' figures; the warned ones are
+    added to its ``wall_seconds`` and ``progress_seconds`` so both cover every failure."""
+    failures = inputs.failures
+    emergency = inputs.stall_seconds + inputs.persist_seconds
+    if failures is None or failures.warned_fraction == 0:
+        return {}
+    if not failures.warning_fits(emergency):
+        notes.append(
+            f"warned failures: a checkpoint (stall + persist {emergency:.3g} s) does not fit their "
+            f"{failures.warning_seconds:.3g} s warning, so they are planned for like unwarned ones"
+        )
+        return {}
+    keep = failures.unwarned_fraction(emergency)
+    count = expected.get("failures", 0.0) * (1.0 - keep) / keep
+    seconds = count * (inputs.restart_seconds + emergency)
+    notes.append(
+        f"{100 * (1 - keep):.3g}% of failures are warned {failures.warning_seconds:.3g} s ahead and a checkpoint "
+        f"fits: periodic checkpoints planned for the unwarned {100 * keep:.3g}% only"
+    )
+    wall = expected.get("wall_seconds", 0.0) + seconds
+    run = expected.get("run_seconds", 0.0)
+    return {
+        "warned_failures": count,
+        "warned_seconds": seconds,
+        "wall_seconds": wall,
+        "progress_seconds": expected.get("progress_seconds", 0.0) + seconds,
+        "wall_fraction": wall / run if run > 0 else 0.0,
+    }
