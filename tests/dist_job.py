@@ -133,9 +133,9 @@ def main() -> None:
             optimizer.step()
             scheduler.step()
             time.sleep(args.step_sleep)  # a longer step, so that an online plan fits checkpoints in
+            log.write(f"{session.steps + 1} {epoch} {','.join(map(str, index.tolist()))} {float(loss.detach()).hex()}\n")
+            log.flush()  # before step(): a preemption stops the loop inside it, after this step's checkpoint
             session.step(loss.detach())
-            log.write(f"{session.steps} {epoch} {','.join(map(str, index.tolist()))} {float(loss.detach()).hex()}\n")
-            log.flush()
             if args.kill_at is not None and session.steps == args.kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
             if args.stop_at is not None and session.steps == args.stop_at:

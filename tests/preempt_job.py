@@ -31,9 +31,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import coci  # noqa: E402
-from coci.checkpoint import format  # noqa: E402
-from tests.train_job import build, data  # noqa: E402
+import coci
+from coci.checkpoint import format
+from tests.train_job import build, data
 
 CURRENT: dict[str, Any] = {}
 
@@ -59,8 +59,7 @@ def train(args: argparse.Namespace) -> None:
     CURRENT["session"] = session
     with open(os.path.join(args.run_dir, "ready.txt"), "a") as ready:
         ready.write(f"{session.steps}\n")
-    log = open(os.path.join(args.run_dir, f"losses_{os.getpid()}.txt"), "a")
-    with session:
+    with session, open(os.path.join(args.run_dir, f"losses_{os.getpid()}.txt"), "a") as log:
         while session.steps < args.steps:
             optimizer.zero_grad()
             index = torch.randint(0, x.shape[0], (32,))
@@ -76,7 +75,6 @@ def train(args: argparse.Namespace) -> None:
             pending = session.step(loss.detach())
             if pending is not None:
                 CURRENT["pending"] = pending
-    log.close()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(args.run_dir, "final.pt"))
 
 

@@ -68,6 +68,8 @@ def test_sigterm_checkpoints_the_next_step_commits_and_raises_preempted(tmp_path
     assert torch.equal(fresh.weight, model.weight)
     restore = [e for e in read_events(tmp_path) if e["event"] == "restore"][-1]
     assert restore["restart_seconds"] >= restore["seconds"]  # measured from the preempted event
+    summary = coci.report(tmp_path).summary()
+    assert "preemptions:" in summary and "step 4 (SIGTERM): committed" in summary and "restarted" in summary
 
 
 def test_a_notice_during_a_planned_checkpoint_of_that_step_waits_for_it(tmp_path: Path) -> None:
@@ -137,6 +139,7 @@ def test_a_grace_shorter_than_the_checkpoint_estimate_warns_at_start_and_in_the_
         session.step(one_step(model, optimizer))
     event = [e for e in read_events(tmp_path) if e["event"] == "preempted"][0]
     assert event["fits"] is False and event["within_grace"] is False and event["estimate_seconds"] > 1e-9
+    assert "does NOT fit the grace" in coci.report(tmp_path).summary()
 
 
 def test_grace_fit_and_agreement_cadence() -> None:
@@ -169,9 +172,9 @@ def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def wait_for(condition, what: str, timeout: float = 300.0) -> None:  # type: ignore[no-untyped-def]
+def wait_for_lines(path: Path, count: int, what: str, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
-    while not condition():
+    while len(lines(path)) < count:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
@@ -195,12 +198,12 @@ def test_sigterm_at_20_random_moments_commits_each_time_and_resumes_bitwise(tmp_
             for _ in range(5):
                 if notices == 20:
                     break
-                wait_for(lambda: len(lines(run / "ready.txt")) > notices, "the job to listen")
+                wait_for_lines(run / "ready.txt", notices + 1, "the job to listen")
                 time.sleep(rng.uniform(0.0, 0.12))
                 sent = time.monotonic()
                 process.send_signal(signal.SIGTERM)
                 notices += 1
-                wait_for(lambda: len(lines(run / "preempted.txt")) >= notices, "the preemption record")
+                wait_for_lines(run / "preempted.txt", notices, "the preemption record")
             else:
                 code = process.wait(timeout=GRACE)
                 assert code == knobs.PREEMPTED_EXIT_CODE, process.stderr.read() if process.stderr else ""
@@ -236,3 +239,56 @@ def test_sigterm_at_20_random_moments_commits_each_time_and_resumes_bitwise(tmp_
     assert set(resumed) == set(range(1, STEPS + 1))
     for step, values in resumed.items():  # no step recomputed differently (and none lost to a notice)
         assert values == {reference_losses[step]}, step
+
+
+# --- warned failures: the planner and the simulator --------------------------------------------------
+
+COSTS = {"total_steps": 40_000, "step_seconds": 0.5, "stall_seconds": 2.0, "persist_seconds": 20.0, "restart_seconds": 60.0}
+
+
+def test_warned_failures_validate_and_round_trip() -> None:
+    failures = coci.Failures.exponential("2h").warned(0.5, "2min")
+    assert failures.warning_seconds == 120.0 and "50% warned 120 s ahead" in failures.describe()
+    assert coci.Failures.model_validate_json(failures.model_dump_json()) == failures
+    with pytest.raises(ConfigError, match="warned_fraction"):
+        coci.Failures.exponential("2h").warned(1.0, "2min")
+    with pytest.raises(ConfigError, match="warning_seconds"):
+        coci.Failures.exponential("2h").warned(0.5, -3)
+
+
+def test_unwarned_model_keeps_the_unwarned_hazard() -> None:
+    exponential = coci.Failures.exponential("2h").warned(0.25, 60)
+    assert exponential.unwarned(30.0).rate == pytest.approx(0.75 / 7200)
+    assert exponential.unwarned(90.0).rate == pytest.approx(1 / 7200)  # the checkpoint does not fit: all count
+    weibull = coci.Failures.weibull(0.7, "5h", nodes=4).warned(0.5, 60)
+    tau = [10.0, 1000.0, 50_000.0]
+    assert weibull.unwarned(10.0).hazard(tau) == pytest.approx(0.5 * weibull.hazard(tau))
+
+
+def test_young_plans_for_the_unwarned_rate_and_counts_the_warned_restarts() -> None:
+    failures = coci.Failures.exponential("2h")
+    unwarned = coci.plan(policy="young", failures=failures, **COSTS)
+    half = coci.plan(policy="young", failures=failures.warned(0.5, "2min"), **COSTS)
+    assert half.intervals[0] == pytest.approx(unwarned.intervals[0] * 2**0.5, rel=0.01)
+    warned = half.expected["warned_failures"]
+    assert warned == pytest.approx(half.expected["failures"], rel=1e-6)  # half of them each
+    assert half.expected["warned_seconds"] == pytest.approx(warned * (60.0 + 2.0 + 20.0))
+    assert half.expected["wall_seconds"] < unwarned.expected["wall_seconds"]
+    too_short = coci.plan(policy="young", failures=failures.warned(0.5, "10s"), **COSTS)
+    assert too_short.steps == unwarned.steps and "does not fit" in " ".join(too_short.notes)
+
+
+def test_simulator_plays_warned_failures() -> None:
+    failures = coci.Failures.exponential("2h")
+    half = failures.warned(0.5, "2min")
+    unwarned_plan = coci.plan(policy="young", failures=failures, **COSTS)
+    warned_plan = coci.plan(policy="young", failures=half, **COSTS)
+    baseline = coci.simulate(unwarned_plan, failures=failures, trials=400, seed=3)
+    too_short = coci.simulate(unwarned_plan, failures=failures.warned(0.5, "10s"), trials=400, seed=3)
+    assert too_short.samples == baseline.samples  # a warning nothing fits in changes nothing
+    naive = coci.simulate(unwarned_plan, failures=half, trials=400, seed=3)
+    assert naive.mean("lost_seconds") < 0.7 * baseline.mean("lost_seconds")  # warned ones lose nothing
+    planned = coci.simulate(warned_plan, failures=half, trials=400, seed=3)
+    assert planned.compare(naive, "wall_seconds").ci_high < 0  # planning for them is better, paired
+    assert planned.metrics["wall_seconds"].ci_low <= warned_plan.expected["wall_seconds"] * 1.1
+    assert planned.metrics["wall_seconds"].ci_high >= warned_plan.expected["wall_seconds"] * 0.9

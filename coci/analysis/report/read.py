@@ -82,6 +82,19 @@ class RestoreRow(BaseModel):
     lost_seconds: float | None = None
 
 
+class PreemptionRow(BaseModel):
+    """One preemption notice (a ``preempted`` event) and the restart after it, if any (seconds)."""
+
+    step: int
+    signal: str | None = None
+    notice_seconds: float | None = None
+    grace_seconds: float | None = None
+    estimate_seconds: float | None = None
+    fits: bool | None = None
+    within_grace: bool | None = None
+    restart_seconds: float | None = None
+
+
 class ObservedCosts(BaseModel):
     """What the run's checkpoints and failures actually cost (seconds)."""
 
@@ -132,6 +145,7 @@ class ReportData(BaseModel):
     replans: int = 0
     checkpoints: list[CheckpointRow] = Field(default_factory=list)
     restores: list[RestoreRow] = Field(default_factory=list)
+    preemptions: list[PreemptionRow] = Field(default_factory=list)
     observed: ObservedCosts = Field(default_factory=ObservedCosts)
     loss_steps: list[float] = Field(default_factory=list)
     losses: list[float] = Field(default_factory=list)
@@ -173,6 +187,7 @@ def read_run(run_dir: Path) -> ReportData:
         replans=sum(1 for e in events if e.get("event") == "plan"),
         checkpoints=rows,
         restores=restores,
+        preemptions=_preemptions(events),
         observed=observed,
         loss_steps=[float(s) for s in loss_steps],
         losses=[float(v) for v in losses],
@@ -288,6 +303,19 @@ def _restores(events: list[dict[str, Any]], step_seconds: float | None) -> list[
             reached = step if reached is None else max(reached, step)
         if kind == "close":
             closed = True
+    return rows
+
+
+def _preemptions(events: list[dict[str, Any]]) -> list[PreemptionRow]:
+    """Each ``preempted`` event, with the ``restart_seconds`` of the restore that followed it."""
+    rows: list[PreemptionRow] = []
+    for event in events:
+        kind, step = event.get("event"), _event_step(event)
+        if kind == "preempted" and step is not None:
+            fields = {k: event.get(k) for k in PreemptionRow.model_fields if k not in ("step", "restart_seconds")}
+            rows.append(PreemptionRow(step=step, **fields))
+        elif kind == "restore" and rows and rows[-1].restart_seconds is None:
+            rows[-1].restart_seconds = event.get("restart_seconds")
     return rows
 
 

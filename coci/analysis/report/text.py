@@ -60,6 +60,7 @@ def summary(data: ReportData, plans: dict[str, Plan]) -> str:
     lines += _checkpoint_lines(data)
     lines += _cost_lines(data, plans)
     lines += _lost_work_lines(data, plans)
+    lines += _preemption_lines(data)
     fallbacks = list(plan.fallbacks) if plan else []
     lines.append("fallbacks: " + ("none" if not fallbacks else ""))
     lines += [f"  - {f}" for f in fallbacks]
@@ -210,6 +211,26 @@ def _lost_work_lines(data: ReportData, plans: dict[str, Plan]) -> list[str]:
     else:
         restarts = len(data.restores)
         lines.append(f"  observed: no failures ({restarts} restore(s) after a clean close)" if restarts else "  observed: no failures")
+    return lines
+
+
+def _preemption_lines(data: ReportData) -> list[str]:
+    """One line per preemption notice: the step committed, how long it took against the grace."""
+    if not data.preemptions:
+        return []
+    lines = ["preemptions:"]
+    for row in data.preemptions:
+        line = (
+            f"  - step {row.step} ({row.signal or 'notice on another rank'}): committed "
+            f"{format_seconds(row.notice_seconds)} after the notice, grace {format_seconds(row.grace_seconds)}"
+        )
+        if row.fits is False:
+            line += f"; the checkpoint estimate {format_seconds(row.estimate_seconds)} does NOT fit the grace"
+        if row.within_grace is False:
+            line += "; took longer than the grace"
+        if row.restart_seconds is not None:
+            line += f"; restarted {format_seconds(row.restart_seconds)} later"
+        lines.append(line)
     return lines
 
 
