@@ -299,4 +299,23 @@ def start(session: Any, signals: Iterable[int], grace: str | float, previous_end
     context = getattr(session, "_dist", None)
     if context is not None:
         preemption.agree = agree_on_notice(context)
+        warn_if_restarts_share_the_store(os.environ)
     return preemption
+
+
+def warn_if_restarts_share_the_store(environ: Any) -> bool:
+    """Under ``torchrun --max-restarts N`` (N > 0), warn unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``:
+    restarted workers otherwise share the agent's rendezvous store with the previous attempt and
+    read its stale gloo addresses, so ``init_process_group`` fails after a restart
+    (pytorch/pytorch#135712, seen with torch 2.13). True when it warned."""
+    try:
+        restarts = int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    except ValueError:
+        return False
+    if restarts <= 0 or environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
+        return False
+    logger.warning(
+        "coci: torchrun --max-restarts %d: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun, or restarted "
+        "workers may fail to connect (stale addresses in the shared rendezvous store)", restarts,
+    )
+    return True

@@ -292,3 +292,14 @@ def test_simulator_plays_warned_failures() -> None:
     assert planned.compare(naive, "wall_seconds").ci_high < 0  # planning for them is better, paired
     assert planned.metrics["wall_seconds"].ci_low <= warned_plan.expected["wall_seconds"] * 1.1
     assert planned.metrics["wall_seconds"].ci_high >= warned_plan.expected["wall_seconds"] * 0.9
+
+
+def test_elastic_restarts_without_a_private_store_are_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    from coci.preemption import warn_if_restarts_share_the_store
+
+    with caplog.at_level(logging.WARNING, logger="coci.preemption"):
+        assert warn_if_restarts_share_the_store({"TORCHELASTIC_MAX_RESTARTS": "3"})
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in caplog.text
+    assert not warn_if_restarts_share_the_store({"TORCHELASTIC_MAX_RESTARTS": "3", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    assert not warn_if_restarts_share_the_store({"TORCHELASTIC_MAX_RESTARTS": "0"})
+    assert not warn_if_restarts_share_the_store({})

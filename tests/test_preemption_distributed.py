@@ -47,7 +47,9 @@ def torchrun_command(run_dir: Path, *extra: str) -> list[str]:
 
 
 def start(run_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # restarted workers reuse torchrun's rendezvous store and read stale gloo addresses without it
+    # (pytorch/pytorch#135712; init_process_group fails after a restart, with or without coci)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     return subprocess.Popen(torchrun_command(run_dir, *extra), cwd=REPO, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
