@@ -25,12 +25,14 @@ a warning at start, and the ``preempted`` event and the report say the checkpoin
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,8 +112,6 @@ def agreement_interval(step_seconds: float | None, grace_seconds: float) -> int:
 def last_event_time(events_path: Path, tail_bytes: int = 1 << 16) -> float | None:
     """Unix time of the last complete event in ``events_path`` (the end of the previous process
     in this run directory), read from the file's tail; None without one."""
-    import json
-
     try:
         with open(events_path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -146,7 +146,7 @@ class Preemption:
             raise ConfigError("preemption_signals cannot include SIGKILL or SIGSTOP (they cannot be caught)")
         self.grace_seconds = parse_duration(grace, field="grace", positive=True)
         self.notice: Notice | None = None
-        self._previous: dict[int, Handler] = {}
+        self._installed = False
         self._next_agreement = 1
         self._last_agreement: tuple[int, float] | None = None
         #: Under torch.distributed: the collective of :meth:`due` (see :func:`agree_on_notice`).
@@ -157,34 +157,33 @@ class Preemption:
     # -- the handler ---------------------------------------------------------------------------
 
     def install(self) -> bool:
-        """Install the handler for each signal; False (and a warning) outside the main thread,
-        where Python cannot install signal handlers."""
+        """Listen for each signal; False (and a warning) outside the main thread, where Python
+        cannot install signal handlers."""
         if not self.signals:
             return False
         if threading.current_thread() is not threading.main_thread():
             logger.warning("coci: preemption signals not handled: the Session was built outside the main thread")
             return False
         for signum in self.signals:
-            self._previous[signum] = signal.signal(signum, self._handle)
+            _Dispatcher.for_signal(signum).listeners.add(self)
+        self._installed = True
         return True
 
     def uninstall(self) -> None:
-        """Put back the handlers that were installed before (main thread only)."""
-        if threading.current_thread() is not threading.main_thread():
+        """Stop listening; the last listener puts back the handler found before (main thread only)."""
+        if not self._installed or threading.current_thread() is not threading.main_thread():
             return
-        for signum, previous in self._previous.items():
-            if signal.getsignal(signum) == self._handle:
-                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-        self._previous = {}
+        self._installed = False
+        for signum in self.signals:
+            dispatcher = _DISPATCHERS.get(signum)
+            if dispatcher is not None:
+                dispatcher.listeners.discard(self)
+                dispatcher.release_if_idle()
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        """Record the first notice; chain a Python handler installed before (not SIG_DFL: ending
-        the process is what this handler replaces)."""
+    def record(self, signum: int) -> None:
+        """Remember the first notice (called from the signal handler: no I/O, no locks)."""
         if self.notice is None:
             self.notice = Notice(signum, time.monotonic())
-        previous = self._previous.get(signum)
-        if callable(previous):
-            previous(signum, frame)
 
     # -- at each step ----------------------------------------------------------------------------
 
@@ -224,6 +223,57 @@ class Preemption:
     def seconds_since_notice(self) -> float:
         """Seconds since this process's notice (0 when the notice came from another rank)."""
         return 0.0 if self.notice is None else time.monotonic() - self.notice.monotonic
+
+
+class _Dispatcher:
+    """The one handler coci installs for a signal, shared by every listening session.
+
+    It records the notice in each live :class:`Preemption` (weakly held: a session dropped without
+    ``close()`` stops listening), then calls the Python handler that was installed before it, if
+    any. With no live listener it acts as the handler before it would: the default action (for
+    SIGTERM: the process ends) is re-raised, so a forgotten session never swallows a SIGTERM.
+    """
+
+    def __init__(self, signum: int, previous: Handler) -> None:
+        self.signum = signum
+        self.previous = previous
+        self.listeners: weakref.WeakSet[Preemption] = weakref.WeakSet()
+
+    @classmethod
+    def for_signal(cls, signum: int) -> _Dispatcher:
+        """The dispatcher installed for ``signum``, installing one when another handler is in place."""
+        current = _DISPATCHERS.get(signum)
+        if current is not None and _installed(signum, current):
+            return current
+        dispatcher = cls(signum, signal.getsignal(signum))
+        signal.signal(signum, dispatcher)
+        _DISPATCHERS[signum] = dispatcher
+        return dispatcher
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        listeners = list(self.listeners)
+        for listener in listeners:
+            listener.record(signum)
+        if callable(self.previous):
+            self.previous(signum, frame)
+        elif not listeners and self.previous in (signal.SIG_DFL, None):
+            self.release_if_idle()
+            os.kill(os.getpid(), signum)  # nobody listens: the default action, as if coci were absent
+
+    def release_if_idle(self) -> None:
+        """Put back the previous handler once no session listens (when this one is still installed)."""
+        if len(self.listeners) == 0 and _installed(self.signum, self):
+            signal.signal(self.signum, self.previous if self.previous is not None else signal.SIG_DFL)
+            _DISPATCHERS.pop(self.signum, None)
+
+
+def _installed(signum: int, handler: object) -> bool:
+    """Is ``handler`` the handler of ``signum`` now?"""
+    return signal.getsignal(signum) is handler
+
+
+#: The dispatcher coci installed per signal number (main thread only).
+_DISPATCHERS: dict[int, _Dispatcher] = {}
 
 
 def agree_on_notice(context: Any) -> Callable[[bool, int], tuple[bool, int]]:

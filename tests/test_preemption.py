@@ -25,7 +25,7 @@ from coci import knobs
 from coci.checkpoint.verify import verify_run
 from coci.errors import ConfigError
 from coci.events import read_events
-from coci.preemption import Preemption, agreement_interval, grace_fits
+from coci.preemption import agreement_interval, grace_fits
 
 JOB = Path(__file__).with_name("preempt_job.py")
 
@@ -45,6 +45,7 @@ def one_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.
 
 
 def test_sigterm_checkpoints_the_next_step_commits_and_raises_preempted(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
     model, optimizer = make()
     session = coci.Session(tmp_path, state={"model": model, "optimizer": optimizer}, policy=coci.EveryN(100))
     for _ in range(3):
@@ -60,7 +61,7 @@ def test_sigterm_checkpoints_the_next_step_commits_and_raises_preempted(tmp_path
     event = [e for e in read_events(tmp_path) if e["event"] == "preempted"][0]
     assert event["step"] == 4 and event["signal"] == "SIGTERM" and event["within_grace"]
     assert event["grace_seconds"] == 30.0 and event["fits"] is True
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the session closed and put it back
+    assert signal.getsignal(signal.SIGTERM) is before  # the session closed and put it back
 
     fresh, fresh_optimizer = make()
     with coci.Session(tmp_path, state={"model": fresh, "optimizer": fresh_optimizer}, policy=coci.EveryN(100)) as again:
@@ -85,7 +86,11 @@ def test_a_notice_during_a_planned_checkpoint_of_that_step_waits_for_it(tmp_path
 
 def test_previous_python_handler_is_chained_and_restored(tmp_path: Path) -> None:
     seen: list[int] = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+
+    def handler(signum: int, frame: object) -> None:
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
         model, optimizer = make()
         session = coci.Session(tmp_path, state={"model": model, "optimizer": optimizer}, policy=coci.EveryN(100))
@@ -93,16 +98,16 @@ def test_previous_python_handler_is_chained_and_restored(tmp_path: Path) -> None
         with pytest.raises(coci.Preempted):
             session.step(one_step(model, optimizer))
         assert seen == [signal.SIGTERM]
-        handler = signal.getsignal(signal.SIGTERM)
-        assert callable(handler) and not isinstance(getattr(handler, "__self__", None), Preemption)
+        assert signal.getsignal(signal.SIGTERM) is handler  # put back when the session closed
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
 def test_preemption_off_and_other_signals(tmp_path: Path) -> None:
     model, optimizer = make()
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGUSR1)
     with coci.Session(tmp_path / "off", state={"model": model}, policy=coci.EveryN(100), preemption_signals=()):
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is before[0]
     session = coci.Session(
         tmp_path / "usr1", state={"model": model, "optimizer": optimizer}, policy=coci.EveryN(100),
         preemption_signals=(signal.SIGUSR1,), grace=5,
@@ -111,7 +116,7 @@ def test_preemption_off_and_other_signals(tmp_path: Path) -> None:
     with pytest.raises(coci.Preempted) as stopped:
         session.step(one_step(model, optimizer))
     assert stopped.value.signal == signal.SIGUSR1 and stopped.value.grace_seconds == 5.0
-    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGUSR1) is before[1]
 
 
 @pytest.mark.parametrize(
@@ -120,9 +125,10 @@ def test_preemption_off_and_other_signals(tmp_path: Path) -> None:
      ({"grace": 0}, "grace"), ({"grace": "soon"}, "grace")],
 )
 def test_bad_preemption_arguments_name_the_field(tmp_path: Path, kwargs: dict, field: str) -> None:
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(ConfigError, match=field):
         coci.Session(tmp_path, state={"x": torch.zeros(1)}, policy=coci.EveryN(1), **kwargs)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_a_grace_shorter_than_the_checkpoint_estimate_warns_at_start_and_in_the_event(
@@ -150,6 +156,18 @@ def test_grace_fit_and_agreement_cadence() -> None:
     assert agreement_interval(0.001, 30.0) == int(knobs.PREEMPTION_AGREE_SECONDS / 0.001)
     assert agreement_interval(0.001, 2.0) == 200  # at most a tenth of the grace
     assert agreement_interval(5.0, 30.0) == 1  # never less often than every step
+
+
+@pytest.mark.slow
+def test_a_session_dropped_without_close_does_not_swallow_sigterm(tmp_path: Path) -> None:
+    script = (
+        "import gc, os, signal, sys, time, torch, coci\n"
+        "session = coci.Session(sys.argv[1], state={'x': torch.zeros(1)}, policy=coci.EveryN(1))\n"
+        "del session; gc.collect()\n"
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(60); sys.exit(3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], timeout=300, capture_output=True)
+    assert done.returncode == -signal.SIGTERM, done.stderr.decode()[-2000:]
 
 
 # --- a real training process, SIGTERMed at 20 random moments ---------------------------------------
