@@ -5,9 +5,10 @@ after a grace period (Kubernetes: 30 s by default), SLURM sends the signal chose
 ``--signal`` some seconds before the end, ``torchrun`` forwards the SIGTERM it receives to every
 worker. :class:`Preemption` turns such a notice into a committed checkpoint:
 
-1. The handler (installed by :class:`coci.Session`, main thread only) only records the notice and
-   then calls a Python handler that was installed before it; it never does I/O, since it runs
-   between two bytecodes of whatever the training loop was doing.
+1. The handler (installed by :class:`coci.Session`, main thread only; one per signal, shared by
+   every listening session) only records the notice and then calls a Python handler that was
+   installed before it; it never does I/O, since it runs between two bytecodes of whatever the
+   training loop was doing. With no session listening it re-raises the default action.
 2. At the next ``session.step()`` the session checkpoints that step (after the persist in flight,
    if any; just that one when it is of this very step), waits for its commit, writes a
    ``preempted`` event and raises :class:`Preempted`. Under ``torch.distributed`` the ranks agree
