@@ -37,7 +37,7 @@ DIRECT_IO_ALIGN_BYTES: int = 4096
 #: Payloads smaller than this are always written through the page cache (manifests, tiny states).
 DIRECT_IO_MIN_BYTES: int = 1 << 20
 
-#: Compute the crc32 of each written chunk on a helper thread while the next chunk is written
+#: Compute the checksum of each written chunk on a helper thread while the next chunk is written
 #: (O_DIRECT writes wait on the device with the GIL released), and likewise while restoring.
 WRITE_CHECKSUM_THREAD: bool = True
 
