@@ -49,7 +49,7 @@ _DCP_METADATA = ".metadata"
 class DcpTensor(BaseModel):
     """One tensor of the state tree, saved through DCP under ``key``."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
     index: int = Field(ge=0)  # its placeholder in the skeleton
     key: str
     dtype: str

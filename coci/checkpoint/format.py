@@ -82,7 +82,7 @@ class FileEntry(BaseModel):
     so an old record re-serializes byte for byte (its sealed checksum still matches).
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
     name: str
     size: int = Field(ge=0)
     crc32: int | None = Field(default=None, ge=0, lt=1 << 32)
@@ -123,7 +123,7 @@ class CommitRecord(BaseModel):
     infinities in the state are written as JSON constants, never silently as null.
     """
 
-    model_config = ConfigDict(ser_json_inf_nan="constants")
+    model_config = ConfigDict(ser_json_inf_nan="constants", defer_build=True)
     format_version: int
     coci_version: str
     step: int = Field(ge=0)

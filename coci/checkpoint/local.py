@@ -40,7 +40,7 @@ __all__ = [
 class TensorEntry(BaseModel):
     """One tensor in ``data.bin``."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
     dtype: str
     shape: list[int]
     offset: int = Field(ge=0)

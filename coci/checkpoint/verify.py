@@ -45,7 +45,7 @@ class CheckpointStatus(BaseModel):
     is the size on disk of the entry's files; ``error`` says what is wrong, None when ``ok``.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     step: int | None
     path: str
