@@ -77,7 +77,7 @@ def write_file(path: Path, payload: memoryview, fault_point: str | None = None) 
     finally:
         checksum.close()
         os.close(fd)
-    return format.FileEntry.of(path.name, size, crc)
+    return format.FileEntry.of(path.name, size, crc, format.WRITE_CHECKSUM)
 
 
 def open_for_write(path: Path, payload: memoryview) -> tuple[int, bool]:
@@ -234,4 +234,4 @@ def describe_file(path: Path) -> format.FileEntry:
         while chunk := handle.read(knobs.READ_CHUNK_BYTES):
             checksum.submit(memoryview(chunk))
             size += len(chunk)
-    return format.FileEntry.of(path.name, size, checksum.result())
+    return format.FileEntry.of(path.name, size, checksum.result(), format.WRITE_CHECKSUM)
