@@ -31,9 +31,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import coci  # noqa: E402
-from coci.checkpoint import fileio, format  # noqa: E402
-from common import copy_all, median, preallocated_like, remove, scratch_dir, spread, verdict  # noqa: E402
+from common import copy_all, median, preallocated_like, remove, scratch_dir, spread, verdict
+
+import coci
+from coci.checkpoint import fileio, format
 
 GOAL = 1.5
 WINDOW = 10  # steps per checkpoint interval
