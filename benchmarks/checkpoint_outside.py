@@ -77,6 +77,20 @@ def window(session: coci.Session, step: Callable[[], torch.Tensor], arm: str) ->
     return time.perf_counter() - began, time.process_time() - cpu_began
 
 
+def checksum_cpu(sources: list[torch.Tensor], repeats: int) -> dict[str, list[float]]:
+    """CPU seconds to checksum the state's bytes once per algorithm, interleaved ``repeats`` times."""
+    views = [memoryview(t.contiguous().view(torch.uint8).numpy()) for t in sources]
+    updates: dict[str, Callable[[memoryview, int], int]] = {"crc32c": fileio.crc32c.crc32c, "zlib crc32": zlib.crc32}
+    seconds: dict[str, list[float]] = {name: [] for name in updates}
+    for _ in range(repeats):
+        for name, update in updates.items():
+            began, value = time.thread_time(), 0
+            for view in views:
+                value = update(view, value)
+            seconds[name].append(time.thread_time() - began)
+    return seconds
+
+
 def copy_seconds(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> tuple[float, float]:
     cpu_began = time.process_time()
     wall = copy_all(destinations, sources)
@@ -118,6 +132,10 @@ def main() -> None:
         clean_step = median([wall for wall, _ in times["none"]]) / WINDOW
         print(f"state {state_mb:.0f} MB in {len(sources)} tensors, torch threads {torch.get_num_threads()}, "
               f"{args.rounds} rounds, step {clean_step * 1e3:.1f} ms, crc32c hardware {fileio.crc32c.hardware_based}")
+        copy_cpu = median([c[1] for c in copies])
+        for name, values in checksum_cpu(sources, args.rounds).items():
+            print(f" checksum of the state, {name:10s}: CPU median {median(values) * 1e3:6.1f} ms "
+                  f"({state_mb / 1024 / median(values):.1f} GB/s) = {median(values) / copy_cpu:.2f} x the copy_'s CPU")
         for clock, which in (("wall", 0), ("cpu", 1)):
             copy = [c[which] for c in copies]
             print(f" {clock}: copy_ of the same bytes     median {median(copy) * 1e3:7.1f} ms ({spread(copy)} s)")
