@@ -6,10 +6,11 @@ The public surface is the handful of names below; the subpackages ``planning``, 
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"  # before the imports: coci.checkpoint.format writes it into manifests
 
-from coci.analysis.report import Report, report
-from coci.analysis.simulate import SimulationResult, simulate
 from coci.checkpoint.checkpointer import PendingCheckpoint, PersistResult
 from coci.checkpoint.stateful import Stateful
 from coci.checkpoint.verify import CheckpointStatus, verify_run
@@ -32,6 +33,33 @@ from coci.preemption import Preempted
 from coci.session import RestoreResult, Session
 from coci.units import parse_duration
 from profiler import Estimate, Profile
+
+if TYPE_CHECKING:
+    from coci.analysis.report import Report, report
+    from coci.analysis.simulate import SimulationResult, simulate
+
+#: Names loaded on first use (module ``__getattr__``): what a training loop does not need, and
+#: what pulls in pandas, scipy.stats and matplotlib. ``import coci`` stays light (README, Performance II).
+_LAZY = {
+    "Report": "coci.analysis.report",
+    "report": "coci.analysis.report",
+    "SimulationResult": "coci.analysis.simulate",
+    "simulate": "coci.analysis.simulate",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'coci' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "AtSteps",

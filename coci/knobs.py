@@ -37,7 +37,7 @@ DIRECT_IO_ALIGN_BYTES: int = 4096
 #: Payloads smaller than this are always written through the page cache (manifests, tiny states).
 DIRECT_IO_MIN_BYTES: int = 1 << 20
 
-#: Compute the crc32 of each written chunk on a helper thread while the next chunk is written
+#: Compute the checksum of each written chunk on a helper thread while the next chunk is written
 #: (O_DIRECT writes wait on the device with the GIL released), and likewise while restoring.
 WRITE_CHECKSUM_THREAD: bool = True
 
@@ -59,10 +59,21 @@ PLAN_EVENT_MAX_STEPS: int = 10_000
 #: Steps after which a planning policy is first asked to plan (profile warm-up).
 PLAN_WARMUP_STEPS: int = 20
 
-#: Re-planning (a curve refit and a solve, 0.1-0.5 s on 2 busy cores) runs on the training thread;
-#: after the first plan, a re-plan is skipped while planning has taken more than this fraction of
-#: the session's wall time, so it never costs the job more than about this much.
+#: Re-planning (a curve refit and a solve, 0.1-0.5 s on 2 busy cores) takes CPU from the job even
+#: on the planner thread; after the first plan, a re-plan is skipped while planning has taken more
+#: than this fraction of the session's wall time, so it never costs the job more than about this much.
 PLANNING_TIME_FRACTION: float = 0.01
+
+#: A single-process session's planning policy observes on a worker thread (coci.planning.background);
+#: False observes inline on the training thread, as before (the plan then applies at the observed step).
+PLAN_IN_BACKGROUND: bool = True
+
+#: A plan made on the planner thread from the observation at step ``s`` takes effect at step
+#: ``s + max(PLAN_APPLY_MIN_STEPS, ceil(PLAN_APPLY_SECONDS / step seconds))``: a step fixed by the
+#: observation, so checkpoint steps never depend on the worker's speed; the training thread waits
+#: there only if the plan is not ready (planning takes 0.1-0.6 s on 2 busy cores).
+PLAN_APPLY_SECONDS: float = 1.0
+PLAN_APPLY_MIN_STEPS: int = 1
 
 #: A planning policy is observed again this many steps after its last observation (besides after
 #: each commit), never every step.

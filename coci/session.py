@@ -57,10 +57,11 @@ from coci.errors import (
     StateMismatchError,
 )
 from coci.events import EventLog
+from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
 from coci.planning.config import PlanConfig, changed_arguments
 from coci.planning.failures import Failures
-from coci.planning.planner import Plan, make_policy
+from coci.planning.planner import Plan, PlanningPolicy, make_policy
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from profiler import Profile, Profiler
 
@@ -168,6 +169,7 @@ class Session:
         self._stall_seconds = 0.0
         self._stalled_total = 0.0  # every stall of this process (the warm-up bet's budget)
         self._cadence = Cadence(collective=self._dist is not None)  # when the policy observes
+        self._planner = BackgroundPlanner()  # coci's planning policies observe off the training thread
         self._written_plan: Any = None
         self._closed = False
         self._started = self._clock()
@@ -226,6 +228,8 @@ class Session:
             self.events.emit("progress", step=self._steps)
         due = self.policy.should_checkpoint(self._steps)  # asked before any re-plan made at this step
         self._poll_persist()
+        if self._planner.due(self._steps):
+            self._apply_background_plan()
         if self._should_observe():
             self._observe()
         pending = None
@@ -280,6 +284,7 @@ class Session:
         checkpoint rank 0 picked, and the ranks skip a checkpoint together (collective).
         """
         self._check_open()
+        self._planner.discard()  # a plan of the run before the restore never applies
         root = format.checkpoints_dir(self.run_dir)
         candidates = restore_candidates(root, self._dist)  # newest first; damaged ones too, so each is reported
         skipped: list[Path] = []
@@ -336,6 +341,7 @@ class Session:
             return
         self._closed = True
         try:
+            self._planner.close()  # an observation still in flight is dropped: the run ends first
             self._checkpointer.close()
             self._poll_persist()
         finally:
@@ -497,6 +503,8 @@ class Session:
         return self._clock() - self._started
 
     def _observe(self) -> None:
+        if self._planner.in_flight:  # one plan at a time; the next observation comes after it applies
+            return
         began = self._clock()
         try:
             self._observe_now()
@@ -512,13 +520,23 @@ class Session:
             losses=losses,
             checkpoint_steps=tuple(self._checkpoint_steps),
         )
-        if self._dist is None:
+        if self._dist is None and knobs.PLAN_IN_BACKGROUND and isinstance(self.policy, PlanningPolicy):
+            self._planner.submit(self.policy, observation)  # applies at a step fixed by the observation
+        elif self._dist is None:
             self.policy.observe(observation)
         else:  # distributed: slowest rank's costs; rank 0 plans, every rank gets its plan
             distributed.observe_policy(self.policy, observation, self._dist)
         if self.plan is not self._written_plan:
             self._write_plan()
         self._profiler.mark()  # planning time is coci's, not the training step's
+
+    def _apply_background_plan(self) -> None:
+        """Swap in the policy the planner thread observed (waiting for it if need be): its apply step."""
+        began = self._clock()
+        self.policy, worker_seconds = self._planner.take()
+        self._cadence.charge(worker_seconds + self._clock() - began)
+        self._write_plan()
+        self._profiler.mark()  # a wait for the planner is coci's time, not the training step's
 
     def _write_plan(self) -> None:
         plan = self.plan

@@ -34,7 +34,7 @@ class Estimate(BaseModel):
     ``spread`` (scaled median absolute deviation of the samples, ``None`` below two samples; for a
     ratio the combined relative spread) and ``count`` (samples behind ``value``; 0 = not measured)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     value: float | None = None
     spread: float | None = None
@@ -54,7 +54,7 @@ class Estimate(BaseModel):
 class Bandwidth(BaseModel):
     """Result of the one-time micro-probe: host-copy and write+fsync bandwidth in bytes/second."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     copy_bytes_per_second: float = Field(gt=0)
     write_bytes_per_second: float = Field(gt=0)
@@ -69,7 +69,7 @@ class Profile(BaseModel):
     appear in ``model_dump``/JSON and are recomputed, not read, on validation.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     steps: int = Field(default=0, ge=0, description="completed training steps")
     state_bytes: int | None = Field(default=None, ge=0, description="bytes of one checkpoint's state")

@@ -3,7 +3,7 @@ manifests and raw tensor bytes only; nothing is unpickled).
 
 Each payload below runs ``touch MARKER`` when unpickled (its ``__reduce__`` returns ``os.system``);
 a liveness test proves it does. The payload is planted as the data file (raw pickle, and a
-``torch.save`` zip whose manifest entries are rewritten to match its size and crc32), as the
+``torch.save`` zip whose manifest entries are rewritten to match its size and crc32c), as the
 manifest, and inside the manifest's JSON. ``verify_run`` and ``Session.restore()`` must refuse or
 ignore each, the marker must never appear, and neither ``pickle`` nor ``torch.load`` may even be
 called while coci reads a checkpoint.
@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import crc32c
 import pytest
 import torch
 
@@ -73,12 +73,12 @@ def plant_pickle(run_dir: Path, marker: Path) -> None:
 
 
 def plant_torch_save_matching_manifest(run_dir: Path, marker: Path) -> None:
-    """A torch.save'd payload as data.bin, with the manifest's size and crc32 made to match it."""
+    """A torch.save'd payload as data.bin, with the manifest's size and crc32c made to match it."""
     data = step_dir(run_dir, 4) / "data.bin"
     torch.save({"weights": Payload(marker)}, data)
     raw = data.read_bytes()
     manifest = load_manifest_json(run_dir, 4)
-    manifest["files"][0].update(size=len(raw), crc32=zlib.crc32(raw))
+    manifest["files"][0].update(size=len(raw), crc32c=crc32c.crc32c(raw))
     write_manifest_json(run_dir, 4, manifest)
 
 
@@ -89,7 +89,7 @@ def plant_torch_save_as_whole_state(run_dir: Path, marker: Path) -> None:
     torch.save(Payload(marker), data)
     raw = data.read_bytes()
     manifest = load_manifest_json(run_dir, 4)
-    manifest["files"][0].update(size=len(raw), crc32=zlib.crc32(raw))
+    manifest["files"][0].update(size=len(raw), crc32c=crc32c.crc32c(raw))
     manifest["tensors"] = [{"dtype": "uint8", "shape": [len(raw)], "offset": 0, "nbytes": len(raw)}]
     manifest["skeleton"] = {"model": {"weight": {"__tensor__": 0}}}
     manifest["state_keys"] = ["model"]

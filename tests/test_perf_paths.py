@@ -15,13 +15,14 @@ import time
 import zlib
 from pathlib import Path
 
+import crc32c
 import pytest
 import torch
 
 from coci import knobs
 from coci.checkpoint import fileio, format
-from coci.errors import CorruptCheckpointError
 from coci.checkpoint.snapshot import CopyJob, StagingArena, aligned_empty
+from coci.errors import CorruptCheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,8 +37,9 @@ def _arena_payload(numel: int, seed: int = 0) -> tuple[StagingArena, memoryview]
     return arena, arena.payload()
 
 
-def _entry(path: Path, size: int, crc: int) -> format.FileEntry:
-    return format.FileEntry(name=path.name, size=size, crc32=crc)
+def _written(path: Path, payload: memoryview) -> format.FileEntry:
+    """The entry write_file must return: the payload's size and crc32c (the package's own value)."""
+    return format.FileEntry(name=path.name, size=len(payload), crc32c=crc32c.crc32c(payload))
 
 
 def test_arena_and_aligned_buffers_start_on_a_block_boundary() -> None:
@@ -50,15 +52,14 @@ def test_arena_and_aligned_buffers_start_on_a_block_boundary() -> None:
 
 
 @pytest.mark.parametrize("numel", [(3 << 20) // 4 + 7, (2 << 20) // 4])  # ragged tail, block multiple
-def test_direct_write_round_trips_with_the_same_crc_as_zlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, numel: int) -> None:
+def test_direct_write_round_trips_with_the_payloads_crc32c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, numel: int) -> None:
     monkeypatch.setattr(knobs, "WRITE_CHUNK_BYTES", 1 << 20)
     _, payload = _arena_payload(numel)
     assert len(payload) >= knobs.DIRECT_IO_MIN_BYTES
     path = tmp_path / "data.bin"
     fd, direct = fileio.open_for_write(path, payload)
     os.close(fd)
-    size, crc = fileio.write_file(path, payload)
-    assert (size, crc) == (len(payload), zlib.crc32(payload))
+    assert fileio.write_file(path, payload) == _written(path, payload)
     assert path.read_bytes() == bytes(payload)
     if not direct:
         pytest.skip("this filesystem refuses O_DIRECT: only the fallback was exercised")
@@ -77,9 +78,9 @@ def test_direct_write_falls_back_to_the_page_cache_when_refused(tmp_path: Path, 
     monkeypatch.setattr(os, "open", no_direct)
     _, payload = _arena_payload((2 << 20) // 4 + 3)
     path = tmp_path / "data.bin"
-    assert fileio.write_file(path, payload) == (len(payload), zlib.crc32(payload))
+    entry = fileio.write_file(path, payload)
+    assert entry == _written(path, payload)
     assert path.read_bytes() == bytes(payload) and refused == [path]
-    entry = _entry(path, len(payload), zlib.crc32(payload))
     assert bytes(fileio.read_verified(path, entry).numpy()) == bytes(payload)
 
 
@@ -89,7 +90,7 @@ def test_unaligned_or_small_payloads_never_ask_for_o_direct(tmp_path: Path) -> N
     assert not fileio.direct_eligible(payload[1:])  # address off the block boundary
     assert not fileio.direct_eligible(payload[: knobs.DIRECT_IO_MIN_BYTES - 1])
     path = tmp_path / "data.bin"
-    assert fileio.write_file(path, payload[1:]) == (len(payload) - 1, zlib.crc32(payload[1:]))
+    assert fileio.write_file(path, payload[1:]) == _written(path, payload[1:])
     assert path.read_bytes() == bytes(payload[1:])
 
 
@@ -113,18 +114,22 @@ def test_verified_read_matches_for_any_chunking(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(knobs, "READ_CHUNK_BYTES", chunk)
     _, payload = _arena_payload((1 << 20) // 4 + 999)
     path = tmp_path / "data.bin"
-    size, crc = fileio.write_file(path, payload)
-    entry = _entry(path, size, crc)
+    entry = fileio.write_file(path, payload)
     loaded = fileio.read_verified(path, entry)
-    assert loaded.numel() == size and bytes(loaded.numpy()) == bytes(payload)
+    assert loaded.numel() == entry.size and bytes(loaded.numpy()) == bytes(payload)
     fileio.read_verified(path, entry, keep=False)  # verifies without keeping: no error
 
 
-def test_verified_read_detects_a_flipped_byte_in_the_middle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("algorithm", ["crc32c", "crc32"])
+def test_verified_read_detects_a_flipped_byte_in_the_middle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str) -> None:
+    """crc32c (what coci writes) and crc32 (what records before format 2 name) both catch one flipped byte."""
     monkeypatch.setattr(knobs, "READ_CHUNK_BYTES", 256 << 10)
     _, payload = _arena_payload((2 << 20) // 4)
     path = tmp_path / "data.bin"
-    size, crc = fileio.write_file(path, payload)
+    size = fileio.write_file(path, payload).size
+    recorded = crc32c.crc32c(payload) if algorithm == "crc32c" else zlib.crc32(payload)
+    entry = format.FileEntry.model_validate({"name": path.name, "size": size, algorithm: recorded})
+    fileio.read_verified(path, entry)  # intact: verifies
     with open(path, "r+b") as handle:
         handle.seek(size // 2 + 1)
         byte = handle.read(1)
@@ -132,18 +137,20 @@ def test_verified_read_detects_a_flipped_byte_in_the_middle(tmp_path: Path, monk
         handle.write(bytes([byte[0] ^ 0xFF]))
     for keep in (True, False):
         with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
-            fileio.read_verified(path, _entry(path, size, crc), keep=keep)
+            fileio.read_verified(path, entry, keep=keep)
 
 
 def test_threaded_checksum_equals_sequential_crc_in_chunk_order() -> None:
     data = memoryview(torch.randint(0, 256, (3 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)).numpy())
     pieces = [data[i : i + 123457] for i in range(0, len(data), 123457)]
-    for threaded in (True, False):
-        checksum = fileio.ChunkChecksum(threaded=threaded)
-        for piece in pieces:
-            checksum.submit(piece)
-        assert checksum.result() == zlib.crc32(data)
-        checksum.close()
+    whole = {"crc32c": crc32c.crc32c(data), "crc32": zlib.crc32(data)}
+    for algorithm, expected in whole.items():
+        for threaded in (True, False):
+            checksum = fileio.ChunkChecksum(algorithm, threaded=threaded)  # type: ignore[arg-type]
+            for piece in pieces:
+                checksum.submit(piece)
+            assert checksum.result() == expected
+            checksum.close()
 
 
 class _CountingView:

@@ -8,7 +8,7 @@ fenced tensors (overlapping the next forward/backward), resolves ``staging_compl
 :class:`CheckpointWriter` write and commit the files, applies retention and resolves
 ``upload_completion`` (the futures mirror DCP's ``async_save``).
 
-Persist runs in a thread, not a process: ``os.write``, ``zlib.crc32``, ``os.fsync`` and
+Persist runs in a thread, not a process: ``os.write``, ``crc32c``, ``os.fsync`` and
 ``Tensor.copy_`` all release the GIL, so the thread contends for cores, not for the interpreter;
 a process would add a shared-memory hand-off for the same syscalls (see benchmarks/README.md).
 A failure in the worker is logged, written to ``events.jsonl`` and set on the futures; the

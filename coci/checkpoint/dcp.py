@@ -7,7 +7,7 @@ under the same keys on every rank, so DCP writes each tensor once and balances t
 ranks; coci's per-rank state (RNG streams, the rank's profiler) is saved under per-rank keys.
 The ranks agree on the step and the replicated layout before writing; after the save every rank
 checksums the files it wrote and votes, and only once every vote arrived does the coordinator
-write the commit record (``"format": "dcp"``, sizes and crc32 of every file) and publish it.
+write the commit record (``"format": "dcp"``, sizes and crc32c of every file) and publish it.
 
 Reading (:class:`DcpReader`): the ranks verify the files' checksums, a share each, agree on the
 verdict and load through ``torch.distributed.checkpoint.load``. DCP unpickles its ``.metadata``;
@@ -49,7 +49,7 @@ _DCP_METADATA = ".metadata"
 class DcpTensor(BaseModel):
     """One tensor of the state tree, saved through DCP under ``key``."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
     index: int = Field(ge=0)  # its placeholder in the skeleton
     key: str
     dtype: str
@@ -94,7 +94,7 @@ def verify_dcp_checkpoint(path: Path) -> DcpManifest:
 
 
 def _verify_files(path: Path, files: list[FileEntry]) -> str | None:
-    """None when every file has its recorded size and crc32, else what is wrong."""
+    """None when every file has its recorded size and checksum, else what is wrong."""
     try:
         for entry in files:
             fileio.read_verified(path / entry.name, entry, keep=False)

@@ -1,9 +1,11 @@
 """Fast, verified data-file I/O shared by every checkpoint format.
 
 Large files are written and read in chunks with ``O_DIRECT`` where the filesystem allows it, and
-their crc32 is computed on a helper thread while the next chunk moves, so checksumming costs no
-persist or restore time. A file read back is checked against its recorded size and crc32 before
-any byte of it is used.
+their checksum is computed on a helper thread while the next chunk moves, so checksumming costs no
+persist or restore time. New files get crc32c (hardware-accelerated by the ``crc32c`` package, about
+5x zlib's crc32 here: benchmarks/README.md, "Performance II"); files of older records are checked with
+the crc32 they name. A file read back is checked against its recorded size and checksum before any
+byte of it is used.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import logging
 import os
 import threading
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import torch
 
@@ -24,16 +28,22 @@ from coci.checkpoint import format
 from coci.checkpoint.snapshot import aligned_empty
 from coci.errors import CorruptCheckpointError
 
-try:  # ISA-L's crc32 computes the same checksum as zlib's, ~5x faster (SIMD); optional
+try:  # ISA-L's crc32 computes the same checksum as zlib's, ~5x faster (SIMD); optional, for old records
     from isal.isal_zlib import crc32 as _crc32
 except ImportError:  # pragma: no cover - depends on the environment
     _crc32 = zlib.crc32
 
+#: ``update(data, running_value) -> new value`` per algorithm a record may name.
+_CHECKSUMS: dict[format.ChecksumAlgorithm, Callable[[memoryview | bytes, int], int]] = {
+    "crc32c": crc32c.crc32c,
+    "crc32": _crc32,
+}
+
 logger = logging.getLogger(__name__)
 
 
-def write_file(path: Path, payload: memoryview, fault_point: str | None = None) -> tuple[int, int]:
-    """Write ``payload`` in chunks, fsync, and return (size, crc32); ``fault_point`` fires after the first chunk.
+def write_file(path: Path, payload: memoryview, fault_point: str | None = None) -> format.FileEntry:
+    """Write ``payload`` in chunks, fsync, and return its entry (size, crc32c); ``fault_point`` fires after the first chunk.
 
     Large page-aligned payloads (the staging arena) are written with ``O_DIRECT`` where the
     filesystem allows it: the device reads the arena itself, so the persist does not memcpy every
@@ -44,7 +54,7 @@ def write_file(path: Path, payload: memoryview, fault_point: str | None = None) 
     """
     size = len(payload)
     fd, direct = open_for_write(path, payload)
-    checksum = ChunkChecksum(threaded=direct and knobs.WRITE_CHECKSUM_THREAD)
+    checksum = ChunkChecksum(format.WRITE_CHECKSUM, threaded=direct and knobs.WRITE_CHECKSUM_THREAD)
     try:
         chunk = io_chunk_bytes(direct)
         aligned_end = size - size % knobs.DIRECT_IO_ALIGN_BYTES if direct else size
@@ -67,7 +77,7 @@ def write_file(path: Path, payload: memoryview, fault_point: str | None = None) 
     finally:
         checksum.close()
         os.close(fd)
-    return size, crc
+    return format.FileEntry.of(path.name, size, crc, format.WRITE_CHECKSUM)
 
 
 def open_for_write(path: Path, payload: memoryview) -> tuple[int, bool]:
@@ -103,26 +113,27 @@ def set_direct(fd: int, enabled: bool) -> None:
 
 
 class ChunkChecksum:
-    """crc32 over consecutive chunks, optionally on a helper thread that overlaps the I/O.
+    """A checksum over consecutive chunks, optionally on a helper thread that overlaps the I/O.
 
     Chunks are checksummed strictly in order (one worker, FIFO), each continuing the previous
     value. The buffers must stay unchanged until :meth:`result` returns (the arena does: the next
     snapshot waits for this persist).
     """
 
-    def __init__(self, threaded: bool) -> None:
+    def __init__(self, algorithm: format.ChecksumAlgorithm, threaded: bool) -> None:
+        self._update_with = _CHECKSUMS[algorithm]
         self._crc = 0
         self._futures: list[Future[None]] = []
         self._executor = _checksum_executor() if threaded else None
 
     def submit(self, piece: memoryview) -> None:
         if self._executor is None:
-            self._crc = _crc32(piece, self._crc)
+            self._update(piece)
         else:
             self._futures.append(self._executor.submit(self._update, piece))
 
     def _update(self, piece: memoryview) -> None:
-        self._crc = _crc32(piece, self._crc)
+        self._crc = self._update_with(piece, self._crc)
 
     def wait_for(self, index: int) -> None:
         """Block until chunk ``index`` (0-based, in submission order) is checksummed."""
@@ -148,12 +159,12 @@ def _checksum_executor() -> ThreadPoolExecutor:
     global _CHECKSUM_EXECUTOR
     with _CHECKSUM_LOCK:
         if _CHECKSUM_EXECUTOR is None:
-            _CHECKSUM_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coci-crc32")
+            _CHECKSUM_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coci-checksum")
         return _CHECKSUM_EXECUTOR
 
 
 def read_verified(path: Path, entry: format.FileEntry, keep: bool = True) -> torch.Tensor:
-    """Read a data file and check its size and crc32; return its bytes (``keep``) or a scratch buffer.
+    """Read a data file and check its size and checksum; return its bytes (``keep``) or a scratch buffer.
 
     Large files are read with ``O_DIRECT`` into a block-aligned buffer where the filesystem allows
     it (the device fills the buffer; no page-cache copy), and the checksum of each chunk runs on the
@@ -177,7 +188,7 @@ def read_verified(path: Path, entry: format.FileEntry, keep: bool = True) -> tor
     else:
         buffer = torch.empty(min(size, chunk) * (2 if threaded else 1), dtype=torch.uint8)
     view = buffer.numpy().data
-    checksum = ChunkChecksum(threaded=threaded)
+    checksum = ChunkChecksum(entry.algorithm, threaded=threaded)
     try:
         offset = 0
         index = 0
@@ -200,8 +211,8 @@ def read_verified(path: Path, entry: format.FileEntry, keep: bool = True) -> tor
     finally:
         checksum.close()
         os.close(fd)
-    if crc != entry.crc32:
-        raise CorruptCheckpointError(f"{path}: checksum mismatch (crc32 {crc:#010x} != {entry.crc32:#010x})")
+    if crc != entry.checksum:
+        raise CorruptCheckpointError(f"{path}: checksum mismatch ({entry.algorithm} {crc:#010x} != {entry.checksum:#010x})")
     return buffer[:size] if keep else buffer
 
 
@@ -216,11 +227,11 @@ def open_for_read(path: Path, size: int) -> tuple[int, bool]:
 
 
 def describe_file(path: Path) -> format.FileEntry:
-    """The size and crc32 of a file already written (and fsynced) by someone else."""
-    crc = 0
+    """The size and crc32c of a file already written (and fsynced) by someone else."""
+    checksum = ChunkChecksum(format.WRITE_CHECKSUM, threaded=False)
     size = 0
     with open(path, "rb", buffering=0) as handle:
         while chunk := handle.read(knobs.READ_CHUNK_BYTES):
-            crc = _crc32(chunk, crc)
+            checksum.submit(memoryview(chunk))
             size += len(chunk)
-    return format.FileEntry(name=path.name, size=size, crc32=crc)
+    return format.FileEntry.of(path.name, size, checksum.result(), format.WRITE_CHECKSUM)

@@ -23,15 +23,16 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer, model_validator
 
 from coci import __version__
 from coci.errors import CorruptCheckpointError
 
-#: Written into every commit record; a reader refuses a record with a newer version.
-FORMAT_VERSION: int = 1
+#: Written into every commit record; a reader refuses a record with a newer version. Version 2
+#: checksums data files with crc32c (``FileEntry.crc32c``); version 1 records (``crc32``) still read.
+FORMAT_VERSION: int = 2
 #: Sub-directory of the run directory that holds the checkpoints.
 CHECKPOINT_DIRNAME = "checkpoints"
 #: Suffix of a checkpoint directory still being written, or being deleted.
@@ -68,13 +69,49 @@ def fault(point: str) -> None:
 # --- commit record -----------------------------------------------------------------------------
 
 
-class FileEntry(BaseModel):
-    """One data file of a checkpoint, with what verification checks."""
+#: The checksum algorithms a record may name; new checkpoints are written with the first.
+ChecksumAlgorithm = Literal["crc32c", "crc32"]
+WRITE_CHECKSUM: ChecksumAlgorithm = "crc32c"
 
-    model_config = ConfigDict(frozen=True)
+
+class FileEntry(BaseModel):
+    """One data file of a checkpoint, with what verification checks.
+
+    The key of its checksum names the algorithm: ``crc32c`` (what coci writes) or ``crc32`` (records
+    written before format version 2). Exactly one is present, and an absent one is not serialized,
+    so an old record re-serializes byte for byte (its sealed checksum still matches).
+    """
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
     name: str
     size: int = Field(ge=0)
-    crc32: int
+    crc32: int | None = Field(default=None, ge=0, lt=1 << 32)
+    crc32c: int | None = Field(default=None, ge=0, lt=1 << 32)
+
+    @model_validator(mode="after")
+    def _one_checksum(self) -> Self:
+        if (self.crc32 is None) == (self.crc32c is None):
+            raise ValueError(f"file {self.name!r} must record exactly one of crc32, crc32c")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_absent_checksum(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {key: value for key, value in data.items() if not (key in ("crc32", "crc32c") and value is None)}
+
+    @classmethod
+    def of(cls, name: str, size: int, checksum: int, algorithm: ChecksumAlgorithm = WRITE_CHECKSUM) -> FileEntry:
+        return cls.model_validate({"name": name, "size": size, algorithm: checksum})
+
+    @property
+    def algorithm(self) -> ChecksumAlgorithm:
+        return "crc32" if self.crc32 is not None else "crc32c"
+
+    @property
+    def checksum(self) -> int:
+        value = self.crc32 if self.crc32 is not None else self.crc32c
+        assert value is not None  # the validator guarantees one
+        return value
 
 
 class CommitRecord(BaseModel):
@@ -86,7 +123,7 @@ class CommitRecord(BaseModel):
     infinities in the state are written as JSON constants, never silently as null.
     """
 
-    model_config = ConfigDict(ser_json_inf_nan="constants")
+    model_config = ConfigDict(ser_json_inf_nan="constants", defer_build=True)
     format_version: int
     coci_version: str
     step: int = Field(ge=0)

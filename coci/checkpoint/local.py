@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from coci.checkpoint import fileio, format
-from coci.checkpoint.format import CommitRecord, FileEntry, LoadedCheckpoint
+from coci.checkpoint.format import CommitRecord, LoadedCheckpoint
 from coci.checkpoint.snapshot import StagedCheckpoint, TensorSlot
 from coci.checkpoint.tree import tensor_refs, unflatten
 from coci.checks import is_int
@@ -40,7 +40,7 @@ __all__ = [
 class TensorEntry(BaseModel):
     """One tensor in ``data.bin``."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
     dtype: str
     shape: list[int]
     offset: int = Field(ge=0)
@@ -130,11 +130,9 @@ def write_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        size, crc = fileio.write_file(tmp / format.DATA_FILENAME, payload, fault_point="mid_write")
+        data_file = fileio.write_file(tmp / format.DATA_FILENAME, payload, fault_point="mid_write")
         manifest = Manifest(
-            **format.record_header(
-                step, epoch=epoch, state_keys=state_keys, files=[FileEntry(name=format.DATA_FILENAME, size=size, crc32=crc)]
-            ),
+            **format.record_header(step, epoch=epoch, state_keys=state_keys, files=[data_file]),
             tensors=[
                 TensorEntry(dtype=dtype_name(s.dtype), shape=list(s.shape), offset=s.offset, nbytes=s.nbytes) for s in slots
             ],
@@ -184,7 +182,7 @@ def check_consistent(manifest: Manifest, path: Path) -> None:
 
 
 def load_tensors(path: Path, manifest: Manifest) -> list[torch.Tensor]:
-    """Read ``data.bin`` (its size and crc32 checked against ``manifest``) and view its tensors."""
+    """Read ``data.bin`` (its size and checksum checked against ``manifest``) and view its tensors."""
     entry = manifest.files[0]
     buffer = fileio.read_verified(path / entry.name, entry)
     tensors = []
@@ -196,7 +194,7 @@ def load_tensors(path: Path, manifest: Manifest) -> list[torch.Tensor]:
 
 
 def load_checkpoint(path: Path) -> tuple[Manifest, list[torch.Tensor]]:
-    """Read, verify (size and crc32) and return the tensors of a committed checkpoint."""
+    """Read, verify (size and checksum) and return the tensors of a committed checkpoint."""
     manifest = read_manifest(path)
     return manifest, load_tensors(path, manifest)
 

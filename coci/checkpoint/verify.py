@@ -5,7 +5,7 @@
 
 * every ``step_<n>`` directory is checked the way ``Session.restore()`` checks it before loading:
   the manifest parses and is sane (format version, file names inside the directory, tensor table
-  inside the declared bytes), the data file has the declared size and crc32. On top of that the
+  inside the declared bytes), the data file has the declared size and checksum. On top of that the
   manifest's ``step`` must equal the directory's ``<n>``, its JSON skeleton must refer to each
   tensor of the manifest's table exactly once (as ``flatten`` writes it) and hold every state key. A ``step_<n>`` directory without a manifest is reported as
   uncommitted-and-broken (``Session.restore()`` never considers it).
@@ -45,7 +45,7 @@ class CheckpointStatus(BaseModel):
     is the size on disk of the entry's files; ``error`` says what is wrong, None when ``ok``.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     step: int | None
     path: str

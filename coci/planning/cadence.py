@@ -21,8 +21,9 @@ class Cadence:
     (``knobs.PLAN_WARMUP_STEPS``), after each commit, and ``knobs.OBSERVE_EVERY_STEPS`` steps after
     the last observation.
 
-    Observing (a curve refit and a solve) runs on the training thread, so after the first plan it
-    is skipped while planning has taken more than ``knobs.PLANNING_TIME_FRACTION`` of the wall time.
+    Observing (a curve refit and a solve) takes CPU from the job, on the training thread or the
+    planner thread, so after the first plan it is skipped while planning has taken more than
+    ``knobs.PLANNING_TIME_FRACTION`` of the wall time.
     ``collective``: every process of a ``torch.distributed`` job observes at the same steps, so
     there is no observation after a commit (processes commit at different steps) and no
     planning-time cap (each process's clock differs).
@@ -59,6 +60,10 @@ class Cadence:
     def record_observation(self, step: int, seconds: float) -> None:
         """Book an observation made at ``step`` that took ``seconds`` of planning."""
         self.observed_at = step
+        self.planning_seconds += seconds
+
+    def charge(self, seconds: float) -> None:
+        """Book planning done on the planner thread (coci.planning.background) when its plan applies."""
         self.planning_seconds += seconds
 
     def restart(self) -> None:

@@ -66,7 +66,6 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
-from scipy import optimize, special
 
 from coci import checks
 from coci.errors import ConfigError
@@ -83,7 +82,7 @@ _SHAPE_BOUNDS = (0.02, 50.0)
 class LogFit(BaseModel):
     """How :meth:`Failures.from_log` chose its model (maximum likelihood, right-censored, AIC)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     source: str
     chosen: Literal["exponential", "weibull"]
@@ -122,7 +121,7 @@ class Failures(BaseModel):
     docstring for how ``nodes`` combines them.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     kind: Literal["exponential", "weibull"]
     shape: float = 1.0
@@ -410,6 +409,8 @@ def _weibull_profile_loglik(shape: float, t: np.ndarray, failed: np.ndarray) -> 
     d = failed.sum()
     log_t = np.log(t)
     # sum(t^k) computed stably in log space
+    from scipy import special  # here, not at import: ``import coci`` stays light (README, Performance II)
+
     log_sum_tk = special.logsumexp(shape * log_t)
     log_lam = (log_sum_tk - math.log(d)) / shape
     loglik = d * math.log(shape) - d * shape * log_lam + (shape - 1.0) * log_t[failed].sum() - d
@@ -431,6 +432,8 @@ def _fit_log(intervals: np.ndarray, failed: np.ndarray, *, source: str) -> Failu
     chosen: Literal["exponential", "weibull"] = "exponential"
     shape, scale = 1.0, mtbf
     if d >= 2 and np.ptp(intervals) > 0:
+        from scipy import optimize  # here, not at import: ``import coci`` stays light
+
         result = optimize.minimize_scalar(
             lambda log_k: -_weibull_profile_loglik(math.exp(log_k), intervals, failed)[0],
             bounds=tuple(math.log(b) for b in _SHAPE_BOUNDS),

@@ -54,7 +54,6 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
-from scipy import optimize
 
 from coci import knobs
 from coci.errors import ConfigError
@@ -85,7 +84,7 @@ class CurveFit(BaseModel):
     whole run's loss drop (:func:`coci.planning.objective.whole_run_mean_rate`).
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     family: Family
     params: dict[str, float] = Field(default_factory=dict)
@@ -209,6 +208,8 @@ def _fit_power(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
         solved, _, _ = _power_sse(log_b, log_shift, x, y, x0_low)
         return math.inf if solved is None else solved[2]
 
+    from scipy import optimize  # here, not at import: ``import coci`` stays light (the planner thread loads it)
+
     best: tuple[float, np.ndarray] | None = None
     for sse, log_b, log_shift in grid[: knobs.FIT_STARTS]:
         result = optimize.minimize(
@@ -251,6 +252,8 @@ def _fit_exp_floor(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
         return None
     low, high = grid[max(best_index - 1, 0)], grid[min(best_index + 1, grid.size - 1)]
     if high > low:
+        from scipy import optimize  # here, not at import: ``import coci`` stays light
+
         result = optimize.minimize_scalar(
             lambda g: (solved[2] if (solved := solve(g)) is not None else math.inf),
             bounds=(low, high),

@@ -46,7 +46,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.special import lambertw
 
 from coci import knobs
 from coci.planning.objective import CostModel, mu_from_alpha
@@ -82,6 +81,8 @@ def daly_interval_seconds(checkpoint_seconds: float, mean_seconds: float) -> flo
     m = mean_seconds
     if checkpoint_seconds >= m:
         return m
+    from scipy.special import lambertw  # here, not at import: ``import coci`` stays light
+
     w = lambertw(-math.exp(-(checkpoint_seconds / m + 1.0)), 0).real
     return float(m * (1.0 + w))
 

@@ -53,10 +53,9 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from coci import checks, knobs
@@ -80,6 +79,9 @@ from coci.planning.formulas import (
 from coci.planning.objective import CostModel, build_cost_model, expected_failures, whole_run_mean_rate
 from coci.planning.policy import Observation
 from coci.units import parse_duration
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "OBJECTIVES",
@@ -127,7 +129,7 @@ ProgressCurve = CurveFit | RateFunction
 class PlanInputs(BaseModel):
     """Everything a plan was computed from (seconds, steps), for the record and the report."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     total_steps: int
     step_seconds: float
@@ -181,7 +183,7 @@ class Plan(BaseModel):
     COCI's thetas and P_e); ``notes`` what a reader should know that is not a fallback.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     policy: str
     objective: str
@@ -210,6 +212,8 @@ class Plan(BaseModel):
 
     def to_frame(self) -> pd.DataFrame:
         """One row per planned checkpoint: step, interval (steps and seconds), progress time."""
+        import pandas as pd  # here, not at import: ``import coci`` stays light
+
         steps = np.asarray(self.steps, dtype=np.int64)
         intervals = np.asarray(self.intervals, dtype=np.int64)
         t = self.inputs.step_seconds
