@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,7 @@ from coci.planning.fit import fit_curve
 from coci.planning.planner import plan
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "external-data" / "modded-nanogpt"
+DATA = Path(os.environ.get("COCI_EXTERNAL_DATA", ROOT.parent / "shared" / "external-data")) / "modded-nanogpt"
 CURVES = ROOT / "models" / "curves"
 
 STEPS = 20_000

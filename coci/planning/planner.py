@@ -62,6 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from coci import checks, knobs
 from coci.errors import ConfigError
 from coci.planning.config import OBJECTIVES, POLICIES, PlanConfig, changed_arguments
+from coci.planning.empirical import EmpiricalCurve, empirical_curve
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit, fit_coci_exponential, fit_curve
 from coci.planning.formulas import (
@@ -401,10 +402,15 @@ def _problem(
     min_steps = min_interval_steps(step, persist, cost, config.max_overhead)
 
     fit, rate, raw, description, fallbacks = _resolve_curve(curve)
-    if fit is not None and rate is not None:
-        rate = _observed_past_rate(fit, rate)
     details: dict[str, float] = {"min_interval_steps": float(min_steps)}
-    mean_rate, weight_origin = _mean_rate(fit, rate, total_steps, fallbacks) if rate is not None else (None, 0.0)
+    notes: list[str] = []
+    empirical = _empirical(raw, fit, total_steps, details, notes) if rate is not None else None
+    if empirical is not None:
+        rate, description = empirical, f"{description}, {empirical.description}"
+    elif fit is not None and rate is not None:
+        rate = _observed_past_rate(fit, rate)
+    law = None if empirical is not None else fit
+    mean_rate, weight_origin = _mean_rate(law, rate, total_steps, fallbacks) if rate is not None else (None, 0.0)
     if mean_rate is None:
         rate = None
     else:
@@ -420,8 +426,34 @@ def _problem(
     return _Problem(
         config=config, inputs=inputs, last_checkpoint_step=last_checkpoint, curve_given=curve is not None,
         fit=fit, rate=rate, raw=raw, mean_rate=mean_rate, weight_origin=weight_origin, model=model,
-        fallbacks=fallbacks, details=details,
+        fallbacks=fallbacks, details=details, notes=notes,
     )
+
+
+def _empirical(
+    raw: tuple[np.ndarray, np.ndarray] | None, fit: CurveFit | None, total_steps: int,
+    details: dict[str, float], notes: list[str],
+) -> EmpiricalCurve | None:
+    """For a recorded trace (not a fit or a callable): the curve it shows
+    (:func:`coci.planning.empirical.empirical_curve`), the extension past its end chosen by held-out
+    forecast error and recorded in ``details`` and ``notes``; None when the trace cannot be smoothed."""
+    if raw is None:
+        return None
+    try:
+        curve = empirical_curve(raw[0], raw[1], total_steps, fit)
+    except ConfigError as exc:
+        notes.append(f"{exc}: planned on the parametric fit")
+        return None
+    for name, error in curve.holdout_errors.items():
+        if math.isfinite(error):
+            details[f"extension_holdout_error_{name.replace(' ', '_')}"] = error
+    scores = ", ".join(f"{name} {error:.3g}" for name, error in curve.holdout_errors.items() if math.isfinite(error))
+    notes.append(
+        f"curve: planned on what the trace shows, a monotone smoothing of its progress rate over "
+        f"{curve.centres.size} points to step {curve.last_step:.0f}; past it: {curve.extension}"
+        + (f" (held-out forecast error, loss units: {scores})" if scores else "")
+    )
+    return curve
 
 
 def _cost_model(
