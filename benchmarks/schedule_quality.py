@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from coci.analysis.simulate import empirical_progress_rate, ratio_change, simulate
+from coci.analysis.simulate import empirical_progress_rate, online_schedule, ratio_change, simulate
 from coci.planning.failures import Failures
 from coci.planning.fit import fit_curve
 from coci.planning.objective import ExpectedFailures, build_cost_model
@@ -320,53 +320,66 @@ def ceiling_steps(truth, inputs: dict, min_steps: int, iterations: int = 12) -> 
     return constrained_optimum(model, budget_wall_seconds=budget, min_steps=min_steps, iterations=iterations).steps
 
 
-def quality_cell(task: tuple[Curve, int, str, int, float]) -> list[dict]:
-    """One curve at one MTBF and size: Young, auto offline, auto online (cold), auto online warm-started
-    from another seed's run (reference workloads), and the ceiling; rows of paired changes."""
-    curve, mtbf, size, trials, plan_seconds = task
+QUALITY_PLANS = ("young", "offline", "ceiling", "online", "warm")
+
+
+def quality_schedule(task: tuple[Curve, int, str, str, float]) -> tuple[tuple[str, int, str], str, list[int], int]:
+    """One schedule of one cell (curve, MTBF, size): Young, auto offline, the ceiling, auto online
+    (cold) or auto online warm-started from another seed's run (reference workloads); the
+    schedules are computed in parallel and simulated afterwards with the same draws."""
+    curve, mtbf, size, label, plan_seconds = task
     logging.basicConfig(level=logging.ERROR)
-    truth = empirical_progress_rate(curve.steps, curve.losses)
     inputs = job(mtbf, size)
-    young = plan("young", **inputs)
-    offline = plan("auto", curve=(curve.steps, curve.losses), **inputs)
     trace = (curve.steps, curve.losses)
-    results = {
-        "young": simulate(young, trials=trials, seed=0, curve=truth),
-        "offline": simulate(offline, trials=trials, seed=0, curve=truth),
-        "online": simulate(offline, trials=trials, seed=0, curve=truth, online=True, losses=trace,
-                           plan_seconds=plan_seconds),
-    }
-    ceiling = ceiling_steps(truth, inputs, offline.inputs.min_interval_steps)
-    results["ceiling"] = simulate(offline.model_copy(update={"steps": [int(x) for x in ceiling]}), trials=trials,
-                                  seed=0, curve=truth)
-    prior_file = SEEDS / f"{curve.name.removeprefix('models/')}_seed1.csv"
-    if curve.group == "reference" and prior_file.is_file():
-        policy = make_policy("auto", failures=inputs["failures"], total_steps=STEPS, restart_seconds=RESTART_SECONDS,
-                             prior=str(prior_file))
-        results["warm"] = simulate(policy, job=offline, trials=trials, seed=0, curve=truth, losses=trace,
-                                   plan_seconds=plan_seconds)
-    rows = []
-    for label, result in results.items():
-        progress = ratio_change(result.values("progress_seconds"), results["young"].values("progress_seconds"))
-        wall = ratio_change(result.values("wall_seconds"), results["young"].values("wall_seconds"))
-        row = dict(curve=curve.name, group=curve.group, mtbf_h=mtbf, size=size, plan=label,
-                   cut=-progress.mean, wall_vs_young=wall.mean, wall_half_width=wall.half_width,
-                   checkpoints=len(result.steps), replans=result.replans)
-        if label == "warm":
-            paired = ratio_change(result.values("progress_seconds"), results["online"].values("progress_seconds"))
-            row.update(vs_cold=paired.mean, vs_cold_low=paired.ci_low, vs_cold_high=paired.ci_high)
-        rows.append(row)
-    return rows
+    offline = plan("auto", curve=trace, **inputs)
+    key = (curve.name, mtbf, size)
+    if label == "young":
+        return key, label, plan("young", **inputs).steps, 0
+    if label == "offline":
+        return key, label, offline.steps, 0
+    if label == "ceiling":
+        truth = empirical_progress_rate(curve.steps, curve.losses)
+        return key, label, [int(x) for x in ceiling_steps(truth, inputs, offline.inputs.min_interval_steps)], 0
+    policy = make_policy("auto", failures=inputs["failures"], total_steps=STEPS, restart_seconds=RESTART_SECONDS,
+                         prior=str(prior_file(curve)) if label == "warm" else None)
+    steps, observations = online_schedule(policy, offline.inputs, trace, plan_seconds=plan_seconds)
+    return key, label, [int(x) for x in steps], observations
+
+
+def prior_file(curve: Curve) -> Path:
+    return SEEDS / f"{curve.name.removeprefix('models/')}_seed1.csv"
 
 
 def quality(curves: list[Curve], mtbfs, sizes, trials: int, plan_seconds: float, processes: int) -> pd.DataFrame:
-    tasks = [(c, m, s, trials, plan_seconds) for c in curves for m in mtbfs for s in sizes]
+    tasks = [(c, m, s, label, plan_seconds) for c in curves for m in mtbfs for s in sizes for label in QUALITY_PLANS
+             if label != "warm" or (c.group == "reference" and prior_file(c).is_file())]
+    tasks.sort(key=lambda task: task[3] not in ("online", "warm"))  # the long replays first
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        rows = [row for cell in tqdm(pool.imap_unordered(quality_cell, tasks), total=len(tasks), desc="cells")
-                for row in cell]
+        schedules = list(tqdm(pool.imap_unordered(quality_schedule, tasks), total=len(tasks), desc="schedules"))
+    by_cell: dict[tuple[str, int, str], dict[str, tuple[list[int], int]]] = {}
+    for key, label, steps, observations in schedules:
+        by_cell.setdefault(key, {})[label] = (steps, observations)
+    curve_of = {c.name: c for c in curves}
+    rows = []
+    for (name, mtbf, size), found in by_cell.items():
+        curve = curve_of[name]
+        truth = empirical_progress_rate(curve.steps, curve.losses)
+        reference = plan("young", **job(mtbf, size))
+        results = {label: simulate(reference.model_copy(update={"steps": steps}), trials=trials, seed=0, curve=truth)
+                   for label, (steps, _) in found.items()}
+        for label, result in results.items():
+            progress = ratio_change(result.values("progress_seconds"), results["young"].values("progress_seconds"))
+            wall = ratio_change(result.values("wall_seconds"), results["young"].values("wall_seconds"))
+            row = dict(curve=name, group=curve.group, mtbf_h=mtbf, size=size, plan=label, cut=-progress.mean,
+                       wall_vs_young=wall.mean, wall_half_width=wall.half_width, checkpoints=len(result.steps),
+                       observations=found[label][1])
+            if label == "warm":
+                paired = ratio_change(result.values("progress_seconds"), results["online"].values("progress_seconds"))
+                row.update(vs_cold=paired.mean, vs_cold_low=paired.ci_low, vs_cold_high=paired.ci_high)
+            rows.append(row)
     frame = pd.DataFrame(rows)
     ceiling = frame[frame["plan"] == "ceiling"].set_index(["curve", "mtbf_h", "size"])["cut"]
-    frame["share_of_ceiling"] = frame["cut"] / frame.set_index(["curve", "mtbf_h", "size"]).index.map(ceiling)
+    frame["share_of_ceiling"] = frame["cut"].to_numpy() / frame.set_index(["curve", "mtbf_h", "size"]).index.map(ceiling).to_numpy()
     return frame
 
 
@@ -430,7 +443,8 @@ def main() -> None:
     parser.add_argument("--csv", type=Path, default=None, help="write the per-cell table here")
     parser.add_argument("--quality", action="store_true",
                         help="schedule quality II only: Young, auto offline / online / warm-started, the ceiling")
-    parser.add_argument("--processes", type=int, default=2, help="--quality: cells simulated in parallel")
+    parser.add_argument("--processes", type=int, default=2, help="--quality: schedules computed in parallel")
+    parser.add_argument("--only", default=None, help="--quality: comma-separated substrings of the curve names to keep")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     pd.set_option("display.width", 200)
@@ -443,6 +457,8 @@ def main() -> None:
     curves = load_curves(args.quick)
     if args.quality:
         trials = args.trials or 400
+        if args.only:
+            curves = [c for c in curves if any(part in c.name for part in args.only.split(","))]
         began = time.perf_counter()
         frame = quality(curves, (8,), ("BERT-large",), trials, args.plan_seconds, args.processes)
         if args.csv:

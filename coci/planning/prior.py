@@ -121,7 +121,8 @@ class WarmStart:
         self.prior = prior
         self.total_steps = int(total_steps)
         self.scale = self.total_steps / prior.total_steps
-        self.centres, self.levels = smoothed_trace(prior.steps * self.scale, prior.losses)
+        centres, self.levels = smoothed_trace(prior.steps, prior.losses)  # smoothed as recorded, then rescaled
+        self.centres = centres * self.scale
         self.description = (
             f"prior {prior.source}, {prior.total_steps:.0f} steps rescaled x{self.scale:.3g} to {self.total_steps}"
         )
