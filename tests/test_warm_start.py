@@ -162,10 +162,10 @@ def test_coci_plan_curve_from_an_earlier_run(tmp_path: Path, capsys: pytest.Capt
 def test_a_corrupt_prior_falls_back_with_a_recorded_note(tmp_path: Path, content: bytes, words: str) -> None:
     path = tmp_path / ("prior.json" if content.startswith(b"{") else "prior.csv")
     path.write_bytes(content)
-    policy = make_policy("auto", failures="30m", total_steps=6000, restart_seconds=30.0, prior=str(path))
-    s, y = curve(6000)
-    offline = plan("auto", curve=(s, y), **JOB)
-    simulate(policy, job=offline, trials=5, losses=(s[:400], y[:400]), plan_seconds=0.0)
+    policy = make_policy("auto", failures="30m", total_steps=300, restart_seconds=30.0, prior=str(path))
+    s, y = curve(300)
+    offline = plan("auto", curve=(s, y), **{**JOB, "total_steps": 300})
+    online_schedule(policy, offline.inputs, (s, y), plan_seconds=0.0)
     assert policy.plan is not None
     notes = [f for f in policy.plan.fallbacks if f.startswith("prior")]
     assert notes and words in notes[0] and "cold start" in notes[0]

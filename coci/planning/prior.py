@@ -91,9 +91,10 @@ def _read_path(path: Path) -> tuple[np.ndarray, np.ndarray, float | None, str]:
     if path.suffix == ".json":
         try:
             raw = json.loads(path.read_text())
-            steps, losses = _arrays((raw["steps"], raw["losses"]))
+            pair = (raw["steps"], raw["losses"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"prior: {str(path)!r} is not a {{steps, losses}} JSON file ({type(exc).__name__})") from None
+        steps, losses = _arrays(pair)
         return steps, losses, None, f"file {str(path)!r}"
     from coci.cli import read_curve  # the command line's CSV curve reader
 
