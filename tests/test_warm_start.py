@@ -75,7 +75,7 @@ def test_online_replay_holds_the_budget_with_an_expensive_warmup() -> None:
     offline = plan("auto", curve=(s, y), **JOB)
     policy = make_policy("auto", failures=JOB["failures"], total_steps=6000, restart_seconds=30.0)
     steps, _ = online_schedule(policy, offline.inputs, (s, y), plan_seconds=0.0)
-    assert set(WARMUP) <= set(steps.tolist())  # the warm-up checkpoints were taken (2 step times each)
+    assert steps[0] == 1  # a warm-up checkpoint was taken (2 step times; the stall cap skips the others)
     wall, optimum = run_wall(steps)
     assert wall <= 1.05 * optimum * 1.01  # within the budget up to the last re-plan's rounding
 
