@@ -31,7 +31,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (
+import coci  # noqa: E402
+from coci.checkpoint.snapshot import CopyJob  # noqa: E402
+from common import (  # noqa: E402
     adam_stack,
     copy_all,
     median,
@@ -42,9 +44,6 @@ from common import (
     spread,
     verdict,
 )
-
-import coci
-from coci.checkpoint.snapshot import CopyJob
 
 GOAL = 1.25
 
@@ -68,19 +67,19 @@ class FenceMode:
         created: list[CopyJob] = []
 
         class RecordingJob(CopyJob):
-            def __init__(job, *args, **kwargs) -> None:
+            def __init__(job, *args, **kwargs) -> None:  # noqa: N805
                 super().__init__(*args, **kwargs)
                 created.append(job)
 
         checkpointer.CopyJob = RecordingJob
         original_start, original_fence = checkpointer.Checkpointer.start, checkpointer.Checkpointer.fence
 
-        def start(this, *args, **kwargs):
+        def start(this, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
             pending = original_start(this, *args, **kwargs)
             pending.job = created.pop()
             return pending
 
-        def fence(this) -> float:
+        def fence(this) -> float:  # noqa: ANN001
             pending = this.pending
             if not self.steal or pending is None or not pending.host_fence or pending.staging_completion.done():
                 return original_fence(this)

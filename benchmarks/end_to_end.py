@@ -40,10 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from common import median, pair_ratios, remove, scratch_dir, spread, verdict  # noqa: E402
-
 import coci  # noqa: E402
 from coci.events import read_events  # noqa: E402
+from common import median, pair_ratios, remove, scratch_dir, spread, verdict  # noqa: E402
 
 GOAL = 1.02
 #: The reference job: 0.25 s steps, MTBF 8 h -> 115,200 steps between failures.
