@@ -128,6 +128,8 @@ def _make_plans(args: argparse.Namespace) -> list[Any]:
     from coci.planning.planner import plan
 
     curve = read_curve(args.curve, args.curve_run) if args.curve is not None else None
+    if args.curve_from is not None:
+        curve = _prior_curve(args)
     failures = _failures(args)
     plans = []
     for name in _policies(args.policy):
@@ -151,6 +153,15 @@ def _make_plans(args: argparse.Namespace) -> list[Any]:
             )
         )
     return plans
+
+
+def _prior_curve(args: argparse.Namespace) -> Any:
+    """``--curve-from``: an earlier run's curve rescaled to ``--total-steps`` (a warm start)."""
+    from coci.planning.prior import WarmStart, load_prior
+
+    if args.curve is not None:
+        raise ConfigError("pass either --curve or --curve-from, not both")
+    return WarmStart(load_prior(args.curve_from), args.total_steps).rate(np.empty(0), np.empty(0))
 
 
 # --- sub-commands ------------------------------------------------------------------------------
@@ -373,6 +384,7 @@ def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--total-steps", type=int, required=True, help="training steps in the whole run")
     group.add_argument("--curve", help="CSV of losses (one column, or step + loss columns) for the progress objective")
     group.add_argument("--curve-run", help="which run of a multi-run curve file (its run_id / curve_id)")
+    group.add_argument("--curve-from", help="warm start: an earlier run's directory (or curve file); its curve rescaled to --total-steps")
     pol = parser.add_argument_group("policy")
     pol.add_argument("--policy", default="auto", choices=[*POLICIES, "all"], help="policy, or 'all' to compare every one (default auto)")
     pol.add_argument("--objective", default="progress", choices=list(OBJECTIVES), help="auto's objective (default progress)")

@@ -197,6 +197,14 @@ PLAN_MIN_COST_SECONDS: float = 1e-6
 #: checkpoints before the first plan.
 PLAN_WARMUP_CHECKPOINT_STEPS: tuple[int, ...] = (1, 2, 4, 8, 16)
 
+#: Warm start (``prior=``): this run's loss may fall at most this many times faster or slower than
+#: the earlier run's (rescaled) over the recent half of its trace; beyond it the prior is dropped.
+PRIOR_MISMATCH_FACTOR: float = 4.0
+
+#: Warm start: the recent half of the trace must span this many steps before it corrects the prior's
+#: future rate (or contradicts it); shorter, the prior is used as recorded.
+PRIOR_MIN_CORRECTION_STEPS: int = 100
+
 #: Stall assumed, in step times, before any stall has been measured or probed (recorded as a
 #: fallback in the plan); the first checkpoint then measures it.
 PLAN_ASSUMED_STALL_STEPS: float = 1.0

@@ -102,6 +102,10 @@ class Session:
             next ``step()`` checkpoint, wait for the commit and raise :class:`coci.Preempted`;
             ``grace`` is the time the scheduler allows (see :mod:`coci.preemption`).
         clock: seconds clock, injectable for tests.
+        prior: warm start for ``auto``: an earlier run's loss curve (its run directory, a curve file,
+            losses or ``(steps, losses)``), planned with from step 0, rescaled to ``total_steps`` and
+            corrected by this run's losses (:mod:`coci.planning.prior`); one that cannot be used is
+            recorded in the plan's fallbacks.
     """
 
     def __init__(
@@ -123,6 +127,8 @@ class Session:
         clock: Callable[[], float] | None = None,
         preemption_signals: Iterable[int] = (signal.SIGTERM,),
         grace: str | float = "30s",
+
+        prior: Any = None,
     ) -> None:
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
             raise ConfigError(f"run_dir must be a path to a directory, got {run_dir!r}")
@@ -155,6 +161,8 @@ class Session:
             time_budget=time_budget,
             max_overhead=max_overhead,
         )
+        if prior is not None:
+            _use_prior(self.policy, prior)
         self._profiler = Profiler(clock=self._clock)
         # distributed: coci's gloo groups (collective), per-rank event logs
         self._dist = distributed.DistributedContext.detect()
@@ -583,6 +591,14 @@ def _resolve_policy(policy: Any, plan_config: PlanConfig | None, **planning: Any
         "policy must be 'auto', 'coci', 'young', 'daly', 'checkfreq', coci.EveryN(k), a collection of "
         f"steps, a coci.Plan or a CheckpointPolicy; got {policy!r}"
     )
+
+
+def _use_prior(policy: CheckpointPolicy, prior: Any) -> None:
+    """Hand ``prior`` to a planning policy (one that cannot take it is a configuration error)."""
+    use = getattr(policy, "use_prior", None)
+    if not callable(use):
+        raise ConfigError(f"prior= needs a planning policy such as 'auto', got {type(policy).__name__}")
+    use(prior)
 
 
 class _PlanPolicy:

@@ -4,7 +4,8 @@ The curves are input data for the curve fit and the planner in tests, benchmarks
 notebook, which need real curves without training. Each curve is one plain run
 of the workload (``models.train.train_plain``: the same loop the demo runs, without coci) for its
 suggested number of steps, seed 0, one torch thread, at full resolution: a ``step,loss`` line per
-step (1-based), the loss printed with ``repr`` so the CSV round-trips exactly.
+step (1-based), the loss printed with ``repr`` so the CSV round-trips exactly. Another seed goes to
+``models/curves/seeds/<name>_seed<k>.csv`` (the "earlier run" a warm-started plan starts from).
 
 Usage: ``python -m models.record_curves [--models gpt,mlp] [--steps N] [--seed 0]``.
 """
@@ -19,9 +20,9 @@ from pathlib import Path
 CURVES_DIR = Path(__file__).resolve().parent / "curves"
 
 
-def curve_path(name: str) -> Path:
-    """Where the recorded curve of workload ``name`` lives."""
-    return CURVES_DIR / f"{name}.csv"
+def curve_path(name: str, seed: int = 0) -> Path:
+    """Where the recorded curve of workload ``name`` (for ``seed``) lives."""
+    return CURVES_DIR / f"{name}.csv" if seed == 0 else CURVES_DIR / "seeds" / f"{name}_seed{seed}.csv"
 
 
 def write_curve(path: Path, losses: Sequence[float]) -> None:
@@ -49,7 +50,7 @@ def record(name: str, steps: int | None = None, seed: int = 0) -> Path:
     configure_torch(1)
     steps = steps or WORKLOADS[name](seed=seed).steps
     _, losses = train_plain(name, steps, seed)
-    path = curve_path(name)
+    path = curve_path(name, seed)
     write_curve(path, losses)
     return path
 

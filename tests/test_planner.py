@@ -9,6 +9,7 @@ import pytest
 
 from coci import knobs
 from coci.errors import ConfigError
+from coci.planning.empirical import empirical_curve
 from coci.planning.failures import Failures
 from coci.planning.fit import fit_curve
 from coci.planning.planner import POLICIES, PRIOR_PROGRESS_RATE, Plan, PlanningPolicy, make_policy, plan
@@ -71,11 +72,14 @@ def test_curve_inputs_are_equivalent() -> None:
     fit = fit_curve(steps, y)
     a = plan("auto", curve=y, **BASE)
     b = plan("auto", curve=(steps, y), **BASE)
-    c = plan("auto", curve=fit, **BASE)
-    assert a.steps == b.steps == c.steps
+    assert a.steps == b.steps
     assert a.fit is not None and a.fit.family == fit.family
+    # a recorded trace is planned on what it shows (its empirical curve), a fit on the law
+    shown = plan("auto", curve=empirical_curve(steps, y, BASE["total_steps"], fit), **BASE)
+    assert shown.steps == a.steps and shown.fit is None
+    c = plan("auto", curve=fit, **BASE)
     v = plan("auto", curve=fit.progress_rate, **BASE)  # a progress-rate callable
-    assert v.steps == a.steps and v.fit is None
+    assert v.fit is None and c.steps != a.steps
 
 
 def test_time_objective_ignores_the_curve_and_is_periodic() -> None:

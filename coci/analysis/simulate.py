@@ -103,8 +103,9 @@ from scipy import stats
 from coci import checks, knobs
 from coci.errors import ConfigError
 from coci.planning.cadence import Cadence, ElapsedClock
+from coci.planning.empirical import empirical_progress_rate
 from coci.planning.failures import Failures
-from coci.planning.fit import CurveFit, bin_trace
+from coci.planning.fit import CurveFit
 from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model
 from coci.planning.planner import Plan, PlanInputs, make_policy
 from coci.planning.policy import Observation
@@ -405,37 +406,6 @@ class Timeline:
 # --- the true curve --------------------------------------------------------------------------------
 
 
-def empirical_progress_rate(steps: Any, losses: Any = None, *, max_points: int | None = None) -> RateFunction:
-    """``v(s) = -dL/ds`` of a loss trace without a fitted law (the simulator's "truth").
-
-    The trace is binned (half log-, half linearly-spaced bins, the median loss of each; at most
-    ``max_points`` bins, default ``knobs.SIMULATE_TRUTH_POINTS``), made non-increasing by isotonic
-    regression (pool-adjacent-violators, weighted by bin counts), each pooled block collapsed to one
-    point, and linearly interpolated; ``v`` is the slope of that interpolation (constant before the
-    first and after the last point: the end slopes). Raises :class:`ConfigError` (field ``curve``)
-    for fewer than two finite points or a trace that does not fall.
-    """
-    s, y = _pair(steps, losses)
-    finite = np.isfinite(s) & np.isfinite(y)
-    s, y = s[finite], y[finite]
-    order = np.argsort(s, kind="stable")
-    s, y = s[order], y[order]
-    if s.size < 2 or s[-1] <= s[0]:
-        raise ConfigError("curve: the true curve needs at least two finite points at distinct steps")
-    centres, levels, counts = _binned(s, y, knobs.SIMULATE_TRUTH_POINTS if max_points is None else max_points)
-    centres, levels = _isotonic_decreasing(centres, levels, counts)
-    if centres.size < 2 or levels[0] <= levels[-1]:
-        raise ConfigError("curve: the true curve does not fall (no progress to weight)")
-    slopes = -np.diff(levels) / np.diff(centres)
-
-    def rate(query: np.ndarray) -> np.ndarray:
-        q = np.asarray(query, dtype=float)
-        index = np.clip(np.searchsorted(centres, q, side="right") - 1, 0, slopes.size - 1)
-        return slopes[index]
-
-    return rate
-
-
 def _pair(steps: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
     if losses is None:
         if isinstance(steps, tuple) and len(steps) == 2:
@@ -446,37 +416,6 @@ def _pair(steps: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
     if s.size != y.size:
         raise ConfigError(f"curve: steps and losses must have the same length, got {s.size} and {y.size}")
     return s, y
-
-
-def _binned(s: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The fitter's bins of a sorted trace (:func:`coci.planning.fit.bin_trace`: mean step, median
-    loss) and how many points each bin holds."""
-    centres, levels = bin_trace(s, y, max_points)
-    if centres.size == s.size:
-        return centres, levels, np.ones_like(s)
-    # Bins are runs of consecutive points; one holding points a..b-1 has median index (a + b - 1) / 2,
-    # so binning the indices gives each bin's end from its start.
-    _, middles = bin_trace(s, np.arange(s.size, dtype=float), max_points)
-    counts = np.empty(middles.size)
-    start = 0.0
-    for index, middle in enumerate(middles.tolist()):
-        counts[index] = 2.0 * (middle - start) + 1.0
-        start += counts[index]
-    return centres, levels, counts
-
-
-def _isotonic_decreasing(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pool-adjacent-violators for a non-increasing fit; one point per pooled block."""
-    blocks: list[list[float]] = []  # [weighted sum y, weight, weighted sum x]
-    for xi, yi, wi in zip(x.tolist(), y.tolist(), w.tolist()):
-        blocks.append([yi * wi, wi, xi * wi])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] <= blocks[-1][0] / blocks[-1][1]:
-            last = blocks.pop()
-            for k in range(3):
-                blocks[-1][k] += last[k]
-    centres = np.array([b[2] / b[1] for b in blocks])
-    levels = np.array([b[0] / b[1] for b in blocks])
-    return centres, levels
 
 
 def _true_rate(curve: Any, plan: Plan | None) -> tuple[RateFunction | None, str, list[str]]:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coci import knobs
-from coci.planning.objective import CostModel, mu_from_alpha
+from coci.planning.objective import CostModel, Overhead, mu_from_alpha
 
 __all__ = [
     "AutoResult",
@@ -454,3 +454,62 @@ def auto_steps(
         consider(low, place(model, low, min_steps, offsets, max_steps))  # m - 1 and m + 1 at the boundary
     progress, alpha, steps = min(feasible, key=lambda item: (item[0], -item[1]))
     return AutoResult(steps, alpha, time_wall, budget)
+
+
+def auto_steps_within_run_budget(
+    model: CostModel,
+    whole: CostModel,
+    taken: np.ndarray,
+    *,
+    time_budget: float,
+    min_steps: int = 1,
+    max_steps: int | None = None,
+) -> AutoResult:
+    """``auto`` re-planning the rest of a run (``model``) under the **whole run's** time budget.
+
+    ``whole`` is the same job over the whole run (from step 0) and ``taken`` the checkpoints the run
+    has already taken (warm-up checkpoints and earlier plans' included). The budget is
+    ``(1 + time_budget)`` times the whole run's time optimum, and a candidate for the remaining steps
+    is feasible when the whole run's expected wall-clock overhead, ``taken`` followed by the
+    candidate, stays within it: what was spent before (checkpoints, their lost work) is charged, so
+    no re-plan spends a fresh budget. As :func:`auto_steps`, the largest feasible progress weight is
+    bisected and the feasible plan with the least progress-weighted overhead wins; the time-optimal
+    rest is always admitted (nothing better is possible when the past spent the budget).
+    """
+    offsets = (-1, 0, 1)
+    if max_steps is None:
+        max_steps = max_interval_steps(model, min_steps)
+    time_plan, _ = _best(model, place(model, 0.0, min_steps, offsets, max_steps) + _periodic_candidates(model, min_steps), 0.0)
+    whole_time = auto_steps(whole, objective="time", min_steps=min_steps).time_optimal_wall_seconds
+    budget = (1.0 + time_budget) * whole_time
+    past = np.asarray(taken, dtype=np.int64)
+
+    def run(steps: np.ndarray) -> Overhead:
+        return whole.expected(np.concatenate([past, steps]).astype(np.int64))
+
+    first = run(time_plan)
+    feasible: list[tuple[float, float, np.ndarray]] = [(first.progress_seconds, 0.0, time_plan)]
+
+    def consider(alpha: float, candidates: list[np.ndarray]) -> bool:
+        found = False
+        for steps in candidates:
+            overhead = run(steps)
+            if overhead.wall_seconds <= budget:
+                feasible.append((overhead.progress_seconds, alpha, steps))
+                found = True
+        return found
+
+    notes: tuple[str, ...] = ()
+    if first.wall_seconds > budget:
+        notes = ("the checkpoints already taken spent the run's time budget: the rest is time-optimal",)
+    elif not consider(1.0, place(model, 1.0, min_steps, offsets, max_steps)):
+        low, high = 0.0, 1.0
+        for _ in range(knobs.PLAN_BISECTION_STEPS):
+            mid = 0.5 * (low + high)
+            if consider(mid, place(model, mid, min_steps, max_steps=max_steps, refined=False)):
+                low = mid
+            else:
+                high = mid
+        consider(low, place(model, low, min_steps, offsets, max_steps))
+    _, alpha, steps = min(feasible, key=lambda item: (item[0], -item[1]))
+    return AutoResult(steps, alpha, whole_time, budget, notes)

@@ -24,10 +24,12 @@ revealed) is time-consistent with the offline plan:
 * the progress weight is normalised over the whole run, from the trace's first step to the horizon
   (:mod:`coci.planning.objective`), never over the remaining steps; before a recent-window fit's window the
   rate is the observed average (the law is not extrapolated backwards);
-* the time budget belongs to the run: ``auto`` picks its mixture weight ``alpha`` on the whole run
-  (from the fit's first step) under the current costs and fit, then plans the remaining steps with
-  that ``alpha`` (the Lagrangian tail of the whole run's plan) instead of granting each re-plan a
-  fresh 5% of the remaining time optimum;
+* the time budget belongs to the run: the whole run's expected wall-clock overhead (from step 0,
+  the checkpoints already taken, ``taken_steps``, followed by the new plan; warm-up checkpoints and
+  earlier plans' included) must stay within ``1 + time_budget`` times the whole run's time
+  optimum, under the current costs and curve; ``auto`` plans the remaining steps with the largest
+  progress weight ``alpha`` that keeps it there, instead of granting each re-plan a fresh 5% of the
+  remaining time optimum (planning time itself is capped apart, ``knobs.PLANNING_TIME_FRACTION``);
 * the segment already running counts: the first new checkpoint is placed from the last checkpoint,
   not from the re-plan's step;
 * before its first plan (warm-up) ``auto``'s progress objective checkpoints at
@@ -61,10 +63,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from coci import checks, knobs
 from coci.errors import ConfigError
 from coci.planning.config import OBJECTIVES, POLICIES, PlanConfig, changed_arguments
+from coci.planning.empirical import EmpiricalCurve, empirical_curve
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit, fit_coci_exponential, fit_curve
 from coci.planning.formulas import (
+    AutoResult,
     auto_steps,
+    auto_steps_within_run_budget,
     checkfreq_interval,
     checkfreq_steps,
     coci_expected_progress,
@@ -78,6 +83,7 @@ from coci.planning.formulas import (
 )
 from coci.planning.objective import CostModel, build_cost_model, expected_failures, whole_run_mean_rate
 from coci.planning.policy import Observation
+from coci.planning.prior import CorrectedRate, PriorCurve, WarmStart, load_prior
 from coci.units import parse_duration
 
 if TYPE_CHECKING:
@@ -307,6 +313,7 @@ def plan(
     start_step: int = 0,
     last_checkpoint_step: int = 0,
     failure_origin_step: int = 0,
+    taken_steps: Iterable[int] | None = None,
 ) -> Plan:
     """Plan checkpoint steps for a run of ``total_steps`` steps.
 
@@ -325,6 +332,8 @@ def plan(
         start_step, last_checkpoint_step, failure_origin_step: for re-planning mid-run: plan steps
             after ``start_step``; failures before the first new commit roll back to
             ``last_checkpoint_step``; the failure clock (re)started at ``failure_origin_step``.
+        taken_steps: for re-planning mid-run: the checkpoints the run has already taken (default:
+            ``last_checkpoint_step`` alone); ``auto`` charges them to the whole run's time budget.
     """
     choices: dict[str, Any] = dict(
         policy=policy, failures=failures, total_steps=total_steps, restart_seconds=restart_seconds,
@@ -339,6 +348,7 @@ def plan(
         step_seconds=step_seconds, stall_seconds=stall_seconds, persist_seconds=persist_seconds,
         interference_seconds=interference_seconds, start_step=start_step,
         last_checkpoint_step=last_checkpoint_step, failure_origin_step=failure_origin_step,
+        taken_steps=taken_steps,
     )
     return _finish(problem, POLICY_PLANNERS[config.policy](problem))
 
@@ -361,6 +371,7 @@ class _Problem:
     fallbacks: list[str]
     details: dict[str, float]
     notes: list[str] = field(default_factory=list)
+    taken_steps: tuple[int, ...] = ()  # checkpoints already taken, at or before start_step
 
     @property
     def failures(self) -> Failures:
@@ -398,6 +409,7 @@ def _problem(
     start_step: Any,
     last_checkpoint_step: Any,
     failure_origin_step: Any,
+    taken_steps: Iterable[int] | None = None,
 ) -> _Problem:
     """Validate the measurements, resolve the curve and build the cost model."""
     total_steps = checks.integer(config.total_steps, "total_steps", minimum=1)
@@ -414,10 +426,15 @@ def _problem(
     min_steps = min_interval_steps(step, persist, cost, config.max_overhead)
 
     fit, rate, raw, description, fallbacks = _resolve_curve(curve)
-    if fit is not None and rate is not None:
-        rate = _observed_past_rate(fit, rate)
     details: dict[str, float] = {"min_interval_steps": float(min_steps)}
-    mean_rate, weight_origin = _mean_rate(fit, rate, total_steps, fallbacks) if rate is not None else (None, 0.0)
+    notes: list[str] = []
+    empirical = _empirical(raw, fit, total_steps, details, notes) if rate is not None else None
+    if empirical is not None:
+        rate, description = empirical, f"{description}, {empirical.description}"
+    elif fit is not None and rate is not None:
+        rate = _observed_past_rate(fit, rate)
+    law = None if empirical is not None else fit
+    mean_rate, weight_origin = _mean_rate(law, rate, total_steps, fallbacks) if rate is not None else (None, 0.0)
     if mean_rate is None:
         rate = None
     else:
@@ -433,8 +450,43 @@ def _problem(
     return _Problem(
         config=config, inputs=inputs, last_checkpoint_step=last_checkpoint, curve_given=curve is not None,
         fit=fit, rate=rate, raw=raw, mean_rate=mean_rate, weight_origin=weight_origin, model=model,
-        fallbacks=fallbacks, details=details,
+        fallbacks=fallbacks, details=details, notes=notes,
+        taken_steps=_taken(taken_steps, start, last_checkpoint),
     )
+
+
+def _taken(taken_steps: Iterable[int] | None, start: int, last_checkpoint: int) -> tuple[int, ...]:
+    """The checkpoints already taken at or before ``start`` (sorted, unique; default: the last one)."""
+    if taken_steps is None:
+        taken_steps = [last_checkpoint]
+    steps = {checks.integer(step, "taken_steps", minimum=0) for step in taken_steps}
+    return tuple(sorted(step for step in steps if 1 <= step <= start))
+
+
+def _empirical(
+    raw: tuple[np.ndarray, np.ndarray] | None, fit: CurveFit | None, total_steps: int,
+    details: dict[str, float], notes: list[str],
+) -> EmpiricalCurve | None:
+    """For a recorded trace (not a fit or a callable): the curve it shows
+    (:func:`coci.planning.empirical.empirical_curve`), the extension past its end chosen by held-out
+    forecast error and recorded in ``details`` and ``notes``; None when the trace cannot be smoothed."""
+    if raw is None:
+        return None
+    try:
+        curve = empirical_curve(raw[0], raw[1], total_steps, fit)
+    except ConfigError as exc:
+        notes.append(f"{exc}: planned on the parametric fit")
+        return None
+    for name, error in curve.holdout_errors.items():
+        if math.isfinite(error):
+            details[f"extension_holdout_error_{name.replace(' ', '_')}"] = error
+    scores = ", ".join(f"{name} {error:.3g}" for name, error in curve.holdout_errors.items() if math.isfinite(error))
+    notes.append(
+        f"curve: planned on what the trace shows, a monotone smoothing of its progress rate over "
+        f"{curve.centres.size} points to step {curve.last_step:.0f}; past it: {curve.extension}"
+        + (f" (held-out forecast error, loss units: {scores})" if scores else "")
+    )
+    return curve
 
 
 def _cost_model(
@@ -556,7 +608,8 @@ def _plan_coci(problem: _Problem) -> _Placement:
 
 def _plan_auto(problem: _Problem) -> _Placement:
     """``auto``: the convergence-aware optimum (progress objective within the time budget), or the
-    time optimum for ``objective="time"`` or without a usable curve."""
+    time optimum for ``objective="time"`` or without a usable curve. A re-plan (``start_step > 0``)
+    keeps the whole run within the budget (:func:`_plan_rest_within_run_budget`)."""
     model, config = problem.cost_model, problem.config
     objective = config.objective
     if objective == "progress" and not model.has_progress:
@@ -566,23 +619,46 @@ def _plan_auto(problem: _Problem) -> _Placement:
     min_steps = problem.inputs.min_interval_steps
     max_steps = max_interval_steps(model, min_steps)
     problem.details["max_interval_steps"] = float(max_steps)
-    whole_alpha = None
-    if objective == "progress" and config.time_budget is not None and model.has_progress:
-        whole_alpha = _whole_run_alpha(problem, config.time_budget)
-    if whole_alpha is not None:
-        problem.details["whole_run_alpha"] = whole_alpha
-        problem.notes.append(
-            "re-plan: the time budget applies to the whole run; its mixture weight "
-            f"(alpha {whole_alpha:.3g}) was chosen there and the remaining steps planned with it"
+    if objective == "progress" and config.time_budget is not None and model.start_step > 0:
+        result = _plan_rest_within_run_budget(problem, config.time_budget, max_steps)
+    else:
+        result = auto_steps(
+            model, objective=objective, time_budget=config.time_budget, min_steps=min_steps, max_steps=max_steps,
         )
-    result = auto_steps(
-        model, objective=objective, time_budget=config.time_budget, min_steps=min_steps,
-        max_steps=max_steps, alpha=whole_alpha,
-    )
+    problem.notes.extend(result.notes)
     expected = {"time_optimal_wall_seconds": result.time_optimal_wall_seconds}
     if result.budget_wall_seconds is not None:
         expected["budget_wall_seconds"] = result.budget_wall_seconds
     return _Placement(result.steps, objective, result.mu if objective == "progress" else None, expected)
+
+
+def _plan_rest_within_run_budget(problem: _Problem, time_budget: float, max_steps: int) -> AutoResult:
+    """A re-plan's remaining steps, the whole run (from step 0, the checkpoints already taken
+    included) within the time budget (:func:`coci.planning.formulas.auto_steps_within_run_budget`).
+
+    The budget is a property of the run: measured against the time optimum of the *remaining* steps
+    it would be granted afresh at each re-plan, and the warm-up checkpoints and early plans' dense
+    checkpoints would sit outside it. ``time_optimal_wall_seconds`` and ``budget_wall_seconds`` of
+    the plan are then the whole run's, and ``details['run_alpha']`` the mixture weight chosen."""
+    model, inputs = problem.cost_model, problem.inputs
+    whole = build_cost_model(
+        total_steps=model.total_steps, step_seconds=model.step_seconds,
+        checkpoint_seconds=model.checkpoint_seconds, persist_seconds=model.persist_seconds,
+        restart_seconds=model.restart_seconds,
+        failures=expected_failures(problem.failures, model.horizon_seconds),
+        progress_rate=problem.rate, start_step=0, mean_rate=problem.mean_rate,
+    )
+    taken = np.asarray(problem.taken_steps, dtype=np.int64)
+    result = auto_steps_within_run_budget(
+        model, whole, taken, time_budget=time_budget, min_steps=inputs.min_interval_steps, max_steps=max_steps,
+    )
+    problem.details["run_alpha"] = float(result.alpha)
+    problem.details["taken_checkpoints"] = float(taken.size)
+    problem.notes.append(
+        f"re-plan: the time budget holds for the whole run, its {taken.size} checkpoint(s) already taken "
+        f"included (alpha {result.alpha:.3g})"
+    )
+    return result
 
 
 #: The function that places the checkpoints of each policy name.
@@ -674,39 +750,6 @@ def _mean_rate(
         return None, origin
 
 
-def _whole_run_alpha(problem: _Problem, time_budget: float) -> float | None:
-    """For a re-plan (``start_step > 0``): the mixture weight ``alpha`` that ``auto`` picks for the
-    whole run, i.e. the span from the curve's first step (or its fit window's start, where the law
-    holds) to the horizon, planned fresh under the same costs and curve.
-
-    The budget is a property of the run: measuring it against the time optimum of the *remaining*
-    steps would grant each re-plan a fresh budget and let the plan spend it again and again at its
-    front. With a fixed Lagrange weight the remaining plan is the tail of the whole run's optimum
-    (principle of optimality), so re-planning keeps the run's trade-off. None when the plan starts
-    at the whole span's start (the ordinary bisection applies).
-    """
-    model, fit = problem.cost_model, problem.fit
-    start = max(problem.weight_origin, fit.window_start if fit is not None and fit.window_start else 0.0)
-    start = int(math.ceil(start))
-    if problem.rate is None or start >= model.start_step or start >= model.total_steps - 1:
-        return None
-    whole = build_cost_model(
-        total_steps=model.total_steps, step_seconds=model.step_seconds,
-        checkpoint_seconds=model.checkpoint_seconds, persist_seconds=model.persist_seconds,
-        restart_seconds=model.restart_seconds,
-        failures=expected_failures(
-            problem.failures, model.horizon_seconds - start * model.step_seconds, start * model.step_seconds
-        ),
-        progress_rate=problem.rate, start_step=start, mean_rate=problem.mean_rate,
-    )
-    min_steps = problem.inputs.min_interval_steps
-    result = auto_steps(
-        whole, objective="progress", time_budget=time_budget, min_steps=min_steps,
-        max_steps=max_interval_steps(whole, min_steps),
-    )
-    return float(result.alpha)
-
-
 # --- COCI as published -----------------------------------------------------------------------------
 
 
@@ -758,10 +801,14 @@ def _coci_plan(
 # --- the session's planning policy ---------------------------------------------------------------
 
 
-def make_policy(config: PlanConfig | str = "auto", **choices: Any) -> PlanningPolicy:
+def make_policy(config: PlanConfig | str = "auto", *, prior: Any = None, **choices: Any) -> PlanningPolicy:
     """The :class:`coci.planning.policy.CheckpointPolicy` the session uses: a :class:`PlanningPolicy`
-    for ``config``, or for a policy name and the other :class:`PlanConfig` fields as keywords."""
-    return PlanningPolicy(config, **choices)
+    for ``config``, or for a policy name and the other :class:`PlanConfig` fields as keywords;
+    ``prior``: an earlier run's curve to warm-start from (:meth:`PlanningPolicy.use_prior`)."""
+    policy = PlanningPolicy(config, **choices)
+    if prior is not None:
+        policy.use_prior(prior)
+    return policy
 
 
 class CheckFreqAdaptation:
@@ -848,6 +895,28 @@ class PlanningPolicy:
         self._origin: int | None = None
         self._horizon: int | None = None
         self._checkfreq = CheckFreqAdaptation(self.config.max_overhead) if self.policy == "checkfreq" else None
+        self._prior: PriorCurve | None = None
+        self._warm: WarmStart | None = None
+        self._prior_notes: list[str] = []
+
+    def use_prior(self, source: Any) -> None:
+        """Warm start: plan from step 0 with an earlier run's curve (see :mod:`coci.planning.prior`;
+        ``source`` as :func:`coci.planning.prior.load_prior` takes it, or a
+        :class:`~coci.planning.prior.PriorCurve`). A prior that cannot be used (unreadable, too
+        short, not falling; a policy other than ``auto`` with the progress objective) is recorded in
+        every plan's ``fallbacks`` and the run plans cold."""
+        if not self._weights_progress:
+            self._prior_notes.append(f"prior ignored: policy {self.policy!r} ({self.objective}) does not weigh progress")
+            return
+        try:
+            self._prior = source if isinstance(source, PriorCurve) else load_prior(source)
+        except ConfigError as exc:
+            self._drop_prior(str(exc))
+
+    def _drop_prior(self, reason: str) -> None:
+        logger.warning("warm start refused, planning cold: %s", reason)
+        self._prior, self._warm = None, None
+        self._prior_notes.append(f"{reason}: planned without it (cold start)")
 
     @property
     def policy(self) -> str:
@@ -902,13 +971,14 @@ class PlanningPolicy:
                 config=self.config.replace(total_steps=horizon, restart_seconds=restart), curve=curve,
                 step_seconds=step_seconds, stall_seconds=stall, persist_seconds=persist,
                 interference_seconds=interference, start_step=now, last_checkpoint_step=last_checkpoint,
-                failure_origin_step=min(self._origin, now),
+                failure_origin_step=min(self._origin, now), taken_steps=observation.checkpoint_steps,
             )
         except ConfigError as exc:  # a measured figure out of range: keep the current plan
             logger.warning("re-planning at step %d failed, keeping the current plan: %s", now, exc)
             return
         if self._checkfreq is not None:
             new_plan = self._checkfreq.plan(new_plan, last_checkpoint)
+        fallbacks.extend(self._prior_notes)
         if fallbacks or self.total_steps is None:
             if self.total_steps is None:
                 fallbacks.append(f"total_steps unknown: planned over a horizon of {horizon} steps")
@@ -990,6 +1060,9 @@ class PlanningPolicy:
         cover 1% of the horizon lost more (the steepest, most valuable stretch passes meanwhile)
         than the extrapolation error cost."""
         needs = self.policy == "coci" or self._weights_progress
+        warm = self._warm_rate(observation, fallbacks)
+        if warm is not None:
+            return warm
         points = int(np.count_nonzero(np.isfinite(np.asarray(observation.losses, dtype=float))))
         if not needs or points == 0:
             return None
@@ -1003,10 +1076,31 @@ class PlanningPolicy:
             return None
         return fit_curve(np.asarray(observation.loss_steps, dtype=float), np.asarray(observation.losses, dtype=float))
 
+    def _warm_rate(self, observation: Observation, fallbacks: list[str]) -> CorrectedRate | None:
+        """The warm start's progress rate, corrected by this run's losses so far (None: no prior)."""
+        if self._prior is None:
+            return None
+        horizon = self.total_steps or int(self._prior.total_steps)
+        if self._warm is None or self._warm.total_steps != horizon:
+            try:
+                self._warm = WarmStart(self._prior, horizon)
+            except ConfigError as exc:
+                self._drop_prior(str(exc))
+                return None
+            if self.total_steps is None:
+                fallbacks.append("total_steps unknown: the prior is used at its own length, not rescaled")
+        try:
+            return self._warm.rate(observation.loss_steps, observation.losses)
+        except ConfigError as exc:
+            self._drop_prior(str(exc))
+            return None
+
     @staticmethod
     def _family(curve: ProgressCurve | None) -> str | None:
         if curve is None:
             return None
+        if isinstance(curve, CorrectedRate):
+            return "warm start"
         return curve.family if isinstance(curve, CurveFit) else "prior"
 
     @staticmethod

@@ -45,7 +45,7 @@ from coci.events import read_events
 from coci.planning.planner import Plan
 from profiler import Profile
 
-__all__ = ["CheckpointRow", "ObservedCosts", "PolicyRow", "ReportData", "RestoreRow", "read_run"]
+__all__ = ["CheckpointRow", "ObservedCosts", "PolicyRow", "ReportData", "RestoreRow", "read_run", "run_loss_trace"]
 
 logger = logging.getLogger(__name__)
 
@@ -368,6 +368,12 @@ def _stall_total(taken: list[CheckpointRow], profile: Profile | None, notes: lis
         f"({profile.stall_seconds.value:.3g} s)"
     )
     return (stall or 0.0) + missing * float(profile.stall_seconds.value), True
+
+
+def run_loss_trace(root: Path) -> tuple[np.ndarray, np.ndarray, str]:
+    """``(steps, losses, source)`` of a run directory's loss trace (see the module docstring); a
+    warm start's prior (:mod:`coci.planning.prior`) reads an earlier run with it."""
+    return _loss_trace(Path(root), [])
 
 
 def _loss_trace(root: Path, notes: list[str]) -> tuple[np.ndarray, np.ndarray, str]:

@@ -1,0 +1,236 @@
+"""What a loss curve shows: the monotone smoothing of its empirical progress rate.
+
+:func:`empirical_progress_rate` is the slope of an isotonic (non-increasing) fit to the binned
+trace, with no fitted law: the simulator scores plans with it, and :func:`empirical_curve` gives the
+planner the same curve for a recorded trace, extended past the trace's end (when the run is longer)
+by whichever forecast predicted a held-back tail of the trace best: no further progress ("flat"),
+the trace's recent slope ("end slope") or the parametric fit ("parametric"). A law fitted to a
+recent window is what the planner can use while a run is under way; once the whole curve is known
+its own shape is better evidence than any law (learning-rate decay makes the last stretch fall
+faster than every diminishing-returns family), so an offline plan weighs lost work by it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from coci import knobs
+from coci.errors import ConfigError
+from coci.planning.fit import CurveFit, bin_trace, fit_curve
+
+__all__ = ["EXTENSIONS", "EmpiricalCurve", "empirical_curve", "empirical_progress_rate", "smoothed_trace"]
+
+RateFunction = Callable[[np.ndarray], np.ndarray]
+
+#: How an empirical curve continues past its last point, in the order tried.
+EXTENSIONS: tuple[str, ...] = ("flat", "end slope", "parametric")
+
+
+def _pair(steps: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
+    if losses is None:
+        if isinstance(steps, tuple) and len(steps) == 2:
+            return np.asarray(steps[0], dtype=float).ravel(), np.asarray(steps[1], dtype=float).ravel()
+        y = np.asarray(steps, dtype=float).ravel()
+        return np.arange(1, y.size + 1, dtype=float), y
+    s, y = np.asarray(steps, dtype=float).ravel(), np.asarray(losses, dtype=float).ravel()
+    if s.size != y.size:
+        raise ConfigError(f"curve: steps and losses must have the same length, got {s.size} and {y.size}")
+    return s, y
+
+
+def smoothed_trace(steps: Any, losses: Any = None, *, max_points: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, levels)``: the trace binned (half log-, half linearly-spaced bins, the median loss of
+    each; at most ``max_points`` bins, default ``knobs.SIMULATE_TRUTH_POINTS``) and made
+    non-increasing by isotonic regression (pool-adjacent-violators weighted by bin counts), one
+    point per pooled block. Raises :class:`ConfigError` (field ``curve``) for fewer than two finite
+    points at distinct steps or a trace that does not fall."""
+    s, y = _pair(steps, losses)
+    finite = np.isfinite(s) & np.isfinite(y)
+    s, y = s[finite], y[finite]
+    order = np.argsort(s, kind="stable")
+    s, y = s[order], y[order]
+    if s.size < 2 or s[-1] <= s[0]:
+        raise ConfigError("curve: the true curve needs at least two finite points at distinct steps")
+    centres, levels, counts = _binned(s, y, knobs.SIMULATE_TRUTH_POINTS if max_points is None else max_points)
+    centres, levels = _isotonic_decreasing(centres, levels, counts)
+    if centres.size < 2 or levels[0] <= levels[-1]:
+        raise ConfigError("curve: the true curve does not fall (no progress to weight)")
+    return centres, levels
+
+
+def empirical_progress_rate(steps: Any, losses: Any = None, *, max_points: int | None = None) -> RateFunction:
+    """``v(s) = -dL/ds`` of a loss trace without a fitted law: the slope of the linear interpolation
+    of :func:`smoothed_trace` (constant before the first and after the last point: the end slopes).
+    Raises :class:`ConfigError` (field ``curve``) for fewer than two finite points or a trace that
+    does not fall."""
+    centres, levels = smoothed_trace(steps, losses, max_points=max_points)
+    slopes = -np.diff(levels) / np.diff(centres)
+
+    def rate(query: np.ndarray) -> np.ndarray:
+        q = np.asarray(query, dtype=float)
+        index = np.clip(np.searchsorted(centres, q, side="right") - 1, 0, slopes.size - 1)
+        return slopes[index]
+
+    return rate
+
+
+def _binned(s: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The fitter's bins of a sorted trace (:func:`coci.planning.fit.bin_trace`: mean step, median
+    loss) and how many points each bin holds."""
+    centres, levels = bin_trace(s, y, max_points)
+    if centres.size == s.size:
+        return centres, levels, np.ones_like(s)
+    # Bins are runs of consecutive points; one holding points a..b-1 has median index (a + b - 1) / 2,
+    # so binning the indices gives each bin's end from its start.
+    _, middles = bin_trace(s, np.arange(s.size, dtype=float), max_points)
+    counts = np.empty(middles.size)
+    start = 0.0
+    for index, middle in enumerate(middles.tolist()):
+        counts[index] = 2.0 * (middle - start) + 1.0
+        start += counts[index]
+    return centres, levels, counts
+
+
+def _isotonic_decreasing(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pool-adjacent-violators for a non-increasing fit; one point per pooled block."""
+    blocks: list[list[float]] = []  # [weighted sum y, weight, weighted sum x]
+    for xi, yi, wi in zip(x.tolist(), y.tolist(), w.tolist()):
+        blocks.append([yi * wi, wi, xi * wi])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] <= blocks[-1][0] / blocks[-1][1]:
+            last = blocks.pop()
+            for k in range(3):
+                blocks[-1][k] += last[k]
+    centres = np.array([b[2] / b[1] for b in blocks])
+    levels = np.array([b[0] / b[1] for b in blocks])
+    return centres, levels
+
+
+# --- the planner's curve for a recorded trace ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EmpiricalCurve:
+    """A progress-rate callable ``v(s)``: the smoothed trace's slope up to its last point, then the
+    chosen ``extension`` (none when the trace reaches the run's end: its last segment's slope, as
+    :func:`empirical_progress_rate`; ``"flat"``: 0; ``"end slope"``: the mean slope of the trace's last
+    ``knobs.FIT_HOLDOUT_FRACTION``; ``"parametric"``: the fit's rate), stopping where the extended
+    loss would fall below 0 for a positive loss. ``holdout_errors`` holds each extension's mean
+    absolute error forecasting the held-back tail (loss units; empty when none was needed)."""
+
+    centres: np.ndarray
+    levels: np.ndarray
+    extension: str
+    end_slope: float
+    fit: CurveFit | None = None
+    holdout_errors: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def last_step(self) -> float:
+        """The trace's last smoothed step (beyond it the curve is the extension)."""
+        return float(self.centres[-1])
+
+    @property
+    def description(self) -> str:
+        span = f"steps {self.centres[0]:.0f}-{self.centres[-1]:.0f}"
+        return f"empirical ({self.centres.size} smoothed points, {span}; past the end: {self.extension})"
+
+    def loss(self, steps: Any) -> np.ndarray:
+        """The curve's loss at ``steps`` (interpolated; the extension past the end)."""
+        s = np.asarray(steps, dtype=float)
+        inside = np.interp(s, self.centres, self.levels)
+        return np.where(s > self.last_step, self._extended_loss(s), inside)
+
+    def __call__(self, steps: Any) -> np.ndarray:
+        s = np.asarray(steps, dtype=float)
+        slopes = -np.diff(self.levels) / np.diff(self.centres)
+        index = np.clip(np.searchsorted(self.centres, s, side="right") - 1, 0, slopes.size - 1)
+        if not self._extends:
+            return slopes[index]
+        return np.where(s > self.last_step, self._extended_rate(s), slopes[index])
+
+    @property
+    def _extends(self) -> bool:
+        return self.extension in EXTENSIONS
+
+    def _extended_loss(self, s: np.ndarray) -> np.ndarray:
+        if not self._extends:  # the trace covers the run: its last segment continues
+            slope = float((self.levels[-2] - self.levels[-1]) / (self.centres[-1] - self.centres[-2]))
+            return self.levels[-1] - slope * np.maximum(s - self.last_step, 0.0)
+        beyond = np.maximum(s - self.last_step, 0.0)
+        level = float(self.levels[-1])
+        if self.extension == "end slope":
+            raw = level - self.end_slope * beyond
+        elif self.extension == "parametric" and self.fit is not None:
+            raw = level + self.fit.loss(np.maximum(s, self.last_step)) - float(self.fit.loss(np.array([self.last_step]))[0])
+        else:
+            raw = np.full_like(s, level)
+        return np.maximum(raw, 0.0) if level > 0 else raw
+
+    def _extended_rate(self, s: np.ndarray) -> np.ndarray:
+        if self.extension == "end slope":
+            rate = np.full_like(s, self.end_slope)
+        elif self.extension == "parametric" and self.fit is not None:
+            rate = self.fit.progress_rate(s)
+        else:
+            return np.zeros_like(s)
+        floor_reached = (self._extended_loss(s) <= 0.0) & (float(self.levels[-1]) > 0)
+        return np.where(floor_reached, 0.0, rate)
+
+
+def empirical_curve(steps: Any, losses: Any, total_steps: int, fit: CurveFit | None = None) -> EmpiricalCurve:
+    """The planner's curve for a recorded trace over a run of ``total_steps`` (see the module
+    docstring). ``fit``: the parametric fit of the whole trace (fitted here when None). The extension
+    is chosen only when the run goes past the trace's last point. Raises :class:`ConfigError` as
+    :func:`smoothed_trace` does."""
+    s, y = _pair(steps, losses)
+    centres, levels = smoothed_trace(s, y)
+    end_slope = _recent_slope(centres, levels)
+    if total_steps <= np.nanmax(s):
+        return EmpiricalCurve(centres, levels, "none needed (the trace covers the run)", end_slope, fit)
+    errors = _holdout_errors(s, y)
+    usable = {name: err for name, err in errors.items() if math.isfinite(err)}
+    if fit is None:
+        fit = fit_curve(s, y)
+    if not fit.usable:
+        usable.pop("parametric", None)
+    extension = min(usable, key=lambda name: (usable[name], EXTENSIONS.index(name))) if usable else "flat"
+    return EmpiricalCurve(centres, levels, extension, end_slope, fit, errors)
+
+
+def _recent_slope(centres: np.ndarray, levels: np.ndarray) -> float:
+    """Mean loss decrease per step over the last ``knobs.FIT_HOLDOUT_FRACTION`` of the smoothed trace."""
+    start = centres[-1] - knobs.FIT_HOLDOUT_FRACTION * (centres[-1] - centres[0])
+    first = min(int(np.searchsorted(centres, start)), centres.size - 2)
+    return max(float((levels[first] - levels[-1]) / (centres[-1] - centres[first])), 0.0)
+
+
+def _holdout_errors(s: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """Each extension's mean absolute error forecasting the last ``knobs.FIT_HOLDOUT_FRACTION`` of
+    the trace (its binned points) from the curve of the rest (inf when the rest cannot be smoothed)."""
+    finite = np.isfinite(s) & np.isfinite(y)
+    s, y = s[finite], y[finite]
+    order = np.argsort(s, kind="stable")
+    s, y = s[order], y[order]
+    cut = s[-1] - knobs.FIT_HOLDOUT_FRACTION * (s[-1] - s[0])
+    head = s <= cut
+    bins_s, bins_y = bin_trace(s[~head], y[~head], knobs.FIT_MAX_POINTS)
+    errors = dict.fromkeys(EXTENSIONS, math.inf)
+    if np.count_nonzero(head) < knobs.FIT_MIN_POINTS or bins_s.size < knobs.FIT_MIN_HOLDOUT_POINTS:
+        return errors
+    try:
+        centres, levels = smoothed_trace(s[head], y[head])
+    except ConfigError:
+        return errors
+    head_fit = fit_curve(s[head], y[head])
+    for name in EXTENSIONS:
+        if name == "parametric" and not head_fit.usable:
+            continue
+        forecast = EmpiricalCurve(centres, levels, name, _recent_slope(centres, levels), head_fit).loss(bins_s)
+        error = np.abs(forecast - bins_y)
+        errors[name] = float(np.mean(error)) if np.all(np.isfinite(error)) else math.inf
+    return errors
