@@ -127,7 +127,6 @@ class Session:
         clock: Callable[[], float] | None = None,
         preemption_signals: Iterable[int] = (signal.SIGTERM,),
         grace: str | float = "30s",
-
         prior: Any = None,
     ) -> None:
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
