@@ -45,7 +45,7 @@ from coci.checkpoint.checkpointer import (
     writer_for,
 )
 from coci.checkpoint.format import RNG_KEY, SESSION_KEY, LoadedCheckpoint
-from coci.checkpoint.stateful import is_stateful, validate_state
+from coci.checkpoint.stateful import is_stateful, restore_in_place, validate_state
 from coci.checkpoint.tree import own_storage
 from coci.errors import (
     CheckpointError,
@@ -433,11 +433,8 @@ class Session:
         value = self.state[key]
         if is_stateful(value):  # modules copy into their parameters; others keep what they get
             value.load_state_dict(saved if isinstance(value, torch.nn.Module) else own_storage(saved))
-        elif isinstance(value, torch.Tensor) and isinstance(saved, torch.Tensor) and value.shape == saved.shape:
-            with torch.no_grad():
-                value.copy_(saved)
-        else:
-            self.state[key] = saved
+        else:  # the caller's own tensor, array, dict or list, never replaced (see checkpoint/stateful.py)
+            restore_in_place(key, value, saved if isinstance(value, torch.Tensor) else own_storage(saved))
 
     def _poll_persist(self) -> None:
         pending = self._checkpointer.pending
