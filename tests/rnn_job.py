@@ -18,12 +18,13 @@ import argparse
 import os
 import signal
 import sys
+from typing import Any, TextIO
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import coci  # noqa: E402
+import coci
 
 VOCAB, EMBED, HIDDEN, BATCH, BPTT = 40, 16, 32, 4, 6
 
@@ -68,14 +69,23 @@ def main() -> None:
     torch.manual_seed(0)
     model = LanguageModel()
     train, valid = corpus()
-    criterion = torch.nn.CrossEntropyLoss()
     progress = {"epoch": 0, "batch": 0}
     carry = {"hidden": model.init_hidden()}
     scalars = {"lr": 20.0, "best_val_loss": float("inf")}
     state = {"model": model, "progress": progress, "carry": carry, "scalars": scalars}
     session = coci.Session(args.run_dir, state=state, policy=coci.EveryN(args.every))
     session.restore()  # fills model, progress, carry and scalars in place
-    log = open(os.path.join(args.run_dir, f"losses_{os.getpid()}.txt"), "a")
+    with open(os.path.join(args.run_dir, f"losses_{os.getpid()}.txt"), "a") as log:
+        train_epochs(args, session, model, train, valid, state, log)
+    session.close()
+    final = {"model": model.state_dict(), "scalars": dict(scalars), "steps": session.steps}
+    torch.save(final, os.path.join(args.run_dir, "final.pt"))
+
+
+def train_epochs(args: argparse.Namespace, session: coci.Session, model: LanguageModel, train: torch.Tensor,
+                 valid: torch.Tensor, state: dict[str, Any], log: TextIO) -> None:
+    progress, carry, scalars = state["progress"], state["carry"], state["scalars"]
+    criterion = torch.nn.CrossEntropyLoss()
     starts = range(0, train.size(0) - 1, BPTT)
     for epoch in range(progress["epoch"], args.epochs):
         model.train()
@@ -106,9 +116,6 @@ def main() -> None:
             scalars["lr"] /= 4.0
         progress.update(epoch=epoch + 1, batch=0)
         carry["hidden"] = model.init_hidden()
-    session.close()
-    final = {"model": model.state_dict(), "scalars": dict(scalars), "steps": session.steps}
-    torch.save(final, os.path.join(args.run_dir, "final.pt"))
 
 
 def evaluate(model: LanguageModel, data: torch.Tensor, criterion: torch.nn.Module) -> float:

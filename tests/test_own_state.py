@@ -71,9 +71,10 @@ def test_a_carried_tensor_of_another_shape_is_refused_not_replaced(tmp_path: Pat
     with coci.Session(tmp_path, {"hidden": torch.ones(2, 3)}, policy=coci.EveryN(1)) as session:
         session.step(None)
     other = torch.zeros(4, 3)
-    with coci.Session(tmp_path, {"hidden": other}, policy=coci.EveryN(1)) as session:
-        with pytest.raises(coci.CorruptCheckpointError, match=r"state\['hidden'\].*shape \(2, 3\)"):
-            session.restore()
+    session = coci.Session(tmp_path, {"hidden": other}, policy=coci.EveryN(1))
+    with pytest.raises(coci.CorruptCheckpointError, match=r"state\['hidden'\].*shape \(2, 3\)"):
+        session.restore()
+    session.close()
     assert torch.equal(other, torch.zeros(4, 3))
 
 
