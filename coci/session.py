@@ -96,6 +96,9 @@ class Session:
         keep_last: committed checkpoints to keep (None keeps all; never fewer than one).
         on_error: ``"raise"`` (default) raises a background persist failure at the next
             ``step``/``close``; ``"log"`` only logs it (it is always in ``events.jsonl``).
+        save_last: checkpoint the final state at ``close()`` (after the last step, unless a
+            checkpoint of that step exists). None (default) saves when the run reached
+            ``total_steps``; a ``close()`` reached through an exception never saves.
         clock: seconds clock, injectable for tests.
     """
 
@@ -115,6 +118,7 @@ class Session:
         time_budget: float | None = 0.05,
         max_overhead: float | None = None,
         on_error: str = "raise",
+        save_last: bool | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
@@ -126,6 +130,10 @@ class Session:
             raise ConfigError(f"total_steps must be a positive integer or None, got {total_steps!r}")
         if on_error not in ("raise", "log"):
             raise ConfigError(f"on_error must be 'raise' or 'log', got {on_error!r}")
+        if save_last is not None and not isinstance(save_last, bool):
+            raise ConfigError(f"save_last must be True, False or None, got {save_last!r}")
+        self._save_last = save_last
+        self._total_steps = total_steps if plan_config is None else plan_config.total_steps
         self.run_dir = Path(run_dir)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -316,10 +324,13 @@ class Session:
         return (None, problem) if problem is not None else (loaded, "")
 
     def close(self) -> None:
-        """Wait for the last persist, write ``profile.json``, ``plan.json`` and ``loss_curve.json``
-        (the smoothed trace the report plots), release the fence hooks."""
+        """Checkpoint the final state when ``save_last`` says so, wait for the last persist, write
+        ``profile.json``, ``plan.json`` and ``loss_curve.json`` (the smoothed trace the report
+        plots), release the fence hooks."""
         if self._closed:
             return
+        if self._final_checkpoint_due():
+            self.checkpoint()
         self._closed = True
         try:
             self._checkpointer.close()
@@ -345,12 +356,21 @@ class Session:
         if exc_type is None:
             self.close()
             return
+        self._save_last = False  # the state may be mid-step: never a final checkpoint of it
         try:
             self.close()
         except Exception:  # never mask the exception that is already propagating
             logger.exception("error while closing the session after a failure")
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _final_checkpoint_due(self) -> bool:
+        """``save_last`` at ``close()``: asked for (or the run reached ``total_steps``) and the
+        final step has no checkpoint yet."""
+        wanted = self._save_last
+        if wanted is None:
+            wanted = self._total_steps is not None and self._steps >= self._total_steps
+        return wanted and self._steps > 0 and self._steps not in self._checkpoint_steps
 
     def _check_open(self) -> None:
         if self._closed:

@@ -127,3 +127,43 @@ def test_sigkilled_index_walk_rnn_job_is_bitwise_equal_to_uninterrupted(tmp_path
     assert set(resumed) == set(reference_losses)
     for step, values in resumed.items():  # steps recomputed after a resume give the same loss
         assert values == {reference_losses[step]}, step
+
+
+def _count_steps(session: coci.Session, steps: int) -> None:
+    for _ in range(steps):
+        session.step(None)
+
+
+@pytest.mark.parametrize(
+    ("save_last", "total_steps", "steps", "final_checkpoint"),
+    [
+        (None, 7, 7, True),  # default: on when the run reached total_steps
+        (None, 10, 7, False),  # stopped early: no final checkpoint by default
+        (True, None, 7, True),
+        (False, 7, 7, False),
+        (None, 6, 6, False),  # the plan already checkpointed the last step: not twice
+    ],
+)
+def test_save_last_checkpoints_the_final_state_at_close(
+    tmp_path: Path, save_last: bool | None, total_steps: int | None, steps: int, final_checkpoint: bool
+) -> None:
+    counters = {"done": 0}
+    session = coci.Session(
+        tmp_path, {"counters": counters}, policy=coci.EveryN(3), total_steps=total_steps, save_last=save_last
+    )
+    _count_steps(session, steps)
+    counters["done"] = steps
+    session.close()
+    expected = [3, 6] + ([steps] if final_checkpoint else [])
+    assert list(session.checkpoint_steps) == expected
+    fresh = {"done": -1}
+    with coci.Session(tmp_path, {"counters": fresh}, policy=coci.EveryN(3), save_last=False) as resumed:
+        assert resumed.restore().step == expected[-1]
+    assert fresh["done"] == (steps if final_checkpoint else 0)
+
+
+def test_no_final_checkpoint_when_the_with_block_raises(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError), coci.Session(tmp_path, {"c": {}}, policy=coci.EveryN(3), save_last=True) as session:
+        _count_steps(session, 4)
+        raise RuntimeError("evaluation failed")
+    assert list(session.checkpoint_steps) == [3]
