@@ -56,6 +56,7 @@ from coci.errors import (
     StateMismatchError,
 )
 from coci.events import EventLog
+from coci.overhead import OverheadLedger, process_age_seconds
 from coci.planning.cadence import Cadence
 from coci.planning.config import PlanConfig, changed_arguments
 from coci.planning.failures import Failures
@@ -174,11 +175,14 @@ class Session:
         self._closed = False
         self._started = self._clock()
         self._progress_at = self._started
+        self._overhead = OverheadLedger()  # coci's own seconds on the training thread (the report's total)
+        self._restored_at_age: float | None = None  # process age when restore() finished; None: no restart
         self._hooks = [opt.register_step_pre_hook(self._fence_hook) for opt in self._optimizers()]
         self._write_plan()  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
         state_bytes = _tensor_bytes(self.state)
         self._profiler.set_state_bytes(state_bytes)
         self._profiler.probe(self.run_dir, state_bytes)  # once, milliseconds: estimates before any checkpoint
+        self.events.emit("session", step=0, pid=os.getpid(), startup_seconds=process_age_seconds())
         self._profiler.mark()
 
     # -- public API ------------------------------------------------------------------------------
@@ -211,18 +215,25 @@ class Session:
         Returns the pending checkpoint when one starts.
         """
         self._check_open()
+        entered = self._clock()
+        planning_before = self._overhead.planning
+        if self._restored_at_age is not None:
+            self._record_restart()
         if self._stall_pending is not None:
             stalled = self._stall_pending
             self._profiler.record_stall(self._stall_seconds, stalled.nbytes)
             self._stalled_total += self._stall_seconds
+            self._overhead.stall += self._stall_seconds
             self.events.emit("stall", step=stalled.step, seconds=self._stall_seconds, bytes=stalled.nbytes)
             self._stall_pending = None
+        self._profiler.record_busy(entered, self._clock())
         self._profiler.step(loss)
+        resumed = self._clock()
         self._steps += 1
         now = self._clock()
         if now - self._progress_at >= knobs.PROGRESS_EVENT_SECONDS:  # bounds what a crash loses
             self._progress_at = now
-            self.events.emit("progress", step=self._steps)
+            self.events.emit("progress", step=self._steps, pid=os.getpid(), **self._overhead.as_event())
         due = self.policy.should_checkpoint(self._steps)  # asked before any re-plan made at this step
         self._poll_persist()
         if self._should_observe():
@@ -233,6 +244,7 @@ class Session:
                 logger.debug("warm-up checkpoint at step %d skipped (persist in flight or stall budget)", self._steps)
             else:
                 pending = self.checkpoint()
+        self._account_step_work(entered, resumed, planning_before, pending is not None)
         self._raise_error()  # last, so a caller that catches it has a consistent session
         return pending
 
@@ -257,7 +269,7 @@ class Session:
     def wait_snapshot(self) -> None:
         """Block until the in-flight snapshot is copied (call before changing state outside an
         optimizer step)."""
-        self._stall_seconds += self._checkpointer.wait_staging()
+        self._stall_seconds += self._booked_wait(self._checkpointer.wait_staging())
 
     def wait(self) -> PersistResult | None:
         """Block until the in-flight checkpoint is committed (or failed); surface a failure."""
@@ -291,6 +303,8 @@ class Session:
                 last_error = problem
                 continue
             seconds = self._clock() - began
+            self._overhead.restore += seconds
+            self._restored_at_age = process_age_seconds()
             self._profiler.record_restore(seconds, loaded.nbytes)
             self.events.emit("restore", step=loaded.step, seconds=seconds, bytes=loaded.nbytes, path=str(path))
             self._cadence.restart()
@@ -332,9 +346,11 @@ class Session:
         if self._final_checkpoint_due():
             self.checkpoint()
         self._closed = True
+        waited_from = self._clock()
         try:
             self._checkpointer.close()
             self._poll_persist()
+            self._overhead.close_wait += self._clock() - waited_from
         finally:
             for hook in self._hooks:
                 hook.remove()
@@ -346,7 +362,9 @@ class Session:
                 json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()})
             )
         self._write_plan()
-        self.events.emit("close", step=self._steps, checkpoints=len(self._checkpoint_steps))
+        self.events.emit(
+            "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._overhead.as_event()
+        )
         self._raise_error()
 
     def __enter__(self) -> Session:
@@ -372,6 +390,35 @@ class Session:
             wanted = self._total_steps is not None and self._steps >= self._total_steps
         return wanted and self._steps > 0 and self._steps not in self._checkpoint_steps
 
+    def _account_step_work(self, entered: float, resumed: float, planning_before: float, checkpointed: bool) -> None:
+        """Book this ``step()`` call's own time, minus its checkpoint and planning (booked apart), as
+        per-step work; the profiler takes the whole call off the step interval it fell in."""
+        ended = self._clock()
+        self._profiler.record_busy(resumed, ended)
+        own = ended - entered - (self._overhead.planning - planning_before)
+        if checkpointed:
+            own -= self._stall_seconds  # still just checkpoint()'s own time here; fence waits come later
+        self._overhead.step_work += max(own, 0.0)
+
+    def _booked_wait(self, seconds: float) -> float:
+        """A snapshot wait inside the training step: off the profiler's step interval; returned."""
+        now = self._clock()
+        self._profiler.record_busy(now - seconds, now)
+        return seconds
+
+    def _record_restart(self) -> None:
+        """The first ``step()`` after a restore: the restart cost is the process's age now, less
+        this first step's own training time (the profile's step time), never less than the age
+        when ``restore()`` finished. Kept in the profile (so across restarts) and in events."""
+        restored_at, self._restored_at_age = self._restored_at_age, None
+        age = process_age_seconds()
+        if age is None or restored_at is None:
+            return
+        step_seconds = self._profiler.profile.step_seconds.value or 0.0
+        restart = max(age - step_seconds, restored_at)
+        self._profiler.record_restart(restart)
+        self.events.emit("restart", step=self._steps, seconds=restart, pid=os.getpid())
+
     def _check_open(self) -> None:
         if self._closed:
             raise ConfigError("this Session is closed")
@@ -383,7 +430,7 @@ class Session:
 
     def _fence_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._checkpointer.pending is not None:
-            self._stall_seconds += self._checkpointer.fence()
+            self._stall_seconds += self._booked_wait(self._checkpointer.fence())
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:
         return [value for value in self.state.values() if isinstance(value, torch.optim.Optimizer)]
@@ -503,7 +550,9 @@ class Session:
         try:
             self._observe_now()
         finally:
-            self._cadence.record_observation(self._steps, self._clock() - began)
+            seconds = self._clock() - began
+            self._overhead.planning += seconds
+            self._cadence.record_observation(self._steps, seconds)
 
     def _observe_now(self) -> None:
         loss_steps, losses = self._profiler.loss_curve()
