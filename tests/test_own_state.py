@@ -9,6 +9,7 @@ uninterrupted run.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -127,6 +128,22 @@ def test_sigkilled_index_walk_rnn_job_is_bitwise_equal_to_uninterrupted(tmp_path
     assert set(resumed) == set(reference_losses)
     for step, values in resumed.items():  # steps recomputed after a resume give the same loss
         assert values == {reference_losses[step]}, step
+    _assert_restart_cost_includes_start_up(killed, restarts=2)  # the kill at step 3 left no checkpoint
+
+
+def _assert_restart_cost_includes_start_up(run_dir: Path, restarts: int) -> None:
+    """Each restarted process reports a restart cost from its own start (interpreter, imports,
+    model build, restore) to its first step, and the profile keeps every one across restarts."""
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    startup = {e["pid"]: e["startup_seconds"] for e in events if e["event"] == "session"}
+    restores = [e for e in events if e["event"] == "restore"]
+    measured = [e for e in events if e["event"] == "restart"]
+    assert len(measured) == len(restores) == restarts
+    for restart, restore in zip(measured, restores):
+        assert restart["seconds"] >= startup[restart["pid"]] > 0.0  # start-up is part of it
+        assert restart["seconds"] > restore["seconds"]
+    profile = json.loads((run_dir / "profile.json").read_text())
+    assert profile["restart_seconds"]["count"] == restarts
 
 
 def _count_steps(session: coci.Session, steps: int) -> None:
