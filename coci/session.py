@@ -219,13 +219,7 @@ class Session:
         planning_before = self._overhead.planning
         if self._restored_at_age is not None:
             self._record_restart()
-        if self._stall_pending is not None:
-            stalled = self._stall_pending
-            self._profiler.record_stall(self._stall_seconds, stalled.nbytes)
-            self._stalled_total += self._stall_seconds
-            self._overhead.stall += self._stall_seconds
-            self.events.emit("stall", step=stalled.step, seconds=self._stall_seconds, bytes=stalled.nbytes)
-            self._stall_pending = None
+        self._record_pending_stall()
         self._profiler.record_busy(entered, self._clock())
         self._profiler.step(loss)
         resumed = self._clock()
@@ -252,6 +246,7 @@ class Session:
         """Start a checkpoint of the current state now (also used by ``step``)."""
         self._check_open()
         began = self._clock()
+        planning_before = self._overhead.planning  # a commit polled below may re-plan: booked apart
         previous = self._checkpointer.pending
         if previous is not None:  # at most one persist in flight; never drop its outcome
             previous.upload_completion.exception()
@@ -263,7 +258,7 @@ class Session:
         self._checkpoint_steps.append(self._steps)
         self._profiler.persist_started()
         self._stall_pending = pending
-        self._stall_seconds = self._clock() - began
+        self._stall_seconds = self._clock() - began - (self._overhead.planning - planning_before)
         return pending
 
     def wait_snapshot(self) -> None:
@@ -343,14 +338,15 @@ class Session:
         plots), release the fence hooks."""
         if self._closed:
             return
+        waited_from = self._clock()  # the last persist and the run files (a final checkpoint: a stall)
         if self._final_checkpoint_due():
             self.checkpoint()
+            waited_from += self._stall_seconds
+        self._record_pending_stall()  # the last checkpoint's stall has no next step to record it
         self._closed = True
-        waited_from = self._clock()
         try:
             self._checkpointer.close()
             self._poll_persist()
-            self._overhead.close_wait += self._clock() - waited_from
         finally:
             for hook in self._hooks:
                 hook.remove()
@@ -362,6 +358,7 @@ class Session:
                 json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()})
             )
         self._write_plan()
+        self._overhead.close_wait += self._clock() - waited_from
         self.events.emit(
             "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._overhead.as_event()
         )
@@ -399,6 +396,18 @@ class Session:
         if checkpointed:
             own -= self._stall_seconds  # still just checkpoint()'s own time here; fence waits come later
         self._overhead.step_work += max(own, 0.0)
+
+    def _record_pending_stall(self) -> None:
+        """The stall of the checkpoint started at the previous step (its copy and the fence waits
+        since): into the profile, the ledger and ``events.jsonl``."""
+        stalled = self._stall_pending
+        if stalled is None:
+            return
+        self._profiler.record_stall(self._stall_seconds, stalled.nbytes)
+        self._stalled_total += self._stall_seconds
+        self._overhead.stall += self._stall_seconds
+        self.events.emit("stall", step=stalled.step, seconds=self._stall_seconds, bytes=stalled.nbytes)
+        self._stall_pending = None
 
     def _booked_wait(self, seconds: float) -> float:
         """A snapshot wait inside the training step: off the profiler's step interval; returned."""
