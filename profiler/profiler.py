@@ -344,7 +344,6 @@ class Profiler:
         """
         with self._lock:
             step, source = self._step_estimate()
-            clean = robust_estimate(recent_regime(list(self._clean)))
             overlapped = robust_estimate(recent_regime(list(self._overlapped)))
             stall_steps = robust_estimate(list(self._stall_steps))
             stall_adjusted = robust_estimate(recent_regime(list(self._stall_adjusted)))

@@ -382,6 +382,8 @@ def _profile_from_checkpoint(root: Path, notes: list[str]) -> Profile | None:
     for step, checkpoint in reversed(committed_steps(checkpoints_dir(root))):
         try:
             state = load_entry(checkpoint, (SESSION_KEY, "profiler"))
+            if not isinstance(state, dict):
+                continue
             profiler = Profiler()
             profiler.load_state_dict(state)
         except (CociError, OSError, ValueError, KeyError, TypeError) as exc:
