@@ -19,10 +19,15 @@ are excluded. Every other interval goes into exactly one bounded window (``knobs
   it closes the last overlapped interval;
 * **clean** otherwise.
 
-Estimates are medians with a MAD spread (:mod:`profiler.stats`); ``interference`` is the median
-overlapped step time over the median clean step time. When no clean interval exists yet (a persist in
-flight all the time), ``step_seconds`` falls back to the overlapped intervals, and says so through
-``interference`` being unknown.
+Time the caller reports as its own (``record_busy``: the session's per-step work, a snapshot, a
+fence wait) is taken off the interval it falls in; a stall interval minus that time is also kept as
+a *stall-adjusted* step. Estimates are medians with a MAD spread (:mod:`profiler.stats`) of each
+series cut back to its recent regime (:func:`profiler.stats.recent_regime`: a job that speeds up or
+slows down is followed within ``knobs.DRIFT_SAMPLES`` steps). ``step_seconds`` comes from the clean
+intervals while they are current, from the stall-adjusted ones once ``knobs.STALE_CLEAN_STEPS`` timed
+steps in a row were not clean (a job that checkpoints every step), and from the overlapped ones only
+when nothing else was measured (``interference`` is then unknown); ``Profile.step_seconds_source``
+says which. ``interference`` is the median overlapped step time over ``step_seconds``.
 
 Threads
 -------
