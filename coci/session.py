@@ -182,7 +182,10 @@ class Session:
         state_bytes = _tensor_bytes(self.state)
         self._profiler.set_state_bytes(state_bytes)
         self._profiler.probe(self.run_dir, state_bytes)  # once, milliseconds: estimates before any checkpoint
-        self.events.emit("session", step=0, pid=os.getpid(), startup_seconds=process_age_seconds())
+        startup = process_age_seconds()
+        if startup is not None:
+            self._profiler.set_startup_seconds(startup)  # the restart cost's prior
+        self.events.emit("session", step=0, pid=os.getpid(), startup_seconds=startup)
         self._profiler.mark()
 
     # -- public API ------------------------------------------------------------------------------

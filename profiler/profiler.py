@@ -117,6 +117,7 @@ class Profiler:
         self._persists_in_flight = 0
         self._state_bytes: int | None = None
         self._bandwidth: Bandwidth | None = None
+        self._startup_seconds: float | None = None
 
     # ------------------------------------------------------------------ per step (hot path)
     def step(self, loss: Any = None) -> None:
@@ -272,6 +273,13 @@ class Profiler:
         with self._lock:
             self._costs["restart_seconds"].append(seconds)
 
+    def set_startup_seconds(self, seconds: float) -> None:
+        """This process took ``seconds`` from its start to the caller's set-up (interpreter, imports,
+        data, model): with the restore estimate, the restart cost's prior until one is measured."""
+        value = non_negative_number(seconds, "seconds")
+        with self._lock:
+            self._startup_seconds = value
+
     def set_state_bytes(self, nbytes: int) -> None:
         """Bytes of one checkpoint's state: with the probe, gives the priors before any checkpoint."""
         value = integer(nbytes, "nbytes")
@@ -355,8 +363,11 @@ class Profiler:
             costs = {name: robust_estimate(list(series)) for name, series in self._costs.items()}
             state_bytes = self._state_bytes
             bandwidth = self._bandwidth
+            startup = self._startup_seconds
         copy_rate = None if bandwidth is None else bandwidth.copy_bytes_per_second
         write_rate = None if bandwidth is None else bandwidth.write_bytes_per_second
+        # Before any restore: the write bandwidth as a (pessimistic) stand-in for reading.
+        restore = _measured_or(costs["restore_seconds"], _divide(state_bytes, write_rate))
         return Profile(
             steps=self._steps,
             state_bytes=state_bytes,
@@ -370,10 +381,9 @@ class Profiler:
             persist_seconds=_measured_or(costs["persist_seconds"], _divide(state_bytes, write_rate)),
             persist_bytes=_measured_or(costs["persist_bytes"], state_bytes),
             interference=ratio_estimate(overlapped, step) if source != "overlapped" else Estimate(),
-            # Before any restore: the write bandwidth as a (pessimistic) stand-in for reading.
-            restore_seconds=_measured_or(costs["restore_seconds"], _divide(state_bytes, write_rate)),
+            restore_seconds=restore,
             restore_bytes=_measured_or(costs["restore_bytes"], state_bytes),
-            restart_seconds=costs["restart_seconds"],
+            restart_seconds=_measured_or(costs["restart_seconds"], _restart_prior(startup, restore)),
             bandwidth=bandwidth,
             loss_points=self._trace.points,
             dropped_losses=self._trace.dropped,
@@ -460,6 +470,11 @@ class Profiler:
 
 def _measured_or(measured: Estimate, fallback: float | int | None) -> Estimate:
     return measured if measured.measured else prior(None if fallback is None else float(fallback))
+
+
+def _restart_prior(startup: float | None, restore: Estimate) -> float | None:
+    """No restart measured yet: this process's start-up plus a restore."""
+    return None if startup is None else startup + (restore.value or 0.0)
 
 
 def _divide(nbytes: int | None, rate: float | None) -> float | None:

@@ -89,3 +89,13 @@ def test_report_of_a_killed_never_restarted_run(tmp_path: Path, capsys: pytest.C
     text = capsys.readouterr().out
     assert " 0 steps" not in text and "checkpoints: " in text
     assert "did not close" in text
+
+
+def test_restart_cost_prior_is_this_processes_start_up_plus_a_restore(tmp_path: Path) -> None:
+    """Before any restart is measured the planner's restart cost is not a bare restore time."""
+    with coci.Session(tmp_path, {"w": torch.zeros(4)}, policy=coci.EveryN(10)) as session:
+        profile = session.profile
+    startup = next(e["startup_seconds"] for e in read_events(tmp_path) if e["event"] == "session")
+    assert profile.restart_seconds.count == 0  # a prior, not a measurement
+    assert profile.restart_seconds.value >= startup > 0.0
+    assert profile.restart_seconds.value >= profile.restore_seconds.value
