@@ -81,9 +81,11 @@ def test_report_of_a_killed_never_restarted_run(tmp_path: Path, capsys: pytest.C
     assert not (tmp_path / "profile.json").exists()
     assert main(["report", str(tmp_path), "--no-files", "--json", "--trials", "0"]) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert payload["observed"]["steps"] >= 20  # the newest checkpoint, or a later progress event
-    assert payload["observed"]["checkpoints"] >= 4 and payload["observed"]["committed"] >= 4
-    assert payload["profile"]["steps"] == 20  # from checkpoint step_20
+    newest = max(int(p.name.split("_")[1]) for p in (tmp_path / "checkpoints").glob("step_*") if p.suffix != ".tmp")
+    assert newest >= 15  # step_20 may still have been persisting when the kill came
+    assert payload["observed"]["steps"] >= 20  # the checkpoints started, or a later progress event
+    assert payload["observed"]["checkpoints"] >= 4 and payload["observed"]["committed"] >= 3
+    assert payload["profile"]["steps"] == newest  # the profile saved in the newest checkpoint
     assert len(payload["losses"]) > 0 and payload["loss_source"].startswith("profiler trace in checkpoint")
     assert main(["report", str(tmp_path), "--no-files", "--trials", "0"]) == 0
     text = capsys.readouterr().out
