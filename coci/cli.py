@@ -327,13 +327,37 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             for s in verify_run(root)
         ]
     if not rows:
-        print(f"no checkpoints in {args.run_dir}")
+        runs = _runs_under(root)
+        print(_runs_table(runs) if runs else f"no checkpoints in {args.run_dir}")
         return EXIT_OK
     lines = [f"{'step':>10}  {'size':>10}  status"]
     for listed_step, size, status in rows:
         lines.append(f"{'-' if listed_step is None else listed_step:>10}  {'-' if size is None else format_bytes(size):>10}  {status}")
     print("\n".join(lines))
     return EXIT_OK
+
+
+def _runs_under(parent: Path) -> list[tuple[str, list[int], bool]]:
+    """The run directories directly inside ``parent``: (name, committed steps, has an event log)."""
+    from coci.checkpoint import format
+    from coci.events import EVENTS_FILENAME
+
+    runs = []
+    for child in sorted(p for p in parent.iterdir() if p.is_dir()):
+        has_events = (child / EVENTS_FILENAME).is_file()
+        if has_events or format.checkpoints_dir(child).is_dir():
+            runs.append((child.name, [step for step, _ in format.committed_steps(format.checkpoints_dir(child))], has_events))
+    return runs
+
+
+def _runs_table(runs: list[tuple[str, list[int], bool]]) -> str:
+    """``coci ls PARENT``: one line per run (its newest committed step and how many it keeps)."""
+    width = max(len("run"), *(len(name) for name, _, _ in runs))
+    lines = [f"{'run':<{width}}  {'newest step':>11}  {'checkpoints':>11}  events"]
+    for name, steps, has_events in runs:
+        newest = str(max(steps)) if steps else "-"
+        lines.append(f"{name:<{width}}  {newest:>11}  {len(steps):>11}  {'yes' if has_events else 'no'}")
+    return "\n".join(lines) + "\n(a parent folder: `coci ls PARENT/RUN` lists one run's checkpoints)"
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -422,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--json", action="store_true", help="print report.json instead of the summary")
     rep.set_defaults(handler=_cmd_report)
 
-    ls = sub.add_parser("ls", help="list committed checkpoints", description="List the committed checkpoints of a run: step, epoch, size, verified or not.")
+    ls = sub.add_parser("ls", help="list committed checkpoints (or the runs of a parent folder)", description="List the committed checkpoints of a run: step, epoch, size, verified or not. Given a folder of runs, list its runs.")
     ls.add_argument("run_dir", help="run directory written by coci.Session")
     ls.add_argument("--no-verify", action="store_true", help="read manifests only (skip the checksum pass)")
     ls.set_defaults(handler=_cmd_ls)

@@ -210,7 +210,7 @@ class Preemption:
         return (now - last[1]) / (step - last[0])
 
     def restart_seconds(self, load_seconds: float) -> float:
-        """What the restart cost: from the previous process's last event (its ``preempted`` event
+        """Downtime of the restart (the report's figure): from the previous process's last event (its ``preempted`` event
         after a notice) to the end of this restore; the load time alone without a previous event."""
         if self.previous_end is None:
             return load_seconds

@@ -46,7 +46,7 @@ from coci.checkpoint.checkpointer import (
     writer_for,
 )
 from coci.checkpoint.format import RNG_KEY, SESSION_KEY, LoadedCheckpoint
-from coci.checkpoint.stateful import is_stateful, validate_state
+from coci.checkpoint.stateful import is_stateful, restore_in_place, validate_state
 from coci.checkpoint.tree import own_storage
 from coci.errors import (
     CheckpointError,
@@ -57,6 +57,7 @@ from coci.errors import (
     StateMismatchError,
 )
 from coci.events import EventLog
+from coci.overhead import OverheadLedger, process_age_seconds
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
 from coci.planning.config import PlanConfig, changed_arguments
@@ -101,6 +102,9 @@ class Session:
         preemption_signals / grace: a notice (SIGTERM by default; ``()`` turns it off) makes the
             next ``step()`` checkpoint, wait for the commit and raise :class:`coci.Preempted`;
             ``grace`` is the time the scheduler allows (see :mod:`coci.preemption`).
+        save_last: checkpoint the final state at ``close()`` (after the last step, unless a
+            checkpoint of that step exists). None (default) saves when the run reached
+            ``total_steps``; a ``close()`` reached through an exception never saves.
         clock: seconds clock, injectable for tests.
         prior: warm start for ``auto``: an earlier run's loss curve (its run directory, a curve file,
             losses or ``(steps, losses)``), planned with from step 0, rescaled to ``total_steps`` and
@@ -124,6 +128,7 @@ class Session:
         time_budget: float | None = 0.05,
         max_overhead: float | None = None,
         on_error: str = "raise",
+        save_last: bool | None = None,
         clock: Callable[[], float] | None = None,
         preemption_signals: Iterable[int] = (signal.SIGTERM,),
         grace: str | float = "30s",
@@ -138,6 +143,10 @@ class Session:
             raise ConfigError(f"total_steps must be a positive integer or None, got {total_steps!r}")
         if on_error not in ("raise", "log"):
             raise ConfigError(f"on_error must be 'raise' or 'log', got {on_error!r}")
+        if save_last is not None and not isinstance(save_last, bool):
+            raise ConfigError(f"save_last must be True, False or None, got {save_last!r}")
+        self._save_last = save_last
+        self._total_steps = total_steps if plan_config is None else plan_config.total_steps
         self.run_dir = Path(run_dir)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -181,6 +190,8 @@ class Session:
         self._closed = False
         self._started = self._clock()
         self._progress_at = self._started
+        self._overhead = OverheadLedger()  # coci's own seconds on the training thread (the report's total)
+        self._restored_at_age: float | None = None  # process age when restore() finished; None: no restart
         self._hooks = [opt.register_step_pre_hook(self._fence_hook) for opt in self._optimizers()]
         previous_end = preemption.last_event_time(self.events.path)  # before this process writes any
         self._write_plan()  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
@@ -188,6 +199,10 @@ class Session:
         self._profiler.set_state_bytes(state_bytes)
         self._profiler.probe(self.run_dir, state_bytes)  # once, milliseconds: estimates before any checkpoint
         self._preemption = preemption.start(self, preemption_signals, grace, previous_end)
+        startup = process_age_seconds()
+        if startup is not None:
+            self._profiler.set_startup_seconds(startup)  # the restart cost's prior
+        self.events.emit("session", step=0, pid=os.getpid(), startup_seconds=startup)
         self._profiler.mark()
 
     # -- public API ------------------------------------------------------------------------------
@@ -221,18 +236,19 @@ class Session:
         this step, waits for the commit and raises :class:`coci.Preempted` (a ``SystemExit``).
         """
         self._check_open()
-        if self._stall_pending is not None:
-            stalled = self._stall_pending
-            self._profiler.record_stall(self._stall_seconds, stalled.nbytes)
-            self._stalled_total += self._stall_seconds
-            self.events.emit("stall", step=stalled.step, seconds=self._stall_seconds, bytes=stalled.nbytes)
-            self._stall_pending = None
+        entered = self._clock()
+        planning_before = self._overhead.planning
+        if self._restored_at_age is not None:
+            self._record_restart()
+        self._record_pending_stall()
+        self._profiler.record_busy(entered, self._clock())
         self._profiler.step(loss)
+        resumed = self._clock()
         self._steps += 1
         now = self._clock()
         if now - self._progress_at >= knobs.PROGRESS_EVENT_SECONDS:  # bounds what a crash loses
             self._progress_at = now
-            self.events.emit("progress", step=self._steps)
+            self.events.emit("progress", step=self._steps, pid=os.getpid(), **self._overhead.as_event())
         due = self.policy.should_checkpoint(self._steps)  # asked before any re-plan made at this step
         self._poll_persist()
         if self._planner.due(self._steps):
@@ -245,6 +261,7 @@ class Session:
                 logger.debug("warm-up checkpoint at step %d skipped (persist in flight or stall budget)", self._steps)
             else:
                 pending = self.checkpoint()
+        self._account_step_work(entered, resumed, planning_before, pending is not None)
         if self._preemption.due(self._steps):  # distributed: collective at agreed steps
             raise preemption.stop(self, self._preemption)
         self._raise_error()  # last, so a caller that catches it has a consistent session
@@ -254,6 +271,7 @@ class Session:
         """Start a checkpoint of the current state now (also used by ``step``)."""
         self._check_open()
         began = self._clock()
+        planning_before = self._overhead.planning  # a commit polled below may re-plan: booked apart
         previous = self._checkpointer.pending
         if previous is not None:  # at most one persist in flight; never drop its outcome
             previous.upload_completion.exception()
@@ -265,13 +283,13 @@ class Session:
         self._checkpoint_steps.append(self._steps)
         self._profiler.persist_started()
         self._stall_pending = pending
-        self._stall_seconds = self._clock() - began
+        self._stall_seconds = self._clock() - began - (self._overhead.planning - planning_before)
         return pending
 
     def wait_snapshot(self) -> None:
         """Block until the in-flight snapshot is copied (call before changing state outside an
         optimizer step)."""
-        self._stall_seconds += self._checkpointer.wait_staging()
+        self._stall_seconds += self._booked_wait(self._checkpointer.wait_staging())
 
     def wait(self) -> PersistResult | None:
         """Block until the in-flight checkpoint is committed (or failed); surface a failure."""
@@ -307,7 +325,9 @@ class Session:
                 continue
             seconds = self._clock() - began
             restart = self._preemption.restart_seconds(seconds)  # from the previous process's last event
-            self._profiler.record_restore(restart, loaded.nbytes)
+            self._overhead.restore += seconds
+            self._restored_at_age = process_age_seconds()
+            self._profiler.record_restore(seconds, loaded.nbytes)
             self.events.emit(
                 "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path)
             )
@@ -342,10 +362,16 @@ class Session:
         return (None, problem) if problem is not None else (loaded, "")
 
     def close(self) -> None:
-        """Wait for the last persist, write ``profile.json``, ``plan.json`` and ``loss_curve.json``
-        (the smoothed trace the report plots), release the fence hooks."""
+        """Checkpoint the final state when ``save_last`` says so, wait for the last persist, write
+        ``profile.json``, ``plan.json`` and ``loss_curve.json`` (the smoothed trace the report
+        plots), release the fence hooks."""
         if self._closed:
             return
+        waited_from = self._clock()  # the last persist and the run files (a final checkpoint: a stall)
+        if self._final_checkpoint_due():
+            self.checkpoint()
+            waited_from += self._stall_seconds
+        self._record_pending_stall()  # the last checkpoint's stall has no next step to record it
         self._closed = True
         try:
             self._planner.close()  # an observation still in flight is dropped: the run ends first
@@ -363,7 +389,10 @@ class Session:
                 json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()})
             )
         self._write_plan()
-        self.events.emit("close", step=self._steps, checkpoints=len(self._checkpoint_steps))
+        self._overhead.close_wait += self._clock() - waited_from
+        self.events.emit(
+            "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._overhead.as_event()
+        )
         self._raise_error()
 
     def __enter__(self) -> Session:
@@ -373,12 +402,62 @@ class Session:
         if exc_type is None:
             self.close()
             return
+        self._save_last = False  # the state may be mid-step: never a final checkpoint of it
         try:
             self.close()
         except Exception:  # never mask the exception that is already propagating
             logger.exception("error while closing the session after a failure")
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _final_checkpoint_due(self) -> bool:
+        """``save_last`` at ``close()``: asked for (or the run reached ``total_steps``) and the
+        final step has no checkpoint yet."""
+        wanted = self._save_last
+        if wanted is None:
+            wanted = self._total_steps is not None and self._steps >= self._total_steps
+        return wanted and self._steps > 0 and self._steps not in self._checkpoint_steps
+
+    def _account_step_work(self, entered: float, resumed: float, planning_before: float, checkpointed: bool) -> None:
+        """Book this ``step()`` call's own time, minus its checkpoint and planning (booked apart), as
+        per-step work; the profiler takes the whole call off the step interval it fell in."""
+        ended = self._clock()
+        self._profiler.record_busy(resumed, ended)
+        own = ended - entered - (self._overhead.planning - planning_before)
+        if checkpointed:
+            own -= self._stall_seconds  # still just checkpoint()'s own time here; fence waits come later
+        self._overhead.step_work += max(own, 0.0)
+
+    def _record_pending_stall(self) -> None:
+        """The stall of the checkpoint started at the previous step (its copy and the fence waits
+        since): into the profile, the ledger and ``events.jsonl``."""
+        stalled = self._stall_pending
+        if stalled is None:
+            return
+        self._profiler.record_stall(self._stall_seconds, stalled.nbytes)
+        self._stalled_total += self._stall_seconds
+        self._overhead.stall += self._stall_seconds
+        self.events.emit("stall", step=stalled.step, seconds=self._stall_seconds, bytes=stalled.nbytes)
+        self._stall_pending = None
+
+    def _booked_wait(self, seconds: float) -> float:
+        """A snapshot wait inside the training step: off the profiler's step interval; returned."""
+        now = self._clock()
+        self._profiler.record_busy(now - seconds, now)
+        return seconds
+
+    def _record_restart(self) -> None:
+        """The first ``step()`` after a restore: the restart cost is the process's age now, less
+        this first step's own training time (the profile's step time), never less than the age
+        when ``restore()`` finished. Kept in the profile (so across restarts) and in events."""
+        restored_at, self._restored_at_age = self._restored_at_age, None
+        age = process_age_seconds()
+        if age is None or restored_at is None:
+            return
+        step_seconds = self._profiler.profile.step_seconds.value or 0.0
+        restart = max(age - step_seconds, restored_at)
+        self._profiler.record_restart(restart)
+        self.events.emit("restart", step=self._steps, seconds=restart, pid=os.getpid())
 
     def _check_open(self) -> None:
         if self._closed:
@@ -391,7 +470,7 @@ class Session:
 
     def _fence_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._checkpointer.pending is not None:
-            self._stall_seconds += self._checkpointer.fence()
+            self._stall_seconds += self._booked_wait(self._checkpointer.fence())
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:
         return [value for value in self.state.values() if isinstance(value, torch.optim.Optimizer)]
@@ -461,11 +540,8 @@ class Session:
         value = self.state[key]
         if is_stateful(value):  # modules copy into their parameters; others keep what they get
             value.load_state_dict(saved if isinstance(value, torch.nn.Module) else own_storage(saved))
-        elif isinstance(value, torch.Tensor) and isinstance(saved, torch.Tensor) and value.shape == saved.shape:
-            with torch.no_grad():
-                value.copy_(saved)
-        else:
-            self.state[key] = saved
+        else:  # the caller's own tensor, array, dict or list, never replaced (see checkpoint/stateful.py)
+            restore_in_place(key, value, saved if isinstance(value, torch.Tensor) else own_storage(saved))
 
     def _poll_persist(self) -> None:
         pending = self._checkpointer.pending
@@ -516,7 +592,9 @@ class Session:
         try:
             self._observe_now()
         finally:
-            self._cadence.record_observation(self._steps, self._clock() - began)
+            seconds = self._clock() - began
+            self._overhead.planning += seconds
+            self._cadence.record_observation(self._steps, seconds)
 
     def _observe_now(self) -> None:
         loss_steps, losses = self._profiler.loss_curve()

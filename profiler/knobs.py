@@ -61,3 +61,14 @@ PROBE_WRITE_MAX_BYTES: int = 16 << 20
 #: Timed repetitions of the host copy (the fastest one is kept; the first untimed copy faults the
 #: pages in).
 PROBE_COPY_REPEATS: int = 3
+
+#: Drift: the step time is re-estimated from the most recent ``DRIFT_SAMPLES`` steps (and the run
+#: of earlier ones that agree with them) when their median differs from the window's by more than
+#: ``DRIFT_RATIO`` (either way): a job that speeds up or slows down is followed within that many steps.
+DRIFT_SAMPLES: int = 8
+DRIFT_RATIO: float = 1.25
+
+#: Clean step times are stale once this many timed steps in a row contained a stall or overlapped
+#: a persist (a job that checkpoints every step): the step time then comes from the stall-adjusted
+#: steps (each one's duration minus the stall inside it).
+STALE_CLEAN_STEPS: int = 8

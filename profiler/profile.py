@@ -73,12 +73,20 @@ class Profile(BaseModel):
 
     steps: int = Field(default=0, ge=0, description="completed training steps")
     state_bytes: int | None = Field(default=None, ge=0, description="bytes of one checkpoint's state")
-    step_seconds: Estimate = Field(default_factory=Estimate, description="clean step time")
+    step_seconds: Estimate = Field(default_factory=Estimate, description="training step time (see step_seconds_source)")
+    step_seconds_source: str = Field(
+        default="clean",
+        description="where step_seconds comes from: clean steps, stall-adjusted steps (every step "
+        "checkpointed), overlapped steps, or none",
+    )
     overlapped_step_seconds: Estimate = Field(
         default_factory=Estimate, description="step time while a persist was in flight"
     )
     stall_step_seconds: Estimate = Field(
         default_factory=Estimate, description="duration of steps that contained a stall"
+    )
+    stall_adjusted_step_seconds: Estimate = Field(
+        default_factory=Estimate, description="steps that contained a stall, minus the stall"
     )
     stall_seconds: Estimate = Field(default_factory=Estimate, description="training blocked per snapshot")
     stall_bytes: Estimate = Field(default_factory=Estimate, description="bytes copied per snapshot")
@@ -89,6 +97,10 @@ class Profile(BaseModel):
     )
     restore_seconds: Estimate = Field(default_factory=Estimate, description="time to restore a checkpoint")
     restore_bytes: Estimate = Field(default_factory=Estimate, description="bytes read per restore")
+    restart_seconds: Estimate = Field(
+        default_factory=Estimate,
+        description="process start to the first step after a restore (start-up, imports, set-up, restore)",
+    )
     bandwidth: Bandwidth | None = Field(default=None, description="one-time micro-probe result")
     loss_points: int = Field(default=0, ge=0, description="finite losses recorded")
     dropped_losses: int = Field(default=0, ge=0, description="NaN/inf losses dropped")

@@ -19,10 +19,15 @@ are excluded. Every other interval goes into exactly one bounded window (``knobs
   it closes the last overlapped interval;
 * **clean** otherwise.
 
-Estimates are medians with a MAD spread (:mod:`profiler.stats`); ``interference`` is the median
-overlapped step time over the median clean step time. When no clean interval exists yet (a persist in
-flight all the time), ``step_seconds`` falls back to the overlapped intervals, and says so through
-``interference`` being unknown.
+Time the caller reports as its own (``record_busy``: the session's per-step work, a snapshot, a
+fence wait) is taken off the interval it falls in; a stall interval minus that time is also kept as
+a *stall-adjusted* step. Estimates are medians with a MAD spread (:mod:`profiler.stats`) of each
+series cut back to its recent regime (:func:`profiler.stats.recent_regime`: a job that speeds up or
+slows down is followed within ``knobs.DRIFT_SAMPLES`` steps). ``step_seconds`` comes from the clean
+intervals while they are current, from the stall-adjusted ones once ``knobs.STALE_CLEAN_STEPS`` timed
+steps in a row were not clean (a job that checkpoints every step), and from the overlapped ones only
+when nothing else was measured (``interference`` is then unknown); ``Profile.step_seconds_source``
+says which. ``interference`` is the median overlapped step time over ``step_seconds``.
 
 Threads
 -------
@@ -50,7 +55,7 @@ from profiler.checks import integer, non_negative_number, optional_integer
 from profiler.loss_trace import LossTrace
 from profiler.probe import probe_bandwidth
 from profiler.profile import Bandwidth, Estimate, Profile
-from profiler.stats import prior, ratio_estimate, robust_estimate
+from profiler.stats import prior, ratio_estimate, recent_regime, robust_estimate
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +69,11 @@ _COST_SERIES = (
     "persist_bytes",
     "restore_seconds",
     "restore_bytes",
+    "restart_seconds",
 )
-_STEP_SERIES = ("clean_step_seconds", "overlapped_step_seconds", "stall_step_seconds")
+_STEP_SERIES = ("clean_step_seconds", "overlapped_step_seconds", "stall_step_seconds", "stall_adjusted_step_seconds")
+#: Series added after STATE_FORMAT 1 was first written: absent in older checkpoints, loaded as empty.
+_OPTIONAL_SERIES = frozenset({"stall_adjusted_step_seconds", "restart_seconds"})
 
 
 class Profiler:
@@ -95,6 +103,10 @@ class Profiler:
         self._clean: deque[float] = deque(maxlen=step_window)
         self._overlapped: deque[float] = deque(maxlen=step_window)
         self._stall_steps: deque[float] = deque(maxlen=step_window)
+        self._stall_adjusted: deque[float] = deque(maxlen=step_window)  # stall steps minus their stall
+        self._since_clean = 0  # timed intervals since the last clean one (stale clean times)
+        self._interval_stall_seconds = 0.0
+        self._interval_busy = 0.0  # seconds of the open interval the caller spent outside training
         self._costs: dict[str, deque[float]] = {name: deque(maxlen=cost_window) for name in _COST_SERIES}
         self._trace = loss_trace if loss_trace is not None else LossTrace()
         self._steps = 0
@@ -105,6 +117,7 @@ class Profiler:
         self._persists_in_flight = 0
         self._state_bytes: int | None = None
         self._bandwidth: Bandwidth | None = None
+        self._startup_seconds: float | None = None
 
     # ------------------------------------------------------------------ per step (hot path)
     def step(self, loss: Any = None) -> None:
@@ -119,15 +132,10 @@ class Profiler:
         last = self._last_time
         self._last_time = now
         if last is not None and self._process_steps > self._warmup_steps:
-            duration = now - last
-            if duration >= 0.0:
-                if self._interval_stall:
-                    self._stall_steps.append(duration)
-                elif self._interval_overlapped:
-                    self._overlapped.append(duration)
-                else:
-                    self._clean.append(duration)
+            self._classify(now - last, self._interval_stall, self._interval_overlapped)
         self._interval_stall = False
+        self._interval_stall_seconds = 0.0
+        self._interval_busy = 0.0
         self._interval_overlapped = self._persists_in_flight > 0
         if loss is not None:
             self._trace.add(self._steps, loss)
@@ -140,7 +148,16 @@ class Profiler:
         """
         self._last_time = self._clock()
         self._interval_stall = False
+        self._interval_stall_seconds = 0.0
+        self._interval_busy = 0.0
         self._interval_overlapped = self._persists_in_flight > 0
+
+    def record_busy(self, start: float, end: float) -> None:
+        """The caller was busy outside the training step from ``start`` to ``end`` (clock seconds:
+        its own per-step bookkeeping, a snapshot, a fence wait). The part inside the open interval
+        is taken off that interval's duration. Training thread only (no lock)."""
+        opened = start if self._last_time is None else max(start, self._last_time)
+        self._interval_busy += max(end - opened, 0.0)
 
     def replay(self, step_seconds: Any = None, losses: Any = None) -> None:
         """Bulk path: record ``n`` completed steps with known durations and/or losses.
@@ -185,16 +202,22 @@ class Profiler:
         target = self._overlapped if self._persists_in_flight > 0 else self._clean
         if tail.size:
             target.extend(tail[-(target.maxlen or tail.size) :].tolist())
+            self._since_clean = 0 if target is self._clean else self._since_clean + int(tail.size)
 
     def _classify(self, duration: float, stall: bool, overlapped: bool) -> None:
         if duration < 0.0:
             return
+        self._since_clean += 1
+        training = max(duration - self._interval_busy, 0.0)
         if stall:
             self._stall_steps.append(duration)
+            # a caller that reports busy windows has the stall inside them; one that does not, not
+            self._stall_adjusted.append(training if self._interval_busy > 0.0 else max(duration - self._interval_stall_seconds, 0.0))
         elif overlapped:
-            self._overlapped.append(duration)
+            self._overlapped.append(training)
         else:
-            self._clean.append(duration)
+            self._clean.append(training)
+            self._since_clean = 0
 
     # ------------------------------------------------------------------ checkpoint reports
     def record_stall(self, seconds: float, nbytes: int | None = None) -> None:
@@ -203,6 +226,7 @@ class Profiler:
         nbytes = optional_integer(nbytes, "nbytes")
         with self._lock:
             self._interval_stall = True
+            self._interval_stall_seconds += seconds
             self._costs["stall_seconds"].append(seconds)
             if nbytes is not None:
                 self._costs["stall_bytes"].append(float(nbytes))
@@ -241,6 +265,20 @@ class Profiler:
             self._costs["restore_seconds"].append(seconds)
             if nbytes is not None:
                 self._costs["restore_bytes"].append(float(nbytes))
+
+    def record_restart(self, seconds: float) -> None:
+        """A restart cost ``seconds`` of wall time: from the process's start to its first step after
+        a restore (interpreter, imports, data and model set-up, restore). Kept across restarts."""
+        seconds = non_negative_number(seconds, "seconds")
+        with self._lock:
+            self._costs["restart_seconds"].append(seconds)
+
+    def set_startup_seconds(self, seconds: float) -> None:
+        """This process took ``seconds`` from its start to the caller's set-up (interpreter, imports,
+        data, model): with the restore estimate, the restart cost's prior until one is measured."""
+        value = non_negative_number(seconds, "seconds")
+        with self._lock:
+            self._startup_seconds = value
 
     def set_state_bytes(self, nbytes: int) -> None:
         """Bytes of one checkpoint's state: with the probe, gives the priors before any checkpoint."""
@@ -318,32 +356,56 @@ class Profiler:
         materialised.
         """
         with self._lock:
-            clean = robust_estimate(list(self._clean))
-            overlapped = robust_estimate(list(self._overlapped))
+            step, source = self._step_estimate()
+            overlapped = robust_estimate(recent_regime(list(self._overlapped)))
             stall_steps = robust_estimate(list(self._stall_steps))
+            stall_adjusted = robust_estimate(recent_regime(list(self._stall_adjusted)))
             costs = {name: robust_estimate(list(series)) for name, series in self._costs.items()}
             state_bytes = self._state_bytes
             bandwidth = self._bandwidth
+            startup = self._startup_seconds
         copy_rate = None if bandwidth is None else bandwidth.copy_bytes_per_second
         write_rate = None if bandwidth is None else bandwidth.write_bytes_per_second
+        # Before any restore: the write bandwidth as a (pessimistic) stand-in for reading.
+        restore = _measured_or(costs["restore_seconds"], _divide(state_bytes, write_rate))
         return Profile(
             steps=self._steps,
             state_bytes=state_bytes,
-            step_seconds=clean if clean.measured else overlapped,
+            step_seconds=step,
+            step_seconds_source=source,
             overlapped_step_seconds=overlapped,
             stall_step_seconds=stall_steps,
+            stall_adjusted_step_seconds=stall_adjusted,
             stall_seconds=_measured_or(costs["stall_seconds"], _divide(state_bytes, copy_rate)),
             stall_bytes=_measured_or(costs["stall_bytes"], state_bytes),
             persist_seconds=_measured_or(costs["persist_seconds"], _divide(state_bytes, write_rate)),
             persist_bytes=_measured_or(costs["persist_bytes"], state_bytes),
-            interference=ratio_estimate(overlapped, clean),
-            # Before any restore: the write bandwidth as a (pessimistic) stand-in for reading.
-            restore_seconds=_measured_or(costs["restore_seconds"], _divide(state_bytes, write_rate)),
+            interference=ratio_estimate(overlapped, step) if source != "overlapped" else Estimate(),
+            restore_seconds=restore,
             restore_bytes=_measured_or(costs["restore_bytes"], state_bytes),
+            restart_seconds=_measured_or(costs["restart_seconds"], _restart_prior(startup, restore)),
             bandwidth=bandwidth,
             loss_points=self._trace.points,
             dropped_losses=self._trace.dropped,
         )
+
+    def _step_estimate(self) -> tuple[Estimate, str]:
+        """The training step time and where it came from ("clean", "stall-adjusted", "overlapped").
+
+        Clean steps while they are current; once ``knobs.STALE_CLEAN_STEPS`` timed steps in a row
+        held a stall or overlapped a persist (a job that checkpoints every step), the stall-adjusted
+        steps since then; overlapped steps only when nothing else was measured. Each series is cut
+        back to its recent regime first (:func:`profiler.stats.recent_regime`), so drift is followed.
+        Called under the lock.
+        """
+        clean, adjusted = list(self._clean), list(self._stall_adjusted)
+        if clean and (self._since_clean < knobs.STALE_CLEAN_STEPS or not adjusted):
+            return robust_estimate(recent_regime(clean)), "clean"
+        if adjusted:
+            since = adjusted[-min(self._since_clean, len(adjusted)) :] if clean else adjusted
+            return robust_estimate(recent_regime(since)), "stall-adjusted"
+        overlapped = robust_estimate(recent_regime(list(self._overlapped)))
+        return overlapped, "overlapped" if overlapped.measured else "none"
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
@@ -359,6 +421,8 @@ class Profiler:
                 "clean_step_seconds": np.asarray(self._clean, dtype=np.float64),
                 "overlapped_step_seconds": np.asarray(self._overlapped, dtype=np.float64),
                 "stall_step_seconds": np.asarray(self._stall_steps, dtype=np.float64),
+                "stall_adjusted_step_seconds": np.asarray(self._stall_adjusted, dtype=np.float64),
+                "steps_since_clean": int(self._since_clean),
             }
             for name, series in self._costs.items():
                 state[name] = np.asarray(series, dtype=np.float64)
@@ -376,7 +440,11 @@ class Profiler:
             steps = integer(int(state["steps"]), "steps")
             state_bytes = optional_integer(state["state_bytes"], "state_bytes")
             bandwidth = None if state["bandwidth"] is None else Bandwidth.model_validate(state["bandwidth"])
-            series = {name: _float_array(state[name], name) for name in _STEP_SERIES + _COST_SERIES}
+            series = {
+                name: _float_array(state[name] if name not in _OPTIONAL_SERIES else state.get(name, ()), name)
+                for name in _STEP_SERIES + _COST_SERIES
+            }
+            since_clean = integer(int(state.get("steps_since_clean", 0)), "steps_since_clean")
             trace_state = state["loss_trace"]
         except KeyError as exc:
             raise ValueError(f"profiler state is missing the field {exc.args[0]!r}") from exc
@@ -389,7 +457,10 @@ class Profiler:
             self._interval_overlapped = self._persists_in_flight > 0
             self._state_bytes = state_bytes
             self._bandwidth = bandwidth
-            for target, name in zip((self._clean, self._overlapped, self._stall_steps), _STEP_SERIES):
+            self._since_clean = since_clean
+            self._interval_stall_seconds = 0.0
+            step_series = (self._clean, self._overlapped, self._stall_steps, self._stall_adjusted)
+            for target, name in zip(step_series, _STEP_SERIES):
                 target.clear()
                 target.extend(series[name].tolist())
             for name in _COST_SERIES:
@@ -399,6 +470,11 @@ class Profiler:
 
 def _measured_or(measured: Estimate, fallback: float | int | None) -> Estimate:
     return measured if measured.measured else prior(None if fallback is None else float(fallback))
+
+
+def _restart_prior(startup: float | None, restore: Estimate) -> float | None:
+    """No restart measured yet: this process's start-up plus a restore."""
+    return None if startup is None else startup + (restore.value or 0.0)
 
 
 def _divide(nbytes: int | None, rate: float | None) -> float | None:

@@ -51,3 +51,26 @@ def prior(value: float | None) -> Estimate:
     if value is None or not math.isfinite(value):
         return Estimate()
     return Estimate(value=float(value), spread=None, count=0)
+
+
+def recent_regime(samples: list[float]) -> list[float]:
+    """The samples since the job's speed last changed (oldest first in, oldest first out).
+
+    The job changed speed when the median of the last ``knobs.DRIFT_SAMPLES`` differs by more than
+    ``knobs.DRIFT_RATIO`` (either way) from the median of the window's older half. The window is
+    then cut after the newest pair of consecutive samples on the old side of the two medians'
+    geometric mean (one outlier does not cut); otherwise all samples are kept.
+    """
+    recent = knobs.DRIFT_SAMPLES
+    if len(samples) <= recent:
+        return samples
+    tail = float(np.median(samples[-recent:]))
+    old = float(np.median(samples[: max((len(samples) - recent) // 2, 1)]))
+    if tail <= 0.0 or old <= 0.0 or max(tail / old, old / tail) <= knobs.DRIFT_RATIO:
+        return samples
+    boundary = math.sqrt(tail * old)
+    on_old_side = [(value > boundary) == (old > boundary) for value in samples]
+    start = len(samples) - recent
+    while start > 1 and not (on_old_side[start - 1] and on_old_side[start - 2]):
+        start -= 1
+    return samples[start:] if start > 1 else samples

@@ -145,6 +145,14 @@ def test_ls_lists_every_committed_checkpoint_verified(run_dir: Path, capsys: pyt
     assert "not verified" in capsys.readouterr().out
 
 
+def test_ls_on_a_parent_folder_lists_its_runs(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    committed = sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").iterdir() if p.is_dir())
+    assert main(["ls", str(run_dir.parent)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    row = next(line.split() for line in lines[1:] if line.startswith(run_dir.name + " "))
+    assert row[1:] == [str(committed[-1]), str(len(committed)), "yes"]
+
+
 def test_verify_passes_then_fails_on_a_corrupted_byte(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify", str(run_dir)]) == 0
     assert "2 of 2 committed checkpoints verified" in capsys.readouterr().out

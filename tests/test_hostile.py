@@ -171,13 +171,13 @@ def test_pickle_text_in_a_plain_value_stays_text(tmp_path: Path, no_unpickling: 
     """A checkpointed plain value that *looks* like a pickle comes back as the same string."""
     marker = tmp_path / "PWNED"
     text = pickle.dumps(Payload(marker), protocol=0).decode("latin-1")
-    state = {**build_state(), "note": text, "meta": {"py/reduce": [{"py/function": "os.system"}]}}
+    state = {**build_state(), "note": {"text": text}, "meta": {"py/reduce": [{"py/function": "os.system"}]}}
     with coci.Session(tmp_path / "run", state=state, policy=coci.EveryN(1)) as session:
         session.step(1.0)
-    fresh = {**build_state(seed=3), "note": "", "meta": {}}
+    fresh = {**build_state(seed=3), "note": {}, "meta": {}}
     with coci.Session(tmp_path / "run", state=fresh, policy=coci.EveryN(100)) as session:
         assert session.restore().step == 1
-        assert session.state["note"] == text
+        assert fresh["note"] == {"text": text}  # restored into the caller's own dict
         assert session.state["meta"] == {"py/reduce": [{"py/function": "os.system"}]}
     assert not marker.exists()
     assert no_unpickling == []

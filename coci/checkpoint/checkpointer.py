@@ -217,24 +217,30 @@ class Checkpointer:
         skeleton = flatten(tree, tensors)
         views = self.arena.prepare(tensors)
         slots = list(self.arena.slots)
-        job = CopyJob(tensors, views, [t.data_ptr() in fenced_ptrs for t in tensors])
+        copy_began = self.clock()
+        job = CopyJob(tensors, views, [t.data_ptr() in fenced_ptrs for t in tensors])  # unfenced: copied here
+        eager_seconds = self.clock() - copy_began
         nbytes = layout_bytes(slots)
         pending = PendingCheckpoint(step, nbytes, job.fence_event, job.has_cpu_copies, job)
         self.events.emit("snapshot_start", step=step, bytes=nbytes)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coci-persist")
         staged = StagedCheckpoint(step, self.arena.payload(), slots, skeleton, epoch, state_keys)
-        self._executor.submit(self._run, pending, job, staged)
+        self._executor.submit(self._run, pending, job, staged, eager_seconds)
         self.pending = pending
         return pending
 
-    def _run(self, pending: PendingCheckpoint, job: CopyJob, staged: StagedCheckpoint) -> None:
-        began = self.clock()
+    def _run(self, pending: PendingCheckpoint, job: CopyJob, staged: StagedCheckpoint, eager_seconds: float) -> None:
+        """Copy the fenced tensors, write, commit, retain. The snapshot's ``seconds`` are every copy
+        of it: the eager ones made inside ``start()`` (training waited: part of the stall) plus these."""
+        began = self.clock() - eager_seconds
         try:
             job.run_cpu()
             copied = self.clock()
             pending.staging_completion.set_result(None)
-            self.events.emit("snapshot_end", step=pending.step, seconds=copied - began, bytes=pending.nbytes)
+            self.events.emit(
+                "snapshot_end", step=pending.step, seconds=copied - began, eager_seconds=eager_seconds, bytes=pending.nbytes
+            )
             path = self.writer.write(staged)
             committed = self.clock()
             self.events.emit("commit", step=pending.step, seconds=committed - copied, bytes=pending.nbytes, path=str(path))

@@ -1,9 +1,13 @@
-"""What may go into ``Session(state=...)`` (first touch of the snapshot stage).
+"""What may go into ``Session(state=...)`` and how ``restore()`` puts a checkpoint back into it.
 
 A state value is either an object with ``state_dict()`` / ``load_state_dict()`` (model, optimizer,
 scheduler, loader, GradScaler, ...: the runtime-checkable :class:`Stateful` protocol, as in
-torch.distributed.checkpoint) or a plain value (tensor, numpy array, number, string, list/dict of
-those). Everything is validated once, up front, with an error that names the key.
+torch.distributed.checkpoint) or a *mutable container* restored in place: a tensor or numpy array
+(copied into), a dict or a list (emptied and refilled with the saved entries, as DCP loads into the
+dict it is given). Invariant: every value the caller passed is the object ``restore()`` updates, so
+the caller's own variables never go stale. An immutable value (number, string, bool, None, tuple)
+could only be replaced, which the caller's variable would never see: it is refused up front with an
+error that says how to hold it (in a dict). Everything is validated once, with an error naming the key.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ class Stateful(Protocol):
     def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
 
 
-_PLAIN = (torch.Tensor, np.ndarray, np.generic, int, float, str, bool, type(None), list, tuple, dict)
+_IN_PLACE = (torch.Tensor, np.ndarray, list, dict)
+_IMMUTABLE = (np.generic, int, float, str, bool, type(None), tuple)
 
 
 def validate_state(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -44,8 +49,15 @@ def validate_state(state: Mapping[str, Any]) -> dict[str, Any]:
             raise StateError(f"state keys must be non-empty strings, got {key!r}")
         if key.startswith(RESERVED_PREFIX):
             raise StateError(f"state[{key!r}]: keys starting with {RESERVED_PREFIX!r} are reserved")
-        if isinstance(value, Stateful) and not isinstance(value, (torch.Tensor, dict)) or isinstance(value, _PLAIN):
+        if isinstance(value, Stateful) and not isinstance(value, (torch.Tensor, dict)) or isinstance(value, _IN_PLACE):
             checked[key] = value
+        elif isinstance(value, _IMMUTABLE):
+            raise StateError(
+                f"state[{key!r}] is a {type(value).__name__}, which restore() cannot update in place: your "
+                f"variable would keep its old value. Hold it in a dict and read it from there, e.g. "
+                f"counters = {{{key!r}: {value!r}}}; Session(..., state={{..., 'counters': counters}}); "
+                f"counters[{key!r}] (or use a 0-d tensor and update it with .copy_/.fill_)"
+            )
         else:
             raise StateError(
                 f"state[{key!r}] of type {type(value).__name__} has no state_dict()/load_state_dict() "
@@ -57,3 +69,44 @@ def validate_state(state: Mapping[str, Any]) -> dict[str, Any]:
 def is_stateful(value: Any) -> bool:
     """True for objects restored through ``load_state_dict`` rather than replaced."""
     return isinstance(value, Stateful) and not isinstance(value, (torch.Tensor, dict))
+
+
+def restore_in_place(key: str, value: Any, saved: Any) -> None:
+    """Put ``saved`` (the checkpoint's ``state[key]``, tensors in storage of their own) into the
+    caller's ``value`` in place; raise StateError naming the key when the two do not fit."""
+    if isinstance(value, torch.Tensor):
+        _copy_tensor(key, value, saved)
+    elif isinstance(value, np.ndarray):
+        if not isinstance(saved, np.ndarray) or saved.shape != value.shape or saved.dtype != value.dtype:
+            raise StateError(
+                f"state[{key!r}]: checkpoint holds {_describe(saved)}, the state an array of shape "
+                f"{value.shape} and dtype {value.dtype}"
+            )
+        np.copyto(value, saved)
+    elif isinstance(value, dict):
+        if not isinstance(saved, dict):
+            raise StateError(f"state[{key!r}]: checkpoint holds {_describe(saved)}, not a dict")
+        value.clear()
+        value.update(saved)
+    elif isinstance(value, list):
+        if not isinstance(saved, list):
+            raise StateError(f"state[{key!r}]: checkpoint holds {_describe(saved)}, not a list")
+        value[:] = saved
+    else:
+        raise StateError(f"state[{key!r}] of type {type(value).__name__} cannot be restored in place")
+
+
+def _copy_tensor(key: str, value: torch.Tensor, saved: Any) -> None:
+    if not isinstance(saved, torch.Tensor) or saved.shape != value.shape or saved.dtype != value.dtype:
+        raise StateError(
+            f"state[{key!r}]: checkpoint holds {_describe(saved)}, the state a tensor of shape "
+            f"{tuple(value.shape)} and dtype {value.dtype} (restore copies into the tensor you passed)"
+        )
+    with torch.no_grad():
+        value.copy_(saved)
+
+
+def _describe(saved: Any) -> str:
+    if isinstance(saved, (torch.Tensor, np.ndarray)):
+        return f"a {type(saved).__name__} of shape {tuple(saved.shape)} and dtype {saved.dtype}"
+    return f"a {type(saved).__name__}"

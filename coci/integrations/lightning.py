@@ -239,6 +239,7 @@ class CociCallback(Callback):
     def _options_for(self, trainer: pl.Trainer) -> dict[str, Any]:
         """The Session's arguments; an unset planning horizon becomes ``Trainer(max_steps)``."""
         options = dict(self._session_options)
+        options["save_last"] = False  # the callback's own save_last checkpoints the final step (on_train_end)
         if trainer.max_steps is None or trainer.max_steps <= 0:
             return options
         config = options["plan_config"]

@@ -1043,8 +1043,9 @@ class PlanningPolicy:
             fallbacks.append(f"persist not measured yet: assumed {persist:.3g} s")
         interference = float(getattr(profile, "interference_seconds", 0.0) or 0.0)
         restart = self.config.restart_seconds
-        if restart is None:
-            restart = profile.restore_seconds.value
+        if restart is None:  # the restart cost (measured, else start-up + restore) beats a bare restore
+            measured = getattr(profile, "restart_seconds", None)
+            restart = measured.value if measured is not None and measured.known else profile.restore_seconds.value
             if restart is None:
                 restart = 0.0
                 fallbacks.append("restart_seconds unknown: assumed 0 (changes expected costs, not the plan)")

@@ -72,10 +72,12 @@ class CheckpointRow(BaseModel):
 
 
 class RestoreRow(BaseModel):
-    """One restore: the step restored and, after a failure, the work lost (a lower bound)."""
+    """One restore: the step restored and, after a failure, the work lost (a lower bound).
+    ``restart_seconds``: that process's start to its first step after the restore."""
 
     step: int
     seconds: float | None = None
+    restart_seconds: float | None = None
     failure: bool = True
     reached_step: int | None = None
     lost_steps: int | None = None
@@ -108,6 +110,12 @@ class ObservedCosts(BaseModel):
     stall_seconds: float | None = None
     stall_estimated: bool = False
     interference_seconds: float = 0.0
+    step_work_seconds: float = 0.0
+    planning_seconds: float = 0.0
+    close_wait_seconds: float = 0.0
+    restore_seconds: float = 0.0
+    startup_seconds: float | None = None
+    processes: int = 0
     overhead_seconds: float | None = None
     overhead_percent: float | None = None
     failures: int = 0
@@ -168,6 +176,8 @@ def read_run(run_dir: Path) -> ReportData:
     events = list(read_events(run_dir))
     plan = _read_model(run_dir / PLAN_FILENAME, Plan, notes)
     profile = _read_model(run_dir / PROFILE_FILENAME, Profile, notes)
+    if profile is None:
+        profile = _profile_from_checkpoint(run_dir, notes)
     on_disk = {step for step, _ in committed_steps(checkpoints_dir(run_dir))}
     if not events and plan is None and profile is None and not on_disk:
         raise ConfigError(
@@ -284,6 +294,9 @@ def _restores(events: list[dict[str, Any]], step_seconds: float | None) -> list[
     closed = False
     for event in events:
         kind, step = event.get("event"), _event_step(event)
+        if kind == "restart" and rows and rows[-1].restart_seconds is None:
+            rows[-1].restart_seconds = _number(event.get("seconds"))
+            continue
         if kind == "restore" and step is not None:
             failure = reached is not None and not closed
             lost = max(reached - step, 0) if failure and reached is not None else None
@@ -328,13 +341,16 @@ def _observed(
     notes: list[str],
 ) -> ObservedCosts:
     steps = profile.steps if profile is not None else 0
-    closes = [_event_step(e) for e in events if e.get("event") == "close"]
-    steps = max([steps, *(step for step in closes if step is not None)])
+    reached = [_event_step(e) for e in events if e.get("event") in ("close", "progress", "stall", "snapshot_start")]
+    steps = max([steps, *(step for step in reached if step is not None)])
     taken = [r for r in rows if r.bytes is not None or r.staging_seconds is not None or r.committed]
     stall, estimated = _stall_total(taken, profile, notes)
     interference = len(taken) * float(profile.interference_seconds) if profile is not None else 0.0
     compute = steps * step_seconds if step_seconds is not None and steps else None
-    overhead = None if stall is None else stall + interference
+    ledger = _ledger(events)
+    overhead = (stall or 0.0) + interference + ledger["step_work"] + ledger["planning"] + ledger["close_wait"]
+    if stall is None and not ledger["processes"]:
+        overhead = None
     failures = [r for r in restores if r.failure]
     lost_steps = sum(r.lost_steps or 0 for r in failures)
     return ObservedCosts(
@@ -348,12 +364,62 @@ def _observed(
         stall_seconds=stall,
         stall_estimated=estimated,
         interference_seconds=interference,
+        step_work_seconds=ledger["step_work"],
+        planning_seconds=ledger["planning"],
+        close_wait_seconds=ledger["close_wait"],
+        restore_seconds=ledger["restore"],
+        startup_seconds=ledger["startup"],
+        processes=int(ledger["processes"]),
         overhead_seconds=overhead,
         overhead_percent=None if overhead is None or not compute else 100.0 * overhead / compute,
         failures=len(failures),
         lost_steps=lost_steps,
         lost_seconds=None if step_seconds is None else lost_steps * step_seconds,
     )
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def _ledger(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """coci's own time on the training thread, summed over processes: each process's (``pid``)
+    last ``progress``/``close`` totals (a killed process leaves its last progress event), and the
+    start-up (process start to ``Session``) of every process that recorded one."""
+    last: dict[Any, dict[str, Any]] = {}
+    startup: list[float] = []
+    for event in events:
+        kind = event.get("event")
+        if kind == "session" and (seconds := _number(event.get("startup_seconds"))) is not None:
+            startup.append(seconds)
+        elif kind in ("progress", "close") and "overhead_step_work" in event:
+            last[event.get("pid")] = event
+    totals: dict[str, Any] = {
+        kind: sum(_number(e.get(f"overhead_{kind}")) or 0.0 for e in last.values())
+        for kind in ("step_work", "planning", "stall", "restore", "close_wait")
+    }
+    totals["processes"] = len(last)
+    totals["startup"] = float(sum(startup)) if startup else None
+    return totals
+
+
+def _profile_from_checkpoint(root: Path, notes: list[str]) -> Profile | None:
+    """The profile a run that never closed (killed, not restarted) had at its newest checkpoint."""
+    from profiler import Profiler
+
+    for step, checkpoint in reversed(committed_steps(checkpoints_dir(root))):
+        try:
+            state = load_entry(checkpoint, (SESSION_KEY, "profiler"))
+            if not isinstance(state, dict):
+                continue
+            profiler = Profiler()
+            profiler.load_state_dict(state)
+        except (CociError, OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("no profile from %s: %s", checkpoint, exc)
+            continue
+        notes.append(f"the run did not close: its profile is the one saved in checkpoint step_{step}")
+        return profiler.profile
+    return None
 
 
 def _stall_total(taken: list[CheckpointRow], profile: Profile | None, notes: list[str]) -> tuple[float | None, bool]:

@@ -52,12 +52,15 @@ def summary(data: ReportData, plans: dict[str, Plan]) -> str:
     lines = [f"coci report: {data.run_dir}"]
     run = f"  run: {obs.steps} steps"
     if obs.step_seconds:
-        run += f", clean step {format_seconds(obs.step_seconds)}"
+        source = data.profile.step_seconds_source if data.profile is not None else "plan"
+        run += f", step {format_seconds(obs.step_seconds)} ({source})"
     if data.profile is not None and data.profile.state_bytes:
         run += f", state {format_bytes(data.profile.state_bytes)}"
     lines.append(run)
     lines += _plan_lines(data)
+    lines += _why_lines(data)
     lines += _checkpoint_lines(data)
+    lines += _restore_lines(data)
     lines += _cost_lines(data, plans)
     lines += _lost_work_lines(data, plans)
     lines += _preemption_lines(data)
@@ -98,12 +101,74 @@ def _plan_lines(data: ReportData) -> list[str]:
     elif not fit.usable:
         lines.append(f"  fit: unusable ({fit.fallback})")
     else:
-        params = ", ".join(f"{k}={v:.4g}" for k, v in fit.params.items())
+        params = ", ".join(_fit_param(k, v) for k, v in fit.params.items())
         holdout = "n/a" if fit.holdout_error is None else f"{fit.holdout_error:.3g}"
         lines.append(
             f"  fit: {fit.family} ({params}); holdout error {holdout}, window from step "
             f"{(fit.window_start or 0):.0f}, {fit.n_points} points"
         )
+    return lines
+
+
+def _fit_param(name: str, value: float) -> str:
+    """A fitted parameter; the floor ``c`` is shown at 0 when negative, as the planner uses it
+    (a positive loss: the fitted curve stops falling at 0)."""
+    if name == "c" and value < 0:
+        return "c=0 (floor at 0)"
+    return f"{name}={value:.4g}"
+
+
+def _why_lines(data: ReportData) -> list[str]:
+    """Why this plan, in words: what a checkpoint costs, how often failures come, what that makes
+    the time-optimal interval (Young), and what the progress objective changes."""
+    plan = data.plan
+    if plan is None:
+        return []
+    inputs = plan.inputs
+    cost, step = inputs.checkpoint_seconds, inputs.step_seconds
+    lines = ["why this plan:"]
+    text = (
+        f"  one checkpoint costs training {format_seconds(cost)} (stall {format_seconds(inputs.stall_seconds)} + "
+        f"interference {format_seconds(inputs.interference_seconds)}); a step takes {format_seconds(step)}"
+    )
+    failures = inputs.failures
+    if failures is not None and cost > 0 and step > 0:
+        mtbf = failures.mean_seconds
+        young = math.sqrt(2.0 * cost * mtbf)
+        steps = young / step
+        interval = "under one step" if steps < 1 else f"about {steps:.3g} steps"
+        text += (
+            f". With a job MTBF of {format_seconds(mtbf)}, the time-optimal interval (Young: sqrt(2 x cost x MTBF)) "
+            f"is {format_seconds(young)}, {interval}"
+        )
+        if plan.steps and len(plan.steps) > 1:
+            gaps = np.diff(np.asarray(plan.steps))
+            text += f"; this plan's intervals run from {int(gaps.min())} to {int(gaps.max())} steps"
+    lines.append(text + ".")
+    if plan.objective == "progress":
+        lines.append(
+            "  objective 'progress': a lost step counts by how much the loss fell in it, so early steps (fast "
+            "falling loss) are worth more and are checkpointed more densely, within a time budget of extra "
+            "wall time. mu (or alpha) is the mixture weight between that progress weighting and plain wall "
+            "time (0 = progress only); the fit's parameters describe the loss curve the weighting comes from."
+        )
+    return lines
+
+
+def _restore_lines(data: ReportData) -> list[str]:
+    """Each restore: the step it resumed from, why, its cost and the restart cost."""
+    if not data.restores:
+        return []
+    lines = [f"restores: {len(data.restores)}"]
+    for row in data.restores:
+        why = "after a failure" if row.failure else "after a clean close"
+        text = f"  step {row.step} ({why}"
+        if row.lost_steps is not None:
+            text += f", at least {row.lost_steps} steps lost"
+        text += f"): restore {format_seconds(row.seconds)}"
+        if row.restart_seconds is not None:
+            text += f", restart {format_seconds(row.restart_seconds)} (process start to first step)"
+        lines.append(text)
     return lines
 
 
@@ -165,9 +230,21 @@ def _cost_lines(data: ReportData, plans: dict[str, Plan]) -> list[str]:
             f"  interference: steps {profile.interference.value:.3g}x slower during a persist = "
             f"{format_seconds(profile.interference_seconds)} per checkpoint"
         )
+    if obs.processes:
+        lines.append(
+            f"  coci's own time on the training thread: per-step work {format_seconds(obs.step_work_seconds)}, "
+            f"planning {format_seconds(obs.planning_seconds)}, final wait {format_seconds(obs.close_wait_seconds)}"
+            f", restore {format_seconds(obs.restore_seconds)} ({obs.processes} process(es))"
+        )
+    if obs.startup_seconds is not None:
+        lines.append(
+            f"  start-up (process start to Session, all processes): {format_seconds(obs.startup_seconds)}; it holds "
+            "`import coci` with your own imports and set-up, and is not counted below"
+        )
     if obs.overhead_percent is not None:
         line = (
-            f"  checkpoint overhead: {format_seconds(obs.overhead_seconds or 0.0)} = {obs.overhead_percent:.2f}% of "
+            f"  coci overhead (stalls + interference + per-step work + planning + final wait): "
+            f"{format_seconds(obs.overhead_seconds or 0.0)} = {obs.overhead_percent:.2f}% of "
             f"{format_seconds(obs.compute_seconds or 0.0)} of compute"
         )
         reference, where = _expectation(data, plans)

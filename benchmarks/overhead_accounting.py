@@ -1,0 +1,157 @@
+"""Does coci's report count everything coci adds? Its reported overhead against an outside measurement.
+
+A reference workload (``models.WORKLOADS``, default ``mlp``) is trained as a whole process twice per
+pair, alternately: once plain (no coci imported), once under ``coci.Session(policy="auto", mtbf=...)``
+with ``restore()`` and ``close()``, as a user would run it. Each child reports its own wall time
+from process start (``coci.overhead.process_age_seconds``, read from /proc; the plain child reads
+/proc the same way without importing coci) to the end of training, and the time of its training
+section (from just before ``Session(...)`` / the first step to the end of ``close()``). The coci
+child also times ``import coci`` from outside (around the import statement, in the benchmark's
+code) and reads its own run's report (``coci.analysis.report.read_run``).
+
+Printed per pair, in percent of the plain run's wall time:
+
+* measured: the coci process's wall time minus the plain process's (everything coci added,
+  import included), and the same for the training sections only (import excluded);
+* reported: the report's ``overhead_seconds`` (stalls, interference, per-step work, planning,
+  final wait) for the training section, plus the measured import for the whole process;
+* the gap between them (goal: within 1.5 points of run time).
+
+    .venv/bin/python benchmarks/overhead_accounting.py [--workload mlp] [--steps 300] [--pairs 3] [--mtbf-steps 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+GOAL_POINTS = 1.5
+
+
+def process_age() -> float:
+    """Seconds since this process started (the same /proc reading coci uses, without importing coci)."""
+    import os
+
+    with open("/proc/self/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    with open("/proc/uptime", encoding="ascii") as handle:
+        uptime = float(handle.read().split()[0])
+    return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def child(arm: str, workload_name: str, steps: int, mtbf_steps: float, run_dir: str) -> dict[str, Any]:
+    """One training process; returns its measurements (printed as JSON by ``--child``)."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from models import WORKLOADS
+
+    torch.set_num_threads(1)
+    workload = WORKLOADS[workload_name](seed=0, total_steps=steps)
+    generator = torch.Generator().manual_seed(0)
+    loader = torch.utils.data.DataLoader(workload.dataset, batch_size=workload.batch_size, shuffle=True, generator=generator)
+    iterator = iter(loader)
+    batches = [next(iterator) for _ in range(16)]
+    result: dict[str, Any] = {"arm": arm}
+    if arm == "plain":
+        began = time.perf_counter()
+        workload.train_step(batches[0])
+        probe_began = time.perf_counter()
+        for index in range(1, steps):
+            workload.train_step(batches[index % len(batches)])
+        result["step_seconds"] = (time.perf_counter() - probe_began) / (steps - 1)
+        result["section_seconds"] = time.perf_counter() - began
+        result["wall_seconds"] = process_age()
+        return result
+    import_began = time.perf_counter()
+    import coci
+
+    result["import_seconds"] = time.perf_counter() - import_began
+    began = time.perf_counter()
+    session = coci.Session(run_dir, workload.state(), policy="auto", mtbf=mtbf_steps * 0.01, total_steps=steps)
+    session.restore()
+    for index in range(steps):
+        session.step(workload.train_step(batches[index % len(batches)]))
+    session.close()
+    result["section_seconds"] = time.perf_counter() - began
+    result["wall_seconds"] = process_age()
+    from coci.analysis.report import read_run  # after the clock stopped: the benchmark's own reading
+
+    observed = read_run(Path(run_dir)).observed
+    result.update(
+        reported_seconds=observed.overhead_seconds,
+        checkpoints=observed.checkpoints,
+        stall=observed.stall_seconds,
+        interference=observed.interference_seconds,
+        step_work=observed.step_work_seconds,
+        planning=observed.planning_seconds,
+        close_wait=observed.close_wait_seconds,
+        startup=observed.startup_seconds,
+    )
+    return result
+
+
+def spawn(arm: str, args: argparse.Namespace, run_dir: Path, mtbf_steps: float) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", arm, "--workload", args.workload, "--steps", str(args.steps),
+               "--mtbf-steps", str(mtbf_steps), "--run-dir", str(run_dir)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="mlp")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--mtbf-steps", type=float, default=3000.0, help="MTBF in plain step times (short: many checkpoints)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.workload, args.steps, args.mtbf_steps, args.run_dir)))
+        return
+    import shutil
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(prefix="coci-overhead-"))
+    try:
+        probe = spawn("plain", args, scratch / "probe", 0.0)
+        mtbf_seconds_per_step = probe["step_seconds"] * 100.0  # the child multiplies by 0.01: MTBF in seconds
+        print(f"{args.workload}: {args.steps} steps of ~{probe['step_seconds'] * 1e3:.1f} ms, MTBF {args.mtbf_steps:.0f} "
+              f"steps, {args.pairs} pairs (order alternates); percent of the plain process's wall time")
+        gaps_whole, gaps_section = [], []
+        for pair in range(args.pairs):
+            arms = ("plain", "coci") if pair % 2 == 0 else ("coci", "plain")
+            runs = {arm: spawn(arm, args, scratch / f"run{pair}", args.mtbf_steps * mtbf_seconds_per_step) for arm in arms}
+            plain, under = runs["plain"], runs["coci"]
+            base = plain["wall_seconds"] / 100.0
+            measured_whole = (under["wall_seconds"] - plain["wall_seconds"]) / base
+            measured_section = (under["section_seconds"] - plain["section_seconds"]) / base
+            reported_section = under["reported_seconds"] / base
+            reported_whole = reported_section + under["import_seconds"] / base
+            gaps_whole.append(reported_whole - measured_whole)
+            gaps_section.append(reported_section - measured_section)
+            print(f"  pair {pair}: plain {plain['wall_seconds']:.2f} s, coci {under['wall_seconds']:.2f} s; "
+                  f"{under['checkpoints']} checkpoints; import coci {under['import_seconds']:.2f} s; "
+                  f"report: stall {under['stall'] or 0:.3f} + interference {under['interference']:.3f} + per-step "
+                  f"{under['step_work']:.3f} + planning {under['planning']:.3f} + final wait {under['close_wait']:.3f} s")
+            print(f"    whole process:    measured +{measured_whole:.2f}%, reported (+ import) +{reported_whole:.2f}%, "
+                  f"gap {gaps_whole[-1]:+.2f} points")
+            print(f"    training section: measured +{measured_section:.2f}%, reported +{reported_section:.2f}%, "
+                  f"gap {gaps_section[-1]:+.2f} points")
+        for name, gaps in (("whole process", gaps_whole), ("training section", gaps_section)):
+            median_gap = sorted(gaps)[len(gaps) // 2]
+            verdict = "meets" if abs(median_gap) <= GOAL_POINTS else "misses"
+            print(f"{name}: median gap {median_gap:+.2f} points ({verdict} the {GOAL_POINTS}-point goal)")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
