@@ -38,9 +38,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import coci  # noqa: E402
-from coci import knobs  # noqa: E402
-from coci.checkpoint import format  # noqa: E402
+import coci
+from coci import knobs
+from coci.checkpoint import format
 
 SAMPLES = 48
 BATCH = 4
@@ -155,26 +155,26 @@ def main() -> None:
     )
     if session.restore() is not None:
         dump("restored.pt", args.run_dir, model, optimizer, session.steps)
-    log = open(os.path.join(args.run_dir, f"samples_rank{rank}.txt"), "a")
-    while loader.epoch < args.epochs:
-        epoch = loader.epoch
-        for x, y, index in loader:
-            optimizer.zero_grad()
-            noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3  # python + numpy streams
-            loss = torch.nn.functional.mse_loss(stateful_model(x), y) + noise
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            session.step(loss.detach())
-            log.write(f"{session.steps} {epoch} {','.join(map(str, index.tolist()))} {float(loss.detach()).hex()}\n")
-            log.flush()
-            if args.kill_at is not None and session.steps == args.kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if args.stop_at is not None and session.steps == args.stop_at:
-                session.close()
-                dump("stop.pt", args.run_dir, model, optimizer, session.steps)
-                dist.destroy_process_group()
-                return
+    with open(os.path.join(args.run_dir, f"samples_rank{rank}.txt"), "a") as log:
+        while loader.epoch < args.epochs:
+            epoch = loader.epoch
+            for x, y, index in loader:
+                optimizer.zero_grad()
+                noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3  # python + numpy streams
+                loss = torch.nn.functional.mse_loss(stateful_model(x), y) + noise
+                loss.backward()
+                optimizer.step()
+                scheduler.step()
+                session.step(loss.detach())
+                log.write(f"{session.steps} {epoch} {','.join(map(str, index.tolist()))} {float(loss.detach()).hex()}\n")
+                log.flush()
+                if args.kill_at is not None and session.steps == args.kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if args.stop_at is not None and session.steps == args.stop_at:
+                    session.close()
+                    dump("stop.pt", args.run_dir, model, optimizer, session.steps)
+                    dist.destroy_process_group()
+                    return
     session.close()
     dump("final.pt", args.run_dir, model, optimizer, session.steps)
     dist.destroy_process_group()
