@@ -538,7 +538,7 @@ def _tensor_bytes(state: Mapping[str, Any]) -> int:
         if isinstance(value, torch.nn.Module):
             total += sum(local_nbytes(t) for t in value.state_dict().values())
         elif isinstance(value, torch.Tensor):
-            total += value.numel() * value.element_size()
+            total += local_nbytes(value)
     return total
 
 

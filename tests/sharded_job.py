@@ -76,8 +76,8 @@ def install_fault(spec: str, rank: int) -> None:
     format.set_fault_hook(hook)
 
 
-def build_model(layout: str, world: int) -> tuple[torch.nn.Module, int, int]:
-    """The sharded model, and this rank's data-parallel (rank, world size) for the loader."""
+def build_model(layout: str, world: int) -> tuple[torch.nn.Module, Any, int, int]:
+    """The sharded model, its mesh, and this rank's data-parallel (rank, world size) for the loader."""
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.manual_seed(0)  # the same initial (full) weights on every rank before sharding
@@ -89,7 +89,7 @@ def build_model(layout: str, world: int) -> tuple[torch.nn.Module, int, int]:
 
         mesh = init_device_mesh("cpu", (world,))
         parallelize_module(model, mesh, {"0": ColwiseParallel(), "3": RowwiseParallel()})
-        return model, 0, 1  # tensor parallel: every rank sees the same batch
+        return model, mesh, 0, 1  # tensor parallel: every rank sees the same batch
     from torch.distributed.fsdp import fully_shard
 
     if layout == "hsdp":  # both mesh dimensions are data parallel
@@ -100,20 +100,27 @@ def build_model(layout: str, world: int) -> tuple[torch.nn.Module, int, int]:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    return model, dist.get_rank(), world
+    return model, mesh, dist.get_rank(), world
 
 
-def gathered(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> dict[str, Any]:
+def sharded_counter(mesh: Any) -> torch.Tensor:
+    """A DTensor given directly as state (sharded over the mesh's last dimension), changed every step."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    return distribute_tensor(torch.arange(6.0), mesh, [Replicate()] * (mesh.ndim - 1) + [Shard(0)])
+
+
+def gathered(model: torch.nn.Module, optimizer: torch.optim.Optimizer, counter: torch.Tensor, steps: int) -> dict[str, Any]:
     """The full (gathered) model and optimizer state, on every rank (collective; test only)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=False)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
-    return {"model": model_state, "optimizer": optim_state["state"], "steps": steps}
+    return {"model": model_state, "optimizer": optim_state["state"], "counter": counter.full_tensor(), "steps": steps}  # type: ignore[attr-defined]
 
 
-def dump(name: str, run_dir: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
-    state = gathered(model, optimizer, steps)
+def dump(name: str, run_dir: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, counter: torch.Tensor, steps: int) -> None:
+    state = gathered(model, optimizer, counter, steps)
     if dist.get_rank() == 0:
         torch.save(state, os.path.join(run_dir, name))
 
@@ -136,7 +143,8 @@ def main() -> None:
     knobs.DIST_TIMEOUT_SECONDS = args.coci_timeout
     torch.set_num_threads(1)
 
-    model, dp_rank, dp_world = build_model(args.layout, world)
+    model, mesh, dp_rank, dp_world = build_model(args.layout, world)
+    counter = sharded_counter(mesh)
     stateful_model = torch.compile(model, backend="eager") if args.compile else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.05 * s))
@@ -149,12 +157,12 @@ def main() -> None:
 
     session = coci.Session(
         args.run_dir,
-        state={"model": stateful_model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader},
+        state={"model": stateful_model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader, "counter": counter},
         policy=coci.EveryN(args.every),
         keep_last=2,
     )
     if session.restore() is not None:
-        dump("restored.pt", args.run_dir, model, optimizer, session.steps)
+        dump("restored.pt", args.run_dir, model, optimizer, counter, session.steps)
     with open(os.path.join(args.run_dir, f"samples_rank{rank}.txt"), "a") as log:
         while loader.epoch < args.epochs:
             epoch = loader.epoch
@@ -165,6 +173,8 @@ def main() -> None:
                 loss.backward()
                 optimizer.step()
                 scheduler.step()
+                with torch.no_grad():
+                    counter.mul_(1.5).add_(1.0)  # the same on every replica (HSDP replicates it)
                 session.step(loss.detach())
                 log.write(f"{session.steps} {epoch} {','.join(map(str, index.tolist()))} {float(loss.detach()).hex()}\n")
                 log.flush()
@@ -172,11 +182,11 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if args.stop_at is not None and session.steps == args.stop_at:
                     session.close()
-                    dump("stop.pt", args.run_dir, model, optimizer, session.steps)
+                    dump("stop.pt", args.run_dir, model, optimizer, counter, session.steps)
                     dist.destroy_process_group()
                     return
     session.close()
-    dump("final.pt", args.run_dir, model, optimizer, session.steps)
+    dump("final.pt", args.run_dir, model, optimizer, counter, session.steps)
     dist.destroy_process_group()
 
 

@@ -101,8 +101,9 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def assert_states_equal(got: dict[str, Any], want: dict[str, Any]) -> None:
-    """Model parameters and optimizer state (by parameter name) bitwise equal."""
+    """Model parameters, optimizer state (by parameter name) and the DTensor state value bitwise equal."""
     assert got["steps"] == want["steps"]
+    assert torch.equal(got["counter"], want["counter"])
     assert set(got["model"]) == set(want["model"]) and set(got["optimizer"]) == set(want["optimizer"])
     for name, value in want["model"].items():
         assert torch.equal(got["model"][name], value), name
@@ -182,3 +183,45 @@ def test_reshard_2_to_1_to_2(tmp_path: Path) -> None:
     assert_states_equal(load(tmp_path / "restored.pt"), at_12)
     final = load(tmp_path / "final.pt")
     assert final["steps"] > 12 and all(torch.isfinite(v).all() for v in final["model"].values())
+
+
+@pytest.mark.parametrize(
+    ("saved_by", "restored_by"),
+    [
+        ((4, "--layout", "hsdp"), (2,)),  # HSDP on a 2 x 2 (replicate, shard) mesh -> FSDP2 over 2 ranks
+        ((2, "--layout", "tp"), (2, "--layout", "tp")),  # tensor parallel (Colwise / Rowwise)
+        ((2, "--compile"), (2,)),  # a torch.compile'd model (_orig_mod. keys) -> the plain model
+    ],
+    ids=["hsdp-to-fsdp", "tensor-parallel", "compiled-to-plain"],
+)
+def test_other_layouts_restore_the_saved_state(tmp_path: Path, saved_by: tuple[Any, ...], restored_by: tuple[Any, ...]) -> None:
+    world, *args = saved_by
+    assert launch(tmp_path, world, *args, "--stop-at", "4") == [0] * world
+    at_4 = load(tmp_path / "stop.pt")
+    manifest = verify_dcp_checkpoint(format.checkpoints_dir(tmp_path) / "step_4")
+    assert not any("_orig_mod" in name for name in manifest.shared.skeleton["model"])  # saved by parameter name
+    world, *args = restored_by
+    assert launch(tmp_path, world, *args, "--stop-at", "6") == [0] * world
+    assert_states_equal(load(tmp_path / "restored.pt"), at_4)
+
+
+ORPHAN_OPTIMIZER = """
+import sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+import coci
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+model = torch.nn.Linear(4, 2)
+fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+try:
+    coci.Session(sys.argv[1], state={"optimizer": torch.optim.AdamW(model.parameters())}, policy=coci.EveryN(2))
+except coci.StateError as exc:
+    print(exc)
+"""
+
+
+def test_an_optimizer_over_shards_without_its_module_is_refused(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", ORPHAN_OPTIMIZER, str(tmp_path / "run"), str(tmp_path / "store")],
+                          cwd=REPO, timeout=TIMEOUT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr
+    assert "state['optimizer'] optimizes sharded (DTensor) parameters" in done.stdout

@@ -14,6 +14,10 @@ verdict and load through ``torch.distributed.checkpoint.load``. DCP unpickles it
 coci reads it through a restricted unpickler that only builds DCP's plain records. A rank that did
 not exist when the checkpoint was saved keeps its own RNG streams and takes rank 0's profiler.
 Without a process group the same checkpoint is read by one process.
+
+Sharded state (DTensors, :mod:`coci.checkpoint.sharded`) goes through the same writer and reader:
+its staged local shards are saved as DTensors (each rank writes its own shards, the manifest
+records global shapes) and loaded into fresh DTensors of the reader's mesh (resharding).
 """
 
 from __future__ import annotations

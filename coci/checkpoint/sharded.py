@@ -118,14 +118,20 @@ class ShardedState:
     """The entries of a session's state taken through ``torch.distributed.checkpoint.state_dict``.
 
     ``modules`` maps a state key to a module with DTensor parameters; ``optimizers`` maps a state
-    key to (the key of the module that owns all its parameters, the optimizer). Empty when nothing
-    in the state is sharded, and then every method is a no-op.
+    key to (the key of the module that owns all its parameters, the optimizer); ``tensors`` holds
+    the DTensors given directly as state values. Empty when nothing in the state is sharded, and
+    then every method is a no-op.
     """
 
-    def __init__(self, state: Mapping[str, Any], modules: dict[str, torch.nn.Module], optimizers: dict[str, tuple[str, torch.optim.Optimizer]]) -> None:
-        self._state = state
+    def __init__(
+        self,
+        modules: dict[str, torch.nn.Module],
+        optimizers: dict[str, tuple[str, torch.optim.Optimizer]],
+        tensors: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         self.modules = modules
         self.optimizers = optimizers
+        self.tensors = tensors or {}
 
     @classmethod
     def detect(cls, state: Mapping[str, Any]) -> ShardedState:
@@ -151,17 +157,18 @@ class ShardedState:
             optimizers[key] = (owner, value)
         for key in modules:
             logger.info("state[%r] is sharded: saved and restored through torch.distributed.checkpoint.state_dict", key)
-        return cls(state, modules, optimizers)
+        return cls(modules, optimizers, {key: value for key, value in state.items() if is_dtensor(value)})
 
     @property
     def keys(self) -> frozenset[str]:
-        return frozenset(self.modules) | frozenset(self.optimizers)
+        return frozenset(self.modules) | frozenset(self.optimizers) | frozenset(self.tensors)
 
     def state_dicts(self) -> dict[str, Any]:
         """Each sharded entry's state dict: DTensors over the live local shards (nothing copied)."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         trees: dict[str, Any] = {key: get_model_state_dict(module) for key, module in self.modules.items()}
+        trees.update(self.tensors)
         for key, (owner, optimizer) in self.optimizers.items():
             trees[key] = _optimizer_state_dict(self.modules[owner], optimizer)
         return trees
@@ -179,6 +186,7 @@ class ShardedState:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         trees: dict[str, Any] = {key: get_model_state_dict(module) for key, module in self.modules.items()}
+        trees.update(self.tensors)
         for key, (owner, optimizer) in self.optimizers.items():
             trees[key] = get_optimizer_state_dict(self.modules[owner], optimizer)
         return trees
@@ -189,6 +197,10 @@ class ShardedState:
 
         if key in self.modules:
             set_model_state_dict(self.modules[key], saved)
+            return
+        if key in self.tensors:
+            with torch.no_grad():
+                self.tensors[key].copy_(saved)
             return
         owner, optimizer = self.optimizers[key]
         set_optimizer_state_dict(self.modules[owner], optimizer, saved)
