@@ -6,9 +6,10 @@ each set-up in fresh processes). Each process checkpoints ``--repeats`` times th
 ``coci.Session.checkpoint()`` and waits for the commit.
 
 Printed, per set-up: the bytes each rank staged (its arena, ``PendingCheckpoint.nbytes``) and wrote
-(its DCP files, from the manifest's ``bytes_per_rank``), and the median per-rank stall: the time
-``Session.checkpoint()`` plus ``Session.wait_snapshot()`` block training (what an optimizer step
-that comes at once waits for), against ``Tensor.copy_`` of that rank's local shards (model and
+(its DCP files, from the manifest's ``bytes_per_rank``), and the median per-rank stall: what the
+session itself records as the stall (its ``stall`` events: ``Session.checkpoint()`` plus the
+optimizer fence), with the optimizer step right after ``checkpoint()`` so that no copy can hide
+behind a forward/backward, against ``Tensor.copy_`` of that rank's local shards (model and
 optimizer state) into preallocated buffers, measured in the same process right before. Ratios
 measured in this run: staged and written bytes per rank 2 ranks / 1 rank (goal about 0.5) and
 stall / copy (goal <= 1.25).
@@ -60,21 +61,22 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
     local += [v.to_local() for s in optimizer.state.values() for v in s.values() if hasattr(v, "to_local")]
     buffers = [torch.empty_like(t) for t in local]
     session = coci.Session(run_dir, state={"model": model, "optimizer": optimizer}, policy=coci.EveryN(10**9), keep_last=1)
-    stalls, copies, staged, written = [], [], 0, 0
+    copies, staged, written = [], 0, 0
     for _ in range(repeats):
         began = time.perf_counter()
         for buffer, tensor in zip(buffers, local):
             buffer.copy_(tensor)
         copies.append(time.perf_counter() - began)
-        began = time.perf_counter()
         pending = session.checkpoint()
-        session.wait_snapshot()
-        stalls.append(time.perf_counter() - began)
+        optimizer.step()  # at once: the fence copies whatever the background copy has not reached
+        session.step()  # records the stall (checkpoint() + fence) as a "stall" event
         result = pending.upload_completion.result()
         staged = pending.nbytes
         record = reader_for(result.path).read_record(result.path)
         written = record.bytes_per_rank[rank]  # type: ignore[attr-defined]
     session.close()
+    events = Path(run_dir) / ("events.jsonl" if rank == 0 else f"events.rank{rank}.jsonl")
+    stalls = [event["seconds"] for event in map(json.loads, events.read_text().splitlines()) if event["event"] == "stall"]
     row = {
         "rank": rank,
         "staged": staged,
