@@ -150,7 +150,7 @@ def shard_workload(workload: Any) -> None:
     sharded = dict(workload.model.named_parameters())
     for group in groups:
         group["params"] = [sharded[name] for name in group["params"]]
-    workload.optimizer = type(workload.optimizer)(groups, **workload.optimizer.defaults)
+    workload.optimizer = type(workload.optimizer)(groups)  # each group carries every hyperparameter
     lr_lambda = workload.scheduler.lr_lambdas[0]
     workload.scheduler = torch.optim.lr_scheduler.LambdaLR(workload.optimizer, lr_lambda)
 
