@@ -225,3 +225,13 @@ def test_an_optimizer_over_shards_without_its_module_is_refused(tmp_path: Path) 
                           cwd=REPO, timeout=TIMEOUT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stderr
     assert "state['optimizer'] optimizes sharded (DTensor) parameters" in done.stdout
+
+
+def test_demo_runs_sharded_with_real_kills_and_verifies(tmp_path: Path) -> None:
+    run_dir = tmp_path / "demo"
+    cmd = [sys.executable, "-m", "models.train", "--model", "mlp", "--steps", "12", "--fsdp", "--nproc", "2",
+           "--kill-at", "7", "--policy", "every:3", "--verify", "--run-dir", str(run_dir)]
+    done = subprocess.run(cmd, cwd=REPO, timeout=3 * TIMEOUT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "kill #1" in done.stdout and "VERIFY OK" in done.stdout
+    assert committed(run_dir) and verify_dcp_checkpoint(format.checkpoints_dir(run_dir) / "step_12").world_size == 2
