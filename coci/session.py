@@ -14,7 +14,8 @@ What is copied in the background: tensors the fence protects (parameters of the 
 scheduler and loader state, RNG, plain values) is captured synchronously inside ``step()``, because
 the next forward pass may change it before any optimizer step.
 
-Under ``torch.distributed`` (``torchrun`` + DDP) the session consults a
+Under ``torch.distributed`` (``torchrun`` + DDP, or FSDP2 / DTensor state, which goes through
+:class:`coci.checkpoint.sharded.ShardedState`) the session consults a
 :class:`coci.distributed.DistributedContext` (coci's own gloo groups): the profile is aggregated
 and the plan broadcast at observe time, the persist goes through DCP on every rank, and restore
 loads the checkpoint rank 0 picked. Those places are marked "distributed" below; without a
