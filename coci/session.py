@@ -14,7 +14,8 @@ What is copied in the background: tensors the fence protects (parameters of the 
 scheduler and loader state, RNG, plain values) is captured synchronously inside ``step()``, because
 the next forward pass may change it before any optimizer step.
 
-Under ``torch.distributed`` (``torchrun`` + DDP) the session consults a
+Under ``torch.distributed`` (``torchrun`` + DDP, or FSDP2 / DTensor state, which goes through
+:class:`coci.checkpoint.sharded.ShardedState`) the session consults a
 :class:`coci.distributed.DistributedContext` (coci's own gloo groups): the profile is aggregated
 and the plan broadcast at observe time, the persist goes through DCP on every rank, and restore
 loads the checkpoint rank 0 picked. Those places are marked "distributed" below; without a
@@ -46,6 +47,7 @@ from coci.checkpoint.checkpointer import (
     writer_for,
 )
 from coci.checkpoint.format import RNG_KEY, SESSION_KEY, LoadedCheckpoint
+from coci.checkpoint.sharded import ShardedState, local_data_ptr, local_nbytes
 from coci.checkpoint.stateful import is_stateful, restore_in_place, validate_state
 from coci.checkpoint.tree import own_storage
 from coci.errors import (
@@ -137,6 +139,7 @@ class Session:
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
             raise ConfigError(f"run_dir must be a path to a directory, got {run_dir!r}")
         self.state = validate_state(state)
+        self._sharded = ShardedState.detect(self.state)  # FSDP2 / DTensor state: through DCP's state_dict API
         if keep_last is not None and (not checks.is_int(keep_last) or keep_last < 1):
             raise ConfigError(f"keep_last must be a positive integer or None, got {keep_last!r}")
         if total_steps is not None and (not checks.is_int(total_steps) or total_steps < 1):
@@ -314,9 +317,10 @@ class Session:
         candidates = restore_candidates(root, self._dist)  # newest first; damaged ones too, so each is reported
         skipped: list[Path] = []
         last_error = ""
+        targets = self._sharded.load_targets() if candidates else None
         for step, path in candidates:
             began = self._clock()
-            loaded, problem = self._load_and_apply(path, strict)
+            loaded, problem = self._load_and_apply(path, strict, targets)
             if loaded is None:
                 logger.warning("skipping checkpoint %s: %s", path, problem)
                 self.events.emit("restore_skip", step=step, path=str(path), message=problem)
@@ -342,7 +346,7 @@ class Session:
             )
         return None
 
-    def _load_and_apply(self, path: Path, strict: bool) -> tuple[LoadedCheckpoint | None, str]:
+    def _load_and_apply(self, path: Path, strict: bool, targets: Mapping[str, Any] | None = None) -> tuple[LoadedCheckpoint | None, str]:
         """Load ``path`` into ``state``; (None, what went wrong) when any rank failed to.
 
         A checkpoint that verifies but does not load (a structure altered on disk, a tensor of the
@@ -352,7 +356,7 @@ class Session:
         problem = None
         loaded = None
         try:
-            loaded = load_committed(path, self._dist)
+            loaded = load_committed(path, self._dist, targets)
             self._apply(loaded, strict)
         except StateMismatchError:
             raise
@@ -479,9 +483,9 @@ class Session:
         ptrs: set[int] = set()
         for optimizer in self._optimizers():
             for group in optimizer.param_groups:
-                ptrs.update(p.data_ptr() for p in group["params"])
+                ptrs.update(local_data_ptr(p) for p in group["params"])
             for per_param in optimizer.state.values():
-                ptrs.update(v.data_ptr() for v in per_param.values() if isinstance(v, torch.Tensor))
+                ptrs.update(local_data_ptr(v) for v in per_param.values() if isinstance(v, torch.Tensor))
         return ptrs
 
     def _epoch(self) -> int | None:
@@ -493,8 +497,11 @@ class Session:
 
     def _collect_tree(self) -> dict[str, Any]:
         tree: dict[str, Any] = {
-            key: value.state_dict() if is_stateful(value) else value for key, value in self.state.items()
+            key: value.state_dict() if is_stateful(value) else value
+            for key, value in self.state.items()
+            if key not in self._sharded.keys
         }
+        tree.update(self._sharded.state_dicts())
         own: dict[str, Any] = {
             "steps": self._steps,
             "checkpoint_steps": list(self._checkpoint_steps) + [self._steps],
@@ -538,7 +545,9 @@ class Session:
 
     def _restore_value(self, key: str, saved: Any) -> None:
         value = self.state[key]
-        if is_stateful(value):  # modules copy into their parameters; others keep what they get
+        if key in self._sharded.keys:
+            self._sharded.load(key, saved)
+        elif is_stateful(value):  # modules copy into their parameters; others keep what they get
             value.load_state_dict(saved if isinstance(value, torch.nn.Module) else own_storage(saved))
         else:  # the caller's own tensor, array, dict or list, never replaced (see checkpoint/stateful.py)
             restore_in_place(key, value, saved if isinstance(value, torch.Tensor) else own_storage(saved))
@@ -646,9 +655,9 @@ def _tensor_bytes(state: Mapping[str, Any]) -> int:
     total = 0
     for value in state.values():
         if isinstance(value, torch.nn.Module):
-            total += sum(t.numel() * t.element_size() for t in value.state_dict().values())
+            total += sum(local_nbytes(t) for t in value.state_dict().values())
         elif isinstance(value, torch.Tensor):
-            total += value.numel() * value.element_size()
+            total += local_nbytes(value)
     return total
 
 

@@ -25,6 +25,14 @@ Files in the run directory: coci's own (``checkpoints/``, ``events.jsonl``, ``pl
 ``profile.json``, report files), plus ``steps.csv``, ``final.pt`` and ``demo.json`` (marks the
 directory as the demo's, so a new demo may replace it). ``--verify`` trains its reference in the
 supervisor process (same torch settings as the children) and writes nothing.
+
+**Sharded** (``--fsdp --nproc 2``): each child is ``--nproc`` rank processes that the supervisor
+starts as torchrun would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; gloo on localhost), the
+model ``fully_shard``ed over all of them (FSDP2) and its optimizer and schedule rebuilt over the
+sharded parameters; coci saves each rank's shards. A kill SIGKILLs every rank at once, like a lost
+node. Only rank 0 writes ``steps.csv``; ``final.pt`` holds the gathered full state.
+``--verify`` then trains the same sharded job without coci and without kills (``--reference``
+children, in ``<run-dir>/reference``) and compares bitwise.
 """
 
 from __future__ import annotations
@@ -109,6 +117,57 @@ def parse_policy(text: str) -> Any:
     raise coci.ConfigError(f"policy must be one of {', '.join(PLANNING_POLICIES)} or every:K, got {text!r}")
 
 
+# --- sharded (FSDP2) ---------------------------------------------------------------------------
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join the job's gloo process group when launched as a rank; (rank, world size), (0, 1) otherwise."""
+    if "RANK" not in os.environ:
+        return 0, 1
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shard_workload(workload: Any) -> None:
+    """FSDP2: ``fully_shard`` the model over every rank, then rebuild its optimizer (same groups and
+    hyperparameters) and LR schedule over the sharded parameters.
+
+    One FSDP group over the whole model: right for tied weights (the gpt's embedding and head).
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    names = {id(p): name for name, p in workload.model.named_parameters()}
+    groups = [
+        {**{k: v for k, v in group.items() if k != "params"}, "params": [names[id(p)] for p in group["params"]]}
+        for group in workload.optimizer.param_groups
+    ]
+    fully_shard(workload.model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    sharded = dict(workload.model.named_parameters())
+    for group in groups:
+        group["params"] = [sharded[name] for name in group["params"]]
+    workload.optimizer = type(workload.optimizer)(groups)  # each group carries every hyperparameter
+    lr_lambda = workload.scheduler.lr_lambdas[0]
+    workload.scheduler = torch.optim.lr_scheduler.LambdaLR(workload.optimizer, lr_lambda)
+
+
+def final_state(workload: Any, sharded: bool) -> dict[str, Any] | None:
+    """Model and optimizer state to save as ``final.pt`` (gathered on rank 0 when sharded; None
+    on the other ranks). Collective when sharded."""
+    if not sharded:
+        return {"model": workload.model.state_dict(), "optimizer": workload.optimizer.state_dict()}
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state, optimizer_state = get_state_dict(workload.model, workload.optimizer, options=options)
+    return {"model": model_state, "optimizer": optimizer_state} if dist.get_rank() == 0 else None
+
+
 # --- child -----------------------------------------------------------------------------------
 
 
@@ -123,7 +182,10 @@ def run_child(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    rank, _ = init_distributed()
     workload = WORKLOADS[args.model](seed=args.seed, total_steps=args.steps)
+    if args.fsdp:
+        shard_workload(workload)
     loader = make_loader(workload, args.seed)
     session = None
     if not args.reference:
@@ -139,8 +201,8 @@ def run_child(args: argparse.Namespace) -> int:
     step = session.steps if session else 0
     _signal_ready(args.ready_fd, step)
     stream = batch_stream(loader)
-    bar = tqdm(total=args.steps, initial=step, desc=f"{args.model} #{args.attempt}", unit="step", disable=None, mininterval=0.5)
-    with open(run_dir / STEPS_FILENAME, "a", encoding="utf-8") as log:
+    bar = tqdm(total=args.steps, initial=step, desc=f"{args.model} #{args.attempt}", unit="step", disable=True if rank else None, mininterval=0.5)
+    with open(run_dir / STEPS_FILENAME if rank == 0 else os.devnull, "a", encoding="utf-8") as log:
         while step < args.steps:
             loss = workload.train_step(next(stream))
             if session is not None:
@@ -157,8 +219,9 @@ def run_child(args: argparse.Namespace) -> int:
     bar.close()
     if session is not None:
         session.close()
-    final = {"model": workload.model.state_dict(), "optimizer": workload.optimizer.state_dict()}
-    torch.save(final, run_dir / FINAL_FILENAME)
+    final = final_state(workload, args.fsdp)
+    if final is not None:
+        torch.save(final, run_dir / FINAL_FILENAME)
     return 0
 
 
@@ -213,15 +276,72 @@ def child_command(args: argparse.Namespace, run_dir: Path, attempt: int) -> list
         "--model", args.model, "--steps", str(args.steps), "--seed", str(args.seed),
         "--run-dir", str(run_dir.resolve()), "--policy", args.policy, "--mtbf", str(args.mtbf),
         "--threads", str(args.threads), "--attempt", str(attempt),
-    ]  # fmt: skip
+    ] + (["--fsdp"] if args.fsdp else [])  # fmt: skip
 
 
-def launch(command: list[str], extra: list[str] | None = None) -> tuple[subprocess.Popen[bytes], int]:
-    """Start a child with a pipe on which it reports "ready <restored step>"."""
+class RankGroup:
+    """The rank processes of one sharded child, driven like one ``Popen`` (torchrun's role):
+    ``pid`` is rank 0's, a signal goes to every rank, the exit code is the first failing rank's."""
+
+    def __init__(self, processes: list[subprocess.Popen[bytes]]) -> None:
+        self.processes = processes
+
+    @property
+    def pid(self) -> int:
+        return self.processes[0].pid
+
+    @property
+    def returncode(self) -> int | None:
+        codes = [p.returncode for p in self.processes]
+        if None in codes:
+            return None
+        return next((code for code in codes if code == -signal.SIGKILL), next((code for code in codes if code), 0))
+
+    def poll(self) -> int | None:
+        for process in self.processes:
+            process.poll()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for process in self.processes:
+            process.wait(timeout=None if deadline is None else max(deadline - time.monotonic(), 0.0))
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def launch(command: list[str], extra: list[str] | None = None, nproc: int = 1) -> tuple[Any, int]:
+    """Start a child with a pipe on which it (rank 0) reports "ready <restored step>"; with
+    ``nproc`` > 1, ``nproc`` ranks with torchrun's environment, as a :class:`RankGroup`."""
     read_fd, write_fd = os.pipe()
-    process = subprocess.Popen([*command, *(extra or []), "--ready-fd", str(write_fd)], pass_fds=(write_fd,), cwd=REPO_ROOT)
+    if nproc == 1:
+        process = subprocess.Popen([*command, *(extra or []), "--ready-fd", str(write_fd)], pass_fds=(write_fd,), cwd=REPO_ROOT)
+        os.close(write_fd)
+        return process, read_fd
+    port = _free_port()
+    ranks = []
+    for rank in range(nproc):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+        ready = ["--ready-fd", str(write_fd)] if rank == 0 else []
+        ranks.append(subprocess.Popen([*command, *(extra or []), *ready], pass_fds=(write_fd,) if rank == 0 else (), cwd=REPO_ROOT, env=env))
     os.close(write_fd)
-    return process, read_fd
+    return RankGroup(ranks), read_fd
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def wait_ready(read_fd: int, timeout: float) -> int | None:
@@ -288,7 +408,7 @@ def supervise(args: argparse.Namespace, run_dir: Path) -> RunOutcome:
         if restart_seconds is not None:
             extra += ["--restart-seconds", f"{restart_seconds:.3f}"]
         launched = time.perf_counter()
-        process, read_fd = launch(child_command(args, run_dir, number), extra)
+        process, read_fd = launch(child_command(args, run_dir, number), extra, args.nproc)
         attempt.restored_step = wait_ready(read_fd, STARTUP_TIMEOUT_SECONDS)
         os.close(read_fd)
         ready = time.perf_counter()
@@ -314,7 +434,7 @@ def supervise(args: argparse.Namespace, run_dir: Path) -> RunOutcome:
     return outcome
 
 
-def wait_or_kill(process: subprocess.Popen[bytes], time_to_failure: float, running: bool) -> tuple[int, bool]:
+def wait_or_kill(process: Any, time_to_failure: float, running: bool) -> tuple[int, bool]:
     """Wait for the child; SIGKILL it when the failure clock runs out. Returns (code, killed).
 
     A child that SIGKILLed itself (``--die-at``) counts as killed too.
@@ -387,19 +507,36 @@ def print_report(run_dir: Path) -> None:
 # --- verification ----------------------------------------------------------------------------
 
 
-def run_reference(args: argparse.Namespace) -> tuple[Any, list[float]]:
-    """Train the same job in this process without coci and without kills (same torch settings)."""
-    configure_torch(args.threads)
-    return train_plain(args.model, args.steps, args.seed)
+def run_reference(args: argparse.Namespace, run_dir: Path) -> tuple[Any, list[float]]:
+    """Train the same job without coci and without kills (same torch settings): in this process,
+    or, sharded, as ``--reference`` ranks writing into ``<run_dir>/reference``. Returns the final
+    state (a workload, or the reference's ``final.pt``) and the per-step losses."""
+    if not args.fsdp:
+        configure_torch(args.threads)
+        return train_plain(args.model, args.steps, args.seed)
+    import torch
+
+    reference_dir = run_dir / "reference"
+    shutil.rmtree(reference_dir, ignore_errors=True)
+    process, read_fd = launch([*child_command(args, reference_dir, 0), "--reference"], nproc=args.nproc)
+    code = process.wait()
+    os.close(read_fd)  # after the ranks exited: rank 0 writes "ready 0" into it
+    if code != 0:
+        raise SystemExit(f"reference run failed with exit code {process.returncode}")
+    entries = next(iter(read_steps(reference_dir / STEPS_FILENAME).values()), [])
+    return torch.load(reference_dir / FINAL_FILENAME, weights_only=True), [float.fromhex(loss) for _, loss in entries]
 
 
 def compare_runs(run_dir: Path, reference: Any, reference_losses: list[float]) -> list[str]:
-    """Every mismatch between the killed-and-resumed run and the reference (empty: bitwise equal)."""
+    """Every mismatch between the killed-and-resumed run and the reference (a workload, or a dict
+    with its final "model" and "optimizer" state), empty when bitwise equal."""
     import torch
 
     got = torch.load(run_dir / FINAL_FILENAME, weights_only=True)
-    problems = _compare_trees("model", got["model"], reference.model.state_dict())
-    problems += _compare_trees("optimizer", got["optimizer"], reference.optimizer.state_dict())
+    if not isinstance(reference, dict):
+        reference = {"model": reference.model.state_dict(), "optimizer": reference.optimizer.state_dict()}
+    problems = _compare_trees("model", got["model"], reference["model"])
+    problems += _compare_trees("optimizer", got["optimizer"], reference["optimizer"])
     want = {step: loss.hex() for step, loss in enumerate(reference_losses, start=1)}
     seen: set[int] = set()
     for entries in read_steps(run_dir / STEPS_FILENAME).values():
@@ -449,6 +586,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--verify", action="store_true", help="also train without coci or kills and compare bitwise")
     parser.add_argument("--kill-at", type=_step_list, default=None, help="kill at these steps (comma list) instead of the clock")
     parser.add_argument("--max-restarts", type=_positive_int, default=50)
+    parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2 over --nproc ranks (gloo)")
+    parser.add_argument("--nproc", type=_positive_int, default=1, help="ranks per child with --fsdp (default %(default)s)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--reference", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--attempt", type=int, default=1, help=argparse.SUPPRESS)
@@ -487,6 +626,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parse_policy(args.policy)
     except coci.ConfigError as exc:
         raise SystemExit(f"error: {exc}") from exc
+    if args.nproc > 1 and not args.fsdp:
+        raise SystemExit("error: --nproc needs --fsdp (the demo's multi-process job is sharded)")
     run_dir = Path(args.run_dir)
     prepare_run_dir(run_dir, args)
     say(f"training {args.model} for {args.steps} steps in {run_dir}; policy {args.policy}; failures: "
@@ -499,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verify:
         return 0
     say("verify: training the same job without coci and without kills")
-    problems = compare_runs(run_dir, *run_reference(args))
+    problems = compare_runs(run_dir, *run_reference(args, run_dir))
     if problems:
         print(f"VERIFY FAILED: {len(problems)} mismatches, first: " + "; ".join(problems[:5]))
         return 1

@@ -21,7 +21,7 @@ format the commit record declares (:data:`READERS`), so callers never branch on 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +34,7 @@ from coci.checkpoint import format
 from coci.checkpoint.dcp import DCP_FORMAT, DcpReader, DcpWriter
 from coci.checkpoint.format import CommitRecord, LoadedCheckpoint
 from coci.checkpoint.local import LocalReader, LocalWriter
+from coci.checkpoint.sharded import local_shards
 from coci.checkpoint.snapshot import CopyJob, StagedCheckpoint, StagingArena, layout_bytes
 from coci.checkpoint.tree import flatten
 from coci.distributed import DistributedContext
@@ -70,8 +71,10 @@ class CheckpointReader(Protocol):
     1. ``read_record(path)``: parse and check the commit record (no data file is read). Under
        ``torch.distributed`` only rank 0 calls it; the other ranks rebuild the same record from its
        JSON with ``record_type``, so every rank uses the one record rank 0 read.
-    2. ``load(path, record, context)``: verify the data files this process reads (sizes, crc32)
-       and load them into a state tree; collective when ``context`` is given.
+    2. ``load(path, record, context, targets)``: verify the data files this process reads (sizes,
+       crc32) and load them into a state tree; collective when ``context`` is given. ``targets``
+       is a partial state tree whose DTensors say where sharded tensors go (mesh and placements,
+       :mod:`coci.checkpoint.sharded`); the reader loads into fresh DTensors like them.
 
     ``verify(path)`` checks a checkpoint completely without loading it (``coci verify``), and
     ``load_entry(path, record, keys)`` returns one entry of the saved tree (``keys`` is its path
@@ -84,7 +87,9 @@ class CheckpointReader(Protocol):
 
     def read_record(self, path: Path) -> CommitRecord: ...
 
-    def load(self, path: Path, record: CommitRecord, context: DistributedContext | None) -> LoadedCheckpoint: ...
+    def load(
+        self, path: Path, record: CommitRecord, context: DistributedContext | None, targets: Mapping[str, Any] | None = None
+    ) -> LoadedCheckpoint: ...
 
     def verify(self, path: Path) -> CommitRecord: ...
 
@@ -130,10 +135,13 @@ def load_entry(path: Path, keys: tuple[str, ...]) -> Any | None:
     return reader.load_entry(path, reader.read_record(path), keys)
 
 
-def load_committed(path: Path, context: DistributedContext | None) -> LoadedCheckpoint:
+def load_committed(
+    path: Path, context: DistributedContext | None, targets: Mapping[str, Any] | None = None
+) -> LoadedCheckpoint:
     """Verify and load the checkpoint in ``path``, in whichever format it was written.
 
     Collective under ``torch.distributed``: rank 0 reads the commit record and every rank uses it.
+    ``targets``: see :meth:`CheckpointReader.load`.
     """
 
     def read() -> tuple[str, str | None, str | None]:
@@ -145,12 +153,12 @@ def load_committed(path: Path, context: DistributedContext | None) -> LoadedChec
 
     if context is None:
         reader = reader_for(path)
-        return reader.load(path, reader.read_record(path), None)
+        return reader.load(path, reader.read_record(path), None, targets)
     declared, record_json, problem = distributed.from_coordinator(read, context)
     if record_json is None:
         raise CorruptCheckpointError(problem or f"{path}: unreadable")
     reader = READERS[declared]
-    return reader.load(path, reader.record_type.model_validate_json(record_json), context)
+    return reader.load(path, reader.record_type.model_validate_json(record_json), context, targets)
 @dataclass(frozen=True)
 class PersistResult:
     """What one finished persist measured."""
@@ -215,6 +223,7 @@ class Checkpointer:
             self.pending.upload_completion.exception()  # wait; a failure was recorded by the worker
         tensors: list[torch.Tensor] = []
         skeleton = flatten(tree, tensors)
+        tensors, shards = local_shards(tensors)  # sharded state: this rank stages its own shards only
         views = self.arena.prepare(tensors)
         slots = list(self.arena.slots)
         copy_began = self.clock()
@@ -225,7 +234,7 @@ class Checkpointer:
         self.events.emit("snapshot_start", step=step, bytes=nbytes)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coci-persist")
-        staged = StagedCheckpoint(step, self.arena.payload(), slots, skeleton, epoch, state_keys)
+        staged = StagedCheckpoint(step, self.arena.payload(), slots, skeleton, epoch, state_keys, shards)
         self._executor.submit(self._run, pending, job, staged, eager_seconds)
         self.pending = pending
         return pending

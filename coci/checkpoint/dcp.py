@@ -14,6 +14,10 @@ verdict and load through ``torch.distributed.checkpoint.load``. DCP unpickles it
 coci reads it through a restricted unpickler that only builds DCP's plain records. A rank that did
 not exist when the checkpoint was saved keeps its own RNG streams and takes rank 0's profiler.
 Without a process group the same checkpoint is read by one process.
+
+Sharded state (DTensors, :mod:`coci.checkpoint.sharded`) goes through the same writer and reader:
+its staged local shards are saved as DTensors (each rank writes its own shards, the manifest
+records global shapes) and loaded into fresh DTensors of the reader's mesh (resharding).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import logging
 import pickle
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -32,10 +36,11 @@ from coci import distributed
 from coci.checkpoint import fileio, format
 from coci.checkpoint.format import CommitRecord, FileEntry, LoadedCheckpoint
 from coci.checkpoint.local import dtype_name, torch_dtype
+from coci.checkpoint.sharded import ShardSpec, as_dtensors, local_nbytes, targets_by_index
 from coci.checkpoint.snapshot import StagedCheckpoint
 from coci.checkpoint.tree import tensor_refs, unflatten
 from coci.distributed import DistributedContext
-from coci.errors import CorruptCheckpointError, PersistError
+from coci.errors import CorruptCheckpointError, PersistError, StateError
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +134,15 @@ def _part(skeleton: Any, slots: list[Any], prefix: str) -> DcpPart:
     )
 
 
+def _with_global_shapes(part: DcpPart, shards: Mapping[int, ShardSpec]) -> DcpPart:
+    """``part`` with each sharded tensor's global shape (its slot holds this rank's shard only), so
+    that the ranks agree on one layout and a reader of any world size knows the full tensor."""
+    if not shards:
+        return part
+    tensors = [t.model_copy(update={"shape": list(shards[t.index].shape)}) if t.index in shards else t for t in part.tensors]
+    return part.model_copy(update={"tensors": tensors})
+
+
 def staged_tensors(payload: memoryview, slots: list[Any]) -> list[torch.Tensor]:
     """One tensor per slot over the arena's bytes, each owning exactly its slice (zero copy)."""
     tensors = []
@@ -163,10 +177,10 @@ class DcpWriter:
             format.remove_stale_tmp(self.root)  # leftovers of failed persists: never checkpoints
             tmp.mkdir()
         shared_skeleton, rank_skeleton = split_skeleton(skeleton)
-        shared = _part(shared_skeleton, slots, "shared")
+        shared = _with_global_shapes(_part(shared_skeleton, slots, "shared"), staged.shards)
         mine = _part(rank_skeleton, slots, f"rank{self.context.rank}")
         self._agree_on_layout(step, shared)  # also: nobody writes before rank 0 made tmp
-        written = self._save(tmp, staged_tensors(staged.payload, slots), shared, mine)
+        written = self._save(tmp, as_dtensors(staged_tensors(staged.payload, slots), staged.shards), shared, mine)
         votes = distributed.gather_objects((written, mine.model_dump()), self.context.persist_group)
         self._coordinated(
             lambda: self._commit(tmp, step, staged.epoch, staged.state_keys, shared, votes), f"checkpoint at step {step} was not committed"
@@ -255,14 +269,16 @@ class DcpReader:
     def verify(self, path: Path) -> DcpManifest:
         return verify_dcp_checkpoint(path)
 
-    def load(self, path: Path, record: CommitRecord, context: DistributedContext | None) -> LoadedCheckpoint:
+    def load(
+        self, path: Path, record: CommitRecord, context: DistributedContext | None, targets: Mapping[str, Any] | None = None
+    ) -> LoadedCheckpoint:
         """Verify this process's share of the files, agree with the others, then load (collective)."""
         assert isinstance(record, DcpManifest)
         rank, world = (0, 1) if context is None else (context.rank, context.world_size)
         problem = distributed.agree(_verify_files(path, record.files[rank::world]), context)
         if problem is not None:
             raise CorruptCheckpointError(problem)
-        tree, nbytes = load_dcp_checkpoint(path, record, context)
+        tree, nbytes = load_dcp_checkpoint(path, record, context, targets)
         return LoadedCheckpoint(record.step, record.epoch, record.state_keys, path, tree, nbytes)
 
     def load_entry(self, path: Path, record: CommitRecord, keys: tuple[str, ...]) -> Any | None:
@@ -324,10 +340,12 @@ def _safe_reader(path: Path) -> Any:
 
 
 def load_dcp_checkpoint(
-    path: Path, manifest: DcpManifest, context: DistributedContext | None
+    path: Path, manifest: DcpManifest, context: DistributedContext | None, targets: Mapping[str, Any] | None = None
 ) -> tuple[dict[str, Any], int]:
     """Load a (verified) DCP checkpoint into a session tree; collective when ``context`` is given.
 
+    Tensors at the place of a DTensor in ``targets`` are loaded as fresh DTensors like it (this
+    rank's shard, resharded by DCP from however the checkpoint was sharded); all others in full.
     Returns the tree and the bytes this process loaded.
     """
     from torch.distributed.checkpoint import load as dcp_load
@@ -335,8 +353,10 @@ def load_dcp_checkpoint(
     rank = context.rank if context is not None else 0
     own = manifest.ranks[rank] if rank < len(manifest.ranks) else None
     donor = own if own is not None else manifest.ranks[0]
+    sharded = _sharded_targets(path, manifest.shared, targets)  # never a full tensor for those
     wanted = {
-        t.key: torch.empty(t.shape, dtype=torch_dtype(t.dtype, path)) for t in manifest.shared.tensors + donor.tensors
+        t.key: sharded[t.key] if t.key in sharded else torch.empty(t.shape, dtype=torch_dtype(t.dtype, path))
+        for t in manifest.shared.tensors + donor.tensors
     }
     with warnings.catch_warnings():  # DCP warns on every load without a process group: intended here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -353,5 +373,26 @@ def load_dcp_checkpoint(
         tree[format.RNG_KEY] = per_rank["rng"]
     else:
         logger.info("rank %d is new (checkpoint saved by %d ranks): it keeps its own RNG streams", rank, manifest.world_size)
-    nbytes = sum(t.numel() * t.element_size() for t in wanted.values())
+    nbytes = sum(local_nbytes(t) for t in wanted.values())
     return tree, nbytes
+
+
+def _sharded_targets(path: Path, part: DcpPart, targets: Mapping[str, Any] | None) -> dict[str, torch.Tensor]:
+    """A fresh DTensor (this rank's shard only) for each tensor of ``part`` that the live state
+    holds sharded, by DCP key; a tensor whose global shape or dtype differs from the live one's is
+    an error naming it (the checkpoint does not fit this model)."""
+    if not targets:
+        return {}
+    by_index = targets_by_index(part.skeleton, targets)
+    fresh: dict[str, torch.Tensor] = {}
+    for t in part.tensors:
+        like = by_index.get(t.index)
+        if like is None:
+            continue
+        if list(like.shape) != t.shape or dtype_name(like.dtype) != t.dtype:
+            raise StateError(
+                f"{path}: sharded tensor {t.key} is {t.dtype}{t.shape} in the checkpoint but "
+                f"{dtype_name(like.dtype)}{list(like.shape)} in the live state"
+            )
+        fresh[t.key] = torch.empty_like(like)
+    return fresh

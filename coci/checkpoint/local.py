@@ -82,7 +82,8 @@ class LocalReader:
     def verify(self, path: Path) -> Manifest:
         return verify_checkpoint(path)
 
-    def load(self, path: Path, record: CommitRecord, context: Any) -> LoadedCheckpoint:
+    def load(self, path: Path, record: CommitRecord, context: Any, targets: Any = None) -> LoadedCheckpoint:
+        """Load every tensor (``targets`` is not used: one process holds no sharded state)."""
         assert isinstance(record, Manifest)
         tree = unflatten(record.skeleton, load_tensors(path, record))
         if context is not None and not context.is_coordinator:

@@ -19,12 +19,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from coci import knobs
+from coci.checkpoint.sharded import ShardSpec
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ class TensorSlot:
 class StagedCheckpoint:
     """One snapshot as a :class:`coci.checkpoint.checkpointer.CheckpointWriter` receives it: the
     arena's bytes, where each tensor of the flattened ``skeleton`` lies in them, and the record's
-    fields. Valid until the next snapshot reuses the arena."""
+    fields. Valid until the next snapshot reuses the arena. ``shards`` holds, by tensor index, the
+    DTensor each staged local shard belongs to (sharded state only)."""
 
     step: int
     payload: memoryview
@@ -51,6 +53,7 @@ class StagedCheckpoint:
     skeleton: Any
     epoch: int | None
     state_keys: list[str]
+    shards: dict[int, ShardSpec] = field(default_factory=dict)
 
 
 def plan_layout(tensors: Sequence[torch.Tensor], align: int | None = None) -> list[TensorSlot]:

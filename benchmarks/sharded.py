@@ -1,0 +1,141 @@
+"""Sharded (FSDP2) checkpoints: per-rank staged and written bytes, 2 ranks vs 1, and the stall.
+
+The same model, a stack of Linear(1024, 1024) layers of about ``--mb`` MB of state (weights +
+AdamW's exp_avg and exp_avg_sq), ``fully_shard``ed over 1 and over 2 processes on localhost (gloo,
+each set-up in fresh processes). Each process checkpoints ``--repeats`` times through
+``coci.Session.checkpoint()`` and waits for the commit.
+
+Printed, per set-up: the bytes each rank staged (its arena, ``PendingCheckpoint.nbytes``) and wrote
+(its DCP files, from the manifest's ``bytes_per_rank``), and the median per-rank stall: what the
+session itself records as the stall (its ``stall`` events: ``Session.checkpoint()`` plus the
+optimizer fence), with the optimizer step right after ``checkpoint()`` so that no copy can hide
+behind a forward/backward, against ``Tensor.copy_`` of that rank's local shards (model and
+optimizer state) into preallocated buffers, measured in the same process right before. Ratios
+measured in this run: staged and written bytes per rank 2 ranks / 1 rank (goal about 0.5) and
+stall / copy (goal <= 1.25).
+
+    .venv/bin/python benchmarks/sharded.py [--mb 96] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WIDTH = 1024
+
+
+def worker(run_dir: str, mb: float, repeats: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    sys.path.insert(0, str(REPO))
+    import coci
+    from coci.checkpoint.checkpointer import reader_for
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    layers = max(1, round(mb * 2**20 / (3 * 4 * (WIDTH * WIDTH + WIDTH))))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, WIDTH)).sum().backward()
+    optimizer.step()  # creates exp_avg / exp_avg_sq (sharded)
+    local = [p.to_local() for p in model.parameters()]
+    local += [v.to_local() for s in optimizer.state.values() for v in s.values() if hasattr(v, "to_local")]
+    buffers = [torch.empty_like(t) for t in local]
+    session = coci.Session(run_dir, state={"model": model, "optimizer": optimizer}, policy=coci.EveryN(10**9), keep_last=1)
+    copies, staged, written = [], 0, 0
+    for _ in range(repeats):
+        began = time.perf_counter()
+        for buffer, tensor in zip(buffers, local):
+            buffer.copy_(tensor)
+        copies.append(time.perf_counter() - began)
+        pending = session.checkpoint()
+        optimizer.step()  # at once: the fence copies whatever the background copy has not reached
+        session.step()  # records the stall (checkpoint() + fence) as a "stall" event
+        result = pending.upload_completion.result()
+        staged = pending.nbytes
+        record = reader_for(result.path).read_record(result.path)
+        written = record.bytes_per_rank[rank]  # type: ignore[attr-defined]
+    session.close()
+    events = Path(run_dir) / ("events.jsonl" if rank == 0 else f"events.rank{rank}.jsonl")
+    stalls = [event["seconds"] for event in map(json.loads, events.read_text().splitlines()) if event["event"] == "stall"]
+    row = {
+        "rank": rank,
+        "staged": staged,
+        "written": written,
+        "local_bytes": sum(t.numel() * t.element_size() for t in local),
+        "stall": statistics.median(stalls),
+        "copy": statistics.median(copies),
+    }
+    rows: list = [None] * world
+    dist.all_gather_object(rows, row)
+    dist.destroy_process_group()
+    if rank == 0:
+        print(json.dumps(rows))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run(world: int, mb: float, repeats: int) -> list[dict]:
+    with tempfile.TemporaryDirectory(dir=os.environ.get("COCI_BENCH_DIR")) as run_dir:
+        cmd = [sys.executable, __file__, "--worker", run_dir, "--mb", str(mb), "--repeats", str(repeats)]
+        port = free_port()
+        procs = []
+        for rank in range(world):
+            env = dict(os.environ, OMP_NUM_THREADS="1", RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
+        outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+        if any(proc.returncode for proc in procs):
+            raise SystemExit(f"worker failed: {[proc.returncode for proc in procs]}")
+        return json.loads(outputs[0].strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mb", type=float, default=96.0)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--worker", default=None)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.mb, args.repeats)
+        return
+    results = {world: run(world, args.mb, args.repeats) for world in (1, 2)}
+    print(f"FSDP2, ~{args.mb:.0f} MB of model + AdamW state; median of {args.repeats} checkpoints")
+    print(f"{'ranks':>5} {'rank':>4} {'local MiB':>9} {'staged MiB':>10} {'written MiB':>11} {'stall ms':>8} {'copy_ ms':>8} {'stall/copy':>10}")
+    for world, rows in results.items():
+        for row in rows:
+            print(
+                f"{world:>5} {row['rank']:>4} {row['local_bytes'] / 2**20:>9.1f} {row['staged'] / 2**20:>10.1f} "
+                f"{row['written'] / 2**20:>11.1f} {row['stall'] * 1e3:>8.1f} {row['copy'] * 1e3:>8.1f} {row['stall'] / row['copy']:>10.3f}"
+            )
+    one, two = results[1][0], results[2]
+    print(f"ratio: staged bytes per rank, 2 ranks / 1 rank = {max(r['staged'] for r in two) / one['staged']:.3f} (busiest rank)")
+    print(f"ratio: written bytes per rank, 2 ranks / 1 rank = {max(r['written'] for r in two) / one['written']:.3f} (busiest rank)")
+    worst = max(r["stall"] / r["copy"] for rows in results.values() for r in rows)
+    print(f"ratio: per-rank stall / copy_ of its local shards = {worst:.3f} (worst rank of both set-ups)")
+
+
+if __name__ == "__main__":
+    main()
