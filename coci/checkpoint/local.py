@@ -28,7 +28,9 @@ __all__ = [
     "LocalWriter",
     "Manifest",
     "TensorEntry",
+    "ALLOWED_DTYPES",
     "check_consistent",
+    "element_count",
     "load_checkpoint",
     "load_tensors",
     "read_manifest",
@@ -158,7 +160,7 @@ def read_manifest(path: Path) -> Manifest:
         raise CorruptCheckpointError(f"{path}: manifest must list exactly {format.DATA_FILENAME!r}")
     size = manifest.files[0].size
     for index, tensor in enumerate(manifest.tensors):
-        if tensor.offset + tensor.nbytes > size or _itemsize(tensor.dtype, path) * _numel(tensor.shape) != tensor.nbytes:
+        if tensor.offset + tensor.nbytes > size or _itemsize(tensor.dtype, path) * element_count(tensor.shape) != tensor.nbytes:
             raise CorruptCheckpointError(f"{path}: tensor {index} does not fit its declared bytes")
     check_consistent(manifest, path)
     format.check_sealed(manifest, path)
@@ -217,19 +219,27 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+#: The dtypes a checkpoint may hold: dense numeric ones (no quantized or other exotic types).
+ALLOWED_DTYPES: frozenset[str] = frozenset(
+    {"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16", "bfloat16",
+     "float32", "float64", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"}
+)
+
+
 def torch_dtype(name: str, path: Path) -> torch.dtype:
-    """The dtype a commit record names; CorruptCheckpointError for anything that is not one."""
-    dtype = getattr(torch, name, None)
+    """The dtype a commit record names; CorruptCheckpointError for anything not on :data:`ALLOWED_DTYPES`."""
+    dtype = getattr(torch, name, None) if isinstance(name, str) and name in ALLOWED_DTYPES else None
     if not isinstance(dtype, torch.dtype):
-        raise CorruptCheckpointError(f"{path}: unknown dtype {name!r}")
+        raise CorruptCheckpointError(f"{path}: unknown or disallowed dtype {name!r}")
     return dtype
 
 
 def _itemsize(name: str, path: Path) -> int:
-    return torch.empty(0, dtype=torch_dtype(name, path)).element_size()
+    return torch_dtype(name, path).itemsize
 
 
-def _numel(shape: list[int]) -> int:
+def element_count(shape: list[int]) -> int:
+    """Elements of a tensor of ``shape``; -1 for a negative dimension."""
     count = 1
     for dim in shape:
         if dim < 0:

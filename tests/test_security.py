@@ -1,0 +1,178 @@
+"""Security and integrity of a run directory against a hostile or careless writer.
+
+Each test plants what an attacker with write access to the run directory (or a shared object
+store) could plant, re-seals the manifest the way the library does (a checksum guards against
+accidents, not people) and checks that loading never runs code, never reads outside the
+checkpoint, never deletes the last good checkpoint, never applies half of a rejected checkpoint,
+and that limits end in a clear error. The DCP checkpoints are written by a real one-process gloo
+job (the format of every multi-process job) and planted into an ordinary single-process run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ckpt_helpers import build_state, make_run, restore_fresh, step_dir, train
+
+import coci
+from coci import cli
+from coci.checkpoint import format
+from coci.checkpoint.dcp import DcpManifest
+from coci.checkpoint.verify import verify_run
+
+
+class Payload:
+    """Unpickling this runs a shell command that creates ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def write_dcp_run(run_dir: Path, store: Path) -> None:
+    """A run written under a real (one-process, gloo) process group: DCP checkpoints 5 and 10."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(store), 1), rank=0, world_size=1)
+    try:
+        make_run(run_dir, steps=10, every=5)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(a single-process run with checkpoints 2 and 4, a DCP checkpoint of the same state)."""
+    base = tmp_path_factory.mktemp("security")
+    make_run(base / "local", steps=4, every=2)
+    write_dcp_run(base / "dcp", base / "store")
+    return base / "local", step_dir(base / "dcp", 10)
+
+
+@pytest.fixture
+def run(pristine: tuple[Path, Path], tmp_path: Path) -> Path:
+    shutil.copytree(pristine[0], tmp_path / "run")
+    return tmp_path / "run"
+
+
+def reseal_dcp(path: Path, edit: Any = None) -> None:
+    """Recompute the manifest's file sizes, crc32s and checksum (``edit(raw)`` may change it first)."""
+    raw = json.loads((path / format.MANIFEST_FILENAME).read_text())
+    if edit is not None:
+        edit(raw)
+    for entry in raw["files"]:
+        data = (path / entry["name"]).read_bytes()
+        entry["size"], entry["crc32"] = len(data), zlib.crc32(data)
+    sealed = DcpManifest.model_validate(raw).sealed()
+    (path / format.MANIFEST_FILENAME).write_text(sealed.model_dump_json())
+
+
+def plant_dcp(run_dir: Path, dcp_step: Path, step: int = 99) -> Path:
+    """The DCP checkpoint planted as ``step_<step>`` of ``run_dir`` (re-sealed, loads as is)."""
+    target = step_dir(run_dir, step)
+    shutil.copytree(dcp_step, target)
+
+    def renumber(raw: dict) -> None:
+        raw["step"] = step
+
+    reseal_dcp(target, renumber)
+    return target
+
+
+def rewrite_metadata(path: Path, change: Any) -> None:
+    """Unpickle DCP's ``.metadata`` (trusted here: the test wrote it), ``change(metadata)``, pickle it back."""
+    metadata_file = path / ".metadata"
+    metadata = pickle.loads(metadata_file.read_bytes())
+    change(metadata)
+    metadata_file.write_bytes(pickle.dumps(metadata))
+
+
+def point_key_at(metadata: Any, key: str, relative_path: str, length: int, *, as_bytes: bool) -> None:
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    if as_bytes:
+        metadata.state_dict_metadata[key] = BytesStorageMetadata()
+        for index in [i for i in metadata.storage_data if i.fqn == key]:
+            del metadata.storage_data[index]
+        metadata.storage_data[MetadataIndex(key)] = _StorageInfo(relative_path, 0, length)
+    else:
+        for index in [i for i in metadata.storage_data if i.fqn == key]:
+            metadata.storage_data[index] = _StorageInfo(relative_path, 0, length)
+
+
+def plant_payload(target: Path, marker: Path, *, listed: bool) -> None:
+    """The exploit of finding 1: a bytes item of ``.metadata`` pointing at a ``torch.save``'d
+    object whose unpickling runs ``touch marker`` (optionally listed in the re-sealed manifest)."""
+    payload = target / "payload.bin"
+    torch.save(Payload(marker), payload)
+    size = payload.stat().st_size
+    rewrite_metadata(target, lambda md: point_key_at(md, "shared/0", "payload.bin", size, as_bytes=True))
+
+    def add_payload(raw: dict) -> None:
+        if listed:
+            raw["files"].append({"name": "payload.bin", "size": 0, "crc32": 0})
+
+    reseal_dcp(target, add_payload)
+
+
+def test_payload_runs_when_unpickled(tmp_path: Path) -> None:
+    """Liveness: the payload really creates the marker when loaded the unsafe way."""
+    marker = tmp_path / "PWNED"
+    torch.save(Payload(marker), tmp_path / "p.bin")
+    torch.load(tmp_path / "p.bin", weights_only=False)
+    assert marker.exists()
+
+
+def test_planted_dcp_checkpoint_loads_in_a_plain_process(run: Path, pristine: tuple[Path, Path]) -> None:
+    """Baseline: a re-sealed planted DCP checkpoint is a valid checkpoint (so the refusals below
+    are about the payload, not about the planting)."""
+    plant_dcp(run, pristine[1])
+    session, _, result = restore_fresh(run)
+    session.close()
+    assert result is not None and result.step == 99
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["unlisted", "listed-in-manifest"])
+def test_dcp_bytes_item_never_runs_code(run: Path, pristine: tuple[Path, Path], tmp_path: Path, listed: bool) -> None:
+    marker = tmp_path / "PWNED"
+    target = plant_dcp(run, pristine[1])
+    plant_payload(target, marker, listed=listed)
+    session, _, result = restore_fresh(run)
+    session.close()
+    assert not marker.exists()
+    assert result is not None and result.step == 4 and target in result.skipped
+    statuses = {Path(s.path).name: s for s in verify_run(run)}
+    assert not statuses["step_99"].ok and not marker.exists()
+    assert cli.main(["verify", str(run)]) == 1
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("where", ["parent", "absolute"])
+def test_dcp_storage_outside_the_checkpoint_is_refused(run: Path, pristine: tuple[Path, Path], tmp_path: Path, where: str) -> None:
+    """Finding 3: ``_StorageInfo.relative_path`` leaving the step directory."""
+    target = plant_dcp(run, pristine[1])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    info = next(v for k, v in pickle.loads((target / ".metadata").read_bytes()).storage_data.items() if k.fqn == "shared/0")
+    stored = (target / info.relative_path).read_bytes()[info.offset : info.offset + info.length]
+    (elsewhere / "x.distcp").write_bytes(stored)  # the very tensor, only somewhere else
+    outside = str(elsewhere / "x.distcp") if where == "absolute" else os.path.relpath(elsewhere / "x.distcp", target)
+    size = len(stored)
+    rewrite_metadata(target, lambda md: point_key_at(md, "shared/0", outside, size, as_bytes=False))
+    reseal_dcp(target)
+    session, _, result = restore_fresh(run)
+    session.close()
+    assert result is not None and result.step == 4 and target in result.skipped
+    status = {Path(s.path).name: s for s in verify_run(run)}["step_99"]
+    assert not status.ok and "outside" in str(status.error)
