@@ -45,6 +45,10 @@ WRITE_CHECKSUM_THREAD: bool = True
 #: faster with 32-64 MB requests than with 16 MB on the 2-core VM; benchmarks/README.md, P4).
 READ_CHUNK_BYTES: int = 32 << 20
 
+#: Largest ``manifest.json`` (and DCP ``.metadata``) a reader parses: bounds the memory a hostile
+#: record can cost (parsing takes about 10x its size). A real manifest is kilobytes to megabytes.
+MAX_MANIFEST_BYTES: int = 64 << 20
+
 # --- session (coci.session) ------------------------------------------------------------------------
 
 #: The session writes a ``progress`` event (just the step) at most this often, so the report can

@@ -284,6 +284,7 @@ class Session:
                 continue
             seconds = self._clock() - began
             self._profiler.record_restore(seconds, loaded.nbytes)
+            self._checkpointer.trust(loaded.step)  # retention keeps it until a newer one commits
             self.events.emit("restore", step=loaded.step, seconds=seconds, bytes=loaded.nbytes, path=str(path))
             self._cadence.restart()
             self._profiler.mark()

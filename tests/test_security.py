@@ -176,3 +176,56 @@ def test_dcp_storage_outside_the_checkpoint_is_refused(run: Path, pristine: tupl
     assert result is not None and result.step == 4 and target in result.skipped
     status = {Path(s.path).name: s for s in verify_run(run)}["step_99"]
     assert not status.ok and "outside" in str(status.error)
+
+
+# --- retention counts only checkpoints that verify (finding 2) ----------------------------------
+
+
+def flip_byte(path: Path, at: int = 17) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 0x40
+    path.write_bytes(bytes(raw))
+
+
+def resume_and_checkpoint(run_dir: Path, steps: int, keep_last: int | None = 1) -> coci.RestoreResult | None:
+    """A restarted run: restore, train ``steps`` more steps checkpointing every 2, close."""
+    state = build_state(seed=7)
+    with coci.Session(run_dir, state=state, policy=coci.EveryN(2), keep_last=keep_last) as session:
+        result = session.restore()
+        train(session, state, steps)
+    return result
+
+
+def committed(run_dir: Path) -> list[int]:
+    return [step for step, _ in format.committed_steps(format.checkpoints_dir(run_dir))]
+
+
+@pytest.mark.parametrize("newer", ["flipped", "planted-huge", "symlinked-huge"])
+def test_retention_never_deletes_the_last_good_checkpoint(tmp_path: Path, newer: str) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir, steps=20, every=10)  # checkpoints 10 and 20
+    if newer == "flipped":
+        flip_byte(step_dir(run_dir, 20) / format.DATA_FILENAME)
+    elif newer == "planted-huge":
+        shutil.copytree(step_dir(run_dir, 20), step_dir(run_dir, 10**12))  # its manifest says 20: never loads
+    else:
+        elsewhere = tmp_path / "elsewhere"
+        shutil.copytree(step_dir(run_dir, 20), elsewhere)
+        step_dir(run_dir, 10**12).symlink_to(elsewhere, target_is_directory=True)
+    first = resume_and_checkpoint(run_dir, 2)  # restores the newest good one, commits 2 steps later
+    expected = 10 if newer == "flipped" else 20
+    assert first is not None and first.step == expected
+    assert expected + 2 in committed(run_dir)
+    second = resume_and_checkpoint(run_dir, 2)  # the next start still finds a good checkpoint
+    assert second is not None and second.step == expected + 2
+
+
+def test_restored_checkpoint_survives_until_a_newer_one_commits(tmp_path: Path) -> None:
+    """A run that restores and fails before its first commit leaves the restored checkpoint alone,
+    even with newer unloadable ones around and ``keep_last=1``."""
+    run_dir = tmp_path / "run"
+    make_run(run_dir, steps=20, every=10)
+    flip_byte(step_dir(run_dir, 20) / format.DATA_FILENAME)
+    result = resume_and_checkpoint(run_dir, 1)  # no checkpoint of its own
+    assert result is not None and result.step == 10
+    assert 10 in committed(run_dir)

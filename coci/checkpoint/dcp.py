@@ -184,9 +184,11 @@ class DcpWriter:
         )
         return self.root / format.step_dirname(step)
 
-    def retain(self, keep_last: int | None) -> list[int]:
+    def retain(self, keep_last: int | None, trusted: frozenset[int]) -> list[int]:
         """Rank 0 applies retention; every rank learns which steps it removed."""
-        return list(self._coordinated(lambda: format.apply_retention(self.root, keep_last), "retention failed on rank 0"))
+        return list(
+            self._coordinated(lambda: format.apply_retention(self.root, keep_last, trusted), "retention failed on rank 0")
+        )
 
     def _agree_on_layout(self, step: int, shared: DcpPart) -> None:
         layout = [(t.key, t.dtype, t.shape) for t in shared.tensors]
@@ -323,7 +325,7 @@ def read_dcp_metadata(path: Path, manifest: DcpManifest) -> Any:
     """DCP's ``.metadata`` read through the restricted unpickler and checked against the manifest
     (:func:`coci.checkpoint.dcp_checks.check_dcp_metadata`) before DCP may act on any of it."""
     try:
-        with open(path / _DCP_METADATA, "rb", opener=fileio.open_no_follow) as handle:
+        with open(path / _DCP_METADATA, "rb", opener=format.open_no_follow) as handle:
             metadata = _MetadataUnpickler(handle).load()
     except CorruptCheckpointError:
         raise

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coci import knobs
 from coci.checkpoint.local import element_count, torch_dtype
 from coci.checkpoint.tree import tensor_refs
 from coci.errors import CorruptCheckpointError
@@ -30,6 +31,9 @@ def check_dcp_manifest(path: Path, manifest: DcpManifest) -> None:
     Every part's indices are distinct, bounded by the record's own tensor count and exactly the
     placeholders of its skeleton; every tensor is a known dtype whose bytes fit in the data files.
     """
+    metadata_bytes = sum(entry.size for entry in manifest.files if entry.name == DCP_METADATA)
+    if metadata_bytes > knobs.MAX_MANIFEST_BYTES:
+        raise CorruptCheckpointError(f"{path}: {DCP_METADATA} is {metadata_bytes} bytes, over knobs.MAX_MANIFEST_BYTES")
     parts = [manifest.shared, *manifest.ranks]
     bound = sum(len(part.tensors) for part in parts)
     data_bytes = sum(entry.size for entry in manifest.files if entry.name != DCP_METADATA)

@@ -8,7 +8,6 @@ any byte of it is used.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
@@ -210,21 +209,11 @@ def open_for_read(path: Path, size: int) -> tuple[int, bool]:
     """Open ``path`` for reading, with O_DIRECT for a large file read into an aligned buffer."""
     if knobs.WRITE_DIRECT and hasattr(os, "O_DIRECT") and size >= knobs.DIRECT_IO_MIN_BYTES:
         try:
-            return open_no_follow(path, os.O_RDONLY | os.O_DIRECT), True
+            return format.open_no_follow(path, os.O_RDONLY | os.O_DIRECT), True
         except OSError as exc:
             logger.debug("O_DIRECT refused for %s (%s); reading through the page cache", path, exc)
-    return open_no_follow(path, os.O_RDONLY), False
+    return format.open_no_follow(path, os.O_RDONLY), False
 
-
-def open_no_follow(path: str | os.PathLike[str], flags: int) -> int:
-    """``os.open`` that refuses a symbolic link as the last component: a checkpoint's files are
-    read where they are, never through a link that may point outside the run directory."""
-    try:
-        return os.open(path, flags | os.O_NOFOLLOW)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise CorruptCheckpointError(f"{path}: is a symbolic link (checkpoint files are never followed)") from exc
-        raise
 
 
 def describe_file(path: Path) -> format.FileEntry:

@@ -68,8 +68,8 @@ class LocalWriter:
         )
         return path
 
-    def retain(self, keep_last: int | None) -> list[int]:
-        return format.apply_retention(self.root, keep_last)
+    def retain(self, keep_last: int | None, trusted: frozenset[int]) -> list[int]:
+        return format.apply_retention(self.root, keep_last, trusted)
 
 
 class LocalReader:
@@ -230,7 +230,7 @@ def torch_dtype(name: str, path: Path) -> torch.dtype:
     """The dtype a commit record names; CorruptCheckpointError for anything not on :data:`ALLOWED_DTYPES`."""
     dtype = getattr(torch, name, None) if isinstance(name, str) and name in ALLOWED_DTYPES else None
     if not isinstance(dtype, torch.dtype):
-        raise CorruptCheckpointError(f"{path}: unknown or disallowed dtype {name!r}")
+        raise CorruptCheckpointError(f"{path}: unknown dtype {name!r} (not on the allow-list)")
     return dtype
 
 
