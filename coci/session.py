@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from coci import checks, distributed, knobs
-from coci.checkpoint import format, rng_state
+from coci.checkpoint import format, restore_checks, rng_state
 from coci.checkpoint.checkpointer import (
     Checkpointer,
     PendingCheckpoint,
@@ -309,9 +309,9 @@ class Session:
         try:
             loaded = load_committed(path, self._dist)
             self._apply(loaded, strict)
-        except StateMismatchError:
+        except (StateMismatchError, KeyboardInterrupt, SystemExit):
             raise
-        except (CheckpointError, StateError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+        except BaseException as exc:  # whatever a hostile checkpoint raises (MemoryError, DCP's CheckpointException...)
             problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
         problem = distributed.agree(problem, self._dist)
         return (None, problem) if problem is not None else (loaded, "")
@@ -402,13 +402,18 @@ class Session:
         return tree
 
     def _apply(self, loaded: LoadedCheckpoint, strict: bool) -> None:
-        """Put a loaded checkpoint into ``state`` and the session; the RNG streams last."""
+        """Put a loaded checkpoint into ``state`` and the session; the RNG streams last.
+
+        All or nothing: everything checkable is checked before the first object is touched."""
         tree = loaded.tree
-        for key in self._keys_to_restore(loaded, strict):
-            self._restore_value(key, tree[key])
-        own = tree[SESSION_KEY]
-        self._steps = int(own["steps"])
-        self._checkpoint_steps = [int(s) for s in own["checkpoint_steps"]]
+        keys = self._keys_to_restore(loaded, strict)
+        restore_checks.check_restorable(self.state, tree, keys)
+        own = tree.get(SESSION_KEY)
+        steps, history = restore_checks.check_session_entry(own)
+        Profiler().load_state_dict(own["profiler"])  # a trial load: refuses before anything is applied
+        restore_checks.apply_all_or_nothing(self.state, keys, lambda key: self._restore_value(key, tree[key]))
+        self._steps = steps
+        self._checkpoint_steps = history
         self._profiler.load_state_dict(own["profiler"])
         policy_load = getattr(self.policy, "load_state_dict", None)
         if callable(policy_load) and "policy" in own:

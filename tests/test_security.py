@@ -229,3 +229,93 @@ def test_restored_checkpoint_survives_until_a_newer_one_commits(tmp_path: Path) 
     result = resume_and_checkpoint(run_dir, 1)  # no checkpoint of its own
     assert result is not None and result.step == 10
     assert 10 in committed(run_dir)
+
+
+# --- restore is all-or-nothing; any failure falls back (findings 5, 6, 8) -----------------------
+
+
+def edit_local(run_dir: Path, step: int, edit: Any) -> None:
+    """``edit(raw manifest)`` then re-seal, as a forger would."""
+    path = step_dir(run_dir, step) / format.MANIFEST_FILENAME
+    raw = json.loads(path.read_text())
+    edit(raw)
+    sealed = coci.checkpoint.local.Manifest.model_validate(raw).sealed()
+    path.write_text(sealed.model_dump_json())
+
+
+def set_session_steps(raw: dict) -> None:
+    raw["skeleton"]["__coci__"]["steps"] = float("inf")
+
+
+def set_np_overflow(raw: dict) -> None:
+    raw["skeleton"]["__coci__"]["steps"] = {"__np__": "<i1", "value": 10**30}
+
+
+def set_void_scalar(raw: dict) -> None:
+    """An extra optimizer hyper-parameter that numpy would build as a 300 MB void scalar."""
+    raw["skeleton"]["optimizer"]["param_groups"][0]["extra"] = {"__np__": "V8", "value": 300_000_000}
+
+
+def drop_optimizer_param(raw: dict) -> None:
+    raw["skeleton"]["optimizer"]["param_groups"][0]["params"].pop()
+
+
+def shrink_model_tensor(raw: dict) -> None:
+    """The model's bias saved as a shorter tensor (the table stays consistent)."""
+    bias = raw["skeleton"]["model"]["bias"]["__tensor__"]
+    entry = raw["tensors"][bias]
+    entry["shape"] = [entry["shape"][0] - 1]
+    entry["nbytes"] -= 4
+
+
+EDITS = {
+    "steps-infinity": set_session_steps,
+    "np-overflow": set_np_overflow,
+    "np-void-300MB": set_void_scalar,
+    "optimizer-layout": drop_optimizer_param,
+    "model-shape": shrink_model_tensor,
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_rejected_checkpoint_falls_back_and_applies_nothing(tmp_path: Path, edit: str) -> None:
+    run_dir = tmp_path / "run"
+    weights = make_run(run_dir, steps=4, every=2)
+    edit_local(run_dir, 4, EDITS[edit])
+    session, state, result = restore_fresh(run_dir)
+    session.close()
+    assert result is not None and result.step == 2 and step_dir(run_dir, 4) in result.skipped
+    assert all(torch.equal(state["model"].state_dict()[k], v) for k, v in weights[2].items())
+    shutil.rmtree(step_dir(run_dir, 2))  # the only candidate is the rejected one: nothing applied
+    fresh = build_state(seed=123)["model"].state_dict()
+    with pytest.raises(coci.CorruptCheckpointError):
+        restore_fresh(run_dir)
+    session2 = coci.Session(run_dir, state=(state := build_state(seed=123)), policy=coci.EveryN(1000))
+    with pytest.raises(coci.CorruptCheckpointError):
+        session2.restore()
+    session2.close()
+    assert all(torch.equal(state["model"].state_dict()[k], v) for k, v in fresh.items())
+    assert session2.steps == 0
+
+
+def test_dcp_failures_fall_back(run: Path, pristine: tuple[Path, Path]) -> None:
+    """A DCP index of 2**40 (MemoryError before) and a storage range DCP cannot load (its
+    CheckpointException is a BaseException) are both skipped."""
+    huge = plant_dcp(run, pristine[1], step=98)
+
+    def huge_index(raw: dict) -> None:
+        raw["shared"]["tensors"][0]["index"] = 2**40
+
+    reseal_dcp(huge, huge_index)
+    short = plant_dcp(run, pristine[1], step=99)
+
+    def truncate_range(metadata: Any) -> None:
+        for index, info in metadata.storage_data.items():
+            if index.fqn == "shared/0":
+                info.length = 8
+
+    rewrite_metadata(short, truncate_range)
+    reseal_dcp(short)
+    session, _, result = restore_fresh(run)
+    session.close()
+    assert result is not None and result.step == 4 and result.skipped == (short, huge)

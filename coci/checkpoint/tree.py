@@ -73,7 +73,7 @@ def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
     if "__dict__" in skeleton:
         return {_hashable(unflatten(k, tensors)): unflatten(v, tensors) for k, v in skeleton["__dict__"]}
     if "__np__" in skeleton:
-        return np.dtype(skeleton["__np__"]).type(skeleton["value"])
+        return _numpy_scalar(skeleton["__np__"], skeleton.get("value"))
     if "__dtype__" in skeleton:
         dtype = getattr(torch, str(skeleton["__dtype__"]), None)
         if not isinstance(dtype, torch.dtype):
@@ -118,6 +118,26 @@ def own_storage(tree: Any) -> Any:
     if isinstance(tree, tuple):
         return tuple(own_storage(value) for value in tree)
     return tree
+
+
+#: numpy scalar kinds a skeleton may hold (bool, integers, floats, strings), each from a JSON value
+#: of its own type: a void or object dtype could allocate or build anything.
+_NUMPY_KINDS = {"b": (bool,), "i": (int,), "u": (int,), "f": (float, int), "U": (str,)}
+
+
+def _numpy_scalar(dtype_str: Any, value: Any) -> Any:
+    try:
+        dtype = np.dtype(dtype_str) if isinstance(dtype_str, str) else None
+    except TypeError:
+        dtype = None
+    allowed = _NUMPY_KINDS.get(dtype.kind, ()) if dtype is not None else ()
+    if not isinstance(value, allowed) or (isinstance(value, bool) and dtype is not None and dtype.kind != "b"):
+        raise StateError(f"checkpoint holds a numpy scalar {dtype_str!r} of value {value!r}: not a plain number or string")
+    assert dtype is not None
+    try:
+        return dtype.type(value)
+    except (OverflowError, ValueError) as exc:
+        raise StateError(f"checkpoint holds a numpy scalar {dtype_str!r} out of range: {value!r}") from exc
 
 
 def _index(value: Any, tensors: list[torch.Tensor]) -> int:
