@@ -52,7 +52,6 @@ from coci.errors import (
     ConfigError,
     CorruptCheckpointError,
     PersistError,
-    StateError,
     StateMismatchError,
 )
 from coci.events import EventLog
@@ -408,12 +407,11 @@ class Session:
         tree = loaded.tree
         keys = self._keys_to_restore(loaded, strict)
         restore_checks.check_restorable(self.state, tree, keys)
-        own = tree.get(SESSION_KEY)
-        steps, history = restore_checks.check_session_entry(own)
+        own = restore_checks.check_session_entry(tree.get(SESSION_KEY))
         Profiler().load_state_dict(own["profiler"])  # a trial load: refuses before anything is applied
         restore_checks.apply_all_or_nothing(self.state, keys, lambda key: self._restore_value(key, tree[key]))
-        self._steps = steps
-        self._checkpoint_steps = history
+        self._steps = int(own["steps"])
+        self._checkpoint_steps = [int(s) for s in own["checkpoint_steps"]]
         self._profiler.load_state_dict(own["profiler"])
         policy_load = getattr(self.policy, "load_state_dict", None)
         if callable(policy_load) and "policy" in own:

@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-
 from ckpt_helpers import build_state, make_run, restore_fresh, step_dir, train
 
 import coci

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from coci.checks import is_int
 from coci.checkpoint.stateful import is_stateful
 from coci.checkpoint.tree import own_storage
+from coci.checks import is_int
 from coci.errors import CorruptCheckpointError
 
 
@@ -33,15 +33,16 @@ def check_restorable(state: Mapping[str, Any], tree: Mapping[str, Any], keys: li
             raise CorruptCheckpointError(f"state[{key!r}]: saved {_describe(saved)}, the tensor is {tuple(value.shape)}")
 
 
-def check_session_entry(own: Any) -> tuple[int, list[int]]:
-    """The session's own ``steps`` and ``checkpoint_steps``: non-negative integers."""
-    steps = own.get("steps") if isinstance(own, dict) else None
-    history = own.get("checkpoint_steps") if isinstance(own, dict) else None
-    if not (is_int(steps) and steps >= 0):
+def check_session_entry(own: Any) -> dict[str, Any]:
+    """The session's own entry, once its ``steps`` and ``checkpoint_steps`` are non-negative integers."""
+    if not isinstance(own, dict):
+        raise CorruptCheckpointError("the checkpoint has no session entry")
+    steps, history = own.get("steps"), own.get("checkpoint_steps")
+    if not (is_int(steps) and int(steps) >= 0):
         raise CorruptCheckpointError(f"the session's step count is {steps!r}, not a non-negative integer")
     if not (isinstance(history, list) and all(is_int(s) and s >= 0 for s in history)):
         raise CorruptCheckpointError("the session's checkpoint_steps is not a list of non-negative integers")
-    return steps, list(history)
+    return own
 
 
 def apply_all_or_nothing(state: Mapping[str, Any], keys: list[str], apply: Callable[[str], None]) -> None:
