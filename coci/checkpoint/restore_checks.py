@@ -37,8 +37,9 @@ def check_session_entry(own: Any) -> dict[str, Any]:
     """The session's own entry, once its ``steps`` and ``checkpoint_steps`` are non-negative integers."""
     if not isinstance(own, dict):
         raise CorruptCheckpointError("the checkpoint has no session entry")
-    steps, history = own.get("steps"), own.get("checkpoint_steps")
-    if not (is_int(steps) and int(steps) >= 0):
+    steps: Any = own.get("steps")
+    history: Any = own.get("checkpoint_steps")
+    if not (is_int(steps) and steps >= 0):
         raise CorruptCheckpointError(f"the session's step count is {steps!r}, not a non-negative integer")
     if not (isinstance(history, list) and all(is_int(s) and s >= 0 for s in history)):
         raise CorruptCheckpointError("the session's checkpoint_steps is not a list of non-negative integers")
