@@ -19,6 +19,7 @@ from coci.errors import (
     ConfigError,
     CorruptCheckpointError,
     PersistError,
+    RunDirLockedError,
     StateError,
     StateMismatchError,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "Profile",
     "Report",
     "RestoreResult",
+    "RunDirLockedError",
     "ResumableLoader",
     "ResumableSampler",
     "Session",

@@ -45,6 +45,7 @@ from coci.checkpoint.checkpointer import (
     writer_for,
 )
 from coci.checkpoint.format import RNG_KEY, SESSION_KEY, LoadedCheckpoint
+from coci.checkpoint.run_lock import RunLock
 from coci.checkpoint.stateful import is_stateful, validate_state
 from coci.checkpoint.tree import own_storage
 from coci.errors import (
@@ -52,6 +53,7 @@ from coci.errors import (
     ConfigError,
     CorruptCheckpointError,
     PersistError,
+    RunDirLockedError,
     StateMismatchError,
 )
 from coci.events import EventLog
@@ -150,6 +152,7 @@ class Session:
         self._profiler = Profiler(clock=self._clock)
         # distributed: coci's gloo groups (collective), per-rank event logs
         self._dist = distributed.DistributedContext.detect()
+        self._lock = _lock_run_dir(self.run_dir, self._dist)  # one session per run directory
         if self._dist is not None and not self._dist.is_coordinator:
             self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
         writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
@@ -322,20 +325,24 @@ class Session:
             return
         self._closed = True
         try:
-            self._checkpointer.close()
-            self._poll_persist()
+            try:
+                self._checkpointer.close()
+                self._poll_persist()
+            finally:
+                for hook in self._hooks:
+                    hook.remove()
+                self._hooks = []
+            if self._dist is None or self._dist.is_coordinator:  # distributed: rank 0 writes run files
+                (self.run_dir / "profile.json").write_text(self._profiler.profile.model_dump_json(indent=2))
+                loss_steps, losses = self._profiler.loss_curve()
+                (self.run_dir / "loss_curve.json").write_text(
+                    json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()})
+                )
+            self._write_plan()
+            self.events.emit("close", step=self._steps, checkpoints=len(self._checkpoint_steps))
         finally:
-            for hook in self._hooks:
-                hook.remove()
-            self._hooks = []
-        if self._dist is None or self._dist.is_coordinator:  # distributed: rank 0 writes run files
-            (self.run_dir / "profile.json").write_text(self._profiler.profile.model_dump_json(indent=2))
-            loss_steps, losses = self._profiler.loss_curve()
-            (self.run_dir / "loss_curve.json").write_text(
-                json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()})
-            )
-        self._write_plan()
-        self.events.emit("close", step=self._steps, checkpoints=len(self._checkpoint_steps))
+            if self._lock is not None:
+                self._lock.release()
         self._raise_error()
 
     def __enter__(self) -> Session:
@@ -526,6 +533,23 @@ class Session:
             checkpoints=len(steps),
             steps=steps[: knobs.PLAN_EVENT_MAX_STEPS],  # plan.json holds them all
         )
+
+
+def _lock_run_dir(run_dir: Path, context: distributed.DistributedContext | None) -> RunLock | None:
+    """The run directory's lock (:mod:`coci.checkpoint.run_lock`), held by rank 0 for a whole
+    distributed job; every rank raises when it is taken (collective)."""
+    lock, problem = None, None
+    if context is None or context.is_coordinator:
+        try:
+            lock = RunLock.acquire(run_dir)
+        except ConfigError as exc:
+            problem = str(exc)
+    problem = distributed.agree(problem, context)
+    if problem is not None:
+        if lock is not None:
+            lock.release()
+        raise RunDirLockedError(problem)
+    return lock
 
 
 def _tensor_bytes(state: Mapping[str, Any]) -> int:

@@ -318,3 +318,40 @@ def test_dcp_failures_fall_back(run: Path, pristine: tuple[Path, Path]) -> None:
     session, _, result = restore_fresh(run)
     session.close()
     assert result is not None and result.step == 4 and result.skipped == (short, huge)
+
+
+# --- one writer per run directory (finding 4) ---------------------------------------------------
+
+HOLDER = """
+import sys, time
+import coci, torch
+model = torch.nn.Linear(2, 2)
+session = coci.Session(sys.argv[1], state={"model": model}, policy=coci.EveryN(1000))
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_second_session_in_one_process_is_refused(tmp_path: Path) -> None:
+    first = coci.Session(tmp_path, state=build_state(), policy=coci.EveryN(1000))
+    with pytest.raises(coci.RunDirLockedError, match=f"pid={os.getpid()} host="):
+        coci.Session(tmp_path, state=build_state(), policy=coci.EveryN(1000))
+    first.close()
+    coci.Session(tmp_path, state=build_state(), policy=coci.EveryN(1000)).close()  # free again after close
+
+
+def test_lock_names_another_process_and_dies_with_it(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"  # readiness, not a sleep
+        with pytest.raises(coci.RunDirLockedError, match=f"pid={holder.pid} "):
+            coci.Session(tmp_path, state=build_state(), policy=coci.EveryN(1000))
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=120)
+    coci.Session(tmp_path, state=build_state(), policy=coci.EveryN(1000)).close()  # no stale lock after SIGKILL
