@@ -416,6 +416,8 @@ class Session:
         restore_checks.check_restorable(self.state, tree, keys)
         own = restore_checks.check_session_entry(tree.get(SESSION_KEY))
         Profiler().load_state_dict(own["profiler"])  # a trial load: refuses before anything is applied
+        if RNG_KEY in tree:
+            rng_state.check(tree[RNG_KEY])
         restore_checks.apply_all_or_nothing(self.state, keys, lambda key: self._restore_value(key, tree[key]))
         self._steps = int(own["steps"])
         self._checkpoint_steps = [int(s) for s in own["checkpoint_steps"]]

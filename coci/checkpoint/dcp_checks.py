@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coci import knobs
+from coci.checkpoint import format
 from coci.checkpoint.local import element_count, torch_dtype
 from coci.checkpoint.tree import tensor_refs
 from coci.errors import CorruptCheckpointError
@@ -34,6 +35,7 @@ def check_dcp_manifest(path: Path, manifest: DcpManifest) -> None:
     metadata_bytes = sum(entry.size for entry in manifest.files if entry.name == DCP_METADATA)
     if metadata_bytes > knobs.MAX_MANIFEST_BYTES:
         raise CorruptCheckpointError(f"{path}: {DCP_METADATA} is {metadata_bytes} bytes, over knobs.MAX_MANIFEST_BYTES")
+    format.check_state_keys(manifest.state_keys, manifest.shared.skeleton, path)
     parts = [manifest.shared, *manifest.ranks]
     bound = sum(len(part.tensors) for part in parts)
     data_bytes = sum(entry.size for entry in manifest.files if entry.name != DCP_METADATA)

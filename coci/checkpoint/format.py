@@ -192,6 +192,17 @@ def check_step(record: CommitRecord, path: Path) -> None:
         raise CorruptCheckpointError(f"{path}: manifest says step {record.step} but the directory is {path.name}")
 
 
+def check_state_keys(state_keys: list[str], skeleton: Any, path: Path) -> None:
+    """Every state key is in the skeleton, once; a session's skeleton holds nothing else besides
+    the session's own entries (so a forged ``state_keys`` reads as damage, not as another model)."""
+    keys = set(skeleton) if isinstance(skeleton, dict) else set()
+    missing = sorted(set(state_keys) - keys)
+    if missing:
+        raise CorruptCheckpointError(f"{path}: manifest skeleton lacks the state keys {missing}")
+    if len(set(state_keys)) != len(state_keys) or (SESSION_KEY in keys and keys - {SESSION_KEY, RNG_KEY} != set(state_keys)):
+        raise CorruptCheckpointError(f"{path}: manifest state_keys {state_keys[:8]} do not match its skeleton")
+
+
 def check_sealed(record: CommitRecord, path: Path) -> None:
     """Last check of a reader (after the specific ones, which name the damage more precisely)."""
     if record.checksum is not None and record.checksum != record.body_checksum():

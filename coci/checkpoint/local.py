@@ -179,10 +179,7 @@ def check_consistent(manifest: Manifest, path: Path) -> None:
             raise CorruptCheckpointError(f"{path}: manifest skeleton refers to tensor {ref!r} of {count}")
     if sorted(refs) != list(range(count)):  # flatten() stores each tensor once, in walk order
         raise CorruptCheckpointError(f"{path}: manifest skeleton does not refer to each of its {count} tensors once")
-    keys = set(manifest.skeleton) if isinstance(manifest.skeleton, dict) else set()
-    missing = sorted(set(manifest.state_keys) - keys)
-    if missing:
-        raise CorruptCheckpointError(f"{path}: manifest skeleton lacks the state keys {missing}")
+    format.check_state_keys(manifest.state_keys, manifest.skeleton, path)
 
 
 def load_tensors(path: Path, manifest: Manifest) -> list[torch.Tensor]:
