@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from ckpt_helpers import build_state, make_run, restore_fresh, step_dir, train
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ckpt_helpers import build_state, make_run, restore_fresh, step_dir, train
 
 import coci
 from coci import cli
