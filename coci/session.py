@@ -54,9 +54,10 @@ from coci.errors import (
     CorruptCheckpointError,
     PersistError,
     RunDirLockedError,
+    StateError,
     StateMismatchError,
 )
-from coci.events import EventLog
+from coci.events import EventLog, write_run_file
 from coci.planning.cadence import Cadence
 from coci.planning.config import PlanConfig, changed_arguments
 from coci.planning.failures import Failures
@@ -205,6 +206,8 @@ class Session:
         Returns the pending checkpoint when one starts.
         """
         self._check_open()
+        if isinstance(loss, torch.Tensor) and loss.is_meta:  # a device check, never a sync
+            raise StateError("session.step(loss): the loss is on the meta device and holds no value")
         if self._stall_pending is not None:
             stalled = self._stall_pending
             self._profiler.record_stall(self._stall_seconds, stalled.nbytes)
@@ -333,11 +336,9 @@ class Session:
                     hook.remove()
                 self._hooks = []
             if self._dist is None or self._dist.is_coordinator:  # distributed: rank 0 writes run files
-                (self.run_dir / "profile.json").write_text(self._profiler.profile.model_dump_json(indent=2))
+                write_run_file(self.run_dir / "profile.json", self._profiler.profile.model_dump_json(indent=2))
                 loss_steps, losses = self._profiler.loss_curve()
-                (self.run_dir / "loss_curve.json").write_text(
-                    json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()})
-                )
+                write_run_file(self.run_dir / "loss_curve.json", json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()}))
             self._write_plan()
             self.events.emit("close", step=self._steps, checkpoints=len(self._checkpoint_steps))
         finally:
@@ -526,7 +527,7 @@ class Session:
             self._written_plan = plan
             return
         self._written_plan = plan
-        (self.run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
+        write_run_file(self.run_dir / "plan.json", plan.model_dump_json(indent=2))
         steps = [int(s) for s in plan.steps]
         self.events.emit(
             "plan",

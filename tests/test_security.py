@@ -441,3 +441,84 @@ def test_any_resealed_mutation_restores_the_previous_good_or_refuses(two_checkpo
         (step_dir(run_dir, 4) / format.MANIFEST_FILENAME).write_text(saved)
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before
     assert grown_kib < 256 * 1024, f"restore's peak memory grew by {grown_kib} KiB"
+
+
+# --- clear errors instead of tracebacks (finding 7) and the low ones (finding 8) ----------------
+
+PLAN_ARGS = ["plan", "--step-seconds", "0.25", "--stall-seconds", "0.4", "--persist-seconds", "6"]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--mtbf", "1e300", "--total-steps", "10000"], "at most"),
+        (["--mtbf", "8h", "--weibull-shape", "1e-9", "--total-steps", "10000"], "shape must lie in"),
+        (["--mtbf", "8h", "--total-steps", "1000000000000"], "PLAN_MAX_CHECKPOINTS"),
+    ],
+    ids=["mtbf-1e300", "weibull-shape-1e-9", "total-steps-1e12"],
+)
+def test_plan_refuses_overflowing_inputs_clearly(capsys: pytest.CaptureFixture[str], extra: list[str], message: str) -> None:
+    assert cli.main(PLAN_ARGS + extra) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_verify_and_ls_report_a_deeply_nested_manifest(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = step_dir(run, 4) / format.MANIFEST_FILENAME
+    manifest.write_text("[" * 100_000 + "]" * 100_000)
+    assert cli.main(["verify", str(run)]) == 1
+    assert cli.main(["ls", str(run)]) == 0
+    assert cli.main(["ls", "--no-verify", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "CORRUPT" in out and "step_4" in out or "4" in out
+
+
+def test_oversized_manifest_is_refused_before_parsing(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(coci.knobs, "MAX_MANIFEST_BYTES", 4096)
+    manifest = step_dir(run, 4) / format.MANIFEST_FILENAME
+    manifest.write_text(manifest.read_text()[:-1] + ', "padding": "' + "x" * 8192 + '"}')
+    status = {Path(s.path).name: s for s in verify_run(run)}["step_4"]
+    assert not status.ok and "MAX_MANIFEST_BYTES" in str(status.error)
+
+
+def test_session_refuses_huge_mtbf_meta_loss_and_sparse_state_up_front(tmp_path: Path) -> None:
+    with pytest.raises(coci.ConfigError, match="at most"):
+        coci.Session(tmp_path / "a", state=build_state(), mtbf=1e300)
+    with pytest.raises(coci.StateError, match="dense"):
+        coci.Session(tmp_path / "b", state={"s": torch.eye(3).to_sparse()}, policy=coci.EveryN(5))
+    with coci.Session(tmp_path / "c", state=build_state(), policy=coci.EveryN(5)) as session, pytest.raises(coci.StateError, match="meta"):
+        session.step(torch.empty((), device="meta"))
+
+
+@pytest.mark.parametrize("name", ["profile.json", "events.jsonl", "plan.json"])
+def test_run_files_are_not_written_through_symlinks(tmp_path: Path, name: str) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("untouched")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / name).symlink_to(outside)
+    with pytest.raises(coci.ConfigError, match="symbolic link"):
+        state = build_state()
+        with coci.Session(run_dir, state=state, policy="young", mtbf="1h", total_steps=100) as session:
+            train(session, state, 25)  # past the warm-up: a plan is written
+    assert outside.read_text() == "untouched"
+
+
+def test_symlinked_stale_tmp_is_unlinked_not_followed(run: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("mine")
+    link = format.checkpoints_dir(run) / "step_9.tmp"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    assert format.remove_stale_tmp(format.checkpoints_dir(run)) == [link]
+    assert not link.is_symlink() and (elsewhere / "keep").read_text() == "mine"
+
+
+def test_restored_tensor_of_another_shape_is_refused(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with coci.Session(run_dir, state={"t": torch.ones(3)}, policy=coci.EveryN(1)) as session:
+        session.step()
+    target = torch.zeros(4)
+    with coci.Session(run_dir, state={"t": target}, policy=coci.EveryN(1)) as session, pytest.raises(coci.CorruptCheckpointError, match="'t'"):
+        session.restore()
+    assert torch.equal(target, torch.zeros(4))

@@ -25,7 +25,7 @@ _TENSOR_TAGS = ("__tensor__", "__ndarray__")
 def flatten(obj: Any, tensors: list[torch.Tensor], path: str = "state") -> Any:
     """Return a JSON-able skeleton of ``obj``, appending its tensors to ``tensors`` in walk order."""
     if isinstance(obj, torch.Tensor):
-        _check_tensor(obj, path)
+        check_tensor(obj, path)
         tensors.append(obj)
         return {"__tensor__": len(tensors) - 1}
     if isinstance(obj, np.ndarray):
@@ -150,7 +150,8 @@ def _hashable(key: Any) -> Any:
     return tuple(key) if isinstance(key, list) else key
 
 
-def _check_tensor(tensor: torch.Tensor, path: str) -> None:
+def check_tensor(tensor: torch.Tensor, path: str) -> None:
+    """StateError naming ``path`` for a tensor a checkpoint cannot hold (sparse, quantized, meta)."""
     if tensor.is_sparse or tensor.layout != torch.strided:
         raise StateError(f"{path}: only dense (strided) tensors can be checkpointed")
     if tensor.is_quantized or tensor.device.type == "meta":

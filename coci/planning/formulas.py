@@ -49,6 +49,7 @@ import numpy as np
 from scipy.special import lambertw
 
 from coci import knobs
+from coci.errors import ConfigError
 from coci.planning.objective import CostModel, mu_from_alpha
 
 __all__ = [
@@ -241,6 +242,11 @@ def place(
     if end <= model.start_seconds:
         return [np.zeros(0, dtype=np.int64) for _ in offsets]
     total = float(np.interp(end, model.edges, cumulative))
+    if not total <= knobs.PLAN_MAX_CHECKPOINTS:  # NaN included: memory is bounded before any array is built
+        raise ConfigError(
+            f"the plan would hold about {total:.3g} checkpoints, over knobs.PLAN_MAX_CHECKPOINTS = "
+            f"{knobs.PLAN_MAX_CHECKPOINTS}: shorten total_steps (plan a horizon and re-plan) or check the costs"
+        )
     base = max(1, int(round(total)))
     candidates = []
     for offset in offsets:
