@@ -328,22 +328,20 @@ class Session:
             return
         self._closed = True
         try:
-            try:
-                self._checkpointer.close()
-                self._poll_persist()
-            finally:
-                for hook in self._hooks:
-                    hook.remove()
-                self._hooks = []
-            if self._dist is None or self._dist.is_coordinator:  # distributed: rank 0 writes run files
-                write_run_file(self.run_dir / "profile.json", self._profiler.profile.model_dump_json(indent=2))
-                loss_steps, losses = self._profiler.loss_curve()
-                write_run_file(self.run_dir / "loss_curve.json", json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()}))
-            self._write_plan()
-            self.events.emit("close", step=self._steps, checkpoints=len(self._checkpoint_steps))
+            self._checkpointer.close()
+            self._poll_persist()
         finally:
-            if self._lock is not None:
-                self._lock.release()
+            for hook in self._hooks:
+                hook.remove()
+            self._hooks = []
+        if self._dist is None or self._dist.is_coordinator:  # distributed: rank 0 writes run files
+            write_run_file(self.run_dir / "profile.json", self._profiler.profile.model_dump_json(indent=2))
+            loss_steps, losses = self._profiler.loss_curve()
+            write_run_file(self.run_dir / "loss_curve.json", json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()}))
+        self._write_plan()
+        self.events.emit("close", step=self._steps, checkpoints=len(self._checkpoint_steps))
+        if self._lock is not None:  # last write done: the run directory is free (a failed close frees it at exit)
+            self._lock.release()
         self._raise_error()
 
     def __enter__(self) -> Session:
