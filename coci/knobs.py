@@ -158,9 +158,9 @@ PLAN_DEFAULT_HORIZON_STEPS: int = 100_000
 #: against a huge horizon; a longer run is planned over a horizon and re-planned as it goes.
 PLAN_MAX_CHECKPOINTS: int = 10_000_000
 
-#: Failure-model ranges: a scale beyond ~30,000 years or a Weibull shape outside these bounds
-#: overflows the planner's arithmetic (gamma(1 + 1/shape), steps per interval) and means nothing.
-MAX_FAILURE_SCALE_SECONDS: float = 1e12
+#: Failure-model ranges: a scale beyond ~3e10 years or a Weibull shape outside these bounds
+#: overflows the planner's arithmetic (gamma(1 + 1/shape), failure probabilities) and means nothing.
+MAX_FAILURE_SCALE_SECONDS: float = 1e18
 WEIBULL_SHAPE_RANGE: tuple[float, float] = (0.05, 20.0)
 
 #: Fraction of the default horizon after which an open-ended run re-plans over a longer one.

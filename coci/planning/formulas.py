@@ -106,7 +106,9 @@ def max_interval_steps(model: CostModel, min_steps: int = 1) -> int:
         return max(min_steps, model.total_steps - model.start_step)
     mtbf = span / failures
     cap = max(knobs.PLAN_MAX_INTERVAL_MTBF * mtbf, young_interval_seconds(model.checkpoint_seconds, 1.0 / mtbf))
-    return max(min_steps, int(math.floor(cap / model.step_seconds + 1e-9)))
+    whole = max(min_steps, model.total_steps - model.start_step)  # no interval is longer: also no overflow
+    steps = cap / model.step_seconds + 1e-9
+    return whole if not steps < whole else max(min_steps, int(math.floor(steps)))
 
 
 def periodic_steps(interval: int, start_step: int, total_steps: int, anchor: int | None = None) -> np.ndarray:
