@@ -30,7 +30,8 @@ def check_dcp_manifest(path: Path, manifest: DcpManifest) -> None:
     """The tensor table of a DCP record refers to its skeletons and fits the files it lists.
 
     Every part's indices are distinct, bounded by the record's own tensor count and exactly the
-    placeholders of its skeleton; every tensor is a known dtype whose bytes fit in the data files.
+    placeholders of its skeleton; every tensor is of an allowed dtype, and what one process
+    allocates for them (the shared tensors and one rank's) fits in the data files.
     """
     metadata_bytes = sum(entry.size for entry in manifest.files if entry.name == DCP_METADATA)
     if metadata_bytes > knobs.MAX_MANIFEST_BYTES:
@@ -39,20 +40,26 @@ def check_dcp_manifest(path: Path, manifest: DcpManifest) -> None:
     parts = [manifest.shared, *manifest.ranks]
     bound = sum(len(part.tensors) for part in parts)
     data_bytes = sum(entry.size for entry in manifest.files if entry.name != DCP_METADATA)
-    for part in parts:
-        _check_part(path, part, bound, data_bytes)
+    shared_bytes = _check_part(path, manifest.shared, bound, data_bytes)
+    rank_bytes = max((_check_part(path, part, bound, data_bytes) for part in manifest.ranks), default=0)
+    if shared_bytes + rank_bytes > data_bytes:  # what one process allocates before reading
+        raise CorruptCheckpointError(f"{path}: manifest tensors need more bytes than its data files hold")
 
 
-def _check_part(path: Path, part: DcpPart, bound: int, data_bytes: int) -> None:
+def _check_part(path: Path, part: DcpPart, bound: int, data_bytes: int) -> int:
+    """Check one part's tensor table; return the bytes its tensors take in memory."""
     indices = [tensor.index for tensor in part.tensors]
     if any(index >= bound for index in indices) or len(set(indices)) != len(indices):
         raise CorruptCheckpointError(f"{path}: manifest tensor indices are out of range or repeated")
     if sorted(indices) != sorted(ref for ref in tensor_refs(part.skeleton)):
         raise CorruptCheckpointError(f"{path}: manifest skeleton does not refer to each of its tensors once")
+    total = 0
     for tensor in part.tensors:
         itemsize = torch_dtype(tensor.dtype, path).itemsize
         if element_count(tensor.shape) < 0 or element_count(tensor.shape) * itemsize > data_bytes:
             raise CorruptCheckpointError(f"{path}: tensor {tensor.key!r} of shape {tensor.shape} does not fit the data files")
+        total += element_count(tensor.shape) * itemsize
+    return total
 
 
 def check_dcp_metadata(path: Path, metadata: Any, manifest: DcpManifest) -> None:
