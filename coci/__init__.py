@@ -20,6 +20,7 @@ from coci.errors import (
     ConfigError,
     CorruptCheckpointError,
     PersistError,
+    RunDirLockedError,
     StateError,
     StateMismatchError,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "Profile",
     "Report",
     "RestoreResult",
+    "RunDirLockedError",
     "ResumableLoader",
     "ResumableSampler",
     "Session",

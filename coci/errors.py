@@ -36,3 +36,7 @@ class CorruptCheckpointError(CheckpointError):
 
 class StateMismatchError(CheckpointError):
     """A checkpoint's state keys differ from the session's (lists missing and unexpected keys)."""
+
+
+class RunDirLockedError(ConfigError):
+    """Another session (this process or another, named in the message) holds the run directory."""

@@ -9,6 +9,7 @@ job keeps everything up to its last event.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -16,6 +17,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from coci.errors import ConfigError
 
 #: Name of the events log in the run directory.
 EVENTS_FILENAME = "events.jsonl"
@@ -31,9 +34,25 @@ class EventLog:
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"time": time.time(), "event": event, **fields}
         line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
-        with self._lock, open(self.path, "a", encoding="utf-8") as handle:
+        with self._lock, open(self.path, "a", encoding="utf-8", opener=_no_follow) as handle:
             handle.write(line)
         return record
+
+
+def write_run_file(path: Path, text: str) -> None:
+    """Replace a file of the run directory (``profile.json``, ``plan.json``...) without following
+    a symbolic link planted in its place: run files are written inside the run directory only."""
+    with open(path, "w", encoding="utf-8", opener=_no_follow) as handle:
+        handle.write(text)
+
+
+def _no_follow(path: str, flags: int) -> int:
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"{path} is a symbolic link: coci writes its run files inside the run directory only") from exc
+        raise
 
 
 def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:

@@ -45,6 +45,10 @@ WRITE_CHECKSUM_THREAD: bool = True
 #: faster with 32-64 MB requests than with 16 MB on the 2-core VM; benchmarks/README.md, P4).
 READ_CHUNK_BYTES: int = 32 << 20
 
+#: Largest ``manifest.json`` (and DCP ``.metadata``) a reader parses: bounds the memory a hostile
+#: record can cost (parsing takes about 10x its size). A real manifest is kilobytes to megabytes.
+MAX_MANIFEST_BYTES: int = 64 << 20
+
 # --- session (coci.session) ------------------------------------------------------------------------
 
 #: The session writes a ``progress`` event (just the step) at most this often, so the report can
@@ -172,6 +176,15 @@ CHECKFREQ_MAX_OVERHEAD: float = 0.05
 #: Horizon (steps) planned over when total_steps is unknown; it is doubled (at least to twice the
 #: current step) whenever the run passes PLAN_HORIZON_EXTEND_AT of it.
 PLAN_DEFAULT_HORIZON_STEPS: int = 100_000
+
+#: Most checkpoints one plan may place: bounds the planner's memory (a few arrays of this length)
+#: against a huge horizon; a longer run is planned over a horizon and re-planned as it goes.
+PLAN_MAX_CHECKPOINTS: int = 10_000_000
+
+#: Failure-model ranges: a scale beyond ~3e10 years or a Weibull shape outside these bounds
+#: overflows the planner's arithmetic (gamma(1 + 1/shape), failure probabilities) and means nothing.
+MAX_FAILURE_SCALE_SECONDS: float = 1e18
+WEIBULL_SHAPE_RANGE: tuple[float, float] = (0.05, 20.0)
 
 #: Fraction of the default horizon after which an open-ended run re-plans over a longer one.
 PLAN_HORIZON_EXTEND_AT: float = 0.9

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from coci import checks, distributed, knobs, preemption
-from coci.checkpoint import format, rng_state
+from coci.checkpoint import format, restore_checks, rng_state
 from coci.checkpoint.checkpointer import (
     Checkpointer,
     PendingCheckpoint,
@@ -47,6 +47,7 @@ from coci.checkpoint.checkpointer import (
     writer_for,
 )
 from coci.checkpoint.format import RNG_KEY, SESSION_KEY, LoadedCheckpoint
+from coci.checkpoint.run_lock import RunLock
 from coci.checkpoint.sharded import ShardedState, local_data_ptr, local_nbytes
 from coci.checkpoint.stateful import is_stateful, restore_in_place, validate_state
 from coci.checkpoint.tree import own_storage
@@ -55,10 +56,11 @@ from coci.errors import (
     ConfigError,
     CorruptCheckpointError,
     PersistError,
+    RunDirLockedError,
     StateError,
     StateMismatchError,
 )
-from coci.events import EventLog
+from coci.events import EventLog, write_run_file
 from coci.overhead import OverheadLedger, process_age_seconds
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
@@ -177,6 +179,7 @@ class Session:
         self._profiler = Profiler(clock=self._clock)
         # distributed: coci's gloo groups (collective), per-rank event logs
         self._dist = distributed.DistributedContext.detect()
+        self._lock = _lock_run_dir(self.run_dir, self._dist)  # one session per run directory
         if self._dist is not None and not self._dist.is_coordinator:
             self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
         writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
@@ -239,6 +242,8 @@ class Session:
         this step, waits for the commit and raises :class:`coci.Preempted` (a ``SystemExit``).
         """
         self._check_open()
+        if isinstance(loss, torch.Tensor) and loss.is_meta:  # a device check, never a sync
+            raise StateError("session.step(loss): the loss is on the meta device and holds no value")
         entered = self._clock()
         planning_before = self._overhead.planning
         if self._restored_at_age is not None:
@@ -332,6 +337,7 @@ class Session:
             self._overhead.restore += seconds
             self._restored_at_age = process_age_seconds()
             self._profiler.record_restore(seconds, loaded.nbytes)
+            self._checkpointer.trust(loaded.step)  # retention keeps it until a newer one commits
             self.events.emit(
                 "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path)
             )
@@ -358,9 +364,9 @@ class Session:
         try:
             loaded = load_committed(path, self._dist, targets)
             self._apply(loaded, strict)
-        except StateMismatchError:
+        except (StateMismatchError, KeyboardInterrupt, SystemExit):
             raise
-        except (CheckpointError, StateError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+        except BaseException as exc:  # whatever a hostile checkpoint raises (MemoryError, DCP's CheckpointException...)
             problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
         problem = distributed.agree(problem, self._dist)
         return (None, problem) if problem is not None else (loaded, "")
@@ -387,16 +393,16 @@ class Session:
             self._hooks = []
             self._preemption.uninstall()
         if self._dist is None or self._dist.is_coordinator:  # distributed: rank 0 writes run files
-            (self.run_dir / "profile.json").write_text(self._profiler.profile.model_dump_json(indent=2))
+            write_run_file(self.run_dir / "profile.json", self._profiler.profile.model_dump_json(indent=2))
             loss_steps, losses = self._profiler.loss_curve()
-            (self.run_dir / "loss_curve.json").write_text(
-                json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()})
-            )
+            write_run_file(self.run_dir / "loss_curve.json", json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()}))
         self._write_plan()
         self._overhead.close_wait += self._clock() - waited_from
         self.events.emit(
             "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._overhead.as_event()
         )
+        if self._lock is not None:  # last write done: the run directory is free (a failed close frees it at exit)
+            self._lock.release()
         self._raise_error()
 
     def __enter__(self) -> Session:
@@ -515,11 +521,17 @@ class Session:
         return tree
 
     def _apply(self, loaded: LoadedCheckpoint, strict: bool) -> None:
-        """Put a loaded checkpoint into ``state`` and the session; the RNG streams last."""
+        """Put a loaded checkpoint into ``state`` and the session; the RNG streams last.
+
+        All or nothing: everything checkable is checked before the first object is touched."""
         tree = loaded.tree
-        for key in self._keys_to_restore(loaded, strict):
-            self._restore_value(key, tree[key])
-        own = tree[SESSION_KEY]
+        keys = self._keys_to_restore(loaded, strict)
+        restore_checks.check_restorable(self.state, tree, keys)
+        own = restore_checks.check_session_entry(tree.get(SESSION_KEY))
+        Profiler().load_state_dict(own["profiler"])  # a trial load: refuses before anything is applied
+        if RNG_KEY in tree:
+            rng_state.check(tree[RNG_KEY])
+        restore_checks.apply_all_or_nothing(self.state, keys, lambda key: self._restore_value(key, tree[key]))
         self._steps = int(own["steps"])
         self._checkpoint_steps = [int(s) for s in own["checkpoint_steps"]]
         self._profiler.load_state_dict(own["profiler"])
@@ -640,7 +652,7 @@ class Session:
             self._written_plan = plan
             return
         self._written_plan = plan
-        (self.run_dir / "plan.json").write_text(plan.model_dump_json(indent=2))
+        write_run_file(self.run_dir / "plan.json", plan.model_dump_json(indent=2))
         steps = [int(s) for s in plan.steps]
         self.events.emit(
             "plan",
@@ -649,6 +661,23 @@ class Session:
             checkpoints=len(steps),
             steps=steps[: knobs.PLAN_EVENT_MAX_STEPS],  # plan.json holds them all
         )
+
+
+def _lock_run_dir(run_dir: Path, context: distributed.DistributedContext | None) -> RunLock | None:
+    """The run directory's lock (:mod:`coci.checkpoint.run_lock`), held by rank 0 for a whole
+    distributed job; every rank raises when it is taken (collective)."""
+    lock, problem = None, None
+    if context is None or context.is_coordinator:
+        try:
+            lock = RunLock.acquire(run_dir)
+        except ConfigError as exc:
+            problem = str(exc)
+    problem = distributed.agree(problem, context)
+    if problem is not None:
+        if lock is not None:
+            lock.release()
+        raise RunDirLockedError(problem)
+    return lock
 
 
 def _tensor_bytes(state: Mapping[str, Any]) -> int:

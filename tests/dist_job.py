@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--stop-at", type=int, default=None)
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--fault", default=None)
-    parser.add_argument("--coci-timeout", type=float, default=30.0)
+    parser.add_argument("--coci-timeout", type=float, default=120.0)  # a loaded machine stalls collectives for long
     parser.add_argument("--ballast-mb", type=float, default=0.0)
     parser.add_argument("--policy", default=None)
     parser.add_argument("--mtbf", type=float, default=None)
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--step-sleep", type=float, default=0.0)
     args = parser.parse_args()
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=300))  # ranks start minutes apart under load
     rank = dist.get_rank()
     knobs.DIST_TIMEOUT_SECONDS = args.coci_timeout
     if args.policy is not None:

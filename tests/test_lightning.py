@@ -31,7 +31,7 @@ EVERY = 5
 
 def run(run_dir: Path, *extra: str) -> int:
     cmd = [sys.executable, str(JOB), str(run_dir), "--steps", str(STEPS), "--every", str(EVERY), *extra]
-    return subprocess.run(cmd, timeout=120, capture_output=True).returncode
+    return subprocess.run(cmd, timeout=600, capture_output=True).returncode  # generous under load
 
 
 def step_lines(run_dir: Path) -> dict[int, set[tuple[str, str, str]]]:

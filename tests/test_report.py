@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import shutil
 import subprocess
@@ -64,6 +65,8 @@ def make_run(run_dir: Path) -> tuple[Plan, dict[int, float]]:
     _train(first, model, opt, x, y, CRASH_AT, logged)
     first.wait()  # the "process" dies after its last persist finished, without close()
     model, opt, x, y = _job()  # a fresh process: new objects
+    del first
+    gc.collect()  # the dead "process" lets go of the run directory's lock, as the kernel would
     second = coci.Session(run_dir, state={"model": model, "optimizer": opt}, policy=the_plan, keep_last=2)
     second.restore()
     _train(second, model, opt, x, y, TOTAL_STEPS, logged)

@@ -45,9 +45,9 @@ def test_tmp_directories_are_never_checkpoints(tmp_path: Path) -> None:
 def test_retention_keeps_newest(tmp_path: Path) -> None:
     for step in (1, 2, 3, 4):
         write(tmp_path, step, [torch.full((2,), float(step))])
-        format.apply_retention(tmp_path, keep_last=2)
+        format.apply_retention(tmp_path, keep_last=2, trusted={1, 2, 3, 4})
     assert [s for s, _ in format.committed_steps(tmp_path)] == [3, 4]
-    assert format.apply_retention(tmp_path, keep_last=1) == [3]
+    assert format.apply_retention(tmp_path, keep_last=1, trusted={3, 4}) == [3]
     assert [s for s, _ in format.committed_steps(tmp_path)] == [4]
 
 
@@ -94,7 +94,7 @@ def test_fault_hook_sees_every_commit_point(tmp_path: Path) -> None:
     try:
         write(tmp_path, 1, [torch.ones(3)])
         write(tmp_path, 2, [torch.ones(3)])
-        format.apply_retention(tmp_path, keep_last=1)
+        format.apply_retention(tmp_path, keep_last=1, trusted={1, 2})
     finally:
         format.set_fault_hook(None)
     assert seen[:5] == ["mid_write", "before_manifest", "before_rename", "after_rename", "after_commit"]

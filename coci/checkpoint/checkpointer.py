@@ -51,15 +51,16 @@ class CheckpointWriter(Protocol):
 
     1. ``write(staged)``: write the files of ``staged.step`` into ``step_<n>.tmp`` and commit them
        with :func:`coci.checkpoint.format.publish`; return the committed directory.
-    2. ``retain(keep_last)``: delete the oldest committed checkpoints beyond ``keep_last``; return
-       the steps removed.
+    2. ``retain(keep_last, trusted)``: keep the newest ``keep_last`` of the ``trusted`` steps
+       (:func:`coci.checkpoint.format.apply_retention`) and delete older checkpoints; return the
+       steps removed.
 
     Under ``torch.distributed`` both calls are collective: every rank makes them in the same order.
     """
 
     def write(self, staged: StagedCheckpoint) -> Path: ...
 
-    def retain(self, keep_last: int | None) -> list[int]: ...
+    def retain(self, keep_last: int | None, trusted: frozenset[int]) -> list[int]: ...
 
 
 class CheckpointReader(Protocol):
@@ -208,6 +209,11 @@ class Checkpointer:
         self.arena = StagingArena()
         self._executor: ThreadPoolExecutor | None = None
         self.pending: PendingCheckpoint | None = None
+        self._trusted: set[int] = set()  # steps known to load: committed here or restored from
+
+    def trust(self, step: int) -> None:
+        """Count ``step`` (the checkpoint a restore loaded) as good for retention."""
+        self._trusted.add(step)
 
     def start(
         self,
@@ -253,7 +259,9 @@ class Checkpointer:
             path = self.writer.write(staged)
             committed = self.clock()
             self.events.emit("commit", step=pending.step, seconds=committed - copied, bytes=pending.nbytes, path=str(path))
-            removed = self.writer.retain(self.keep_last)
+            self._trusted.add(pending.step)
+            removed = self.writer.retain(self.keep_last, frozenset(self._trusted))
+            self._trusted.difference_update(removed)
             if removed:
                 self.events.emit("retention", step=pending.step, removed=removed)
             pending.upload_completion.set_result(

@@ -33,7 +33,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from coci import distributed
-from coci.checkpoint import fileio, format
+from coci.checkpoint import dcp_checks, fileio, format
 from coci.checkpoint.format import CommitRecord, FileEntry, LoadedCheckpoint
 from coci.checkpoint.local import dtype_name, torch_dtype
 from coci.checkpoint.sharded import ShardSpec, as_dtensors, local_nbytes, targets_by_index
@@ -45,7 +45,7 @@ from coci.errors import CorruptCheckpointError, PersistError, StateError
 logger = logging.getLogger(__name__)
 
 DCP_FORMAT: Final = "dcp"
-_DCP_METADATA = ".metadata"
+_DCP_METADATA = dcp_checks.DCP_METADATA
 
 
 # --- commit record -----------------------------------------------------------------------------
@@ -85,6 +85,7 @@ def read_dcp_manifest(path: Path) -> DcpManifest:
     if _DCP_METADATA not in names or len(manifest.ranks) != manifest.world_size:
         raise CorruptCheckpointError(f"{path}: manifest lacks DCP's {_DCP_METADATA} or a rank's record")
     format.check_file_names(path, names, also=frozenset({_DCP_METADATA}))
+    dcp_checks.check_dcp_manifest(path, manifest)
     format.check_sealed(manifest, path)
     return manifest
 
@@ -95,7 +96,17 @@ def verify_dcp_checkpoint(path: Path) -> DcpManifest:
     problem = _verify_files(path, manifest.files)
     if problem:
         raise CorruptCheckpointError(problem)
+    read_dcp_metadata(path, manifest)
     return manifest
+
+
+def _metadata_problem(path: Path, manifest: DcpManifest) -> str | None:
+    """None when ``.metadata`` is safe to hand to DCP (:func:`read_dcp_metadata`), else why not."""
+    try:
+        read_dcp_metadata(path, manifest)
+    except (CorruptCheckpointError, OSError) as exc:
+        return str(exc)
+    return None
 
 
 def _verify_files(path: Path, files: list[FileEntry]) -> str | None:
@@ -187,9 +198,11 @@ class DcpWriter:
         )
         return self.root / format.step_dirname(step)
 
-    def retain(self, keep_last: int | None) -> list[int]:
+    def retain(self, keep_last: int | None, trusted: frozenset[int]) -> list[int]:
         """Rank 0 applies retention; every rank learns which steps it removed."""
-        return list(self._coordinated(lambda: format.apply_retention(self.root, keep_last), "retention failed on rank 0"))
+        return list(
+            self._coordinated(lambda: format.apply_retention(self.root, keep_last, trusted), "retention failed on rank 0")
+        )
 
     def _agree_on_layout(self, step: int, shared: DcpPart) -> None:
         layout = [(t.key, t.dtype, t.shape) for t in shared.tensors]
@@ -275,7 +288,7 @@ class DcpReader:
         """Verify this process's share of the files, agree with the others, then load (collective)."""
         assert isinstance(record, DcpManifest)
         rank, world = (0, 1) if context is None else (context.rank, context.world_size)
-        problem = distributed.agree(_verify_files(path, record.files[rank::world]), context)
+        problem = distributed.agree(_verify_files(path, record.files[rank::world]) or _metadata_problem(path, record), context)
         if problem is not None:
             raise CorruptCheckpointError(problem)
         tree, nbytes = load_dcp_checkpoint(path, record, context, targets)
@@ -286,6 +299,10 @@ class DcpReader:
         subtree; a selective plan would read less) and returns the entry."""
         loaded = self.load(path, record, None)
         return format.subtree(loaded.tree, keys)
+
+
+def _first_line(exc: BaseException) -> str:
+    return next(iter(str(exc).splitlines()), type(exc).__name__)
 
 
 def _by_index(part: DcpPart, loaded: dict[str, torch.Tensor]) -> list[Any]:
@@ -320,17 +337,42 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise CorruptCheckpointError(f"DCP metadata names a forbidden global {module}.{name}")
 
 
-def _safe_reader(path: Path) -> Any:
-    """DCP's FileSystemReader, reading ``.metadata`` through the restricted unpickler: nothing a
+def read_dcp_metadata(path: Path, manifest: DcpManifest) -> Any:
+    """DCP's ``.metadata`` read through the restricted unpickler and checked against the manifest
+    (:func:`coci.checkpoint.dcp_checks.check_dcp_metadata`) before DCP may act on any of it."""
+    try:
+        with open(path / _DCP_METADATA, "rb", opener=format.open_no_follow) as handle:
+            metadata = _MetadataUnpickler(handle).load()
+    except CorruptCheckpointError:
+        raise
+    except Exception as exc:  # a damaged pickle fails in many ways; all of them mean corrupt
+        raise CorruptCheckpointError(f"{path}: DCP metadata is unreadable ({type(exc).__name__}: {exc})") from exc
+    dcp_checks.check_dcp_metadata(path, metadata, manifest)
+    return metadata
+
+
+def _tensor_only_planner() -> Any:
+    """DCP's default load planner, except that a bytes item (which it would ``torch.load`` with
+    ``weights_only=False``) is refused: a second guard behind :func:`read_dcp_metadata`."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class TensorOnlyLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            raise CorruptCheckpointError(f"DCP checkpoint holds a bytes item {read_item.dest_index.fqn!r}: never loaded")
+
+    return TensorOnlyLoadPlanner()
+
+
+def _safe_reader(path: Path, manifest: DcpManifest) -> Any:
+    """DCP's FileSystemReader, reading ``.metadata`` through :func:`read_dcp_metadata`: nothing a
     checkpoint holds may run code when loaded (DCP itself would call ``pickle.load`` on it; it
-    loads the tensors with ``weights_only=True``)."""
+    loads the tensors with ``weights_only=True``) or make DCP read outside the checkpoint."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     class SafeMetadataReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            with open(Path(self.path) / _DCP_METADATA, "rb") as handle:
-                metadata = _MetadataUnpickler(handle).load()
+            metadata = read_dcp_metadata(Path(self.path), manifest)
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -348,6 +390,7 @@ def load_dcp_checkpoint(
     rank's shard, resharded by DCP from however the checkpoint was sharded); all others in full.
     Returns the tree and the bytes this process loaded.
     """
+    from torch.distributed.checkpoint import CheckpointException
     from torch.distributed.checkpoint import load as dcp_load
 
     rank = context.rank if context is not None else 0
@@ -360,12 +403,16 @@ def load_dcp_checkpoint(
     }
     with warnings.catch_warnings():  # DCP warns on every load without a process group: intended here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp_load(
-            wanted,
-            storage_reader=_safe_reader(path),
-            process_group=None if context is None else context.control_group,
-            no_dist=context is None,
-        )
+        try:
+            dcp_load(
+                wanted,
+                storage_reader=_safe_reader(path, manifest),
+                planner=_tensor_only_planner(),
+                process_group=None if context is None else context.control_group,
+                no_dist=context is None,
+            )
+        except CheckpointException as exc:  # a BaseException: every failure of DCP's load ends here
+            raise CorruptCheckpointError(f"{path}: DCP could not load the checkpoint ({_first_line(exc)})") from exc
     tree = unflatten(manifest.shared.skeleton, _by_index(manifest.shared, wanted))
     per_rank = unflatten(donor.skeleton, _by_index(donor, wanted))
     tree[format.SESSION_KEY]["profiler"] = per_rank["profiler"]

@@ -220,10 +220,11 @@ def open_for_read(path: Path, size: int) -> tuple[int, bool]:
     """Open ``path`` for reading, with O_DIRECT for a large file read into an aligned buffer."""
     if knobs.WRITE_DIRECT and hasattr(os, "O_DIRECT") and size >= knobs.DIRECT_IO_MIN_BYTES:
         try:
-            return os.open(path, os.O_RDONLY | os.O_DIRECT), True
+            return format.open_no_follow(path, os.O_RDONLY | os.O_DIRECT), True
         except OSError as exc:
             logger.debug("O_DIRECT refused for %s (%s); reading through the page cache", path, exc)
-    return os.open(path, os.O_RDONLY), False
+    return format.open_no_follow(path, os.O_RDONLY), False
+
 
 
 def describe_file(path: Path) -> format.FileEntry:

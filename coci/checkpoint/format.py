@@ -14,20 +14,22 @@ named points of the commit and retention (crash tests kill the writer there); a 
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import re
 import shutil
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer, model_validator
 
-from coci import __version__
+from coci import __version__, knobs
 from coci.errors import CorruptCheckpointError
 
 #: Written into every commit record; a reader refuses a record with a newer version. Version 2
@@ -46,6 +48,8 @@ SESSION_KEY = "__coci__"
 RNG_KEY = "__coci_rng__"
 #: ``format`` of coci's own single-process records, which carry no ``format`` field.
 LOCAL_FORMAT = "coci"
+
+logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -157,14 +161,38 @@ def record_header(step: int, *, epoch: int | None, state_keys: list[str], files:
     }
 
 
+def open_no_follow(path: str | os.PathLike[str], flags: int) -> int:
+    """``os.open`` that refuses a symbolic link as the last component: a checkpoint's files are
+    read where they are, never through a link that may point outside the run directory."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptCheckpointError(f"{path}: is a symbolic link (checkpoint files are never followed)") from exc
+        raise
+
+
+def read_record_bytes(path: Path) -> bytes:
+    """The bytes of ``path/manifest.json``: not a link, at most ``knobs.MAX_MANIFEST_BYTES``
+    (CorruptCheckpointError otherwise; FileNotFoundError when there is none)."""
+    fd = open_no_follow(path / MANIFEST_FILENAME, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as handle:
+        size = os.fstat(fd).st_size
+        if size > knobs.MAX_MANIFEST_BYTES:
+            raise CorruptCheckpointError(
+                f"{path}: manifest.json is {size} bytes, over the limit of {knobs.MAX_MANIFEST_BYTES} (knobs.MAX_MANIFEST_BYTES)"
+            )
+        return handle.read(knobs.MAX_MANIFEST_BYTES + 1)
+
+
 def record_format(path: Path) -> str:
     """The ``format`` a checkpoint's record declares (:data:`LOCAL_FORMAT` when it names none).
 
     An unreadable record counts as the local format, whose reader reports it as corrupt.
     """
     try:
-        raw = json.loads((path / MANIFEST_FILENAME).read_bytes())
-    except (OSError, ValueError):
+        raw = json.loads(read_record_bytes(path))
+    except (OSError, ValueError, RecursionError, CorruptCheckpointError):
         return LOCAL_FORMAT
     declared = raw.get("format") if isinstance(raw, dict) else None
     return declared if isinstance(declared, str) else LOCAL_FORMAT
@@ -174,10 +202,10 @@ def parse_record(path: Path, model: type[RecordT]) -> RecordT:
     """Read ``path/manifest.json`` as ``model``: present, parseable, not from a newer coci.
     CorruptCheckpointError on anything off; format-specific checks, then :func:`check_sealed`, follow."""
     try:
-        record = model.model_validate_json((path / MANIFEST_FILENAME).read_bytes())
+        record = model.model_validate_json(read_record_bytes(path))
     except FileNotFoundError as exc:
         raise CorruptCheckpointError(f"{path}: manifest.json is missing") from exc
-    except (ValidationError, ValueError, UnicodeDecodeError) as exc:
+    except (ValidationError, ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise CorruptCheckpointError(f"{path}: manifest.json is unreadable ({exc.__class__.__name__})") from exc
     if record.format_version > FORMAT_VERSION:
         raise CorruptCheckpointError(
@@ -199,6 +227,17 @@ def check_step(record: CommitRecord, path: Path) -> None:
     match = _STEP_DIR.match(path.name)
     if match and record.step != int(match.group(1)):
         raise CorruptCheckpointError(f"{path}: manifest says step {record.step} but the directory is {path.name}")
+
+
+def check_state_keys(state_keys: list[str], skeleton: Any, path: Path) -> None:
+    """Every state key is in the skeleton, once; a session's skeleton holds nothing else besides
+    the session's own entries (so a forged ``state_keys`` reads as damage, not as another model)."""
+    keys = set(skeleton) if isinstance(skeleton, dict) else set()
+    missing = sorted(set(state_keys) - keys)
+    if missing:
+        raise CorruptCheckpointError(f"{path}: manifest skeleton lacks the state keys {missing}")
+    if len(set(state_keys)) != len(state_keys) or (SESSION_KEY in keys and keys - {SESSION_KEY, RNG_KEY} != set(state_keys)):
+        raise CorruptCheckpointError(f"{path}: manifest state_keys {state_keys[:8]} do not match its skeleton")
 
 
 def check_sealed(record: CommitRecord, path: Path) -> None:
@@ -246,10 +285,13 @@ def tmp_dir(root: Path, step: int) -> Path:
 
 
 def step_dirs(root: Path) -> list[tuple[int, Path]]:
-    """Every ``step_<n>`` directory, committed or damaged (restore reports the damaged ones), oldest first."""
+    """Every ``step_<n>`` directory, committed or damaged (restore reports the damaged ones), oldest
+    first. A symbolic link is never a checkpoint: nothing outside the run directory is followed."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), e) for e in root.iterdir() if (m := _STEP_DIR.match(e.name)) and e.is_dir()]
+    found = [
+        (int(m.group(1)), e) for e in root.iterdir() if (m := _STEP_DIR.match(e.name)) and e.is_dir() and not e.is_symlink()
+    ]
     return sorted(found)
 
 
@@ -259,14 +301,27 @@ def committed_steps(root: Path) -> list[tuple[int, Path]]:
 
 
 def remove_stale_tmp(root: Path) -> list[Path]:
-    """Delete leftovers of interrupted writes and deletions: a ``*.tmp`` entry is never a checkpoint."""
+    """Delete leftovers of interrupted writes and deletions: a ``*.tmp`` entry is never a checkpoint.
+
+    A symbolic link is removed itself, never what it points to; only entries actually gone are returned."""
     removed = []
     if root.is_dir():
         for entry in root.iterdir():
             if entry.name.endswith(TMP_SUFFIX):
-                shutil.rmtree(entry, ignore_errors=True)
-                removed.append(entry)
+                _remove_entry(entry)
+                if not entry.is_symlink() and not entry.exists():
+                    removed.append(entry)
     return removed
+
+
+def _remove_entry(entry: Path) -> None:
+    try:
+        if entry.is_symlink() or not entry.is_dir():
+            entry.unlink()
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+    except OSError as exc:
+        logger.warning("cannot remove %s: %s", entry, exc)
 
 
 # --- commit and retention ----------------------------------------------------------------------
@@ -292,15 +347,21 @@ def publish(root: Path, tmp: Path, final: Path, record: CommitRecord) -> None:
     fault("after_commit")
 
 
-def apply_retention(root: Path, keep_last: int | None) -> list[int]:
-    """Delete the oldest committed checkpoints beyond ``keep_last``; return their steps.
+def apply_retention(root: Path, keep_last: int | None, trusted: Collection[int]) -> list[int]:
+    """Keep the newest ``keep_last`` of the ``trusted`` checkpoints; delete every committed one
+    older than the oldest kept; return the steps deleted.
 
-    The newest checkpoint is never deleted, and retention only runs after a newer commit.
+    ``trusted`` are the steps known to load: those this run committed and the one it restored
+    from. Only they are counted, so an unloadable, planted or foreign ``step_<n>`` (however large
+    its ``n``) never makes a good checkpoint look old: it is left in place (restore reports it).
+    The newest trusted checkpoint is never deleted.
     """
     if keep_last is None:
         return []
-    committed = committed_steps(root)
-    doomed = committed[: max(len(committed) - max(keep_last, 1), 0)]
+    kept = [step for step, _ in committed_steps(root) if step in trusted][-max(keep_last, 1) :]
+    if not kept:
+        return []
+    doomed = [(step, path) for step, path in committed_steps(root) if step < kept[0]]
     for _, path in doomed:
         _discard(path)
     return [step for step, _ in doomed]

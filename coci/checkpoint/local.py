@@ -28,7 +28,9 @@ __all__ = [
     "LocalWriter",
     "Manifest",
     "TensorEntry",
+    "ALLOWED_DTYPES",
     "check_consistent",
+    "element_count",
     "load_checkpoint",
     "load_tensors",
     "read_manifest",
@@ -66,8 +68,8 @@ class LocalWriter:
         )
         return path
 
-    def retain(self, keep_last: int | None) -> list[int]:
-        return format.apply_retention(self.root, keep_last)
+    def retain(self, keep_last: int | None, trusted: frozenset[int]) -> list[int]:
+        return format.apply_retention(self.root, keep_last, trusted)
 
 
 class LocalReader:
@@ -157,7 +159,7 @@ def read_manifest(path: Path) -> Manifest:
         raise CorruptCheckpointError(f"{path}: manifest must list exactly {format.DATA_FILENAME!r}")
     size = manifest.files[0].size
     for index, tensor in enumerate(manifest.tensors):
-        if tensor.offset + tensor.nbytes > size or _itemsize(tensor.dtype, path) * _numel(tensor.shape) != tensor.nbytes:
+        if tensor.offset + tensor.nbytes > size or _itemsize(tensor.dtype, path) * element_count(tensor.shape) != tensor.nbytes:
             raise CorruptCheckpointError(f"{path}: tensor {index} does not fit its declared bytes")
     check_consistent(manifest, path)
     format.check_sealed(manifest, path)
@@ -176,10 +178,7 @@ def check_consistent(manifest: Manifest, path: Path) -> None:
             raise CorruptCheckpointError(f"{path}: manifest skeleton refers to tensor {ref!r} of {count}")
     if sorted(refs) != list(range(count)):  # flatten() stores each tensor once, in walk order
         raise CorruptCheckpointError(f"{path}: manifest skeleton does not refer to each of its {count} tensors once")
-    keys = set(manifest.skeleton) if isinstance(manifest.skeleton, dict) else set()
-    missing = sorted(set(manifest.state_keys) - keys)
-    if missing:
-        raise CorruptCheckpointError(f"{path}: manifest skeleton lacks the state keys {missing}")
+    format.check_state_keys(manifest.state_keys, manifest.skeleton, path)
 
 
 def load_tensors(path: Path, manifest: Manifest) -> list[torch.Tensor]:
@@ -216,19 +215,27 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+#: The dtypes a checkpoint may hold: dense numeric ones (no quantized or other exotic types).
+ALLOWED_DTYPES: frozenset[str] = frozenset(
+    {"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16", "bfloat16",
+     "float32", "float64", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"}
+)
+
+
 def torch_dtype(name: str, path: Path) -> torch.dtype:
-    """The dtype a commit record names; CorruptCheckpointError for anything that is not one."""
-    dtype = getattr(torch, name, None)
+    """The dtype a commit record names; CorruptCheckpointError for anything not on :data:`ALLOWED_DTYPES`."""
+    dtype = getattr(torch, name, None) if isinstance(name, str) and name in ALLOWED_DTYPES else None
     if not isinstance(dtype, torch.dtype):
-        raise CorruptCheckpointError(f"{path}: unknown dtype {name!r}")
+        raise CorruptCheckpointError(f"{path}: unknown dtype {name!r} (not on the allow-list)")
     return dtype
 
 
 def _itemsize(name: str, path: Path) -> int:
-    return torch.empty(0, dtype=torch_dtype(name, path)).element_size()
+    return torch_dtype(name, path).itemsize
 
 
-def _numel(shape: list[int]) -> int:
+def element_count(shape: list[int]) -> int:
+    """Elements of a tensor of ``shape``; -1 for a negative dimension."""
     count = 1
     for dim in shape:
         if dim < 0:

@@ -44,6 +44,16 @@ def restore(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([s.clone() for s in list(cuda_states)[:count]])
 
 
+def check(state: Any) -> None:
+    """Raise (whatever the generators raise) unless :func:`restore` accepts ``state``; the
+    streams are left as they were. A trial restore, so restore can check before applying anything."""
+    current = capture()
+    try:
+        restore(state)
+    finally:
+        restore(current)
+
+
 def _numpy_state() -> dict[str, Any]:
     bit_generator, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
     return {

@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from coci.checkpoint.tree import check_tensor
 from coci.errors import StateError
 
 #: Keys the session uses for its own bookkeeping inside a checkpoint.
@@ -50,6 +51,7 @@ def validate_state(state: Mapping[str, Any]) -> dict[str, Any]:
         if key.startswith(RESERVED_PREFIX):
             raise StateError(f"state[{key!r}]: keys starting with {RESERVED_PREFIX!r} are reserved")
         if isinstance(value, Stateful) and not isinstance(value, (torch.Tensor, dict)) or isinstance(value, _IN_PLACE):
+            _check_tensors(key, value)
             checked[key] = value
         elif isinstance(value, _IMMUTABLE):
             raise StateError(
@@ -64,6 +66,16 @@ def validate_state(state: Mapping[str, Any]) -> dict[str, Any]:
                 "and is not a tensor, array or plain value"
             )
     return checked
+
+
+def _check_tensors(key: str, value: Any) -> None:
+    """Tensors a checkpoint cannot hold are refused when the session is built, not at its first checkpoint."""
+    if isinstance(value, torch.Tensor):
+        check_tensor(value, f"state[{key!r}]")
+    elif isinstance(value, torch.nn.Module):
+        for name, tensor in value.state_dict().items():
+            if isinstance(tensor, torch.Tensor):
+                check_tensor(tensor, f"state[{key!r}][{name!r}]")
 
 
 def is_stateful(value: Any) -> bool:

@@ -25,7 +25,7 @@ _TENSOR_TAGS = ("__tensor__", "__ndarray__")
 def flatten(obj: Any, tensors: list[torch.Tensor], path: str = "state") -> Any:
     """Return a JSON-able skeleton of ``obj``, appending its tensors to ``tensors`` in walk order."""
     if isinstance(obj, torch.Tensor):
-        _check_tensor(obj, path)
+        check_tensor(obj, path)
         tensors.append(obj)
         return {"__tensor__": len(tensors) - 1}
     if isinstance(obj, np.ndarray):
@@ -73,7 +73,7 @@ def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
     if "__dict__" in skeleton:
         return {_hashable(unflatten(k, tensors)): unflatten(v, tensors) for k, v in skeleton["__dict__"]}
     if "__np__" in skeleton:
-        return np.dtype(skeleton["__np__"]).type(skeleton["value"])
+        return _numpy_scalar(skeleton["__np__"], skeleton.get("value"))
     if "__dtype__" in skeleton:
         dtype = getattr(torch, str(skeleton["__dtype__"]), None)
         if not isinstance(dtype, torch.dtype):
@@ -120,6 +120,26 @@ def own_storage(tree: Any) -> Any:
     return tree
 
 
+#: numpy scalar kinds a skeleton may hold (bool, integers, floats, strings), each from a JSON value
+#: of its own type: a void or object dtype could allocate or build anything.
+_NUMPY_KINDS = {"b": (bool,), "i": (int,), "u": (int,), "f": (float, int), "U": (str,)}
+
+
+def _numpy_scalar(dtype_str: Any, value: Any) -> Any:
+    try:
+        dtype = np.dtype(dtype_str) if isinstance(dtype_str, str) else None
+    except TypeError:
+        dtype = None
+    allowed = _NUMPY_KINDS.get(dtype.kind, ()) if dtype is not None else ()
+    if not isinstance(value, allowed) or (isinstance(value, bool) and dtype is not None and dtype.kind != "b"):
+        raise StateError(f"checkpoint holds a numpy scalar {dtype_str!r} of value {value!r}: not a plain number or string")
+    assert dtype is not None
+    try:
+        return dtype.type(value)
+    except (OverflowError, ValueError) as exc:
+        raise StateError(f"checkpoint holds a numpy scalar {dtype_str!r} out of range: {value!r}") from exc
+
+
 def _index(value: Any, tensors: list[torch.Tensor]) -> int:
     if not is_int(value) or not 0 <= value < len(tensors):
         raise StateError(f"checkpoint skeleton refers to tensor {value!r} of {len(tensors)}")
@@ -130,7 +150,8 @@ def _hashable(key: Any) -> Any:
     return tuple(key) if isinstance(key, list) else key
 
 
-def _check_tensor(tensor: torch.Tensor, path: str) -> None:
+def check_tensor(tensor: torch.Tensor, path: str) -> None:
+    """StateError naming ``path`` for a tensor a checkpoint cannot hold (sparse, quantized, meta)."""
     if tensor.is_sparse or tensor.layout != torch.strided:
         raise StateError(f"{path}: only dense (strided) tensors can be checkpointed")
     if tensor.is_quantized or tensor.device.type == "meta":

@@ -85,13 +85,14 @@ def _status(entry: Path) -> CheckpointStatus:
             error="not committed: left by an interrupted write or deletion (never loaded; "
             "Session.restore() removes it)",
         )
-    if match is None or match.group(0) != entry.name or not entry.is_dir():
+    if match is None or match.group(0) != entry.name or entry.is_symlink() or not entry.is_dir():
         return CheckpointStatus(
             step=None, path=str(entry), ok=False, committed=False, bytes=size,
             error="not a checkpoint: unexpected entry in the checkpoints directory",
         )
-    committed = (entry / format.MANIFEST_FILENAME).is_file()
+    committed = True  # an unreadable directory is reported as a damaged checkpoint
     try:
+        committed = (entry / format.MANIFEST_FILENAME).is_file()
         reader_for(entry).verify(entry)
     except CorruptCheckpointError as exc:
         return CheckpointStatus(step=step, path=str(entry), ok=False, committed=committed, bytes=size, error=str(exc))

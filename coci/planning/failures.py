@@ -67,7 +67,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from coci import checks
+from coci import checks, knobs
 from coci.errors import ConfigError
 from coci.units import parse_duration
 
@@ -144,12 +144,19 @@ class Failures(BaseModel):
     @field_validator("scale_seconds", mode="before")
     @classmethod
     def _scale_is_duration(cls, value: Any) -> float:
-        return parse_duration(value, field="scale_seconds", positive=True)
+        seconds = parse_duration(value, field="scale_seconds", positive=True)
+        if seconds > knobs.MAX_FAILURE_SCALE_SECONDS:
+            raise ConfigError(f"the failure scale (MTBF) must be at most {knobs.MAX_FAILURE_SCALE_SECONDS:g} seconds, got {value!r}")
+        return seconds
 
     @field_validator("shape", mode="before")
     @classmethod
     def _shape_positive(cls, value: Any) -> float:
-        return _positive_finite(value, "shape")
+        shape = _positive_finite(value, "shape")
+        low, high = knobs.WEIBULL_SHAPE_RANGE
+        if not low <= shape <= high:
+            raise ConfigError(f"shape must lie in [{low}, {high}] (knobs.WEIBULL_SHAPE_RANGE), got {value!r}")
+        return shape
 
     @field_validator("nodes", mode="before")
     @classmethod

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coci import knobs
+from coci.errors import ConfigError
 from coci.planning.objective import CostModel, Overhead, mu_from_alpha
 
 __all__ = [
@@ -106,7 +107,9 @@ def max_interval_steps(model: CostModel, min_steps: int = 1) -> int:
         return max(min_steps, model.total_steps - model.start_step)
     mtbf = span / failures
     cap = max(knobs.PLAN_MAX_INTERVAL_MTBF * mtbf, young_interval_seconds(model.checkpoint_seconds, 1.0 / mtbf))
-    return max(min_steps, int(math.floor(cap / model.step_seconds + 1e-9)))
+    whole = max(min_steps, model.total_steps - model.start_step)  # no interval is longer: also no overflow
+    steps = cap / model.step_seconds + 1e-9
+    return whole if not steps < whole else max(min_steps, int(math.floor(steps)))
 
 
 def periodic_steps(interval: int, start_step: int, total_steps: int, anchor: int | None = None) -> np.ndarray:
@@ -242,6 +245,11 @@ def place(
     if end <= model.start_seconds:
         return [np.zeros(0, dtype=np.int64) for _ in offsets]
     total = float(np.interp(end, model.edges, cumulative))
+    if not total <= knobs.PLAN_MAX_CHECKPOINTS:  # NaN included: memory is bounded before any array is built
+        raise ConfigError(
+            f"the plan would hold about {total:.3g} checkpoints, over knobs.PLAN_MAX_CHECKPOINTS = "
+            f"{knobs.PLAN_MAX_CHECKPOINTS}: shorten total_steps (plan a horizon and re-plan) or check the costs"
+        )
     base = max(1, int(round(total)))
     candidates = []
     for offset in offsets:

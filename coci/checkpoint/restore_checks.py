@@ -1,0 +1,100 @@
+"""Checks that a loaded checkpoint fits the objects it will be applied to, run before any is touched.
+
+``Session.restore()`` is all-or-nothing: a checkpoint whose tree does not fit the user's state (a
+module's key or shape, an optimizer's parameter layout, a plain tensor's shape, the session's own
+counters) is rejected here, before anything is applied, and restore falls back to the previous
+checkpoint. What cannot be checked generically (the ``load_state_dict`` of other objects) is
+applied first and rolled back from a copy of its state when a later one fails
+(:func:`apply_all_or_nothing`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from coci.checkpoint.stateful import is_stateful
+from coci.checkpoint.tree import own_storage
+from coci.checks import is_int
+from coci.errors import CorruptCheckpointError
+
+
+def check_restorable(state: Mapping[str, Any], tree: Mapping[str, Any], keys: list[str]) -> None:
+    """CorruptCheckpointError naming the key when ``tree`` cannot be applied to ``state`` as a whole."""
+    for key in keys:
+        value, saved = state[key], tree[key]
+        if isinstance(value, torch.nn.Module):
+            _check_module(key, value, saved)
+        elif isinstance(value, torch.optim.Optimizer):
+            _check_optimizer(key, value, saved)
+        elif isinstance(value, torch.Tensor) and not (isinstance(saved, torch.Tensor) and saved.shape == value.shape):
+            raise CorruptCheckpointError(f"state[{key!r}]: saved {_describe(saved)}, the tensor is {tuple(value.shape)}")
+
+
+def check_session_entry(own: Any) -> dict[str, Any]:
+    """The session's own entry, once its ``steps`` and ``checkpoint_steps`` are non-negative integers."""
+    if not isinstance(own, dict):
+        raise CorruptCheckpointError("the checkpoint has no session entry")
+    steps: Any = own.get("steps")
+    history: Any = own.get("checkpoint_steps")
+    if not (is_int(steps) and steps >= 0):
+        raise CorruptCheckpointError(f"the session's step count is {steps!r}, not a non-negative integer")
+    if not (isinstance(history, list) and all(is_int(s) and s >= 0 for s in history)):
+        raise CorruptCheckpointError("the session's checkpoint_steps is not a list of non-negative integers")
+    return own
+
+
+def apply_all_or_nothing(state: Mapping[str, Any], keys: list[str], apply: Callable[[str], None]) -> None:
+    """``apply(key)`` for every key: objects only their ``load_state_dict`` can check go first, and
+    are put back from a copy of their state when any later key fails; modules, optimizers and
+    tensors (checked by :func:`check_restorable`) follow."""
+    checked = (torch.nn.Module, torch.optim.Optimizer, torch.Tensor)
+    unchecked = [key for key in keys if is_stateful(state[key]) and not isinstance(state[key], checked)]
+    saved = {key: own_storage(state[key].state_dict()) for key in unchecked}
+    done: list[str] = []
+    try:
+        for key in unchecked + [key for key in keys if key not in saved]:
+            apply(key)
+            done.append(key)
+    except BaseException:
+        for key in reversed([key for key in done if key in saved]):
+            state[key].load_state_dict(saved[key])
+        raise
+
+
+def _check_module(key: str, module: torch.nn.Module, saved: Any) -> None:
+    current = module.state_dict()
+    if not isinstance(saved, dict) or set(saved) != set(current):
+        names = sorted(set(saved) ^ set(current)) if isinstance(saved, dict) else []
+        raise CorruptCheckpointError(f"state[{key!r}]: saved module entries differ from the module's: {names[:5]}")
+    for name, tensor in current.items():
+        value = saved[name]
+        if isinstance(tensor, torch.Tensor) and not (isinstance(value, torch.Tensor) and value.shape == tensor.shape):
+            raise CorruptCheckpointError(f"state[{key!r}][{name!r}]: saved {_describe(value)}, the module holds {tuple(tensor.shape)}")
+
+
+def _check_optimizer(key: str, optimizer: torch.optim.Optimizer, saved: Any) -> None:
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    per_param = saved.get("state") if isinstance(saved, dict) else None
+    if not (isinstance(groups, list) and isinstance(per_param, dict) and len(groups) == len(optimizer.param_groups)):
+        raise CorruptCheckpointError(f"state[{key!r}]: saved optimizer state does not match its parameter groups")
+    params: dict[Any, torch.Tensor] = {}
+    for group, current in zip(groups, optimizer.param_groups):
+        ids = group.get("params") if isinstance(group, dict) else None
+        if not (isinstance(ids, list) and len(ids) == len(current["params"])):
+            raise CorruptCheckpointError(f"state[{key!r}]: a saved parameter group has another number of parameters")
+        params.update(zip(ids, current["params"]))
+    for pid, entries in per_param.items():
+        if pid not in params or not isinstance(entries, dict):
+            raise CorruptCheckpointError(f"state[{key!r}]: saved state for unknown parameter {pid!r}")
+        for name, value in entries.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != params[pid].shape:
+                raise CorruptCheckpointError(
+                    f"state[{key!r}] parameter {pid!r} {name!r}: saved {tuple(value.shape)}, parameter {tuple(params[pid].shape)}"
+                )
+
+
+def _describe(value: Any) -> str:
+    return f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else f"a {type(value).__name__}"
