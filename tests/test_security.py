@@ -18,6 +18,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pytest
 import torch
 import torch.distributed as dist
@@ -73,7 +74,8 @@ def reseal_dcp(path: Path, edit: Any = None) -> None:
         edit(raw)
     for entry in raw["files"]:
         data = (path / entry["name"]).read_bytes()
-        entry["size"], entry["crc32"] = len(data), zlib.crc32(data)
+        algorithm = "crc32" if "crc32" in entry else "crc32c"  # the key names the algorithm
+        entry["size"], entry[algorithm] = len(data), zlib.crc32(data) if algorithm == "crc32" else crc32c.crc32c(data)
     sealed = DcpManifest.model_validate(raw).sealed()
     (path / format.MANIFEST_FILENAME).write_text(sealed.model_dump_json())
 
@@ -122,7 +124,7 @@ def plant_payload(target: Path, marker: Path, *, listed: bool) -> None:
 
     def add_payload(raw: dict) -> None:
         if listed:
-            raw["files"].append({"name": "payload.bin", "size": 0, "crc32": 0})
+            raw["files"].append({"name": "payload.bin", "size": 0, "crc32c": 0})
 
     reseal_dcp(target, add_payload)
 
@@ -491,7 +493,8 @@ def test_session_refuses_huge_mtbf_meta_loss_and_sparse_state_up_front(tmp_path:
 
 
 @pytest.mark.parametrize("name", ["profile.json", "events.jsonl", "plan.json"])
-def test_run_files_are_not_written_through_symlinks(tmp_path: Path, name: str) -> None:
+def test_run_files_are_not_written_through_symlinks(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(coci.knobs, "PLAN_IN_BACKGROUND", False)  # the plan is written at step 25, not a second of training later
     outside = tmp_path / "outside.txt"
     outside.write_text("untouched")
     run_dir = tmp_path / "run"
