@@ -382,9 +382,10 @@ def test_online_replanning_keeps_most_of_the_offline_cut_on_a_decaying_curve() -
 
     Scored in expected-cost terms (coci.planning.objective) under the true empirical weight. Every
     re-plan normalises the weight over the whole run (normalised over the remaining steps only, each
-    re-plan would checkpoint densely at its front); it keeps 93% without the warm-up checkpoints and
-    78% with them (a bet that loses on this job: C = 1.5 step times, and w is only about 5 at the
-    start)."""
+    re-plan would checkpoint densely at its front). The warm-up checkpoints and earlier plans count
+    against the whole run's 5% time budget, so the re-plans spend less where the warm-up already
+    spent: online keeps about 68% of the offline cut at +4.1% wall clock over Young (without
+    charging the warm-up it kept 78% at +6.6%, over the budget)."""
     from coci.analysis.simulate import online_schedule
     from coci.planning.objective import expected_failures
 
@@ -407,7 +408,8 @@ def test_online_replanning_keeps_most_of_the_offline_cut_on_a_decaying_curve() -
     offline_cut = 1 - cost["offline"].progress_seconds / cost["young"].progress_seconds
     online_cut = 1 - cost["online"].progress_seconds / cost["young"].progress_seconds
     assert offline_cut > 0.08
-    assert online_cut >= 0.7 * offline_cut
+    assert online_cut >= 0.6 * offline_cut
+    assert cost["online"].wall_seconds <= 1.05 * cost["young"].wall_seconds  # the budget holds online
     # the warm-up bet loses on this job (what the README says): without it the online plan keeps more
     knobs_before = knobs.PLAN_WARMUP_CHECKPOINT_STEPS
     knobs.PLAN_WARMUP_CHECKPOINT_STEPS = ()
