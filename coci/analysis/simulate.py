@@ -103,7 +103,7 @@ from scipy import stats
 from coci import checks, knobs
 from coci.errors import ConfigError
 from coci.planning.cadence import Cadence, ElapsedClock
-from coci.planning.empirical import empirical_progress_rate
+from coci.planning.empirical import curve_pair, empirical_progress_rate
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit
 from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model
@@ -406,18 +406,6 @@ class Timeline:
 # --- the true curve --------------------------------------------------------------------------------
 
 
-def _pair(steps: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
-    if losses is None:
-        if isinstance(steps, tuple) and len(steps) == 2:
-            return np.asarray(steps[0], dtype=float).ravel(), np.asarray(steps[1], dtype=float).ravel()
-        y = np.asarray(steps, dtype=float).ravel()
-        return np.arange(1, y.size + 1, dtype=float), y
-    s, y = np.asarray(steps, dtype=float).ravel(), np.asarray(losses, dtype=float).ravel()
-    if s.size != y.size:
-        raise ConfigError(f"curve: steps and losses must have the same length, got {s.size} and {y.size}")
-    return s, y
-
-
 def _true_rate(curve: Any, plan: Plan | None) -> tuple[RateFunction | None, str, list[str]]:
     """The progress rate that weighs lost work, with a description and notes."""
     if curve is None:
@@ -430,7 +418,7 @@ def _true_rate(curve: Any, plan: Plan | None) -> tuple[RateFunction | None, str,
         return curve.progress_rate, f"CurveFit ({curve.family})", []
     if callable(curve):
         return curve, "progress-rate callable", []
-    s, y = _pair(curve, None)
+    s, y = curve_pair(curve, None)
     return empirical_progress_rate(s, y), f"empirical ({s.size} points)", []
 
 
@@ -441,7 +429,7 @@ class _RevealedTrace:
     """A loss trace revealed as training goes: a point at step ``s`` is seen from step ``s`` on."""
 
     def __init__(self, losses: Any) -> None:
-        steps, values = (np.zeros(0), np.zeros(0)) if losses is None else _pair(losses, None)
+        steps, values = (np.zeros(0), np.zeros(0)) if losses is None else curve_pair(losses, None)
         keep = steps >= 1  # the profiler counts completed steps from 1
         steps, values = steps[keep], values[keep]
         order = np.argsort(steps, kind="stable")

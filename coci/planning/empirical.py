@@ -23,7 +23,7 @@ from coci import knobs
 from coci.errors import ConfigError
 from coci.planning.fit import CurveFit, bin_trace, fit_curve
 
-__all__ = ["EXTENSIONS", "EmpiricalCurve", "empirical_curve", "empirical_progress_rate", "smoothed_trace"]
+__all__ = ["EXTENSIONS", "EmpiricalCurve", "curve_pair", "empirical_curve", "empirical_progress_rate", "smoothed_trace"]
 
 RateFunction = Callable[[np.ndarray], np.ndarray]
 
@@ -31,7 +31,8 @@ RateFunction = Callable[[np.ndarray], np.ndarray]
 EXTENSIONS: tuple[str, ...] = ("flat", "end slope", "parametric")
 
 
-def _pair(steps: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
+def curve_pair(steps: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(steps, losses)`` as float arrays from a pair, a loss array (steps 1..n) or two arrays."""
     if losses is None:
         if isinstance(steps, tuple) and len(steps) == 2:
             return np.asarray(steps[0], dtype=float).ravel(), np.asarray(steps[1], dtype=float).ravel()
@@ -49,7 +50,7 @@ def smoothed_trace(steps: Any, losses: Any = None, *, max_points: int | None = N
     non-increasing by isotonic regression (pool-adjacent-violators weighted by bin counts), one
     point per pooled block. Raises :class:`ConfigError` (field ``curve``) for fewer than two finite
     points at distinct steps or a trace that does not fall."""
-    s, y = _pair(steps, losses)
+    s, y = curve_pair(steps, losses)
     finite = np.isfinite(s) & np.isfinite(y)
     s, y = s[finite], y[finite]
     order = np.argsort(s, kind="stable")
@@ -187,7 +188,7 @@ def empirical_curve(steps: Any, losses: Any, total_steps: int, fit: CurveFit | N
     docstring). ``fit``: the parametric fit of the whole trace (fitted here when None). The extension
     is chosen only when the run goes past the trace's last point. Raises :class:`ConfigError` as
     :func:`smoothed_trace` does."""
-    s, y = _pair(steps, losses)
+    s, y = curve_pair(steps, losses)
     centres, levels = smoothed_trace(s, y)
     end_slope = _recent_slope(centres, levels)
     if total_steps <= np.nanmax(s):

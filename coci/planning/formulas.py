@@ -43,6 +43,7 @@ MTBFs whose true wall-clock cost the model does not see.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -396,6 +397,21 @@ def _periodic_candidates(model: CostModel, min_steps: int) -> list[np.ndarray]:
     ]
 
 
+def _bisect_alpha(
+    consider: Callable[[float, list[np.ndarray]], bool], model: CostModel, min_steps: int, offsets: tuple[int, ...], max_steps: int | None
+) -> None:
+    """Bisect on alpha for the largest one whose placement ``consider`` accepts (within the budget),
+    then offer that alpha's refined placement (m - 1 and m + 1 at the boundary)."""
+    low, high = 0.0, 1.0
+    for _ in range(knobs.PLAN_BISECTION_STEPS):
+        mid = 0.5 * (low + high)
+        if consider(mid, place(model, mid, min_steps, max_steps=max_steps, refined=False)):
+            low = mid
+        else:
+            high = mid
+    consider(low, place(model, low, min_steps, offsets, max_steps))
+
+
 def auto_steps(
     model: CostModel,
     *,
@@ -452,14 +468,7 @@ def auto_steps(
         return found
 
     if not consider(1.0, progress_candidates):
-        low, high = 0.0, 1.0
-        for _ in range(knobs.PLAN_BISECTION_STEPS):
-            mid = 0.5 * (low + high)
-            if consider(mid, place(model, mid, min_steps, max_steps=max_steps, refined=False)):
-                low = mid
-            else:
-                high = mid
-        consider(low, place(model, low, min_steps, offsets, max_steps))  # m - 1 and m + 1 at the boundary
+        _bisect_alpha(consider, model, min_steps, offsets, max_steps)
     progress, alpha, steps = min(feasible, key=lambda item: (item[0], -item[1]))
     return AutoResult(steps, alpha, time_wall, budget)
 
@@ -511,13 +520,6 @@ def auto_steps_within_run_budget(
     if first.wall_seconds > budget:
         notes = ("the checkpoints already taken spent the run's time budget: the rest is time-optimal",)
     elif not consider(1.0, place(model, 1.0, min_steps, offsets, max_steps)):
-        low, high = 0.0, 1.0
-        for _ in range(knobs.PLAN_BISECTION_STEPS):
-            mid = 0.5 * (low + high)
-            if consider(mid, place(model, mid, min_steps, max_steps=max_steps, refined=False)):
-                low = mid
-            else:
-                high = mid
-        consider(low, place(model, low, min_steps, offsets, max_steps))
+        _bisect_alpha(consider, model, min_steps, offsets, max_steps)
     _, alpha, steps = min(feasible, key=lambda item: (item[0], -item[1]))
     return AutoResult(steps, alpha, whole_time, budget, notes)
