@@ -68,7 +68,11 @@ def restore_fresh(run_dir: Path, **restore_kwargs: Any) -> tuple[coci.Session, d
     """A new session over ``run_dir`` (fresh weights from another seed) after ``restore()``."""
     state = build_state(seed=123)
     session = coci.Session(run_dir, state=state, policy=coci.EveryN(1000), keep_last=None)
-    result = session.restore(**restore_kwargs)
+    try:
+        result = session.restore(**restore_kwargs)
+    except BaseException:
+        session.close()  # frees the run directory's lock now, not when the garbage collector runs
+        raise
     return session, state, result
 
 
