@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fault_job import losses
 
 import coci
 from coci.errors import StateError
@@ -99,15 +100,6 @@ def _run_rnn(run_dir: Path, *extra: str) -> int:
     return subprocess.run(command, timeout=300, capture_output=True).returncode
 
 
-def _losses(run_dir: Path) -> dict[int, set[str]]:
-    seen: dict[int, set[str]] = {}
-    for path in run_dir.glob("losses_*.txt"):
-        for line in path.read_text().splitlines():
-            step, value = line.split()
-            seen.setdefault(int(step), set()).add(value)
-    return seen
-
-
 @pytest.mark.slow
 def test_sigkilled_index_walk_rnn_job_is_bitwise_equal_to_uninterrupted(tmp_path: Path) -> None:
     reference, killed = tmp_path / "reference", tmp_path / "killed"
@@ -123,8 +115,8 @@ def test_sigkilled_index_walk_rnn_job_is_bitwise_equal_to_uninterrupted(tmp_path
     assert got["scalars"] == want["scalars"]
     for key, value in want["model"].items():
         assert torch.equal(got["model"][key], value), key
-    reference_losses = {step: values.pop() for step, values in _losses(reference).items()}
-    resumed = _losses(killed)
+    reference_losses = {step: values.pop() for step, values in losses(reference).items()}
+    resumed = losses(killed)
     assert set(resumed) == set(reference_losses)
     for step, values in resumed.items():  # steps recomputed after a resume give the same loss
         assert values == {reference_losses[step]}, step

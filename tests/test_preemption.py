@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fault_job import losses
 
 import coci
 from coci import knobs
@@ -175,15 +176,6 @@ def test_a_session_dropped_without_close_does_not_swallow_sigterm(tmp_path: Path
 STEPS = 400
 ARGS = ("--steps", str(STEPS), "--every", "3", "--step-sleep", "0.004", "--persist-sleep", "0.15")
 GRACE = 60.0  # generous: the machine running the tests may be loaded
-
-
-def losses(run_dir: Path) -> dict[int, set[str]]:
-    seen: dict[int, set[str]] = {}
-    for path in run_dir.glob("losses_*.txt"):
-        for line in path.read_text().splitlines():
-            step, value = line.split()
-            seen.setdefault(int(step), set()).add(value)
-    return seen
 
 
 def lines(path: Path) -> list[str]:
