@@ -187,6 +187,8 @@ class Plan(BaseModel):
     and ``budget_wall_seconds`` the budget was measured against. ``mu`` is the mixture weight of
     ``auto`` (0: pure progress; None: pure time). ``details`` holds policy figures (intervals,
     COCI's thetas and P_e); ``notes`` what a reader should know that is not a fallback.
+    ``promote_steps`` is the subset of ``steps`` whose checkpoints are also promoted to the remote
+    tier; None (a single-level plan) promotes every checkpoint when a remote tier is configured.
     """
 
     model_config = ConfigDict(frozen=True, defer_build=True)
@@ -202,6 +204,7 @@ class Plan(BaseModel):
     mu: float | None = None
     details: dict[str, float] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
+    promote_steps: list[int] | None = None
 
     @field_validator("steps")
     @classmethod
