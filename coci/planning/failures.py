@@ -39,6 +39,29 @@ scaled and its clock, which also restarts at warned failures, is taken to restar
 only). Two independent exponential classes, one warned and one not, are this model with ``p`` their
 rate share.
 
+Failure classes
+---------------
+Failures differ in what they destroy. A process crash, a NCCL timeout or a preemption on the same
+node leaves the node-local checkpoint directory intact; a GPU or host fault that gets the node
+replaced loses it, and only a copy on a remote tier survives. :meth:`Failures.compose` builds a
+model of independent classes (:class:`FailureClass`), each with its own rate model (exponential or
+Weibull) and the tiers it destroys (``destroys=("local",)`` or nothing). The job fails at the first
+failure of any class (hazards add; all clocks restart together at every (re)start); :meth:`Failures.sample_classes`
+also says which class struck. A plain model is one class that destroys nothing, so everything
+recovers from the local tier, as before classes existed.
+
+:meth:`Failures.large_gpu_job` gives defaults from published failure figures of large GPU jobs.
+The Llama 3 405B training report (16,384 H100 GPUs, 54 days) counts 419 unexpected interruptions,
+a job MTBF of about 3.1 h or about 50,700 h per GPU, and attributes about 78% of them to confirmed
+or suspected hardware (faulty GPUs and their memory, hosts, network, silent data corruption): the
+node is drained or replaced, so its local tier is lost. The other 22% (software bugs, NCCL
+watchdog timeouts, dependencies) restart processes on the same nodes. Per GPU that is a node-class
+MTBF of about 65,000 h and a process-class MTBF of about 230,000 h. Other published figures agree
+on the node rate within a few times: the OPT-175B logbook ("about 2 machines down every day" on
+992 A100, about 12,000 h per GPU), BLOOM-176B ("a GPU dies every week or so" on 384 A100, about
+64,500 h per GPU), and OLCF Titan's GPU replacements (Ostrouchov et al., SC'20: about 138,800 h per
+GPU over 2014-2019, hardware only).
+
 Failure logs
 ------------
 :meth:`Failures.from_log` reads a CSV (``#`` starts a comment line) in one of two layouts:
@@ -65,16 +88,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from coci import checks, knobs
 from coci.errors import ConfigError
 from coci.units import parse_duration
 
-__all__ = ["Failures", "LogFit"]
+__all__ = ["TIERS", "FailureClass", "Failures", "LogFit"]
 
 _TRUE = {"1", "true", "t", "yes", "y"}
 _FALSE = {"0", "false", "f", "no", "n", ""}
+#: The checkpoint tiers a failure class can destroy (the remote tier survives every class).
+TIERS: tuple[str, ...] = ("local",)
+#: The share of interruptions that lose the node (hardware) in the Llama 3 405B report; see the module docstring.
+LARGE_JOB_NODE_SHARE = 0.78
+#: Per-GPU MTBF over all interruptions in the Llama 3 405B report (about 50,700 h).
+LARGE_JOB_MTBF_PER_GPU = "50700h"
 #: Bounds of the Weibull shape searched by the log fit (beyond these the data say little).
 _SHAPE_BOUNDS = (0.02, 50.0)
 
@@ -112,6 +141,32 @@ def _check_nodes(nodes: Any) -> int:
     return int(nodes)
 
 
+class FailureClass(BaseModel):
+    """One class of failures: its name, its own rate model and the tiers it destroys.
+
+    ``failures`` is a plain (single-class) :class:`Failures` without a warning (a warning is a
+    property of the composed model); ``destroys`` names tiers of :data:`TIERS` (``("local",)``: the
+    node-local checkpoints are gone, a restore needs the remote tier).
+    """
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    name: str
+    failures: Failures
+    destroys: tuple[Literal["local"], ...] = ()
+
+    @field_validator("failures")
+    @classmethod
+    def _plain(cls, failures: Failures) -> Failures:
+        if failures.classes or failures.warned_fraction > 0:
+            raise ValueError("a failure class holds a plain model: no nested classes, no warning")
+        return failures
+
+    @property
+    def destroys_local(self) -> bool:
+        return "local" in self.destroys
+
+
 class Failures(BaseModel):
     """A failure model: the distribution of seconds from a job (re)start to its next failure.
 
@@ -123,13 +178,14 @@ class Failures(BaseModel):
 
     model_config = ConfigDict(frozen=True, defer_build=True)
 
-    kind: Literal["exponential", "weibull"]
+    kind: Literal["exponential", "weibull", "classes"]
     shape: float = 1.0
     scale_seconds: float
     nodes: int = 1
     log_fit: LogFit | None = None
     warned_fraction: float = 0.0
     warning_seconds: float | None = None
+    classes: tuple[FailureClass, ...] = ()
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -185,6 +241,14 @@ class Failures(BaseModel):
             raise ConfigError(f"shape must be 1 for an exponential model, got {value!r}")
         return value
 
+    @model_validator(mode="after")
+    def _classes_match_kind(self) -> Failures:
+        if (self.kind == "classes") != bool(self.classes):
+            raise ValueError("kind 'classes' goes with a non-empty classes list, and only with it")
+        if len({c.name for c in self.classes}) != len(self.classes):
+            raise ValueError("failure class names must be unique")
+        return self
+
     # --- constructors -------------------------------------------------------------------------
 
     @classmethod
@@ -212,6 +276,60 @@ class Failures(BaseModel):
         shape_value = _positive_finite(shape, "shape")
         scale_value = parse_duration(scale, field="scale", positive=True)
         return cls(kind="weibull", shape=shape_value, scale_seconds=scale_value, nodes=nodes)
+
+    @classmethod
+    def compose(cls, *classes: FailureClass) -> Failures:
+        """Independent failure classes (see the module docstring): the job fails at the first of
+        them; ``scale_seconds`` records the composed job MTBF."""
+        if not classes:
+            raise ConfigError("compose needs at least one FailureClass")
+        if not all(isinstance(c, FailureClass) for c in classes):
+            raise ConfigError("compose takes FailureClass objects")
+        mean = _composed_mean(classes)
+        return cls(kind="classes", shape=1.0, scale_seconds=mean, classes=tuple(classes))
+
+    @classmethod
+    def large_gpu_job(
+        cls, gpus: int, *, mtbf_per_gpu: float | str = LARGE_JOB_MTBF_PER_GPU, node_share: float = LARGE_JOB_NODE_SHARE
+    ) -> Failures:
+        """Two exponential classes for a job on ``gpus`` GPUs, from published failure figures of
+        large GPU jobs (module docstring): ``node`` (hardware, ``node_share`` of the failures,
+        destroys the local tier) and ``process`` (the rest, destroys nothing)."""
+        gpus = _check_nodes(gpus)
+        if not checks.is_number(node_share) or not 0.0 < float(node_share) < 1.0:
+            raise ConfigError(f"node_share must lie in (0, 1), got {node_share!r}")
+        per_gpu = parse_duration(mtbf_per_gpu, field="mtbf_per_gpu", positive=True)
+        share = float(node_share)
+        return cls.compose(
+            FailureClass(name="process", failures=cls.exponential(per_gpu / (1.0 - share), nodes=gpus)),
+            FailureClass(name="node", failures=cls.exponential(per_gpu / share, nodes=gpus), destroys=("local",)),
+        )
+
+    @property
+    def failure_classes(self) -> tuple[FailureClass, ...]:
+        """The classes; a plain model is one class, ``all``, that destroys nothing."""
+        if self.classes:
+            return self.classes
+        plain = Failures(kind=self.kind, shape=self.shape, scale_seconds=self.scale_seconds, nodes=self.nodes)
+        return (FailureClass(name="all", failures=plain),)
+
+    def destroying(self, tier: str = "local") -> Failures | None:
+        """The failures that destroy ``tier`` (None when no class does), with this model's warning."""
+        return self._subset([c for c in self.failure_classes if tier in c.destroys])
+
+    def sparing(self, tier: str = "local") -> Failures | None:
+        """The failures that leave ``tier`` intact (None when every class destroys it)."""
+        return self._subset([c for c in self.failure_classes if tier not in c.destroys])
+
+    def _subset(self, classes: list[FailureClass]) -> Failures | None:
+        if not classes:
+            return None
+        if not self.classes:
+            return self
+        chosen = classes[0].failures if len(classes) == 1 else Failures.compose(*classes)
+        if self.warned_fraction == 0:
+            return chosen
+        return chosen.warned(self.warned_fraction, self.warning_seconds or 0.0)
 
     @classmethod
     def from_log(cls, path: str | Path) -> Failures:
@@ -246,6 +364,14 @@ class Failures(BaseModel):
         """The failures that lose work (hazard ``(1 - p) h``), without a warning of their own; a
         checkpoint of ``checkpoint_seconds`` that does not fit the warning leaves every failure."""
         keep = self.unwarned_fraction(checkpoint_seconds)
+        if self.classes:
+            return Failures.compose(*(
+                c.model_copy(update={"failures": c.failures.unwarned_by(keep)}) for c in self.classes
+            ))
+        return self.unwarned_by(keep)
+
+    def unwarned_by(self, keep: float) -> Failures:
+        """This plain model with its hazard scaled by ``keep`` (no warning)."""
         scale = self.scale_seconds * keep ** (-1.0 / self.shape)
         return Failures(kind=self.kind, shape=self.shape, scale_seconds=scale, nodes=self.nodes, log_fit=self.log_fit)
 
@@ -257,12 +383,16 @@ class Failures(BaseModel):
 
     @property
     def job_scale_seconds(self) -> float:
-        """Scale of the job's lifetime distribution: ``scale / nodes ** (1 / shape)``."""
+        """Scale of the job's lifetime distribution: ``scale / nodes ** (1 / shape)`` (composed
+        classes: the job MTBF)."""
         return self.scale_seconds / self.nodes ** (1.0 / self.shape)
 
     @property
     def mean_seconds(self) -> float:
-        """The job's MTBF: ``job_scale * Gamma(1 + 1 / shape)``."""
+        """The job's MTBF: ``job_scale * Gamma(1 + 1 / shape)`` (composed classes: the mean of the
+        first failure of any class)."""
+        if self.classes:
+            return self.scale_seconds
         return self.job_scale_seconds * math.gamma(1.0 + 1.0 / self.shape)
 
     @property
@@ -272,7 +402,9 @@ class Failures(BaseModel):
 
     @property
     def is_memoryless(self) -> bool:
-        """True for a constant hazard (exponential, or a Weibull of shape exactly 1)."""
+        """True for a constant hazard (exponential, or a Weibull of shape exactly 1; every class so)."""
+        if self.classes:
+            return all(c.failures.is_memoryless for c in self.classes)
         return self.shape == 1.0
 
     def hazard(self, tau_seconds: Any) -> np.ndarray:
@@ -282,6 +414,8 @@ class Failures(BaseModel):
         :meth:`cumulative_hazard` is finite everywhere).
         """
         tau = _as_tau(tau_seconds)
+        if self.classes:
+            return sum((c.failures.hazard(tau) for c in self.classes), np.zeros_like(tau))
         k, lam = self.shape, self.job_scale_seconds
         if k == 1.0:
             return np.full_like(tau, 1.0 / lam)
@@ -291,6 +425,8 @@ class Failures(BaseModel):
     def cumulative_hazard(self, tau_seconds: Any) -> np.ndarray:
         """``H(tau) = (tau / job_scale) ** shape``: expected failures by ``tau`` without restarts."""
         tau = _as_tau(tau_seconds)
+        if self.classes:
+            return sum((c.failures.cumulative_hazard(tau) for c in self.classes), np.zeros_like(tau))
         return np.power(tau / self.job_scale_seconds, self.shape)
 
     def survival(self, tau_seconds: Any) -> np.ndarray:
@@ -302,16 +438,41 @@ class Failures(BaseModel):
         p = np.asarray(probability, dtype=float)
         if np.any((p < 0) | (p >= 1) | ~np.isfinite(p)):
             raise ConfigError("probability must lie in [0, 1)")
+        if self.classes:
+            return _invert_cumulative(self.cumulative_hazard, -np.log1p(-p), self.mean_seconds)
         return self.job_scale_seconds * np.power(-np.log1p(-p), 1.0 / self.shape)
 
     def sample(self, rng: np.random.Generator | int | None, size: int | tuple[int, ...]) -> np.ndarray:
         """Seconds from a (re)start to the next failure, ``size`` independent draws (inverse CDF)."""
+        return self.sample_classes(rng, size)[0]
+
+    def sample_classes(
+        self, rng: np.random.Generator | int | None, size: int | tuple[int, ...]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(seconds to the next failure, index of the class that struck)``, ``size`` draws: the
+        first failure of independent class lifetimes (each class draws ``size`` in turn)."""
         generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        if self.classes:
+            draws = np.stack([c.failures.sample(generator, size) for c in self.classes])
+            which = np.argmin(draws, axis=0)
+            return np.min(draws, axis=0), which
         uniform = generator.random(size)  # in [0, 1): log1p(-u) is finite
-        return self.job_scale_seconds * np.power(-np.log1p(-uniform), 1.0 / self.shape)
+        life = self.job_scale_seconds * np.power(-np.log1p(-uniform), 1.0 / self.shape)
+        return life, np.zeros(np.shape(life), dtype=np.int64)
+
+    def destroys_mask(self, tier: str = "local") -> np.ndarray:
+        """Per class index (as :meth:`sample_classes` returns it): does that class destroy ``tier``."""
+        return np.asarray([tier in c.destroys for c in self.failure_classes], dtype=bool)
 
     def describe(self) -> str:
         """One line for plans and reports."""
+        if self.classes:
+            parts = "; ".join(
+                f"{c.name}: {c.failures.describe()}" + (f", destroys {'+'.join(c.destroys)}" if c.destroys else "")
+                for c in self.classes
+            )
+            warned = f", {100 * self.warned_fraction:.3g}% warned" if self.warned_fraction > 0 else ""
+            return f"{len(self.classes)} classes (job MTBF {self.mean_seconds:.6g} s{warned}): {parts}"
         nodes = f" x {self.nodes} nodes" if self.nodes > 1 else ""
         warned = (
             f", {100 * self.warned_fraction:.3g}% warned {self.warning_seconds:.6g} s ahead"
@@ -323,6 +484,36 @@ class Failures(BaseModel):
             f"weibull, shape {self.shape:.4g}, scale {self.scale_seconds:.6g} s{nodes} "
             f"(job MTBF {self.mean_seconds:.6g} s){warned}"
         )
+
+
+def _composed_mean(classes: tuple[FailureClass, ...]) -> float:
+    """Mean of the first failure of independent classes: ``1 / sum(rates)`` for exponentials,
+    else the integral of the joint survival."""
+    models = [c.failures for c in classes]
+    if all(m.is_memoryless for m in models):
+        return 1.0 / sum(m.rate for m in models)
+    from scipy import integrate  # here, not at import: ``import coci`` stays light
+
+    shortest = min(m.mean_seconds for m in models)
+
+    def survival(tau: float) -> float:
+        return float(np.exp(-sum(float(m.cumulative_hazard(tau)) for m in models)))
+
+    value, _ = integrate.quad(survival, 0.0, math.inf, limit=200, points=None) if shortest > 0 else (0.0, 0.0)
+    return float(value)
+
+
+def _invert_cumulative(cumulative: Any, targets: np.ndarray, scale: float) -> np.ndarray:
+    """``tau`` with ``cumulative(tau) = targets`` (increasing ``cumulative``), by bisection in log space."""
+    low = np.full(targets.shape, scale * 1e-12)
+    high = np.full(targets.shape, scale)
+    while np.any(np.asarray(cumulative(high)) < targets):
+        high = np.where(np.asarray(cumulative(high)) < targets, high * 4.0, high)
+    for _ in range(100):
+        mid = np.sqrt(low * high)
+        below = np.asarray(cumulative(mid)) < targets
+        low, high = np.where(below, mid, low), np.where(below, high, mid)
+    return np.where(targets <= 0, 0.0, np.sqrt(low * high))
 
 
 def _as_tau(tau_seconds: Any) -> np.ndarray:
