@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from coci.errors import ConfigError
-from coci.planning.objective import CostModel, Overhead
+from coci.planning.objective import CostModel, Overhead, TwoLevelCostModel
 
-__all__ = ["ConstrainedOptimum", "constrained_optimum", "optimal_steps"]
+__all__ = ["ConstrainedOptimum", "constrained_optimum", "optimal_steps", "optimal_two_level"]
 
 #: Horizons beyond this many steps are refused (the DP is quadratic).
 MAX_DP_STEPS = 20_000
@@ -129,3 +129,97 @@ def constrained_optimum(
         dual = best[0] if best is not None else dual
     assert best is not None
     return ConstrainedOptimum(best[2], best[3], best[1], float(dual), budget_wall_seconds)
+
+
+# --- two levels ----------------------------------------------------------------------------------
+
+
+def _chain_terms(model: CostModel, alpha: float, ref_step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per node (0: the plan's start, rolling back to ``ref_step``; i: a checkpoint at step
+    ``start_step + i``): ``G(lo)``, ``M(lo)``, ``W(ref)`` and the steps, for the link costs."""
+    t, p, horizon = model.step_seconds, model.persist_seconds, model.horizon_seconds
+    candidates = np.arange(model.start_step + 1, model.total_steps, dtype=np.int64)
+    lo = np.concatenate([[model.start_seconds], np.minimum(candidates * t + p, horizon)])
+    ref = np.concatenate([[ref_step * t], candidates * t])
+    steps = np.concatenate([[model.start_step], candidates])
+    return model.hazard_integral(lo, alpha), model.failures_until(lo), model.weight_until(ref, alpha), steps
+
+
+def _links(model: CostModel, alpha: float, ref_step: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(link[a, b], end[a])``: the cost of the chain link ``a -> b`` (C plus the work failures in
+    ``[commit(a), commit(b))`` lose) and of the last link ``a -> horizon`` (no checkpoint)."""
+    big_g, big_m, slope, _ = _chain_terms(model, alpha, ref_step)
+    link = big_g[None, :] - big_g[:, None] - slope[:, None] * (big_m[None, :] - big_m[:, None]) + model.checkpoint_seconds
+    end_g = float(model.hazard_integral(model.horizon_seconds, alpha))
+    end_m = float(model.failures_until(model.horizon_seconds))
+    return link, end_g - big_g - slope * (end_m - big_m)
+
+
+def optimal_two_level(
+    model: TwoLevelCostModel, *, alpha: float = 0.0, min_steps: int = 1, min_promote: int = 1
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Exact minimiser of ``model.objective(steps, promote, alpha)`` over every (step, level)
+    assignment: ``(steps, promote, value)``. O(N^3) in the steps of the span: small grids only.
+
+    ``L[a, b]``: the cheapest local chain from node ``a`` to node ``b`` (both checkpoints); the
+    promoted chain is a DP over its nodes with link ``a -> b`` costing the remote link plus
+    ``L[a, b]``, since the local chain between two promotions is independent of the rest.
+    Both chains start at ``max(start_step, last_checkpoint_step)`` for the spacing.
+    """
+    local, remote = model.local, model.remote
+    if local.total_steps - local.start_step > 400:
+        raise ConfigError("the two-level DP is cubic: at most 400 steps")
+    local_link, local_end = _links(local, alpha, local.last_checkpoint_step)
+    remote_link, remote_end = _links(remote, alpha, remote.last_checkpoint_step)
+    steps = _chain_terms(local, alpha, local.last_checkpoint_step)[3]
+    steps = steps.copy()
+    steps[0] = max(local.start_step, local.last_checkpoint_step)
+    n = steps.size
+    gap = steps[None, :] - steps[:, None]
+    local_link = np.where(gap >= min_steps, local_link, np.inf)
+    remote_link = np.where(gap >= min_promote, remote_link, np.inf)
+    best_local = np.full((n, n), np.inf)  # best_local[a, b]: local chain a -> b
+    np.fill_diagonal(best_local, 0.0)
+    via = np.full((n, n), -1, dtype=np.int64)
+    for b in range(1, n):
+        options = best_local[:, :b] + local_link[None, :b, b]  # [a, c]: a -> ... -> c -> b
+        via[:, b] = np.argmin(options, axis=1)
+        best_local[:b, b] = options[np.arange(b), via[:b, b]]
+    promoted = np.full(n, np.inf)
+    promoted[0] = 0.0
+    parent = np.full(n, -1, dtype=np.int64)
+    for b in range(1, n):
+        options = promoted[:b] + remote_link[:b, b] + best_local[:b, b]
+        parent[b] = int(np.argmin(options))
+        promoted[b] = options[parent[b]]
+    tails = best_local + local_end[None, :]  # [a, c]: local chain a -> c, then c -> horizon
+    tails[np.tril_indices(n, -1)] = np.inf
+    finals = promoted + remote_end + tails.min(axis=1)
+    last = int(np.argmin(finals))
+    restarts = float(local.failures_until(local.horizon_seconds)) * local.restart_seconds + float(
+        remote.failures_until(remote.horizon_seconds)
+    ) * remote.restart_seconds
+    promote_nodes = _walk(parent, last)
+    local_nodes = _local_nodes(via, [0, *promote_nodes], int(np.argmin(tails[last])))
+    return steps[local_nodes], steps[promote_nodes], float(finals[last]) + restarts
+
+
+def _walk(parent: np.ndarray, node: int) -> list[int]:
+    chain = []
+    while node > 0:
+        chain.append(node)
+        node = int(parent[node])
+    return chain[::-1]
+
+
+def _local_nodes(via: np.ndarray, promotions: list[int], last_local: int) -> list[int]:
+    """The local chain's nodes: each promotion-to-promotion stretch, then the last to ``last_local``."""
+    nodes: list[int] = []
+    for a, b in zip(promotions, [*promotions[1:], last_local]):
+        stretch = []
+        node = b
+        while node != a:
+            stretch.append(node)
+            node = int(via[a, node])
+        nodes.extend(stretch[::-1])
+    return nodes

@@ -283,7 +283,8 @@ def _local_cost(
 
 
 def refine(
-    model: CostModel, steps: np.ndarray, alpha: float, min_steps: int, max_steps: int | None = None
+    model: CostModel, steps: np.ndarray, alpha: float, min_steps: int, max_steps: int | None = None,
+    fixed: np.ndarray | None = None,
 ) -> np.ndarray:
     """Exact local improvement of a plan: move each checkpoint to its best step between its
     neighbours (vectorised ternary search; even and odd checkpoints alternately, a few sweeps),
@@ -292,6 +293,7 @@ def refine(
     The first-order density is accurate when intervals are short against the scale on which the
     weight and hazard change; with few checkpoints on a steep curve it is not, and this pass closes
     the gap to the exact optimum (the DP of :mod:`exact_optimum`) for a fixed number of checkpoints.
+    ``fixed`` (a mask over ``steps``) holds checkpoints in place (a two-level plan's promoted ones).
     """
     steps = steps.astype(np.int64).copy()
     n = steps.size
@@ -317,6 +319,8 @@ def refine(
                 low = np.maximum(low, after - max_steps)
                 high = np.minimum(high, before + max_steps)
             stuck = (high < low) | (current < low) | (current > high)
+            if fixed is not None:
+                stuck |= fixed[index]
             low, high = np.where(stuck, current, low), np.where(stuck, current, high)
             best = _ternary(model, low, high, prev, prev_lo, hi, alpha)
             gain = _local_cost(model, current, prev, prev_lo, hi, alpha) - _local_cost(model, best, prev, prev_lo, hi, alpha)

@@ -47,6 +47,22 @@ as constant per cell (the hazard as the cell's exact average, the weight by Simp
 integrals above are then *exact* for the cell model: ``M`` and ``W`` are piecewise linear and
 ``int h W dx`` is piecewise quadratic, evaluated in closed form at any position.
 
+Two levels
+----------
+With a remote tier and failure classes (:meth:`coci.Failures.compose`) a plan is the local steps
+``x`` and the promoted subset ``y`` of them. A failure of a class that spares the local tier (hazard
+``M_p``) rolls back to the last *local* commit and costs the restart ``R``; one that destroys it
+(``M_n``) rolls back to the last *remote* commit, ``U`` (upload seconds) after the local commit
+``x_k + P``, and costs the remote restart ``R_r``. Each promotion costs training ``C_u`` (the upload's
+interference). The objective is the sum of two single-level objectives on the same weight,
+
+    J(x, y) = J_local(x; C, P, R, M_p) + J_remote(y; C_u, P + U, R_r, M_n),     y a subset of x,
+
+so :class:`TwoLevelCostModel` is two :class:`CostModel` s and the one-level model is the case
+``M_n = 0`` (a single class destroys nothing). First order as above: an upload lost with a failure,
+and a failure during a restore, are second-order effects. For restarting hazards each class's
+``M`` is its own renewal function (its clock taken to restart at its own failures only).
+
 Restarting hazards
 ------------------
 For a Weibull (or any non-memoryless) model whose clock restarts at each (re)start, the plan uses the
@@ -74,6 +90,7 @@ from coci.errors import ConfigError
 __all__ = [
     "CostModel",
     "ExpectedFailures",
+    "TwoLevelCostModel",
     "Overhead",
     "build_cost_model",
     "expected_failures",
@@ -192,6 +209,11 @@ class ExpectedFailures:
         if not (rate > 0 and math.isfinite(rate)):
             raise ConfigError(f"failure rate must be positive and finite, got {rate!r}")
         return cls(np.array([0.0, 1.0]), np.array([0.0, rate]), rate, origin_seconds, "constant")
+
+    @classmethod
+    def none(cls, origin_seconds: float = 0.0) -> ExpectedFailures:
+        """No failures at all (a failure class group that is empty)."""
+        return cls(np.array([0.0, 1.0]), np.array([0.0, 0.0]), 0.0, origin_seconds, "none")
 
     @classmethod
     def renewal(
@@ -455,6 +477,61 @@ class CostModel:
                 f"steps must be strictly increasing within ({self.start_step}, {self.total_steps}]"
             )
         return array.astype(np.int64, copy=False)
+
+
+@dataclass(frozen=True)
+class TwoLevelCostModel:
+    """The two-level objective (module docstring, "Two levels"): ``local`` scores the local steps
+    against the failures that spare the local tier, ``remote`` the promoted steps against those that
+    destroy it (its ``checkpoint_seconds`` is the upload's interference, its ``persist_seconds`` the
+    persist plus the upload, its ``restart_seconds`` the restore from the remote tier)."""
+
+    local: CostModel
+    remote: CostModel
+
+    @property
+    def upload_seconds(self) -> float:
+        return self.remote.persist_seconds - self.local.persist_seconds
+
+    def parts(self, steps: Any, promote: Any) -> tuple[Overhead, Overhead]:
+        """Expected overhead of the local chain and of the promoted chain; ``promote`` must be a
+        subset of ``steps`` (raises :class:`ConfigError` otherwise)."""
+        local, remote = self.local.check_steps(steps), self.remote.check_steps(promote)
+        if not np.all(np.isin(remote, local)):
+            raise ConfigError("promote_steps must be a subset of steps")
+        return self.local.expected(local), self.remote.expected(remote)
+
+    def expected(self, steps: Any, promote: Any) -> Overhead:
+        """Expected overhead of a two-level plan, the two chains added (``checkpoints`` counts the
+        local ones; promotions are in :meth:`as_dict`)."""
+        local, remote = self.parts(steps, promote)
+        return Overhead(
+            checkpoints=local.checkpoints,
+            checkpoint_seconds=local.checkpoint_seconds + remote.checkpoint_seconds,
+            failures=local.failures + remote.failures,
+            restart_seconds=local.restart_seconds + remote.restart_seconds,
+            lost_seconds=local.lost_seconds + remote.lost_seconds,
+            lost_progress_seconds=local.lost_progress_seconds + remote.lost_progress_seconds,
+            run_seconds=local.run_seconds,
+        )
+
+    def as_dict(self, steps: Any, promote: Any) -> dict[str, float]:
+        """:meth:`Overhead.as_dict` of the plan, with the promotions and each class group's part."""
+        local, remote = self.parts(steps, promote)
+        figures = self.expected(steps, promote).as_dict()
+        figures.update(
+            promotions=float(remote.checkpoints),
+            promotion_seconds=remote.checkpoint_seconds,
+            local_failures=local.failures,
+            remote_failures=remote.failures,
+            remote_restart_seconds=remote.restart_seconds,
+            remote_lost_seconds=remote.lost_seconds,
+        )
+        return figures
+
+    def objective(self, steps: Any, promote: Any, alpha: float) -> float:
+        """The ``w_alpha`` objective of a two-level plan (what its planner and DP minimise)."""
+        return self.local.objective(steps, alpha) + self.remote.objective(promote, alpha)
 
 
 def cell_edges(start_step: int, total_steps: int, per_step: bool | None = None) -> np.ndarray:

@@ -1,0 +1,178 @@
+"""Two-level plans: which steps checkpoint locally and which of those are promoted to the remote tier.
+
+A pure extension of :func:`coci.planning.formulas.auto_steps` to the objective of
+:class:`coci.planning.objective.TwoLevelCostModel` (local chain against the failures that spare the
+local tier, promoted chain against those that destroy it). For a mixture weight ``alpha``:
+
+1. the promoted steps ``y``: the single-level placement (:func:`~coci.planning.formulas.place`, its
+   exact refinement included) on the remote model, each promotion charged its upload interference
+   plus the local checkpoint it needs; ``m - 1``, ``m`` and ``m + 1`` promotions, and at ``alpha = 0``
+   the two integer Young intervals;
+2. the local steps around them (:func:`local_around`): in each gap between promotions, the number
+   of local segments that minimises ``s + N^2 / s`` (``N`` the first-order density
+   ``sqrt(h_p w_alpha / 2C)`` integrated over the gap), placed at its quantiles, then refined
+   exactly with the promotions held in place;
+3. every ``(x, y)`` candidate, and each ``y`` promoted at every checkpoint (``x = y``, the best
+   single-level plan), is scored by the exact two-level objective; the least wins.
+
+``auto`` (:func:`auto_two_level`) then does what the single-level ``auto`` does: the time optimum
+sets the reference, and the largest progress weight whose plan keeps the expected wall-clock
+overhead within ``1 + time_budget`` of it is bisected. Promotions are at least
+``ceil(upload / step)`` steps apart (one upload in flight).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from coci import knobs
+from coci.planning.formulas import (
+    _density,
+    _periodic_candidates,
+    max_interval_steps,
+    place,
+    refine,
+    snap_to_steps,
+)
+from coci.planning.objective import CostModel, TwoLevelCostModel, mu_from_alpha
+
+__all__ = ["TwoLevelResult", "auto_two_level", "local_around", "min_promote_steps", "two_level_candidates"]
+
+TwoLevelPlan = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class TwoLevelResult:
+    """What :func:`auto_two_level` chose: local steps, promoted steps, the mixture and the budget."""
+
+    steps: np.ndarray
+    promote: np.ndarray
+    alpha: float
+    time_optimal_wall_seconds: float
+    budget_wall_seconds: float | None
+
+    @property
+    def mu(self) -> float | None:
+        return mu_from_alpha(self.alpha)
+
+
+def min_promote_steps(step_seconds: float, upload_seconds: float, min_steps: int) -> int:
+    """Fewest steps between promotions: one upload in flight, and never below ``min_steps``."""
+    return max(min_steps, math.ceil(upload_seconds / step_seconds - 1e-9))
+
+
+def local_around(
+    model: CostModel, promote: np.ndarray, alpha: float, min_steps: int, max_steps: int | None = None
+) -> np.ndarray:
+    """The local steps of a two-level plan with the promotions ``promote`` among them (see the
+    module docstring, step 2); ``model`` is the local chain's cost model."""
+    density = _density(model, alpha, min_steps, max_steps)
+    t = model.step_seconds
+    lead = float(density[0]) * max(0.0, model.start_seconds - model.last_checkpoint_step * t)
+    cumulative = np.concatenate([[0.0], np.cumsum(density * np.diff(model.edges))]) + lead
+    end = max(model.horizon_seconds - model.persist_seconds, model.start_seconds)
+    bounds = np.concatenate([[0.0], np.interp(promote * t, model.edges, cumulative), [np.interp(end, model.edges, cumulative)]])
+    gaps = np.maximum(np.diff(bounds), 0.0)
+    segments = _best_segments(gaps)
+    interior = segments - 1
+    if not interior.sum() <= knobs.PLAN_MAX_CHECKPOINTS:
+        interior = np.zeros_like(interior)
+    owner = np.repeat(np.arange(gaps.size), interior)
+    rank = np.arange(owner.size) - np.repeat(np.cumsum(interior) - interior, interior) + 1
+    targets = bounds[owner] + gaps[owner] * rank / segments[owner]
+    extra = snap_to_steps(np.interp(targets, cumulative, model.edges), model, min_steps)
+    steps = _merge(extra, promote, min_steps)
+    if 0 < steps.size <= knobs.PLAN_REFINE_MAX_CHECKPOINTS:
+        steps = refine(model, steps, alpha, min_steps, max_steps, fixed=np.isin(steps, promote))
+    return steps
+
+
+def _best_segments(density_mass: np.ndarray) -> np.ndarray:
+    """Per gap, the segment count ``s >= 1`` minimising ``s + N^2 / s`` (floor or ceil of ``N``)."""
+    low = np.maximum(np.floor(density_mass), 1.0)
+    high = low + 1.0
+    squared = density_mass * density_mass
+    pick_high = high + squared / high < low + squared / low
+    return np.where(pick_high, high, low).astype(np.int64)
+
+
+def _merge(extra: np.ndarray, promote: np.ndarray, min_steps: int) -> np.ndarray:
+    """``promote`` plus the ``extra`` steps at least ``min_steps`` from every promotion, sorted."""
+    if promote.size and extra.size:
+        nearest = np.searchsorted(promote, extra)
+        before = np.abs(extra - promote[np.clip(nearest - 1, 0, promote.size - 1)])
+        after = np.abs(promote[np.clip(nearest, 0, promote.size - 1)] - extra)
+        extra = extra[np.minimum(before, after) >= min_steps]
+    return np.union1d(extra, promote).astype(np.int64)
+
+
+def two_level_candidates(
+    model: TwoLevelCostModel, alpha: float, min_steps: int, min_promote: int, max_steps: int | None = None
+) -> list[TwoLevelPlan]:
+    """``(steps, promote)`` candidates for one mixture weight (module docstring, steps 1-3)."""
+    charged = dataclasses.replace(
+        model.remote, checkpoint_seconds=model.remote.checkpoint_seconds + model.local.checkpoint_seconds
+    )
+    max_promote = max_interval_steps(charged, min_promote)
+    promotions = place(charged, alpha, min_promote, (-1, 0, 1), max_promote)
+    if alpha == 0.0:
+        promotions += _periodic_candidates(charged, min_promote)
+    candidates: list[TwoLevelPlan] = []
+    for promote in promotions:
+        candidates.append((local_around(model.local, promote, alpha, min_steps, max_steps), promote))
+        candidates.append((promote, promote))
+    return candidates
+
+
+def _best(model: TwoLevelCostModel, candidates: list[TwoLevelPlan], alpha: float) -> TwoLevelPlan:
+    return min(candidates, key=lambda plan: model.objective(plan[0], plan[1], alpha))
+
+
+def auto_two_level(
+    model: TwoLevelCostModel,
+    *,
+    objective: str = "progress",
+    time_budget: float | None = 0.05,
+    min_steps: int = 1,
+    min_promote: int = 1,
+    alpha: float | None = None,
+) -> TwoLevelResult:
+    """``auto`` for two levels: as :func:`coci.planning.formulas.auto_steps`, over ``(steps,
+    promote)`` plans scored by the two-level objective (module docstring)."""
+    max_steps = max_interval_steps(model.local, min_steps)
+
+    def candidates(weight: float) -> list[TwoLevelPlan]:
+        return two_level_candidates(model, weight, min_steps, min_promote, max_steps)
+
+    time_plan = _best(model, candidates(0.0), 0.0)
+    time_wall = model.objective(*time_plan, 0.0)
+    has_progress = model.local.has_progress
+    if objective == "time" or not has_progress or (alpha is not None and alpha <= 0.0):
+        return TwoLevelResult(*time_plan, 0.0, time_wall, None)
+    if alpha is not None:
+        return TwoLevelResult(*_best(model, [time_plan, *candidates(alpha)], alpha), float(alpha), time_wall, None)
+    if time_budget is None:
+        return TwoLevelResult(*_best(model, candidates(1.0), 1.0), 1.0, time_wall, None)
+    budget = (1.0 + time_budget) * time_wall
+    feasible: list[tuple[float, float, TwoLevelPlan]] = [(model.objective(*time_plan, 1.0), 0.0, time_plan)]
+
+    def consider(weight: float) -> bool:
+        found = False
+        for plan in candidates(weight):
+            overhead = model.expected(*plan)
+            if overhead.wall_seconds <= budget:
+                feasible.append((overhead.progress_seconds, weight, plan))
+                found = True
+        return found
+
+    if not consider(1.0):
+        low, high = 0.0, 1.0
+        for _ in range(knobs.PLAN_BISECTION_STEPS):
+            mid = 0.5 * (low + high)
+            low, high = (mid, high) if consider(mid) else (low, mid)
+    _, weight, plan = min(feasible, key=lambda item: (item[0], -item[1]))
+    return TwoLevelResult(plan[0], plan[1], weight, time_wall, budget)
