@@ -66,10 +66,12 @@ def min_promote_steps(step_seconds: float, upload_seconds: float, min_steps: int
 
 
 def local_around(
-    model: CostModel, promote: np.ndarray, alpha: float, min_steps: int, max_steps: int | None = None
+    model: CostModel, promote: np.ndarray, alpha: float, min_steps: int, max_steps: int | None = None,
+    refined: bool = True,
 ) -> np.ndarray:
     """The local steps of a two-level plan with the promotions ``promote`` among them (see the
-    module docstring, step 2); ``model`` is the local chain's cost model."""
+    module docstring, step 2); ``model`` is the local chain's cost model; ``refined=False`` skips
+    the exact refinement."""
     density = _density(model, alpha, min_steps, max_steps)
     t = model.step_seconds
     lead = float(density[0]) * max(0.0, model.start_seconds - model.last_checkpoint_step * t)
@@ -86,7 +88,7 @@ def local_around(
     targets = bounds[owner] + gaps[owner] * rank / segments[owner]
     extra = snap_to_steps(np.interp(targets, cumulative, model.edges), model, min_steps)
     steps = _merge(extra, promote, min_steps)
-    if 0 < steps.size <= knobs.PLAN_REFINE_MAX_CHECKPOINTS:
+    if refined and 0 < steps.size <= knobs.PLAN_REFINE_MAX_CHECKPOINTS:
         steps = refine(model, steps, alpha, min_steps, max_steps, fixed=np.isin(steps, promote))
     return steps
 
@@ -111,19 +113,22 @@ def _merge(extra: np.ndarray, promote: np.ndarray, min_steps: int) -> np.ndarray
 
 
 def two_level_candidates(
-    model: TwoLevelCostModel, alpha: float, min_steps: int, min_promote: int, max_steps: int | None = None
+    model: TwoLevelCostModel, alpha: float, min_steps: int, min_promote: int, max_steps: int | None = None,
+    refined: bool = True,
 ) -> list[TwoLevelPlan]:
-    """``(steps, promote)`` candidates for one mixture weight (module docstring, steps 1-3)."""
+    """``(steps, promote)`` candidates for one mixture weight (module docstring, steps 1-3);
+    ``refined=False`` skips the exact refinements (enough to tell on which side of the budget a
+    weight falls)."""
     charged = dataclasses.replace(
         model.remote, checkpoint_seconds=model.remote.checkpoint_seconds + model.local.checkpoint_seconds
     )
     max_promote = max_interval_steps(charged, min_promote)
-    promotions = place(charged, alpha, min_promote, (-1, 0, 1), max_promote)
+    promotions = place(charged, alpha, min_promote, (-1, 0, 1), max_promote, refined)
     if alpha == 0.0:
         promotions += _periodic_candidates(charged, min_promote)
     candidates: list[TwoLevelPlan] = []
     for promote in promotions:
-        candidates.append((local_around(model.local, promote, alpha, min_steps, max_steps), promote))
+        candidates.append((local_around(model.local, promote, alpha, min_steps, max_steps, refined), promote))
         candidates.append((promote, promote))
     return candidates
 
@@ -145,8 +150,8 @@ def auto_two_level(
     promote)`` plans scored by the two-level objective (module docstring)."""
     max_steps = max_interval_steps(model.local, min_steps)
 
-    def candidates(weight: float) -> list[TwoLevelPlan]:
-        return two_level_candidates(model, weight, min_steps, min_promote, max_steps)
+    def candidates(weight: float, refined: bool = True) -> list[TwoLevelPlan]:
+        return two_level_candidates(model, weight, min_steps, min_promote, max_steps, refined)
 
     time_plan = _best(model, candidates(0.0), 0.0)
     time_wall = model.objective(*time_plan, 0.0)
@@ -160,9 +165,9 @@ def auto_two_level(
     budget = (1.0 + time_budget) * time_wall
     feasible: list[tuple[float, float, TwoLevelPlan]] = [(model.objective(*time_plan, 1.0), 0.0, time_plan)]
 
-    def consider(weight: float) -> bool:
+    def consider(weight: float, refined: bool = True) -> bool:
         found = False
-        for plan in candidates(weight):
+        for plan in candidates(weight, refined):
             overhead = model.expected(*plan)
             if overhead.wall_seconds <= budget:
                 feasible.append((overhead.progress_seconds, weight, plan))
@@ -173,6 +178,7 @@ def auto_two_level(
         low, high = 0.0, 1.0
         for _ in range(knobs.PLAN_BISECTION_STEPS):
             mid = 0.5 * (low + high)
-            low, high = (mid, high) if consider(mid) else (low, mid)
+            low, high = (mid, high) if consider(mid, refined=False) else (low, mid)
+        consider(low)
     _, weight, plan = min(feasible, key=lambda item: (item[0], -item[1]))
     return TwoLevelResult(plan[0], plan[1], weight, time_wall, budget)

@@ -81,7 +81,15 @@ from coci.planning.formulas import (
     snap_to_steps,
     young_interval_seconds,
 )
-from coci.planning.objective import CostModel, build_cost_model, expected_failures, whole_run_mean_rate
+from coci.planning.levels import auto_two_level, min_promote_steps
+from coci.planning.objective import (
+    CostModel,
+    ExpectedFailures,
+    TwoLevelCostModel,
+    build_cost_model,
+    expected_failures,
+    whole_run_mean_rate,
+)
 from coci.planning.policy import Observation
 from coci.planning.prior import CorrectedRate, PriorCurve, WarmStart, load_prior
 from coci.units import parse_duration
@@ -151,6 +159,15 @@ class PlanInputs(BaseModel):
     last_checkpoint_step: int = 0
     failure_origin_step: int = 0
     min_interval_steps: int = 1
+    upload_seconds: float | None = None
+    upload_interference_seconds: float | None = None
+    remote_restart_seconds: float | None = None
+    last_promoted_step: int | None = None
+
+    @property
+    def has_remote_tier(self) -> bool:
+        """True when the plan was given a remote tier's costs (``upload_seconds``)."""
+        return self.upload_seconds is not None
 
     def planned_failures(self) -> Failures | None:
         """The failures periodic checkpoints must cover: those without a warning that a
@@ -317,6 +334,10 @@ def plan(
     last_checkpoint_step: int = 0,
     failure_origin_step: int = 0,
     taken_steps: Iterable[int] | None = None,
+    upload_seconds: float | str | None = None,
+    upload_interference_seconds: float | str | None = None,
+    remote_restart_seconds: float | str | None = None,
+    last_promoted_step: int | None = None,
 ) -> Plan:
     """Plan checkpoint steps for a run of ``total_steps`` steps.
 
@@ -337,6 +358,14 @@ def plan(
             ``last_checkpoint_step``; the failure clock (re)started at ``failure_origin_step``.
         taken_steps: for re-planning mid-run: the checkpoints the run has already taken (default:
             ``last_checkpoint_step`` alone); ``auto`` charges them to the whole run's time budget.
+        upload_seconds, upload_interference_seconds, remote_restart_seconds: a remote tier's costs:
+            seconds from a local commit to the remote commit, the training time one upload costs
+            (default 0) and the restart from the remote tier (default ``restart_seconds``). With
+            ``upload_seconds`` and a failure class that destroys the local tier
+            (:meth:`coci.Failures.compose`), ``auto`` plans two levels (``Plan.promote_steps``, see
+            :mod:`coci.planning.levels`); None (the default) plans exactly as without a remote tier.
+        last_promoted_step: for re-planning mid-run: the newest promoted checkpoint (default
+            ``last_checkpoint_step``).
     """
     choices: dict[str, Any] = dict(
         policy=policy, failures=failures, total_steps=total_steps, restart_seconds=restart_seconds,
@@ -352,6 +381,7 @@ def plan(
         interference_seconds=interference_seconds, start_step=start_step,
         last_checkpoint_step=last_checkpoint_step, failure_origin_step=failure_origin_step,
         taken_steps=taken_steps,
+        remote=_remote_costs(upload_seconds, upload_interference_seconds, remote_restart_seconds, last_promoted_step),
     )
     return _finish(problem, POLICY_PLANNERS[config.policy](problem))
 
@@ -375,6 +405,7 @@ class _Problem:
     details: dict[str, float]
     notes: list[str] = field(default_factory=list)
     taken_steps: tuple[int, ...] = ()  # checkpoints already taken, at or before start_step
+    two_level: TwoLevelCostModel | None = None  # with a remote tier and a class that destroys the local one
 
     @property
     def failures(self) -> Failures:
@@ -399,6 +430,23 @@ class _Placement:
     objective: str
     mu: float | None = None
     expected: dict[str, float] = field(default_factory=dict)
+    promote: np.ndarray | None = None  # the promoted subset of ``steps`` (None: single level)
+
+
+def _remote_costs(upload: Any, interference: Any, restart: Any, last_promoted: Any) -> dict[str, Any]:
+    """The remote tier's costs, validated (all None without a remote tier)."""
+    if upload is None:
+        if interference is not None or restart is not None:
+            raise ConfigError("upload_seconds is required with upload_interference_seconds or remote_restart_seconds")
+        return {}
+    return {
+        "upload_seconds": parse_duration(upload, field="upload_seconds", positive=True),
+        "upload_interference_seconds": 0.0 if interference is None else parse_duration(
+            interference, field="upload_interference_seconds", positive=False),
+        "remote_restart_seconds": None if restart is None else parse_duration(
+            restart, field="remote_restart_seconds", positive=False),
+        "last_promoted_step": checks.optional_integer(last_promoted, "last_promoted_step", minimum=0),
+    }
 
 
 def _problem(
@@ -413,6 +461,7 @@ def _problem(
     last_checkpoint_step: Any,
     failure_origin_step: Any,
     taken_steps: Iterable[int] | None = None,
+    remote: dict[str, Any] | None = None,
 ) -> _Problem:
     """Validate the measurements, resolve the curve and build the cost model."""
     total_steps = checks.integer(config.total_steps, "total_steps", minimum=1)
@@ -448,13 +497,16 @@ def _problem(
         interference_seconds=interference, checkpoint_seconds=cost, max_overhead=config.max_overhead,
         failures=config.failures, curve=description, start_step=start,
         last_checkpoint_step=min(last_checkpoint, start), failure_origin_step=origin, min_interval_steps=min_steps,
+        **(remote or {}),
     )
     model = _cost_model(inputs, last_checkpoint, rate, mean_rate, fallbacks)
+    weighted = rate if model is not None and model.has_progress else None
     return _Problem(
         config=config, inputs=inputs, last_checkpoint_step=last_checkpoint, curve_given=curve is not None,
         fit=fit, rate=rate, raw=raw, mean_rate=mean_rate, weight_origin=weight_origin, model=model,
         fallbacks=fallbacks, details=details, notes=notes,
         taken_steps=_taken(taken_steps, start, last_checkpoint),
+        two_level=_two_level_model(inputs, last_checkpoint, weighted, mean_rate, notes),
     )
 
 
@@ -526,10 +578,52 @@ def _cost_model(
     return build(None)
 
 
+def _two_level_model(
+    inputs: PlanInputs, last_checkpoint_step: int, rate: RateFunction | None, mean_rate: float | None, notes: list[str]
+) -> TwoLevelCostModel | None:
+    """The two-level cost model (:class:`coci.planning.objective.TwoLevelCostModel`), or None without a
+    remote tier, a failure model, or a failure class that destroys the local tier (then a note)."""
+    failures = inputs.planned_failures()
+    if failures is None or not inputs.has_remote_tier:
+        if failures is not None and failures.destroying("local") is not None:
+            notes.append("failure classes destroy the local tier but no remote tier is given: planned as if every failure restored locally")
+        return None
+    destroying = failures.destroying("local")
+    if destroying is None:
+        notes.append("no failure class destroys the local tier: a single-level plan (every checkpoint promoted)")
+        return None
+    step = inputs.step_seconds
+    origin = inputs.failure_origin_step * step
+    span = inputs.total_steps * step - origin
+    sparing = failures.sparing("local")
+    upload = float(inputs.upload_seconds or 0.0)
+    remote_restart = inputs.restart_seconds if inputs.remote_restart_seconds is None else inputs.remote_restart_seconds
+    last_promoted = last_checkpoint_step if inputs.last_promoted_step is None else inputs.last_promoted_step
+
+    def build(group: Failures | None, cost: float, persist: float, restart: float, last: int) -> CostModel:
+        hazard = ExpectedFailures.none(origin) if group is None else expected_failures(group, span, origin)
+        return build_cost_model(
+            total_steps=inputs.total_steps, step_seconds=step, checkpoint_seconds=cost, persist_seconds=persist,
+            restart_seconds=restart, failures=hazard, progress_rate=rate, start_step=inputs.start_step,
+            last_checkpoint_step=last, mean_rate=mean_rate if rate is not None else None,
+        )
+
+    return TwoLevelCostModel(
+        local=build(sparing, inputs.checkpoint_seconds, inputs.persist_seconds, inputs.restart_seconds, last_checkpoint_step),
+        remote=build(destroying, float(inputs.upload_interference_seconds or 0.0), inputs.persist_seconds + upload,
+                     remote_restart, min(last_promoted, last_checkpoint_step)),
+    )
+
+
 def _finish(problem: _Problem, placement: _Placement) -> Plan:
-    """The :class:`Plan` of ``placement``, with its expected costs."""
+    """The :class:`Plan` of ``placement``, with its expected costs (two-level: with every checkpoint
+    promoted unless the placement chose the promotions)."""
     steps = placement.steps
-    if problem.model is not None:
+    if problem.two_level is not None:
+        promote = steps if placement.promote is None else placement.promote
+        expected = problem.two_level.as_dict(steps, promote)
+        expected.update(placement.expected)
+    elif problem.model is not None:
         expected = problem.model.expected(steps).as_dict()
         expected.update(placement.expected)
         expected.update(warned_expected(problem.inputs, expected, problem.notes))
@@ -548,6 +642,7 @@ def _finish(problem: _Problem, placement: _Placement) -> Plan:
         mu=placement.mu,
         details=problem.details,
         notes=problem.notes,
+        promote_steps=None if placement.promote is None else [int(s) for s in placement.promote],
     )
 
 
@@ -620,6 +715,8 @@ def _plan_auto(problem: _Problem) -> _Placement:
             problem.fallbacks.append("no curve given: planned for the time objective")
         objective = "time"
     min_steps = problem.inputs.min_interval_steps
+    if problem.two_level is not None:
+        return _plan_two_levels(problem, problem.two_level, objective)
     max_steps = max_interval_steps(model, min_steps)
     problem.details["max_interval_steps"] = float(max_steps)
     if objective == "progress" and config.time_budget is not None and model.start_step > 0:
@@ -633,6 +730,28 @@ def _plan_auto(problem: _Problem) -> _Placement:
     if result.budget_wall_seconds is not None:
         expected["budget_wall_seconds"] = result.budget_wall_seconds
     return _Placement(result.steps, objective, result.mu if objective == "progress" else None, expected)
+
+
+def _plan_two_levels(problem: _Problem, model: TwoLevelCostModel, objective: str) -> _Placement:
+    """``auto`` with a remote tier: local steps and their promoted subset (:func:`auto_two_level`).
+    A re-plan measures the time budget against the remaining steps' two-level time optimum."""
+    inputs, config = problem.inputs, problem.config
+    min_promote = min_promote_steps(inputs.step_seconds, float(inputs.upload_seconds or 0.0), inputs.min_interval_steps)
+    result = auto_two_level(
+        model, objective=objective, time_budget=config.time_budget, min_steps=inputs.min_interval_steps,
+        min_promote=min_promote,
+    )
+    problem.details["min_promote_steps"] = float(min_promote)
+    problem.notes.append(
+        f"two levels: {len(result.promote)} of {len(result.steps)} checkpoints promoted to the remote tier"
+    )
+    if model.local.start_step > 0 and objective == "progress" and config.time_budget is not None:
+        problem.notes.append("re-plan with a remote tier: the time budget is measured on the remaining steps")
+    expected = {"time_optimal_wall_seconds": result.time_optimal_wall_seconds}
+    if result.budget_wall_seconds is not None:
+        expected["budget_wall_seconds"] = result.budget_wall_seconds
+    mu = result.mu if objective == "progress" else None
+    return _Placement(result.steps, objective, mu, expected, promote=result.promote)
 
 
 def _plan_rest_within_run_budget(problem: _Problem, time_budget: float, max_steps: int) -> AutoResult:
