@@ -32,6 +32,20 @@ notice as a pause of the timeline (a persist in flight at the notice is taken to
 A warning the checkpoint does not fit makes the failure an unwarned one. Exploratory jobs (``termination``) stop each
 trial early, at a uniformly drawn fraction of the run.
 
+Failure classes and tiers
+-------------------------
+With a remote tier (the plan's ``upload_seconds``) and failure classes (:meth:`coci.Failures.compose`)
+the replay plays both tiers. The promoted checkpoints (``plan.promote_steps``; None promotes every
+checkpoint) upload in the background after their local commit, one at a time, each taking
+``upload_seconds`` and committing remotely at its end; each costs training
+``upload_interference_seconds``, charged as extra stall at its snapshot. Each failure's class is
+drawn with it (:meth:`coci.Failures.sample_classes`). A failure of a class that destroys the local
+tier (also during a restart) rolls back to the newest *remote* commit and restarts in
+``remote_restart_seconds``; any other failure rolls back to the newest local commit as above. An
+upload in flight at a failure (of any class: the uploading process dies) is lost and not retried,
+and a checkpoint taken on a notice lives on the local tier only. Without a remote tier every
+failure restores locally, as without classes.
+
 Metrics, per trial
 ------------------
 * ``wall_seconds``: wall-clock time minus that of a failure-free run without checkpoints of the
@@ -46,7 +60,8 @@ Metrics, per trial
   horizon: the same normalisation as every plan, online re-plans included), i.e. ``W(failure) - W(rollback)``
   (``lost_progress_seconds``); ``progress_percent`` against the run.
 * ``checkpoints`` (snapshots completed), ``failures`` (including during restarts), ``steps_lost``
-  (completed steps rolled back), ``run_seconds`` (the failure-free, checkpoint-free run).
+  (completed steps rolled back), ``run_seconds`` (the failure-free, checkpoint-free run),
+  ``remote_restores`` (failures that rolled back to the remote tier).
 
 Each is aggregated into a mean, a standard deviation and a 95% confidence interval for the mean
 (Student t). Trial ``i`` uses the ``i``-th lifetime of each draw for every schedule simulated with
@@ -142,6 +157,7 @@ METRICS: tuple[str, ...] = (
     "failures",
     "steps_lost",
     "run_seconds",
+    "remote_restores",
 )
 
 
@@ -195,6 +211,7 @@ class SimulationResult(BaseModel):
     inputs: PlanInputs
     curve: str
     steps: list[int]
+    promote_steps: list[int] | None = None
     replans: int = 0
     unfinished: int = 0
     metrics: dict[str, MetricSummary]
@@ -271,6 +288,13 @@ class Job:
     persist_seconds: float
     interference_seconds: float
     restart_seconds: float
+    upload_seconds: float | None = None
+    upload_interference_seconds: float = 0.0
+    remote_restart_seconds: float = 0.0
+
+    @property
+    def has_remote_tier(self) -> bool:
+        return self.upload_seconds is not None
 
     @classmethod
     def of(cls, inputs: PlanInputs) -> Job:
@@ -291,6 +315,11 @@ class Job:
             persist_seconds=float(inputs.persist_seconds),
             interference_seconds=float(inputs.interference_seconds),
             restart_seconds=float(inputs.restart_seconds),
+            upload_seconds=inputs.upload_seconds,
+            upload_interference_seconds=float(inputs.upload_interference_seconds or 0.0),
+            remote_restart_seconds=float(
+                inputs.restart_seconds if inputs.remote_restart_seconds is None else inputs.remote_restart_seconds
+            ),
         )
 
     @property
@@ -318,6 +347,8 @@ class Timeline:
     first interval runs clean, after that it follows this timeline); ``first_end[i]`` the wall time
     that first interval ends (checkpoint ``i + 1``'s step, or the end). ``wall_knots`` /
     ``progress_knots`` map wall time to progress (piecewise linear; flat during stalls and waits).
+    ``remote_commit[i]`` is when checkpoint ``i`` commits on the remote tier (``inf``: not
+    promoted; ``-inf`` for the start); ``promoted`` the indices promoted, in order.
     """
 
     steps: np.ndarray
@@ -328,10 +359,14 @@ class Timeline:
     first_end: np.ndarray
     wall_knots: np.ndarray
     progress_knots: np.ndarray
+    remote_commit: np.ndarray
+    promoted: np.ndarray
 
     @classmethod
-    def build(cls, steps: np.ndarray, job: Job) -> Timeline:
-        t, stall, persist = job.step_seconds, job.stall_seconds, job.persist_seconds
+    def build(cls, steps: np.ndarray, job: Job, promote: np.ndarray | None = None) -> Timeline:
+        promoted = np.zeros(steps.size, dtype=bool) if promote is None else np.isin(steps, promote)
+        t, persist = job.step_seconds, job.persist_seconds
+        stall = job.stall_seconds + job.upload_interference_seconds * promoted  # per checkpoint
         r, q = job.slowdown, job.window_progress
         horizon = job.run_seconds
         x = steps.astype(float) * t
@@ -339,13 +374,13 @@ class Timeline:
         bounds = np.concatenate([[0.0], x, [horizon]])  # progress at start, checkpoints, end
         gaps = np.diff(bounds)  # gaps[i]: progress from checkpoint i (0 = start) to the next bound
         # E[i]: wall time at the end of checkpoint i's step (before its stall), i = 1..n
-        increments = stall + persist + np.maximum(0.0, gaps[1:n] - q)
+        increments = stall[: n - 1] + persist + np.maximum(0.0, gaps[1:n] - q) if n else np.zeros(0)
         snap_step = np.concatenate([[0.0], x[:1], x[:1] + np.cumsum(increments)]) if n else np.zeros(1)
         snap_step = snap_step[: n + 1]
         if n:
             last_gap = gaps[n]
             tail = last_gap * r if last_gap < q else persist + last_gap - q
-            end = snap_step[n] + stall + tail
+            end = snap_step[n] + stall[-1] + tail
         else:
             end = horizon
         snap_end = np.concatenate([[-math.inf], snap_step[1:] + stall])
@@ -366,6 +401,7 @@ class Timeline:
             progress.append(prog.reshape(-1))
         wall.append(np.array([end]))
         progress.append(np.array([horizon]))
+        remote = _remote_commits(commit, np.concatenate([[False], promoted]), job.upload_seconds)
         return cls(
             steps=np.concatenate([[0], steps]).astype(np.int64),
             x=np.concatenate([[0.0], x]),
@@ -375,7 +411,18 @@ class Timeline:
             first_end=next_bound_wall,
             wall_knots=np.concatenate(wall),
             progress_knots=np.concatenate(progress),
+            remote_commit=remote,
+            promoted=np.flatnonzero(np.isfinite(remote[1:])) + 1,
         )
+
+    def newest_remote(self, at: np.ndarray, after: np.ndarray, floor: np.ndarray) -> np.ndarray:
+        """Newest checkpoint on the remote tier at (timeline) wall time ``at``: uploaded in this life
+        (index above ``after``, the checkpoint it resumed from) or ``floor`` (committed earlier)."""
+        if self.promoted.size == 0:
+            return floor
+        done = np.searchsorted(self.remote_commit[self.promoted], at, side="right") - 1
+        newest = np.where(done >= 0, self.promoted[np.maximum(done, 0)], 0)
+        return np.where(newest > after, np.maximum(newest, floor), floor)
 
     def progress_at(self, wall: np.ndarray, resumed_from: np.ndarray) -> np.ndarray:
         """Progress reached at (timeline) wall time ``wall`` by a run resumed from checkpoint ``j``."""
@@ -404,6 +451,20 @@ class Timeline:
 
 
 # --- the true curve --------------------------------------------------------------------------------
+
+
+def _remote_commits(commit: np.ndarray, promoted: np.ndarray, upload: float | None) -> np.ndarray:
+    """Remote commit time per checkpoint: uploads start at the local commit, one at a time
+    (queued behind the previous one), and take ``upload`` seconds; ``inf`` where not promoted."""
+    remote = np.full(commit.size, math.inf)
+    remote[0] = -math.inf
+    if upload is None:
+        return remote
+    previous = -math.inf
+    for i in np.flatnonzero(promoted).tolist():
+        previous = max(float(commit[i]), previous) + upload
+        remote[i] = previous
+    return remote
 
 
 def _true_rate(curve: Any, plan: Plan | None) -> tuple[RateFunction | None, str, list[str]]:
@@ -616,7 +677,8 @@ def simulate(
     if steps.size and (steps[0] < 1 or steps[-1] > job_figures.total_steps or np.any(np.diff(steps) <= 0)):
         raise ConfigError("plan.steps must be strictly increasing within [1, total_steps]")
 
-    samples = _run(steps, job_figures, model_failures, trials, seed, stop_range, rate)
+    promote = _promoted(plan, steps, job_figures, model_failures, notes)
+    samples = _run(steps, job_figures, model_failures, trials, seed, stop_range, rate, promote)
     unfinished = int(samples.pop("unfinished").sum())
     if unfinished:
         notes.append(
@@ -633,6 +695,7 @@ def simulate(
         inputs=inputs,
         curve=curve_text,
         steps=[int(s) for s in steps],
+        promote_steps=None if promote is None else [int(s) for s in promote],
         replans=replans,
         unfinished=unfinished,
         metrics={name: MetricSummary.of(samples[name]) for name in METRICS},
@@ -640,6 +703,20 @@ def simulate(
         expected=expected if stop_range is None else {},
         notes=notes,
     )
+
+
+def _promoted(plan: Plan | None, steps: np.ndarray, job: Job, failures: Failures, notes: list[str]) -> np.ndarray | None:
+    """The promoted steps (None without a remote tier): the plan's ``promote_steps`` where it
+    chose them for these steps, else every checkpoint."""
+    if not job.has_remote_tier:
+        if failures.destroying("local") is not None:
+            notes.append("failure classes destroy the local tier but the job has no remote tier: every failure restores locally")
+        return None
+    chosen = None if plan is None or plan.promote_steps is None else np.asarray(plan.promote_steps, dtype=np.int64)
+    if chosen is None or not np.all(np.isin(chosen, steps)):
+        notes.append("every checkpoint promoted to the remote tier")
+        return steps
+    return chosen
 
 
 def _expected_percentages(plan: Plan) -> dict[str, float]:
@@ -761,6 +838,10 @@ class _Trials:
     active: np.ndarray
     start_at: np.ndarray  # timeline wall time the trial runs on from (offset[resume], or a notice's)
     floor_x: np.ndarray  # progress of the trial's newest checkpoint taken on a notice (0: none)
+    rollback_x: np.ndarray  # progress of the trial's latest rollback point
+    remote_back: np.ndarray  # index of the newest checkpoint committed on the remote tier
+    restart_cost: np.ndarray  # seconds the pending restart takes (local or remote restore)
+    remote_restores: np.ndarray
 
     @classmethod
     def start(cls, trials: int) -> _Trials:
@@ -771,7 +852,8 @@ class _Trials:
             wall=zeros(), restart_paid=zeros(), lost=zeros(), lost_weighted=zeros(), steps_lost=zeros(),
             snapshots=zeros(), failure_count=zeros(), resume=np.zeros(trials, dtype=np.int64),
             restarting=np.zeros(trials, dtype=bool), active=np.ones(trials, dtype=bool),
-            start_at=zeros(), floor_x=zeros(),
+            start_at=zeros(), floor_x=zeros(), rollback_x=zeros(), remote_back=np.zeros(trials, dtype=np.int64),
+            restart_cost=zeros(), remote_restores=zeros(),
         )
 
 
@@ -783,9 +865,10 @@ def _run(
     seed: int,
     stop_range: tuple[float, float] | None,
     rate: RateFunction | None,
+    promote: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The vectorised event loop: one failure per trial per iteration."""
-    timeline = Timeline.build(steps, job)
+    timeline = Timeline.build(steps, job, promote)
     weight = _weight_function(rate, job)
     streams = np.random.SeedSequence(seed).spawn(4)  # the first three as before a fourth was added
     run_stream, restart_stream, stop_stream, warn_stream = (np.random.default_rng(s) for s in streams)
@@ -795,6 +878,7 @@ def _run(
     # checkpoints a trial takes: those before its stopping step
     last_checkpoint = np.searchsorted(timeline.steps[1:], stop_steps, side="left")
     state = _Trials.start(trials)
+    tiers = _Tiers(timeline, job, failures.destroys_mask("local") & job.has_remote_tier, weight)
     iterations = 0
     while state.active.any():
         iterations += 1
@@ -802,10 +886,11 @@ def _run(
             logger.warning("%d trials did not finish within %d failures", int(state.active.sum()), knobs.SIMULATE_MAX_FAILURES)
             break
         index = np.flatnonzero(state.active)
-        life = failures.sample(run_stream, trials)[index]  # a full column: common random numbers
-        _restart_phase(state, index, life, job.restart_seconds, failures, restart_stream)
+        drawn, which = failures.sample_classes(run_stream, trials)  # a full column: common random numbers
+        life, node = drawn[index], tiers.destroys[which[index]]
+        node = _restart_phase(state, index, life, node, tiers, failures, restart_stream)
         warned = failures.sample_warned(warn_stream, trials)[index] if notice else np.zeros(index.size, dtype=bool)
-        _run_phase(state, index, life, timeline, stop_x, last_checkpoint, weight, job, warned)
+        _run_phase(state, index, life, node, tiers, stop_x, last_checkpoint, warned & ~node)
     return _metrics(state, stop_x)
 
 
@@ -817,42 +902,81 @@ def _stop_steps(stop_range: tuple[float, float] | None, job: Job, trials: int, s
     return np.clip(np.rint(fractions * job.total_steps).astype(np.int64), 1, job.total_steps)
 
 
+@dataclass(frozen=True)
+class _Tiers:
+    """What a rollback needs: the timeline, the job, which failure classes destroy the local tier
+    (all False without a remote tier) and the cumulative progress weight."""
+
+    timeline: Timeline
+    job: Job
+    destroys: np.ndarray
+    weight: Callable[[np.ndarray], np.ndarray]
+
+
 def _restart_phase(
-    state: _Trials, index: np.ndarray, life: np.ndarray, restart: float, failures: Failures, stream: np.random.Generator
-) -> None:
+    state: _Trials, index: np.ndarray, life: np.ndarray, node: np.ndarray, tiers: _Tiers, failures: Failures,
+    stream: np.random.Generator,
+) -> np.ndarray:
     """Trials that are restarting pay the restart first; a lifetime shorter than it fails the
-    restart, which starts over with a fresh lifetime. ``life`` is left with what remains."""
+    restart, which starts over with a fresh lifetime (from the remote tier when that failure
+    destroyed the local one). ``life`` is left with what remains; returns the class flags
+    (destroys the local tier) of the lifetimes the run phase goes on with."""
     again = state.restarting[index]
-    if restart <= 0 or not again.any():
-        return
+    node = node.copy()
+    if not again.any():
+        return node
     who = index[again]
-    left = life[again]
-    failing = left < restart
+    left, left_node = life[again], node[again]
+    failing = left < state.restart_cost[who]
     while failing.any():
         hit = who[failing]
         state.wall[hit] += left[failing]
         state.restart_paid[hit] += left[failing]
         state.failure_count[hit] += 1
-        left[failing] = failures.sample(stream, len(state.active))[hit]
-        failing = left < restart
-    state.wall[who] += restart
-    state.restart_paid[who] += restart
-    life[again] = left - restart
+        _to_remote(state, hit[left_node[failing]], tiers)
+        drawn, which = failures.sample_classes(stream, len(state.active))
+        left[failing], left_node[failing] = drawn[hit], tiers.destroys[which[hit]]
+        failing = left < state.restart_cost[who]
+    state.wall[who] += state.restart_cost[who]
+    state.restart_paid[who] += state.restart_cost[who]
+    life[again] = left - state.restart_cost[who]
+    node[again] = left_node
+    return node
+
+
+def _to_remote(state: _Trials, hit: np.ndarray, tiers: _Tiers) -> None:
+    """Trials whose local tier was just destroyed while restarting: roll back further, to the
+    newest remote commit, and restore from there."""
+    if hit.size == 0:
+        return
+    timeline, job = tiers.timeline, tiers.job
+    back = state.remote_back[hit]
+    target = timeline.x[back]
+    state.lost[hit] += state.rollback_x[hit] - target
+    state.lost_weighted[hit] += tiers.weight(state.rollback_x[hit]) - tiers.weight(target)
+    state.steps_lost[hit] += np.floor(state.rollback_x[hit] / job.step_seconds + 1e-9) - np.floor(target / job.step_seconds + 1e-9)
+    state.remote_restores[hit] += 1
+    state.resume[hit] = back
+    state.rollback_x[hit] = target
+    state.floor_x[hit] = 0.0
+    state.start_at[hit] = timeline.offset[back]
+    state.restart_cost[hit] = job.remote_restart_seconds
 
 
 def _run_phase(
     state: _Trials,
     index: np.ndarray,
     life: np.ndarray,
-    timeline: Timeline,
+    node: np.ndarray,
+    tiers: _Tiers,
     stop_x: np.ndarray,
     last_checkpoint: np.ndarray,
-    weight: Callable[[np.ndarray], np.ndarray],
-    job: Job,
     warned: np.ndarray,
 ) -> None:
     """Run each trial from where it resumes: it finishes, or fails and rolls back to the newest
-    checkpoint committed before the failure; a warned failure checkpoints on its notice instead."""
+    checkpoint committed before the failure (on the remote tier when the failure's class destroys
+    the local one); a warned failure checkpoints on its notice instead."""
+    timeline, job = tiers.timeline, tiers.job
     j = state.resume[index]
     start = state.start_at[index]
     counted = np.searchsorted(timeline.snap_end[1:], start, side="right")  # snapshots already counted
@@ -870,6 +994,8 @@ def _run_phase(
     state.failure_count[hit] += 1
     state.snapshots[hit] += np.searchsorted(timeline.snap_end[1:], at_hit, side="right") - counted[fail]
     state.restarting[hit] = True
+    state.restart_cost[hit] = job.restart_seconds
+    state.remote_back[hit] = timeline.newest_remote(at_hit, j_hit, state.remote_back[hit])
     progress = timeline.progress_at(at_hit, j_hit)
 
     notice = warned[fail]  # checkpoint where it is, lose nothing, go on from here after the restart
@@ -877,19 +1003,24 @@ def _run_phase(
     state.wall[noticed] += job.stall_seconds + job.persist_seconds
     state.snapshots[noticed] += 1
     state.floor_x[noticed] = progress[notice]
+    state.rollback_x[noticed] = progress[notice]
     state.start_at[noticed] = at_hit[notice]
 
     lose = ~notice
-    hit, j_hit, at_hit, progress = hit[lose], j_hit[lose], at_hit[lose], progress[lose]
+    hit, j_hit, at_hit, progress, remote = hit[lose], j_hit[lose], at_hit[lose], progress[lose], node[fail][lose]
     committed = np.searchsorted(timeline.commit, at_hit, side="right") - 1
-    back = np.maximum(committed, j_hit)
-    floor = state.floor_x[hit]
+    back = np.where(remote, state.remote_back[hit], np.maximum(committed, j_hit))
+    floor = np.where(remote, 0.0, state.floor_x[hit])
     to_floor = floor > timeline.x[back]
     rollback = np.where(to_floor, floor, timeline.x[back])
     state.lost[hit] += progress - rollback
-    state.lost_weighted[hit] += weight(progress) - weight(rollback)
+    state.lost_weighted[hit] += tiers.weight(progress) - tiers.weight(rollback)
     state.steps_lost[hit] += np.floor(progress / job.step_seconds + 1e-9) - np.floor(rollback / job.step_seconds + 1e-9)
     state.resume[hit] = back
+    state.rollback_x[hit] = rollback
+    state.floor_x[hit[remote]] = 0.0
+    state.restart_cost[hit[remote]] = job.remote_restart_seconds
+    state.remote_restores[hit[remote]] += 1
     state.start_at[hit] = np.where(to_floor, timeline.wall_at(floor, back), timeline.offset[back])
 
 
@@ -912,6 +1043,7 @@ def _metrics(state: _Trials, stop_x: np.ndarray) -> dict[str, np.ndarray]:
         "failures": state.failure_count,
         "steps_lost": state.steps_lost,
         "run_seconds": run,
+        "remote_restores": state.remote_restores,
         "unfinished": state.active.astype(float),
     }
 

@@ -444,21 +444,24 @@ class Failures(BaseModel):
 
     def sample(self, rng: np.random.Generator | int | None, size: int | tuple[int, ...]) -> np.ndarray:
         """Seconds from a (re)start to the next failure, ``size`` independent draws (inverse CDF)."""
-        return self.sample_classes(rng, size)[0]
+        generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        if self.classes:
+            return self.sample_classes(generator, size)[0]
+        uniform = generator.random(size)  # in [0, 1): log1p(-u) is finite
+        return self.job_scale_seconds * np.power(-np.log1p(-uniform), 1.0 / self.shape)
 
     def sample_classes(
         self, rng: np.random.Generator | int | None, size: int | tuple[int, ...]
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(seconds to the next failure, index of the class that struck)``, ``size`` draws: the
-        first failure of independent class lifetimes (each class draws ``size`` in turn)."""
+        first failure of independent class lifetimes (each class draws ``size`` in turn; a plain
+        model draws as :meth:`sample` does, class 0)."""
         generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-        if self.classes:
-            draws = np.stack([c.failures.sample(generator, size) for c in self.classes])
-            which = np.argmin(draws, axis=0)
-            return np.min(draws, axis=0), which
-        uniform = generator.random(size)  # in [0, 1): log1p(-u) is finite
-        life = self.job_scale_seconds * np.power(-np.log1p(-uniform), 1.0 / self.shape)
-        return life, np.zeros(np.shape(life), dtype=np.int64)
+        if not self.classes:
+            life = self.sample(generator, size)
+            return life, np.zeros(np.shape(life), dtype=np.int64)
+        draws = np.stack([c.failures.sample(generator, size) for c in self.classes])
+        return np.min(draws, axis=0), np.argmin(draws, axis=0)
 
     def destroys_mask(self, tier: str = "local") -> np.ndarray:
         """Per class index (as :meth:`sample_classes` returns it): does that class destroy ``tier``."""
