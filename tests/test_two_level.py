@@ -6,8 +6,10 @@ import itertools
 
 import numpy as np
 import pytest
+from pydantic import PrivateAttr
 
 import coci
+from coci.analysis.simulate import simulate
 from coci.errors import ConfigError
 from coci.planning.failures import FailureClass, Failures
 from coci.planning.levels import auto_two_level
@@ -192,3 +194,91 @@ def test_remote_costs_are_validated() -> None:
         coci.plan(failures="8h", remote_restart_seconds=10.0, **COSTS)
     with pytest.raises(ConfigError, match="upload_seconds"):
         coci.plan(failures="8h", upload_seconds=-3.0, **COSTS)
+
+
+# --- the simulator plays classes and tiers ------------------------------------------------------------
+
+
+class Scripted(Failures):
+    """Lifetimes from a script, one value per draw; then no more failures."""
+
+    _script: list[float] = PrivateAttr(default_factory=list)
+
+    @classmethod
+    def of(cls, *lifetimes: float) -> Scripted:
+        model = cls(kind="exponential", shape=1.0, scale_seconds=1e15)
+        model._script = list(lifetimes)
+        return model
+
+    def sample(self, rng, size):  # type: ignore[override]
+        return np.full(size, self._script.pop(0) if self._script else 1e15)
+
+
+def scripted(process: list[float], node: list[float]) -> Failures:
+    return Failures.compose(
+        FailureClass(name="process", failures=Scripted.of(*process)),
+        FailureClass(name="node", failures=Scripted.of(*node), destroys=("local",)),
+    )
+
+
+def tiered_plan(promote: list[int] | None = (100,), upload: float | None = 10.0) -> coci.Plan:
+    # t = 1, S = 1, P = 2: checkpoint 100 commits locally at 103 and (upload 10 s) remotely at 113;
+    # checkpoint 200 is reached at 201 and commits locally at 204.
+    base = coci.plan(
+        "young", failures=Failures.exponential(1e15), total_steps=300, step_seconds=1.0, stall_seconds=1.0,
+        persist_seconds=2.0, restart_seconds=7.0, upload_seconds=upload,
+        remote_restart_seconds=None if upload is None else 30.0,
+    )
+    return base.model_copy(update={"steps": [100, 200], "promote_steps": None if promote is None else list(promote)})
+
+
+@pytest.mark.parametrize(
+    ("process", "node", "lost", "restart", "remote_restores"),
+    [
+        ([250.0], [], 48.0, 7.0, 0),  # process failure: back to the local commit of step 200
+        ([], [250.0], 148.0, 30.0, 1),  # node failure: back to the remote commit of step 100
+        ([], [110.0], 109.0, 30.0, 1),  # node failure while 100 uploads: its upload is lost, back to 0
+        ([250.0], [1e15, 3.0], 148.0, 3.0 + 30.0, 1),  # a node failure during the local restart
+    ],
+)
+def test_hand_computed_rollbacks_per_class(process, node, lost, restart, remote_restores) -> None:
+    result = simulate(tiered_plan(), failures=scripted(process, node), trials=1, seed=0)
+    assert result.values("lost_seconds")[0] == pytest.approx(lost)
+    assert result.values("restart_seconds")[0] == pytest.approx(restart)
+    assert result.values("remote_restores")[0] == remote_restores
+    assert result.promote_steps == [100]
+
+
+def test_without_a_remote_tier_every_failure_restores_locally() -> None:
+    result = simulate(tiered_plan(None, upload=None), failures=scripted([], [250.0]), trials=1, seed=0)
+    assert result.values("lost_seconds")[0] == pytest.approx(48.0)
+    assert result.values("remote_restores")[0] == 0
+    assert any("no remote tier" in note for note in result.notes)
+
+
+def test_upload_interference_is_paid_per_promotion() -> None:
+    base = tiered_plan()
+    costly = base.model_copy(update={"inputs": base.inputs.model_copy(update={"upload_interference_seconds": 4.0})})
+    never = scripted([], [])
+    one = simulate(costly, failures=never, trials=1, seed=0).values("checkpoint_seconds")[0]
+    both = simulate(costly.model_copy(update={"promote_steps": [100, 200]}), failures=scripted([], []), trials=1, seed=0)
+    plain = simulate(base, failures=scripted([], []), trials=1, seed=0).values("checkpoint_seconds")[0]
+    assert one == pytest.approx(plain + 4.0)
+    assert both.values("checkpoint_seconds")[0] == pytest.approx(plain + 8.0)
+
+
+def test_simulated_two_level_overhead_matches_the_first_order_expectation() -> None:
+    failures = Failures.compose(
+        FailureClass(name="process", failures=Failures.exponential("60h")),
+        FailureClass(name="node", failures=Failures.exponential("20h"), destroys=("local",)),
+    )
+    plan = coci.plan(
+        failures=failures, objective="time", total_steps=4000, step_seconds=5.0, stall_seconds=0.5,
+        persist_seconds=4.0, interference_seconds=0.3, restart_seconds=60.0, upload_seconds=60.0,
+        upload_interference_seconds=3.0, remote_restart_seconds=300.0,
+    )
+    result = simulate(plan, trials=3000, seed=4)
+    summary = result.metrics["wall_seconds"]
+    # first order: failures during overheads are not counted, so the simulation sits a little above
+    assert summary.ci_low - 0.1 * plan.expected["wall_seconds"] <= plan.expected["wall_seconds"] <= summary.ci_high
+    assert result.mean("remote_restores") == pytest.approx(plan.expected["remote_failures"], rel=0.15)

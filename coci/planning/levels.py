@@ -6,8 +6,9 @@ local tier, promoted chain against those that destroy it). For a mixture weight 
 
 1. the promoted steps ``y``: the single-level placement (:func:`~coci.planning.formulas.place`, its
    exact refinement included) on the remote model, each promotion charged its upload interference
-   plus the local checkpoint it needs; ``m - 1``, ``m`` and ``m + 1`` promotions, and at ``alpha = 0``
-   the two integer Young intervals;
+   plus the local checkpoint it needs, and on the model of every checkpoint promoted (both hazards,
+   the same charge); ``m - 1``, ``m`` and ``m + 1`` promotions, and at ``alpha = 0`` the two integer
+   Young intervals;
 2. the local steps around them (:func:`local_around`): in each gap between promotions, the number
    of local segments that minimises ``s + N^2 / s`` (``N`` the first-order density
    ``sqrt(h_p w_alpha / 2C)`` integrated over the gap), placed at its quantiles, then refined
@@ -119,18 +120,37 @@ def two_level_candidates(
     """``(steps, promote)`` candidates for one mixture weight (module docstring, steps 1-3);
     ``refined=False`` skips the exact refinements (enough to tell on which side of the budget a
     weight falls)."""
-    charged = dataclasses.replace(
-        model.remote, checkpoint_seconds=model.remote.checkpoint_seconds + model.local.checkpoint_seconds
-    )
-    max_promote = max_interval_steps(charged, min_promote)
-    promotions = place(charged, alpha, min_promote, (-1, 0, 1), max_promote, refined)
-    if alpha == 0.0:
-        promotions += _periodic_candidates(charged, min_promote)
+    promotions: list[np.ndarray] = []
+    for charged in (_charged(model), _combined(model)):
+        max_promote = max_interval_steps(charged, min_promote)
+        promotions += place(charged, alpha, min_promote, (-1, 0, 1), max_promote, refined)
+        if alpha == 0.0:
+            promotions += _periodic_candidates(charged, min_promote)
     candidates: list[TwoLevelPlan] = []
     for promote in promotions:
         candidates.append((local_around(model.local, promote, alpha, min_steps, max_steps, refined), promote))
         candidates.append((promote, promote))
     return candidates
+
+
+def _charged(model: TwoLevelCostModel) -> CostModel:
+    """The promoted chain alone, each promotion charged its upload and the local checkpoint it needs."""
+    cost = model.remote.checkpoint_seconds + model.local.checkpoint_seconds
+    return dataclasses.replace(model.remote, checkpoint_seconds=cost)
+
+
+def _combined(model: TwoLevelCostModel) -> CostModel:
+    """Every checkpoint promoted: one chain against every failure (the two hazards added; the cell
+    grids are the same and the tabulated integrals linear in the hazard), at the local plus the
+    upload cost and the remote commit delay."""
+    local, remote = model.local, model.remote
+    return dataclasses.replace(
+        _charged(model),
+        hazard=local.hazard + remote.hazard,
+        cum_failures=local.cum_failures + remote.cum_failures,
+        cum_time_integral=local.cum_time_integral + remote.cum_time_integral,
+        cum_progress_integral=local.cum_progress_integral + remote.cum_progress_integral,
+    )
 
 
 def _best(model: TwoLevelCostModel, candidates: list[TwoLevelPlan], alpha: float) -> TwoLevelPlan:
