@@ -28,13 +28,19 @@ Schedules:
   NVIDIA's local checkpoints take: a local checkpoint every ``k`` steps, every ``m``-th of them
   promoted.
 
-Run: ``.venv/bin/python benchmarks/two_level.py`` (about a minute; ``--trials`` to change 1000).
+First, the planner against the exact optimum over every (step, level) assignment
+(``tests/exact_optimum.py``, a cubic DP) on small grids: 300 steps of 1 s, four cost and rate mixes,
+the time objective and two progress weights on a decaying curve.
+
+Run: ``.venv/bin/python benchmarks/two_level.py`` (about 20 s; ``--trials`` to change 1000).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -42,6 +48,8 @@ import coci
 from coci.analysis.simulate import SimulationResult, simulate
 from coci.planning.failures import Failures
 from coci.planning.formulas import periodic_steps, young_interval_seconds
+from coci.planning.levels import auto_two_level
+from coci.planning.objective import ExpectedFailures, TwoLevelCostModel, build_cost_model
 
 JOB = dict(
     total_steps=86_400, step_seconds=2.0, stall_seconds=0.3, persist_seconds=4.0, interference_seconds=0.2,
@@ -53,6 +61,53 @@ MIXES = {
     "software-heavy": Failures.large_gpu_job(4096, node_share=0.5),
 }
 RATIOS = [(k, m) for k in (100, 250, 600) for m in (2, 4, 8)]
+
+
+#: Small grids for the exact check: local and node failure rates (per second), costs (seconds).
+GRIDS = {
+    "both frequent": dict(local=1 / 20, node=1 / 60, c=0.3, p=1.0, u=4.0, cu=2.0, rr=20.0),
+    "process dominates": dict(local=1 / 30, node=1 / 600, c=0.3, p=1.0, u=20.0, cu=5.0, rr=20.0),
+    "node dominates": dict(local=1 / 2000, node=1 / 300, c=0.5, p=1.0, u=10.0, cu=3.0, rr=20.0),
+    "cheap local, slow upload": dict(local=1 / 80, node=1 / 150, c=0.1, p=0.5, u=25.0, cu=6.0, rr=60.0),
+}
+
+
+def grid_model(local: float, node: float, c: float, p: float, u: float, cu: float, rr: float) -> TwoLevelCostModel:
+    def rate(s: np.ndarray) -> np.ndarray:
+        return 1.5 * (np.asarray(s, dtype=float) + 50.0) ** -1.5
+
+    def build(cost: float, persist: float, restart: float, hazard: float):
+        return build_cost_model(
+            total_steps=300, step_seconds=1.0, checkpoint_seconds=cost, persist_seconds=persist,
+            restart_seconds=restart, failures=ExpectedFailures.constant(hazard), progress_rate=rate,
+        )
+
+    return TwoLevelCostModel(build(c, p, 5.0, local), build(cu, p + u, rr, node))
+
+
+def exact_gaps() -> None:
+    """The planner's objective against the exact (step, level) optimum on the small grids."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from exact_optimum import optimal_two_level
+
+    print("| grid | alpha | exact optimum | two-level planner | gap | local / promoted (exact) | local / promoted (planner) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    worst = 0.0
+    for name, figures in GRIDS.items():
+        model = grid_model(**figures)
+        min_promote = max(1, int(figures["u"]))
+        for alpha in (0.0, 0.5, 1.0):
+            steps, promote, best = optimal_two_level(model, alpha=alpha, min_promote=min_promote)
+            result = auto_two_level(
+                model, objective="time" if alpha == 0 else "progress", alpha=alpha or None, min_promote=min_promote,
+            )
+            ours = model.objective(result.steps, result.promote, alpha)
+            worst = max(worst, ours / best - 1)
+            print(
+                f"| {name} | {alpha:g} | {best:.3f} | {ours:.3f} | {100 * (ours / best - 1):+.3f}% | "
+                f"{len(steps)} / {len(promote)} | {len(result.steps)} / {len(result.promote)} |"
+            )
+    print(f"\nworst gap {100 * worst:.3f}% (acceptance: within 1%)")
 
 
 def schedules(plan: coci.Plan, failures: Failures) -> dict[str, coci.Plan]:
@@ -111,6 +166,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=1000)
     args = parser.parse_args()
     np.seterr(all="ignore")
+    exact_gaps()
     for name, failures in MIXES.items():
         run(name, failures, args.trials)
     print(f"\ntrials {args.trials} per schedule, seed 7 (the same draws for every schedule); bold: the "
