@@ -26,7 +26,7 @@ from coci.errors import (
 )
 from coci.loader import ResumableLoader, ResumableSampler
 from coci.planning.config import PlanConfig
-from coci.planning.failures import Failures
+from coci.planning.failures import FailureClass, Failures
 from coci.planning.fit import CurveFit, fit_curve
 from coci.planning.planner import Plan, plan
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
@@ -73,6 +73,7 @@ __all__ = [
     "CurveFit",
     "Estimate",
     "EveryN",
+    "FailureClass",
     "Failures",
     "Observation",
     "PendingCheckpoint",
