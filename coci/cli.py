@@ -103,8 +103,10 @@ def _failures(args: argparse.Namespace) -> Any:
     if args.mtbf is None:
         return None
     if args.weibull_shape is not None:
-        return Failures.weibull(args.weibull_shape, args.mtbf, nodes=args.nodes)
-    return Failures.exponential(mtbf=args.mtbf, nodes=args.nodes)
+        failures = Failures.weibull(args.weibull_shape, args.mtbf, nodes=args.nodes)
+    else:
+        failures = Failures.exponential(mtbf=args.mtbf, nodes=args.nodes)
+    return failures if args.node_share is None else failures.with_node_share(args.node_share)
 
 
 def _time_budget(value: str) -> float | None:
@@ -150,6 +152,9 @@ def _make_plans(args: argparse.Namespace) -> list[Any]:
                 stall_seconds=args.stall_seconds,
                 persist_seconds=args.persist_seconds,
                 interference_seconds=args.interference_seconds,
+                upload_seconds=args.upload_seconds,
+                upload_interference_seconds=args.upload_interference_seconds,
+                remote_restart_seconds=args.remote_restart_seconds,
             )
         )
     return plans
@@ -189,7 +194,8 @@ def _describe_plan(plan: Any) -> str:
     lines = [
         f"policy {plan.policy} (objective {plan.objective}"
         + ("" if plan.mu is None else f", mu {plan.mu:.3g}")
-        + f"): {len(plan.steps)} checkpoints over {inputs.total_steps} steps",
+        + f"): {len(plan.steps)} checkpoints over {inputs.total_steps} steps"
+        + ("" if plan.promote_steps is None else f", {len(plan.promote_steps)} promoted to the remote tier"),
         f"  failure model: {inputs.failures.describe() if inputs.failures else 'none'}",
         f"  checkpoint cost C {format_seconds(inputs.checkpoint_seconds)}, persist {format_seconds(inputs.persist_seconds)}, "
         f"restart {format_seconds(inputs.restart_seconds)}, step {format_seconds(inputs.step_seconds)}",
@@ -406,6 +412,10 @@ def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--interference-seconds", default="0", help="extra training time one background persist costs (default 0)")
     group.add_argument("--restart-seconds", default="0", help="cost of one restart: relaunch + restore (default 0)")
     group.add_argument("--total-steps", type=int, required=True, help="training steps in the whole run")
+    group.add_argument("--node-share", type=float, help="share of failures that lose the node's local checkpoints (failure classes)")
+    group.add_argument("--upload-seconds", help="remote tier: seconds from a local commit to the remote commit (with --node-share: a two-level plan)")
+    group.add_argument("--upload-interference-seconds", help="remote tier: extra training time one upload costs (default 0)")
+    group.add_argument("--remote-restart-seconds", help="remote tier: cost of a restart from the remote (default --restart-seconds)")
     group.add_argument("--curve", help="CSV of losses (one column, or step + loss columns) for the progress objective")
     group.add_argument("--curve-run", help="which run of a multi-run curve file (its run_id / curve_id)")
     group.add_argument("--curve-from", help="warm start: an earlier run's directory (or curve file); its curve rescaled to --total-steps")

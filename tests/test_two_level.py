@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
+from exact_optimum import optimal_two_level
 from pydantic import PrivateAttr
 
 import coci
@@ -14,7 +15,6 @@ from coci.errors import ConfigError
 from coci.planning.failures import FailureClass, Failures
 from coci.planning.levels import auto_two_level
 from coci.planning.objective import ExpectedFailures, TwoLevelCostModel, build_cost_model
-from exact_optimum import optimal_two_level
 
 
 def decaying_rate(s: np.ndarray) -> np.ndarray:
@@ -282,3 +282,27 @@ def test_simulated_two_level_overhead_matches_the_first_order_expectation() -> N
     # first order: failures during overheads are not counted, so the simulation sits a little above
     assert summary.ci_low - 0.1 * plan.expected["wall_seconds"] <= plan.expected["wall_seconds"] <= summary.ci_high
     assert result.mean("remote_restores") == pytest.approx(plan.expected["remote_failures"], rel=0.15)
+
+
+def test_plan_command_plans_two_levels(capsys: pytest.CaptureFixture[str]) -> None:
+    from coci.cli import main
+
+    args = ["plan", "--mtbf", "50700h", "--nodes", "4096", "--node-share", "0.78", "--step-seconds", "2",
+            "--stall-seconds", "0.3", "--persist-seconds", "4", "--restart-seconds", "120", "--total-steps", "20000",
+            "--upload-seconds", "60", "--upload-interference-seconds", "10", "--remote-restart-seconds", "600", "--json"]
+    assert main(args) == 0
+    plan = coci.Plan.model_validate_json(capsys.readouterr().out)
+    assert plan.promote_steps is not None and set(plan.promote_steps) <= set(plan.steps)
+    assert plan.inputs.failures is not None and [c.name for c in plan.inputs.failures.classes] == ["process", "node"]
+    assert plan.inputs.failures.mean_seconds == pytest.approx(50_700 * 3600 / 4096)
+    assert plan.inputs.remote_restart_seconds == 600.0
+
+
+def test_with_node_share_splits_the_hazard() -> None:
+    weibull = Failures.weibull(0.8, "100h", nodes=4)
+    split = weibull.with_node_share(0.3)
+    tau = np.array([10.0, 1000.0, 1e5])
+    np.testing.assert_allclose(split.hazard(tau), weibull.hazard(tau))
+    node = split.destroying("local")
+    assert node is not None
+    np.testing.assert_allclose(node.hazard(tau), 0.3 * weibull.hazard(tau))

@@ -295,15 +295,24 @@ class Failures(BaseModel):
         """Two exponential classes for a job on ``gpus`` GPUs, from published failure figures of
         large GPU jobs (module docstring): ``node`` (hardware, ``node_share`` of the failures,
         destroys the local tier) and ``process`` (the rest, destroys nothing)."""
-        gpus = _check_nodes(gpus)
+        per_gpu = parse_duration(mtbf_per_gpu, field="mtbf_per_gpu", positive=True)
+        return cls.exponential(per_gpu, nodes=_check_nodes(gpus)).with_node_share(node_share)
+
+    def with_node_share(self, node_share: float) -> Failures:
+        """This plain model's failures as two classes: ``node`` (``node_share`` of them, hazard
+        scaled by it; destroys the local tier) and ``process`` (the rest; destroys nothing)."""
+        if self.classes:
+            raise ConfigError("with_node_share splits a plain model, not composed classes")
         if not checks.is_number(node_share) or not 0.0 < float(node_share) < 1.0:
             raise ConfigError(f"node_share must lie in (0, 1), got {node_share!r}")
-        per_gpu = parse_duration(mtbf_per_gpu, field="mtbf_per_gpu", positive=True)
         share = float(node_share)
-        return cls.compose(
-            FailureClass(name="process", failures=cls.exponential(per_gpu / (1.0 - share), nodes=gpus)),
-            FailureClass(name="node", failures=cls.exponential(per_gpu / share, nodes=gpus), destroys=("local",)),
+        composed = Failures.compose(
+            FailureClass(name="process", failures=self.unwarned_by(1.0 - share)),
+            FailureClass(name="node", failures=self.unwarned_by(share), destroys=("local",)),
         )
+        if self.warned_fraction == 0 or self.warning_seconds is None:
+            return composed
+        return composed.warned(self.warned_fraction, self.warning_seconds)
 
     @property
     def failure_classes(self) -> tuple[FailureClass, ...]:
@@ -327,9 +336,9 @@ class Failures(BaseModel):
         if not self.classes:
             return self
         chosen = classes[0].failures if len(classes) == 1 else Failures.compose(*classes)
-        if self.warned_fraction == 0:
+        if self.warned_fraction == 0 or self.warning_seconds is None:
             return chosen
-        return chosen.warned(self.warned_fraction, self.warning_seconds or 0.0)
+        return chosen.warned(self.warned_fraction, self.warning_seconds)
 
     @classmethod
     def from_log(cls, path: str | Path) -> Failures:
@@ -497,12 +506,11 @@ def _composed_mean(classes: tuple[FailureClass, ...]) -> float:
         return 1.0 / sum(m.rate for m in models)
     from scipy import integrate  # here, not at import: ``import coci`` stays light
 
-    shortest = min(m.mean_seconds for m in models)
 
     def survival(tau: float) -> float:
         return float(np.exp(-sum(float(m.cumulative_hazard(tau)) for m in models)))
 
-    value, _ = integrate.quad(survival, 0.0, math.inf, limit=200, points=None) if shortest > 0 else (0.0, 0.0)
+    value, _ = integrate.quad(survival, 0.0, math.inf, limit=200)
     return float(value)
 
 
