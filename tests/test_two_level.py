@@ -267,11 +267,14 @@ def test_upload_interference_is_paid_per_promotion() -> None:
     assert both.values("checkpoint_seconds")[0] == pytest.approx(plain + 8.0)
 
 
-def test_simulated_two_level_overhead_matches_the_first_order_expectation() -> None:
+@pytest.mark.parametrize("warned", [False, True])
+def test_simulated_two_level_overhead_matches_the_first_order_expectation(warned: bool) -> None:
     failures = Failures.compose(
         FailureClass(name="process", failures=Failures.exponential("60h")),
         FailureClass(name="node", failures=Failures.exponential("20h"), destroys=("local",)),
     )
+    if warned:  # a notice saves the process failures' work only (its checkpoint is local)
+        failures = failures.warned(0.5, "60s")
     plan = coci.plan(
         failures=failures, objective="time", total_steps=4000, step_seconds=5.0, stall_seconds=0.5,
         persist_seconds=4.0, interference_seconds=0.3, restart_seconds=60.0, upload_seconds=60.0,

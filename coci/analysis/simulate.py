@@ -43,7 +43,8 @@ drawn with it (:meth:`coci.Failures.sample_classes`). A failure of a class that 
 tier (also during a restart) rolls back to the newest *remote* commit and restarts in
 ``remote_restart_seconds``; any other failure rolls back to the newest local commit as above. An
 upload in flight at a failure (of any class: the uploading process dies) is lost and not retried,
-and a checkpoint taken on a notice lives on the local tier only. Without a remote tier every
+and a checkpoint taken on a notice lives on the local tier only, so a warned failure of a class
+that destroys the local tier strikes as an unwarned one (the planner plans for it so). Without a remote tier every
 failure restores locally, as without classes.
 
 Metrics, per trial

@@ -48,7 +48,9 @@ model of independent classes (:class:`FailureClass`), each with its own rate mod
 Weibull) and the tiers it destroys (``destroys=("local",)`` or nothing). The job fails at the first
 failure of any class (hazards add; all clocks restart together at every (re)start); :meth:`Failures.sample_classes`
 also says which class struck. A plain model is one class that destroys nothing, so everything
-recovers from the local tier, as before classes existed.
+recovers from the local tier, as before classes existed. A warning (:meth:`Failures.warned`) belongs
+to the composed model and marks a share of every class's failures; a checkpoint taken on a notice is
+local, so the planner and the simulator count it only for the classes that spare the local tier.
 
 :meth:`Failures.large_gpu_job` gives defaults from published failure figures of large GPU jobs.
 The Llama 3 405B training report (16,384 H100 GPUs, 54 days) counts 419 unexpected interruptions,

@@ -475,7 +475,10 @@ def _problem(
     persist = parse_duration(persist_seconds, field="persist_seconds", positive=True)
     interference = parse_duration(interference_seconds, field="interference_seconds", positive=False)
     cost = stall + interference
+    remote = remote or {}
     min_steps = min_interval_steps(step, persist, cost, config.max_overhead)
+    if remote:  # a single-level plan promotes every checkpoint: one upload in flight
+        min_steps = min_promote_steps(step, remote["upload_seconds"], min_steps)
 
     fit, rate, raw, description, fallbacks = _resolve_curve(curve)
     details: dict[str, float] = {"min_interval_steps": float(min_steps)}
@@ -497,7 +500,7 @@ def _problem(
         interference_seconds=interference, checkpoint_seconds=cost, max_overhead=config.max_overhead,
         failures=config.failures, curve=description, start_step=start,
         last_checkpoint_step=min(last_checkpoint, start), failure_origin_step=origin, min_interval_steps=min_steps,
-        **(remote or {}),
+        **remote,
     )
     model = _cost_model(inputs, last_checkpoint, rate, mean_rate, fallbacks)
     weighted = rate if model is not None and model.has_progress else None
@@ -544,6 +547,12 @@ def _empirical(
     return curve
 
 
+def _single_level_cost(inputs: PlanInputs) -> float:
+    """What one checkpoint of a single-level plan costs training: with a remote tier every
+    checkpoint is promoted, so the upload's interference is added to the local cost."""
+    return inputs.checkpoint_seconds + float(inputs.upload_interference_seconds or 0.0)
+
+
 def _cost_model(
     inputs: PlanInputs, last_checkpoint_step: int, rate: RateFunction | None, mean_rate: float | None,
     fallbacks: list[str],
@@ -564,7 +573,7 @@ def _cost_model(
 
     def build(progress_rate: RateFunction | None) -> CostModel:
         return build_cost_model(
-            total_steps=inputs.total_steps, step_seconds=step, checkpoint_seconds=inputs.checkpoint_seconds,
+            total_steps=inputs.total_steps, step_seconds=step, checkpoint_seconds=_single_level_cost(inputs),
             persist_seconds=inputs.persist_seconds, restart_seconds=inputs.restart_seconds, failures=hazard,
             progress_rate=progress_rate, start_step=inputs.start_step, last_checkpoint_step=last_checkpoint_step,
             mean_rate=mean_rate if progress_rate is not None else None,
@@ -588,10 +597,14 @@ def _two_level_model(
         if failures is not None and failures.destroying("local") is not None:
             notes.append("failure classes destroy the local tier but no remote tier is given: planned as if every failure restored locally")
         return None
-    destroying = failures.destroying("local")
+    assert inputs.failures is not None
+    unwarned = inputs.failures.model_copy(update={"warned_fraction": 0.0, "warning_seconds": None})
+    destroying = unwarned.destroying("local")  # a notice checkpoint is local: no warning protects these
     if destroying is None:
         notes.append("no failure class destroys the local tier: a single-level plan (every checkpoint promoted)")
         return None
+    if inputs.failures.warned_fraction > 0:
+        notes.append("warned failures that destroy the local tier are planned as unwarned (a checkpoint taken on a notice is local)")
     step = inputs.step_seconds
     origin = inputs.failure_origin_step * step
     span = inputs.total_steps * step - origin
@@ -623,6 +636,8 @@ def _finish(problem: _Problem, placement: _Placement) -> Plan:
         promote = steps if placement.promote is None else placement.promote
         expected = problem.two_level.as_dict(steps, promote)
         expected.update(placement.expected)
+        local_only = {**expected, "failures": expected["local_failures"]}  # warnings spare local-tier failures only
+        expected.update(warned_expected(problem.inputs, local_only, problem.notes))
     elif problem.model is not None:
         expected = problem.model.expected(steps).as_dict()
         expected.update(placement.expected)
@@ -651,13 +666,13 @@ def _finish(problem: _Problem, placement: _Placement) -> Plan:
 
 def _plan_young(problem: _Problem) -> _Placement:
     """Young: ``T = sqrt(2 C / lambda)``, periodic."""
-    seconds = young_interval_seconds(problem.inputs.checkpoint_seconds, problem.failures.rate)
+    seconds = young_interval_seconds(_single_level_cost(problem.inputs), problem.failures.rate)
     return _periodic(problem, seconds)
 
 
 def _plan_daly(problem: _Problem) -> _Placement:
     """Daly's exact optimum for exponential failures, periodic."""
-    seconds = daly_interval_seconds(problem.inputs.checkpoint_seconds, problem.failures.mean_seconds)
+    seconds = daly_interval_seconds(_single_level_cost(problem.inputs), problem.failures.mean_seconds)
     return _periodic(problem, seconds)
 
 
@@ -736,12 +751,12 @@ def _plan_two_levels(problem: _Problem, model: TwoLevelCostModel, objective: str
     """``auto`` with a remote tier: local steps and their promoted subset (:func:`auto_two_level`).
     A re-plan measures the time budget against the remaining steps' two-level time optimum."""
     inputs, config = problem.inputs, problem.config
-    min_promote = min_promote_steps(inputs.step_seconds, float(inputs.upload_seconds or 0.0), inputs.min_interval_steps)
+    local_min = min_interval_steps(inputs.step_seconds, inputs.persist_seconds, inputs.checkpoint_seconds, config.max_overhead)
+    min_promote = min_promote_steps(inputs.step_seconds, float(inputs.upload_seconds or 0.0), local_min)
     result = auto_two_level(
-        model, objective=objective, time_budget=config.time_budget, min_steps=inputs.min_interval_steps,
-        min_promote=min_promote,
+        model, objective=objective, time_budget=config.time_budget, min_steps=local_min, min_promote=min_promote,
     )
-    problem.details["min_promote_steps"] = float(min_promote)
+    problem.details.update(min_interval_steps=float(local_min), min_promote_steps=float(min_promote))
     problem.notes.append(
         f"two levels: {len(result.promote)} of {len(result.steps)} checkpoints promoted to the remote tier"
     )
