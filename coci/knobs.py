@@ -266,8 +266,8 @@ SIMULATE_MAX_FAILURES: int = 10_000
 # --- remote tier (coci.checkpoint.remote) ------------------------------------------------------------------
 
 #: Part size of a multipart upload (and the read size of uploads and downloads): S3's minimum part
-#: is 5 MiB; 16 MiB parts keep the request count low while bounding memory (benchmarks/README.md, "Remote tier").
-UPLOAD_PART_BYTES: int = 16 << 20
+#: is 5 MiB; 8 MiB parts keep the request count low while bounding memory (benchmarks/README.md, "Remote tier").
+UPLOAD_PART_BYTES: int = 8 << 20
 #: Parts of one object in flight at once: memory is about this many parts.
 UPLOAD_CONCURRENCY: int = 4
 #: Attempts per promotion (the first one included); a failed attempt is logged and retried after

@@ -339,11 +339,11 @@ class Session:
             began = self._clock()
             path, problem = self._fetched(step, root) if local_path is None else (local_path, "")
             loaded, problem = self._load_and_apply(path, strict, targets) if path is not None else (None, problem)
-            path = path or Path(f"{self._remote.store.url}/step_{step}")  # type: ignore[union-attr]
-            if loaded is None:
-                logger.warning("skipping checkpoint %s: %s", path, problem)
-                self.events.emit("restore_skip", step=step, path=str(path), message=problem)
-                skipped.append(path)
+            if loaded is None or path is None:
+                where = str(path) if local_path is not None else f"{self._remote.store.url}/step_{step}"  # type: ignore[union-attr]
+                logger.warning("skipping checkpoint %s: %s", where, problem)
+                self.events.emit("restore_skip", step=step, path=where, message=problem)
+                skipped.append(Path(where))
                 last_error = problem
                 continue
             seconds = self._clock() - began
