@@ -25,7 +25,7 @@ from coci.checkpoint.remote import open_store
 from coci.checkpoint.remote.tier import committed_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import seaweed  # noqa: E402
+import seaweed
 
 JOB = Path(__file__).with_name("train_job.py")
 ROOT = Path(__file__).resolve().parents[1]
