@@ -238,3 +238,20 @@ def test_plan_promote_steps_limits_promotion(tmp_path: Path) -> None:
         _train(session, model, optimizer, 8)
     assert [event["step"] for event in events(tmp_path / "run", "commit")] == [2, 4, 6, 8]
     assert committed_steps(open_store(str(remote)).list_objects()) == [4]
+
+
+def test_cli_ls_and_verify_cover_the_remote_tier(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from coci.cli import main
+
+    remote = tmp_path / "shared"
+    _run_small(tmp_path / "run", str(remote), 4)
+    (remote / "step_9").mkdir()
+    (remote / "step_9" / "data.bin").write_bytes(b"partial")  # an interrupted promotion
+    assert main(["verify", str(tmp_path / "run"), "--remote", str(remote)]) == 0
+    assert main(["ls", str(tmp_path / "run"), "--remote", str(remote)]) == 0
+    out = capsys.readouterr().out
+    assert "ok       remote step_4" in out and "remote: verified" in out and "remote step_9: not committed" in out
+    data = remote / "step_4" / "data.bin"
+    data.write_bytes(data.read_bytes()[:-1] + bytes([data.read_bytes()[-1] ^ 1]))
+    assert main(["verify", str(tmp_path / "run"), "--remote", str(remote)]) == 1
+    assert "CORRUPT  remote step_4" in capsys.readouterr().out

@@ -228,7 +228,7 @@ class RemoteTier:
         kept = [step for step in committed if step in self._trusted][-self.keep_last :]
         if not kept:
             return []
-        doomed = sorted({step for step in _steps_of(listing) if step < kept[0]})
+        doomed = sorted({step for step in steps_of(listing) if step < kept[0]})
         for step in doomed:
             prefix = f"{format.step_dirname(step)}/"
             manifest = prefix + format.MANIFEST_FILENAME
@@ -306,7 +306,8 @@ def committed_steps(listing: Mapping[str, int]) -> list[int]:
     return sorted(steps)
 
 
-def _steps_of(listing: Mapping[str, int]) -> set[int]:
+def steps_of(listing: Mapping[str, int]) -> set[int]:
+    """Every step a listing holds objects of, committed or not."""
     return {int(m.group(1)) for key in listing if (m := _STEP_KEY.match(key))}
 
 
