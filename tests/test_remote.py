@@ -85,21 +85,29 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-def test_sigkill_during_upload_leaves_no_remote_commit(tmp_path: Path, s3_remote: str) -> None:
-    """Killed at the second promotion with its data objects up but not its manifest: the remote
-    has no commit marker for it, and a restore on a fresh node takes the previous promoted one."""
+@pytest.mark.parametrize(
+    ("point", "extra"),
+    [("before_remote_commit:2", ()), ("mid_upload:2", ("--state-mb", "20"))],
+    ids=["data-up-manifest-not", "mid-multipart"],
+)
+def test_sigkill_during_upload_leaves_no_remote_commit(tmp_path: Path, s3_remote: str, point: str, extra: tuple[str, ...]) -> None:
+    """Killed during the second promotion (its data objects up but not its manifest, or half-way
+    through a multipart upload): the remote has no commit marker for it, and a restore on a fresh
+    node takes the previous promoted one."""
     run_dir = tmp_path / "run"
-    killed = run_job(run_dir, "--remote", s3_remote, "--keep-last-remote", "5", "--die-in-persist", "before_remote_commit:2")
+    killed = run_job(run_dir, "--remote", s3_remote, "--keep-last-remote", "5", "--die-in-persist", point, *extra)
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
     store = open_store(s3_remote)
     listing = store.list_objects()
     promoted = [event["step"] for event in events(run_dir, "promoted")]
     assert committed_steps(listing) == promoted == [4]
     partial = {key.split("/")[0] for key in listing} - {"step_4"}
-    assert partial and all(not store.exists(f"{name}/manifest.json") for name in partial)  # data up, no marker
+    assert all(not store.exists(f"{name}/manifest.json") for name in partial)  # no marker for anything newer
+    if point.startswith("before_remote_commit"):
+        assert partial  # its data objects were up
 
     shutil.rmtree(run_dir)  # a fresh node: only the remote tier is left
-    model, optimizer, scheduler = _job_state()
+    model, optimizer, scheduler = _job_state(float(extra[1]) if extra else 0.0)
     with coci.Session(tmp_path / "fresh", {"model": model, "optimizer": optimizer, "scheduler": scheduler}, policy=coci.EveryN(4),
                       remote=s3_remote) as session:
         restored = session.restore()
@@ -138,11 +146,11 @@ def _small_state() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.Adam(model.parameters(), lr=1e-2)
 
 
-def _job_state() -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
+def _job_state(state_mb: float) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
     sys.path.insert(0, str(JOB.parent))
     from train_job import build
 
-    return build()
+    return build(state_mb=state_mb)
 
 
 def _run_small(run_dir: Path, remote: str, steps: int, restore: bool = True, **kwargs: object) -> torch.Tensor:

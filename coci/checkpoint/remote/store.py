@@ -16,6 +16,7 @@ from typing import BinaryIO, Protocol
 
 import crc32c
 
+from coci.checkpoint import format
 from coci.errors import CorruptCheckpointError
 
 __all__ = ["RemoteStore", "check_key", "read_chunks"]
@@ -71,8 +72,11 @@ def read_chunks(source: BinaryIO, size: int, chunk_bytes: int, crc: list[int]) -
         if not piece:
             raise ValueError(f"local file ended {remaining} bytes before its recorded size {size}")
         crc[0] = crc32c.crc32c(piece, crc[0])
+        first = remaining == size
         remaining -= len(piece)
         yield piece
+        if first and remaining > 0:
+            format.fault("mid_upload")  # one part handed to the client, more to come
 
 
 def bounded_chunks(chunks: Iterator[bytes], max_bytes: int, key: str) -> Iterator[bytes]:
