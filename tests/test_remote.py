@@ -132,12 +132,17 @@ def test_node_loss_resumes_from_remote_bitwise(tmp_path: Path, s3_remote: str, r
 
 
 def _train(session: coci.Session, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    """Train to ``steps``; each checkpoint's commit and promotion are waited for, so none is
+    superseded by a newer one while waiting (which a loaded machine would make happen at random)."""
     while session.steps < steps:
         optimizer.zero_grad()
         loss = model(torch.randn(8, 4)).square().mean()
         loss.backward()
         optimizer.step()
-        session.step(loss.detach())
+        if session.step(loss.detach()) is not None:
+            session.wait()  # the commit hands the checkpoint to the remote tier
+            if session._remote is not None:
+                session._remote.wait()
 
 
 def _small_state() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

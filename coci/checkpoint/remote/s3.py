@@ -18,7 +18,7 @@ import crc32c
 
 from coci import knobs
 from coci.checkpoint.remote.store import bounded_chunks, check_key, read_chunks
-from coci.errors import ConfigError
+from coci.errors import ConfigError, CorruptCheckpointError
 
 
 class S3Store:
@@ -102,6 +102,4 @@ class S3Store:
 
 
 def _too_large(key: str, size: int, max_bytes: int) -> Exception:
-    from coci.errors import CorruptCheckpointError
-
     return CorruptCheckpointError(f"remote object {key!r} is {size} bytes, more than the {max_bytes} expected")
