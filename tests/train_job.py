@@ -36,7 +36,7 @@ def build(seed: int = 0, state_mb: float = 0.0) -> tuple[torch.nn.Module, torch.
         torch.nn.Linear(16, width), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(width, 1)
     )
     if state_mb:
-        model.add_module("ballast", torch.nn.Linear(int(state_mb * 2**20 / 4 / 1024), 1024, bias=False))
+        model.register_buffer("ballast", torch.zeros(int(state_mb * 2**20 / 4)))  # checkpointed, never in forward
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.01 * s))
     return model, optimizer, scheduler
