@@ -268,3 +268,20 @@ def test_cli_ls_and_verify_cover_the_remote_tier(tmp_path: Path, capsys: pytest.
     data.write_bytes(data.read_bytes()[:-1] + bytes([data.read_bytes()[-1] ^ 1]))
     assert main(["verify", str(tmp_path / "run"), "--remote", str(remote)]) == 1
     assert "CORRUPT  remote step_4" in capsys.readouterr().out
+
+
+def test_failed_upload_is_retried_logged_and_leaves_the_local_tier_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A remote that cannot be written (its path lies under a regular file): every attempt fails,
+    each is logged, training and the local checkpoints go on, nothing is committed remotely."""
+    from coci import knobs
+
+    monkeypatch.setattr(knobs, "UPLOAD_RETRY_SECONDS", 0.0)
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    _run_small(tmp_path / "run", str(blocker / "remote"), 4)
+    errors = [event for event in events(tmp_path / "run", "error") if event.get("phase") == "promote"]
+    assert {event["step"] for event in errors} == {2, 4} and all(event["attempts"] == knobs.UPLOAD_ATTEMPTS for event in errors)
+    assert not events(tmp_path / "run", "promoted")
+    assert [event["step"] for event in events(tmp_path / "run", "commit")] == [2, 4]
+    assert (tmp_path / "run" / "checkpoints" / "step_4" / "manifest.json").is_file()
+    assert blocker.read_text() == ""
