@@ -332,6 +332,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             (s.step, s.bytes, "verified" if s.ok else ("CORRUPT: " if s.committed else "not committed: ") + str(s.error))
             for s in verify_run(root)
         ]
+    rows += _remote_rows(args)
     if not rows:
         runs = _runs_under(root)
         print(_runs_table(runs) if runs else f"no checkpoints in {args.run_dir}")
@@ -341,6 +342,20 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         lines.append(f"{'-' if listed_step is None else listed_step:>10}  {'-' if size is None else format_bytes(size):>10}  {status}")
     print("\n".join(lines))
     return EXIT_OK
+
+
+def _remote_rows(args: argparse.Namespace) -> list[tuple[int | None, int | None, str]]:
+    """``--remote URL``: the remote tier's checkpoints as ``ls`` rows (status prefixed ``remote``)."""
+    if not args.remote:
+        return []
+    from coci.checkpoint.remote.verify import verify_remote
+
+    statuses = verify_remote(args.remote, check=not getattr(args, "no_verify", False))
+    unverified = "committed (not verified)" if getattr(args, "no_verify", False) else "verified"
+    return [
+        (s.step, s.bytes, "remote: " + (unverified if s.ok else ("CORRUPT: " if s.committed else "") + str(s.error)))
+        for s in statuses
+    ]
 
 
 def _runs_under(parent: Path) -> list[tuple[str, list[int], bool]]:
@@ -370,10 +385,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from coci.checkpoint.verify import verify_run
 
     statuses = verify_run(args.run_dir)
+    local_count = len(statuses)
+    if args.remote:
+        from coci.checkpoint.remote.verify import verify_remote
+
+        statuses += verify_remote(args.remote)
     committed = [s for s in statuses if s.committed]
     corrupt = [s for s in committed if not s.ok]
-    for status in statuses:
-        name = Path(status.path).name
+    for index, status in enumerate(statuses):
+        name = Path(status.path).name if index < local_count else f"remote {Path(status.path).name}"
         if status.ok:
             print(f"ok       {name}")
         elif status.committed:
@@ -459,10 +479,12 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", help="list committed checkpoints (or the runs of a parent folder)", description="List the committed checkpoints of a run: step, epoch, size, verified or not. Given a folder of runs, list its runs.")
     ls.add_argument("run_dir", help="run directory written by coci.Session")
     ls.add_argument("--no-verify", action="store_true", help="read manifests only (skip the checksum pass)")
+    ls.add_argument("--remote", help="also list the remote tier: s3://bucket/prefix (AWS_* environment variables) or a directory")
     ls.set_defaults(handler=_cmd_ls)
 
     verify = sub.add_parser("verify", help="verify checksums; exit 1 on any corruption", description="Verify every committed checkpoint's sizes and checksums; exit status 1 if any is corrupt.")
     verify.add_argument("run_dir", help="run directory written by coci.Session")
+    verify.add_argument("--remote", help="also verify the remote tier (each checkpoint downloaded to a temporary directory)")
     verify.set_defaults(handler=_cmd_verify)
     return parser
 

@@ -262,3 +262,15 @@ SIMULATE_PLAN_SECONDS: float = 0.3
 #: never finishes: the expected time grows like exp(segment / MTBF)); the result counts such trials
 #: as ``unfinished`` and says their overheads are lower bounds.
 SIMULATE_MAX_FAILURES: int = 10_000
+
+# --- remote tier (coci.checkpoint.remote) ------------------------------------------------------------------
+
+#: Part size of a multipart upload (and the read size of uploads and downloads): S3's minimum part
+#: is 5 MiB; 8 MiB parts keep the request count low while bounding memory (benchmarks/README.md, "Remote tier").
+UPLOAD_PART_BYTES: int = 8 << 20
+#: Parts of one object in flight at once: memory is about this many parts.
+UPLOAD_CONCURRENCY: int = 4
+#: Attempts per promotion (the first one included); a failed attempt is logged and retried after
+#: ``UPLOAD_RETRY_SECONDS * 2**attempt``. The local copy is never touched.
+UPLOAD_ATTEMPTS: int = 3
+UPLOAD_RETRY_SECONDS: float = 1.0

@@ -47,6 +47,7 @@ from coci.checkpoint.checkpointer import (
     writer_for,
 )
 from coci.checkpoint.format import RNG_KEY, SESSION_KEY, LoadedCheckpoint
+from coci.checkpoint.remote import RemoteTier, open_store
 from coci.checkpoint.run_lock import RunLock
 from coci.checkpoint.sharded import ShardedState, local_data_ptr, local_nbytes
 from coci.checkpoint.stateful import is_stateful, restore_in_place, validate_state
@@ -83,6 +84,7 @@ class RestoreResult:
     seconds: float
     nbytes: int
     skipped: tuple[Path, ...] = ()
+    tier: str = "local"  # "remote": downloaded from the remote tier first
 
 
 class Session:
@@ -114,6 +116,12 @@ class Session:
             losses or ``(steps, losses)``), planned with from step 0, rescaled to ``total_steps`` and
             corrected by this run's losses (:mod:`coci.planning.prior`); one that cannot be used is
             recorded in the plan's fallbacks.
+        remote: the remote tier, ``"s3://bucket/prefix"`` (endpoint and credentials from the AWS
+            environment variables) or a shared directory. Committed checkpoints the plan promotes
+            (``Plan.promote_steps``; None: every one) are uploaded in the background, and
+            ``restore()`` falls back to it (:mod:`coci.checkpoint.remote`).
+        storage_options: extra S3 client options (obstore's S3 config keys) for an ``s3://`` remote.
+        keep_last_remote: remote checkpoints to keep (None keeps all; never fewer than one).
     """
 
     def __init__(
@@ -137,6 +145,9 @@ class Session:
         preemption_signals: Iterable[int] = (signal.SIGTERM,),
         grace: str | float = "30s",
         prior: Any = None,
+        remote: str | os.PathLike[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        keep_last_remote: int | None = 2,
     ) -> None:
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
             raise ConfigError(f"run_dir must be a path to a directory, got {run_dir!r}")
@@ -184,6 +195,7 @@ class Session:
             self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
         writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
         self._checkpointer = Checkpointer(writer, self.events, keep_last, self._clock)
+        self._remote = None if remote is None else RemoteTier(open_store(remote, storage_options), keep_last_remote, self.events, self._profiler)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
         self._error: BaseException | None = None
@@ -319,17 +331,19 @@ class Session:
         self._check_open()
         self._planner.discard()  # a plan of the run before the restore never applies
         root = format.checkpoints_dir(self.run_dir)
-        candidates = restore_candidates(root, self._dist)  # newest first; damaged ones too, so each is reported
+        candidates = self._with_remote(restore_candidates(root, self._dist))  # newest first; damaged ones too
         skipped: list[Path] = []
         last_error = ""
         targets = self._sharded.load_targets() if candidates else None
-        for step, path in candidates:
+        for step, local_path in candidates:
             began = self._clock()
-            loaded, problem = self._load_and_apply(path, strict, targets)
-            if loaded is None:
-                logger.warning("skipping checkpoint %s: %s", path, problem)
-                self.events.emit("restore_skip", step=step, path=str(path), message=problem)
-                skipped.append(path)
+            path, problem = self._fetched(step, root) if local_path is None else (local_path, "")
+            loaded, problem = self._load_and_apply(path, strict, targets) if path is not None else (None, problem)
+            if loaded is None or path is None:
+                where = str(path) if local_path is not None else f"{self._remote.store.url}/step_{step}"  # type: ignore[union-attr]
+                logger.warning("skipping checkpoint %s: %s", where, problem)
+                self.events.emit("restore_skip", step=step, path=where, message=problem)
+                skipped.append(Path(where))
                 last_error = problem
                 continue
             seconds = self._clock() - began
@@ -338,12 +352,16 @@ class Session:
             self._restored_at_age = process_age_seconds()
             self._profiler.record_restore(seconds, loaded.nbytes)
             self._checkpointer.trust(loaded.step)  # retention keeps it until a newer one commits
+            tier = "local" if local_path is not None else "remote"
+            if tier == "remote" and self._remote is not None:
+                self._remote.trust(loaded.step)
+                self._profiler.record_remote_restore(seconds)
             self.events.emit(
-                "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path)
+                "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path), tier=tier
             )
             self._cadence.restart()
             self._profiler.mark()
-            return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, tuple(skipped))
+            return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, tuple(skipped), tier)
         if candidates:
             raise CorruptCheckpointError(
                 f"none of the {len(candidates)} committed checkpoints in {root} loads: "
@@ -351,6 +369,45 @@ class Session:
                 + f" (last error: {last_error})"
             )
         return None
+
+    def _with_remote(self, local: list[tuple[int, Path]]) -> list[tuple[int, Path | None]]:
+        """Restore candidates of both tiers, newest step first; a step in both is tried locally
+        first, then from the remote (path None: to be fetched). Listed by rank 0 (collective)."""
+        remote = self._remote
+        if remote is None:
+            return list(local)
+
+        def remote_steps() -> list[int]:
+            try:
+                return remote.committed_steps()
+            except Exception as exc:  # an unreachable remote leaves the local tier
+                logger.warning("cannot list the remote tier %s: %s", remote.store.url, exc)
+                self.events.emit("error", step=self._steps, phase="remote_list", message=f"{type(exc).__name__}: {exc}")
+                return []
+
+        merged: list[tuple[int, Path | None]] = [*local, *((step, None) for step in distributed.from_coordinator(remote_steps, self._dist))]
+        return sorted(merged, key=lambda candidate: (candidate[0], candidate[1] is not None), reverse=True)
+
+    def _fetched(self, step: int, root: Path) -> tuple[Path | None, str]:
+        """Download remote ``step`` into the run directory (rank 0; every rank hears the verdict)."""
+        assert self._remote is not None
+        remote = self._remote
+
+        def fetch() -> tuple[str | None, str]:
+            try:
+                return str(remote.fetch(step, root)), ""
+            except Exception as exc:
+                return None, f"remote step_{step}: {type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
+
+        path, problem = distributed.from_coordinator(fetch, self._dist)
+        return (Path(path), "") if path is not None else (None, problem)
+
+    def _promote(self, step: int, path: Path) -> None:
+        """Hand a committed checkpoint to the remote tier when the plan promotes it (rank 0)."""
+        plan = self.plan
+        wanted = plan is None or plan.promote_steps is None or step in plan.promote_steps
+        if self._remote is not None and wanted and (self._dist is None or self._dist.is_coordinator):
+            self._remote.promote(step, path)
 
     def _load_and_apply(self, path: Path, strict: bool, targets: Mapping[str, Any] | None = None) -> tuple[LoadedCheckpoint | None, str]:
         """Load ``path`` into ``state``; (None, what went wrong) when any rank failed to.
@@ -387,6 +444,8 @@ class Session:
             self._planner.close()  # an observation still in flight is dropped: the run ends first
             self._checkpointer.close()
             self._poll_persist()
+            if self._remote is not None:  # the last promotion finishes before the run ends
+                self._remote.wait()
         finally:
             for hook in self._hooks:
                 hook.remove()
@@ -584,6 +643,7 @@ class Session:
             staging_seconds=result.staging_seconds,
             bytes=result.nbytes,
         )
+        self._promote(result.step, result.path)
         if self._cadence.observe_after_commit(self._elapsed):  # distributed: ranks commit at different
             self._observe()  # steps, so they observe at the (collective) step cadence only
 

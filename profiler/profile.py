@@ -102,6 +102,14 @@ class Profile(BaseModel):
         description="process start to the first step after a restore (start-up, imports, set-up, restore)",
     )
     bandwidth: Bandwidth | None = Field(default=None, description="one-time micro-probe result")
+    upload_seconds: Estimate = Field(default_factory=Estimate, description="background promotion to the remote tier, wall time")
+    upload_bytes: Estimate = Field(default_factory=Estimate, description="bytes uploaded per promotion")
+    upload_interference: Estimate = Field(
+        default_factory=Estimate, description="median step time during a promotion (no persist) / median clean step time"
+    )
+    remote_restore_seconds: Estimate = Field(
+        default_factory=Estimate, description="time to restore from the remote tier (download, verify, load)"
+    )
     loss_points: int = Field(default=0, ge=0, description="finite losses recorded")
     dropped_losses: int = Field(default=0, ge=0, description="NaN/inf losses dropped")
 
@@ -110,6 +118,12 @@ class Profile(BaseModel):
     def interference_seconds(self) -> float:
         """Extra wall time one background persist costs training: ``P * (1 - 1/r)``, 0 if unknown."""
         return interference_cost(self.persist_seconds.value, self.interference.value)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def upload_interference_seconds(self) -> float:
+        """Extra wall time one promotion costs training: ``U * (1 - 1/r)``, 0 if unknown."""
+        return interference_cost(self.upload_seconds.value, self.upload_interference.value)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

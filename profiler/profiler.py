@@ -70,10 +70,21 @@ _COST_SERIES = (
     "restore_seconds",
     "restore_bytes",
     "restart_seconds",
+    "upload_seconds",
+    "upload_bytes",
+    "remote_restore_seconds",
 )
-_STEP_SERIES = ("clean_step_seconds", "overlapped_step_seconds", "stall_step_seconds", "stall_adjusted_step_seconds")
+_STEP_SERIES = (
+    "clean_step_seconds",
+    "overlapped_step_seconds",
+    "stall_step_seconds",
+    "stall_adjusted_step_seconds",
+    "upload_step_seconds",
+)
 #: Series added after STATE_FORMAT 1 was first written: absent in older checkpoints, loaded as empty.
-_OPTIONAL_SERIES = frozenset({"stall_adjusted_step_seconds", "restart_seconds"})
+_OPTIONAL_SERIES = frozenset(
+    {"stall_adjusted_step_seconds", "restart_seconds", "upload_seconds", "upload_bytes", "remote_restore_seconds", "upload_step_seconds"}
+)
 
 
 class Profiler:
@@ -104,6 +115,7 @@ class Profiler:
         self._overlapped: deque[float] = deque(maxlen=step_window)
         self._stall_steps: deque[float] = deque(maxlen=step_window)
         self._stall_adjusted: deque[float] = deque(maxlen=step_window)  # stall steps minus their stall
+        self._upload_steps: deque[float] = deque(maxlen=step_window)  # overlapped a promotion, not a persist
         self._since_clean = 0  # timed intervals since the last clean one (stale clean times)
         self._interval_stall_seconds = 0.0
         self._interval_busy = 0.0  # seconds of the open interval the caller spent outside training
@@ -115,6 +127,8 @@ class Profiler:
         self._interval_stall = False
         self._interval_overlapped = False
         self._persists_in_flight = 0
+        self._uploads_in_flight = 0
+        self._interval_uploading = False
         self._state_bytes: int | None = None
         self._bandwidth: Bandwidth | None = None
         self._startup_seconds: float | None = None
@@ -137,6 +151,7 @@ class Profiler:
         self._interval_stall_seconds = 0.0
         self._interval_busy = 0.0
         self._interval_overlapped = self._persists_in_flight > 0
+        self._interval_uploading = self._uploads_in_flight > 0
         if loss is not None:
             self._trace.add(self._steps, loss)
 
@@ -151,6 +166,7 @@ class Profiler:
         self._interval_stall_seconds = 0.0
         self._interval_busy = 0.0
         self._interval_overlapped = self._persists_in_flight > 0
+        self._interval_uploading = self._uploads_in_flight > 0
 
     def record_busy(self, start: float, end: float) -> None:
         """The caller was busy outside the training step from ``start`` to ``end`` (clock seconds:
@@ -189,6 +205,7 @@ class Profiler:
         self._last_time = None
         self._interval_stall = False
         self._interval_overlapped = self._persists_in_flight > 0
+        self._interval_uploading = self._uploads_in_flight > 0
         if values is not None:
             self._trace.extend(np.arange(first_step, first_step + n, dtype=np.int64), values)
 
@@ -215,6 +232,8 @@ class Profiler:
             self._stall_adjusted.append(training if self._interval_busy > 0.0 else max(duration - self._interval_stall_seconds, 0.0))
         elif overlapped:
             self._overlapped.append(training)
+        elif self._interval_uploading:
+            self._upload_steps.append(training)
         else:
             self._clean.append(training)
             self._since_clean = 0
@@ -256,6 +275,33 @@ class Profiler:
         """The persist begun by ``persist_started`` failed: no sample, but it is no longer in flight."""
         with self._lock:
             self._persists_in_flight = max(self._persists_in_flight - 1, 0)
+
+    def upload_started(self) -> None:
+        """A promotion to the remote tier began: steps overlapping it (and no persist) are timed apart."""
+        with self._lock:
+            self._uploads_in_flight += 1
+            self._interval_uploading = True
+
+    def upload_finished(self, seconds: float, nbytes: int | None = None) -> None:
+        """The promotion begun by ``upload_started`` committed remotely after ``seconds`` (any thread)."""
+        seconds = non_negative_number(seconds, "seconds")
+        nbytes = optional_integer(nbytes, "nbytes")
+        with self._lock:
+            self._uploads_in_flight = max(self._uploads_in_flight - 1, 0)
+            self._costs["upload_seconds"].append(seconds)
+            if nbytes is not None:
+                self._costs["upload_bytes"].append(float(nbytes))
+
+    def upload_aborted(self) -> None:
+        """The promotion begun by ``upload_started`` failed: no sample (any thread)."""
+        with self._lock:
+            self._uploads_in_flight = max(self._uploads_in_flight - 1, 0)
+
+    def record_remote_restore(self, seconds: float) -> None:
+        """A restore from the remote tier (download, verification and load) took ``seconds``."""
+        seconds = non_negative_number(seconds, "seconds")
+        with self._lock:
+            self._costs["remote_restore_seconds"].append(seconds)
 
     def record_restore(self, seconds: float, nbytes: int | None = None) -> None:
         """Restoring a checkpoint of ``nbytes`` took ``seconds``."""
@@ -358,6 +404,7 @@ class Profiler:
         with self._lock:
             step, source = self._step_estimate()
             overlapped = robust_estimate(recent_regime(list(self._overlapped)))
+            uploading = robust_estimate(recent_regime(list(self._upload_steps)))
             stall_steps = robust_estimate(list(self._stall_steps))
             stall_adjusted = robust_estimate(recent_regime(list(self._stall_adjusted)))
             costs = {name: robust_estimate(list(series)) for name, series in self._costs.items()}
@@ -385,6 +432,10 @@ class Profiler:
             restore_bytes=_measured_or(costs["restore_bytes"], state_bytes),
             restart_seconds=_measured_or(costs["restart_seconds"], _restart_prior(startup, restore)),
             bandwidth=bandwidth,
+            upload_seconds=costs["upload_seconds"],
+            upload_bytes=costs["upload_bytes"],
+            upload_interference=ratio_estimate(uploading, step) if source != "overlapped" else Estimate(),
+            remote_restore_seconds=costs["remote_restore_seconds"],
             loss_points=self._trace.points,
             dropped_losses=self._trace.dropped,
         )
@@ -422,6 +473,7 @@ class Profiler:
                 "overlapped_step_seconds": np.asarray(self._overlapped, dtype=np.float64),
                 "stall_step_seconds": np.asarray(self._stall_steps, dtype=np.float64),
                 "stall_adjusted_step_seconds": np.asarray(self._stall_adjusted, dtype=np.float64),
+                "upload_step_seconds": np.asarray(self._upload_steps, dtype=np.float64),
                 "steps_since_clean": int(self._since_clean),
             }
             for name, series in self._costs.items():
@@ -455,11 +507,12 @@ class Profiler:
             self._last_time = None
             self._interval_stall = False
             self._interval_overlapped = self._persists_in_flight > 0
+            self._interval_uploading = self._uploads_in_flight > 0
             self._state_bytes = state_bytes
             self._bandwidth = bandwidth
             self._since_clean = since_clean
             self._interval_stall_seconds = 0.0
-            step_series = (self._clean, self._overlapped, self._stall_steps, self._stall_adjusted)
+            step_series = (self._clean, self._overlapped, self._stall_steps, self._stall_adjusted, self._upload_steps)
             for target, name in zip(step_series, _STEP_SERIES):
                 target.clear()
                 target.extend(series[name].tolist())

@@ -5,7 +5,7 @@ Usage (under torchrun, or with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by th
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_job.py RUN_DIR
         [--epochs E] [--every K] [--stop-at STEP] [--kill-at STEP]
         [--fault RANK:POINT:NTH] [--coci-timeout SECONDS] [--ballast-mb MB]
-        [--policy young --mtbf SECONDS --total-steps N] [--step-sleep SECONDS]
+        [--policy young --mtbf SECONDS --total-steps N] [--step-sleep SECONDS] [--remote URL]
 
 Trains an MLP with dropout (per-rank RNG), Adam and a LambdaLR schedule on a 48-sample dataset
 through coci.ResumableLoader (batch 4 per rank), checkpointing every K steps with coci.Session,
@@ -86,6 +86,7 @@ def main() -> None:
     parser.add_argument("--mtbf", type=float, default=None)
     parser.add_argument("--total-steps", type=int, default=None)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--remote", default=None)  # the remote tier (promotes every checkpoint)
     args = parser.parse_args()
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))  # ranks start minutes apart under load
@@ -120,6 +121,7 @@ def main() -> None:
         mtbf=args.mtbf,
         total_steps=args.total_steps,
         keep_last=2,
+        remote=args.remote,
     )
     session.restore()
     log = open(os.path.join(args.run_dir, f"samples_rank{rank}.txt"), "a")

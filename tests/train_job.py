@@ -1,13 +1,15 @@
 """A deterministic training job run as a real subprocess by the kill-and-resume tests.
 
 Usage: python tests/train_job.py RUN_DIR --steps N --every K [--die-at STEP]
-       [--die-in-persist POINT] [--loader] [--state-mb MB]
+       [--die-in-persist POINT[:K]] [--loader] [--state-mb MB] [--remote URL --keep-last-remote N]
 
 Trains a small MLP with dropout (consumes RNG), Adam and a LambdaLR schedule, checkpointing every
 K steps through coci.Session. Each process appends "step loss_hex" lines to losses_<pid>.txt and,
 when it finishes, saves the final model/optimizer state to final.pt. --die-at sends SIGKILL to
 itself right after that step's session.step (a checkpoint may be in flight); --die-in-persist
-installs a checkpoint fault hook (coci.checkpoint.format.set_fault_hook) that SIGKILLs the writer thread's process at that commit point.
+installs a checkpoint fault hook (coci.checkpoint.format.set_fault_hook) that SIGKILLs the writer thread's process at that commit point
+(the K-th time it is reached; the remote tier's points, such as ``before_remote_commit``, too). --remote promotes every checkpoint to a
+remote tier (S3 settings from the AWS environment variables).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def build(seed: int = 0, state_mb: float = 0.0) -> tuple[torch.nn.Module, torch.
         torch.nn.Linear(16, width), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(width, 1)
     )
     if state_mb:
-        model.add_module("ballast", torch.nn.Linear(int(state_mb * 2**20 / 4 / 1024), 1024, bias=False))
+        model.register_buffer("ballast", torch.zeros(int(state_mb * 2**20 / 4)))  # checkpointed, never in forward
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.01 * s))
     return model, optimizer, scheduler
@@ -56,6 +58,8 @@ def main() -> None:
     parser.add_argument("--die-in-persist", default=None)
     parser.add_argument("--loader", action="store_true")
     parser.add_argument("--state-mb", type=float, default=0.0)
+    parser.add_argument("--remote", default=None)
+    parser.add_argument("--keep-last-remote", type=int, default=2)
     args = parser.parse_args()
 
     torch.use_deterministic_algorithms(True)
@@ -71,14 +75,19 @@ def main() -> None:
         loader = coci.ResumableLoader(dataset, batch_size=32, shuffle=True, seed=7)
         state["loader"] = loader
     if args.die_in_persist:
-        point = args.die_in_persist
+        point, _, count = args.die_in_persist.partition(":")
+        reached = {"times": 0}
 
         def hook(name: str) -> None:
             if name == point:
-                os.kill(os.getpid(), signal.SIGKILL)
+                reached["times"] += 1
+                if reached["times"] == int(count or 1):
+                    os.kill(os.getpid(), signal.SIGKILL)
 
         format.set_fault_hook(hook)
-    session = coci.Session(args.run_dir, state=state, policy=coci.EveryN(args.every), keep_last=2)
+    session = coci.Session(
+        args.run_dir, state=state, policy=coci.EveryN(args.every), keep_last=2, remote=args.remote, keep_last_remote=args.keep_last_remote
+    )
     session.restore()
     log = open(os.path.join(args.run_dir, f"losses_{os.getpid()}.txt"), "a")
 

@@ -69,6 +69,9 @@ class CheckpointRow(BaseModel):
     committed: bool = False
     on_disk: bool = False
     error: str | None = None
+    upload_seconds: float | None = None  # its promotion to the remote tier (None: not promoted)
+    remote_bytes: int | None = None
+    in_remote: bool = False  # promoted and not yet removed by the remote tier's retention
 
 
 class RestoreRow(BaseModel):
@@ -121,6 +124,9 @@ class ObservedCosts(BaseModel):
     failures: int = 0
     lost_steps: int = 0
     lost_seconds: float | None = None
+    promotions: int = 0
+    upload_seconds: float = 0.0
+    remote_bytes: int = 0
 
 
 class PolicyRow(BaseModel):
@@ -188,6 +194,12 @@ def read_run(run_dir: Path) -> ReportData:
     step_seconds = _step_seconds(profile, plan)
     restores = _restores(events, step_seconds)
     observed = _observed(rows, restores, events, profile, step_seconds, notes)
+    promoted = [row for row in rows if row.upload_seconds is not None]
+    observed = observed.model_copy(update={
+        "promotions": len(promoted),
+        "upload_seconds": sum(row.upload_seconds or 0.0 for row in promoted),
+        "remote_bytes": sum(row.remote_bytes or 0 for row in promoted),
+    })
     loss_steps, losses, loss_source = _loss_trace(run_dir, notes)
     return ReportData(
         run_dir=str(run_dir),
@@ -231,7 +243,12 @@ def _checkpoint_rows(events: Iterable[dict[str, Any]], on_disk: set[int]) -> tup
     errors: list[str] = []
     for event in events:
         kind, step = event.get("event"), _event_step(event)
-        if step is None or kind not in ("snapshot_start", "snapshot_end", "commit", "stall", "error"):
+        if step is None or kind not in ("snapshot_start", "snapshot_end", "commit", "stall", "error", "promoted", "remote_retention"):
+            continue
+        if kind == "remote_retention":
+            for removed in event.get("removed", []):
+                if removed in rows:
+                    rows[removed]["in_remote"] = False
             continue
         row = rows.setdefault(step, {"step": step})
         if kind == "snapshot_start":
@@ -242,6 +259,10 @@ def _checkpoint_rows(events: Iterable[dict[str, Any]], on_disk: set[int]) -> tup
             row.update(committed=True, persist_seconds=event.get("seconds"), bytes=event.get("bytes", row.get("bytes")))
         elif kind == "stall":
             row["stall_seconds"] = event.get("seconds")
+        elif kind == "promoted":
+            row.update(upload_seconds=event.get("seconds"), remote_bytes=event.get("bytes"), in_remote=True)
+        elif event.get("phase") in ("promote", "remote_list"):  # the local checkpoint is unaffected
+            errors.append(f"step {step}: {event.get('phase')} failed: {event.get('message', 'error')}")
         else:
             message = str(event.get("message", "error"))
             row["error"] = message

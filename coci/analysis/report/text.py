@@ -34,10 +34,12 @@ __all__ = [
 
 def checkpoint_frame(data: ReportData) -> pd.DataFrame:
     """One row per checkpoint: step, planned (True/False/None = earlier plan), stall, staging
-    and persist seconds, bytes, committed, still on disk, error."""
+    and persist seconds, bytes, committed, still on disk, error; its promotion to the remote tier
+    (upload seconds, bytes, still there)."""
     rows = [row.model_dump() for row in data.checkpoints]
     dtypes = {"step": "int64", "planned": object, "stall_seconds": "float64", "staging_seconds": "float64",
-              "persist_seconds": "float64", "bytes": "Int64", "committed": "bool", "on_disk": "bool", "error": object}
+              "persist_seconds": "float64", "bytes": "Int64", "committed": "bool", "on_disk": "bool", "error": object,
+              "upload_seconds": "float64", "remote_bytes": "Int64", "in_remote": "bool"}
     return pd.DataFrame({name: pd.Series([r[name] for r in rows], dtype=dtype) for name, dtype in dtypes.items()})
 
 
@@ -178,6 +180,12 @@ def _checkpoint_lines(data: ReportData) -> list[str]:
         f"checkpoints: {obs.checkpoints} taken, {obs.committed} committed, {obs.failed} failed, "
         f"{obs.on_disk} on disk now"
     ]
+    if obs.promotions:
+        lines.append(
+            f"remote tier: {obs.promotions} promoted, {format_bytes(obs.remote_bytes)} uploaded in "
+            f"{format_seconds(obs.upload_seconds)} (in the background), "
+            f"{sum(row.in_remote for row in data.checkpoints)} there now"
+        )
     if plan is not None:
         lines += _plan_against_taken_lines(data, plan)
     frame = checkpoint_frame(data)
@@ -395,7 +403,15 @@ def display_checkpoints(frame: pd.DataFrame) -> pd.DataFrame:
             "committed": frame["committed"].map(lambda v: "yes" if v else "NO"),
             "on disk": frame["on_disk"].map(lambda v: "yes" if v else "-"),
         }
-    )
+    ) if not frame["upload_seconds"].notna().any() else _with_remote_columns(frame)
+
+
+def _with_remote_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """The checkpoint table of a run with a remote tier: where each checkpoint lives, its upload."""
+    table = display_checkpoints(frame.assign(upload_seconds=float("nan")))
+    where = [("local+remote" if local and remote else "local" if local else "remote" if remote else "-")
+             for local, remote in zip(frame["on_disk"], frame["in_remote"])]
+    return table.drop(columns=["on disk"]).assign(**{"upload ms": frame["upload_seconds"].map(_ms), "where": where})
 
 
 def _ms(value: Any) -> str:

@@ -1,0 +1,105 @@
+"""A remote tier on an S3-compatible object store, through ``obstore`` (Rust's ``object_store``).
+
+Endpoint and credentials come from the standard AWS environment variables (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``); ``storage_options``
+adds obstore's S3 config keys. Files go up as multipart uploads of ``knobs.UPLOAD_PART_BYTES``
+parts, a few in flight (an object appears only once all its parts are complete). Why obstore:
+benchmarks/README.md, "Remote tier".
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import crc32c
+
+from coci import knobs
+from coci.checkpoint.remote.store import bounded_chunks, check_key, read_chunks
+from coci.errors import ConfigError, CorruptCheckpointError
+
+
+class S3Store:
+    """:class:`coci.checkpoint.remote.RemoteStore` on ``s3://bucket/prefix``."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        try:
+            import obstore
+            from obstore.store import S3Store as ObstoreS3
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ConfigError("remote='s3://...' needs the obstore package (pip install obstore)") from exc
+        self._obstore = obstore
+        self._url = url
+        options = dict(storage_options or {})
+        client_options = dict(options.pop("client_options", {}))
+        endpoint = str(options.get("endpoint", options.get("aws_endpoint_url", os.environ.get("AWS_ENDPOINT_URL", ""))))
+        if endpoint.startswith("http://"):
+            client_options.setdefault("allow_http", True)
+        try:
+            self._store = ObstoreS3.from_url(url, config=options or None, client_options=client_options or None)  # type: ignore[arg-type]
+        except Exception as exc:
+            raise ConfigError(f"remote {url!r}: cannot configure the S3 client ({type(exc).__name__}: {exc})") from exc
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def put_file(self, key: str, source: BinaryIO, size: int) -> int:
+        crc = [0]
+        part = knobs.UPLOAD_PART_BYTES
+        chunks = read_chunks(source, size, part, crc)
+        self._obstore.put(
+            self._store, check_key(key), chunks if size > part else b"".join(chunks),
+            chunk_size=part, max_concurrency=knobs.UPLOAD_CONCURRENCY,
+        )
+        return crc[0]
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._obstore.put(self._store, check_key(key), data, use_multipart=False)
+
+    def get_file(self, key: str, dest: Path, max_bytes: int) -> int:
+        result = self._obstore.get(self._store, check_key(key))
+        if result.meta["size"] > max_bytes:
+            raise _too_large(key, result.meta["size"], max_bytes)
+        crc = 0
+        with open(dest, "wb") as out:
+            for piece in bounded_chunks((bytes(b) for b in result.stream(knobs.UPLOAD_PART_BYTES)), max_bytes, key):
+                crc = crc32c.crc32c(piece, crc)
+                out.write(piece)
+            out.flush()
+            os.fsync(out.fileno())
+        return crc
+
+    def get_bytes(self, key: str, max_bytes: int) -> bytes:
+        result = self._obstore.get(self._store, check_key(key))
+        if result.meta["size"] > max_bytes:
+            raise _too_large(key, result.meta["size"], max_bytes)
+        return b"".join(bounded_chunks((bytes(b) for b in result.stream(knobs.UPLOAD_PART_BYTES)), max_bytes, key))
+
+    def list_objects(self, prefix: str = "") -> dict[str, int]:
+        found: dict[str, int] = {}
+        for batch in self._obstore.list(self._store, prefix or None, chunk_size=1000):
+            for meta in batch:
+                found[str(meta["path"])] = int(meta["size"])
+        return found
+
+    def delete(self, keys: list[str]) -> None:
+        if keys:
+            self._obstore.delete(self._store, [check_key(key) for key in keys])
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._obstore.head(self._store, check_key(key))
+        except FileNotFoundError:
+            return False
+        except Exception as exc:
+            if type(exc).__name__ == "NotFoundError":
+                return False
+            raise
+        return True
+
+
+def _too_large(key: str, size: int, max_bytes: int) -> Exception:
+    return CorruptCheckpointError(f"remote object {key!r} is {size} bytes, more than the {max_bytes} expected")

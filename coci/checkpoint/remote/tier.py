@@ -1,0 +1,330 @@
+"""The remote tier: promotion of committed local checkpoints, per-tier retention, and fetching one back.
+
+Remote layout, under the store's prefix::
+
+    step_<n>/<data files>      uploaded first, each checked against the manifest's crc32c
+    step_<n>/manifest.json     uploaded last: the remote commit marker (object stores have no rename)
+
+:class:`RemoteTier` promotes in the background on one worker thread: the checkpoint's files are
+opened on the training thread when it is handed over (so local retention may delete it meanwhile),
+the upload runs with at most one more promotion waiting (a newer one replaces a waiting one). A
+failed attempt is logged and retried; it never writes the manifest, so a partial remote checkpoint
+never counts, and it never touches the local copy. Retention keeps the newest ``keep_last`` of the
+*trusted* remote checkpoints (uploaded and verified by this process, or restored from): an
+unverified one, however new, never makes a good one look old, and the newest trusted one is never
+deleted. :meth:`RemoteTier.fetch` downloads a checkpoint as untrusted input into a ``.tmp``
+directory of the run (names checked, sizes bounded by the manifest, crc32c checked while
+downloading) and commits it locally the way a write does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from coci import knobs
+from coci.checkpoint import format
+from coci.checkpoint.format import CommitRecord
+from coci.checkpoint.remote.store import RemoteStore
+from coci.errors import ConfigError, CorruptCheckpointError
+from coci.events import EventLog
+
+__all__ = ["RemoteTier", "open_store"]
+
+logger = logging.getLogger(__name__)
+
+_STEP_KEY = re.compile(r"^step_(\d+)/")
+FETCH_SUFFIX = ".fetch" + format.TMP_SUFFIX
+
+
+def open_store(remote: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> RemoteStore:
+    """The store a ``remote=`` argument names: ``s3://bucket/prefix`` or a directory path."""
+    from coci.checkpoint.remote.filesystem import DirectoryStore
+    from coci.checkpoint.remote.s3 import S3Store
+
+    text = os.fspath(remote)
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"remote must be 's3://bucket/prefix' or a directory path, got {remote!r}")
+    if text.startswith("s3://"):
+        if not text[5:].strip("/"):
+            raise ConfigError(f"remote {text!r} names no bucket")
+        return S3Store(text, storage_options)
+    if "://" in text:
+        raise ConfigError(f"remote {text!r}: only s3:// URLs and filesystem paths are supported")
+    if storage_options:
+        raise ConfigError("storage_options= applies to an s3:// remote only")
+    return DirectoryStore(Path(text))
+
+
+class UploadListener(Protocol):
+    """What the tier reports promotions to (the session's profiler)."""
+
+    def upload_started(self) -> None: ...
+
+    def upload_finished(self, seconds: float, nbytes: int) -> None: ...
+
+    def upload_aborted(self) -> None: ...
+
+
+@dataclass
+class _Job:
+    step: int
+    manifest: bytes
+    record: CommitRecord
+    handles: list[BinaryIO]
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.close()
+
+
+class RemoteTier:
+    """Level 2 of a run: promotes, retains, lists and fetches checkpoints in one :class:`RemoteStore`."""
+
+    def __init__(
+        self,
+        store: RemoteStore,
+        keep_last: int | None,
+        events: EventLog,
+        listener: UploadListener | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
+            raise ConfigError(f"keep_last_remote must be a positive integer or None, got {keep_last!r}")
+        self.store = store
+        self.keep_last = keep_last
+        self.events = events
+        self.listener = listener
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._waiting: _Job | None = None
+        self._worker: threading.Thread | None = None
+        self._trusted: set[int] = set()
+        self.failures = 0
+
+    # -- promotion (training thread hands over, the worker uploads) -----------------------------
+
+    def promote(self, step: int, path: Path) -> bool:
+        """Queue the committed checkpoint in ``path`` for upload; False (logged) when it cannot be
+        opened. Its files are opened here, so local retention may delete the directory meanwhile."""
+        try:
+            job = _open_job(step, path)
+        except (OSError, CorruptCheckpointError) as exc:
+            logger.warning("checkpoint step_%d not promoted: %s", step, exc)
+            self.events.emit("error", step=step, phase="promote", message=f"{type(exc).__name__}: {exc}")
+            return False
+        with self._lock:
+            superseded, self._waiting = self._waiting, job
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._drain, name="coci-upload", daemon=True)
+                self._worker.start()
+        if superseded is not None:
+            superseded.close()
+            self.events.emit("promote_skip", step=superseded.step, reason=f"superseded by step {step}")
+        elif self.listener is not None:
+            self.listener.upload_started()
+        return True
+
+    @property
+    def in_flight(self) -> bool:
+        worker = self._worker
+        return worker is not None and worker.is_alive()
+
+    def wait(self) -> None:
+        """Block until every queued promotion finished (or failed)."""
+        worker = self._worker
+        if worker is not None:
+            worker.join()
+
+    def trust(self, step: int) -> None:
+        """Count remote ``step`` (verified: restored from) as good for retention."""
+        self._trusted.add(step)
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                job, self._waiting = self._waiting, None
+                if job is None:
+                    self._worker = None
+                    return
+            try:
+                self._promote_with_retries(job)
+            finally:
+                job.close()
+
+    def _promote_with_retries(self, job: _Job) -> None:
+        began = self.clock()
+        for attempt in range(1, knobs.UPLOAD_ATTEMPTS + 1):
+            try:
+                nbytes = self._upload(job)
+                break
+            except CorruptCheckpointError as exc:  # the local copy is damaged: never promoted, not retried
+                self._give_up(job, exc, attempt)
+                return
+            except Exception as exc:
+                logger.warning("promotion of step_%d failed (attempt %d of %d): %s", job.step, attempt, knobs.UPLOAD_ATTEMPTS, exc)
+                if attempt == knobs.UPLOAD_ATTEMPTS:
+                    self._give_up(job, exc, attempt)
+                    return
+                time.sleep(knobs.UPLOAD_RETRY_SECONDS * 2 ** (attempt - 1))
+        seconds = self.clock() - began
+        self._trusted.add(job.step)
+        if self.listener is not None:
+            self.listener.upload_finished(seconds, nbytes)
+        self.events.emit("promoted", step=job.step, bytes=nbytes, seconds=seconds, remote=self.store.url, attempts=attempt)
+        self._retain_safely(job.step)
+
+    def _give_up(self, job: _Job, exc: BaseException, attempt: int) -> None:
+        self.failures += 1
+        if self.listener is not None:
+            self.listener.upload_aborted()
+        logger.error("checkpoint step_%d not promoted: %s", job.step, exc)
+        self.events.emit("error", step=job.step, phase="promote", attempts=attempt, message=f"{type(exc).__name__}: {exc}")
+
+    def _upload(self, job: _Job) -> int:
+        """Data objects (each one's crc32c checked against the record), then the manifest: the commit."""
+        prefix = f"{format.step_dirname(job.step)}/"
+        for entry, handle in zip(job.record.files, job.handles):
+            handle.seek(0)
+            crc = self.store.put_file(prefix + entry.name, handle, entry.size)
+            if entry.algorithm == "crc32c" and crc != entry.checksum:
+                raise CorruptCheckpointError(f"step_{job.step}/{entry.name}: local bytes do not match its recorded crc32c")
+        listed = self.store.list_objects(prefix)
+        for entry in job.record.files:
+            if listed.get(prefix + entry.name) != entry.size:
+                raise OSError(f"remote {prefix}{entry.name} is {listed.get(prefix + entry.name)} bytes, expected {entry.size}")
+        format.fault("before_remote_commit")
+        self.store.put_bytes(prefix + format.MANIFEST_FILENAME, job.manifest)
+        format.fault("after_remote_commit")
+        return sum(entry.size for entry in job.record.files) + len(job.manifest)
+
+    # -- retention ---------------------------------------------------------------------------------
+
+    def _retain_safely(self, step: int) -> None:
+        try:
+            removed = self.retain()
+        except Exception as exc:  # retention never fails a promotion that committed
+            logger.warning("remote retention after step_%d failed: %s", step, exc)
+            return
+        if removed:
+            self.events.emit("remote_retention", step=step, removed=removed)
+
+
+    def retain(self) -> list[int]:
+        """Keep the newest ``keep_last`` trusted remote checkpoints; delete everything (committed or
+        partial) of older steps, each one's manifest first so it never stays half-committed."""
+        if self.keep_last is None:
+            return []
+        listing = self.store.list_objects()
+        committed = committed_steps(listing)
+        kept = [step for step in committed if step in self._trusted][-self.keep_last :]
+        if not kept:
+            return []
+        doomed = sorted({step for step in steps_of(listing) if step < kept[0]})
+        for step in doomed:
+            prefix = f"{format.step_dirname(step)}/"
+            manifest = prefix + format.MANIFEST_FILENAME
+            self.store.delete([manifest])
+            format.fault("remote_retention")
+            self.store.delete([key for key in listing if key.startswith(prefix) and key != manifest])
+        self._trusted.difference_update(doomed)
+        return [step for step in doomed if step in committed]
+
+    # -- listing and fetching --------------------------------------------------------------------
+
+    def committed_steps(self) -> list[int]:
+        """Remote steps holding a commit marker, oldest first (not yet verified)."""
+        return committed_steps(self.store.list_objects())
+
+    def fetch(self, step: int, root: Path) -> Path:
+        """Download remote ``step`` into ``root/step_<n>`` (committed there like a local write) and
+        return that directory; CorruptCheckpointError when anything about it is off."""
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / (format.step_dirname(step) + FETCH_SUFFIX)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            record = self._download(step, tmp)
+            final = root / format.step_dirname(step)
+            format.publish(root, tmp, final, record)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final
+
+    def _download(self, step: int, tmp: Path) -> CommitRecord:
+        from coci.checkpoint.checkpointer import reader_for
+
+        prefix = f"{format.step_dirname(step)}/"
+        listing = self.store.list_objects(prefix)
+        try:
+            manifest = self.store.get_bytes(prefix + format.MANIFEST_FILENAME, knobs.MAX_MANIFEST_BYTES)
+        except CorruptCheckpointError:
+            raise
+        except Exception as exc:
+            raise CorruptCheckpointError(f"remote step_{step}: manifest cannot be read ({type(exc).__name__}: {exc})") from exc
+        format.write_durably(tmp / format.MANIFEST_FILENAME, manifest)
+        record = reader_for(tmp).read_record(tmp)  # parsed and checked: names inside the directory, sealed
+        if record.step != step:
+            raise CorruptCheckpointError(f"remote step_{step}: its manifest says step {record.step}")
+        needed = sum(entry.size for entry in record.files)
+        if needed > shutil.disk_usage(tmp).free:
+            raise CorruptCheckpointError(f"remote step_{step}: declares {needed} bytes, more than the free space of {tmp}")
+        for entry in record.files:
+            key = prefix + entry.name
+            if listing.get(key) != entry.size:
+                raise CorruptCheckpointError(
+                    f"remote {key}: {listing.get(key)} bytes, the manifest records {entry.size} (missing or truncated)"
+                )
+            try:
+                crc = self.store.get_file(key, tmp / entry.name, entry.size)
+            except CorruptCheckpointError:
+                raise
+            except Exception as exc:
+                raise CorruptCheckpointError(f"remote {key}: cannot be downloaded ({type(exc).__name__}: {exc})") from exc
+            if entry.algorithm == "crc32c" and crc != entry.checksum:
+                raise CorruptCheckpointError(f"remote {key}: crc32c mismatch (the object was altered)")
+        return record
+
+
+def committed_steps(listing: Mapping[str, int]) -> list[int]:
+    """Steps of a listing holding ``step_<n>/manifest.json``, oldest first."""
+    steps = []
+    for key in listing:
+        match = _STEP_KEY.match(key)
+        if match and key == f"{match.group(0)}{format.MANIFEST_FILENAME}":
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def steps_of(listing: Mapping[str, int]) -> set[int]:
+    """Every step a listing holds objects of, committed or not."""
+    return {int(m.group(1)) for key in listing if (m := _STEP_KEY.match(key))}
+
+
+def _open_job(step: int, path: Path) -> _Job:
+    """Read the committed record of ``path`` and open every file it lists (links refused)."""
+    manifest = format.read_record_bytes(path)
+    try:
+        record = CommitRecord.model_validate_json(manifest)
+    except ValueError as exc:
+        raise CorruptCheckpointError(f"{path}: manifest.json is unreadable ({type(exc).__name__})") from exc
+    format.check_file_names(path, [entry.name for entry in record.files], also=frozenset({".metadata"}))
+    handles: list[BinaryIO] = []
+    try:
+        for entry in record.files:
+            handles.append(os.fdopen(format.open_no_follow(path / entry.name, os.O_RDONLY), "rb"))
+    except BaseException:
+        for handle in handles:
+            handle.close()
+        raise
+    return _Job(step, manifest, record, handles)
