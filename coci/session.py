@@ -685,6 +685,7 @@ class Session:
             loss_steps=loss_steps,
             losses=losses,
             checkpoint_steps=tuple(self._checkpoint_steps),
+            last_promoted_step=None if self._remote is None else self._remote.last_promoted_step,
         )
         if self._dist is None and knobs.PLAN_IN_BACKGROUND and isinstance(self.policy, PlanningPolicy):
             self._planner.submit(self.policy, observation)  # applies at a step fixed by the observation

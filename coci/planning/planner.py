@@ -1026,7 +1026,7 @@ class PlanningPolicy:
         self.plan: Plan | None = None
         self.replans = 0
         self._steps: frozenset[int] = self._warmup_steps()
-        self._basis: tuple[float, float, float] | None = None
+        self._basis: tuple[float, ...] | None = None
         self._fit: ProgressCurve | None = None
         self._fit_family: str | None = None
         self._origin: int | None = None
@@ -1096,7 +1096,8 @@ class PlanningPolicy:
         fallbacks: list[str] = []
         stall, persist, interference, restart = self._costs(profile, step_seconds, fallbacks)
         cost = stall + interference
-        basis = (step_seconds, cost, persist)
+        remote = self._remote_costs(observation, restart, fallbacks)
+        basis = (step_seconds, cost, persist, float(remote.get("upload_seconds") or 0.0))
         last_checkpoint = max((s for s in observation.checkpoint_steps if s <= now), default=0)
         grew = self._checkfreq is not None and self._checkfreq.observe(observation.checkpoint_steps, cost, step_seconds)
         curve = self._curve(observation, fallbacks)
@@ -1108,7 +1109,7 @@ class PlanningPolicy:
                 config=self.config.replace(total_steps=horizon, restart_seconds=restart), curve=curve,
                 step_seconds=step_seconds, stall_seconds=stall, persist_seconds=persist,
                 interference_seconds=interference, start_step=now, last_checkpoint_step=last_checkpoint,
-                failure_origin_step=min(self._origin, now), taken_steps=observation.checkpoint_steps,
+                failure_origin_step=min(self._origin, now), taken_steps=observation.checkpoint_steps, **remote,
             )
         except ConfigError as exc:  # a measured figure out of range: keep the current plan
             logger.warning("re-planning at step %d failed, keeping the current plan: %s", now, exc)
@@ -1188,6 +1189,32 @@ class PlanningPolicy:
                 fallbacks.append("restart_seconds unknown: assumed 0 (changes expected costs, not the plan)")
         return max(float(stall), floor), max(float(persist), floor), max(interference, 0.0), max(float(restart), 0.0)
 
+    @staticmethod
+    def _remote_costs(observation: Observation, restart: float, fallbacks: list[str]) -> dict[str, Any]:
+        """The remote tier's measured costs as :func:`plan` keywords; empty (a single-level plan that
+        promotes every checkpoint) without a remote tier or before the first upload is measured.
+
+        A restart from the remote costs the local restart plus the extra time a remote restore took
+        over a local one; until a remote restore is measured, plus one upload's time (a download of
+        the same bytes), recorded as a fallback."""
+        profile = observation.profile
+        measured = getattr(profile, "upload_seconds", None)
+        if observation.last_promoted_step is None or measured is None or not measured.known:
+            return {}
+        upload = float(measured.value)
+        remote_restore = profile.remote_restore_seconds.value
+        if remote_restore is None:
+            extra = upload
+            fallbacks.append(f"remote restore not measured yet: assumed one upload's time ({upload:.3g} s)")
+        else:
+            extra = max(float(remote_restore) - float(profile.restore_seconds.value or 0.0), 0.0)
+        return {
+            "upload_seconds": upload,
+            "upload_interference_seconds": float(profile.upload_interference_seconds),
+            "remote_restart_seconds": restart + extra,
+            "last_promoted_step": observation.last_promoted_step,
+        }
+
     def _curve(self, observation: Observation, fallbacks: list[str]) -> ProgressCurve | None:
         """The fit of the loss trace so far, or (``auto``) the prior while the trace is too short.
 
@@ -1255,7 +1282,7 @@ class PlanningPolicy:
         return rates / mean
 
     def _moved(
-        self, basis: tuple[float, float, float], fit: ProgressCurve | None, now: int, horizon: int, grew: bool
+        self, basis: tuple[float, ...], fit: ProgressCurve | None, now: int, horizon: int, grew: bool
     ) -> list[str]:
         """Why the current plan is out of date (empty: keep it)."""
         if self.plan is None or self._basis is None:
@@ -1266,7 +1293,7 @@ class PlanningPolicy:
         if grew and self._checkfreq is not None:
             reasons.append(f"checkfreq interval grew to {self._checkfreq.interval}")
         if self.policy != "checkfreq":
-            for name, new, old in zip(("step time", "checkpoint cost", "persist"), basis, self._basis):
+            for name, new, old in zip(("step time", "checkpoint cost", "persist", "upload"), basis, self._basis):
                 if abs(new - old) > knobs.PLAN_REPLAN_COST_CHANGE * max(abs(old), 1e-12):
                     reasons.append(f"{name} {old:.3g} -> {new:.3g} s")
             reasons.extend(self._fit_moved(fit, now, horizon))
@@ -1291,7 +1318,7 @@ class PlanningPolicy:
         change = float(np.max(np.abs(new_density - old_density) / np.maximum(old_density, 1e-12)))
         return [f"progress weight moved by {change:.0%}"] if change > knobs.PLAN_REPLAN_FIT_CHANGE else []
 
-    def _install(self, new_plan: Plan, basis: tuple[float, float, float], fit: ProgressCurve | None, horizon: int) -> None:
+    def _install(self, new_plan: Plan, basis: tuple[float, ...], fit: ProgressCurve | None, horizon: int) -> None:
         self.plan = new_plan
         self._steps = frozenset(new_plan.steps)
         self._basis = basis

@@ -27,13 +27,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Observation:
-    """What a policy may use to (re-)plan: the live profile and the loss trace so far."""
+    """What a policy may use to (re-)plan: the live profile and the loss trace so far.
+    ``last_promoted_step`` is the newest checkpoint committed to the remote tier (None: no remote tier)."""
 
     step: int
     profile: Profile
     loss_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
     losses: np.ndarray = field(default_factory=lambda: np.empty(0))
     checkpoint_steps: tuple[int, ...] = ()
+    last_promoted_step: int | None = None
 
 
 @runtime_checkable

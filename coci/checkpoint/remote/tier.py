@@ -108,6 +108,7 @@ class RemoteTier:
         self._waiting: _Job | None = None
         self._worker: threading.Thread | None = None
         self._trusted: set[int] = set()
+        self.last_promoted_step = 0  # newest step committed remotely by this process or restored from it
         self.failures = 0
 
     # -- promotion (training thread hands over, the worker uploads) -----------------------------
@@ -147,6 +148,7 @@ class RemoteTier:
     def trust(self, step: int) -> None:
         """Count remote ``step`` (verified: restored from) as good for retention."""
         self._trusted.add(step)
+        self.last_promoted_step = max(self.last_promoted_step, step)
 
     def _drain(self) -> None:
         while True:
@@ -177,6 +179,7 @@ class RemoteTier:
                 time.sleep(knobs.UPLOAD_RETRY_SECONDS * 2 ** (attempt - 1))
         seconds = self.clock() - began
         self._trusted.add(job.step)
+        self.last_promoted_step = max(self.last_promoted_step, job.step)
         if self.listener is not None:
             self.listener.upload_finished(seconds, nbytes)
         self.events.emit("promoted", step=job.step, bytes=nbytes, seconds=seconds, remote=self.store.url, attempts=attempt)
