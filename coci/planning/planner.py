@@ -901,6 +901,7 @@ class PlanningPolicy:
         self._prior: PriorCurve | None = None
         self._warm: WarmStart | None = None
         self._prior_notes: list[str] = []
+        self._fitted: tuple[np.ndarray, np.ndarray, CurveFit] | None = None  # the last trace fitted and its fit
 
     def use_prior(self, source: Any) -> None:
         """Warm start: plan from step 0 with an earlier run's curve (see :mod:`coci.planning.prior`;
@@ -1078,7 +1079,18 @@ class PlanningPolicy:
             return PRIOR_PROGRESS_RATE
         if points < 2:
             return None
-        return fit_curve(np.asarray(observation.loss_steps, dtype=float), np.asarray(observation.losses, dtype=float))
+        return self._fit_of(np.asarray(observation.loss_steps, dtype=float), np.asarray(observation.losses, dtype=float))
+
+    def _fit_of(self, steps: np.ndarray, losses: np.ndarray) -> CurveFit:
+        """``fit_curve(steps, losses)``, reused when the trace equals the one fitted last: the fit is
+        deterministic, so a trace that has not changed since (losses logged less often than the
+        policy observes: evaluation curves, sparse logging) gives the same fit without refitting."""
+        last = self._fitted
+        if last is not None and np.array_equal(last[0], steps) and np.array_equal(last[1], losses):
+            return last[2]
+        fit = fit_curve(steps, losses)
+        self._fitted = (steps.copy(), losses.copy(), fit)
+        return fit
 
     def _warm_rate(self, observation: Observation, fallbacks: list[str]) -> CorrectedRate | None:
         """The warm start's progress rate, corrected by this run's losses so far (None: no prior)."""
