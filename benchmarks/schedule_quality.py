@@ -49,6 +49,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from coci.analysis.report.small_cut import small_cut_reason
 from coci.analysis.simulate import empirical_progress_rate, online_schedule, ratio_change, simulate
 from coci.planning.failures import Failures
 from coci.planning.fit import fit_curve
@@ -384,7 +385,7 @@ def quality(curves: list[Curve], mtbfs, sizes, trials: int, plan_seconds: float,
     return frame
 
 
-def quality_report(frame: pd.DataFrame) -> None:
+def quality_report(frame: pd.DataFrame, curves: list[Curve]) -> None:
     print("\nPer cell: cut = progress-weighted overhead saved against Young (paired mean); share = cut / the "
           "ceiling's cut; wall = wall-clock change against Young (± 95% half-width):")
     table = frame.pivot_table(index=["group", "curve", "mtbf_h", "size"], columns="plan",
@@ -406,15 +407,9 @@ def quality_report(frame: pd.DataFrame) -> None:
     for row in warm.itertuples():
         print(f"warm start vs cold online, {row.curve} ({row.mtbf_h} h, {row.size}): progress {row.vs_cold:+.1%} "
               f"[{row.vs_cold_low:+.1%}, {row.vs_cold_high:+.1%}]")
-    small = frame[(frame["plan"] == "online") & (frame["share_of_ceiling"] < 0.5)]
-    for row in small.itertuples():
-        print(f"online cut small on {row.curve}: {WHY_SMALL}")
-
-
-#: Why the online cut stays small on some curves (the report's one line).
-WHY_SMALL = ("its early loss falls slowly relative to the step cost, so the steep stretch the prior and the "
-             "first fits bet on is not there, and until the trace shows where the loss does fall the plan "
-             "must stay near Young to hold the budget")
+    for curve in curves:  # the report's line (coci.analysis.report.small_cut), from the whole-curve fit
+        fitted = plan("auto", curve=fit_curve(curve.steps, curve.losses), **job(8, "BERT-large"))
+        print(f"why small, {curve.name}: {small_cut_reason(fitted, (curve.steps, curve.losses))}")
 
 
 def speed() -> None:
@@ -447,6 +442,8 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2, help="--quality: schedules computed in parallel")
     parser.add_argument("--no-replay", action="store_true", help="--quality: Young, offline and the ceiling only")
     parser.add_argument("--only", default=None, help="--quality: comma-separated substrings of the curve names to keep")
+    parser.add_argument("--report-csv", default=None,
+                        help="--quality: print the report of per-cell tables written by --csv (comma-separated paths)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     pd.set_option("display.width", 200)
@@ -461,12 +458,16 @@ def main() -> None:
         trials = args.trials or 400
         if args.only:
             curves = [c for c in curves if any(part in c.name for part in args.only.split(","))]
+        if args.report_csv:
+            frame = pd.concat([pd.read_csv(path) for path in args.report_csv.split(",")], ignore_index=True)
+            quality_report(frame, [c for c in curves if c.name in set(frame["curve"])])
+            return
         began = time.perf_counter()
         labels = ("young", "offline", "ceiling") if args.no_replay else QUALITY_PLANS
         frame = quality(curves, (8,), ("BERT-large",), trials, args.plan_seconds, args.processes, labels)
         if args.csv:
             frame.to_csv(args.csv, index=False)
-        quality_report(frame)
+        quality_report(frame, curves)
         print(f"\n({len(curves)} curves, MTBF 8 h, BERT-large, {trials} trials; {time.perf_counter() - began:.0f} s)")
         return
     online_sizes = ("BERT-large",) if args.quick else ("ResNet-152", "BERT-large")

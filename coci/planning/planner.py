@@ -99,6 +99,7 @@ __all__ = [
     "PlanConfig",
     "PlanInputs",
     "PlanningPolicy",
+    "fit_progress_weight",
     "make_policy",
     "plan",
 ]
@@ -709,6 +710,20 @@ def _observed_past_rate(fit: CurveFit, rate: RateFunction) -> RateFunction:
         return np.where(s < start, average, rate(np.maximum(s, first)))
 
     return hybrid
+
+
+def fit_progress_weight(fit: CurveFit, total_steps: int) -> RateFunction | None:
+    """The progress weight ``w = v / v_bar`` the planner derives from a recorded fit over a run of
+    ``total_steps`` steps (the observed average before a recent window, the floor at 0, the whole
+    run's mean rate; see :func:`_observed_past_rate` and :func:`_mean_rate`); None when the fit is
+    unusable or the loss does not fall over the run."""
+    if not fit.usable:
+        return None
+    rate = _observed_past_rate(fit, fit.progress_rate)
+    mean, _ = _mean_rate(fit, rate, total_steps, [])
+    if mean is None:
+        return None
+    return lambda steps: np.asarray(rate(np.asarray(steps, dtype=float)), dtype=float) / mean
 
 
 def _loss_floor(fit: CurveFit) -> float | None:
