@@ -378,10 +378,16 @@ def quality(curves: list[Curve], mtbfs, sizes, trials: int, plan_seconds: float,
             if label == "warm":
                 paired = ratio_change(result.values("progress_seconds"), results["online"].values("progress_seconds"))
                 row.update(vs_cold=paired.mean, vs_cold_low=paired.ci_low, vs_cold_high=paired.ci_high)
+            if label == "online" and "offline" in results:  # offline against online, paired: < 0 is offline better
+                paired = ratio_change(results["offline"].values("progress_seconds"), result.values("progress_seconds"))
+                row.update(offline_vs_online=paired.mean, offline_vs_online_low=paired.ci_low,
+                           offline_vs_online_high=paired.ci_high, wall_vs_young_low=wall.ci_low,
+                           wall_vs_young_high=wall.ci_high)
             rows.append(row)
     frame = pd.DataFrame(rows)
     ceiling = frame[frame["plan"] == "ceiling"].set_index(["curve", "mtbf_h", "size"])["cut"]
-    frame["share_of_ceiling"] = frame["cut"].to_numpy() / frame.set_index(["curve", "mtbf_h", "size"]).index.map(ceiling).to_numpy()
+    cells = frame.set_index(["curve", "mtbf_h", "size"]).index
+    frame["share_of_ceiling"] = frame["cut"].to_numpy() / cells.map(lambda cell: ceiling.get(cell, math.nan)).to_numpy()
     return frame
 
 
@@ -403,6 +409,11 @@ def quality_report(frame: pd.DataFrame, curves: list[Curve]) -> None:
         over = wide[("wall_vs_young", "online")] > limit
         print(f"online wall vs Young <= +5% + half-width in {int((~over).sum())} of {len(wide)} cells "
               f"(max {wide[('wall_vs_young', 'online')].max():+.1%})")
+    if "offline_vs_online" in frame.columns:
+        for row in frame[frame["plan"] == "online"].dropna(subset=["offline_vs_online"]).itertuples():
+            print(f"offline vs online, {row.curve}: progress {row.offline_vs_online:+.1%} [{row.offline_vs_online_low:+.1%}, "
+                  f"{row.offline_vs_online_high:+.1%}]; online wall vs Young {row.wall_vs_young:+.1%} "
+                  f"[{row.wall_vs_young_low:+.1%}, {row.wall_vs_young_high:+.1%}]")
     warm = frame[frame["plan"] == "warm"]
     for row in warm.itertuples():
         print(f"warm start vs cold online, {row.curve} ({row.mtbf_h} h, {row.size}): progress {row.vs_cold:+.1%} "
@@ -441,6 +452,7 @@ def main() -> None:
                         help="schedule quality II only: Young, auto offline / online / warm-started, the ceiling")
     parser.add_argument("--processes", type=int, default=2, help="--quality: schedules computed in parallel")
     parser.add_argument("--no-replay", action="store_true", help="--quality: Young, offline and the ceiling only")
+    parser.add_argument("--no-ceiling", action="store_true", help="--quality: skip the exact optimum (the slow DP)")
     parser.add_argument("--only", default=None, help="--quality: comma-separated substrings of the curve names to keep")
     parser.add_argument("--report-csv", default=None,
                         help="--quality: print the report of per-cell tables written by --csv (comma-separated paths)")
@@ -464,6 +476,8 @@ def main() -> None:
             return
         began = time.perf_counter()
         labels = ("young", "offline", "ceiling") if args.no_replay else QUALITY_PLANS
+        if args.no_ceiling:
+            labels = tuple(label for label in labels if label != "ceiling")
         frame = quality(curves, (8,), ("BERT-large",), trials, args.plan_seconds, args.processes, labels)
         if args.csv:
             frame.to_csv(args.csv, index=False)
