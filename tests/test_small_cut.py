@@ -36,7 +36,7 @@ def test_the_line_names_a_fit_that_hides_the_early_fall() -> None:
     flat_fit = fit_curve(trace[0][-1000:], trace[1][-1000:])  # the second half only: the early fall unseen
     planned = plan("auto", curve=flat_fit, **JOB)
     reason = small_cut_reason(planned, trace)
-    assert reason is not None and "plans from the fit save little" in reason
+    assert reason is not None and "plans from this fit save little" in reason
 
 
 def test_attainable_cut_first_order_values() -> None:

@@ -126,9 +126,9 @@ def small_cut_reason(plan: Plan, trace: tuple[np.ndarray, np.ndarray] | None = N
     if fit_cut >= knobs.REPORT_SMALL_CUT:
         return None
     return (
-        f"plans from the fit save little here though the trace allows more: the fit ({plan.fit.family}, window from "
+        f"plans from this fit save little though the trace allows more: the fit ({plan.fit.family}, window from "
         f"step {plan.fit.window_start or 0:.0f}) puts the early loss fall at {early_weight(fitted, young):.2g}x its "
-        f"run average where the trace shows {early_weight(shown, young):.2g}x, so a plan from the fit saves at "
-        f"most {max(fit_cut, 0.0):.0%} of Young's progress-weighted overhead and one from the trace "
-        f"{cut:.0%} (first order, within the time budget)."
+        f"run average where the trace shows {early_weight(shown, young):.2g}x, so a plan made from it saves at "
+        f"most {max(fit_cut, 0.0):.0%} of Young's progress-weighted overhead where one from the trace could save "
+        f"{cut:.0%} (first order, within the time budget); earlier plans, made before the window, may have saved more."
     )
