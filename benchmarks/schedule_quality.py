@@ -400,8 +400,9 @@ def quality_report(frame: pd.DataFrame, curves: list[Curve]) -> None:
     wide = table
     print("\nBy group (median over cells):")
     print(frame.groupby(["group", "plan"])[["cut", "share_of_ceiling", "wall_vs_young"]].median().round(3).to_string())
-    share = wide[("share_of_ceiling", "offline")]
-    print(f"\noffline auto keeps {share.median():.0%} of the ceiling's cut (median; min {share.min():.0%})")
+    if ("share_of_ceiling", "offline") in wide.columns:
+        share = wide[("share_of_ceiling", "offline")]
+        print(f"\noffline auto keeps {share.median():.0%} of the ceiling's cut (median; min {share.min():.0%})")
     if ("cut", "online") in wide.columns:
         offline, online = wide[("cut", "offline")], wide[("cut", "online")]
         print(f"offline >= online in {int((offline >= online).sum())} of {len(wide)} cells")
