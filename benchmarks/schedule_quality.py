@@ -30,7 +30,9 @@ trial stopped uniformly between 40% and 60% of the run.
 Run: ``.venv/bin/python benchmarks/schedule_quality.py`` (on 2 shared cores the 24 online cells,
 re-planning at every commit, take about 13 min of it) or with
 ``--quick`` (a small grid). ``--online-only`` simulates just the online cells (MTBF 8 h, ResNet-152
-and BERT-large). ``--csv PATH`` writes the per-cell table.
+and BERT-large). ``--csv PATH`` writes the per-cell table. ``--quality`` (schedule quality II: offline,
+online, warm start, the ceiling) takes ``--only``, ``--no-replay``, ``--no-ceiling`` and
+``--report-csv PATHS`` (the report of tables written by ``--csv``, merged).
 """
 
 from __future__ import annotations
