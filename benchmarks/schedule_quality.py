@@ -30,7 +30,9 @@ trial stopped uniformly between 40% and 60% of the run.
 Run: ``.venv/bin/python benchmarks/schedule_quality.py`` (on 2 shared cores the 24 online cells,
 re-planning at every commit, take about 13 min of it) or with
 ``--quick`` (a small grid). ``--online-only`` simulates just the online cells (MTBF 8 h, ResNet-152
-and BERT-large). ``--csv PATH`` writes the per-cell table.
+and BERT-large). ``--csv PATH`` writes the per-cell table. ``--quality`` (schedule quality II: offline,
+online, warm start, the ceiling) takes ``--only``, ``--no-replay``, ``--no-ceiling`` and
+``--report-csv PATHS`` (the report of tables written by ``--csv``, merged).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from coci.analysis.report.small_cut import small_cut_reason
 from coci.analysis.simulate import empirical_progress_rate, online_schedule, ratio_change, simulate
 from coci.planning.failures import Failures
 from coci.planning.fit import fit_curve
@@ -377,14 +380,20 @@ def quality(curves: list[Curve], mtbfs, sizes, trials: int, plan_seconds: float,
             if label == "warm":
                 paired = ratio_change(result.values("progress_seconds"), results["online"].values("progress_seconds"))
                 row.update(vs_cold=paired.mean, vs_cold_low=paired.ci_low, vs_cold_high=paired.ci_high)
+            if label == "online" and "offline" in results:  # offline against online, paired: < 0 is offline better
+                paired = ratio_change(results["offline"].values("progress_seconds"), result.values("progress_seconds"))
+                row.update(offline_vs_online=paired.mean, offline_vs_online_low=paired.ci_low,
+                           offline_vs_online_high=paired.ci_high, wall_vs_young_low=wall.ci_low,
+                           wall_vs_young_high=wall.ci_high)
             rows.append(row)
     frame = pd.DataFrame(rows)
     ceiling = frame[frame["plan"] == "ceiling"].set_index(["curve", "mtbf_h", "size"])["cut"]
-    frame["share_of_ceiling"] = frame["cut"].to_numpy() / frame.set_index(["curve", "mtbf_h", "size"]).index.map(ceiling).to_numpy()
+    cells = frame.set_index(["curve", "mtbf_h", "size"]).index
+    frame["share_of_ceiling"] = frame["cut"].to_numpy() / cells.map(lambda cell: ceiling.get(cell, math.nan)).to_numpy()
     return frame
 
 
-def quality_report(frame: pd.DataFrame) -> None:
+def quality_report(frame: pd.DataFrame, curves: list[Curve]) -> None:
     print("\nPer cell: cut = progress-weighted overhead saved against Young (paired mean); share = cut / the "
           "ceiling's cut; wall = wall-clock change against Young (± 95% half-width):")
     table = frame.pivot_table(index=["group", "curve", "mtbf_h", "size"], columns="plan",
@@ -393,8 +402,9 @@ def quality_report(frame: pd.DataFrame) -> None:
     wide = table
     print("\nBy group (median over cells):")
     print(frame.groupby(["group", "plan"])[["cut", "share_of_ceiling", "wall_vs_young"]].median().round(3).to_string())
-    share = wide[("share_of_ceiling", "offline")]
-    print(f"\noffline auto keeps {share.median():.0%} of the ceiling's cut (median; min {share.min():.0%})")
+    if ("share_of_ceiling", "offline") in wide.columns:
+        share = wide[("share_of_ceiling", "offline")]
+        print(f"\noffline auto keeps {share.median():.0%} of the ceiling's cut (median; min {share.min():.0%})")
     if ("cut", "online") in wide.columns:
         offline, online = wide[("cut", "offline")], wide[("cut", "online")]
         print(f"offline >= online in {int((offline >= online).sum())} of {len(wide)} cells")
@@ -402,19 +412,18 @@ def quality_report(frame: pd.DataFrame) -> None:
         over = wide[("wall_vs_young", "online")] > limit
         print(f"online wall vs Young <= +5% + half-width in {int((~over).sum())} of {len(wide)} cells "
               f"(max {wide[('wall_vs_young', 'online')].max():+.1%})")
+    if "offline_vs_online" in frame.columns:
+        for row in frame[frame["plan"] == "online"].dropna(subset=["offline_vs_online"]).itertuples():
+            print(f"offline vs online, {row.curve}: progress {row.offline_vs_online:+.1%} [{row.offline_vs_online_low:+.1%}, "
+                  f"{row.offline_vs_online_high:+.1%}]; online wall vs Young {row.wall_vs_young:+.1%} "
+                  f"[{row.wall_vs_young_low:+.1%}, {row.wall_vs_young_high:+.1%}]")
     warm = frame[frame["plan"] == "warm"]
     for row in warm.itertuples():
         print(f"warm start vs cold online, {row.curve} ({row.mtbf_h} h, {row.size}): progress {row.vs_cold:+.1%} "
               f"[{row.vs_cold_low:+.1%}, {row.vs_cold_high:+.1%}]")
-    small = frame[(frame["plan"] == "online") & (frame["share_of_ceiling"] < 0.5)]
-    for row in small.itertuples():
-        print(f"online cut small on {row.curve}: {WHY_SMALL}")
-
-
-#: Why the online cut stays small on some curves (the report's one line).
-WHY_SMALL = ("its early loss falls slowly relative to the step cost, so the steep stretch the prior and the "
-             "first fits bet on is not there, and until the trace shows where the loss does fall the plan "
-             "must stay near Young to hold the budget")
+    for curve in curves:  # the report's line (coci.analysis.report.small_cut), from the whole-curve fit
+        fitted = plan("auto", curve=fit_curve(curve.steps, curve.losses), **job(8, "BERT-large"))
+        print(f"why small, {curve.name}: {small_cut_reason(fitted, (curve.steps, curve.losses))}")
 
 
 def speed() -> None:
@@ -446,7 +455,10 @@ def main() -> None:
                         help="schedule quality II only: Young, auto offline / online / warm-started, the ceiling")
     parser.add_argument("--processes", type=int, default=2, help="--quality: schedules computed in parallel")
     parser.add_argument("--no-replay", action="store_true", help="--quality: Young, offline and the ceiling only")
+    parser.add_argument("--no-ceiling", action="store_true", help="--quality: skip the exact optimum (the slow DP)")
     parser.add_argument("--only", default=None, help="--quality: comma-separated substrings of the curve names to keep")
+    parser.add_argument("--report-csv", default=None,
+                        help="--quality: print the report of per-cell tables written by --csv (comma-separated paths)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     pd.set_option("display.width", 200)
@@ -461,12 +473,18 @@ def main() -> None:
         trials = args.trials or 400
         if args.only:
             curves = [c for c in curves if any(part in c.name for part in args.only.split(","))]
+        if args.report_csv:
+            frame = pd.concat([pd.read_csv(path) for path in args.report_csv.split(",")], ignore_index=True)
+            quality_report(frame, [c for c in curves if c.name in set(frame["curve"])])
+            return
         began = time.perf_counter()
         labels = ("young", "offline", "ceiling") if args.no_replay else QUALITY_PLANS
+        if args.no_ceiling:
+            labels = tuple(label for label in labels if label != "ceiling")
         frame = quality(curves, (8,), ("BERT-large",), trials, args.plan_seconds, args.processes, labels)
         if args.csv:
             frame.to_csv(args.csv, index=False)
-        quality_report(frame)
+        quality_report(frame, curves)
         print(f"\n({len(curves)} curves, MTBF 8 h, BERT-large, {trials} trials; {time.perf_counter() - began:.0f} s)")
         return
     online_sizes = ("BERT-large",) if args.quick else ("ResNet-152", "BERT-large")

@@ -234,6 +234,10 @@ FIT_WINDOW_EXTRA_POINTS: int = 2
 #: (coci.analysis.simulate); 0 shows the planner's expected values only.
 REPORT_SIMULATE_TRIALS: int = 1000
 
+#: The report says why in one line (coci.analysis.report.small_cut) when no schedule can cut the
+#: progress-weighted overhead by this share of Young's (first order): the loss falls too slowly early.
+REPORT_SMALL_CUT: float = 0.10
+
 #: Size (inches) and resolution (dots per inch) of the report's PNG figures: 8 x 4.5 in at 110 dpi
 #: is 880 x 495 px, readable in a browser and in the README without zooming.
 REPORT_FIGURE_SIZE: tuple[float, float] = (8.0, 4.5)

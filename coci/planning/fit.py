@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -160,15 +160,16 @@ def _derivative(family: str, params: dict[str, float], s: np.ndarray) -> np.ndar
 
 def _linear_ac(phi: np.ndarray, y: np.ndarray) -> tuple[float, float, float] | None:
     """Least squares for ``y = c + a * phi``; returns (a, c, sse) or None when degenerate/a <= 0."""
-    phi_mean = phi.mean()
+    phi_mean = phi.sum() / phi.size  # = phi.mean() bit for bit (the same pairwise sum), without its overhead
     dphi = phi - phi_mean
     denom = float(dphi @ dphi)
     if not math.isfinite(denom) or denom <= 1e-300:
         return None
-    a = float(dphi @ (y - y.mean())) / denom
+    y_mean = y.sum() / y.size
+    a = float(dphi @ (y - y_mean)) / denom
     if not math.isfinite(a) or a <= 0:
         return None
-    c = float(y.mean() - a * phi_mean)
+    c = float(y_mean - a * phi_mean)
     resid = y - c - a * phi
     return a, c, float(resid @ resid)
 
@@ -176,9 +177,7 @@ def _linear_ac(phi: np.ndarray, y: np.ndarray) -> tuple[float, float, float] | N
 def _power_sse(log_b: float, log_shift: float, x: np.ndarray, y: np.ndarray, x0_low: float):
     """Variable projection for the power law: (a, c) solved exactly for given (b, x0)."""
     b, x0 = math.exp(log_b), x0_low + math.exp(log_shift)
-    with np.errstate(all="ignore"):
-        solved = _linear_ac(np.power(x + x0, -b), y)
-    return solved, b, x0
+    return _linear_ac(np.power(x + x0, -b), y), b, x0
 
 
 def _fit_power(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
@@ -186,8 +185,14 @@ def _fit_power(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
 
     Variable projection: for fixed (b, x0) the best (a, c) is a linear least-squares solve, so the
     search is two-dimensional: a grid over (log b, log(x0 - x0_low)), then Nelder-Mead from the
-    best ``knobs.FIT_STARTS`` grid points.
+    best ``knobs.FIT_STARTS`` grid points. Overflow in the search only makes a probe unusable, so
+    floating-point warnings are silenced for the whole search (once, not per probe).
     """
+    with np.errstate(all="ignore"):
+        return _search_power(x, y)
+
+
+def _search_power(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
     span = max(x[-1] - x[0], 1e-12)
     x0_low = -x[0] + 1e-4 * span  # the law's origin stays just before the first point
     grid: list[tuple[float, float, float]] = []
@@ -518,6 +523,7 @@ class _Backtest:
     scale: float
     in_holdout: np.ndarray
     end: float  # last step before the holdout
+    fits: dict[tuple[str, float, int], Any] = field(default_factory=dict)  # each fit made once (drift reuses one)
 
     @classmethod
     def of(cls, s: np.ndarray, y: np.ndarray) -> _Backtest:
@@ -531,7 +537,10 @@ class _Backtest:
 
     def fit(self, family: str, fraction: float, extra: int) -> Any:
         """Parameters of "fit the last ``fraction`` of the trace" as it was at the holdout start."""
-        return _fit_on(family, self.s, self.y, _window_mask(self.s, self.end, fraction), self.scale, extra)
+        key = (family, fraction, extra)
+        if key not in self.fits:
+            self.fits[key] = _fit_on(family, self.s, self.y, _window_mask(self.s, self.end, fraction), self.scale, extra)
+        return self.fits[key]
 
     def error(self, family: str, fraction: float, extra: int) -> float:
         """That fit's mean absolute error forecasting the held-back tail (inf when it cannot fit)."""

@@ -265,21 +265,33 @@ def place(
     return candidates
 
 
-def _local_cost(
-    model: CostModel, y: np.ndarray, prev: np.ndarray, prev_lo: np.ndarray, hi: np.ndarray, alpha: float
-) -> np.ndarray:
-    """Weighted lost work of the two segments a checkpoint at step ``y`` touches (vectorised).
+class _LocalCost:
+    """Weighted lost work of the two segments a checkpoint at step ``y`` touches (vectorised over
+    the checkpoints moved together).
 
     Failures in ``[prev_lo, commit(y))`` roll back to ``prev`` (seconds); those in
-    ``[commit(y), hi)`` roll back to ``y``.
+    ``[commit(y), hi)`` roll back to ``y``. The terms at the fixed ends (``prev``, ``prev_lo``,
+    ``hi``) are computed once, not at every probe of the search (the same values, so the same costs).
     """
-    x = y * model.step_seconds
-    commit = np.minimum(x + model.persist_seconds, model.horizon_seconds)
-    m_lo, m_c, m_hi = model.failures_until(prev_lo), model.failures_until(commit), model.failures_until(hi)
-    i_lo, i_c, i_hi = (model.hazard_integral(v, alpha) for v in (prev_lo, commit, hi))
-    before = i_c - i_lo - model.weight_until(prev, alpha) * (m_c - m_lo)
-    after = i_hi - i_c - model.weight_until(x, alpha) * (m_hi - m_c)
-    return before + after
+
+    def __init__(
+        self, model: CostModel, prev: np.ndarray, prev_lo: np.ndarray, hi: np.ndarray, alpha: float
+    ) -> None:
+        self.model, self.alpha = model, alpha
+        self.m_lo, self.m_hi = model.failures_until(prev_lo), model.failures_until(hi)
+        self.i_lo, self.i_hi = model.hazard_integral(prev_lo, alpha), model.hazard_integral(hi, alpha)
+        self.w_prev = model.weight_until(prev, alpha)
+
+    def __call__(self, *ys: np.ndarray) -> list[np.ndarray]:
+        """The cost at each of ``ys`` (arrays shaped like the checkpoints), in one evaluation."""
+        model, count = self.model, len(ys)
+        x = np.concatenate(ys) * model.step_seconds
+        commit = np.minimum(x + model.persist_seconds, model.horizon_seconds)
+        m_c, i_c = model.failures_until(commit), model.hazard_integral(commit, self.alpha)
+        m_lo, m_hi, i_lo, i_hi, w_prev = (np.tile(v, count) for v in (self.m_lo, self.m_hi, self.i_lo, self.i_hi, self.w_prev))
+        before = i_c - i_lo - w_prev * (m_c - m_lo)
+        after = i_hi - i_c - model.weight_until(x, self.alpha) * (m_hi - m_c)
+        return np.split(before + after, count)
 
 
 def refine(
@@ -322,8 +334,10 @@ def refine(
             if fixed is not None:
                 stuck |= fixed[index]
             low, high = np.where(stuck, current, low), np.where(stuck, current, high)
-            best = _ternary(model, low, high, prev, prev_lo, hi, alpha)
-            gain = _local_cost(model, current, prev, prev_lo, hi, alpha) - _local_cost(model, best, prev, prev_lo, hi, alpha)
+            cost = _LocalCost(model, prev, prev_lo, hi, alpha)
+            best = _ternary(cost, low, high)
+            at_current, at_best = cost(current, best)
+            gain = at_current - at_best
             better = gain > 1e-12 * max(1.0, float(np.abs(gain).max()))
             if np.any(better):
                 steps[index[better]] = best[better]
@@ -333,10 +347,8 @@ def refine(
     return steps
 
 
-def _ternary(
-    model: CostModel, low: np.ndarray, high: np.ndarray, prev: np.ndarray, prev_lo: np.ndarray,
-    hi: np.ndarray, alpha: float,
-) -> np.ndarray:
+def _ternary(cost: _LocalCost, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """The step in ``[low, high]`` of least ``cost`` (unimodal), per checkpoint."""
     low, high = low.copy(), high.copy()
     while True:
         wide = high - low > 2
@@ -344,14 +356,13 @@ def _ternary(
             break
         third = (high - low) // 3
         m1, m2 = low + third, high - third
-        f1 = _local_cost(model, m1, prev, prev_lo, hi, alpha)
-        f2 = _local_cost(model, m2, prev, prev_lo, hi, alpha)
+        f1, f2 = cost(m1, m2)
         left = wide & (f1 < f2)
         right = wide & ~(f1 < f2)
         high = np.where(left, m2 - 1, high)
         low = np.where(right, m1 + 1, low)
     options = [np.minimum(low + k, high) for k in range(3)]
-    costs = np.stack([_local_cost(model, o, prev, prev_lo, hi, alpha) for o in options])
+    costs = np.stack(cost(*options))
     return np.stack(options)[np.argmin(costs, axis=0), np.arange(low.size)]
 
 

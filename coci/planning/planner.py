@@ -107,6 +107,7 @@ __all__ = [
     "PlanConfig",
     "PlanInputs",
     "PlanningPolicy",
+    "fit_progress_weight",
     "make_policy",
     "plan",
 ]
@@ -845,6 +846,20 @@ def _observed_past_rate(fit: CurveFit, rate: RateFunction) -> RateFunction:
     return hybrid
 
 
+def fit_progress_weight(fit: CurveFit, total_steps: int) -> RateFunction | None:
+    """The progress weight ``w = v / v_bar`` the planner derives from a recorded fit over a run of
+    ``total_steps`` steps (the observed average before a recent window, the floor at 0, the whole
+    run's mean rate; see :func:`_observed_past_rate` and :func:`_mean_rate`); None when the fit is
+    unusable or the loss does not fall over the run."""
+    if not fit.usable:
+        return None
+    rate = _observed_past_rate(fit, fit.progress_rate)
+    mean, _ = _mean_rate(fit, rate, total_steps, [])
+    if mean is None:
+        return None
+    return lambda steps: np.asarray(rate(np.asarray(steps, dtype=float)), dtype=float) / mean
+
+
 def _loss_floor(fit: CurveFit) -> float | None:
     """0 when the loss is positive where it was observed (cross-entropy, MSE, any norm): a law
     extrapolated below 0 (a short, noisy trace fitted with a negative asymptote) would put most of
@@ -1035,6 +1050,7 @@ class PlanningPolicy:
         self._prior: PriorCurve | None = None
         self._warm: WarmStart | None = None
         self._prior_notes: list[str] = []
+        self._fitted: tuple[np.ndarray, np.ndarray, CurveFit] | None = None  # the last trace fitted and its fit
 
     def use_prior(self, source: Any) -> None:
         """Warm start: plan from step 0 with an earlier run's curve (see :mod:`coci.planning.prior`;
@@ -1239,7 +1255,18 @@ class PlanningPolicy:
             return PRIOR_PROGRESS_RATE
         if points < 2:
             return None
-        return fit_curve(np.asarray(observation.loss_steps, dtype=float), np.asarray(observation.losses, dtype=float))
+        return self._fit_of(np.asarray(observation.loss_steps, dtype=float), np.asarray(observation.losses, dtype=float))
+
+    def _fit_of(self, steps: np.ndarray, losses: np.ndarray) -> CurveFit:
+        """``fit_curve(steps, losses)``, reused when the trace equals the one fitted last: the fit is
+        deterministic, so a trace that has not changed since (losses logged less often than the
+        policy observes: evaluation curves, sparse logging) gives the same fit without refitting."""
+        last = self._fitted
+        if last is not None and np.array_equal(last[0], steps) and np.array_equal(last[1], losses):
+            return last[2]
+        fit = fit_curve(steps, losses)
+        self._fitted = (steps.copy(), losses.copy(), fit)
+        return fit
 
     def _warm_rate(self, observation: Observation, fallbacks: list[str]) -> CorrectedRate | None:
         """The warm start's progress rate, corrected by this run's losses so far (None: no prior)."""

@@ -13,6 +13,7 @@ import pandas as pd
 
 from coci.analysis.report.figures import FIGURES
 from coci.analysis.report.read import PolicyRow, ReportData
+from coci.analysis.report.small_cut import small_cut_reason
 from coci.planning.planner import Plan
 from coci.units import format_duration
 
@@ -154,6 +155,10 @@ def _why_lines(data: ReportData) -> list[str]:
             "wall time. mu (or alpha) is the mixture weight between that progress weighting and plain wall "
             "time (0 = progress only); the fit's parameters describe the loss curve the weighting comes from."
         )
+        trace = (np.asarray(data.loss_steps), np.asarray(data.losses)) if len(data.losses) > 2 else None
+        reason = small_cut_reason(plan, trace)
+        if reason is not None:
+            lines.append(f"  {reason}")
     return lines
 
 
