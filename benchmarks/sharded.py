@@ -19,19 +19,15 @@ stall / copy (goal <= 1.25).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-WIDTH = 1024
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dist_workers import REPO, WIDTH, layers_for, parse_args, run_workers
 
 
 def worker(run_dir: str, mb: float, repeats: int) -> None:
@@ -47,7 +43,7 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    layers = max(1, round(mb * 2**20 / (3 * 4 * (WIDTH * WIDTH + WIDTH))))
+    layers = layers_for(mb)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
     mesh = init_device_mesh("cpu", (world,))
@@ -92,36 +88,12 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
         print(json.dumps(rows))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run(world: int, mb: float, repeats: int) -> list[dict]:
-    with tempfile.TemporaryDirectory(dir=os.environ.get("COCI_BENCH_DIR")) as run_dir:
-        cmd = [sys.executable, __file__, "--worker", run_dir, "--mb", str(mb), "--repeats", str(repeats)]
-        port = free_port()
-        procs = []
-        for rank in range(world):
-            env = dict(os.environ, OMP_NUM_THREADS="1", RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
-        outputs = [proc.communicate(timeout=600)[0] for proc in procs]
-        if any(proc.returncode for proc in procs):
-            raise SystemExit(f"worker failed: {[proc.returncode for proc in procs]}")
-        return json.loads(outputs[0].strip().splitlines()[-1])
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mb", type=float, default=96.0)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--worker", default=None)
-    args = parser.parse_args()
+    args = parse_args()
     if args.worker:
         worker(args.worker, args.mb, args.repeats)
         return
-    results = {world: run(world, args.mb, args.repeats) for world in (1, 2)}
+    results = {world: run_workers(__file__, world, args.mb, args.repeats) for world in (1, 2)}
     print(f"FSDP2, ~{args.mb:.0f} MB of model + AdamW state; median of {args.repeats} checkpoints")
     print(f"{'ranks':>5} {'rank':>4} {'local MiB':>9} {'staged MiB':>10} {'written MiB':>11} {'stall ms':>8} {'copy_ ms':>8} {'stall/copy':>10}")
     for world, rows in results.items():

@@ -25,7 +25,6 @@ import random
 import signal
 import sys
 import time
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -34,42 +33,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import coci  # noqa: E402
-from coci import knobs  # noqa: E402
-from coci.checkpoint import format  # noqa: E402
+from torchrun_helpers import IndexedData, init_job, install_fault
 
-SAMPLES = 48
+import coci
+from coci import knobs
+
 BATCH = 4
-
-
-class IndexedData(torch.utils.data.Dataset):
-    """Sample i is (x_i, y_i, i): the index travels with the batch so each rank can log it."""
-
-    def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(1234)
-        self.x = torch.randn(SAMPLES, 16, generator=generator)
-        self.y = self.x[:, :4].sum(dim=1, keepdim=True) + 0.1 * torch.randn(SAMPLES, 1, generator=generator)
-
-    def __len__(self) -> int:
-        return SAMPLES
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        return self.x[index], self.y[index], index
-
-
-def install_fault(spec: str, rank: int) -> None:
-    target, point, nth = spec.split(":")
-    if int(target) != rank:
-        return
-    hits = {"count": 0}
-
-    def hook(name: str) -> None:
-        if name == point:
-            hits["count"] += 1
-            if hits["count"] == int(nth):
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    format.set_fault_hook(hook)
 
 
 def main() -> None:
@@ -88,14 +57,11 @@ def main() -> None:
     parser.add_argument("--step-sleep", type=float, default=0.0)
     args = parser.parse_args()
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=300))  # ranks start minutes apart under load
-    rank = dist.get_rank()
-    knobs.DIST_TIMEOUT_SECONDS = args.coci_timeout
+    rank = init_job(300, args.coci_timeout)  # ranks start minutes apart under load
     if args.policy is not None:
         knobs.PLAN_WARMUP_STEPS = knobs.OBSERVE_EVERY_STEPS = 2
     # (no torch.use_deterministic_algorithms: its first call imports the compiler stack, seconds per
     # rank, and the CPU ops used here are deterministic anyway; the bitwise test checks it)
-    torch.set_num_threads(1)
 
     torch.manual_seed(0)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = torch.nn.Sequential(
@@ -122,7 +88,7 @@ def main() -> None:
         keep_last=2,
     )
     session.restore()
-    log = open(os.path.join(args.run_dir, f"samples_rank{rank}.txt"), "a")
+    log = open(os.path.join(args.run_dir, f"samples_rank{rank}.txt"), "a")  # noqa: SIM115 (closed at exit)
     while loader.epoch < args.epochs:
         epoch = loader.epoch
         for x, y, index in loader:
