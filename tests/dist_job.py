@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import signal
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from torchrun_helpers import IndexedData, init_job, install_fault
+from torchrun_helpers import IndexedData, init_job, install_fault, seed_streams, train_step
 
 import coci
 from coci import knobs
@@ -73,9 +71,7 @@ def main() -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.05 * s))
     loader = coci.ResumableLoader(IndexedData(), batch_size=BATCH, shuffle=True, seed=7)
-    torch.manual_seed(100 + rank)  # per-rank streams: dropout masks differ across ranks
-    random.seed(rank)
-    np.random.seed(rank)
+    seed_streams(rank)
     if args.fault:
         install_fault(args.fault, rank)
 
@@ -92,16 +88,11 @@ def main() -> None:
     while loader.epoch < args.epochs:
         epoch = loader.epoch
         for x, y, index in loader:
-            optimizer.zero_grad()
-            noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3  # python + numpy streams
-            loss = torch.nn.functional.mse_loss(ddp(x), y) + noise
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
+            loss = train_step(ddp, optimizer, scheduler, x, y)
             time.sleep(args.step_sleep)  # a longer step, so that an online plan fits checkpoints in
-            log.write(f"{session.steps + 1} {epoch} {','.join(map(str, index.tolist()))} {float(loss.detach()).hex()}\n")
+            log.write(f"{session.steps + 1} {epoch} {','.join(map(str, index.tolist()))} {float(loss).hex()}\n")
             log.flush()  # before step(): a preemption stops the loop inside it, after this step's checkpoint
-            session.step(loss.detach())
+            session.step(loss)
             if args.kill_at is not None and session.steps == args.kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
             if args.stop_at is not None and session.steps == args.stop_at:

@@ -28,18 +28,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import signal
 import sys
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from torchrun_helpers import IndexedData, init_job, install_fault
+from torchrun_helpers import IndexedData, init_job, install_fault, seed_streams, train_step
 
 import coci
 from coci.checkpoint.sharded import ShardedState, is_dtensor, local_tensor
@@ -156,9 +154,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.05 * s))
     loader = coci.ResumableLoader(IndexedData(), batch_size=BATCH, shuffle=True, seed=7, rank=dp_rank, world_size=dp_world)
-    torch.manual_seed(100 + dp_rank)  # per-data-rank streams: dropout masks differ across data ranks
-    random.seed(dp_rank)
-    np.random.seed(dp_rank)
+    seed_streams(dp_rank)  # per data-parallel rank: tensor-parallel ranks share one
     if args.fault:
         install_fault(args.fault, rank)
 
@@ -177,18 +173,13 @@ def main() -> None:
         while loader.epoch < args.epochs:
             epoch = loader.epoch
             for x, y, index in loader:
-                optimizer.zero_grad()
-                noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3  # python + numpy streams
-                loss = torch.nn.functional.mse_loss(stateful_model(x), y) + noise
-                loss.backward()
-                optimizer.step()
-                scheduler.step()
+                loss = train_step(stateful_model, optimizer, scheduler, x, y)
                 with torch.no_grad():
                     counter.mul_(1.5).add_(1.0)  # the same on every replica (HSDP replicates it)
-                session.step(loss.detach())
+                session.step(loss)
                 if views is not None:  # after a restore, the first step (lazy AdamW state) and each later one
                     check_views(views, stateful_model, optimizer)
-                log.write(f"{session.steps} {epoch} {','.join(map(str, index.tolist()))} {float(loss.detach()).hex()}\n")
+                log.write(f"{session.steps} {epoch} {','.join(map(str, index.tolist()))} {float(loss).hex()}\n")
                 log.flush()
                 if args.kill_at is not None and session.steps == args.kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)

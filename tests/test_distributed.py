@@ -18,6 +18,7 @@ Also: DCP wrote each replicated tensor once and split the bytes across the ranks
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 from collections import Counter
@@ -37,22 +38,9 @@ REPO = JOB.parents[1]
 EPOCHS, SAMPLES, BATCH = 3, 48, 4
 TIMEOUT = 600  # generous: a loaded 2-core machine takes minutes to import torch in 2 ranks
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.distributed,
-    pytest.mark.skipif(
-        not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-        reason="torch.distributed with gloo is required",
-    ),
-]
-
-
-def launch(run_dir: Path, world: int, *args: str) -> list[int]:
-    return torchrun_helpers.launch(JOB, run_dir, world, *args, timeout=TIMEOUT)
-
-
-def torchrun(run_dir: Path, world: int, *args: str) -> int:
-    return torchrun_helpers.torchrun(JOB, run_dir, world, *args, timeout=TIMEOUT)
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, torchrun_helpers.needs_gloo]
+launch = functools.partial(torchrun_helpers.launch, JOB, timeout=TIMEOUT)  # (run_dir, world, *args) -> exit codes
+torchrun = functools.partial(torchrun_helpers.torchrun, JOB, timeout=TIMEOUT)  # (run_dir, world, *args) -> exit code
 
 
 def step_log(run_dir: Path, rank: int) -> list[tuple[int, int, list[int], str]]:

@@ -19,6 +19,7 @@ Also: each rank wrote only its own shards, about half of the state.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -39,22 +40,9 @@ REPO = JOB.parents[1]
 TIMEOUT = 240
 FINAL_STEPS = 18  # 3 epochs of 48 samples, batch 4 on each of 2 ranks
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.distributed,
-    pytest.mark.skipif(
-        not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-        reason="torch.distributed with gloo is required",
-    ),
-]
-
-
-def launch(run_dir: Path, world: int, *args: str) -> list[int]:
-    return torchrun_helpers.launch(JOB, run_dir, world, *args, timeout=TIMEOUT)
-
-
-def torchrun(run_dir: Path, world: int, *args: str) -> int:
-    return torchrun_helpers.torchrun(JOB, run_dir, world, *args, timeout=TIMEOUT)
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, torchrun_helpers.needs_gloo]
+launch = functools.partial(torchrun_helpers.launch, JOB, timeout=TIMEOUT)  # (run_dir, world, *args) -> exit codes
+torchrun = functools.partial(torchrun_helpers.torchrun, JOB, timeout=TIMEOUT)  # (run_dir, world, *args) -> exit code
 
 
 def step_log(run_dir: Path, rank: int) -> dict[int, tuple[str, str]]:

@@ -4,23 +4,33 @@ set-up, their indexed dataset and their storage fault hook.
 Test side: :func:`launch` starts the ranks of a job script as ``torchrun`` would (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT...) but, unlike torchrun, does not tear down the survivors when one rank
 dies, so a survivor hanging would show; :func:`torchrun` runs the job as a user would.
-Job side: :func:`init_job`, :class:`IndexedData`, :func:`install_fault`.
+Job side: :func:`init_job`, :class:`IndexedData`, :func:`seed_streams`, :func:`train_step`, :func:`install_fault`.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = 48
+
+
+needs_gloo = pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="torch.distributed with gloo is required",
+)
 
 
 def free_port() -> int:
@@ -69,6 +79,25 @@ def init_job(init_timeout_seconds: float, coci_timeout_seconds: float) -> int:
     knobs.DIST_TIMEOUT_SECONDS = coci_timeout_seconds
     torch.set_num_threads(1)
     return dist.get_rank()
+
+
+def seed_streams(rank: int) -> None:
+    """Per-rank torch, python and numpy streams (dropout masks and noise differ across ranks)."""
+    torch.manual_seed(100 + rank)
+    random.seed(rank)
+    np.random.seed(rank)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One step of the jobs' regression, with noise from the python and numpy streams (so that a
+    resume must restore them too); the loss, detached."""
+    optimizer.zero_grad()
+    noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3
+    loss = torch.nn.functional.mse_loss(model(x), y) + noise
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    return loss.detach()
 
 
 class IndexedData(torch.utils.data.Dataset):
