@@ -13,6 +13,7 @@ mesh (:meth:`ShardedState.load_targets`), which reshards when the world size cha
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,9 +42,15 @@ def is_dtensor(value: Any) -> bool:
     """True for a ``torch.distributed.tensor.DTensor`` (without importing it where unused)."""
     if not isinstance(value, torch.Tensor) or type(value) in (torch.Tensor, torch.nn.Parameter):
         return False
+    return isinstance(value, _dtensor_type())
+
+
+@functools.cache
+def _dtensor_type() -> type:
+    """The DTensor class, imported once (an import statement costs microseconds per call)."""
     from torch.distributed.tensor import DTensor
 
-    return isinstance(value, DTensor)
+    return DTensor
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
