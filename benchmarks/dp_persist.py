@@ -18,18 +18,15 @@ done -> committed, from the checkpointer's ``PersistResult``), and the ratios me
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-WIDTH = 1024
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dist_workers import REPO, WIDTH, layers_for, parse_args, run_workers
 
 
 def worker(run_dir: str, mb: float, repeats: int) -> None:
@@ -44,7 +41,7 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
     use_dist = "RANK" in os.environ
     if use_dist:
         dist.init_process_group("gloo")
-    layers = max(1, round(mb * 2**20 / (3 * 4 * (WIDTH * WIDTH + WIDTH))))
+    layers = layers_for(mb)
     torch.manual_seed(0)  # identical (replicated) state on every rank
     model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -73,39 +70,12 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
         print(json.dumps({"persist_seconds": statistics.median(slowest), "bytes_per_rank": per_rank, "state_bytes": state_bytes}))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run(world: int | None, mb: float, repeats: int) -> dict:
-    """world None: a single process without torch.distributed."""
-    with tempfile.TemporaryDirectory(dir=os.environ.get("COCI_BENCH_DIR")) as run_dir:
-        cmd = [sys.executable, __file__, "--worker", run_dir, "--mb", str(mb), "--repeats", str(repeats)]
-        port = free_port()
-        procs = []
-        for rank in range(world or 1):
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            if world is not None:
-                env.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
-        outputs = [proc.communicate(timeout=600)[0] for proc in procs]
-        if any(proc.returncode for proc in procs):
-            raise SystemExit(f"worker failed: {[proc.returncode for proc in procs]}")
-        return json.loads(outputs[0].strip().splitlines()[-1])
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mb", type=float, default=96.0)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--worker", default=None)
-    args = parser.parse_args()
+    args = parse_args()
     if args.worker:
         worker(args.worker, args.mb, args.repeats)
         return
-    results = {"single": run(None, args.mb, args.repeats), "dcp x1": run(1, args.mb, args.repeats), "dcp x2": run(2, args.mb, args.repeats)}
+    results = {"single": run_workers(__file__, None, args.mb, args.repeats), "dcp x1": run_workers(__file__, 1, args.mb, args.repeats), "dcp x2": run_workers(__file__, 2, args.mb, args.repeats)}
     state = results["single"]["state_bytes"]
     print(f"state: {state / 2**20:.1f} MiB of tensors, replicated on every rank; median of {args.repeats} persists")
     print(f"{'set-up':8} {'bytes written per rank (MiB)':>30} {'max rank share':>15} {'persist s':>10}")

@@ -6,32 +6,29 @@ each set-up in fresh processes). Each process checkpoints ``--repeats`` times th
 ``coci.Session.checkpoint()`` and waits for the commit.
 
 Printed, per set-up: the bytes each rank staged (its arena, ``PendingCheckpoint.nbytes``) and wrote
-(its DCP files, from the manifest's ``bytes_per_rank``), and the median per-rank stall: what the
+(its DCP files, from the manifest's ``bytes_per_rank``), and the per-rank stall: what the
 session itself records as the stall (its ``stall`` events: ``Session.checkpoint()`` plus the
 optimizer fence), with the optimizer step right after ``checkpoint()`` so that no copy can hide
 behind a forward/backward, against ``Tensor.copy_`` of that rank's local shards (model and
-optimizer state) into preallocated buffers, measured in the same process right before. Ratios
-measured in this run: staged and written bytes per rank 2 ranks / 1 rank (goal about 0.5) and
-stall / copy (goal <= 1.25).
+optimizer state) into preallocated buffers, measured in the same process right before each
+checkpoint. Ratios measured in this run: staged and written bytes per rank 2 ranks / 1 rank (goal
+about 0.5) and stall / copy (goal <= 1.25), the median of each checkpoint's ratio to the copy just
+before it (robust to other jobs on a shared machine, which slow both alike).
 
     .venv/bin/python benchmarks/sharded.py [--mb 96] [--repeats 5]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-WIDTH = 1024
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dist_workers import REPO, WIDTH, layers_for, parse_args, run_workers
 
 
 def worker(run_dir: str, mb: float, repeats: int) -> None:
@@ -47,7 +44,7 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    layers = max(1, round(mb * 2**20 / (3 * 4 * (WIDTH * WIDTH + WIDTH))))
+    layers = layers_for(mb)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
     mesh = init_device_mesh("cpu", (world,))
@@ -84,6 +81,7 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
         "local_bytes": sum(t.numel() * t.element_size() for t in local),
         "stall": statistics.median(stalls),
         "copy": statistics.median(copies),
+        "ratio": statistics.median(stall / copy for stall, copy in zip(stalls, copies, strict=True)),
     }
     rows: list = [None] * world
     dist.all_gather_object(rows, row)
@@ -92,48 +90,24 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
         print(json.dumps(rows))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run(world: int, mb: float, repeats: int) -> list[dict]:
-    with tempfile.TemporaryDirectory(dir=os.environ.get("COCI_BENCH_DIR")) as run_dir:
-        cmd = [sys.executable, __file__, "--worker", run_dir, "--mb", str(mb), "--repeats", str(repeats)]
-        port = free_port()
-        procs = []
-        for rank in range(world):
-            env = dict(os.environ, OMP_NUM_THREADS="1", RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
-        outputs = [proc.communicate(timeout=600)[0] for proc in procs]
-        if any(proc.returncode for proc in procs):
-            raise SystemExit(f"worker failed: {[proc.returncode for proc in procs]}")
-        return json.loads(outputs[0].strip().splitlines()[-1])
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mb", type=float, default=96.0)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--worker", default=None)
-    args = parser.parse_args()
+    args = parse_args()
     if args.worker:
         worker(args.worker, args.mb, args.repeats)
         return
-    results = {world: run(world, args.mb, args.repeats) for world in (1, 2)}
-    print(f"FSDP2, ~{args.mb:.0f} MB of model + AdamW state; median of {args.repeats} checkpoints")
+    results = {world: run_workers(__file__, world, args.mb, args.repeats) for world in (1, 2)}
+    print(f"FSDP2, ~{args.mb:.0f} MB of model + AdamW state; medians of {args.repeats} checkpoints (stall/copy: of per-checkpoint ratios)")
     print(f"{'ranks':>5} {'rank':>4} {'local MiB':>9} {'staged MiB':>10} {'written MiB':>11} {'stall ms':>8} {'copy_ ms':>8} {'stall/copy':>10}")
     for world, rows in results.items():
         for row in rows:
             print(
                 f"{world:>5} {row['rank']:>4} {row['local_bytes'] / 2**20:>9.1f} {row['staged'] / 2**20:>10.1f} "
-                f"{row['written'] / 2**20:>11.1f} {row['stall'] * 1e3:>8.1f} {row['copy'] * 1e3:>8.1f} {row['stall'] / row['copy']:>10.3f}"
+                f"{row['written'] / 2**20:>11.1f} {row['stall'] * 1e3:>8.1f} {row['copy'] * 1e3:>8.1f} {row['ratio']:>10.3f}"
             )
     one, two = results[1][0], results[2]
     print(f"ratio: staged bytes per rank, 2 ranks / 1 rank = {max(r['staged'] for r in two) / one['staged']:.3f} (busiest rank)")
     print(f"ratio: written bytes per rank, 2 ranks / 1 rank = {max(r['written'] for r in two) / one['written']:.3f} (busiest rank)")
-    worst = max(r["stall"] / r["copy"] for rows in results.values() for r in rows)
+    worst = max(r["ratio"] for rows in results.values() for r in rows)
     print(f"ratio: per-rank stall / copy_ of its local shards = {worst:.3f} (worst rank of both set-ups)")
 
 

@@ -21,55 +21,22 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import signal
 import sys
 import time
-from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import coci  # noqa: E402
-from coci import knobs  # noqa: E402
-from coci.checkpoint import format  # noqa: E402
+from torchrun_helpers import IndexedData, init_job, install_fault, seed_streams, train_step
 
-SAMPLES = 48
+import coci
+from coci import knobs
+
 BATCH = 4
-
-
-class IndexedData(torch.utils.data.Dataset):
-    """Sample i is (x_i, y_i, i): the index travels with the batch so each rank can log it."""
-
-    def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(1234)
-        self.x = torch.randn(SAMPLES, 16, generator=generator)
-        self.y = self.x[:, :4].sum(dim=1, keepdim=True) + 0.1 * torch.randn(SAMPLES, 1, generator=generator)
-
-    def __len__(self) -> int:
-        return SAMPLES
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        return self.x[index], self.y[index], index
-
-
-def install_fault(spec: str, rank: int) -> None:
-    target, point, nth = spec.split(":")
-    if int(target) != rank:
-        return
-    hits = {"count": 0}
-
-    def hook(name: str) -> None:
-        if name == point:
-            hits["count"] += 1
-            if hits["count"] == int(nth):
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    format.set_fault_hook(hook)
 
 
 def main() -> None:
@@ -89,14 +56,11 @@ def main() -> None:
     parser.add_argument("--remote", default=None)  # the remote tier (promotes every checkpoint)
     args = parser.parse_args()
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=300))  # ranks start minutes apart under load
-    rank = dist.get_rank()
-    knobs.DIST_TIMEOUT_SECONDS = args.coci_timeout
+    rank = init_job(300, args.coci_timeout)  # ranks start minutes apart under load
     if args.policy is not None:
         knobs.PLAN_WARMUP_STEPS = knobs.OBSERVE_EVERY_STEPS = 2
     # (no torch.use_deterministic_algorithms: its first call imports the compiler stack, seconds per
     # rank, and the CPU ops used here are deterministic anyway; the bitwise test checks it)
-    torch.set_num_threads(1)
 
     torch.manual_seed(0)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = torch.nn.Sequential(
@@ -108,9 +72,7 @@ def main() -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.05 * s))
     loader = coci.ResumableLoader(IndexedData(), batch_size=BATCH, shuffle=True, seed=7)
-    torch.manual_seed(100 + rank)  # per-rank streams: dropout masks differ across ranks
-    random.seed(rank)
-    np.random.seed(rank)
+    seed_streams(rank)
     if args.fault:
         install_fault(args.fault, rank)
 
@@ -124,20 +86,15 @@ def main() -> None:
         remote=args.remote,
     )
     session.restore()
-    log = open(os.path.join(args.run_dir, f"samples_rank{rank}.txt"), "a")
+    log = open(os.path.join(args.run_dir, f"samples_rank{rank}.txt"), "a")  # noqa: SIM115 (closed at exit)
     while loader.epoch < args.epochs:
         epoch = loader.epoch
         for x, y, index in loader:
-            optimizer.zero_grad()
-            noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3  # python + numpy streams
-            loss = torch.nn.functional.mse_loss(ddp(x), y) + noise
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
+            loss = train_step(ddp, optimizer, scheduler, x, y)
             time.sleep(args.step_sleep)  # a longer step, so that an online plan fits checkpoints in
-            log.write(f"{session.steps + 1} {epoch} {','.join(map(str, index.tolist()))} {float(loss.detach()).hex()}\n")
+            log.write(f"{session.steps + 1} {epoch} {','.join(map(str, index.tolist()))} {float(loss).hex()}\n")
             log.flush()  # before step(): a preemption stops the loop inside it, after this step's checkpoint
-            session.step(loss.detach())
+            session.step(loss)
             if args.kill_at is not None and session.steps == args.kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
             if args.stop_at is not None and session.steps == args.stop_at:

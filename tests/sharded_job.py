@@ -4,7 +4,7 @@ Usage (under torchrun, or with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by th
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/sharded_job.py RUN_DIR
         [--layout fsdp|hsdp|tp] [--compile] [--epochs E] [--every K] [--stop-at STEP]
-        [--kill-at STEP] [--fault RANK|all:POINT:NTH] [--coci-timeout SECONDS]
+        [--kill-at STEP] [--fault RANK|all:POINT:NTH] [--coci-timeout SECONDS] [--check-views]
 
 Trains an MLP with dropout (per-rank RNG), AdamW and a LambdaLR schedule on a 48-sample dataset
 through coci.ResumableLoader (batch 4 per data-parallel rank), checkpointing every K steps with
@@ -20,60 +20,29 @@ session.step; ``--fault`` SIGKILLs rank RANK (or every rank) the NTH time it rea
 point POINT. Rank 0 writes, gathered for the test only (coci never gathers): restored.pt (the full
 model and optimizer state right after restore, when one happened), stop.pt (at --stop-at) and
 final.pt (at the end); each holds "model", "optimizer" (tensors by parameter name) and "steps".
+``--check-views`` asserts, before the restore and after every step, that coci's save-side state
+dicts of the model and optimizer are DSD's (the same keys in the same order, the same tensors).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import random
 import signal
 import sys
-from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from torchrun_helpers import IndexedData, init_job, install_fault, seed_streams, train_step
+
 import coci
-from coci import knobs
-from coci.checkpoint import format
+from coci.checkpoint.sharded import ShardedState, is_dtensor, local_tensor
 
-SAMPLES = 48
 BATCH = 4
-
-
-class IndexedData(torch.utils.data.Dataset):
-    """Sample i is (x_i, y_i, i): the index travels with the batch so each rank can log it."""
-
-    def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(1234)
-        self.x = torch.randn(SAMPLES, 16, generator=generator)
-        self.y = self.x[:, :4].sum(dim=1, keepdim=True) + 0.1 * torch.randn(SAMPLES, 1, generator=generator)
-
-    def __len__(self) -> int:
-        return SAMPLES
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        return self.x[index], self.y[index], index
-
-
-def install_fault(spec: str, rank: int) -> None:
-    target, point, nth = spec.split(":")
-    if target != "all" and int(target) != rank:
-        return
-    hits = {"count": 0}
-
-    def hook(name: str) -> None:
-        if name == point:
-            hits["count"] += 1
-            if hits["count"] == int(nth):
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    format.set_fault_hook(hook)
 
 
 def build_model(layout: str, world: int) -> tuple[torch.nn.Module, Any, int, int]:
@@ -101,6 +70,43 @@ def build_model(layout: str, world: int) -> tuple[torch.nn.Module, Any, int, int
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model, mesh, dist.get_rank(), world
+
+
+def assert_same_tensors(got: Any, want: Any, path: str) -> None:
+    """The same tree (keys in the same order) holding the same tensors: type, mesh, placements,
+    global and local layout, the same local bytes (an alias, not a copy) and equal values."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and list(got) == list(want), (path, list(got), list(want))
+        for key in want:
+            assert_same_tensors(got[key], want[key], f"{path}.{key}")
+    elif isinstance(want, (list, tuple)):
+        assert type(got) is type(want) and len(got) == len(want), path
+        for index, (a, b) in enumerate(zip(got, want)):
+            assert_same_tensors(a, b, f"{path}[{index}]")
+    elif isinstance(want, torch.Tensor):
+        assert type(got) is type(want) and is_dtensor(got) == is_dtensor(want), path
+        assert (got.shape, got.stride(), got.dtype, got.requires_grad) == (want.shape, want.stride(), want.dtype, want.requires_grad), path
+        if is_dtensor(want):
+            assert (got.device_mesh, got.placements) == (want.device_mesh, want.placements), path
+        mine, theirs = local_tensor(got), local_tensor(want)
+        assert (mine.data_ptr(), mine.shape, mine.stride()) == (theirs.data_ptr(), theirs.shape, theirs.stride()), path
+        assert torch.equal(mine, theirs), path
+    else:
+        assert type(got) is type(want) and got == want, (path, got, want)
+
+
+def check_views(views: ShardedState, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """coci's save-side state dicts (a cached FQN mapping) are DSD's: the same keys and tensors."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    got = views.state_dicts()
+    want_model = get_model_state_dict(model)
+    assert_same_tensors(got["model"], want_model, "model")
+    if optimizer.state:
+        assert_same_tensors(got["optimizer"], get_optimizer_state_dict(model, optimizer), "optimizer")
+    else:  # before the first step (DSD would create the state): nothing, and the groups by name
+        assert got["optimizer"]["state"] == {}
+        assert [name for group in got["optimizer"]["param_groups"] for name in group["params"]] == list(want_model)
 
 
 def sharded_counter(mesh: Any) -> torch.Tensor:
@@ -136,12 +142,11 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--fault", default=None)
     parser.add_argument("--coci-timeout", type=float, default=30.0)
+    parser.add_argument("--check-views", action="store_true")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    knobs.DIST_TIMEOUT_SECONDS = args.coci_timeout
-    torch.set_num_threads(1)
+    rank = init_job(60, args.coci_timeout)
+    world = dist.get_world_size()
 
     model, mesh, dp_rank, dp_world = build_model(args.layout, world)
     counter = sharded_counter(mesh)
@@ -149,9 +154,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.05 * s))
     loader = coci.ResumableLoader(IndexedData(), batch_size=BATCH, shuffle=True, seed=7, rank=dp_rank, world_size=dp_world)
-    torch.manual_seed(100 + dp_rank)  # per-data-rank streams: dropout masks differ across data ranks
-    random.seed(dp_rank)
-    np.random.seed(dp_rank)
+    seed_streams(dp_rank)  # per data-parallel rank: tensor-parallel ranks share one
     if args.fault:
         install_fault(args.fault, rank)
 
@@ -161,22 +164,22 @@ def main() -> None:
         policy=coci.EveryN(args.every),
         keep_last=2,
     )
+    views = ShardedState.detect({"model": stateful_model, "optimizer": optimizer}) if args.check_views else None
+    if views is not None:
+        check_views(views, stateful_model, optimizer)
     if session.restore() is not None:
         dump("restored.pt", args.run_dir, model, optimizer, counter, session.steps)
     with open(os.path.join(args.run_dir, f"samples_rank{rank}.txt"), "a") as log:
         while loader.epoch < args.epochs:
             epoch = loader.epoch
             for x, y, index in loader:
-                optimizer.zero_grad()
-                noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3  # python + numpy streams
-                loss = torch.nn.functional.mse_loss(stateful_model(x), y) + noise
-                loss.backward()
-                optimizer.step()
-                scheduler.step()
+                loss = train_step(stateful_model, optimizer, scheduler, x, y)
                 with torch.no_grad():
                     counter.mul_(1.5).add_(1.0)  # the same on every replica (HSDP replicates it)
-                session.step(loss.detach())
-                log.write(f"{session.steps} {epoch} {','.join(map(str, index.tolist()))} {float(loss.detach()).hex()}\n")
+                session.step(loss)
+                if views is not None:  # after a restore, the first step (lazy AdamW state) and each later one
+                    check_views(views, stateful_model, optimizer)
+                log.write(f"{session.steps} {epoch} {','.join(map(str, index.tolist()))} {float(loss).hex()}\n")
                 log.flush()
                 if args.kill_at is not None and session.steps == args.kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)

@@ -18,17 +18,15 @@ Also: DCP wrote each replicated tensor once and split the bytes across the ranks
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+import torchrun_helpers
 
 from coci.checkpoint import format
 from coci.checkpoint.checkpointer import load_entry
@@ -40,49 +38,9 @@ REPO = JOB.parents[1]
 EPOCHS, SAMPLES, BATCH = 3, 48, 4
 TIMEOUT = 600  # generous: a loaded 2-core machine takes minutes to import torch in 2 ranks
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.distributed,
-    pytest.mark.skipif(
-        not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-        reason="torch.distributed with gloo is required",
-    ),
-]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def launch(run_dir: Path, world: int, *args: str) -> list[int]:
-    """Start ``world`` ranks of the job as torchrun would and return their exit codes."""
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(JOB), str(run_dir), *args], env=env, cwd=REPO,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-    codes = []
-    try:
-        for proc in procs:
-            proc.wait(timeout=TIMEOUT)  # a survivor waiting forever on a dead peer fails here
-            codes.append(proc.returncode)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return codes
-
-
-def torchrun(run_dir: Path, world: int, *args: str) -> int:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           str(JOB), str(run_dir), *args]
-    return subprocess.run(cmd, cwd=REPO, timeout=TIMEOUT, capture_output=True).returncode
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, torchrun_helpers.needs_gloo]
+launch = functools.partial(torchrun_helpers.launch, JOB, timeout=TIMEOUT)  # (run_dir, world, *args) -> exit codes
+torchrun = functools.partial(torchrun_helpers.torchrun, JOB, timeout=TIMEOUT)  # (run_dir, world, *args) -> exit code
 
 
 def step_log(run_dir: Path, rank: int) -> list[tuple[int, int, list[int], str]]:

@@ -13,15 +13,16 @@ survivors when one rank dies, so a survivor hanging would show.
     the checkpoint), trains and saves, 2 ranks restore that and finish.
 (c) one rank SIGKILLed inside a persist leaves nothing of that step committed.
 (d) HSDP (4 ranks, 2 x 2 mesh) to FSDP2 (2 ranks), tensor parallel and a torch.compile'd model.
+(e) the save side's state dicts (a cached FQN mapping) are DSD's: the same keys and tensors.
 Also: each rank wrote only its own shards, about half of the state.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 
 import pytest
 import torch
+import torchrun_helpers
 
 from coci.checkpoint import format
 from coci.checkpoint.dcp import verify_dcp_checkpoint
@@ -38,49 +40,9 @@ REPO = JOB.parents[1]
 TIMEOUT = 240
 FINAL_STEPS = 18  # 3 epochs of 48 samples, batch 4 on each of 2 ranks
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.distributed,
-    pytest.mark.skipif(
-        not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-        reason="torch.distributed with gloo is required",
-    ),
-]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def launch(run_dir: Path, world: int, *args: str) -> list[int]:
-    """Start ``world`` ranks of the job as torchrun would and return their exit codes."""
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(JOB), str(run_dir), *args], env=env, cwd=REPO,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-    codes = []
-    try:
-        for proc in procs:
-            proc.wait(timeout=TIMEOUT)  # a survivor waiting forever on a dead peer fails here
-            codes.append(proc.returncode)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return codes
-
-
-def torchrun(run_dir: Path, world: int, *args: str) -> int:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           str(JOB), str(run_dir), *args]
-    return subprocess.run(cmd, cwd=REPO, timeout=TIMEOUT, capture_output=True).returncode
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, torchrun_helpers.needs_gloo]
+launch = functools.partial(torchrun_helpers.launch, JOB, timeout=TIMEOUT)  # (run_dir, world, *args) -> exit codes
+torchrun = functools.partial(torchrun_helpers.torchrun, JOB, timeout=TIMEOUT)  # (run_dir, world, *args) -> exit code
 
 
 def step_log(run_dir: Path, rank: int) -> dict[int, tuple[str, str]]:
@@ -203,6 +165,15 @@ def test_other_layouts_restore_the_saved_state(tmp_path: Path, saved_by: tuple[A
     world, *args = restored_by
     assert launch(tmp_path, world, *args, "--stop-at", "6") == [0] * world
     assert_states_equal(load(tmp_path / "restored.pt"), at_4)
+
+
+@pytest.mark.parametrize("layout", [(), ("--layout", "tp"), ("--compile",)], ids=["fsdp", "tensor-parallel", "compiled"])
+def test_save_side_state_dicts_are_dsd_ones(tmp_path: Path, layout: tuple[str, ...]) -> None:
+    # the job asserts it before its first step (no optimizer state), after it (AdamW's lazy state)
+    # and after every later step; the second launch after a restore (parameters loaded by DSD)
+    assert launch(tmp_path, 2, *layout, "--check-views", "--stop-at", "4") == [0, 0]
+    assert launch(tmp_path, 2, *layout, "--check-views", "--stop-at", "6") == [0, 0]
+    assert load(tmp_path / "restored.pt")["steps"] == 4
 
 
 ORPHAN_OPTIMIZER = """

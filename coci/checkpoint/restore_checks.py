@@ -66,6 +66,8 @@ def apply_all_or_nothing(state: Mapping[str, Any], keys: list[str], apply: Calla
 
 def _check_module(key: str, module: torch.nn.Module, saved: Any) -> None:
     current = module.state_dict()
+    if isinstance(saved, dict) and set(saved) != set(current):  # a sharded module is saved by DSD's names
+        current = {name.replace("_orig_mod.", ""): tensor for name, tensor in current.items()}
     if not isinstance(saved, dict) or set(saved) != set(current):
         names = sorted(set(saved) ^ set(current)) if isinstance(saved, dict) else []
         raise CorruptCheckpointError(f"state[{key!r}]: saved module entries differ from the module's: {names[:5]}")

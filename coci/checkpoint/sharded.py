@@ -4,7 +4,10 @@ A module in ``Session(state=...)`` whose parameters are DTensors (``fully_shard`
 ``parallelize_module``) and every optimizer over such parameters are taken through
 ``torch.distributed.checkpoint.state_dict``: ``get_model_state_dict`` / ``get_optimizer_state_dict``
 (keyed by parameter name, ``_orig_mod.`` of a ``torch.compile``d module stripped) on save,
-``set_model_state_dict`` / ``set_optimizer_state_dict`` on restore. Nothing is ever gathered: the
+``set_model_state_dict`` / ``set_optimizer_state_dict`` on restore. The save side builds the same
+state dicts from a parameter -> name mapping cached per module and optimizer (checked against DSD
+when built, rebuilt when the module holds other tensors): DSD takes milliseconds a call, inside the
+checkpoint's stall. Nothing is ever gathered: the
 snapshot stages each DTensor's local shard only (:func:`local_shards`), the writer wraps the staged
 bytes back into DTensors of the same mesh and placements (:func:`as_dtensors`), so DCP writes each
 rank's shards with their global offsets, and a restore loads into fresh DTensors of the current
@@ -13,6 +16,7 @@ mesh (:meth:`ShardedState.load_targets`), which reshards when the world size cha
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,9 +45,15 @@ def is_dtensor(value: Any) -> bool:
     """True for a ``torch.distributed.tensor.DTensor`` (without importing it where unused)."""
     if not isinstance(value, torch.Tensor) or type(value) in (torch.Tensor, torch.nn.Parameter):
         return False
+    return isinstance(value, _dtensor_type())
+
+
+@functools.cache
+def _dtensor_type() -> type:
+    """The DTensor class, imported once (an import statement costs microseconds per call)."""
     from torch.distributed.tensor import DTensor
 
-    return isinstance(value, DTensor)
+    return DTensor
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -152,6 +162,8 @@ class ShardedState:
         self.modules = modules
         self.optimizers = optimizers
         self.tensors = tensors or {}
+        self._module_views = {key: _ModelView(module) for key, module in modules.items()}
+        self._optimizer_views = {key: _OptimizerView(modules[owner], optimizer) for key, (owner, optimizer) in optimizers.items()}
 
     @classmethod
     def detect(cls, state: Mapping[str, Any]) -> ShardedState:
@@ -184,13 +196,15 @@ class ShardedState:
         return frozenset(self.modules) | frozenset(self.optimizers) | frozenset(self.tensors)
 
     def state_dicts(self) -> dict[str, Any]:
-        """Each sharded entry's state dict: DTensors over the live local shards (nothing copied)."""
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+        """Each sharded entry's state dict: DTensors over the live local shards (nothing copied).
 
-        trees: dict[str, Any] = {key: get_model_state_dict(module) for key, module in self.modules.items()}
+        The same keys and tensors as ``get_model_state_dict`` / ``get_optimizer_state_dict``, from
+        a parameter -> FQN mapping built once (and again when the module holds other tensors);
+        DSD rebuilds that mapping and detaches every DTensor on each call, milliseconds of the stall.
+        """
+        trees: dict[str, Any] = {key: view.state_dict() for key, view in self._module_views.items()}
         trees.update(self.tensors)
-        for key, (owner, optimizer) in self.optimizers.items():
-            trees[key] = _optimizer_state_dict(self.modules[owner], optimizer)
+        trees.update((key, view.state_dict()) for key, view in self._optimizer_views.items())
         return trees
 
     def load_targets(self) -> dict[str, Any]:
@@ -234,7 +248,171 @@ def _owner(params: list[torch.Tensor], modules: Mapping[str, torch.nn.Module]) -
     return None
 
 
-def _optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def _fqn(key: str) -> str:
+    """A state_dict key as DSD names it: without the ``_orig_mod`` of a ``torch.compile``d module and
+    the activation-checkpoint wrapper's module (checked against DSD when a view is built)."""
+    return ".".join(part for part in key.split(".") if part not in _WRAPPER_PARTS)
+
+
+_WRAPPER_PARTS = frozenset({"_orig_mod", "_checkpoint_wrapped_module"})
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One tensor of a module's state dict: where the module holds it, the tensor it held when the
+    view was built (and a DTensor's local shard then), and DSD's value for it (a detached alias)."""
+
+    holder: dict[str, Any]  # the owning module's ``_parameters`` or ``_buffers``
+    name: str
+    live: torch.Tensor
+    local: torch.Tensor | None
+    value: torch.Tensor
+
+    def current(self) -> torch.Tensor | None:
+        """The entry's value now; None once the module holds another tensor (FSDP2 unsharded,
+        parameters reassigned, a restore that assigned new ones): the view is then rebuilt."""
+        live = self.holder.get(self.name)
+        if live is not self.live:
+            return None
+        if self.local is None:
+            return live.detach()  # a plain tensor: its data may have been reassigned
+        return self.value if getattr(live, "_local_tensor", None) is self.local else None
+
+
+def _raw_entries(module: torch.nn.Module) -> tuple[dict[str, tuple[dict[str, Any], str, torch.Tensor]], bool]:
+    """What ``module.state_dict()`` holds, by DSD key: (holder, name, tensor); and False where it
+    cannot be mirrored (a state_dict post-hook or ``get_extra_state`` can change what it returns)."""
+    found: dict[str, tuple[dict[str, Any], str, torch.Tensor]] = {}
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        if sub._state_dict_hooks or type(sub).get_extra_state is not torch.nn.Module.get_extra_state:
+            return found, False
+        dot = f"{prefix}." if prefix else ""
+        for name, param in sub._parameters.items():
+            if param is not None:
+                found[_fqn(dot + name)] = (sub._parameters, name, param)
+        for name, buffer in sub._buffers.items():
+            if buffer is not None and name not in sub._non_persistent_buffers_set:
+                found[_fqn(dot + name)] = (sub._buffers, name, buffer)
+    return found, True
+
+
+def _aliases(value: Any, live: torch.Tensor) -> bool:
+    """True when DSD's ``value`` is a detached alias of ``live`` (same kind, layout and bytes)."""
+    if not isinstance(value, torch.Tensor) or is_dtensor(value) != is_dtensor(live):
+        return False
+    mine, theirs = local_tensor(live), local_tensor(value)
+    same_layout = mine.shape == theirs.shape and mine.stride() == theirs.stride() and mine.dtype == theirs.dtype
+    return same_layout and mine.data_ptr() == theirs.data_ptr() and value.shape == live.shape
+
+
+class _ModelView:
+    """``get_model_state_dict(module)`` from a mapping of state-dict keys to where the module holds
+    each tensor, built from one DSD call and checked against it; DSD's ~0.1 ms per DTensor
+    (``detach``) and its per-call FQN mapping are paid again only when the module holds other
+    tensors than at the last build. Where the module's state dict cannot be mirrored, DSD every call."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.entries: dict[str, _Entry] | None = None
+        self.mirrorable = True
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.entries is not None:
+            tree: dict[str, Any] = {}
+            for key, entry in self.entries.items():
+                value = entry.current()
+                if value is None:
+                    break
+                tree[key] = value
+            else:
+                return tree
+        return self._build()
+
+    def _build(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        tree = get_model_state_dict(self.module)  # FSDP2's pre-hook reshards the parameters first
+        self.entries = None
+        if not self.mirrorable:
+            return tree
+        raw, self.mirrorable = _raw_entries(self.module)
+        if self.mirrorable and set(raw) == set(tree) and all(_aliases(tree[key], raw[key][2]) for key in tree):
+            self.entries = {
+                key: _Entry(holder, name, live, local_tensor(live) if is_dtensor(live) else None, tree[key])  # type: ignore[arg-type]
+                for key, (holder, name, live) in ((key, raw[key]) for key in tree)
+            }
+        else:
+            self.mirrorable = False
+            logger.info("a sharded module's state dict differs from its parameters and buffers: DSD every checkpoint")
+        return tree
+
+
+class _OptimizerView:
+    """``get_optimizer_state_dict(model, optimizer)`` from a cached parameter -> FQN mapping: the
+    live per-parameter state under each parameter's name, the param groups with names for params.
+    Checked against DSD the first time the optimizer has state; an optimizer without state yet
+    stays without (DSD would create it with a zero-learning-rate step, a later step would then
+    count from 2). Where it differs, or the optimizer has state_dict hooks, DSD every call."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.names: dict[int, str] = {}
+        self.params: list[torch.Tensor] = []  # held, so that no other tensor takes an id in ``names``
+        self.checked = False
+        self.mirrorable = not (optimizer._optimizer_state_dict_pre_hooks or optimizer._optimizer_state_dict_post_hooks)
+
+    def state_dict(self) -> dict[str, Any]:
+        if not self.mirrorable:
+            return _dsd_optimizer_state_dict(self.model, self.optimizer)
+        tree = self._mirror()
+        if tree is None:  # a parameter the mapping does not know: mapped again once, else DSD
+            self._name_params()
+            tree = self._mirror()
+        if tree is None:
+            return _dsd_optimizer_state_dict(self.model, self.optimizer)
+        if not self.checked and tree["state"]:
+            self.checked = True
+            reference = _dsd_optimizer_state_dict(self.model, self.optimizer)
+            if not _same_tree(tree, reference):
+                self.mirrorable = False
+                logger.info("a sharded optimizer's state dict differs from DSD's: DSD every checkpoint")
+                return reference
+        return tree
+
+    def _name_params(self) -> None:
+        """(Re)build the parameter -> FQN mapping from the module's parameters, as DSD does."""
+        named = list(self.model.named_parameters())
+        self.names = {id(param): _fqn(key) for key, param in named}
+        self.params = [param for _, param in named]
+
+    def _mirror(self) -> dict[str, Any] | None:
+        names = self.names
+        try:
+            state = {names[id(param)]: per_param for param, per_param in self.optimizer.state.items()}
+            groups = [
+                {**{k: v for k, v in group.items() if k != "params"}, "params": [names[id(p)] for p in group["params"]]}
+                for group in self.optimizer.param_groups
+            ]
+        except KeyError:
+            return None
+        return {"state": state, "param_groups": groups}
+
+
+def _same_tree(mine: Any, theirs: Any) -> bool:
+    """The same keys in the same order, the same tensors (or aliases of them), equal other values."""
+    if mine is theirs:
+        return True
+    if isinstance(mine, torch.Tensor) or isinstance(theirs, torch.Tensor):
+        return isinstance(mine, torch.Tensor) and _aliases(theirs, mine)
+    if isinstance(mine, dict):
+        return isinstance(theirs, dict) and list(mine) == list(theirs) and all(_same_tree(mine[k], theirs[k]) for k in mine)
+    if isinstance(mine, (list, tuple)):
+        return type(mine) is type(theirs) and len(mine) == len(theirs) and all(map(_same_tree, mine, theirs))
+    return type(mine) is type(theirs) and bool(mine == theirs)
+
+
+def _dsd_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """``get_optimizer_state_dict``, except that an optimizer without state stays without: DSD
     would create it with a zero-learning-rate step (a later step would then count from 2)."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -245,4 +423,3 @@ def _optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimiz
         optimizer.state.clear()
         tree["state"] = {}
     return tree
-

@@ -116,9 +116,15 @@ class StagingArena:
             buffer.fill_(0)  # fault the pages in now, not during the first snapshot's copy
             self.allocations += 1
             logger.debug("staging arena allocated: %d bytes (pinned=%s)", needed, pin)
+        kept = 0  # a layout that changed at its end (a growing history array) keeps its other views
+        if buffer is self._buffer:
+            for old, slot in zip(self._slots, slots):
+                if old != slot:
+                    break
+                kept += 1
         self._buffer = buffer
+        self._views = self._views[:kept] + [_typed_view(buffer, slot) for slot in slots[kept:]]
         self._slots = slots
-        self._views = [_typed_view(buffer, slot) for slot in slots]
         self._layout_key = key
         return self._views
 

@@ -40,8 +40,12 @@ def flatten(obj: Any, tensors: list[torch.Tensor], path: str = "state") -> Any:
     if isinstance(obj, torch.dtype):
         return {"__dtype__": str(obj).removeprefix("torch.")}
     if isinstance(obj, tuple):  # torch.Size included
+        if _all_scalars(obj):
+            return {"__tuple__": list(obj)}
         return {"__tuple__": [flatten(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]}
     if isinstance(obj, list):
+        if _all_scalars(obj):
+            return list(obj)
         return [flatten(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]
     if isinstance(obj, dict):
         if all(isinstance(k, str) and k not in _TAGS for k in obj):
@@ -148,6 +152,15 @@ def _index(value: Any, tensors: list[torch.Tensor]) -> int:
 
 def _hashable(key: Any) -> Any:
     return tuple(key) if isinstance(key, list) else key
+
+
+_SCALAR_TYPES = frozenset({bool, int, float, str, type(None)})
+
+
+def _all_scalars(items: list[Any] | tuple[Any, ...]) -> bool:
+    """True when every item is a plain JSON scalar, which ``flatten`` keeps as it is: a long list
+    of them (the Python RNG's 625 words) is then copied in one go, not walked item by item."""
+    return all(type(item) in _SCALAR_TYPES for item in items)
 
 
 def check_tensor(tensor: torch.Tensor, path: str) -> None:
