@@ -359,6 +359,29 @@ def test_lock_names_another_process_and_dies_with_it(tmp_path: Path) -> None:
     coci.Session(tmp_path, state=build_state(), policy=coci.EveryN(1000)).close()  # no stale lock after SIGKILL
 
 
+def test_a_session_whose_restore_raised_holds_its_lock_until_closed(run: Path) -> None:
+    """A failed restore leaves the session open (the user may retry with ``strict=False`` or train
+    from scratch), so it stays the run directory's writer; ``close()`` or a ``with`` block frees it."""
+    for step in (2, 4):  # no committed checkpoint loads
+        data = step_dir(run, step) / "data.bin"
+        damaged = bytearray(data.read_bytes())
+        damaged[len(damaged) // 2] ^= 0xFF
+        data.write_bytes(bytes(damaged))
+
+    def session() -> coci.Session:
+        return coci.Session(run, state=build_state(), policy=coci.EveryN(1000))
+
+    first = session()
+    with pytest.raises(coci.CorruptCheckpointError):
+        first.restore()
+    with pytest.raises(coci.RunDirLockedError):
+        session()
+    first.close()
+    with pytest.raises(coci.CorruptCheckpointError), session() as second:
+        second.restore()
+    session().close()  # the with block closed the session whose restore raised
+
+
 # --- property: any re-sealed manifest mutation restores the previous good checkpoint or is refused
 
 
