@@ -359,10 +359,11 @@ def test_hostile_event_fields_are_dropped_with_a_note_naming_them(
         ("plan.json", ("inputs", "failures", "nodes"), HUGE, "plan.json is unreadable"),
         ("plan.json", ("inputs", "failures", "scale_seconds"), HUGE, "plan.json is unreadable"),
         ("plan.json", ("inputs", "failures", "warned_fraction"), HUGE, "plan.json is unreadable"),
+        ("loss_curve.json", ("losses", 3), HUGE, "loss_curve.json unreadable"),
     ],
 )
 def test_hostile_numbers_in_plan_and_profile_never_crash_the_report(
-    run, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, path: tuple[str, ...], value: str, said: str | None
+    run, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, path: tuple[str | int, ...], value: str, said: str | None
 ) -> None:
     """An integer no run reaches, or a value the model refuses, makes the file unreadable (a note);
     a float the planner's arithmetic overflows on (the comparison re-plans from plan.json's inputs)

@@ -532,7 +532,7 @@ def _loss_trace(root: Path, notes: list[str]) -> tuple[np.ndarray, np.ndarray, s
             if steps.shape == losses.shape and steps.ndim == 1:
                 return steps, losses, LOSS_CURVE_FILENAME
             notes.append(f"{LOSS_CURVE_FILENAME}: steps and losses differ in shape; ignored")
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, ArithmeticError) as exc:  # ArithmeticError: an integer no float holds
             notes.append(f"{LOSS_CURVE_FILENAME} unreadable ({type(exc).__name__}); ignored")
     for step, checkpoint in reversed(committed_steps(checkpoints_dir(root))):
         try:
