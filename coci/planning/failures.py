@@ -107,8 +107,10 @@ def _positive_finite(value: Any, field: str) -> float:
 
 
 def _check_nodes(nodes: Any) -> int:
-    if not checks.is_int(nodes) or not 1 <= nodes <= knobs.MAX_FAILURE_NODES:
-        raise ConfigError(f"nodes must be an integer in [1, {knobs.MAX_FAILURE_NODES}], got {nodes!r}")
+    if not checks.is_int(nodes) or nodes < 1:
+        raise ConfigError(f"nodes must be a positive integer, got {nodes!r}")
+    if nodes > knobs.MAX_FAILURE_NODES:
+        raise ConfigError(f"nodes must be at most {knobs.MAX_FAILURE_NODES}, got {nodes!r}")
     return int(nodes)
 
 
