@@ -31,7 +31,7 @@ def number(value: Any, field: str, *, positive: bool = False) -> float:
     naming ``field`` otherwise."""
     if not is_number(value):
         raise ConfigError(f"{field} must be a number, got {value!r}")
-    return _finite(float(value), value, field, positive)
+    return _finite(_as_float(value), value, field, positive)
 
 
 def optional_number(value: Any, field: str, *, positive: bool = False) -> float | None:
@@ -40,7 +40,15 @@ def optional_number(value: Any, field: str, *, positive: bool = False) -> float 
         return None
     if not is_number(value):
         raise ConfigError(f"{field} must be a number or None, got {value!r}")
-    return _finite(float(value), value, field, positive)
+    return _finite(_as_float(value), value, field, positive)
+
+
+def _as_float(value: Any) -> float:
+    """``float(value)``; an integer too large for a float is infinite (refused by :func:`_finite`)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def _finite(result: float, value: Any, field: str, positive: bool) -> float:

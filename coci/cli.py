@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +35,9 @@ logger = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_CORRUPT = 1
 EXIT_ERROR = 2
+#: stdout's reader closed the pipe (``coci report | head``): the status a shell reports for a
+#: process that SIGPIPE ended (128 + 13), not 1, which ``coci verify`` reserves for "corrupt found".
+EXIT_BROKEN_PIPE = 141
 
 _LOSS_COLUMNS = ("loss", "train_loss", "val_loss", "losses")
 _RUN_COLUMNS = ("run_id", "curve_id", "run")
@@ -498,13 +502,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_ERROR
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="coci: %(levelname)s: %(message)s")
     try:
-        return int(args.handler(args))
+        status = int(args.handler(args))
+        sys.stdout.flush()  # a reader that went away (``coci report | head``) shows up here, not at exit
+        return status
+    except BrokenPipeError:
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
     except (CociError, ValueError, OSError) as exc:
         print(f"coci: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("coci: interrupted", file=sys.stderr)
         return 130
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: Python flushes it again at exit, and the closed pipe would raise
+    there a second time (the recipe of Python's ``signal`` documentation, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -56,7 +56,8 @@ def _no_follow(path: str, flags: int) -> int:
 
 
 def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Yield the events of a run; a torn last line (the job was killed mid-write) is skipped."""
+    """Yield the events of a run; a line that does not parse is skipped (a torn last line: the job
+    was killed mid-write; or a hostile one: an integer of thousands of digits, nesting too deep)."""
     path = Path(run_dir) / EVENTS_FILENAME
     if not path.is_file():
         return
@@ -64,5 +65,5 @@ def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         for line in handle:
             try:
                 yield json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
                 continue

@@ -186,6 +186,10 @@ PLAN_MAX_CHECKPOINTS: int = 10_000_000
 MAX_FAILURE_SCALE_SECONDS: float = 1e18
 WEIBULL_SHAPE_RANGE: tuple[float, float] = (0.05, 20.0)
 
+#: Most nodes a failure model may combine (``Failures(nodes=)``): far beyond any cluster, and small
+#: enough that ``nodes ** (1 / shape)`` stays a float (a larger count is a typo or a hostile plan.json).
+MAX_FAILURE_NODES: int = 10**9
+
 #: Fraction of the default horizon after which an open-ended run re-plans over a longer one.
 PLAN_HORIZON_EXTEND_AT: float = 0.9
 

@@ -515,6 +515,16 @@ class ResumableLoader:
     # -- iteration ---------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
+        return self._pass()
+
+    def _pass(self) -> Iterator[Any]:
+        """One pass over the rest of the epoch, begun at its first ``next()``, not at ``iter()``.
+
+        As a DataLoader reads its sampler lazily, a ``set_epoch`` or ``load_state_dict`` between
+        ``iter(loader)`` and the first batch applies to this pass. Lightning's fit loop relies on
+        it: restored at an epoch's last batch, it builds the iterator, then calls
+        ``set_epoch(next epoch)``, then draws the next epoch's batches from that iterator.
+        """
         sampler = self.sampler
         pass_id = sampler._begin_pass()
         remaining = sampler.remaining_indices()
@@ -523,7 +533,7 @@ class ResumableLoader:
             self._feeder.indices = remaining
             self._worker_generator.manual_seed(epoch_seed(sampler.seed, sampler.epoch, "workers"))
             batches = iter(self.dataloader)
-        return self._deliver(pass_id, batches)
+        yield from self._deliver(pass_id, batches)
 
     def _deliver(self, pass_id: int, batches: Iterator[Any] | None) -> Iterator[Any]:
         sampler = self.sampler

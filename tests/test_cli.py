@@ -215,3 +215,19 @@ def test_console_script_runs_as_a_real_process() -> None:
     assert result.returncode == 0, result.stderr
     for name in ("plan", "simulate", "report", "ls", "verify"):
         assert name in result.stdout
+
+
+@pytest.mark.slow  # a new Python process importing torch
+def test_report_into_a_closed_pipe_exits_quietly(run_dir: Path) -> None:
+    """``coci report RUN | head``: the reader has gone before coci writes; no traceback, no error line."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to write_end now fails with EPIPE (Python ignores SIGPIPE)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "coci.cli", "report", str(run_dir), "--no-files", "--trials", "0"],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=300,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141, result.stderr
+    assert result.stderr == ""

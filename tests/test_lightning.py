@@ -99,20 +99,14 @@ def test_killed_lightning_run_resumes_bitwise(
     assert run(tmp_path, *extra) == 0
     (restored,) = restored_steps(tmp_path)
     assert restored in expect_restored
-    if loader == "resumable" and restored == 10:
-        pytest.xfail(RESUMABLE_EPOCH_END_BUG)  # step 10's persist committed before the kill
     assert_same_as_reference(tmp_path, references[f"{loader}-{workers}"])
 
 
-#: A known bug, reproduced deterministically below: a coci.ResumableLoader restored under Lightning
-#: from a checkpoint taken on an epoch's last batch resumes in the epoch after the next one.
-RESUMABLE_EPOCH_END_BUG = "ResumableLoader restored at an epoch's last batch under Lightning resumes one epoch late"
-
-
-@pytest.mark.xfail(strict=True, reason=RESUMABLE_EPOCH_END_BUG)
 def test_resumable_loader_restored_at_an_epochs_last_batch_resumes_the_next_epoch(
     tmp_path: Path, references: dict[str, Path]
 ) -> None:
+    """Lightning builds the train iterator, then calls ``set_epoch(1)`` on the restored loader (at
+    epoch 0's end), then draws from that iterator: the pass must begin at its first batch, in epoch 1."""
     extra = ["--loader", "resumable", "--workers", "0"]
     assert run(tmp_path, *extra, "--die-at", "10", "--commit-before-kill") == -signal.SIGKILL
     assert run(tmp_path, *extra) == 0

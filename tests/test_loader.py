@@ -188,6 +188,21 @@ def test_load_state_dict_abandons_the_pass_in_progress() -> None:
     assert as_lists(loader) == as_lists(fresh)
 
 
+def test_a_pass_begins_at_its_first_batch_not_at_iter() -> None:
+    """Lightning, restored at an epoch's last batch: iter(loader), then set_epoch(next), then next()."""
+    make = make_loader(12, 3, seed=4)
+    loader = make()
+    as_lists(loader)  # epoch 0 drained (the state reads the epoch's end, as saved at its last batch)
+    restored = make()
+    restored.load_state_dict({**loader.state_dict(), "epoch": 0, "position": 12})
+    built_before = iter(restored)
+    restored.set_epoch(1)
+    reference = make()
+    reference.set_epoch(1)
+    assert as_lists(built_before) == as_lists(reference)
+    assert restored.epoch == 2
+
+
 # --- epochs and the boundary: a state saved after an epoch's last batch resumes into the next ---
 
 

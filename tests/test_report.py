@@ -306,6 +306,85 @@ def test_bad_run_directories_get_a_clear_error(tmp_path: Path) -> None:
     assert any("plan.json is unreadable" in n for n in result.data.notes)
 
 
+HUGE = "1" + "0" * 400  # a JSON integer no float holds
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "value"),
+    [
+        ("close", "overhead_close_wait", HUGE),
+        ("close", "step", HUGE),
+        ("commit", "step", HUGE),
+        ("commit", "bytes", HUGE),
+        ("commit", "seconds", "-5"),
+        ("snapshot_end", "seconds", "Infinity"),
+        ("stall", "seconds", "NaN"),
+        ("restore", "seconds", "1e400"),
+        ("close", "pid", "[]"),
+        ("plan", "steps", '[1, "x", 1e308]'),
+    ],
+)
+def test_hostile_event_fields_are_dropped_with_a_note_naming_them(
+    run, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, field: str, value: str
+) -> None:
+    """A number no real run records (huge, infinite, NaN, negative) or a field of the wrong type in
+    events.jsonl: the report and ``coci report`` (figures included) drop that field and say so."""
+    from coci.cli import main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(run[0], run_dir)
+    lines = []
+    for line in (run_dir / "events.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        if event["event"] == kind:
+            event[field] = "__HOSTILE__"
+            line = json.dumps(event).replace('"__HOSTILE__"', value)
+        lines.append(line)
+    (run_dir / "events.jsonl").write_text("\n".join([*lines, "[1, 2]", "7", "{" + HUGE * 12 + "}"]) + "\n")
+    assert main(["report", str(run_dir), "--trials", "0"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    notes = report(run_dir).data.notes
+    assert any(f"{kind}.{field} = " in note and "ignored" in note for note in notes), notes
+    assert any("not a JSON object; skipped" in note for note in notes), notes
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "value", "said"),
+    [
+        ("profile.json", ("state_bytes",), HUGE, "profile.json is unreadable"),
+        ("profile.json", ("steps",), HUGE, "profile.json is unreadable"),
+        ("plan.json", ("inputs", "total_steps"), HUGE, "plan.json is unreadable"),
+        ("plan.json", ("inputs", "persist_seconds"), "1e308", "OverflowError"),
+        ("plan.json", ("fit", "params", "a"), "1e308", None),
+        ("plan.json", ("inputs", "failures", "nodes"), HUGE, "plan.json is unreadable"),
+        ("plan.json", ("inputs", "failures", "scale_seconds"), HUGE, "plan.json is unreadable"),
+        ("plan.json", ("inputs", "failures", "warned_fraction"), HUGE, "plan.json is unreadable"),
+        ("loss_curve.json", ("losses", 3), HUGE, "loss_curve.json unreadable"),
+    ],
+)
+def test_hostile_numbers_in_plan_and_profile_never_crash_the_report(
+    run, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, path: tuple[str | int, ...], value: str, said: str | None
+) -> None:
+    """An integer no run reaches, or a value the model refuses, makes the file unreadable (a note);
+    a float the planner's arithmetic overflows on (the comparison re-plans from plan.json's inputs)
+    puts the error in the policy's row; ``coci report`` prints its summary and exits 0 either way."""
+    from coci.cli import main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(run[0], run_dir)
+    document = json.loads((run_dir / name).read_text())
+    node = document
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = "__HOSTILE__"
+    (run_dir / name).write_text(json.dumps(document).replace('"__HOSTILE__"', value))
+    assert main(["report", str(run_dir), "--trials", "0"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    data = report(run_dir, simulate_trials=0).data
+    if said is not None:
+        assert any(said in text for text in [*data.notes, *(row.error or "" for row in data.comparison)]), data
+
+
 def test_simulated_confidence_intervals_bracket_the_means(run, built) -> None:
     result = report(run[0], simulate_trials=50, seed=0)
     rows = result.data.comparison

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
+from fault_job import compare_final
 
 pytestmark = pytest.mark.slow  # real training processes, SIGKILLed and resumed
 
@@ -23,18 +23,9 @@ JOB = Path(__file__).with_name("train_job.py")
 STEPS = 40
 
 
-def run(run_dir: Path, *extra: str, timeout: float = 120) -> int:
+def run(run_dir: Path, *extra: str, timeout: float = 600) -> int:  # generous under load
     cmd = [sys.executable, str(JOB), str(run_dir), "--steps", str(STEPS), "--every", "5", *extra]
     return subprocess.run(cmd, timeout=timeout, capture_output=True).returncode
-
-
-def losses(run_dir: Path) -> dict[int, set[str]]:
-    seen: dict[int, set[str]] = {}
-    for path in run_dir.glob("losses_*.txt"):
-        for line in path.read_text().splitlines():
-            step, value = line.split()
-            seen.setdefault(int(step), set()).add(value)
-    return seen
 
 
 def finish(run_dir: Path, *extra: str) -> None:
@@ -47,17 +38,7 @@ def finish(run_dir: Path, *extra: str) -> None:
 
 
 def assert_same_as_reference(run_dir: Path, reference: Path) -> None:
-    got, want = torch.load(run_dir / "final.pt", weights_only=True), torch.load(reference / "final.pt", weights_only=True)
-    for key, value in want["model"].items():
-        assert torch.equal(got["model"][key], value), key
-    for index, per_param in want["optimizer"]["state"].items():
-        for name, value in per_param.items():
-            assert torch.equal(got["optimizer"]["state"][index][name], value), (index, name)
-    reference_losses = {step: values.pop() for step, values in losses(reference).items()}
-    resumed = losses(run_dir)
-    assert set(resumed) == set(range(1, STEPS + 1))
-    for step, values in resumed.items():  # steps recomputed after a resume give the same loss
-        assert values == {reference_losses[step]}, step
+    assert compare_final(run_dir, reference, STEPS) == []  # final state bitwise; each step's loss as uninterrupted
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["randint-data", "resumable-loader"])

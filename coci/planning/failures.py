@@ -130,7 +130,7 @@ def _positive_finite(value: Any, field: str) -> float:
         raise ConfigError(f"{field} must be positive and finite, got {value!r}")
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int too large for a float
         raise ConfigError(f"{field} must be positive and finite, got {value!r}") from None
     if not math.isfinite(number) or number <= 0:
         raise ConfigError(f"{field} must be positive and finite, got {value!r}")
@@ -140,6 +140,8 @@ def _positive_finite(value: Any, field: str) -> float:
 def _check_nodes(nodes: Any) -> int:
     if not checks.is_int(nodes) or nodes < 1:
         raise ConfigError(f"nodes must be a positive integer, got {nodes!r}")
+    if nodes > knobs.MAX_FAILURE_NODES:
+        raise ConfigError(f"nodes must be at most {knobs.MAX_FAILURE_NODES}, got {nodes!r}")
     return int(nodes)
 
 
@@ -224,7 +226,7 @@ class Failures(BaseModel):
     @field_validator("warned_fraction", mode="before")
     @classmethod
     def _fraction_in_range(cls, value: Any) -> float:
-        if not checks.is_number(value) or not 0.0 <= float(value) < 1.0:
+        if not checks.is_number(value) or not 0.0 <= value < 1.0:  # no float(): a huge int compares exactly
             raise ConfigError(
                 f"warned_fraction must be a number in [0, 1), got {value!r} (if every failure is warned, "
                 "plan no periodic checkpoints: policy=[])"

@@ -43,8 +43,9 @@ def compare_policies(
             objective = "progress" if name != reference.policy else _requested_objective(reference)
             config = PlanConfig.from_inputs(inputs, policy=name, objective=objective, time_budget=reference.time_budget)
             planned = make_plan(config=config, curve=curve, **inputs.measured_costs())
-        except (CociError, ValueError) as exc:
-            rows.append(PolicyRow(policy=name, chosen=name == reference.policy, error=str(exc)))
+        except (CociError, ValueError, ArithmeticError) as exc:  # ArithmeticError: a hostile plan.json's inputs overflow
+            error = str(exc) if isinstance(exc, CociError) else f"plan.json inputs: {type(exc).__name__}: {exc}"
+            rows.append(PolicyRow(policy=name, chosen=name == reference.policy, error=error))
             continue
         plans[name] = planned
         row = _expected_row(planned, chosen=name == reference.policy)

@@ -179,7 +179,7 @@ def read_run(run_dir: Path) -> ReportData:
     if not run_dir.is_dir():
         raise ConfigError(f"run_dir {str(run_dir)!r} is not a directory")
     notes: list[str] = []
-    events = list(read_events(run_dir))
+    events = sane_events(read_events(run_dir), notes)
     plan = _read_model(run_dir / PLAN_FILENAME, Plan, notes)
     profile = _read_model(run_dir / PROFILE_FILENAME, Profile, notes)
     if profile is None:
@@ -219,6 +219,63 @@ def read_run(run_dir: Path) -> ReportData:
     )
 
 
+#: Largest number an event field may hold: every count, step, byte size, duration and Unix time a
+#: real run records is far below it, and sums and products of a few stay finite as floats.
+EVENT_NUMBER_MAX = float(2**53)
+
+#: Event fields whose value must be of one type (a list of steps, a process id used as a key...).
+_EVENT_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "event": (str,),
+    "message": (str,),
+    "phase": (str,),
+    "path": (str,),
+    "signal": (str,),
+    "pid": (int, str),
+    "fits": (bool,),
+    "within_grace": (bool,),
+    "steps": (list,),
+}
+
+
+def sane_events(records: Iterable[Any], notes: list[str]) -> list[dict[str, Any]]:
+    """The events the report can use: a record that is not a JSON object is skipped; a field that
+    is a number outside [0, EVENT_NUMBER_MAX] (negative, NaN, infinite, huge) or of the wrong type
+    is dropped; each is logged and said once in ``notes``, naming the field."""
+    events: list[dict[str, Any]] = []
+    problems: dict[str, int] = {}
+    for line, record in enumerate(records, start=1):
+        if not isinstance(record, dict):
+            problems[f"line {line}: not a JSON object; skipped"] = 1
+            continue
+        bad = [key for key, value in record.items() if _bad_event_field(key, value)]
+        for key in bad:
+            problem = f"{record.get('event', '?')}.{key} = {_short(record[key])} is not a valid value; ignored"
+            problems[problem] = problems.get(problem, 0) + 1
+            logger.warning("events.jsonl line %d: %s", line, problem)
+        events.append({key: value for key, value in record.items() if key not in bad})
+    for problem, count in problems.items():
+        notes.append(f"events.jsonl: {problem}" + (f" ({count} records)" if count > 1 else ""))
+    return events
+
+
+def _bad_event_field(key: str, value: Any) -> bool:
+    kinds = _EVENT_FIELD_TYPES.get(key)
+    if kinds is not None and not isinstance(value, kinds) or (kinds == (int, str) and isinstance(value, bool)):
+        return True
+    if key == "steps":
+        return not all(is_int(step) and 0 <= step <= EVENT_NUMBER_MAX for step in value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return not 0 <= value <= EVENT_NUMBER_MAX  # compared as ints: a huge one never becomes a float
+    if isinstance(value, float):
+        return not (math.isfinite(value) and 0 <= value <= EVENT_NUMBER_MAX)
+    return False
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, int) or abs(value) < 10**30 else f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _event_step(event: dict[str, Any]) -> int | None:
     """The event's ``step`` when it is an integer, else None."""
     step: Any = event.get("step")
@@ -230,11 +287,33 @@ def _read_model(path: Path, model: type[BaseModel], notes: list[str]) -> Any:
         notes.append(f"{path.name} is missing")
         return None
     try:
-        return model.model_validate_json(path.read_bytes())
-    except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        notes.append(f"{path.name} is unreadable ({type(exc).__name__}); ignored")
+        text = path.read_bytes()
+        huge = _huge_integer(json.loads(text))
+        if huge is not None:
+            raise ValueError(f"{huge} is an integer beyond {EVENT_NUMBER_MAX:.0f}")
+        return model.model_validate_json(text)
+    except (ValueError, RecursionError) as exc:  # pydantic's ValidationError is a ValueError
+        notes.append(f"{path.name} is unreadable ({type(exc).__name__}: {_first_line(exc)}); ignored")
         logger.warning("%s unreadable: %s", path, exc)
         return None
+
+
+def _huge_integer(node: Any, where: str = "") -> str | None:
+    """The dotted path of the first integer in a JSON document beyond ``EVENT_NUMBER_MAX`` (a step,
+    byte or count no run reaches, which the report's float arithmetic would overflow on), else None."""
+    if isinstance(node, int) and not isinstance(node, bool):
+        return where or "the value" if abs(node) > EVENT_NUMBER_MAX else None
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in children:
+        found = _huge_integer(child, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
 
 
 def _checkpoint_rows(events: Iterable[dict[str, Any]], on_disk: set[int]) -> tuple[list[CheckpointRow], list[str]]:
@@ -435,7 +514,7 @@ def _profile_from_checkpoint(root: Path, notes: list[str]) -> Profile | None:
                 continue
             profiler = Profiler()
             profiler.load_state_dict(state)
-        except (CociError, OSError, ValueError, KeyError, TypeError) as exc:
+        except (CociError, OSError, ValueError, KeyError, TypeError, ArithmeticError) as exc:  # a hostile manifest
             logger.warning("no profile from %s: %s", checkpoint, exc)
             continue
         notes.append(f"the run did not close: its profile is the one saved in checkpoint step_{step}")
@@ -474,12 +553,12 @@ def _loss_trace(root: Path, notes: list[str]) -> tuple[np.ndarray, np.ndarray, s
             if steps.shape == losses.shape and steps.ndim == 1:
                 return steps, losses, LOSS_CURVE_FILENAME
             notes.append(f"{LOSS_CURVE_FILENAME}: steps and losses differ in shape; ignored")
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, ArithmeticError) as exc:  # ArithmeticError: an integer no float holds
             notes.append(f"{LOSS_CURVE_FILENAME} unreadable ({type(exc).__name__}); ignored")
     for step, checkpoint in reversed(committed_steps(checkpoints_dir(root))):
         try:
             found = _trace_from_checkpoint(checkpoint)
-        except (CociError, OSError, ValueError, KeyError, TypeError) as exc:
+        except (CociError, OSError, ValueError, KeyError, TypeError, ArithmeticError) as exc:  # a hostile manifest
             logger.warning("no loss trace from %s: %s", checkpoint, exc)
             continue
         if found is not None and found[0].size:

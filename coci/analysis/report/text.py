@@ -434,7 +434,7 @@ def format_seconds(value: float | None) -> str:
 
 def format_bytes(value: int) -> str:
     """Bytes in decimal units (B, kB, MB, GB) at three significant digits."""
-    size = float(value)
+    size = float(value) if value < 2**1000 else math.inf  # a hostile profile.json's huge integer
     for unit in ("B", "kB", "MB", "GB"):
         if size < 1000 or unit == "GB":
             return f"{size:.3g} {unit}" if unit != "B" else f"{int(size)} B"
