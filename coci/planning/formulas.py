@@ -265,21 +265,38 @@ def place(
     return candidates
 
 
-def _local_cost(
-    model: CostModel, y: np.ndarray, prev: np.ndarray, prev_lo: np.ndarray, hi: np.ndarray, alpha: float
-) -> np.ndarray:
-    """Weighted lost work of the two segments a checkpoint at step ``y`` touches (vectorised).
+@dataclass(frozen=True)
+class _LocalCost:
+    """Weighted lost work of the two segments a checkpoint at step ``y`` touches (vectorised over
+    the checkpoints moved together), with everything that does not depend on ``y`` computed once.
 
     Failures in ``[prev_lo, commit(y))`` roll back to ``prev`` (seconds); those in
     ``[commit(y), hi)`` roll back to ``y``.
     """
-    x = y * model.step_seconds
-    commit = np.minimum(x + model.persist_seconds, model.horizon_seconds)
-    m_lo, m_c, m_hi = model.failures_until(prev_lo), model.failures_until(commit), model.failures_until(hi)
-    i_lo, i_c, i_hi = (model.hazard_integral(v, alpha) for v in (prev_lo, commit, hi))
-    before = i_c - i_lo - model.weight_until(prev, alpha) * (m_c - m_lo)
-    after = i_hi - i_c - model.weight_until(x, alpha) * (m_hi - m_c)
-    return before + after
+
+    model: CostModel
+    alpha: float
+    m_lo: np.ndarray
+    m_hi: np.ndarray
+    i_lo: np.ndarray
+    i_hi: np.ndarray
+    w_prev: np.ndarray
+
+    @classmethod
+    def of(cls, model: CostModel, prev: np.ndarray, prev_lo: np.ndarray, hi: np.ndarray, alpha: float) -> _LocalCost:
+        return cls(
+            model, alpha, model.failures_until(prev_lo), model.failures_until(hi),
+            model.hazard_integral(prev_lo, alpha), model.hazard_integral(hi, alpha), model.weight_until(prev, alpha),
+        )
+
+    def __call__(self, y: np.ndarray) -> np.ndarray:
+        model = self.model
+        x = y * model.step_seconds
+        commit = np.minimum(x + model.persist_seconds, model.horizon_seconds)
+        m_c, i_c = model.failures_until(commit), model.hazard_integral(commit, self.alpha)
+        before = i_c - self.i_lo - self.w_prev * (m_c - self.m_lo)
+        after = self.i_hi - i_c - model.weight_until(x, self.alpha) * (self.m_hi - m_c)
+        return before + after
 
 
 def refine(
@@ -318,8 +335,9 @@ def refine(
                 high = np.minimum(high, before + max_steps)
             stuck = (high < low) | (current < low) | (current > high)
             low, high = np.where(stuck, current, low), np.where(stuck, current, high)
-            best = _ternary(model, low, high, prev, prev_lo, hi, alpha)
-            gain = _local_cost(model, current, prev, prev_lo, hi, alpha) - _local_cost(model, best, prev, prev_lo, hi, alpha)
+            local_cost = _LocalCost.of(model, prev, prev_lo, hi, alpha)
+            best = _ternary(local_cost, low, high)
+            gain = local_cost(current) - local_cost(best)
             better = gain > 1e-12 * max(1.0, float(np.abs(gain).max()))
             if np.any(better):
                 steps[index[better]] = best[better]
@@ -329,10 +347,7 @@ def refine(
     return steps
 
 
-def _ternary(
-    model: CostModel, low: np.ndarray, high: np.ndarray, prev: np.ndarray, prev_lo: np.ndarray,
-    hi: np.ndarray, alpha: float,
-) -> np.ndarray:
+def _ternary(local_cost: _LocalCost, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     low, high = low.copy(), high.copy()
     while True:
         wide = high - low > 2
@@ -340,14 +355,14 @@ def _ternary(
             break
         third = (high - low) // 3
         m1, m2 = low + third, high - third
-        f1 = _local_cost(model, m1, prev, prev_lo, hi, alpha)
-        f2 = _local_cost(model, m2, prev, prev_lo, hi, alpha)
+        f1 = local_cost(m1)
+        f2 = local_cost(m2)
         left = wide & (f1 < f2)
         right = wide & ~(f1 < f2)
         high = np.where(left, m2 - 1, high)
         low = np.where(right, m1 + 1, low)
     options = [np.minimum(low + k, high) for k in range(3)]
-    costs = np.stack([_local_cost(model, o, prev, prev_lo, hi, alpha) for o in options])
+    costs = np.stack([local_cost(o) for o in options])
     return np.stack(options)[np.argmin(costs, axis=0), np.arange(low.size)]
 
 
