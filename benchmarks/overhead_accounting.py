@@ -92,6 +92,8 @@ def child(arm: str, workload_name: str, steps: int, mtbf_steps: float, run_dir: 
         interference=observed.interference_seconds,
         step_work=observed.step_work_seconds,
         planning=observed.planning_seconds,
+        planner_thread=observed.planner_thread_seconds,
+        setup=observed.setup_seconds,
         close_wait=observed.close_wait_seconds,
         startup=observed.startup_seconds,
     )
@@ -146,7 +148,8 @@ def main() -> None:
             print(f"  pair {pair}: plain {plain['wall_seconds']:.2f} s, coci {under['wall_seconds']:.2f} s; "
                   f"{under['checkpoints']} checkpoints; import coci {under['import_seconds']:.2f} s; "
                   f"report: stall {under['stall'] or 0:.3f} + interference {under['interference']:.3f} + per-step "
-                  f"{under['step_work']:.3f} + planning {under['planning']:.3f} + final wait {under['close_wait']:.3f} s")
+                  f"{under['step_work']:.3f} + planning {under['planning']:.3f} + planner thread {under['planner_thread']:.3f} + "
+                  f"final wait {under['close_wait']:.3f} + set-up {under['setup']:.3f} s")
             print(f"    whole process:    measured +{measured_whole:.2f}%, reported (+ import) +{reported_whole:.2f}%, "
                   f"gap {gaps_whole[-1]:+.2f} points")
             print(f"    training section: measured +{measured_section:.2f}%, reported +{reported_section:.2f}%, "

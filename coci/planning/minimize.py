@@ -136,7 +136,7 @@ def bounded_scalar(
             if fu <= fnfc or nfc == xf:
                 fulc, ffulc = nfc, fnfc
                 nfc, fnfc = x, fu
-            elif fu <= ffulc or fulc == xf or fulc == nfc:
+            elif fu <= ffulc or fulc == xf or fulc == nfc:  # noqa: SIM109 (==, not identity: NaN)
                 fulc, ffulc = x, fu
         xm = 0.5 * (a + b)
         tol1 = _SQRT_EPS * abs(xf) + xatol / 3.0
