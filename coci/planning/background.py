@@ -2,7 +2,7 @@
 
 :class:`coci.Session` hands an observation (a snapshot: the profile, the loss trace and the
 checkpoint steps at one step) to :class:`BackgroundPlanner`, which runs ``observe`` (a curve
-refit and a solve, 0.1-0.6 s on 2 busy cores) on a deep copy of the policy on one worker thread.
+refit and a solve, 0.01-0.25 s of CPU) on a deep copy of the policy on one worker thread.
 The session keeps following the current policy meanwhile, and swaps the copy in at the *apply
 step* fixed at submission: ``observed step + apply_lag_steps(step seconds of the observation)``.
 If the copy is not ready by then the training thread waits for it. A plan is a pure function of
