@@ -2,10 +2,19 @@
 
 :class:`OverheadLedger` holds the wall seconds the session spent on the training thread, by kind:
 per-step work (``session.step`` minus its checkpoint and planning), planning (re-plans on the
-training thread), stalls (training blocked by a snapshot), restore, and the final wait at
-``close()``. The session writes the totals into every ``progress`` and ``close`` event, so a killed
-process leaves its last totals behind; the report sums the last totals of every process
+training thread), stalls (training blocked by a snapshot), restore, the final wait at ``close()``,
+and the set-up (``Session(...)`` itself: the run-directory lock, the I/O probe, the event log). The
+session writes the totals into every ``progress`` and ``close`` event, so a killed process leaves
+its last totals behind; the report sums the last totals of every process
 (``pid``) and adds what is not spent on the training thread (interference of background persists).
+
+The planner thread (:mod:`coci.planning.background`) is booked too (``planner_thread``): its CPU
+seconds, measured in the thread, times the training thread's CPU contention (:class:`CpuContention`),
+less what the training thread already waited for that plan. The planner is Python and numpy on
+small arrays, so it holds the GIL nearly all the time it runs: the training loop takes the GIL back
+only at the 5 ms switch interval after each torch call, and loses about one second of progress per
+planner CPU second; where cores are oversubscribed (other jobs, autogroup shares) that second costs
+the training thread as long as one of its own CPU seconds does, ``1 + runqueue wait / run time``.
 
 Start-up: :func:`process_age_seconds` reads how long ago this process started (Linux
 ``/proc/self/stat`` start time against ``/proc/uptime``, both in 1/100 s; ``psutil`` where
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import asdict, dataclass
 
 logger = logging.getLogger(__name__)
@@ -34,13 +44,47 @@ class OverheadLedger:
     stall: float = 0.0
     restore: float = 0.0
     close_wait: float = 0.0
+    planner_thread: float = 0.0
+    setup: float = 0.0
 
     def total(self) -> float:
-        return self.step_work + self.planning + self.stall + self.restore + self.close_wait
+        return sum(asdict(self).values())
+
+    def book_planner_thread(self, cpu_seconds: float, waited_seconds: float, contention: float) -> None:
+        """Book planner-thread CPU seconds as the training time they cost (see module docstring):
+        ``cpu_seconds * contention``, less ``waited_seconds`` the training thread already spent
+        waiting for them (booked where it waited)."""
+        self.planner_thread += max(cpu_seconds * contention - waited_seconds, 0.0)
 
     def as_event(self) -> dict[str, float]:
         """The totals as event fields (``overhead_<kind>``)."""
         return {f"overhead_{name}": round(value, 6) for name, value in asdict(self).items()}
+
+
+class CpuContention:
+    """How long a CPU second of work takes the calling (training) thread in wall time, from its
+    scheduler statistics since construction: ``1 + runqueue wait / run time`` (Linux
+    ``/proc/self/task/<tid>/schedstat``; 1.0 where it is absent or nothing ran yet). Sleeps (I/O,
+    a GIL or device wait) are not runqueue waits, so only a shortage of cores raises it."""
+
+    def __init__(self) -> None:
+        self._path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+        self._start = self._read()
+
+    def _read(self) -> tuple[int, int] | None:
+        try:
+            with open(self._path, encoding="ascii") as handle:
+                run_ns, wait_ns = handle.read().split()[:2]
+            return int(run_ns), int(wait_ns)
+        except (OSError, ValueError):
+            return None
+
+    def factor(self) -> float:
+        now = self._read()
+        if now is None or self._start is None:
+            return 1.0
+        ran, waited = now[0] - self._start[0], now[1] - self._start[1]
+        return 1.0 + waited / ran if ran > 0 and waited >= 0 else 1.0
 
 
 def process_age_seconds() -> float | None:

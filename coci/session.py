@@ -62,7 +62,7 @@ from coci.errors import (
     StateMismatchError,
 )
 from coci.events import EventLog, write_run_file
-from coci.overhead import OverheadLedger, process_age_seconds
+from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
 from coci.planning.config import PlanConfig, changed_arguments
@@ -149,6 +149,7 @@ class Session:
         storage_options: Mapping[str, Any] | None = None,
         keep_last_remote: int | None = 2,
     ) -> None:
+        constructed = time.perf_counter()  # the construction is coci's time too (the ledger's setup)
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
             raise ConfigError(f"run_dir must be a path to a directory, got {run_dir!r}")
         self.state = validate_state(state)
@@ -209,6 +210,7 @@ class Session:
         self._started = self._clock()
         self._progress_at = self._started
         self._overhead = OverheadLedger()  # coci's own seconds on the training thread (the report's total)
+        self._contention = CpuContention()  # on the training thread: what a planner CPU second costs it
         self._restored_at_age: float | None = None  # process age when restore() finished; None: no restart
         self._hooks = [opt.register_step_pre_hook(self._fence_hook) for opt in self._optimizers()]
         previous_end = preemption.last_event_time(self.events.path)  # before this process writes any
@@ -220,6 +222,7 @@ class Session:
         startup = process_age_seconds()
         if startup is not None:
             self._profiler.set_startup_seconds(startup)  # the restart cost's prior
+        self._overhead.setup = time.perf_counter() - constructed
         self.events.emit("session", step=0, pid=os.getpid(), startup_seconds=startup)
         self._profiler.mark()
 
@@ -441,7 +444,10 @@ class Session:
         self._record_pending_stall()  # the last checkpoint's stall has no next step to record it
         self._closed = True
         try:
+            closing = self._clock()
             self._planner.close()  # an observation still in flight is dropped: the run ends first
+            dropped = self._planner.drain_cpu_seconds()  # its wait is in the final wait
+            self._overhead.book_planner_thread(dropped, self._clock() - closing, self._contention.factor())
             self._checkpointer.close()
             self._poll_persist()
             if self._remote is not None:  # the last promotion finishes before the run ends
@@ -701,7 +707,9 @@ class Session:
         """Swap in the policy the planner thread observed (waiting for it if need be): its apply step."""
         began = self._clock()
         self.policy, worker_seconds = self._planner.take()
-        self._cadence.charge(worker_seconds + self._clock() - began)
+        waited = self._clock() - began  # inside step(): booked as per-step work
+        self._cadence.charge(worker_seconds + waited)
+        self._overhead.book_planner_thread(self._planner.drain_cpu_seconds(), waited, self._contention.factor())
         self._write_plan()
         self._profiler.mark()  # a wait for the planner is coci's time, not the training step's
 

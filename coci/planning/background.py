@@ -2,7 +2,7 @@
 
 :class:`coci.Session` hands an observation (a snapshot: the profile, the loss trace and the
 checkpoint steps at one step) to :class:`BackgroundPlanner`, which runs ``observe`` (a curve
-refit and a solve, 0.1-0.6 s on 2 busy cores) on a deep copy of the policy on one worker thread.
+refit and a solve, 0.01-0.25 s of CPU) on a deep copy of the policy on one worker thread.
 The session keeps following the current policy meanwhile, and swaps the copy in at the *apply
 step* fixed at submission: ``observed step + apply_lag_steps(step seconds of the observation)``.
 If the copy is not ready by then the training thread waits for it. A plan is a pure function of
@@ -38,7 +38,9 @@ class BackgroundPlanner:
     """At most one observation in flight; its policy copy is taken at its apply step.
 
     The worker reports the CPU seconds it spent (``time.thread_time``): what planning took from the
-    job's cores, charged to the planning-time cap. The worker thread starts on the first submission.
+    job's cores, charged to the planning-time cap when its plan is taken, and added up in
+    :meth:`drain_cpu_seconds` for every observation, taken, dropped or failed (the session books
+    them as overhead). The worker thread starts on the first submission.
     """
 
     def __init__(self) -> None:
@@ -46,6 +48,7 @@ class BackgroundPlanner:
         self._future: Future[tuple[Any, float]] | None = None
         self.apply_step: int | None = None  # the step the policy in flight takes effect; None: none in flight
         self._lock = threading.Lock()
+        self._cpu_seconds = 0.0  # worker CPU seconds not drained yet (written by the worker, under the lock)
 
     @property
     def in_flight(self) -> bool:
@@ -84,6 +87,12 @@ class BackgroundPlanner:
         if future is not None:
             future.exception()
 
+    def drain_cpu_seconds(self) -> float:
+        """The worker's CPU seconds since the last drain (every observation that finished)."""
+        with self._lock:
+            seconds, self._cpu_seconds = self._cpu_seconds, 0.0
+        return seconds
+
     def close(self) -> None:
         self.discard()
         with self._lock:
@@ -91,9 +100,13 @@ class BackgroundPlanner:
         if executor is not None:
             executor.shutdown(wait=True)
 
-    @staticmethod
-    def _observe_copy(policy: Any, observation: Observation) -> tuple[Any, float]:
+    def _observe_copy(self, policy: Any, observation: Observation) -> tuple[Any, float]:
         began = time.thread_time()
-        observed = copy.deepcopy(policy)  # the training thread reads the original meanwhile, never writes it
-        observed.observe(observation)
-        return observed, time.thread_time() - began
+        try:
+            observed = copy.deepcopy(policy)  # the training thread reads the original meanwhile, never writes it
+            observed.observe(observation)
+        finally:
+            seconds = time.thread_time() - began
+            with self._lock:
+                self._cpu_seconds += seconds
+        return observed, seconds

@@ -25,8 +25,9 @@ How a fit is made
 2. Smoothing: long traces are cut into bins spaced half logarithmically (detail early, where the
    loss moves fast) and half linearly (enough points late, where the forecast matters); each bin
    gives its mean step and median loss (robust to spikes).
-3. Family choice: each family is fitted (scipy: variable projection, the linear parameters solved
-   exactly and the nonlinear ones searched from a grid, then Nelder-Mead / a bounded scalar search)
+3. Family choice: each family is fitted (variable projection, the linear parameters solved
+   exactly and the nonlinear ones searched from a grid, then Nelder-Mead / a bounded scalar search,
+   :mod:`coci.planning.minimize`)
    on the trace without its last ``knobs.FIT_HOLDOUT_FRACTION`` of steps and scored by its mean
    absolute error forecasting that held-back tail (``holdout_error``, loss units).
 4. Drift and the recent window: learning-rate decay makes the last stretch fall faster (or, after a
@@ -57,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coci import knobs
 from coci.errors import ConfigError
+from coci.planning.minimize import bounded_scalar, nelder_mead
 
 __all__ = ["CurveFit", "FAMILIES", "bin_trace", "fit_coci_exponential", "fit_curve"]
 
@@ -158,26 +160,40 @@ def _derivative(family: str, params: dict[str, float], s: np.ndarray) -> np.ndar
     raise ConfigError(f"family must be one of {FAMILIES}, got {family!r}")
 
 
-def _linear_ac(phi: np.ndarray, y: np.ndarray) -> tuple[float, float, float] | None:
+@dataclass(frozen=True)
+class _Target:
+    """The losses a variable-projection fit solves for, with their mean and centred values computed
+    once per fit (the objective runs hundreds of times on the same losses)."""
+
+    y: np.ndarray
+    mean: np.floating[Any]
+    centered: np.ndarray
+
+    @classmethod
+    def of(cls, y: np.ndarray) -> _Target:
+        mean = y.mean()
+        return cls(y, mean, y - mean)
+
+
+def _linear_ac(phi: np.ndarray, target: _Target) -> tuple[float, float, float] | None:
     """Least squares for ``y = c + a * phi``; returns (a, c, sse) or None when degenerate/a <= 0."""
-    phi_mean = phi.sum() / phi.size  # = phi.mean() bit for bit (the same pairwise sum), without its overhead
+    phi_mean = np.add.reduce(phi) / phi.size  # phi.mean(), without its Python overhead (same float)
     dphi = phi - phi_mean
     denom = float(dphi @ dphi)
     if not math.isfinite(denom) or denom <= 1e-300:
         return None
-    y_mean = y.sum() / y.size
-    a = float(dphi @ (y - y_mean)) / denom
+    a = float(dphi @ target.centered) / denom
     if not math.isfinite(a) or a <= 0:
         return None
-    c = float(y_mean - a * phi_mean)
-    resid = y - c - a * phi
+    c = float(target.mean - a * phi_mean)
+    resid = target.y - c - a * phi
     return a, c, float(resid @ resid)
 
 
-def _power_sse(log_b: float, log_shift: float, x: np.ndarray, y: np.ndarray, x0_low: float):
+def _power_sse(log_b: float, log_shift: float, x: np.ndarray, target: _Target, x0_low: float):
     """Variable projection for the power law: (a, c) solved exactly for given (b, x0)."""
     b, x0 = math.exp(log_b), x0_low + math.exp(log_shift)
-    return _linear_ac(np.power(x + x0, -b), y), b, x0
+    return _linear_ac(np.power(x + x0, -b), target), b, x0
 
 
 def _fit_power(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
@@ -189,16 +205,16 @@ def _fit_power(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
     floating-point warnings are silenced for the whole search (once, not per probe).
     """
     with np.errstate(all="ignore"):
-        return _search_power(x, y)
+        return _fit_power_quietly(x, _Target.of(y))
 
 
-def _search_power(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
+def _fit_power_quietly(x: np.ndarray, target: _Target) -> dict[str, float] | None:
     span = max(x[-1] - x[0], 1e-12)
     x0_low = -x[0] + 1e-4 * span  # the law's origin stays just before the first point
     grid: list[tuple[float, float, float]] = []
     for log_b in np.log([0.1, 0.25, 0.5, 1.0, 2.0, 4.0]):
         for log_shift in np.log(np.geomspace(1e-3, 3.0, 10) * span):
-            solved, _, _ = _power_sse(log_b, log_shift, x, y, x0_low)
+            solved, _, _ = _power_sse(log_b, log_shift, x, target, x0_low)
             if solved is not None:
                 grid.append((solved[2], log_b, log_shift))
     if not grid:
@@ -210,26 +226,21 @@ def _search_power(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
     def objective(theta: np.ndarray) -> float:
         log_b = min(max(theta[0], log_b_bounds[0]), log_b_bounds[1])
         log_shift = min(max(theta[1], log_shift_bounds[0]), log_shift_bounds[1])
-        solved, _, _ = _power_sse(log_b, log_shift, x, y, x0_low)
+        solved, _, _ = _power_sse(log_b, log_shift, x, target, x0_low)
         return math.inf if solved is None else solved[2]
-
-    from scipy import optimize  # here, not at import: ``import coci`` stays light (the planner thread loads it)
 
     best: tuple[float, np.ndarray] | None = None
     for sse, log_b, log_shift in grid[: knobs.FIT_STARTS]:
-        result = optimize.minimize(
-            objective,
-            np.array([log_b, log_shift]),
-            method="Nelder-Mead",
-            options={"xatol": 1e-4, "fatol": 1e-12 + 1e-9 * sse, "maxiter": 300},
+        x_best, f_best = nelder_mead(
+            objective, np.array([log_b, log_shift]), xatol=1e-4, fatol=1e-12 + 1e-9 * sse, maxiter=300
         )
-        if math.isfinite(result.fun) and (best is None or result.fun < best[0]):
-            best = (float(result.fun), result.x)
+        if math.isfinite(f_best) and (best is None or f_best < best[0]):
+            best = (f_best, x_best)
     if best is None:
         return None
     log_b = min(max(best[1][0], log_b_bounds[0]), log_b_bounds[1])
     log_shift = min(max(best[1][1], log_shift_bounds[0]), log_shift_bounds[1])
-    solved, b, x0 = _power_sse(log_b, log_shift, x, y, x0_low)
+    solved, b, x0 = _power_sse(log_b, log_shift, x, target, x0_low)
     if solved is None:
         return None
     a, c, _ = solved
@@ -246,9 +257,11 @@ def _fit_exp_floor(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
     x_ref = float(x[0])
     dx = x - x_ref
 
+    target = _Target.of(y)
+
     def solve(log_k_span: float):
         with np.errstate(all="ignore"):
-            return _linear_ac(np.exp(-math.exp(log_k_span) * dx / span), y)
+            return _linear_ac(np.exp(-math.exp(log_k_span) * dx / span), target)
 
     grid = np.log(np.geomspace(0.02, 100.0, 24))  # k * span: from almost linear to very curved
     sse = [(solved[2] if (solved := solve(g)) is not None else math.inf) for g in grid]
@@ -257,15 +270,10 @@ def _fit_exp_floor(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
         return None
     low, high = grid[max(best_index - 1, 0)], grid[min(best_index + 1, grid.size - 1)]
     if high > low:
-        from scipy import optimize  # here, not at import: ``import coci`` stays light
-
-        result = optimize.minimize_scalar(
-            lambda g: (solved[2] if (solved := solve(g)) is not None else math.inf),
-            bounds=(low, high),
-            method="bounded",
-            options={"xatol": 1e-5},
+        x_best, f_best = bounded_scalar(
+            lambda g: (solved[2] if (solved := solve(g)) is not None else math.inf), float(low), float(high), xatol=1e-5
         )
-        log_k_span = float(result.x) if math.isfinite(result.fun) and result.fun <= sse[best_index] else grid[best_index]
+        log_k_span = x_best if math.isfinite(f_best) and f_best <= sse[best_index] else grid[best_index]
     else:
         log_k_span = grid[best_index]
     solved = solve(log_k_span)

@@ -115,6 +115,8 @@ class ObservedCosts(BaseModel):
     interference_seconds: float = 0.0
     step_work_seconds: float = 0.0
     planning_seconds: float = 0.0
+    planner_thread_seconds: float = 0.0
+    setup_seconds: float = 0.0
     close_wait_seconds: float = 0.0
     restore_seconds: float = 0.0
     startup_seconds: float | None = None
@@ -448,7 +450,10 @@ def _observed(
     interference = len(taken) * float(profile.interference_seconds) if profile is not None else 0.0
     compute = steps * step_seconds if step_seconds is not None and steps else None
     ledger = _ledger(events)
-    overhead = (stall or 0.0) + interference + ledger["step_work"] + ledger["planning"] + ledger["close_wait"]
+    overhead = (
+        (stall or 0.0) + interference + ledger["step_work"] + ledger["planning"] + ledger["close_wait"]
+        + ledger["planner_thread"] + ledger["setup"]
+    )
     if stall is None and not ledger["processes"]:
         overhead = None
     failures = [r for r in restores if r.failure]
@@ -466,6 +471,8 @@ def _observed(
         interference_seconds=interference,
         step_work_seconds=ledger["step_work"],
         planning_seconds=ledger["planning"],
+        planner_thread_seconds=ledger["planner_thread"],
+        setup_seconds=ledger["setup"],
         close_wait_seconds=ledger["close_wait"],
         restore_seconds=ledger["restore"],
         startup_seconds=ledger["startup"],
@@ -496,7 +503,7 @@ def _ledger(events: list[dict[str, Any]]) -> dict[str, Any]:
             last[event.get("pid")] = event
     totals: dict[str, Any] = {
         kind: sum(_number(e.get(f"overhead_{kind}")) or 0.0 for e in last.values())
-        for kind in ("step_work", "planning", "stall", "restore", "close_wait")
+        for kind in ("step_work", "planning", "stall", "restore", "close_wait", "planner_thread", "setup")
     }
     totals["processes"] = len(last)
     totals["startup"] = float(sum(startup)) if startup else None

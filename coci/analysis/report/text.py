@@ -249,6 +249,10 @@ def _cost_lines(data: ReportData, plans: dict[str, Plan]) -> list[str]:
             f"planning {format_seconds(obs.planning_seconds)}, final wait {format_seconds(obs.close_wait_seconds)}"
             f", restore {format_seconds(obs.restore_seconds)} ({obs.processes} process(es))"
         )
+        lines.append(
+            f"  planner thread (its CPU time x the training thread's CPU contention, less waits already counted): "
+            f"{format_seconds(obs.planner_thread_seconds)}; Session(...) set-up {format_seconds(obs.setup_seconds)}"
+        )
     if obs.startup_seconds is not None:
         lines.append(
             f"  start-up (process start to Session, all processes): {format_seconds(obs.startup_seconds)}; it holds "
@@ -256,7 +260,7 @@ def _cost_lines(data: ReportData, plans: dict[str, Plan]) -> list[str]:
         )
     if obs.overhead_percent is not None:
         line = (
-            f"  coci overhead (stalls + interference + per-step work + planning + final wait): "
+            f"  coci overhead (stalls + interference + per-step work + planning + planner thread + final wait + set-up): "
             f"{format_seconds(obs.overhead_seconds or 0.0)} = {obs.overhead_percent:.2f}% of "
             f"{format_seconds(obs.compute_seconds or 0.0)} of compute"
         )
