@@ -81,7 +81,7 @@ def test_linear_solve_mean_is_numpy_mean_bit_for_bit() -> None:
         c = float(y.mean() - a * phi_mean)
         resid = y - c - a * phi
         expected = (a, c, float(resid @ resid)) if a > 0 else None
-        assert fit_module._linear_ac(phi, y) == expected
+        assert fit_module._linear_ac(phi, fit_module._Target.of(y)) == expected
 
 
 def _reference_local_cost(model, y, prev, prev_lo, hi, alpha):
