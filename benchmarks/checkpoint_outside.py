@@ -13,9 +13,11 @@ own session (its own arena) on the same model. Extra time = window with checkpoi
 ratio = median over rounds of extra / ``copy_`` (measured in the same round), with a
 distribution-free 90% interval for that median. Goal: <= 1.5.
 
-Both are printed in wall seconds and in CPU seconds of the whole process (``time.process_time``:
-every thread, the persist's included), since on a machine shared with other jobs the wall time of a
-10-step window swings by more than a checkpoint costs. Last, "checkpoint alone": the process CPU
+Printed in wall seconds, in CPU seconds of the whole process (``time.process_time``: every thread,
+the persist's included) and in the training thread's own CPU seconds (``time.thread_time``: its
+share of the checkpoint, plus its steps slowed by the persist's memory traffic; what the wall time
+shows when a core is free for the persist), since on a machine shared with other jobs the wall
+time of a 10-step window swings by more than a checkpoint costs. Last, "checkpoint alone": the process CPU
 and wall of ``checkpoint()`` + ``wait()`` with no training between, interleaved with the ``copy_``,
 which a loaded machine disturbs least.
 
@@ -70,21 +72,21 @@ def use_checksum(arm: str) -> None:
         format.WRITE_CHECKSUM = "crc32c"
 
 
-def window(session: coci.Session, step: Callable[[], torch.Tensor], arm: str) -> tuple[float, float]:
+def window(session: coci.Session, step: Callable[[], torch.Tensor], arm: str) -> tuple[float, float, float]:
     """Seconds of WINDOW steps (a checkpoint at the first unless ``arm`` is none), plus the wait for
-    that checkpoint's persist at the end (what training would meet at the next checkpoint); and
-    the process CPU seconds of the same span."""
+    that checkpoint's persist at the end (what training would meet at the next checkpoint); the
+    process CPU seconds of the same span; and the training thread's own CPU seconds."""
     session.wait()
     if arm != "none":
         use_checksum(arm)
-    began, cpu_began = time.perf_counter(), time.process_time()
+    began, cpu_began, thread_began = time.perf_counter(), time.process_time(), time.thread_time()
     for index in range(WINDOW):
         loss = step()
         session.step(loss)
         if index == 0 and arm != "none":
             session.checkpoint()
     session.wait()
-    return time.perf_counter() - began, time.process_time() - cpu_began
+    return time.perf_counter() - began, time.process_time() - cpu_began, time.thread_time() - thread_began
 
 
 def checkpoint_alone(session: coci.Session, arm: str) -> tuple[float, float]:
@@ -111,10 +113,10 @@ def checksum_cpu(sources: list[torch.Tensor], repeats: int) -> dict[str, list[fl
     return seconds
 
 
-def copy_seconds(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> tuple[float, float]:
-    cpu_began = time.process_time()
+def copy_seconds(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> tuple[float, float, float]:
+    cpu_began, thread_began = time.process_time(), time.thread_time()
     wall = copy_all(destinations, sources)
-    return wall, time.process_time() - cpu_began
+    return wall, time.process_time() - cpu_began, time.thread_time() - thread_began
 
 
 def open_session(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, huge_pages: bool) -> coci.Session:
@@ -166,15 +168,15 @@ def main() -> None:
     try:
         for arm in arms[1:]:  # warm-up: first-call costs paid
             window(sessions[arm], step, arm)
-        times: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
-        copies: list[tuple[float, float]] = []
+        times: dict[str, list[tuple[float, float, float]]] = {arm: [] for arm in arms}
+        copies: list[tuple[float, float, float]] = []
         for index in range(args.rounds):
             order = arms[index % len(arms):] + arms[: index % len(arms)]
             copies.append(copy_seconds(destinations, sources))
             for arm in order:
                 times[arm].append(window(sessions[arm], step, arm))
         alone: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms[1:]}
-        alone_copies: list[tuple[float, float]] = []
+        alone_copies: list[tuple[float, float, float]] = []
         for index in range(args.alone):
             alone_copies.append(copy_seconds(destinations, sources))
             for arm in arms[1:][index % (len(arms) - 1):] + arms[1:][: index % (len(arms) - 1)]:
@@ -186,9 +188,9 @@ def main() -> None:
             print(f" checksum of the state, {name:10s}: CPU median {median(values) * 1e3:6.1f} ms "
                   f"({state_mb / 1024 / median(values):.1f} GB/s) = {median(values) / copy_cpu:.2f} x the copy_'s CPU")
         if args.rounds:
-            clean_step = median([wall for wall, _ in times["none"]]) / WINDOW
+            clean_step = median([t[0] for t in times["none"]]) / WINDOW
             print(f"windows of {WINDOW} steps, {args.rounds} rounds, step {clean_step * 1e3:.1f} ms")
-        for clock, which in (("wall", 0), ("cpu", 1)) if args.rounds else ():
+        for clock, which in (("wall", 0), ("cpu", 1), ("training thread cpu", 2)) if args.rounds else ():
             copy = [c[which] for c in copies]
             print(f" {clock}: copy_ of the same bytes     median {median(copy) * 1e3:7.1f} ms ({spread(copy)} s)")
             for arm in arms[1:]:

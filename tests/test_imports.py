@@ -1,6 +1,8 @@
-"""``import coci`` loads what a training loop needs and nothing heavier: the report, the simulator,
-pandas, scipy and matplotlib load on first use (``coci.__getattr__``), so they cost a training job
-nothing unless it asks for them. Checked in a fresh interpreter (this one has imported them all)."""
+"""``import coci`` loads no submodule at all (not even pydantic); the first public name a job uses
+(``coci.Session``) loads what a training loop needs and nothing heavier, and the report, the
+simulator, pandas, scipy and matplotlib load only when one of their names is used
+(``coci.__getattr__``), so they cost a training job nothing unless it asks for them. Checked in a
+fresh interpreter (this one has imported them all)."""
 
 from __future__ import annotations
 
@@ -22,10 +24,27 @@ def _loaded_after(code: str) -> set[str]:
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def test_import_coci_loads_no_report_simulator_pandas_scipy_or_matplotlib() -> None:
+def test_import_coci_loads_none_of_its_modules_nor_pydantic() -> None:
     loaded = _loaded_after("import coci")
+    assert not {name for name in loaded if name.startswith(("coci.", "profiler", "pydantic"))}
     assert not {name for name in HEAVY if name in loaded}
-    assert "coci.session" in loaded and "coci.planning.planner" in loaded  # what a training loop uses is there
+
+
+def test_the_first_public_name_loads_the_training_path_and_nothing_heavy() -> None:
+    loaded = _loaded_after("import coci\nassert coci.Session.__name__ == 'Session'")
+    assert not {name for name in HEAVY if name in loaded}
+    assert {"coci.session", "coci.planning.planner", "coci.checkpoint.format", "profiler"} <= loaded
+    # from then on submodules resolve as attributes, as when ``import coci`` loaded them eagerly
+    chained = _loaded_after("import coci\ncoci.EveryN\nassert coci.checkpoint.local.Manifest and coci.events.read_events")
+    assert "coci.checkpoint.local" in chained
+
+
+def test_a_submodule_looked_up_alone_loads_alone() -> None:
+    loaded = _loaded_after("import coci\nassert coci.knobs.WRITE_DIRECT in (True, False)\nfrom coci import units")
+    assert {"coci.knobs", "coci.units"} <= loaded
+    assert not {name for name in loaded if name.startswith(("coci.session", "coci.planning", "coci.checkpoint"))}
+    missing = "import coci\ntry:\n    coci.no_such_name\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(1)"
+    _loaded_after(missing)
 
 
 def test_a_session_with_a_planning_policy_still_imports_nothing_heavy(tmp_path: Path) -> None:
