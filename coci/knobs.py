@@ -26,8 +26,12 @@ ARENA_GROWTH_BYTES: int = 1 << 20
 #: torch's pinned allocator.
 ARENA_HUGE_PAGES: bool = True
 
-#: The huge page size arenas are aligned to; buffers smaller than one are allocated normally.
+#: The huge page size such arenas are aligned to.
 HUGE_PAGE_BYTES: int = 2 << 20
+
+#: Buffers smaller than this are allocated normally: a huge-page arena's resident memory is its size
+#: rounded up to whole huge pages, at most 3% more from 64 MB on (the staging memory bound is 1.1x).
+HUGE_PAGE_MIN_BYTES: int = 64 << 20
 
 #: Size of one write() call when persisting the arena; large sequential writes approach the
 #: device's bandwidth while still letting the checksum run chunk by chunk.

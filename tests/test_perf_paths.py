@@ -68,6 +68,7 @@ def test_a_large_host_arena_lies_on_huge_pages_and_outlives_its_first_view(monke
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if not thp.exists() or "[never]" in thp.read_text():
         pytest.skip("no transparent huge pages on this kernel")
+    monkeypatch.setattr(knobs, "HUGE_PAGE_MIN_BYTES", knobs.HUGE_PAGE_BYTES)
     size = 3 * knobs.HUGE_PAGE_BYTES + 123
     buffer = aligned_empty(size)
     assert buffer.numel() == size and buffer.data_ptr() % knobs.HUGE_PAGE_BYTES == 0

@@ -134,12 +134,12 @@ def aligned_empty(size: int, pin: bool = False) -> torch.Tensor:
     """A uint8 buffer of ``size`` bytes starting at a ``knobs.DIRECT_IO_ALIGN_BYTES`` boundary, so the
     persist stage can hand it to O_DIRECT writes and reads (pinned memory is page-aligned already).
 
-    A large host buffer is an anonymous mapping advised to use transparent huge pages
-    (``knobs.ARENA_HUGE_PAGES``): the kernel then pins 2 MB pages for each O_DIRECT transfer
-    instead of 4 KB ones, which cut the persist's system CPU for 192 MB from about 13 ms to 3 ms
-    and the copy into the arena by a tenth (benchmarks/README.md, Performance II).
+    A host buffer of at least ``knobs.HUGE_PAGE_MIN_BYTES`` is an anonymous mapping advised to use
+    transparent huge pages (``knobs.ARENA_HUGE_PAGES``): the kernel then pins 2 MB pages for each
+    O_DIRECT transfer instead of 4 KB ones, which cut the persist's system CPU for 192 MB from
+    about 13 ms to 3 ms and the copy into the arena by a tenth (benchmarks/README.md, Performance II).
     """
-    if not pin and knobs.ARENA_HUGE_PAGES and size >= knobs.HUGE_PAGE_BYTES and _HUGE_PAGES_ADVISABLE:
+    if not pin and knobs.ARENA_HUGE_PAGES and size >= knobs.HUGE_PAGE_MIN_BYTES and _HUGE_PAGES_ADVISABLE:
         return huge_page_empty(size)
     align = knobs.DIRECT_IO_ALIGN_BYTES
     raw = torch.empty(size + align, dtype=torch.uint8, pin_memory=pin)
