@@ -9,6 +9,7 @@ shared machine), RSS, page-cache dropping and scratch directories.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import statistics
@@ -177,3 +178,20 @@ def verdict(ratio: float, goal: float, *, at_most: bool) -> str:
     met = ratio <= goal if at_most else ratio >= goal
     sign = "<=" if at_most else ">="
     return f"{ratio:.3f} (goal {sign} {goal}: {'met' if met else 'MISSED'})"
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.9) -> tuple[float, float]:
+    """A distribution-free ``confidence`` interval for the median: the order statistics whose ranks
+    bound it under the binomial(n, 1/2) law (the whole range when the sample is too small)."""
+    ordered = sorted(values)
+    count = len(ordered)
+    tail = (1.0 - confidence) / 2
+    lower = 0  # 0-based index of the lower bound: the largest k with P(Binomial(n, 1/2) <= k) <= tail
+    cumulative = 0.0
+    for rank in range(count):
+        cumulative += math.comb(count, rank) / 2**count
+        if cumulative > tail:
+            break
+        lower = rank
+    lower = min(lower, (count - 1) // 2)
+    return ordered[lower], ordered[count - 1 - lower]

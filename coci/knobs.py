@@ -20,6 +20,19 @@ ARENA_ALIGN_BYTES: int = 64
 ARENA_GROWTH_FRACTION: float = 0.05
 ARENA_GROWTH_BYTES: int = 1 << 20
 
+#: Back large host staging arenas and restore buffers with transparent huge pages (an anonymous
+#: mapping advised ``MADV_HUGEPAGE``; Linux, ignored elsewhere): O_DIRECT transfers then pin 2 MB
+#: pages instead of 4 KB ones (benchmarks/README.md, Performance II). Pinned (CUDA) arenas keep
+#: torch's pinned allocator.
+ARENA_HUGE_PAGES: bool = True
+
+#: The huge page size such arenas are aligned to.
+HUGE_PAGE_BYTES: int = 2 << 20
+
+#: Buffers smaller than this are allocated normally: a huge-page arena's resident memory is its size
+#: rounded up to whole huge pages, at most 3% more from 64 MB on (the staging memory bound is 1.1x).
+HUGE_PAGE_MIN_BYTES: int = 64 << 20
+
 #: Size of one write() call when persisting the arena; large sequential writes approach the
 #: device's bandwidth while still letting the checksum run chunk by chunk.
 WRITE_CHUNK_BYTES: int = 16 << 20

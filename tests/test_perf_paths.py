@@ -51,6 +51,41 @@ def test_arena_and_aligned_buffers_start_on_a_block_boundary() -> None:
         assert buffer.numel() == size and buffer.data_ptr() % knobs.DIRECT_IO_ALIGN_BYTES == 0
 
 
+def _anon_huge_kb(address: int) -> int | None:
+    """AnonHugePages (kB) of the mapping of this process that holds ``address`` (None: not found)."""
+    current = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(part, 16) for part in head.split("-"))
+            current = start <= address < end
+        elif current and head == "AnonHugePages:":
+            return int(line.split()[1])
+    return None
+
+
+def test_a_large_host_arena_lies_on_huge_pages_and_outlives_its_first_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        pytest.skip("no transparent huge pages on this kernel")
+    monkeypatch.setattr(knobs, "HUGE_PAGE_MIN_BYTES", knobs.HUGE_PAGE_BYTES)
+    size = 3 * knobs.HUGE_PAGE_BYTES + 123
+    buffer = aligned_empty(size)
+    assert buffer.numel() == size and buffer.data_ptr() % knobs.HUGE_PAGE_BYTES == 0
+    buffer.fill_(7)
+    assert (_anon_huge_kb(buffer.data_ptr()) or 0) >= knobs.HUGE_PAGE_BYTES >> 10
+    tail = buffer[-10:]
+    del buffer  # the view keeps the mapping alive: writing through it is safe
+    tail.fill_(3)
+    assert int(tail.sum()) == 30
+    monkeypatch.setattr(knobs, "ARENA_HUGE_PAGES", False)
+    small = aligned_empty(size)
+    small.fill_(1)
+    assert small.data_ptr() % knobs.DIRECT_IO_ALIGN_BYTES == 0
+    if "[madvise]" in thp.read_text():  # only advised mappings get huge pages: torch's buffer does not
+        assert not _anon_huge_kb(small.data_ptr())
+
+
 @pytest.mark.parametrize("numel", [(3 << 20) // 4 + 7, (2 << 20) // 4])  # ragged tail, block multiple
 def test_direct_write_round_trips_with_the_payloads_crc32c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, numel: int) -> None:
     monkeypatch.setattr(knobs, "WRITE_CHUNK_BYTES", 1 << 20)
