@@ -81,9 +81,8 @@ def test_a_large_host_arena_lies_on_huge_pages_and_outlives_its_first_view(monke
     monkeypatch.setattr(knobs, "ARENA_HUGE_PAGES", False)
     small = aligned_empty(size)
     small.fill_(1)
-    assert small.data_ptr() % knobs.DIRECT_IO_ALIGN_BYTES == 0
-    if "[madvise]" in thp.read_text():  # only advised mappings get huge pages: torch's buffer does not
-        assert not _anon_huge_kb(small.data_ptr())
+    assert small.data_ptr() % knobs.DIRECT_IO_ALIGN_BYTES == 0  # torch's allocator, aligned by hand
+    # (whether the kernel backs that heap memory with huge pages anyway is its choice, not asserted)
 
 
 @pytest.mark.parametrize("numel", [(3 << 20) // 4 + 7, (2 << 20) // 4])  # ragged tail, block multiple
