@@ -11,11 +11,9 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
-import crc32c
-
 from coci import knobs
 from coci.checkpoint import format
-from coci.checkpoint.remote.store import bounded_chunks, check_key, read_chunks
+from coci.checkpoint.remote.store import bounded_chunks, check_key, download_to, read_chunks
 
 PARTIAL_SUFFIX = ".partial"
 
@@ -58,15 +56,8 @@ class DirectoryStore:
             raise
 
     def get_file(self, key: str, dest: Path, max_bytes: int) -> int:
-        crc = 0
-        with os.fdopen(format.open_no_follow(self._path(key), os.O_RDONLY), "rb") as source, open(dest, "wb") as out:
-            pieces = iter(lambda: source.read(knobs.UPLOAD_PART_BYTES), b"")
-            for piece in bounded_chunks(pieces, max_bytes, key):
-                crc = crc32c.crc32c(piece, crc)
-                out.write(piece)
-            out.flush()
-            os.fsync(out.fileno())
-        return crc
+        with os.fdopen(format.open_no_follow(self._path(key), os.O_RDONLY), "rb") as source:
+            return download_to(iter(lambda: source.read(knobs.UPLOAD_PART_BYTES), b""), dest, max_bytes, key)
 
     def get_bytes(self, key: str, max_bytes: int) -> bytes:
         with os.fdopen(format.open_no_follow(self._path(key), os.O_RDONLY), "rb") as source:

@@ -14,10 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import crc32c
-
 from coci import knobs
-from coci.checkpoint.remote.store import bounded_chunks, check_key, read_chunks
+from coci.checkpoint.remote.store import bounded_chunks, check_key, download_to, read_chunks
 from coci.errors import ConfigError, CorruptCheckpointError
 
 
@@ -63,14 +61,7 @@ class S3Store:
         result = self._obstore.get(self._store, check_key(key))
         if result.meta["size"] > max_bytes:
             raise _too_large(key, result.meta["size"], max_bytes)
-        crc = 0
-        with open(dest, "wb") as out:
-            for piece in bounded_chunks((bytes(b) for b in result.stream(knobs.UPLOAD_PART_BYTES)), max_bytes, key):
-                crc = crc32c.crc32c(piece, crc)
-                out.write(piece)
-            out.flush()
-            os.fsync(out.fileno())
-        return crc
+        return download_to((bytes(b) for b in result.stream(knobs.UPLOAD_PART_BYTES)), dest, max_bytes, key)
 
     def get_bytes(self, key: str, max_bytes: int) -> bytes:
         result = self._obstore.get(self._store, check_key(key))

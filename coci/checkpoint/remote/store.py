@@ -9,6 +9,7 @@ ever read or written outside the prefix.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,3 +89,15 @@ def bounded_chunks(chunks: Iterator[bytes], max_bytes: int, key: str) -> Iterato
         if seen > max_bytes:
             raise CorruptCheckpointError(f"remote object {key!r} is larger than the {max_bytes} bytes expected")
         yield piece
+
+
+def download_to(chunks: Iterator[bytes], dest: Path, max_bytes: int, key: str) -> int:
+    """Write ``chunks`` (at most ``max_bytes`` in all) to ``dest``, fsynced; the crc32c of the bytes."""
+    crc = 0
+    with open(dest, "wb") as out:
+        for piece in bounded_chunks(chunks, max_bytes, key):
+            crc = crc32c.crc32c(piece, crc)
+            out.write(piece)
+        out.flush()
+        os.fsync(out.fileno())
+    return crc
