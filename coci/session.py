@@ -392,18 +392,13 @@ class Session:
         return sorted(merged, key=lambda candidate: (candidate[0], candidate[1] is not None), reverse=True)
 
     def _fetched(self, step: int, root: Path) -> tuple[Path | None, str]:
-        """Download remote ``step`` into the run directory (rank 0; every rank hears the verdict)."""
+        """Download remote ``step`` into the run directory, each rank its own files (collective:
+        the ranks take or skip it together)."""
         assert self._remote is not None
-        remote = self._remote
-
-        def fetch() -> tuple[str | None, str]:
-            try:
-                return str(remote.fetch(step, root)), ""
-            except Exception as exc:
-                return None, f"remote step_{step}: {type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
-
-        path, problem = distributed.from_coordinator(fetch, self._dist)
-        return (Path(path), "") if path is not None else (None, problem)
+        try:
+            return self._remote.fetch(step, root, self._dist), ""
+        except CheckpointError as exc:
+            return None, str(exc)
 
     def _promote(self, step: int, path: Path) -> None:
         """Hand a committed checkpoint to the remote tier when the plan promotes it (rank 0)."""

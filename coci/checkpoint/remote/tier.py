@@ -13,8 +13,10 @@ never counts, and it never touches the local copy. Retention keeps the newest ``
 *trusted* remote checkpoints (uploaded and verified by this process, or restored from): an
 unverified one, however new, never makes a good one look old, and the newest trusted one is never
 deleted. :meth:`RemoteTier.fetch` downloads a checkpoint as untrusted input into a ``.tmp``
-directory of the run (names checked, sizes bounded by the manifest, crc32c checked while
-downloading) and commits it locally the way a write does.
+directory of the run, each rank its own files under ``torch.distributed`` (:mod:`.fetch`), and
+commits it locally the way a write does. It is not downloaded into the staging arena: restore reads
+every format from files in a committed directory (DCP's reader opens paths), and a local commit
+means that the next failure that spares the node restores locally instead of downloading again.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -33,7 +34,9 @@ from typing import Any, BinaryIO, Protocol
 from coci import knobs
 from coci.checkpoint import format
 from coci.checkpoint.format import CommitRecord
+from coci.checkpoint.remote.fetch import fetch as fetch_checkpoint
 from coci.checkpoint.remote.store import RemoteStore
+from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError
 from coci.events import EventLog
 
@@ -42,7 +45,6 @@ __all__ = ["RemoteTier", "open_store"]
 logger = logging.getLogger(__name__)
 
 _STEP_KEY = re.compile(r"^step_(\d+)/")
-FETCH_SUFFIX = ".fetch" + format.TMP_SUFFIX
 
 
 def open_store(remote: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> RemoteStore:
@@ -247,56 +249,11 @@ class RemoteTier:
         """Remote steps holding a commit marker, oldest first (not yet verified)."""
         return committed_steps(self.store.list_objects())
 
-    def fetch(self, step: int, root: Path) -> Path:
+    def fetch(self, step: int, root: Path, context: DistributedContext | None = None) -> Path:
         """Download remote ``step`` into ``root/step_<n>`` (committed there like a local write) and
-        return that directory; CorruptCheckpointError when anything about it is off."""
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / (format.step_dirname(step) + FETCH_SUFFIX)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        try:
-            record = self._download(step, tmp)
-            final = root / format.step_dirname(step)
-            format.publish(root, tmp, final, record)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return final
-
-    def _download(self, step: int, tmp: Path) -> CommitRecord:
-        from coci.checkpoint.checkpointer import reader_for
-
-        prefix = f"{format.step_dirname(step)}/"
-        listing = self.store.list_objects(prefix)
-        try:
-            manifest = self.store.get_bytes(prefix + format.MANIFEST_FILENAME, knobs.MAX_MANIFEST_BYTES)
-        except CorruptCheckpointError:
-            raise
-        except Exception as exc:
-            raise CorruptCheckpointError(f"remote step_{step}: manifest cannot be read ({type(exc).__name__}: {exc})") from exc
-        format.write_durably(tmp / format.MANIFEST_FILENAME, manifest)
-        record = reader_for(tmp).read_record(tmp)  # parsed and checked: names inside the directory, sealed
-        if record.step != step:
-            raise CorruptCheckpointError(f"remote step_{step}: its manifest says step {record.step}")
-        needed = sum(entry.size for entry in record.files)
-        if needed > shutil.disk_usage(tmp).free:
-            raise CorruptCheckpointError(f"remote step_{step}: declares {needed} bytes, more than the free space of {tmp}")
-        for entry in record.files:
-            key = prefix + entry.name
-            if listing.get(key) != entry.size:
-                raise CorruptCheckpointError(
-                    f"remote {key}: {listing.get(key)} bytes, the manifest records {entry.size} (missing or truncated)"
-                )
-            try:
-                crc = self.store.get_file(key, tmp / entry.name, entry.size)
-            except CorruptCheckpointError:
-                raise
-            except Exception as exc:
-                raise CorruptCheckpointError(f"remote {key}: cannot be downloaded ({type(exc).__name__}: {exc})") from exc
-            if entry.algorithm == "crc32c" and crc != entry.checksum:
-                raise CorruptCheckpointError(f"remote {key}: crc32c mismatch (the object was altered)")
-        return record
+        return that directory; CorruptCheckpointError when anything about it is off. Collective
+        under ``torch.distributed``: each rank downloads its own files (:mod:`.fetch`)."""
+        return fetch_checkpoint(self.store, step, root, context, self.events)
 
 
 def committed_steps(listing: Mapping[str, int]) -> list[int]:

@@ -1,0 +1,188 @@
+"""Fetching a remote checkpoint back into the local tier, by one process or by every rank of a job.
+
+A fetch is three pieces, composed by :func:`fetch`: :func:`open_fetch` (rank 0) downloads the
+manifest into ``root/step_<n>.fetch.tmp`` and checks it as untrusted input (parsed by its format's
+reader: names inside the directory, sealed; the step; every object listed at its recorded size;
+room on disk); :func:`download_files` fetches some of its files, each bounded by its recorded size
+and checked against its crc32c while it downloads; :func:`publish_fetch` (rank 0) commits the
+directory the way a local write does, so the next failure restores locally.
+
+Under ``torch.distributed`` every rank downloads the files it owns (:func:`owner_of`), the ranks
+agree, and only then does rank 0 commit; any rank's failure removes the directory and every rank
+skips the checkpoint together. The run directory is shared by the ranks of a job on one node, as
+the local tier assumes (rank 0 lists and commits there).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from coci import distributed, knobs
+from coci.checkpoint import format
+from coci.checkpoint.format import CommitRecord, FileEntry
+from coci.checkpoint.remote.store import RemoteStore
+from coci.distributed import DistributedContext
+from coci.errors import CheckpointError, CorruptCheckpointError
+from coci.events import EventLog
+
+__all__ = ["FETCH_SUFFIX", "OpenedFetch", "download_files", "fetch", "open_fetch", "owner_of", "publish_fetch"]
+
+FETCH_SUFFIX = ".fetch" + format.TMP_SUFFIX
+_DCP_RANK_FILE = re.compile(r"^__(\d{1,9})_\d+\.distcp$")  # DCP's FileSystemWriter: __<rank>_<n>.distcp
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class OpenedFetch:
+    """A fetch under way: its ``.fetch.tmp`` directory (manifest in place) and the checked record."""
+
+    step: int
+    tmp: Path
+    record: CommitRecord
+
+
+def owner_of(name: str, world_size: int) -> int:
+    """The rank that downloads file ``name``: the rank that wrote a DCP ``__<w>_<n>.distcp`` file
+    (``w`` modulo the world size, so a job that shrank still fetches every file); rank 0 for the
+    files no rank owns (DCP's small ``.metadata``, coci's single-process ``data.bin``: one file,
+    not split by byte ranges)."""
+    match = _DCP_RANK_FILE.match(name)
+    return int(match.group(1)) % world_size if match else 0
+
+
+def files_of(record: CommitRecord, rank: int, world_size: int) -> list[FileEntry]:
+    """The files of ``record`` that ``rank`` downloads."""
+    return [entry for entry in record.files if owner_of(entry.name, world_size) == rank]
+
+
+def open_fetch(store: RemoteStore, step: int, root: Path) -> OpenedFetch:
+    """A fresh ``root/step_<n>.fetch.tmp`` holding remote ``step``'s checked manifest (removed again
+    when anything about it is off: CorruptCheckpointError)."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / (format.step_dirname(step) + FETCH_SUFFIX)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        return OpenedFetch(step, tmp, _checked_manifest(store, step, tmp))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _checked_manifest(store: RemoteStore, step: int, tmp: Path) -> CommitRecord:
+    from coci.checkpoint.checkpointer import reader_for
+
+    prefix = f"{format.step_dirname(step)}/"
+    try:
+        manifest = store.get_bytes(prefix + format.MANIFEST_FILENAME, knobs.MAX_MANIFEST_BYTES)
+    except CorruptCheckpointError:
+        raise
+    except Exception as exc:
+        raise CorruptCheckpointError(f"remote step_{step}: manifest cannot be read ({type(exc).__name__}: {exc})") from exc
+    format.write_durably(tmp / format.MANIFEST_FILENAME, manifest)
+    record = reader_for(tmp).read_record(tmp)  # parsed and checked: names inside the directory, sealed
+    if record.step != step:
+        raise CorruptCheckpointError(f"remote step_{step}: its manifest says step {record.step}")
+    listing = store.list_objects(prefix)
+    for entry in record.files:
+        if listing.get(prefix + entry.name) != entry.size:
+            raise CorruptCheckpointError(
+                f"remote {prefix}{entry.name}: {listing.get(prefix + entry.name)} bytes, the manifest records {entry.size} (missing or truncated)"
+            )
+    needed = sum(entry.size for entry in record.files)
+    if needed > shutil.disk_usage(tmp).free:
+        raise CorruptCheckpointError(f"remote step_{step}: declares {needed} bytes, more than the free space of {tmp}")
+    return record
+
+
+def download_files(store: RemoteStore, opened: OpenedFetch, entries: list[FileEntry]) -> int:
+    """Download ``entries`` of the fetch into its directory, each at most its recorded size and
+    checked (size, crc32c) before it counts; the bytes downloaded."""
+    for entry in entries:
+        _download_one(store, opened, entry)
+    return sum(entry.size for entry in entries)
+
+
+def _download_one(store: RemoteStore, opened: OpenedFetch, entry: FileEntry) -> None:
+    key = f"{format.step_dirname(opened.step)}/{entry.name}"
+    dest = opened.tmp / entry.name
+    try:
+        crc = store.get_file(key, dest, entry.size)
+    except CorruptCheckpointError:
+        raise
+    except Exception as exc:
+        raise CorruptCheckpointError(f"remote {key}: cannot be downloaded ({type(exc).__name__}: {exc})") from exc
+    if dest.stat().st_size != entry.size:
+        raise CorruptCheckpointError(f"remote {key}: {dest.stat().st_size} bytes arrived, the manifest records {entry.size}")
+    if entry.algorithm == "crc32c" and crc != entry.checksum:
+        raise CorruptCheckpointError(f"remote {key}: crc32c mismatch (the object was altered)")
+
+
+def publish_fetch(root: Path, opened: OpenedFetch) -> Path:
+    """Commit the fully downloaded fetch as ``root/step_<n>`` (removed when that fails)."""
+    final = root / format.step_dirname(opened.step)
+    try:
+        format.publish(root, opened.tmp, final, opened.record)
+    except BaseException:
+        shutil.rmtree(opened.tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def fetch(store: RemoteStore, step: int, root: Path, context: DistributedContext | None, events: EventLog) -> Path:
+    """Download remote ``step`` into ``root/step_<n>``, committed there, and return that directory.
+
+    Collective under ``torch.distributed``: each rank downloads its own files and emits a
+    ``remote_fetch`` event naming them; the ranks raise the same CorruptCheckpointError together
+    when any of them failed, and the ``.fetch.tmp`` directory is gone by then.
+    """
+    opened = _on_coordinator(lambda: open_fetch(store, step, root), step, context)
+    rank, world = (0, 1) if context is None else (context.rank, context.world_size)
+    mine = files_of(opened.record, rank, world)
+    began = time.perf_counter()
+    problem = _problem_of(lambda: download_files(store, opened, mine), step)
+    if problem is None:
+        events.emit("remote_fetch", step=step, rank=rank, files=[entry.name for entry in mine],
+                    bytes=sum(entry.size for entry in mine), seconds=time.perf_counter() - began)
+    problem = distributed.agree(problem, context)
+    if problem is not None:
+        _on_coordinator(lambda: shutil.rmtree(opened.tmp, ignore_errors=True), step, context)
+        raise CorruptCheckpointError(problem)
+    return _on_coordinator(lambda: publish_fetch(root, opened), step, context)
+
+
+def _on_coordinator(compute: Callable[[], T], step: int, context: DistributedContext | None) -> T:
+    """``compute()`` on rank 0, its result on every rank; the same CorruptCheckpointError on every
+    rank when it failed (collective)."""
+
+    def attempt() -> tuple[T | None, str | None]:
+        try:
+            return compute(), None
+        except Exception as exc:
+            return None, _describe(exc, step)
+
+    value, problem = distributed.from_coordinator(attempt, context)
+    if problem is not None:
+        raise CorruptCheckpointError(problem)
+    return value  # type: ignore[return-value]
+
+
+def _problem_of(action: Callable[[], object], step: int) -> str | None:
+    """None when ``action()`` succeeds, else what went wrong."""
+    try:
+        action()
+    except Exception as exc:
+        return _describe(exc, step)
+    return None
+
+
+def _describe(exc: Exception, step: int) -> str:
+    return str(exc) if isinstance(exc, CheckpointError) else f"remote step_{step}: {type(exc).__name__}: {exc}"
