@@ -22,6 +22,7 @@ import torch
 
 import coci
 from coci.checkpoint.remote import open_store
+from coci.checkpoint.remote.fetch import owner_of
 from coci.checkpoint.remote.tier import committed_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -202,6 +203,14 @@ def test_hostile_remote_manifest_never_writes_outside(tmp_path: Path) -> None:
     assert restored is not None and restored.step == 2
     assert [event["step"] for event in events(tmp_path / "b", "restore_skip")] == [9]
     assert not list(tmp_path.rglob("escape.bin"))
+
+
+def test_each_rank_downloads_the_dcp_files_it_wrote() -> None:
+    """Who fetches what under torch.distributed: a DCP file goes to the rank that wrote it (modulo
+    the world size, so a job that shrank fetches every file), unowned files to rank 0."""
+    assert [owner_of("__1_0.distcp", world) for world in (1, 2, 4)] == [0, 1, 1]
+    assert [owner_of("__5_2.distcp", world) for world in (2, 4, 8)] == [1, 1, 5]
+    assert {owner_of(name, 4) for name in (".metadata", "data.bin", "__x_0.distcp", "__1_0.distcp.bak")} == {0}
 
 
 def test_retention_per_tier(tmp_path: Path, s3_remote: str) -> None:
