@@ -100,6 +100,7 @@ def start(data_dir: Path) -> SeaweedServer:
         binary, "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
         f"-s3.port={ports['s3']}", f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
         f"-filer.port={ports['filer']}", "-master.volumeSizeLimitMB=1024", "-volume.max=0",
+        "-s3.port.iceberg=0", "-s3.port.lance=0",  # fixed default ports: two servers (xdist workers) would collide
     ]
     log = data_dir / "weed.log"
     with open(log, "wb") as out:

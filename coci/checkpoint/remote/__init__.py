@@ -2,7 +2,8 @@
 
 :mod:`.store` is the small protocol every remote implements (put, get, list, delete, exists);
 :mod:`.s3` and :mod:`.filesystem` are its two implementations, :func:`open_store` picks one from
-the URL, and :mod:`.tier` promotes, retains and fetches checkpoints through whichever it is.
+the URL, and :mod:`.tier` promotes, retains and fetches checkpoints through whichever it is
+(:mod:`.fetch`: the download, each rank its own files under ``torch.distributed``).
 """
 
 from coci.checkpoint.remote.store import RemoteStore

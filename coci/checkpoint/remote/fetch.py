@@ -154,7 +154,8 @@ def fetch(store: RemoteStore, step: int, root: Path, context: DistributedContext
                     bytes=sum(entry.size for entry in mine), seconds=time.perf_counter() - began)
     problem = distributed.agree(problem, context)
     if problem is not None:
-        _on_coordinator(lambda: shutil.rmtree(opened.tmp, ignore_errors=True), step, context)
+        if rank == 0:  # every rank is done with the directory: agree() waited for all of them
+            shutil.rmtree(opened.tmp, ignore_errors=True)
         raise CorruptCheckpointError(problem)
     return _on_coordinator(lambda: publish_fetch(root, opened), step, context)
 
