@@ -31,7 +31,7 @@ from coci.distributed import DistributedContext
 from coci.errors import CheckpointError, CorruptCheckpointError
 from coci.events import EventLog
 
-__all__ = ["FETCH_SUFFIX", "OpenedFetch", "download_files", "fetch", "open_fetch", "owner_of", "publish_fetch"]
+__all__ = ["FETCH_SUFFIX", "OpenedFetch", "download_files", "fetch", "files_of", "open_fetch", "owner_of", "publish_fetch"]
 
 FETCH_SUFFIX = ".fetch" + format.TMP_SUFFIX
 _DCP_RANK_FILE = re.compile(r"^__(\d{1,9})_\d+\.distcp$")  # DCP's FileSystemWriter: __<rank>_<n>.distcp
@@ -78,6 +78,7 @@ def open_fetch(store: RemoteStore, step: int, root: Path) -> OpenedFetch:
 
 
 def _checked_manifest(store: RemoteStore, step: int, tmp: Path) -> CommitRecord:
+    """Remote ``step``'s manifest, written into ``tmp`` and parsed by its format's reader."""
     from coci.checkpoint.checkpointer import reader_for
 
     prefix = f"{format.step_dirname(step)}/"
@@ -91,6 +92,13 @@ def _checked_manifest(store: RemoteStore, step: int, tmp: Path) -> CommitRecord:
     record = reader_for(tmp).read_record(tmp)  # parsed and checked: names inside the directory, sealed
     if record.step != step:
         raise CorruptCheckpointError(f"remote step_{step}: its manifest says step {record.step}")
+    _check_objects(store, record, tmp)
+    return record
+
+
+def _check_objects(store: RemoteStore, record: CommitRecord, tmp: Path) -> None:
+    """Every file of ``record`` is listed remotely at its recorded size, and they fit on disk."""
+    step, prefix = record.step, f"{format.step_dirname(record.step)}/"
     listing = store.list_objects(prefix)
     for entry in record.files:
         if listing.get(prefix + entry.name) != entry.size:
@@ -100,7 +108,6 @@ def _checked_manifest(store: RemoteStore, step: int, tmp: Path) -> CommitRecord:
     needed = sum(entry.size for entry in record.files)
     if needed > shutil.disk_usage(tmp).free:
         raise CorruptCheckpointError(f"remote step_{step}: declares {needed} bytes, more than the free space of {tmp}")
-    return record
 
 
 def download_files(store: RemoteStore, opened: OpenedFetch, entries: list[FileEntry]) -> int:
