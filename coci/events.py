@@ -12,16 +12,22 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from coci.errors import ConfigError
 
 #: Name of the events log in the run directory.
 EVENTS_FILENAME = "events.jsonl"
+
+#: Largest run file (``plan.json``, ``profile.json``, ``loss_curve.json``) a reader loads, and
+#: largest line of ``events.jsonl``: a real run's are far smaller (a plan of 10,000 steps is ~1 MB).
+MAX_RUN_FILE_BYTES = 64 << 20
+MAX_EVENT_LINE_BYTES = 1 << 20
 
 
 class EventLog:
@@ -55,15 +61,53 @@ def _no_follow(path: str, flags: int) -> int:
         raise
 
 
+def read_run_file(path: Path, max_bytes: int = MAX_RUN_FILE_BYTES) -> bytes:
+    """The bytes of a run file, read where it is: ConfigError naming the file when it is a
+    symbolic link (never followed out of the run directory) or larger than ``max_bytes``;
+    FileNotFoundError when there is none."""
+    with open_run_file(path) as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ConfigError(f"{path} is larger than {max_bytes} bytes: not a file coci wrote")
+    return data
+
+
 def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Yield the events of a run; a line that does not parse is skipped (a torn last line: the job
-    was killed mid-write; or a hostile one: an integer of thousands of digits, nesting too deep)."""
+    was killed mid-write; or a hostile one: an integer of thousands of digits, nesting too deep, a
+    line over ``MAX_EVENT_LINE_BYTES``). A symbolic link in the log's place yields nothing."""
     path = Path(run_dir) / EVENTS_FILENAME
-    if not path.is_file():
+    try:
+        handle = open_run_file(path)
+    except (OSError, ConfigError):
         return
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
+    with handle:
+        while line := handle.readline(MAX_EVENT_LINE_BYTES + 1):
+            if len(line) > MAX_EVENT_LINE_BYTES:
+                while line and not line.endswith(b"\n"):  # skip the rest of the long line
+                    line = handle.readline(MAX_EVENT_LINE_BYTES)
+                continue
             try:
                 yield json.loads(line)
-            except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+            except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
                 continue
+
+
+def open_run_file(path: Path) -> BinaryIO:
+    """A run file opened for reading where it is: ConfigError when it is a symbolic link (never
+    followed out of the run directory) or not a regular file (a planted FIFO would block)."""
+    return open(path, "rb", opener=_no_follow_read)
+
+
+def _no_follow_read(path: str, flags: int) -> int:
+    """Open for reading a regular file only: not through a link, never blocking on a planted FIFO."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"{path} is a symbolic link: coci reads its run files inside the run directory only") from exc
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"{path} is not a regular file")
+    return fd

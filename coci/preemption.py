@@ -42,6 +42,7 @@ from typing import Any
 
 from coci import knobs
 from coci.errors import ConfigError
+from coci.events import open_run_file
 from coci.units import parse_duration
 
 __all__ = [
@@ -114,17 +115,17 @@ def last_event_time(events_path: Path, tail_bytes: int = 1 << 16) -> float | Non
     """Unix time of the last complete event in ``events_path`` (the end of the previous process
     in this run directory), read from the file's tail; None without one."""
     try:
-        with open(events_path, "rb") as handle:
+        with open_run_file(events_path) as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
             handle.seek(max(0, size - tail_bytes))
             lines = handle.read().splitlines()
-    except OSError:
+    except (OSError, ConfigError):  # none, or a link or FIFO planted in its place
         return None
     for line in reversed(lines):
         try:
             value = json.loads(line).get("time")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             continue
         if isinstance(value, (int, float)) and math.isfinite(value):
             return float(value)

@@ -588,3 +588,46 @@ def test_restored_tensor_of_another_shape_is_refused(tmp_path: Path) -> None:
     with coci.Session(run_dir, state={"t": target}, policy=coci.EveryN(1)) as session, pytest.raises(coci.CorruptCheckpointError, match="'t'"):
         session.restore()
     assert torch.equal(target, torch.zeros(4))
+
+
+@pytest.mark.parametrize("name", ["events.jsonl", "plan.json", "profile.json", "loss_curve.json"])
+def test_report_never_reads_run_files_through_symlinks(run: Path, tmp_path: Path, name: str) -> None:
+    from coci.analysis.report.read import read_run
+
+    outside = tmp_path / f"outside_{name}"
+    planted = {
+        "events.jsonl": json.dumps({"time": 1.0, "event": "commit", "step": 777, "seconds": 1.0}) + "\n",
+        "loss_curve.json": json.dumps({"steps": [1, 2, 3], "losses": [3.0, 2.0, 1.0]}),
+    }
+    if (run / name).exists():
+        shutil.move(run / name, outside)  # the run's own valid file, now reachable only through a link
+    else:
+        outside.write_text(planted.get(name, "{}"))
+    (run / name).symlink_to(outside)
+    data = read_run(run)
+    assert any(note.startswith(name) and "symbolic link" in note for note in data.notes), data.notes
+    assert 777 not in [row.step for row in data.checkpoints]
+    assert data.loss_steps != [1.0, 2.0, 3.0]
+
+
+def test_a_fifo_or_an_oversized_line_in_place_of_the_event_log_never_blocks_or_swells(run: Path) -> None:
+    import threading
+
+    from coci.analysis.report.read import read_run
+    from coci.events import MAX_EVENT_LINE_BYTES, read_events
+    from coci.preemption import last_event_time
+
+    events = run / "events.jsonl"
+    kept = events.read_text()
+    events.unlink()
+    os.mkfifo(events)  # opening a FIFO for reading blocks until a writer comes: none will
+    outcome: list[Any] = []
+    reader = threading.Thread(target=lambda: outcome.append((list(read_events(run)), last_event_time(events))), daemon=True)
+    reader.start()
+    reader.join(timeout=60)
+    assert outcome == [([], None)]
+    events.unlink()
+    huge = json.dumps({"time": 2.0, "event": "note", "message": "x" * (MAX_EVENT_LINE_BYTES + 10)})
+    events.write_text(huge + "\n" + kept)
+    assert len(list(read_events(run))) == len(kept.splitlines())  # the long line is skipped, the rest read
+    assert read_run(run).checkpoints

@@ -99,7 +99,7 @@ class LocalReader:
         if entry is None:
             return None
         tensors: list[Any] = [None] * len(record.tensors)
-        with open(path / record.files[0].name, "rb") as handle:
+        with open(path / record.files[0].name, "rb", opener=format.open_no_follow) as handle:
             for index in tensor_refs(entry):  # indices checked against the table by read_manifest
                 table = record.tensors[index]
                 handle.seek(table.offset)

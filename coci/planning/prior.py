@@ -24,6 +24,7 @@ import numpy as np
 
 from coci import knobs
 from coci.errors import ConfigError
+from coci.events import read_run_file
 from coci.planning.empirical import smoothed_trace
 
 __all__ = ["PriorCurve", "WarmStart", "load_prior"]
@@ -108,8 +109,8 @@ def _read_path(path: Path) -> tuple[np.ndarray, np.ndarray, float | None, str]:
 def _planned_length(path: Path) -> float | None:
     """The horizon of a run's ``plan.json`` (None when absent or unreadable)."""
     try:
-        total = json.loads(path.read_text())["inputs"]["total_steps"]
-    except (OSError, ValueError, KeyError, TypeError):
+        total = json.loads(read_run_file(path))["inputs"]["total_steps"]
+    except (OSError, ConfigError, ValueError, KeyError, TypeError, RecursionError):
         return None
     return float(total) if isinstance(total, (int, float)) and total > 0 else None
 

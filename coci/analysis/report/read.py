@@ -41,7 +41,7 @@ from coci.checkpoint.checkpointer import load_entry
 from coci.checkpoint.format import SESSION_KEY, checkpoints_dir, committed_steps
 from coci.checks import is_int
 from coci.errors import CociError, ConfigError
-from coci.events import read_events
+from coci.events import EVENTS_FILENAME, read_events, read_run_file
 from coci.planning.planner import Plan
 from profiler import Profile
 
@@ -181,6 +181,8 @@ def read_run(run_dir: Path) -> ReportData:
     if not run_dir.is_dir():
         raise ConfigError(f"run_dir {str(run_dir)!r} is not a directory")
     notes: list[str] = []
+    if (run_dir / EVENTS_FILENAME).is_symlink():
+        notes.append(f"{EVENTS_FILENAME} is a symbolic link; ignored (run files are read inside the run directory only)")
     events = sane_events(read_events(run_dir), notes)
     plan = _read_model(run_dir / PLAN_FILENAME, Plan, notes)
     profile = _read_model(run_dir / PROFILE_FILENAME, Profile, notes)
@@ -285,11 +287,16 @@ def _event_step(event: dict[str, Any]) -> int | None:
 
 
 def _read_model(path: Path, model: type[BaseModel], notes: list[str]) -> Any:
-    if not path.is_file():
+    try:
+        text = read_run_file(path)
+    except FileNotFoundError:
         notes.append(f"{path.name} is missing")
         return None
+    except (ConfigError, OSError) as exc:  # a link, a directory, a FIFO, oversized, unreadable
+        notes.append(f"{path.name} is unreadable ({exc}); ignored")
+        logger.warning("%s unreadable: %s", path, exc)
+        return None
     try:
-        text = path.read_bytes()
         huge = _huge_integer(json.loads(text))
         if huge is not None:
             raise ValueError(f"{huge} is an integer beyond {EVENT_NUMBER_MAX:.0f}")
@@ -552,14 +559,16 @@ def run_loss_trace(root: Path) -> tuple[np.ndarray, np.ndarray, str]:
 def _loss_trace(root: Path, notes: list[str]) -> tuple[np.ndarray, np.ndarray, str]:
     """``(steps, losses, source)`` from loss_curve.json, else the newest checkpoint's profiler."""
     path = root / LOSS_CURVE_FILENAME
-    if path.is_file():
+    if path.exists() or path.is_symlink():
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(read_run_file(path))
             steps = np.asarray(raw["steps"], dtype=float)
             losses = np.asarray(raw["losses"], dtype=float)
             if steps.shape == losses.shape and steps.ndim == 1:
                 return steps, losses, LOSS_CURVE_FILENAME
             notes.append(f"{LOSS_CURVE_FILENAME}: steps and losses differ in shape; ignored")
+        except (CociError, OSError) as exc:  # a link, a FIFO, oversized
+            notes.append(f"{LOSS_CURVE_FILENAME} is unreadable ({exc}); ignored")
         except (ValueError, KeyError, TypeError, ArithmeticError) as exc:  # ArithmeticError: an integer no float holds
             notes.append(f"{LOSS_CURVE_FILENAME} unreadable ({type(exc).__name__}); ignored")
     for step, checkpoint in reversed(committed_steps(checkpoints_dir(root))):
