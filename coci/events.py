@@ -1,7 +1,8 @@
 """The run's event log, ``events.jsonl``: written by the session and the checkpointer, read by the report.
 
-One JSON object per line: ``time`` (Unix seconds), ``event`` (snapshot_start, snapshot_end,
-persist_end, commit, retention, restore, restore_skip, plan, stall, progress, error, preempted, close),
+One JSON object per line: ``time`` (Unix seconds), ``event`` (session, snapshot_start, snapshot_end,
+persist_end, commit, retention, restore, restore_skip, restart, plan, stall, progress, error,
+preempted, close; with a remote tier promoted, promote_skip, remote_retention, remote_fetch),
 ``step`` and whatever the phase measured (``seconds``, ``bytes``, ``path``, ``message``). Appends
 are serialised by a lock because the background writer emits too; each line is flushed so a killed
 job keeps everything up to its last event.
