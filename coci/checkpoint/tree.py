@@ -36,7 +36,7 @@ def _flatten(obj: Any, tensors: list[torch.Tensor], where: _Where) -> Any:
     kind = type(obj)
     if kind in _SCALAR_TYPES:  # the common leaf first; subclasses take the checks below
         return obj
-    if kind is dict and all(type(k) is str for k in obj) and _TAGS.isdisjoint(obj):
+    if kind is dict and _STR_TYPE.issuperset(map(type, obj)) and _TAGS.isdisjoint(obj):
         return {k: _flatten(v, tensors, (where, k)) for k, v in obj.items()}
     if isinstance(obj, torch.Tensor):
         _check_tensor(obj, where)
@@ -180,12 +180,13 @@ def _hashable(key: Any) -> Any:
 
 
 _SCALAR_TYPES = frozenset({bool, int, float, str, type(None)})
+_STR_TYPE = frozenset({str})
 
 
 def _all_scalars(items: list[Any] | tuple[Any, ...]) -> bool:
     """True when every item is a plain JSON scalar, which ``flatten`` keeps as it is: a long list
     of them (the Python RNG's 625 words) is then copied in one go, not walked item by item."""
-    return all(type(item) in _SCALAR_TYPES for item in items)
+    return _SCALAR_TYPES.issuperset(map(type, items))
 
 
 def check_tensor(tensor: torch.Tensor, path: str) -> None:
