@@ -13,7 +13,11 @@ behind a forward/backward, against ``Tensor.copy_`` of that rank's local shards 
 optimizer state) into preallocated buffers, measured in the same process right before each
 checkpoint. Ratios measured in this run: staged and written bytes per rank 2 ranks / 1 rank (goal
 about 0.5) and stall / copy (goal <= 1.25), the median of each checkpoint's ratio to the copy just
-before it (robust to other jobs on a shared machine, which slow both alike).
+before it (robust to other jobs on a shared machine, which slow both alike). Also printed, less
+sensitive to other jobs than wall time: the CPU time of the stall (``checkpoint()`` plus the
+fence, marked by optimizer pre-hooks either side of the session's) against the ``copy_``'s, both
+for the training thread (``time.thread_time``) and for the whole process (``time.process_time``:
+the persist worker's share of the copy included).
 
     .venv/bin/python benchmarks/sharded.py [--mb 96] [--repeats 5]
 """
@@ -57,15 +61,27 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
     local = [p.to_local() for p in model.parameters()]
     local += [v.to_local() for s in optimizer.state.values() for v in s.values() if hasattr(v, "to_local")]
     buffers = [torch.empty_like(t) for t in local]
+    fence_marks: list[tuple[float, float]] = []  # (thread, process) CPU seconds either side of the fence
+    optimizer.register_step_pre_hook(lambda *_: fence_marks.append((time.thread_time(), time.process_time())))
     session = coci.Session(run_dir, state={"model": model, "optimizer": optimizer}, policy=coci.EveryN(10**9), keep_last=1)
+    optimizer.register_step_pre_hook(lambda *_: fence_marks.append((time.thread_time(), time.process_time())))  # after the fence
     copies, staged, written = [], 0, 0
+    cpu: dict[str, list[float]] = {"copy_thread": [], "copy_process": [], "stall_thread": [], "stall_process": []}
     for _ in range(repeats):
-        began = time.perf_counter()
+        began, thread, process = time.perf_counter(), time.thread_time(), time.process_time()
         for buffer, tensor in zip(buffers, local):
             buffer.copy_(tensor)
         copies.append(time.perf_counter() - began)
+        cpu["copy_thread"].append(time.thread_time() - thread)
+        cpu["copy_process"].append(time.process_time() - process)
+        thread, process = time.thread_time(), time.process_time()
         pending = session.checkpoint()
+        checkpoint_thread, checkpoint_process = time.thread_time() - thread, time.process_time() - process
+        fence_marks.clear()
         optimizer.step()  # at once: the fence copies whatever the background copy has not reached
+        (before_thread, before_process), (after_thread, after_process) = fence_marks
+        cpu["stall_thread"].append(checkpoint_thread + after_thread - before_thread)
+        cpu["stall_process"].append(checkpoint_process + after_process - before_process)
         session.step()  # records the stall (checkpoint() + fence) as a "stall" event
         result = pending.upload_completion.result()
         staged = pending.nbytes
@@ -82,6 +98,9 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
         "stall": statistics.median(stalls),
         "copy": statistics.median(copies),
         "ratio": statistics.median(stall / copy for stall, copy in zip(stalls, copies, strict=True)),
+        **{f"{name}_cpu": statistics.median(values) for name, values in cpu.items()},
+        "thread_cpu_ratio": statistics.median(s / c for s, c in zip(cpu["stall_thread"], cpu["copy_thread"], strict=True)),
+        "process_cpu_ratio": statistics.median(s / c for s, c in zip(cpu["stall_process"], cpu["copy_process"], strict=True)),
     }
     rows: list = [None] * world
     dist.all_gather_object(rows, row)
@@ -103,6 +122,15 @@ def main() -> None:
             print(
                 f"{world:>5} {row['rank']:>4} {row['local_bytes'] / 2**20:>9.1f} {row['staged'] / 2**20:>10.1f} "
                 f"{row['written'] / 2**20:>11.1f} {row['stall'] * 1e3:>8.1f} {row['copy'] * 1e3:>8.1f} {row['ratio']:>10.3f}"
+            )
+    print("CPU time (ms) of the stall and of the copy_: training thread / whole process; ratios: medians of per-checkpoint ratios")
+    print(f"{'ranks':>5} {'rank':>4} {'stall thr':>9} {'copy_ thr':>9} {'ratio':>6} {'stall proc':>10} {'copy_ proc':>10} {'ratio':>6}")
+    for world, rows in results.items():
+        for row in rows:
+            print(
+                f"{world:>5} {row['rank']:>4} {row['stall_thread_cpu'] * 1e3:>9.1f} {row['copy_thread_cpu'] * 1e3:>9.1f} "
+                f"{row['thread_cpu_ratio']:>6.3f} {row['stall_process_cpu'] * 1e3:>10.1f} {row['copy_process_cpu'] * 1e3:>10.1f} "
+                f"{row['process_cpu_ratio']:>6.3f}"
             )
     one, two = results[1][0], results[2]
     print(f"ratio: staged bytes per rank, 2 ranks / 1 rank = {max(r['staged'] for r in two) / one['staged']:.3f} (busiest rank)")

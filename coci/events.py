@@ -32,18 +32,54 @@ MAX_EVENT_LINE_BYTES = 1 << 20
 
 
 class EventLog:
-    """Append-only JSON-lines log in the run directory."""
+    """Append-only JSON-lines log in the run directory.
+
+    The file is opened once (``O_APPEND``, never through a symbolic link) and each line is one
+    ``os.write``, so a line reaches the kernel before ``emit`` returns: an event costs a syscall,
+    not an open and a close (the snapshot emits inside the training step's stall). A new ``path``
+    is opened at the next event; :meth:`close` releases the file.
+    """
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.path = Path(run_dir) / EVENTS_FILENAME
+        self._path = Path(run_dir) / EVENTS_FILENAME
         self._lock = threading.Lock()
+        self._fd: int | None = None
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @path.setter
+    def path(self, path: Path) -> None:
+        with self._lock:
+            self._close_locked()
+            self._path = path
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"time": time.time(), "event": event, **fields}
-        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
-        with self._lock, open(self.path, "a", encoding="utf-8", opener=_no_follow) as handle:
-            handle.write(line)
+        line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode("utf-8")
+        with self._lock:
+            if self._fd is None:
+                self._fd = _no_follow(str(self._path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            written = 0
+            while written < len(line):
+                written += os.write(self._fd, line[written:])
         return record
+
+    def close(self) -> None:
+        """Close the file (the next event opens it again)."""
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:  # best effort: a log never closed still releases its descriptor
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)
 
 
 def write_run_file(path: Path, text: str) -> None:

@@ -461,6 +461,7 @@ class Session:
         self.events.emit(
             "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._overhead.as_event()
         )
+        self.events.close()
         if self._lock is not None:  # last write done: the run directory is free (a failed close frees it at exit)
             self._lock.release()
         self._raise_error()

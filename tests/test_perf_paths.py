@@ -232,6 +232,50 @@ def test_fence_copies_what_the_worker_has_not_reached_and_waits_for_its_copy_in_
     assert all(view.copies == ["fence"] for view in views[1:])  # each tensor copied exactly once
 
 
+def test_a_worker_making_the_last_copy_lets_the_waiting_fence_resume_before_it_goes_on() -> None:
+    """Otherwise the worker would go on to write holding the GIL and the woken fence would wait for
+    the interpreter's switch interval (benchmarks/README.md, Sharded training)."""
+    started, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    class Gate(_CountingView):
+        def copy_(self, source: torch.Tensor) -> None:
+            started.set()
+            release.wait(10)
+            super().copy_(source)
+
+    class LateWake(threading.Event):  # the fence resumes late (a busy core), and says when it has
+        def wait(self, timeout: float | None = None) -> bool:
+            done = super().wait(timeout)
+            if threading.current_thread().name == "fence":
+                time.sleep(0.2)
+                order.append("fence resumed")
+            return done
+
+    sources = [torch.zeros(1) for _ in range(3)]
+    views = [Gate(), _CountingView(), _CountingView()]
+    job = CopyJob(sources, views, [True] * len(sources))
+    job._cpu_done = LateWake()
+
+    def work() -> None:
+        job.run_cpu()
+        order.append("worker went on")
+
+    worker = threading.Thread(target=work, name="worker")
+    worker.start()
+    assert started.wait(10)  # the worker holds the first tensor: it makes the last copy
+    fence = threading.Thread(target=job.finish_cpu_copies, name="fence")
+    fence.start()
+    deadline = time.monotonic() + 10
+    while sum(len(view.copies) for view in views[1:]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    release.set()
+    fence.join(10)
+    worker.join(10)
+    assert order == ["fence resumed", "worker went on"]
+    assert views[0].copies == ["worker"] and views[1].copies == views[2].copies == ["fence"]
+
+
 def test_fence_alone_completes_the_snapshot_and_run_cpu_then_has_nothing_left() -> None:
     sources = [torch.arange(5.0) + i for i in range(6)]
     arena = StagingArena()

@@ -35,7 +35,7 @@ from coci.checkpoint.dcp import DCP_FORMAT, DcpReader, DcpWriter
 from coci.checkpoint.format import CommitRecord, LoadedCheckpoint
 from coci.checkpoint.local import LocalReader, LocalWriter
 from coci.checkpoint.sharded import local_shards
-from coci.checkpoint.snapshot import CopyJob, StagedCheckpoint, StagingArena, layout_bytes
+from coci.checkpoint.snapshot import CopyJob, StagedCheckpoint, StagingArena
 from coci.checkpoint.tree import flatten
 from coci.distributed import DistributedContext
 from coci.errors import CorruptCheckpointError
@@ -210,6 +210,7 @@ class Checkpointer:
         self._executor: ThreadPoolExecutor | None = None
         self.pending: PendingCheckpoint | None = None
         self._trusted: set[int] = set()  # steps known to load: committed here or restored from
+        self._shard_specs: dict[int, tuple[Any, ...]] = {}  # the last checkpoint's, for local_shards
 
     def trust(self, step: int) -> None:
         """Count ``step`` (the checkpoint a restore loaded) as good for retention."""
@@ -229,13 +230,13 @@ class Checkpointer:
             self.pending.upload_completion.exception()  # wait; a failure was recorded by the worker
         tensors: list[torch.Tensor] = []
         skeleton = flatten(tree, tensors)
-        tensors, shards = local_shards(tensors)  # sharded state: this rank stages its own shards only
+        tensors, shards = local_shards(tensors, self._shard_specs)  # sharded state: this rank's shards only
         views = self.arena.prepare(tensors)
         slots = list(self.arena.slots)
         copy_began = self.clock()
         job = CopyJob(tensors, views, [t.data_ptr() in fenced_ptrs for t in tensors])  # unfenced: copied here
         eager_seconds = self.clock() - copy_began
-        nbytes = layout_bytes(slots)
+        nbytes = self.arena.nbytes
         pending = PendingCheckpoint(step, nbytes, job.fence_event, job.has_cpu_copies, job)
         self.events.emit("snapshot_start", step=step, bytes=nbytes)
         if self._executor is None:

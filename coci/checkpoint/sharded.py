@@ -41,9 +41,12 @@ __all__ = [
 ]
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
 def is_dtensor(value: Any) -> bool:
     """True for a ``torch.distributed.tensor.DTensor`` (without importing it where unused)."""
-    if not isinstance(value, torch.Tensor) or type(value) in (torch.Tensor, torch.nn.Parameter):
+    if type(value) in _PLAIN_TENSORS or not isinstance(value, torch.Tensor):
         return False
     return isinstance(value, _dtensor_type())
 
@@ -60,7 +63,7 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The bytes this rank holds of ``tensor``: a DTensor's local shard (its storage, no copy),
     else the tensor itself. Read from the DTensor's ``_local_tensor`` when it has one:
     ``to_local()`` is an autograd function, ~0.1 ms a call, and a checkpoint makes hundreds."""
-    if not is_dtensor(tensor):
+    if type(tensor) in _PLAIN_TENSORS or not is_dtensor(tensor):
         return tensor
     local = getattr(tensor, "_local_tensor", None)
     return local if isinstance(local, torch.Tensor) else tensor.to_local()  # type: ignore[attr-defined]
@@ -87,22 +90,54 @@ class ShardSpec:
     stride: tuple[int, ...]
 
 
-def local_shards(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], dict[int, ShardSpec]]:
+def local_shards(
+    tensors: Sequence[torch.Tensor], known: dict[int, tuple[Any, ...]] | None = None
+) -> tuple[list[torch.Tensor], dict[int, ShardSpec]]:
     """``tensors`` with each DTensor replaced by its local shard, and the spec of each replaced one
-    by its index (what the snapshot copies is this rank's bytes only)."""
+    by its index (what the snapshot copies is this rank's bytes only).
+
+    ``known`` carries the specs from one call to the next (the caller keeps it; afterwards it holds
+    this call's only): a DTensor whose mesh, placements and tensor metadata are the very objects of
+    a known one has its spec, so a checkpoint does not rebuild one per DTensor (microseconds each).
+    """
     local: list[torch.Tensor] = []
     specs: dict[int, ShardSpec] = {}
+    seen: dict[int, tuple[Any, ...]] = {}
     for index, tensor in enumerate(tensors):
         if is_dtensor(tensor):
-            specs[index] = ShardSpec(
-                tensor.device_mesh,  # type: ignore[attr-defined]
-                tuple(tensor.placements),  # type: ignore[attr-defined]
-                tuple(tensor.shape),
-                tuple(tensor.stride()),
-            )
+            specs[index] = _shard_spec(tensor, known or {}, seen)
             tensor = local_tensor(tensor)
         local.append(tensor)
+    if known is not None:
+        known.clear()
+        known.update(seen)
     return local, specs
+
+
+def _shard_spec(tensor: torch.Tensor, known: dict[int, tuple[Any, ...]], seen: dict[int, tuple[Any, ...]]) -> ShardSpec:
+    """The ShardSpec of a DTensor, taken from ``known`` when its DTensorSpec's parts (immutable:
+    a mesh, a tuple of frozen placements, a named tuple of shape, stride and dtype) are the same
+    objects; recorded in ``seen``."""
+    spec = getattr(tensor, "_spec", None)
+    parts = (getattr(spec, "mesh", None), getattr(spec, "placements", None), getattr(spec, "tensor_meta", None))
+    if parts[2] is None:  # a DTensor without the private spec torch has today: read it publicly
+        return _new_shard_spec(tensor)
+    cached = known.get(id(spec)) or seen.get(id(spec))
+    if cached is not None and cached[0] is parts[0] and cached[1] is parts[1] and cached[2] is parts[2]:
+        seen[id(spec)] = cached
+        return cached[3]
+    shard_spec = _new_shard_spec(tensor)
+    seen[id(spec)] = (*parts, shard_spec)
+    return shard_spec
+
+
+def _new_shard_spec(tensor: torch.Tensor) -> ShardSpec:
+    return ShardSpec(
+        tensor.device_mesh,  # type: ignore[attr-defined]
+        tuple(tensor.placements),  # type: ignore[attr-defined]
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+    )
 
 
 def as_dtensors(tensors: Sequence[torch.Tensor], specs: Mapping[int, ShardSpec]) -> list[torch.Tensor]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import operator
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -75,6 +76,24 @@ def layout_bytes(slots: Sequence[TensorSlot]) -> int:
     return max((s.offset + s.nbytes for s in slots), default=0)
 
 
+def _replan(previous: list[TensorSlot], tensors: Sequence[torch.Tensor]) -> list[TensorSlot]:
+    """:func:`plan_layout` of ``tensors``, reusing each slot of ``previous`` that is unchanged (the
+    same object, so a caller can keep its view); ``previous`` itself when every slot is."""
+    align = knobs.ARENA_ALIGN_BYTES
+    slots: list[TensorSlot] = []
+    offset = 0
+    for index, tensor in enumerate(tensors):
+        nbytes = tensor.nbytes
+        old = previous[index] if index < len(previous) else None
+        if old is None or old.offset != offset or old.nbytes != nbytes or old.dtype != tensor.dtype or old.shape != tensor.shape:
+            old = TensorSlot(tensor.dtype, tuple(tensor.shape), offset, nbytes)
+        slots.append(old)
+        offset += -(-nbytes // align) * align
+    if len(slots) == len(previous) and all(map(operator.is_, slots, previous)):
+        return previous
+    return slots
+
+
 class StagingArena:
     """A host buffer allocated once and reused for every snapshot.
 
@@ -84,7 +103,7 @@ class StagingArena:
 
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
-        self._layout_key: tuple[tuple[torch.dtype, tuple[int, ...]], ...] | None = None
+        self._nbytes = 0
         self._slots: list[TensorSlot] = []
         self._views: list[torch.Tensor] = []
         self.allocations = 0
@@ -103,11 +122,15 @@ class StagingArena:
         return self._slots
 
     def prepare(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Return one staging view per tensor, reallocating only if the state outgrew the arena."""
-        key = tuple((t.dtype, tuple(t.shape)) for t in tensors)
-        if key == self._layout_key:
+        """Return one staging view per tensor, reallocating only if the state outgrew the arena.
+
+        A tensor whose slot is unchanged (same index, offset, dtype and shape) keeps its view: a
+        state whose small arrays grow between checkpoints (the profiler's history) rebuilds the
+        views of those arrays only, not of everything after them.
+        """
+        slots = _replan(self._slots, tensors)
+        if slots is self._slots:
             return self._views
-        slots = plan_layout(tensors)
         needed = layout_bytes(slots)
         pin = any(t.is_cuda for t in tensors) and torch.cuda.is_available()
         buffer = self._buffer
@@ -117,23 +140,23 @@ class StagingArena:
             buffer.fill_(0)  # fault the pages in now, not during the first snapshot's copy
             self.allocations += 1
             logger.debug("staging arena allocated: %d bytes (pinned=%s)", needed, pin)
-        kept = 0  # a layout that changed at its end (a growing history array) keeps its other views
-        if buffer is self._buffer:
-            for old, slot in zip(self._slots, slots):
-                if old != slot:
-                    break
-                kept += 1
+        old = dict(zip(map(id, self._slots), self._views)) if buffer is self._buffer else {}
         self._buffer = buffer
-        self._views = self._views[:kept] + [_typed_view(buffer, slot) for slot in slots[kept:]]
+        self._views = [_reused(old.get(id(slot)), buffer, slot) for slot in slots]
         self._slots = slots
-        self._layout_key = key
+        self._nbytes = needed
         return self._views
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the current layout takes (:func:`layout_bytes` of :attr:`slots`)."""
+        return self._nbytes
 
     def payload(self) -> memoryview:
         """The staged bytes, as they will be written."""
         if self._buffer is None:
             return memoryview(b"")
-        return self._buffer.numpy().data[: layout_bytes(self._slots)]
+        return self._buffer.numpy().data[: self._nbytes]
 
 
 def aligned_empty(size: int, pin: bool = False) -> torch.Tensor:
@@ -171,6 +194,10 @@ def huge_page_empty(size: int) -> torch.Tensor:
     return raw[start : start + size]
 
 
+def _reused(view: torch.Tensor | None, buffer: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
+    return _typed_view(buffer, slot) if view is None else view
+
+
 def _typed_view(buffer: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
     raw = buffer[slot.offset : slot.offset + slot.nbytes]
     if slot.nbytes == 0:
@@ -185,19 +212,21 @@ class CopyJob:
     The fenced CPU copies are shared work: ``run_cpu`` (the persist worker) and ``finish_cpu_copies``
     (the training thread at the optimizer fence) both claim the next uncopied tensor until none is
     left, so a fence reached before the worker finished copies the rest itself instead of waiting
-    for a thread hand-off (on a busy machine a wake-up can cost more than the copy).
+    for a thread hand-off (on a busy machine a wake-up can cost more than the copy). When the
+    worker makes the last copy while a fence waits, it lets the fence go before it goes on (see
+    :meth:`run_cpu`).
     """
 
     def __init__(self, sources: Sequence[torch.Tensor], views: Sequence[torch.Tensor], fenced: Sequence[bool]) -> None:
         self._cpu_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._events: list[torch.cuda.Event] = []
         self.fence_event: torch.cuda.Event | None = None
-        cuda_fenced = [(v, s) for s, v, f in zip(sources, views, fenced) if s.is_cuda and f]
-        cuda_eager = [(v, s) for s, v, f in zip(sources, views, fenced) if s.is_cuda and not f]
+        cuda_fenced: list[tuple[torch.Tensor, torch.Tensor]] = []
+        cuda_eager: list[tuple[torch.Tensor, torch.Tensor]] = []
         for source, view, is_fenced in zip(sources, views, fenced):
             if source.is_cuda:
-                continue
-            if is_fenced:
+                (cuda_fenced if is_fenced else cuda_eager).append((view, source))
+            elif is_fenced:
                 self._cpu_pairs.append((view, source))
             else:
                 view.copy_(source)  # not protected by the fence: copy before training goes on
@@ -205,6 +234,8 @@ class CopyJob:
         self._next_pair = 0
         self._pending_pairs = len(self._cpu_pairs)
         self._cpu_done = threading.Event()
+        self._fence_waiting = False  # a fence is in finish_cpu_copies (set under the lock)
+        self._fence_released = threading.Event()  # that fence holds the interpreter again
         self._cpu_error: BaseException | None = None
         if not self._cpu_pairs:
             self._cpu_done.set()
@@ -240,6 +271,10 @@ class CopyJob:
         for the CUDA copies (blocking, no spin). Raises the first copy error of any thread."""
         self._copy_claimed()
         self._cpu_done.wait()
+        with self._lock:
+            fence_waiting = self._fence_waiting
+        if fence_waiting:  # the GIL goes to the fence now, not after the write's Python (up to 5 ms)
+            self._fence_released.wait()
         if self._cpu_error is not None:
             raise self._cpu_error
         for event in self._events:
@@ -248,9 +283,19 @@ class CopyJob:
     def finish_cpu_copies(self) -> None:
         """The host side of the fence: copy the fenced CPU tensors nobody has claimed yet on the
         calling thread, then wait until every CPU copy is done. Never raises: a copy error is
-        re-raised by ``run_cpu`` on the worker, which reports it through the checkpoint's futures."""
-        self._copy_claimed()
-        self._cpu_done.wait()
+        re-raised by ``run_cpu`` on the worker, which reports it through the checkpoint's futures.
+
+        The worker waits for this call to return before it goes on to write: otherwise, having
+        made the last copy, it would run the write's Python holding the GIL, and the woken fence
+        would wait for the interpreter's switch interval (5 ms) for it.
+        """
+        with self._lock:
+            self._fence_waiting = True
+        try:
+            self._copy_claimed()
+            self._cpu_done.wait()
+        finally:
+            self._fence_released.set()
 
     def _copy_claimed(self) -> None:
         while True:

@@ -24,13 +24,27 @@ _TENSOR_TAGS = ("__tensor__", "__ndarray__")
 
 def flatten(obj: Any, tensors: list[torch.Tensor], path: str = "state") -> Any:
     """Return a JSON-able skeleton of ``obj``, appending its tensors to ``tensors`` in walk order."""
+    return _flatten(obj, tensors, (path,))
+
+
+#: Where a value lies, as (parent, suffix) links from the root (``(path,)``): the path string is
+#: only formatted for an error message, since formatting every key cost more than the walk itself.
+_Where = tuple[Any, ...]
+
+
+def _flatten(obj: Any, tensors: list[torch.Tensor], where: _Where) -> Any:
+    kind = type(obj)
+    if kind in _SCALAR_TYPES:  # the common leaf first; subclasses take the checks below
+        return obj
+    if kind is dict and _STR_TYPE.issuperset(map(type, obj)) and _TAGS.isdisjoint(obj):
+        return {k: _flatten(v, tensors, (where, k)) for k, v in obj.items()}
     if isinstance(obj, torch.Tensor):
-        check_tensor(obj, path)
+        _check_tensor(obj, where)
         tensors.append(obj)
         return {"__tensor__": len(tensors) - 1}
     if isinstance(obj, np.ndarray):
         if obj.dtype == object:
-            raise StateError(f"{path}: numpy arrays of dtype object cannot be checkpointed")
+            raise StateError(f"{_path(where)}: numpy arrays of dtype object cannot be checkpointed")
         tensors.append(torch.from_numpy(np.ascontiguousarray(obj)))
         return {"__ndarray__": len(tensors) - 1}
     if isinstance(obj, (bool, int, float, str)) or obj is None:
@@ -42,24 +56,35 @@ def flatten(obj: Any, tensors: list[torch.Tensor], path: str = "state") -> Any:
     if isinstance(obj, tuple):  # torch.Size included
         if _all_scalars(obj):
             return {"__tuple__": list(obj)}
-        return {"__tuple__": [flatten(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]}
+        return {"__tuple__": [_flatten(v, tensors, (where, i)) for i, v in enumerate(obj)]}
     if isinstance(obj, list):
         if _all_scalars(obj):
             return list(obj)
-        return [flatten(v, tensors, f"{path}[{i}]") for i, v in enumerate(obj)]
+        return [_flatten(v, tensors, (where, i)) for i, v in enumerate(obj)]
     if isinstance(obj, dict):
         if all(isinstance(k, str) and k not in _TAGS for k in obj):
-            return {k: flatten(v, tensors, f"{path}[{k!r}]") for k, v in obj.items()}
-        return {
-            "__dict__": [
-                [flatten(k, tensors, f"{path}.key"), flatten(v, tensors, f"{path}[{k!r}]")]
-                for k, v in obj.items()
-            ]
-        }
+            return {k: _flatten(v, tensors, (where, k)) for k, v in obj.items()}
+        return {"__dict__": [[_flatten(k, tensors, (where, _KEY)), _flatten(v, tensors, (where, k))] for k, v in obj.items()]}
     raise StateError(
-        f"{path}: values of type {type(obj).__name__} cannot be checkpointed "
+        f"{_path(where)}: values of type {type(obj).__name__} cannot be checkpointed "
         "(tensors, numpy arrays, dict/list/tuple and JSON scalars only)"
     )
+
+
+class _Key:
+    """The suffix of a dict key's own path (``state.key``)."""
+
+
+_KEY = _Key()
+
+
+def _path(where: _Where) -> str:
+    """``where`` as the path string of error messages: ``state['model'][0].key``."""
+    suffixes: list[str] = []
+    while len(where) == 2:
+        where, suffix = where
+        suffixes.append(".key" if suffix is _KEY else f"[{suffix}]" if type(suffix) is int else f"[{suffix!r}]")
+    return str(where[0]) + "".join(reversed(suffixes))
 
 
 def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
@@ -155,17 +180,22 @@ def _hashable(key: Any) -> Any:
 
 
 _SCALAR_TYPES = frozenset({bool, int, float, str, type(None)})
+_STR_TYPE = frozenset({str})
 
 
 def _all_scalars(items: list[Any] | tuple[Any, ...]) -> bool:
     """True when every item is a plain JSON scalar, which ``flatten`` keeps as it is: a long list
     of them (the Python RNG's 625 words) is then copied in one go, not walked item by item."""
-    return all(type(item) in _SCALAR_TYPES for item in items)
+    return _SCALAR_TYPES.issuperset(map(type, items))
 
 
 def check_tensor(tensor: torch.Tensor, path: str) -> None:
     """StateError naming ``path`` for a tensor a checkpoint cannot hold (sparse, quantized, meta)."""
-    if tensor.is_sparse or tensor.layout != torch.strided:
-        raise StateError(f"{path}: only dense (strided) tensors can be checkpointed")
-    if tensor.is_quantized or tensor.device.type == "meta":
-        raise StateError(f"{path}: quantized and meta tensors cannot be checkpointed")
+    _check_tensor(tensor, (path,))
+
+
+def _check_tensor(tensor: torch.Tensor, where: _Where) -> None:
+    if tensor.layout is not torch.strided:  # sparse ones included
+        raise StateError(f"{_path(where)}: only dense (strided) tensors can be checkpointed")
+    if tensor.is_quantized or tensor.is_meta:
+        raise StateError(f"{_path(where)}: quantized and meta tensors cannot be checkpointed")
