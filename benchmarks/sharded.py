@@ -28,7 +28,9 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -109,6 +111,14 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
         print(json.dumps(rows))
 
 
+def print_rows(results: dict[int, list[dict[str, Any]]], header: str, cells: Callable[[dict[str, Any]], str]) -> None:
+    """One table: a line per (world size, rank), ``cells(row)`` after the two key columns."""
+    print(f"{'ranks':>5} {'rank':>4} {header}")
+    for world, rows in results.items():
+        for row in rows:
+            print(f"{world:>5} {row['rank']:>4} {cells(row)}")
+
+
 def main() -> None:
     args = parse_args()
     if args.worker:
@@ -116,22 +126,13 @@ def main() -> None:
         return
     results = {world: run_workers(__file__, world, args.mb, args.repeats) for world in (1, 2)}
     print(f"FSDP2, ~{args.mb:.0f} MB of model + AdamW state; medians of {args.repeats} checkpoints (stall/copy: of per-checkpoint ratios)")
-    print(f"{'ranks':>5} {'rank':>4} {'local MiB':>9} {'staged MiB':>10} {'written MiB':>11} {'stall ms':>8} {'copy_ ms':>8} {'stall/copy':>10}")
-    for world, rows in results.items():
-        for row in rows:
-            print(
-                f"{world:>5} {row['rank']:>4} {row['local_bytes'] / 2**20:>9.1f} {row['staged'] / 2**20:>10.1f} "
-                f"{row['written'] / 2**20:>11.1f} {row['stall'] * 1e3:>8.1f} {row['copy'] * 1e3:>8.1f} {row['ratio']:>10.3f}"
-            )
+    print_rows(results, f"{'local MiB':>9} {'staged MiB':>10} {'written MiB':>11} {'stall ms':>8} {'copy_ ms':>8} {'stall/copy':>10}",
+               lambda row: f"{row['local_bytes'] / 2**20:>9.1f} {row['staged'] / 2**20:>10.1f} {row['written'] / 2**20:>11.1f} "
+                           f"{row['stall'] * 1e3:>8.1f} {row['copy'] * 1e3:>8.1f} {row['ratio']:>10.3f}")
     print("CPU time (ms) of the stall and of the copy_: training thread / whole process; ratios: medians of per-checkpoint ratios")
-    print(f"{'ranks':>5} {'rank':>4} {'stall thr':>9} {'copy_ thr':>9} {'ratio':>6} {'stall proc':>10} {'copy_ proc':>10} {'ratio':>6}")
-    for world, rows in results.items():
-        for row in rows:
-            print(
-                f"{world:>5} {row['rank']:>4} {row['stall_thread_cpu'] * 1e3:>9.1f} {row['copy_thread_cpu'] * 1e3:>9.1f} "
-                f"{row['thread_cpu_ratio']:>6.3f} {row['stall_process_cpu'] * 1e3:>10.1f} {row['copy_process_cpu'] * 1e3:>10.1f} "
-                f"{row['process_cpu_ratio']:>6.3f}"
-            )
+    print_rows(results, f"{'stall thr':>9} {'copy_ thr':>9} {'ratio':>6} {'stall proc':>10} {'copy_ proc':>10} {'ratio':>6}",
+               lambda row: f"{row['stall_thread_cpu'] * 1e3:>9.1f} {row['copy_thread_cpu'] * 1e3:>9.1f} {row['thread_cpu_ratio']:>6.3f} "
+                           f"{row['stall_process_cpu'] * 1e3:>10.1f} {row['copy_process_cpu'] * 1e3:>10.1f} {row['process_cpu_ratio']:>6.3f}")
     one, two = results[1][0], results[2]
     print(f"ratio: staged bytes per rank, 2 ranks / 1 rank = {max(r['staged'] for r in two) / one['staged']:.3f} (busiest rank)")
     print(f"ratio: written bytes per rank, 2 ranks / 1 rank = {max(r['written'] for r in two) / one['written']:.3f} (busiest rank)")
