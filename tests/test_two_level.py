@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 from exact_optimum import optimal_two_level
-from pydantic import PrivateAttr
+from test_simulate import ScriptedFailures
 
 import coci
 from coci.analysis.simulate import simulate
@@ -199,25 +199,10 @@ def test_remote_costs_are_validated() -> None:
 # --- the simulator plays classes and tiers ------------------------------------------------------------
 
 
-class Scripted(Failures):
-    """Lifetimes from a script, one value per draw; then no more failures."""
-
-    _script: list[float] = PrivateAttr(default_factory=list)
-
-    @classmethod
-    def of(cls, *lifetimes: float) -> Scripted:
-        model = cls(kind="exponential", shape=1.0, scale_seconds=1e15)
-        model._script = list(lifetimes)
-        return model
-
-    def sample(self, rng, size):  # type: ignore[override]
-        return np.full(size, self._script.pop(0) if self._script else 1e15)
-
-
 def scripted(process: list[float], node: list[float]) -> Failures:
     return Failures.compose(
-        FailureClass(name="process", failures=Scripted.of(*process)),
-        FailureClass(name="node", failures=Scripted.of(*node), destroys=("local",)),
+        FailureClass(name="process", failures=ScriptedFailures.of(*process)),
+        FailureClass(name="node", failures=ScriptedFailures.of(*node), destroys=("local",)),
     )
 
 
