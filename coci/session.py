@@ -651,14 +651,23 @@ class Session:
 
     def _warmup_skipped(self) -> bool:
         """Skip this due checkpoint? Only a planning policy's warm-up checkpoint (before its first
-        plan) is ever skipped: see :meth:`Cadence.skip_warmup_checkpoint`."""
+        plan) is ever skipped: see :meth:`Cadence.skip_warmup_checkpoint`.
+
+        Under ``torch.distributed`` the inputs (a persist still in flight, this rank's stalls) differ
+        between ranks, so the ranks agree: all skip when any would (collective on the control group,
+        at a step every rank finds due, since the policy's state is the same on every rank).
+        """
+        warming_up = getattr(self.policy, "warming_up", False)
         pending = self._checkpointer.pending
-        return Cadence.skip_warmup_checkpoint(
-            warming_up=getattr(self.policy, "warming_up", False),
+        skip = Cadence.skip_warmup_checkpoint(
+            warming_up=warming_up,
             persist_in_flight=pending is not None and not pending.done(),
             stalled_seconds=self._stalled_total,
             elapsed=self._elapsed,
         )
+        if self._dist is None or not warming_up:
+            return skip
+        return distributed.agree("skip" if skip else None, self._dist) is not None
 
     def _should_observe(self) -> bool:
         warming_up = getattr(self.policy, "warming_up", False)

@@ -6,6 +6,7 @@ Usage (under torchrun, or with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by th
         [--epochs E] [--every K] [--stop-at STEP] [--kill-at STEP]
         [--fault RANK:POINT:NTH] [--coci-timeout SECONDS] [--ballast-mb MB]
         [--policy young --mtbf SECONDS --total-steps N] [--step-sleep SECONDS] [--remote URL]
+        [--warmup-steps N] [--warmup-stall-fraction RANK:FRACTION]
 
 Trains an MLP with dropout (per-rank RNG), Adam and a LambdaLR schedule on a 48-sample dataset
 through coci.ResumableLoader (batch 4 per rank), checkpointing every K steps with coci.Session,
@@ -14,7 +15,10 @@ indices of each step). --stop-at closes the session (waiting for the commit) and
 step; --kill-at SIGKILLs every rank right after that step's session.step (the whole job dies, a
 persist may be in flight); --fault SIGKILLs rank RANK at the NTH time it reaches storage fault
 point POINT (a rank dying mid-persist). --policy young plans online (rank 0 plans on the
-slowest rank's costs and broadcasts; observing every 2 steps). At the end rank 0 writes final.pt (model and optimizer).
+slowest rank's costs and broadcasts; observing every 2 steps, or the first time after
+--warmup-steps). --warmup-stall-fraction sets knobs.PLAN_WARMUP_STALL_FRACTION on one rank, so
+that the ranks would decide differently whether to skip a warm-up checkpoint. At the end rank 0
+writes final.pt (model and optimizer).
 """
 
 from __future__ import annotations
@@ -54,11 +58,17 @@ def main() -> None:
     parser.add_argument("--total-steps", type=int, default=None)
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--remote", default=None)  # the remote tier (promotes every checkpoint)
+    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--warmup-stall-fraction", default=None)
     args = parser.parse_args()
 
     rank = init_job(300, args.coci_timeout)  # ranks start minutes apart under load
     if args.policy is not None:
-        knobs.PLAN_WARMUP_STEPS = knobs.OBSERVE_EVERY_STEPS = 2
+        knobs.PLAN_WARMUP_STEPS, knobs.OBSERVE_EVERY_STEPS = args.warmup_steps, 2
+    if args.warmup_stall_fraction is not None:
+        target, fraction = args.warmup_stall_fraction.split(":")
+        if int(target) == rank:
+            knobs.PLAN_WARMUP_STALL_FRACTION = float(fraction)
     # (no torch.use_deterministic_algorithms: its first call imports the compiler stack, seconds per
     # rank, and the CPU ops used here are deterministic anyway; the bitwise test checks it)
 

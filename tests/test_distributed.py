@@ -167,6 +167,24 @@ def test_world_size_change_2_1_2_uses_each_sample_once_per_epoch(tmp_path: Path)
     assert not (tmp_path / "events.rank1.jsonl").read_text().count('"error"')
 
 
+def test_ranks_skip_a_warm_up_checkpoint_together(tmp_path: Path) -> None:
+    """Whether to skip a warm-up checkpoint depends on each rank's own persist and stalls; here rank
+    1 would skip every one after the first (a stall budget of 0) and rank 0 none (unless its persist
+    is still in flight): the ranks must still checkpoint the same steps, or a persist fails with
+    "ranks disagree on the checkpoint"."""
+    online = ("--policy", "auto", "--mtbf", "2", "--step-sleep", "0.05", "--total-steps", "24", "--warmup-steps", "18")
+    assert launch(tmp_path, 2, "--epochs", "4", *online, "--warmup-stall-fraction", "1:0") == [0, 0]  # 6 steps an epoch
+    events = {
+        rank: [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+        for rank, name in ((0, "events.jsonl"), (1, "events.rank1.jsonl"))
+    }
+    assert not [e for rank_events in events.values() for e in rank_events if e["event"] == "error"]
+    started = {rank: [e["step"] for e in rank_events if e["event"] == "snapshot_start"] for rank, rank_events in events.items()}
+    assert started[0] == started[1]
+    assert [s for s in started[0] if s < 18] == [1]  # every warm-up checkpoint after the first skipped on both
+    assert committed(tmp_path)[-1] == 24
+
+
 def test_a_process_without_a_process_group_restores_a_dcp_checkpoint(tmp_path: Path, reference: Path) -> None:
     """A job shrunk to one plain process (no torch.distributed) resumes from a 2-rank checkpoint."""
     import importlib.util
