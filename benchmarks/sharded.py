@@ -11,7 +11,9 @@ session itself records as the stall (its ``stall`` events: ``Session.checkpoint(
 optimizer fence), with the optimizer step right after ``checkpoint()`` so that no copy can hide
 behind a forward/backward, against ``Tensor.copy_`` of that rank's local shards (model and
 optimizer state) into preallocated buffers, measured in the same process right before each
-checkpoint. Ratios measured in this run: staged and written bytes per rank 2 ranks / 1 rank (goal
+checkpoint. A barrier starts both, so every rank copies at the same time in both arms, as every rank
+of a real job checkpoints at the same step (without it, one rank's ``copy_`` could run while the
+other rank waited on its commit, and the arms met different contention). Ratios measured in this run: staged and written bytes per rank 2 ranks / 1 rank (goal
 about 0.5) and stall / copy (goal <= 1.25), the median of each checkpoint's ratio to the copy just
 before it (robust to other jobs on a shared machine, which slow both alike). Also printed, less
 sensitive to other jobs than wall time: the CPU time of the stall (``checkpoint()`` plus the
@@ -70,12 +72,14 @@ def worker(run_dir: str, mb: float, repeats: int) -> None:
     copies, staged, written = [], 0, 0
     cpu: dict[str, list[float]] = {"copy_thread": [], "copy_process": [], "stall_thread": [], "stall_process": []}
     for _ in range(repeats):
+        dist.barrier()  # every rank copies at once, in both arms (see the module docstring)
         began, thread, process = time.perf_counter(), time.thread_time(), time.process_time()
         for buffer, tensor in zip(buffers, local):
             buffer.copy_(tensor)
         copies.append(time.perf_counter() - began)
         cpu["copy_thread"].append(time.thread_time() - thread)
         cpu["copy_process"].append(time.process_time() - process)
+        dist.barrier()
         thread, process = time.thread_time(), time.process_time()
         pending = session.checkpoint()
         checkpoint_thread, checkpoint_process = time.thread_time() - thread, time.process_time() - process

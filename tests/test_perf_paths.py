@@ -21,7 +21,7 @@ import torch
 
 from coci import knobs
 from coci.checkpoint import fileio, format
-from coci.checkpoint.snapshot import CopyJob, StagingArena, aligned_empty
+from coci.checkpoint.snapshot import CopyJob, StagingArena, aligned_empty, arena_bytes
 from coci.errors import CorruptCheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +83,15 @@ def test_a_large_host_arena_lies_on_huge_pages_and_outlives_its_first_view(monke
     small.fill_(1)
     assert small.data_ptr() % knobs.DIRECT_IO_ALIGN_BYTES == 0  # torch's allocator, aligned by hand
     # (whether the kernel backs that heap memory with huge pages anyway is its choice, not asserted)
+
+
+@pytest.mark.parametrize("mb", [40, 40.001, 41.9, 47.5, 48, 63, 64.5, 96, 500.3])
+def test_a_huge_page_arena_is_whole_huge_pages_within_the_staging_bound(mb: float) -> None:
+    needed = int(mb * 2**20)
+    size = arena_bytes(needed)
+    if needed >= knobs.HUGE_PAGE_MIN_BYTES and knobs.ARENA_HUGE_PAGES:
+        assert size % knobs.HUGE_PAGE_BYTES == 0  # resident memory = the allocation, no partial page
+    assert needed * (1 + knobs.ARENA_GROWTH_FRACTION) <= size <= 1.1 * needed
 
 
 @pytest.mark.parametrize("numel", [(3 << 20) // 4 + 7, (2 << 20) // 4])  # ragged tail, block multiple

@@ -135,8 +135,7 @@ class StagingArena:
         pin = any(t.is_cuda for t in tensors) and torch.cuda.is_available()
         buffer = self._buffer
         if buffer is None or buffer.numel() < needed or (pin and not buffer.is_pinned()):
-            size = int(needed * (1 + knobs.ARENA_GROWTH_FRACTION)) + knobs.ARENA_GROWTH_BYTES
-            buffer = aligned_empty(size, pin)
+            buffer = aligned_empty(arena_bytes(needed, pin), pin)
             buffer.fill_(0)  # fault the pages in now, not during the first snapshot's copy
             self.allocations += 1
             logger.debug("staging arena allocated: %d bytes (pinned=%s)", needed, pin)
@@ -159,6 +158,21 @@ class StagingArena:
         return self._buffer.numpy().data[: self._nbytes]
 
 
+def arena_bytes(needed: int, pin: bool = False) -> int:
+    """Bytes to allocate for a layout of ``needed`` bytes, with room to grow
+    (``knobs.ARENA_GROWTH_FRACTION``). A huge-page arena is resident in whole huge pages, so its room
+    is rounded to them instead of adding ``knobs.ARENA_GROWTH_BYTES``: at most
+    ``1.05 * needed + 2 MB``, within the 1.1x staging bound from ``knobs.HUGE_PAGE_MIN_BYTES`` on."""
+    grown = int(needed * (1 + knobs.ARENA_GROWTH_FRACTION))
+    if _uses_huge_pages(needed, pin):
+        return -(-grown // knobs.HUGE_PAGE_BYTES) * knobs.HUGE_PAGE_BYTES
+    return grown + knobs.ARENA_GROWTH_BYTES
+
+
+def _uses_huge_pages(size: int, pin: bool) -> bool:
+    return not pin and knobs.ARENA_HUGE_PAGES and size >= knobs.HUGE_PAGE_MIN_BYTES and _HUGE_PAGES_ADVISABLE
+
+
 def aligned_empty(size: int, pin: bool = False) -> torch.Tensor:
     """A uint8 buffer of ``size`` bytes starting at a ``knobs.DIRECT_IO_ALIGN_BYTES`` boundary, so the
     persist stage can hand it to O_DIRECT writes and reads (pinned memory is page-aligned already).
@@ -166,9 +180,10 @@ def aligned_empty(size: int, pin: bool = False) -> torch.Tensor:
     A host buffer of at least ``knobs.HUGE_PAGE_MIN_BYTES`` is an anonymous mapping advised to use
     transparent huge pages (``knobs.ARENA_HUGE_PAGES``): the kernel then pins 2 MB pages for each
     O_DIRECT transfer instead of 4 KB ones, which cut the persist's system CPU for 192 MB from
-    about 13 ms to 3 ms and the copy into the arena by a tenth (benchmarks/README.md, Performance II).
+    about 13 ms to 3 ms and the copy into the arena by a tenth (benchmarks/README.md, Performance II
+    and Sharded training).
     """
-    if not pin and knobs.ARENA_HUGE_PAGES and size >= knobs.HUGE_PAGE_MIN_BYTES and _HUGE_PAGES_ADVISABLE:
+    if _uses_huge_pages(size, pin):
         return huge_page_empty(size)
     align = knobs.DIRECT_IO_ALIGN_BYTES
     raw = torch.empty(size + align, dtype=torch.uint8, pin_memory=pin)
