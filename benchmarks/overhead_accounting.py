@@ -19,7 +19,11 @@ Printed per pair, in percent of the plain run's wall time:
   the pairs with a 90% bootstrap interval: on a shared machine one pair's wall times differ by
   10-20 points from load alone, so the verdict is whether that interval holds 0.
 
-    .venv/bin/python benchmarks/overhead_accounting.py [--workload mlp] [--steps 300] [--pairs 3] [--mtbf-steps 3000]
+``--concurrent`` runs the two arms of a pair at once instead, each pinned to its own core (cores
+swapped every pair), so that drift of the machine's speed hits both alike; coci's threads then
+share the core of its training thread: the case with no spare core.
+
+    .venv/bin/python benchmarks/overhead_accounting.py [--workload mlp] [--steps 300] [--pairs 3] [--mtbf-steps 3000] [--concurrent]
 """
 
 from __future__ import annotations
@@ -103,16 +107,38 @@ def child(arm: str, workload_name: str, steps: int, mtbf_steps: float, run_dir: 
     return result
 
 
-def spawn(arm: str, args: argparse.Namespace, run_dir: Path, mtbf_steps: float) -> dict[str, Any]:
+def start(arm: str, args: argparse.Namespace, run_dir: Path, mtbf_steps: float, cpu: int | None = None) -> subprocess.Popen[str]:
     command = [sys.executable, __file__, "--child", arm, "--workload", args.workload, "--steps", str(args.steps),
                "--mtbf-steps", str(mtbf_steps), "--run-dir", str(run_dir)]
+    if cpu is not None:
+        command = ["taskset", "-c", str(cpu), *command]  # the process and every thread it starts
     # glibc raises its mmap threshold after a large free, so the arm that frees a big buffer early
     # (coci's staging) then allocates activations from the heap without page faults and ran ~15%
     # faster than the plain arm; a fixed threshold in both arms removes that bias.
     env = dict(os.environ)
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
-    done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+
+
+def result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = proc.communicate()
+    if proc.returncode:
+        raise SystemExit(f"child failed with exit code {proc.returncode}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def spawn(arm: str, args: argparse.Namespace, run_dir: Path, mtbf_steps: float) -> dict[str, Any]:
+    return result(start(arm, args, run_dir, mtbf_steps))
+
+
+def run_pair(pair: int, args: argparse.Namespace, run_dir: Path, mtbf_seconds: float) -> dict[str, dict[str, Any]]:
+    """One pair: one after the other, order alternating; or, with ``--concurrent``, both at once,
+    each pinned to its own core (the cores swap every pair)."""
+    arms = ("plain", "coci") if pair % 2 == 0 else ("coci", "plain")
+    if not args.concurrent:
+        return {arm: spawn(arm, args, run_dir, mtbf_seconds) for arm in arms}
+    procs = {arm: start(arm, args, run_dir, mtbf_seconds, cpu) for cpu, arm in enumerate(arms)}
+    return {arm: result(proc) for arm, proc in procs.items()}
 
 
 def main() -> None:
@@ -121,6 +147,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--mtbf-steps", type=float, default=3000.0, help="MTBF in plain step times (short: many checkpoints)")
+    parser.add_argument("--concurrent", action="store_true",
+                        help="run the two arms of a pair at once, one core each (drift of the machine's speed cancels)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -134,12 +162,12 @@ def main() -> None:
     try:
         probe = spawn("plain", args, scratch / "probe", 0.0)
         mtbf_seconds_per_step = probe["step_seconds"] * 100.0  # the child multiplies by 0.01: MTBF in seconds
+        layout = "both arms at once, one core each" if args.concurrent else "order alternates"
         print(f"{args.workload}: {args.steps} steps of ~{probe['step_seconds'] * 1e3:.1f} ms, MTBF {args.mtbf_steps:.0f} "
-              f"steps, {args.pairs} pairs (order alternates); percent of the plain process's wall time")
+              f"steps, {args.pairs} pairs ({layout}); percent of the plain process's wall time")
         gaps_whole, gaps_section = [], []
         for pair in range(args.pairs):
-            arms = ("plain", "coci") if pair % 2 == 0 else ("coci", "plain")
-            runs = {arm: spawn(arm, args, scratch / f"run{pair}", args.mtbf_steps * mtbf_seconds_per_step) for arm in arms}
+            runs = run_pair(pair, args, scratch / f"run{pair}", args.mtbf_steps * mtbf_seconds_per_step)
             plain, under = runs["plain"], runs["coci"]
             base = plain["wall_seconds"] / 100.0
             measured_whole = (under["wall_seconds"] - plain["wall_seconds"]) / base
