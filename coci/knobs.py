@@ -29,9 +29,9 @@ ARENA_HUGE_PAGES: bool = True
 #: The huge page size such arenas are aligned to.
 HUGE_PAGE_BYTES: int = 2 << 20
 
-#: Buffers smaller than this are allocated normally: a huge-page arena's resident memory is whole
-#: huge pages, at most ``1.05 * state + 2 MB``, which stays within the 1.1x staging bound from 40 MB
-#: on (``snapshot.arena_bytes``). A 48 MB FSDP2 shard copied ~10% faster into huge pages.
+#: Buffers smaller than this are allocated normally. A staging arena this large is sized in whole
+#: huge pages (``snapshot.arena_bytes``), which keeps it within the 1.1x staging bound from this
+#: size on. A 48 MB FSDP2 shard copied ~10% faster into huge pages.
 HUGE_PAGE_MIN_BYTES: int = 40 << 20
 
 #: Size of one write() call when persisting the arena; large sequential writes approach the

@@ -160,13 +160,18 @@ class StagingArena:
 
 def arena_bytes(needed: int, pin: bool = False) -> int:
     """Bytes to allocate for a layout of ``needed`` bytes, with room to grow
-    (``knobs.ARENA_GROWTH_FRACTION``). A huge-page arena is resident in whole huge pages, so its room
-    is rounded to them instead of adding ``knobs.ARENA_GROWTH_BYTES``: at most
-    ``1.05 * needed + 2 MB``, within the 1.1x staging bound from ``knobs.HUGE_PAGE_MIN_BYTES`` on."""
+    (``knobs.ARENA_GROWTH_FRACTION`` plus ``knobs.ARENA_GROWTH_BYTES``). Where that size puts the
+    arena on huge pages (:func:`aligned_empty`'s rule), it is resident in whole huge pages, so the
+    room is rounded to them instead: every huge-page arena is a whole number of huge pages, and its
+    staging memory stays within 1.1x of ``needed`` (``tests/test_perf_paths.py``)."""
     grown = int(needed * (1 + knobs.ARENA_GROWTH_FRACTION))
-    if _uses_huge_pages(needed, pin):
-        return -(-grown // knobs.HUGE_PAGE_BYTES) * knobs.HUGE_PAGE_BYTES
-    return grown + knobs.ARENA_GROWTH_BYTES
+    if not _uses_huge_pages(grown + knobs.ARENA_GROWTH_BYTES, pin):
+        return grown + knobs.ARENA_GROWTH_BYTES
+    return max(_whole_huge_pages(grown), _whole_huge_pages(knobs.HUGE_PAGE_MIN_BYTES))
+
+
+def _whole_huge_pages(size: int) -> int:
+    return -(-size // knobs.HUGE_PAGE_BYTES) * knobs.HUGE_PAGE_BYTES
 
 
 def _uses_huge_pages(size: int, pin: bool) -> bool:
