@@ -16,8 +16,9 @@ Printed per pair, in percent of the plain run's wall time:
 * reported: the report's ``overhead_seconds`` (stalls, interference, per-step work, planning,
   final wait) for the training section, plus the measured import for the whole process;
 * the gap between them (goal: within 1.5 points of run time), and at the end the median gap over
-  the pairs with a 90% bootstrap interval: on a shared machine one pair's wall times differ by
-  10-20 points from load alone, so the verdict is whether that interval holds 0.
+  the pairs with a distribution-free 90% interval (``common.median_interval``): one pair's wall
+  times differ by 10-20 points from the machine's drift alone, so the verdict is whether that
+  interval lies within the goal.
 
 ``--concurrent`` runs the two arms of a pair at once instead, each pinned to its own core (cores
 swapped every pair), so that drift of the machine's speed hits both alike; coci's threads then
@@ -120,7 +121,7 @@ def start(arm: str, args: argparse.Namespace, run_dir: Path, mtbf_steps: float, 
     return subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
 
 
-def result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+def collect(proc: subprocess.Popen[str]) -> dict[str, Any]:
     out, _ = proc.communicate()
     if proc.returncode:
         raise SystemExit(f"child failed with exit code {proc.returncode}")
@@ -128,7 +129,7 @@ def result(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 
 def spawn(arm: str, args: argparse.Namespace, run_dir: Path, mtbf_steps: float) -> dict[str, Any]:
-    return result(start(arm, args, run_dir, mtbf_steps))
+    return collect(start(arm, args, run_dir, mtbf_steps))
 
 
 def run_pair(pair: int, args: argparse.Namespace, run_dir: Path, mtbf_seconds: float) -> dict[str, dict[str, Any]]:
@@ -138,7 +139,7 @@ def run_pair(pair: int, args: argparse.Namespace, run_dir: Path, mtbf_seconds: f
     if not args.concurrent:
         return {arm: spawn(arm, args, run_dir, mtbf_seconds) for arm in arms}
     procs = {arm: start(arm, args, run_dir, mtbf_seconds, cpu) for cpu, arm in enumerate(arms)}
-    return {arm: result(proc) for arm, proc in procs.items()}
+    return {arm: collect(proc) for arm, proc in procs.items()}
 
 
 def main() -> None:

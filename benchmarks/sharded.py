@@ -11,10 +11,10 @@ session itself records as the stall (its ``stall`` events: ``Session.checkpoint(
 optimizer fence), with the optimizer step right after ``checkpoint()`` so that no copy can hide
 behind a forward/backward, against ``Tensor.copy_`` of that rank's local shards (model and
 optimizer state) into preallocated buffers, measured in the same process right before each
-checkpoint. A barrier starts both, so every rank copies at the same time in both arms, as every rank
-of a real job checkpoints at the same step (without it, one rank's ``copy_`` could run while the
-other rank waited on its commit, and the arms met different contention). Ratios measured in this run: staged and written bytes per rank 2 ranks / 1 rank (goal
-about 0.5) and stall / copy (goal <= 1.25), the median of each checkpoint's ratio to the copy just
+checkpoint. A barrier starts both, so every rank copies at the same time in both arms, as every
+rank of a real job checkpoints at the same step (without it, one rank's ``copy_`` could run while
+the other rank waited on its commit, and the arms met different contention). Ratios measured in
+this run: staged and written bytes per rank 2 ranks / 1 rank (goal about 0.5) and stall / copy (goal <= 1.25), the median of each checkpoint's ratio to the copy just
 before it (robust to other jobs on a shared machine, which slow both alike). Also printed, less
 sensitive to other jobs than wall time: the CPU time of the stall (``checkpoint()`` plus the
 fence, marked by optimizer pre-hooks either side of the session's) against the ``copy_``'s, both
