@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from common import median, pair_ratios, remove, scratch_dir, spread, verdict  # noqa: E402
+from common import compile_bytecode, median, pair_ratios, remove, scratch_dir, spread, verdict  # noqa: E402
 
 #: The reference job: 0.25 s steps, MTBF 8 h -> 115,200 steps between failures.
 DEFAULT_MTBF_STEPS = 8 * 3600 / 0.25
@@ -151,6 +151,7 @@ def main() -> None:
     if args.arm is not None:
         print(json.dumps(run_arm(args.arm, args.workloads, args.steps, args.batches, args.mtbf_seconds)))
         return
+    compile_bytecode(ROOT)
     goal = GOALS.get(args.steps, GOALS[150] if args.steps < 1500 else GOALS[1500])
     print(f"torch threads {torch.get_num_threads()}, {args.steps} steps per run, {args.pairs} pairs per workload, "
           f"MTBF = {args.mtbf_steps:,.0f} step times, each run a fresh process (import coci timed)")

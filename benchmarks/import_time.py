@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import median, spread, verdict
+from common import compile_bytecode, median, spread, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 0.3
@@ -53,6 +53,8 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="another coci checkout to alternate with")
     args = parser.parse_args()
     trees = {"this tree": ROOT} if args.baseline is None else {"this tree": ROOT, "baseline": args.baseline.resolve()}
+    for tree in trees.values():
+        compile_bytecode(tree)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     for index in range(args.repeats):
         names = list(trees) if index % 2 == 0 else list(trees)[::-1]

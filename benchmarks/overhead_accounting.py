@@ -159,6 +159,10 @@ def main() -> None:
     import shutil
     import tempfile
 
+    from common import compile_bytecode, median_interval  # here: the children import only what their arm needs
+
+    compile_bytecode(ROOT)
+
     scratch = Path(tempfile.mkdtemp(prefix="coci-overhead-"))
     try:
         probe = spawn("plain", args, scratch / "probe", 0.0)
@@ -186,8 +190,6 @@ def main() -> None:
                   f"gap {gaps_whole[-1]:+.2f} points")
             print(f"    training section: measured +{measured_section:.2f}%, reported +{reported_section:.2f}%, "
                   f"gap {gaps_section[-1]:+.2f} points")
-        from common import median_interval  # here: the children import only what their arm needs
-
         for name, gaps in (("whole process", gaps_whole), ("training section", gaps_section)):
             median_gap = statistics.median(gaps)
             low, high = median_interval(gaps)
