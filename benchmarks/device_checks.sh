@@ -4,7 +4,8 @@
 # measurements that a 2-core machine cannot resolve (sharded 2-rank stall, checksum from outside,
 # the report's overhead against an outside measurement), as long as the budget lasts.
 #
-#   bash benchmarks/device_checks.sh [SECONDS]     (default 500; logs under $OUT or ./device-out)
+#   bash benchmarks/device_checks.sh [SECONDS] [STEP ...]   (default 500 s, every step; logs under
+#                                                            $OUT or ./device-out)
 #
 # Python packages missing on that machine travel as wheels in .whl/ (see benchmarks/README.md).
 set -u
@@ -13,8 +14,11 @@ out=${OUT:-device-out}
 mkdir -p "$out"
 start=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - start) )); }
+shift $(( $# > 0 ? 1 : 0 ))
+wanted=" $* "
 step() {  # step NAME MAX_SECONDS CMD...: run CMD for at most MAX_SECONDS or what is left
     local name=$1 max=$2; shift 2
+    if [ "$wanted" != "  " ] && [[ "$wanted" != *" $name "* ]]; then return; fi
     local limit; limit=$(left); (( limit > max )) && limit=$max
     if (( limit < 20 )); then echo "== $name: skipped, $limit s left"; return; fi
     echo "== $name (limit $limit s) $(date +%T)"
@@ -36,5 +40,6 @@ step cuda_path 120 python3 benchmarks/cuda_path.py --mb 500 --pairs 8
 step sharded_96 60 python3 benchmarks/sharded.py --mb 96 --repeats 9
 step checkpoint_outside 150 python3 benchmarks/checkpoint_outside.py --rounds 11 --alone 15
 step sharded_192 60 python3 benchmarks/sharded.py --mb 192 --repeats 7
+step end_to_end_mlp 120 python3 benchmarks/end_to_end.py --steps 150 --pairs 5 --workloads mlp
 step overhead_accounting 400 python3 benchmarks/overhead_accounting.py --pairs 40 --steps 300
 echo "== done in $(( $(date +%s) - start )) s"
