@@ -398,3 +398,24 @@ def test_warmup_checkpoints_never_wait_for_a_persist_and_respect_the_stall_budge
         _commit(session)
     session.close()
     assert [s for s in session.checkpoint_steps if s <= 16] == [1]
+
+
+def test_a_cpu_job_never_asks_the_cuda_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU host, ``torch.cuda.is_available()`` starts the CUDA driver (its threads, its address
+    space); a job that trains on the CPU must not pay that because it checkpoints and restores."""
+
+    def asked(*args: object, **kwargs: object) -> bool:
+        raise AssertionError("coci asked the CUDA driver in a CPU job")
+
+    monkeypatch.setattr(torch.cuda, "is_available", asked)
+    monkeypatch.setattr(torch.cuda, "device_count", asked)
+    model, opt, sched = make()
+    session = coci.Session(tmp_path, {"model": model, "optimizer": opt, "scheduler": sched}, policy=coci.EveryN(2))
+    train(model, opt, sched, 4, session)
+    session.close()
+    fresh, fresh_opt, fresh_sched = make(seed=1)
+    restored = coci.Session(tmp_path, {"model": fresh, "optimizer": fresh_opt, "scheduler": fresh_sched}, policy=coci.EveryN(2))
+    result = restored.restore()
+    restored.close()
+    assert result is not None and result.step == 4
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True))

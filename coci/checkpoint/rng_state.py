@@ -23,7 +23,8 @@ def capture() -> dict[str, Any]:
         "numpy": _numpy_state(),
         "torch_cpu": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    # is_initialized first: is_available would start the CUDA driver in a CPU job on a GPU host
+    if torch.cuda.is_initialized():
         state["torch_cuda"] = list(torch.cuda.get_rng_state_all())
     return state
 
