@@ -7,7 +7,13 @@
 #   bash benchmarks/device_checks.sh [SECONDS] [STEP ...]   (default 500 s, every step; logs under
 #                                                            $OUT or ./device-out)
 #
-# Python packages missing on that machine travel as wheels in .whl/ (see benchmarks/README.md).
+# That machine has torch, numpy, scipy, pandas and pytest but not pydantic, crc32c or obstore; they
+# travel as Python 3.12 wheels in an ignored .whl/, fetched here with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     --platform manylinux1_x86_64 -d .whl pydantic pydantic_core annotated-types typing-inspection \
+#     typing_extensions crc32c obstore
+# (the versions .venv has), and installed into /tmp/site below.
 set -u
 budget=${1:-500}
 out=${OUT:-device-out}
