@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from common import compile_bytecode, median, pair_ratios, remove, scratch_dir, spread, verdict  # noqa: E402
+from common import compile_bytecode, median, pair_ratios, remove, scratch_dir, spread, steady_heap_env, verdict  # noqa: E402
 
 #: The reference job: 0.25 s steps, MTBF 8 h -> 115,200 steps between failures.
 DEFAULT_MTBF_STEPS = 8 * 3600 / 0.25
@@ -129,7 +129,7 @@ def run_arm(arm: str, name: str, steps: int, batches: int, mtbf_seconds: float) 
 def spawn(arm: str, name: str, args: argparse.Namespace, mtbf_seconds: float) -> dict[str, Any]:
     command = [sys.executable, __file__, "--arm", arm, "--workloads", name, "--steps", str(args.steps),
                "--threads", str(args.threads), "--batches", str(args.batches), "--mtbf-seconds", repr(mtbf_seconds)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
+    env = steady_heap_env({**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))})
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

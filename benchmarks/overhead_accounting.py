@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -73,6 +74,7 @@ def child(arm: str, workload_name: str, steps: int, mtbf_steps: float, run_dir: 
     result: dict[str, Any] = {"arm": arm}
     clock = time.perf_counter
     step_times: list[float] = []  # each training step's own wall time (the fence included)
+    faults_began = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     if arm == "plain":
         began = clock()
         for index in range(steps):
@@ -82,6 +84,7 @@ def child(arm: str, workload_name: str, steps: int, mtbf_steps: float, run_dir: 
         result["step_seconds"] = statistics.median(step_times)
         result["section_seconds"] = clock() - began
         result["steps_seconds"] = sum(step_times)
+        result["faults_per_step"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_began) / steps
         result["wall_seconds"] = process_age()
         return result
     import_began = time.perf_counter()
@@ -100,6 +103,7 @@ def child(arm: str, workload_name: str, steps: int, mtbf_steps: float, run_dir: 
     result["section_seconds"] = clock() - began
     result["steps_seconds"] = sum(step_times)
     result["step_seconds"] = statistics.median(step_times)
+    result["faults_per_step"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_began) / steps
     result["wall_seconds"] = process_age()
     from coci.analysis.report import read_run  # after the clock stopped: the benchmark's own reading
 
@@ -124,12 +128,9 @@ def start(arm: str, args: argparse.Namespace, run_dir: Path, mtbf_steps: float, 
                "--mtbf-steps", str(mtbf_steps), "--run-dir", str(run_dir)]
     if cpu is not None:
         command = ["taskset", "-c", str(cpu), *command]  # the process and every thread it starts
-    # glibc raises its mmap threshold after a large free, so the arm that frees a big buffer early
-    # (coci's staging) then allocates activations from the heap without page faults and ran ~15%
-    # faster than the plain arm; a fixed threshold in both arms removes that bias.
-    env = dict(os.environ)
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
-    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    from common import steady_heap_env  # the heap's page faults would differ by arm (see there)
+
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=steady_heap_env(dict(os.environ)))
 
 
 def collect(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -204,7 +205,8 @@ def main() -> None:
             print(f"    of which: training steps +{under['steps_seconds'] - plain['steps_seconds']:.3f} s (median step "
                   f"{under['step_seconds'] * 1e3:.2f} vs {plain['step_seconds'] * 1e3:.2f} ms), outside them "
                   f"{under['section_seconds'] - under['steps_seconds']:.3f} s, plain outside "
-                  f"{plain['section_seconds'] - plain['steps_seconds']:.3f} s")
+                  f"{plain['section_seconds'] - plain['steps_seconds']:.3f} s; minor page faults per step "
+                  f"{under['faults_per_step']:.0f} vs {plain['faults_per_step']:.0f}")
         for name, gaps in (("whole process", gaps_whole), ("training section", gaps_section)):
             median_gap = statistics.median(gaps)
             low, high = median_interval(gaps)
