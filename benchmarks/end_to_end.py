@@ -12,6 +12,8 @@ warm-up step ran; the coci arm then times ``import coci``, ``Session(policy="aut
 every ``session.step(loss)`` (profiler, planning on its background thread, checkpoints, persists)
 and the final ``close()``. Arms alternate (order flipped every pair); the figure is the median of
 per-pair ratios of the two wall times. Goal: <= 1.05 on 150-step runs, <= 1.02 on 1,500-step runs.
+Both arms run with bytecode compiled (as after ``pip install``) and glibc's heap held steady
+(``common.steady_heap_env``: otherwise how many heap pages a step re-faults depends on the arm).
 
 MTBF, scaled to the run: the reference job takes 0.25 s steps with an 8 h MTBF, i.e. a failure
 every 115,200 steps; the same ratio of MTBF to step time is used here (``--mtbf-steps``), from a

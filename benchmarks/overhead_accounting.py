@@ -21,7 +21,11 @@ Printed per pair, in percent of the plain run's wall time:
   interval lies within the goal;
 * where the section's difference lies: the sum of the training steps' own wall times (the fence,
   the interference of persists and of the planner thread, and whatever the report misses) against
-  the time outside them (``Session()``, ``session.step``, ``close()``), and each arm's median step.
+  the time outside them (``Session()``, ``session.step``, ``close()``), and each arm's median step
+  and minor page faults per step.
+
+Both arms run with bytecode compiled (as after ``pip install``) and glibc's heap held steady
+(``common.steady_heap_env``: otherwise how many heap pages a step re-faults depends on the arm).
 
 ``--concurrent`` runs the two arms of a pair at once instead, each pinned to its own core (cores
 swapped every pair), so that drift of the machine's speed hits both alike; coci's threads then
