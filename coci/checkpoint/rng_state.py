@@ -23,7 +23,7 @@ def capture() -> dict[str, Any]:
         "numpy": _numpy_state(),
         "torch_cpu": torch.get_rng_state(),
     }
-    # is_initialized first: is_available would start the CUDA driver in a CPU job on a GPU host
+    # not is_available(): on a GPU host it would start the CUDA driver in a job that trains on the CPU
     if torch.cuda.is_initialized():
         state["torch_cuda"] = list(torch.cuda.get_rng_state_all())
     return state
