@@ -153,11 +153,11 @@ def steady_heap_env(env: dict[str, str]) -> dict[str, str]:
 
     With glibc's defaults (or a fixed mmap threshold alone) a CPU training step that frees more than
     the trim threshold at the heap's top gives those pages back and faults them in again the next
-    step: the mlp workload took ~1,800-3,100 minor faults per step, and its step was 1.26x slower
-    than with trimming off, measured in one process. How many pages an arm re-faults depends on what
-    else sits on its heap, so importing any library (coci included) moved the step time by 10-30%
-    either way, independently of the work that library did. Fixing both thresholds (mmap at 32 MiB,
-    glibc's ceiling; no trim below 1 GiB) leaves ~0 faults per step in every arm."""
+    step: the mlp workload's step took ~2,000-3,200 minor faults and 1.27-1.32x as long as without.
+    How many pages a process re-faults depends on what else sits on its heap (under coci anywhere
+    from 0 to ~3,000 per step between identical runs), so the arms' step times differed for a reason
+    unrelated to the work coci does. Fixing both thresholds (mmap at 32 MiB, glibc's ceiling; no trim
+    below 1 GiB) leaves ~0 faults per step in every arm (``benchmarks/heap_faults.py``)."""
     env = dict(env)
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
     env.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 30))

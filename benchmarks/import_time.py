@@ -1,12 +1,13 @@
 """What ``import coci`` costs on top of ``import torch``, in fresh interpreters.
 
 Each repeat starts a new Python process that imports torch, then coci, timing both (wall and
-process CPU seconds) and listing which heavy modules coci pulled in; then it looks up
-``coci.Session``, which loads what a training loop uses (``import coci`` itself loads no submodule:
-the first public name does), and times that too: "import + first use" is what a job pays before
-its first ``Session()``. With ``--baseline DIR`` (another
-checkout of coci) the two trees alternate repeat by repeat and the ratio of the medians is printed.
-Goal: ``import coci`` minus ``import torch`` <= 0.3 s.
+process CPU seconds), the full (generation-2) garbage collections inside coci's import (torch's
+~166,000 objects, collected once coci's allocations set the collector off; a process that builds
+anything sizeable after torch's import pays that collection anyway), and listing which heavy
+modules coci pulled in; then it looks up ``coci.Session`` and times that too ("import + first
+use"). The trees are compiled to bytecode first (``common.compile_bytecode``), as after ``pip
+install``. With ``--baseline DIR`` (another checkout of coci) the two trees alternate repeat by
+repeat and the ratio of the medians is printed. Goal: ``import coci`` minus ``import torch`` <= 0.3 s.
 
     .venv/bin/python benchmarks/import_time.py [--repeats 7] [--baseline /path/to/other/checkout]
 """
@@ -27,17 +28,25 @@ from common import compile_bytecode, median, spread, verdict
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 0.3
 PROBE = """
-import json, sys, time
+import gc, json, sys, time
 w0, c0 = time.perf_counter(), time.process_time()
 import torch
 w1, c1 = time.perf_counter(), time.process_time()
+full_gc = [0.0, 0.0]  # start of the running collection, seconds in full (generation-2) collections
+def timer(phase, info):
+    if phase == "start":
+        full_gc[0] = time.perf_counter()
+    elif info["generation"] == 2:
+        full_gc[1] += time.perf_counter() - full_gc[0]
+gc.callbacks.append(timer)
 import coci
 w2, c2 = time.perf_counter(), time.process_time()
+gc.callbacks.remove(timer)
 coci.Session
 w3, c3 = time.perf_counter(), time.process_time()
 heavy = [m for m in ("pandas", "scipy", "matplotlib", "coci.analysis.report", "coci.analysis.simulate") if m in sys.modules]
 print(json.dumps({"torch": w1 - w0, "coci": w2 - w1, "torch_cpu": c1 - c0, "coci_cpu": c2 - c1,
-                  "first_use": w3 - w1, "first_use_cpu": c3 - c1, "heavy": heavy}))
+                  "first_use": w3 - w1, "first_use_cpu": c3 - c1, "heavy": heavy, "full_gc": full_gc[1]}))
 """
 
 
@@ -67,6 +76,9 @@ def main() -> None:
         print(f"{name} ({trees[name]}): import torch median {median(torch_wall):.2f} s ({spread(torch_wall)}); "
               f"import coci after it: wall {verdict(median(coci_wall), GOAL, at_most=True)} ({spread(coci_wall)} s), "
               f"CPU {median(coci_cpu):.3f} s ({spread(coci_cpu)} s); heavy modules loaded: {results[-1]['heavy'] or 'none'}")
+        full_gc = [r.get("full_gc", 0.0) for r in results]
+        print(f"  of which full garbage collections (torch's objects, set off by the import's allocations): "
+              f"{median(full_gc):.3f} s ({spread(full_gc)} s)")
         first_wall = [r.get("first_use", r["coci"]) for r in results]
         first_cpu = [r.get("first_use_cpu", r["coci_cpu"]) for r in results]
         print(f"  import coci + first use (coci.Session): wall {median(first_wall):.3f} s ({spread(first_wall)} s), "

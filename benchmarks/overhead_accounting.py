@@ -28,8 +28,9 @@ Both arms run with bytecode compiled (as after ``pip install``) and glibc's heap
 (``common.steady_heap_env``: otherwise how many heap pages a step re-faults depends on the arm).
 
 ``--concurrent`` runs the two arms of a pair at once instead, each pinned to its own core (cores
-swapped every pair), so that drift of the machine's speed hits both alike; coci's threads then
-share the core of its training thread: the case with no spare core.
+swapped every pair), so that a slowdown of the whole machine hits both alike (differences between
+cores and processes do not cancel); coci's threads then share the core of its training thread: the
+case with no spare core.
 
     .venv/bin/python benchmarks/overhead_accounting.py [--workload mlp] [--steps 300] [--pairs 3] [--mtbf-steps 3000] [--concurrent]
 """
@@ -165,7 +166,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--mtbf-steps", type=float, default=3000.0, help="MTBF in plain step times (short: many checkpoints)")
     parser.add_argument("--concurrent", action="store_true",
-                        help="run the two arms of a pair at once, one core each (drift of the machine's speed cancels)")
+                        help="run the two arms of a pair at once, one core each (a slowdown of the whole machine cancels)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
