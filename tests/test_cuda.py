@@ -144,3 +144,31 @@ def test_session_step_synchronises_only_in_batched_loss_reads(tmp_path: Path) ->
     session.close()
     syncs = [w for w in caught if "called a synchronizing" in str(w.message)]
     assert len(syncs) <= 64 // 16, f"{len(syncs)} host-device syncs in 64 steps"
+
+
+def test_the_stall_holds_the_compute_streams_wait_at_the_fence(tmp_path: Path) -> None:
+    """The host only enqueues the fence (``wait_event``); the compute stream then idles until the
+    D2H copy is done. That GPU wait is the stall training feels, so the recorded stall must hold it:
+    here at least half of one pinned copy of the same bytes (the host's share alone is ~1 ms)."""
+    seed_all(0)
+    model, opt = make(width=4096, layers=8)  # ~540 MB of parameters, ~1.6 GB with Adam's moments
+    train(model, opt, 1)
+    flat = torch.cat([t.detach().reshape(-1) for t in [*model.parameters(), *(
+        v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.is_cuda)]])
+    host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+    began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    began.record()
+    host.copy_(flat, non_blocking=True)
+    ended.record()
+    ended.synchronize()
+    copy_seconds = began.elapsed_time(ended) / 1e3
+    del flat, host
+
+    session = coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.EveryN(10**9), keep_last=1)
+    session.checkpoint()  # the copy is in flight on the side stream ...
+    train(model, opt, 1, session)  # ... and this optimizer step's fence makes the compute stream wait
+    session.close()
+    stalls = [e for e in coci.events.read_events(tmp_path) if e["event"] == "stall"]
+    assert len(stalls) == 1
+    assert stalls[0]["seconds"] >= 0.5 * copy_seconds, (stalls[0]["seconds"], copy_seconds)
+    assert session.profile.stall_seconds.value is not None and session.profile.stall_seconds.value >= 0.5 * copy_seconds

@@ -187,9 +187,23 @@ class PendingCheckpoint:
         self.staging_completion: Future[None] = Future()
         self.upload_completion: Future[PersistResult] = Future()
         self.fence_event = fence_event
+        self.device_wait: tuple[Any, Any] | None = None  # timing events around the first GPU fence
 
     def done(self) -> bool:
         return self.upload_completion.done()
+
+    def device_wait_seconds(self, *, block: bool) -> float | None:
+        """GPU time the compute stream spent waiting at this snapshot's first fence (0.0 when no
+        GPU fence was met); None while the GPU has not passed that fence yet, unless ``block``,
+        which then waits for it (an event wait, never a device-wide sync)."""
+        if self.device_wait is None:
+            return 0.0
+        arrived, resumed = self.device_wait
+        if not resumed.query():
+            if not block:
+                return None
+            resumed.synchronize()
+        return float(arrived.elapsed_time(resumed)) / 1e3
 
 
 class Checkpointer:
@@ -285,12 +299,22 @@ class Checkpointer:
         return self.clock() - began
 
     def fence(self) -> float:
-        """Called before weights change: a GPU-side wait for CUDA copies, a host wait for CPU ones."""
+        """Called before weights change: a GPU-side wait for CUDA copies, a host wait for CPU ones.
+        Returns the host's wait; the GPU's is timed by events read later (``device_wait_seconds``)."""
         pending = self.pending
         if pending is None:
             return 0.0
         if pending.fence_event is not None:
-            torch.cuda.current_stream().wait_event(pending.fence_event)
+            stream = torch.cuda.current_stream()
+            if pending.device_wait is None:  # the first fence waits; later ones find the copy done
+                arrived = torch.cuda.Event(enable_timing=True, blocking=True)
+                arrived.record(stream)
+                stream.wait_event(pending.fence_event)
+                resumed = torch.cuda.Event(enable_timing=True, blocking=True)
+                resumed.record(stream)
+                pending.device_wait = (arrived, resumed)
+            else:
+                stream.wait_event(pending.fence_event)
         if not pending.host_fence or pending.staging_completion.done():
             return 0.0
         began = self.clock()
