@@ -223,7 +223,7 @@ class Session:
         if startup is not None:
             self._profiler.set_startup_seconds(startup)  # the restart cost's prior
         self._overhead.setup = time.perf_counter() - constructed
-        self.events.emit("session", step=0, pid=os.getpid(), startup_seconds=startup)
+        self.events.emit("session", step=0, pid=os.getpid(), startup_seconds=startup, planning=hasattr(self.policy, "plan"))
         self._profiler.mark()
 
     # -- public API ------------------------------------------------------------------------------
@@ -293,6 +293,7 @@ class Session:
     def checkpoint(self) -> PendingCheckpoint:
         """Start a checkpoint of the current state now (also used by ``step``)."""
         self._check_open()
+        self._record_pending_stall(block=True)  # the previous one's GPU wait, before its figures are replaced
         began = self._clock()
         planning_before = self._overhead.planning  # a commit polled below may re-plan: booked apart
         previous = self._checkpointer.pending
@@ -304,6 +305,7 @@ class Session:
             self._steps, tree, self._fenced_ptrs(), epoch=self._epoch(), state_keys=sorted(self.state)
         )
         self._checkpoint_steps.append(self._steps)
+        self._profiler.set_state_bytes(pending.nbytes)  # what a checkpoint holds (optimizer state appears at its first step)
         self._profiler.persist_started()
         self._stall_pending = pending
         self._stall_seconds = self._clock() - began - (self._overhead.planning - planning_before)
@@ -436,7 +438,7 @@ class Session:
         if self._final_checkpoint_due():
             self.checkpoint()
             waited_from += self._stall_seconds
-        self._record_pending_stall()  # the last checkpoint's stall has no next step to record it
+        self._record_pending_stall(block=True)  # the last checkpoint's stall has no next step to record it
         self._closed = True
         try:
             closing = self._clock()
@@ -499,12 +501,19 @@ class Session:
             own -= self._stall_seconds  # still just checkpoint()'s own time here; fence waits come later
         self._overhead.step_work += max(own, 0.0)
 
-    def _record_pending_stall(self) -> None:
+    def _record_pending_stall(self, *, block: bool = False) -> None:
         """The stall of the checkpoint started at the previous step (its copy and the fence waits
-        since): into the profile, the ledger and ``events.jsonl``."""
+        since): into the profile, the ledger and ``events.jsonl``. On a GPU the stall also holds the
+        compute stream's wait at the fence, timed by events; while the GPU has not passed the fence
+        the record waits for a later step (the host runs ahead), except where ``block`` (the next
+        checkpoint, ``close()``) waits for that one event."""
         stalled = self._stall_pending
         if stalled is None:
             return
+        device_wait = stalled.device_wait_seconds(block=block)
+        if device_wait is None:
+            return
+        self._stall_seconds += device_wait
         self._profiler.record_stall(self._stall_seconds, stalled.nbytes)
         self._stalled_total += self._stall_seconds
         self._overhead.stall += self._stall_seconds
@@ -755,12 +764,16 @@ def _lock_run_dir(run_dir: Path, context: distributed.DistributedContext | None)
 
 
 def _tensor_bytes(state: Mapping[str, Any]) -> int:
+    """The state's tensor bytes as known before its first checkpoint (the planner's prior): modules,
+    tensors and the optimizer state that exists yet; each checkpoint then sets its real size."""
     total = 0
     for value in state.values():
         if isinstance(value, torch.nn.Module):
             total += sum(local_nbytes(t) for t in value.state_dict().values())
         elif isinstance(value, torch.Tensor):
             total += local_nbytes(value)
+        elif isinstance(value, torch.optim.Optimizer):
+            total += sum(local_nbytes(v) for s in value.state.values() for v in s.values() if isinstance(v, torch.Tensor))
     return total
 
 

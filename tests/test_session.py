@@ -421,3 +421,20 @@ def test_a_cpu_job_never_asks_the_cuda_driver(tmp_path: Path, monkeypatch: pytes
     restored.close()
     assert result is not None and result.step == 4
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True))
+
+
+def test_the_profiled_state_size_is_what_a_checkpoint_holds(tmp_path: Path) -> None:
+    """Adam's moments appear at its first step, after ``Session(...)``: the state size the planner's
+    priors and the report use must follow the checkpoints, not stay at the parameters' bytes."""
+    model, opt, sched = make()
+    parameter_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    session = coci.Session(tmp_path, {"model": model, "optimizer": opt, "scheduler": sched}, policy=coci.AtSteps.of([2]))
+    assert session.profile.state_bytes == parameter_bytes
+    train(model, opt, sched, 3, session)
+    session.close()
+    (start,) = [e for e in coci.events.read_events(tmp_path) if e["event"] == "snapshot_start"]
+    assert start["bytes"] >= 3 * parameter_bytes  # parameters and Adam's two moments
+    assert session.profile.state_bytes == start["bytes"]
+    from coci.analysis.report import read_run
+
+    assert read_run(tmp_path).profile.state_bytes == start["bytes"]
