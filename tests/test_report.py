@@ -409,3 +409,17 @@ def test_html_renders_in_headless_chromium(built, tmp_path: Path) -> None:
     assert shot.read_bytes().startswith(PNG_MAGIC)
     dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()], capture_output=True, timeout=120, text=True)
     assert dom.stdout.count("data:image/png;base64,") == len(FIGURES)
+
+
+def test_a_run_that_ended_before_its_first_plan_says_so(tmp_path: Path) -> None:
+    """A planning policy whose run ends before the first plan arrives has no plan.json: the report
+    says no plan was made yet, not that the policy does not plan; EveryN's report still says that."""
+    for policy, expected in (("auto", "plan: none made: the run ended after 3 steps"), (coci.EveryN(2), "the policy does not plan")):
+        run_dir = tmp_path / str(policy)
+        model, opt, x, y = _job()
+        session = coci.Session(run_dir, state={"model": model, "optimizer": opt}, policy=policy, mtbf="1h", total_steps=3)
+        _train(session, model, opt, x, y, 3, {})
+        session.close()
+        assert session.plan is None
+        text = report(run_dir).summary()
+        assert expected in text, text

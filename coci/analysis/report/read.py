@@ -159,6 +159,7 @@ class ReportData(BaseModel):
     plan: Plan | None = None
     profile: Profile | None = None
     replans: int = 0
+    planning: bool = False  # the run's policy plans (auto, young, ...): no plan then means none was made yet
     checkpoints: list[CheckpointRow] = Field(default_factory=list)
     restores: list[RestoreRow] = Field(default_factory=list)
     preemptions: list[PreemptionRow] = Field(default_factory=list)
@@ -211,6 +212,7 @@ def read_run(run_dir: Path) -> ReportData:
         plan=plan,
         profile=profile,
         replans=sum(1 for e in events if e.get("event") == "plan"),
+        planning=any(e.get("event") == "session" and e.get("planning") is True for e in events),
         checkpoints=rows,
         restores=restores,
         preemptions=_preemptions(events),
@@ -236,6 +238,7 @@ _EVENT_FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "signal": (str,),
     "pid": (int, str),
     "fits": (bool,),
+    "planning": (bool,),
     "within_grace": (bool,),
     "steps": (list,),
 }

@@ -85,6 +85,11 @@ def summary(data: ReportData, plans: dict[str, Plan]) -> str:
 
 def _plan_lines(data: ReportData) -> list[str]:
     plan = data.plan
+    if plan is None and data.planning:
+        return [
+            f"  plan: none made: the run ended after {data.observed.steps} steps, before its first plan arrived; "
+            "checkpoints until then are the warm-up's (auto: steps 1, 2, 4, 8, 16)"
+        ]
     if plan is None:
         return ["  plan: none recorded (the policy does not plan, e.g. EveryN / fixed steps)"]
     budget = "none" if plan.time_budget is None else f"{plan.time_budget:.0%}"
