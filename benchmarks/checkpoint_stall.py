@@ -31,9 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import coci  # noqa: E402
-from coci.checkpoint.snapshot import CopyJob  # noqa: E402
-from common import (  # noqa: E402
+from common import (
     adam_stack,
     copy_all,
     median,
@@ -44,6 +42,9 @@ from common import (  # noqa: E402
     spread,
     verdict,
 )
+
+import coci
+from coci.checkpoint.snapshot import CopyJob
 
 GOAL = 1.25
 
@@ -67,19 +68,19 @@ class FenceMode:
         created: list[CopyJob] = []
 
         class RecordingJob(CopyJob):
-            def __init__(job, *args, **kwargs) -> None:  # noqa: N805
+            def __init__(job, *args, **kwargs) -> None:
                 super().__init__(*args, **kwargs)
                 created.append(job)
 
         checkpointer.CopyJob = RecordingJob
         original_start, original_fence = checkpointer.Checkpointer.start, checkpointer.Checkpointer.fence
 
-        def start(this, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        def start(this, *args, **kwargs):
             pending = original_start(this, *args, **kwargs)
             pending.job = created.pop()
             return pending
 
-        def fence(this) -> float:  # noqa: ANN001
+        def fence(this) -> float:
             pending = this.pending
             if not self.steal or pending is None or not pending.host_fence or pending.staging_completion.done():
                 return original_fence(this)

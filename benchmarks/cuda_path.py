@@ -31,9 +31,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import coci  # noqa: E402
-from coci.checkpoint.snapshot import CopyJob, StagingArena  # noqa: E402
-from common import median, pair_ratios, remove, scratch_dir, verdict  # noqa: E402
+from common import median, pair_ratios, remove, scratch_dir, verdict
+
+import coci
+from coci.checkpoint.snapshot import CopyJob, StagingArena
 
 THROUGHPUT_GOAL = 0.8
 

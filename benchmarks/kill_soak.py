@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fault_job import CampaignResult, run_campaign  # noqa: E402
+from fault_job import CampaignResult, run_campaign
 
 
 def main() -> int:

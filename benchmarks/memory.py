@@ -24,8 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import coci  # noqa: E402
-from common import adam_stack, remove, rss_bytes, scratch_dir, verdict  # noqa: E402
+from common import adam_stack, remove, rss_bytes, scratch_dir, verdict
+
+import coci
 
 STAGING_GOAL = 1.1
 RSS_GOAL = 1.02

@@ -34,12 +34,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import coci  # noqa: E402
-from coci import knobs  # noqa: E402
-from coci.checkpoint import format, local  # noqa: E402
-from coci.events import read_events  # noqa: E402
-from coci.checkpoint.snapshot import StagingArena  # noqa: E402
-from common import adam_stack, median, pair_ratios, raw_write, remove, scratch_dir, spread, verdict  # noqa: E402
+from common import adam_stack, median, pair_ratios, raw_write, remove, scratch_dir, spread, verdict
+
+import coci
+from coci import knobs
+from coci.checkpoint import format, local
+from coci.checkpoint.snapshot import StagingArena
+from coci.events import read_events
 
 GOAL = 0.85
 

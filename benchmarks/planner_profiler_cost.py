@@ -20,11 +20,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import coci  # noqa: E402
-from coci.planning.failures import Failures  # noqa: E402
-from common import remove, scratch_dir, verdict  # noqa: E402
-from plan_speed import CURVE, JOB, timed  # noqa: E402
-from profiler_overhead import _loop_seconds, _noop, per_step_microseconds  # noqa: E402
+from common import remove, scratch_dir, verdict
+from plan_speed import CURVE, JOB, timed
+from profiler_overhead import _loop_seconds, _noop, per_step_microseconds
+
+import coci
+from coci.planning.failures import Failures
 
 PLAN_GOAL_MS = 50.0
 PROFILER_GOAL_US = 50.0

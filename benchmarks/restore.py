@@ -25,9 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import coci  # noqa: E402
-from coci.checkpoint import format  # noqa: E402
-from common import adam_stack, drop_page_cache, median, pair_ratios, raw_read, remove, scratch_dir, spread, verdict  # noqa: E402
+from common import adam_stack, drop_page_cache, median, pair_ratios, raw_read, remove, scratch_dir, spread, verdict
+
+import coci
+from coci.checkpoint import format
 
 GOAL = 1.3
 
