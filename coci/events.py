@@ -2,18 +2,21 @@
 
 One JSON object per line: ``time`` (Unix seconds), ``event`` (session, snapshot_start, snapshot_end,
 persist_end, commit, retention, restore, restore_skip, restart, plan, stall, progress, error,
-preempted, close; with a remote tier promoted, promote_skip, remote_retention, remote_fetch),
+preempted, close, reached; with a remote tier promoted, promote_skip, remote_retention, remote_fetch),
 ``step`` and whatever the phase measured (``seconds``, ``bytes``, ``path``, ``message``). Appends
 are serialised by a lock because the background writer emits too; each line is flushed so a killed
-job keeps everything up to its last event.
+job keeps everything up to its last event. Beside it, ``step.mark`` (:class:`StepMark`) holds the
+step the newest process reached, to the step, even when it was killed between events.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import mmap
 import os
 import stat
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +32,12 @@ EVENTS_FILENAME = "events.jsonl"
 #: largest line of ``events.jsonl``: a real run's are far smaller (a plan of 10,000 steps is ~1 MB).
 MAX_RUN_FILE_BYTES = 64 << 20
 MAX_EVENT_LINE_BYTES = 1 << 20
+
+#: Name of the step mark in the run directory (:class:`StepMark`).
+STEP_MARK_FILENAME = "step.mark"
+_STEP_MARK = struct.Struct("<8sqq")  # magic, pid, step
+_STEP_MARK_MAGIC = b"cocistep"
+_STEP_MARK_MAX = 2**53  # no run reaches it; beyond it a mark is not one coci wrote
 
 
 class EventLog:
@@ -80,6 +89,49 @@ class EventLog:
         fd = getattr(self, "_fd", None)
         if fd is not None:
             os.close(fd)
+
+
+class StepMark:
+    """How far this process got, kept where a SIGKILL cannot take it: a 24-byte file
+    (``step.mark``: magic, pid, step) mapped into memory, so :meth:`set` is one store into the
+    mapping, no syscall, and the kernel writes the page back after the process dies (only a crash
+    of the machine itself loses it). Events come at checkpoints and every few seconds; the mark
+    tells the next process, and the report, the exact step a killed process had reached."""
+
+    def __init__(self, path: Path) -> None:
+        fd = _no_follow(str(path), os.O_RDWR | os.O_CREAT | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ConfigError(f"{path} is not a regular file: coci keeps its step mark there")
+            os.ftruncate(fd, _STEP_MARK.size)
+            self._map = mmap.mmap(fd, _STEP_MARK.size)
+        finally:
+            os.close(fd)  # the mapping keeps the file
+        _STEP_MARK.pack_into(self._map, 0, _STEP_MARK_MAGIC, os.getpid(), 0)
+        self._steps = memoryview(self._map)[8:].cast("q")  # [pid, step]
+
+    def set(self, step: int) -> None:
+        self._steps[1] = step
+
+    def close(self) -> None:
+        """Release the mapping; the file keeps the last step."""
+        self._steps.release()
+        self._map.close()
+
+
+def read_step_mark(path: Path) -> tuple[int, int] | None:
+    """``(pid, step)`` of a step mark, or None where there is none or it is not one coci wrote
+    (a link, a FIFO, another size, a wrong magic, a step beyond any run): the mark is untrusted."""
+    try:
+        data = read_run_file(path, max_bytes=_STEP_MARK.size)
+    except (OSError, ConfigError):
+        return None
+    if len(data) != _STEP_MARK.size:
+        return None
+    magic, pid, step = _STEP_MARK.unpack(data)
+    if magic != _STEP_MARK_MAGIC or not 0 < pid < _STEP_MARK_MAX or not 0 <= step < _STEP_MARK_MAX:
+        return None
+    return int(pid), int(step)
 
 
 def write_run_file(path: Path, text: str) -> None:

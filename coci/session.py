@@ -61,7 +61,7 @@ from coci.errors import (
     StateError,
     StateMismatchError,
 )
-from coci.events import EventLog, write_run_file
+from coci.events import STEP_MARK_FILENAME, EventLog, StepMark, read_step_mark, write_run_file
 from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
@@ -194,6 +194,7 @@ class Session:
         self._lock = _lock_run_dir(self.run_dir, self._dist)  # one session per run directory
         if self._dist is not None and not self._dist.is_coordinator:
             self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
+        self._mark = self._open_step_mark()
         writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
         self._checkpointer = Checkpointer(writer, self.events, keep_last, self._clock)
         self._remote = None if remote is None else RemoteTier(open_store(remote, storage_options), keep_last_remote, self.events, self._profiler)
@@ -268,6 +269,8 @@ class Session:
         self._profiler.step(loss)
         resumed = self._clock()
         self._steps += 1
+        if self._mark is not None:
+            self._mark.set(self._steps)
         now = self._clock()
         if now - self._progress_at >= knobs.PROGRESS_EVENT_SECONDS:  # bounds what a crash loses
             self._progress_at = now
@@ -464,6 +467,9 @@ class Session:
             "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._overhead.as_event()
         )
         self.events.close()
+        if self._mark is not None:
+            self._mark.close()
+            self._mark = None
         if self._lock is not None:  # last write done: the run directory is free (a failed close frees it at exit)
             self._lock.release()
         self._raise_error()
@@ -525,6 +531,17 @@ class Session:
         now = self._clock()
         self._profiler.record_busy(now - seconds, now)
         return seconds
+
+    def _open_step_mark(self) -> StepMark | None:
+        """This process's step mark (rank 0's under ``torch.distributed``), after recording the step
+        the previous process reached (a ``reached`` event: the report's work lost to a kill)."""
+        if self._dist is not None and not self._dist.is_coordinator:
+            return None
+        path = self.run_dir / STEP_MARK_FILENAME
+        previous = read_step_mark(path)
+        if previous is not None and previous[1] > 0:
+            self.events.emit("reached", step=previous[1], pid=previous[0])
+        return StepMark(path)
 
     def _record_restart(self) -> None:
         """The first ``step()`` after a restore: the restart cost is the process's age now, less

@@ -20,8 +20,9 @@ What it reads (every input is optional except the directory itself; what is miss
   read, by offset, without the checksum pass); else none, and the loss figure shows the fit alone.
 
 Lost work: a restore that follows a segment of the event log with no ``close`` event is a failure.
-The work lost is at least the steps between the last step that segment recorded and the step
-restored (events are written at checkpoints and plans, not at every step, so this is a lower bound).
+The work lost is the steps between the step that segment's process reached and the step restored:
+exact where it left its step mark (``step.mark``, which the next process records as a ``reached``
+event), else a lower bound from its last event (events come at checkpoints and every few seconds).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from coci.checkpoint.checkpointer import load_entry
 from coci.checkpoint.format import SESSION_KEY, checkpoints_dir, committed_steps
 from coci.checks import is_int
 from coci.errors import CociError, ConfigError
-from coci.events import EVENTS_FILENAME, read_events, read_run_file
+from coci.events import EVENTS_FILENAME, STEP_MARK_FILENAME, read_events, read_run_file, read_step_mark
 from coci.planning.planner import Plan
 from profiler import Profile
 
@@ -75,7 +76,8 @@ class CheckpointRow(BaseModel):
 
 
 class RestoreRow(BaseModel):
-    """One restore: the step restored and, after a failure, the work lost (a lower bound).
+    """One restore: the step restored and, after a failure, the work lost: exact when the killed
+    process left its step mark (``lost_exact``), else a lower bound (its last event).
     ``restart_seconds``: that process's start to its first step after the restore."""
 
     step: int
@@ -85,6 +87,7 @@ class RestoreRow(BaseModel):
     reached_step: int | None = None
     lost_steps: int | None = None
     lost_seconds: float | None = None
+    lost_exact: bool = False
 
 
 class PreemptionRow(BaseModel):
@@ -198,7 +201,8 @@ def read_run(run_dir: Path) -> ReportData:
     _mark_planned(rows, events, plan, notes)
     step_seconds = _step_seconds(profile, plan)
     restores = _restores(events, step_seconds)
-    observed = _observed(rows, restores, events, profile, step_seconds, notes)
+    mark = read_step_mark(run_dir / STEP_MARK_FILENAME)  # the step the newest process reached
+    observed = _observed(rows, restores, events, profile, step_seconds, notes, None if mark is None else mark[1])
     promoted = [row for row in rows if row.upload_seconds is not None]
     observed = observed.model_copy(update={
         "promotions": len(promoted),
@@ -403,9 +407,11 @@ def _restores(events: list[dict[str, Any]], step_seconds: float | None) -> list[
     """Each restore, and what the segment before it had reached (a failure unless it closed)."""
     rows: list[RestoreRow] = []
     reached: int | None = None
-    closed = False
+    closed = marked = False
     for event in events:
         kind, step = event.get("event"), _event_step(event)
+        if kind == "reached" and step is not None:  # the step mark the previous process left
+            marked = reached is None or step >= reached
         if kind == "restart" and rows and rows[-1].restart_seconds is None:
             rows[-1].restart_seconds = _number(event.get("seconds"))
             continue
@@ -420,9 +426,10 @@ def _restores(events: list[dict[str, Any]], step_seconds: float | None) -> list[
                     reached_step=reached,
                     lost_steps=lost,
                     lost_seconds=None if lost is None or step_seconds is None else lost * step_seconds,
+                    lost_exact=failure and marked,
                 )
             )
-            reached, closed = step, False
+            reached, closed, marked = step, False, False
             continue
         if step is not None and kind not in ("retention", "restore_skip"):
             reached = step if reached is None else max(reached, step)
@@ -451,10 +458,11 @@ def _observed(
     profile: Profile | None,
     step_seconds: float | None,
     notes: list[str],
+    mark_step: int | None = None,
 ) -> ObservedCosts:
     steps = profile.steps if profile is not None else 0
-    reached = [_event_step(e) for e in events if e.get("event") in ("close", "progress", "stall", "snapshot_start")]
-    steps = max([steps, *(step for step in reached if step is not None)])
+    reached = [_event_step(e) for e in events if e.get("event") in ("close", "progress", "stall", "snapshot_start", "reached")]
+    steps = max([steps, *(step for step in reached if step is not None), mark_step or 0])
     taken = [r for r in rows if r.bytes is not None or r.staging_seconds is not None or r.committed]
     stall, estimated = _stall_total(taken, profile, notes)
     interference = len(taken) * float(profile.interference_seconds) if profile is not None else 0.0

@@ -176,7 +176,7 @@ def _restore_lines(data: ReportData) -> list[str]:
         why = "after a failure" if row.failure else "after a clean close"
         text = f"  step {row.step} ({why}"
         if row.lost_steps is not None:
-            text += f", at least {row.lost_steps} steps lost"
+            text += f", {'' if row.lost_exact else 'at least '}{row.lost_steps} steps lost"
         text += f"): restore {format_seconds(row.seconds)}"
         if row.restart_seconds is not None:
             text += f", restart {format_seconds(row.restart_seconds)} (process start to first step)"
@@ -302,10 +302,12 @@ def _lost_work_lines(data: ReportData, plans: dict[str, Plan]) -> list[str]:
         )
     if obs.failures:
         per = (obs.lost_seconds or 0.0) / obs.failures
+        exact = all(row.lost_exact for row in data.restores if row.failure)
+        bound = "" if exact else "at least "
+        how = "up to the step each killed process reached" if exact else "up to the last logged event before a failure"
         lines.append(
-            f"  observed: {obs.failures} failure(s), at least {obs.lost_steps} steps "
-            f"({format_seconds(obs.lost_seconds or 0.0)}) lost = at least {format_seconds(per)} per failure "
-            "(counted up to the last logged event before each failure)"
+            f"  observed: {obs.failures} failure(s), {bound}{obs.lost_steps} steps "
+            f"({format_seconds(obs.lost_seconds or 0.0)}) lost = {bound}{format_seconds(per)} per failure (counted {how})"
         )
     else:
         restarts = len(data.restores)

@@ -1,0 +1,61 @@
+"""The step mark: a process SIGKILLed between events still tells the next process, and the report,
+the exact step it reached; a mark that coci did not write is ignored, never trusted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coci.analysis.report import read_run, report
+from coci.events import STEP_MARK_FILENAME, StepMark, read_events, read_step_mark
+
+JOB = Path(__file__).with_name("train_job.py")
+
+
+def run_job(run_dir: Path, *extra: str) -> int:
+    command = [sys.executable, str(JOB), str(run_dir), "--steps", "20", "--every", "5", *extra]
+    return subprocess.run(command, timeout=600, capture_output=True).returncode  # generous under load
+
+
+@pytest.mark.slow
+def test_a_kill_between_checkpoints_is_counted_to_the_step_the_process_reached(tmp_path: Path) -> None:
+    assert run_job(tmp_path, "--die-at", "13") == -signal.SIGKILL  # checkpoints at 5 and 10; killed at 13
+    killed = read_run(tmp_path)
+    assert killed.observed.steps == 13  # no event says 13: the last ones are the checkpoint's at 10
+    assert max(e.get("step", 0) for e in read_events(tmp_path)) < 13
+
+    assert run_job(tmp_path) == 0
+    (restore,) = read_run(tmp_path).restores
+    assert restore.failure and restore.reached_step == 13 and restore.lost_exact
+    assert restore.lost_steps == 13 - restore.step  # 3 when step 10 had committed, 8 when only 5 had
+    summary = report(tmp_path).summary()
+    assert f"after a failure, {13 - restore.step} steps lost" in summary, summary
+    assert "(counted up to the step each killed process reached)" in summary
+
+
+def test_a_mark_round_trips_and_a_planted_one_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / STEP_MARK_FILENAME
+    mark = StepMark(path)
+    mark.set(12345)
+    assert read_step_mark(path) == (os.getpid(), 12345)
+    mark.close()
+    assert read_step_mark(path) == (os.getpid(), 12345)  # the file keeps the last step
+
+    data = path.read_bytes()
+    for planted in (b"", data[:-1], data + b"x", b"x" * len(data), data[:16] + (2**62).to_bytes(8, "little"),
+                    data[:16] + (-1 & (2**64 - 1)).to_bytes(8, "little")):
+        path.write_bytes(planted)
+        assert read_step_mark(path) is None, planted
+    path.unlink()
+    outside = tmp_path / "outside"
+    outside.write_bytes(data)
+    path.symlink_to(outside)
+    assert read_step_mark(path) is None  # never read through a link
+    path.unlink()
+    os.mkfifo(path)
+    assert read_step_mark(path) is None  # never blocks on a planted FIFO
