@@ -88,14 +88,28 @@ def _check_optimizer(key: str, optimizer: torch.optim.Optimizer, saved: Any) -> 
         if not (isinstance(ids, list) and len(ids) == len(current["params"])):
             raise CorruptCheckpointError(f"state[{key!r}]: a saved parameter group has another number of parameters")
         params.update(zip(ids, current["params"]))
+    shaped_like_params = type(optimizer) in _PARAMETER_SHAPED_STATE
     for pid, entries in per_param.items():
         if pid not in params or not isinstance(entries, dict):
             raise CorruptCheckpointError(f"state[{key!r}]: saved state for unknown parameter {pid!r}")
+        if not shaped_like_params:
+            continue
         for name, value in entries.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != params[pid].shape:
                 raise CorruptCheckpointError(
                     f"state[{key!r}] parameter {pid!r} {name!r}: saved {tuple(value.shape)}, parameter {tuple(params[pid].shape)}"
                 )
+
+
+#: torch.optim classes whose per-parameter state tensors are 0-d or of their parameter's shape, so
+#: a saved one of another shape cannot belong to this model. Others keep state of other shapes:
+#: LBFGS flat vectors of every parameter's length (and lists of them) under the first parameter,
+#: Adafactor a matrix's row and column statistics, and a third-party optimizer anything (quantized
+#: or factored moments, preconditioner matrices); their per-tensor shapes are not checked.
+_PARAMETER_SHAPED_NAMES = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Rprop", "ASGD")
+_PARAMETER_SHAPED_STATE: frozenset[type] = frozenset(
+    cls for name in (*_PARAMETER_SHAPED_NAMES, "SparseAdam", "Muon") if isinstance(cls := getattr(torch.optim, name, None), type)
+)  # getattr: Muon came with torch 2.9
 
 
 def _describe(value: Any) -> str:
