@@ -534,14 +534,20 @@ class Session:
 
     def _open_step_mark(self) -> StepMark | None:
         """This process's step mark (rank 0's under ``torch.distributed``), after recording the step
-        the previous process reached (a ``reached`` event: the report's work lost to a kill)."""
+        the previous process reached (a ``reached`` event: the report's work lost to a kill). A mark
+        that cannot be made (a file system without ``mmap``, a planted link) is logged and skipped:
+        the report then counts lost work up to the last event, as a lower bound."""
         if self._dist is not None and not self._dist.is_coordinator:
             return None
         path = self.run_dir / STEP_MARK_FILENAME
         previous = read_step_mark(path)
         if previous is not None and previous[1] > 0:
             self.events.emit("reached", step=previous[1], pid=previous[0])
-        return StepMark(path)
+        try:
+            return StepMark(path)
+        except (OSError, ValueError, ConfigError) as exc:
+            logger.warning("no step mark at %s (%s): lost work will be counted up to the last event", path, exc)
+            return None
 
     def _record_restart(self) -> None:
         """The first ``step()`` after a restore: the restart cost is the process's age now, less

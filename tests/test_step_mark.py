@@ -59,3 +59,25 @@ def test_a_mark_round_trips_and_a_planted_one_is_ignored(tmp_path: Path) -> None
     path.unlink()
     os.mkfifo(path)
     assert read_step_mark(path) is None  # never blocks on a planted FIFO
+
+
+@pytest.mark.parametrize("planted", ["directory", "symlink", "fifo"])
+def test_a_step_mark_that_cannot_be_made_never_stops_training(tmp_path: Path, planted: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The mark is a reporting aid: where it cannot be made the session trains and checkpoints on,
+    and the report counts lost work up to the last event (a lower bound), as it says."""
+    import torch
+
+    import coci
+
+    path = tmp_path / STEP_MARK_FILENAME
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.write_bytes(b"\0" * 24)
+    {"directory": path.mkdir, "symlink": lambda: path.symlink_to(outside), "fifo": lambda: os.mkfifo(path)}[planted]()
+    model = torch.nn.Linear(2, 1)
+    session = coci.Session(tmp_path, state={"model": model}, policy=coci.EveryN(2))
+    for _ in range(4):
+        session.step(model(torch.ones(1, 2)).sum())
+    session.close()
+    assert session.checkpoint_steps == (2, 4)
+    assert "no step mark" in caplog.text
+    assert outside.read_bytes() == b"\0" * 24  # never written through the link
