@@ -206,8 +206,9 @@ def serve() -> None:
     import torch
 
     import coci  # noqa: F401
-    from coci.checkpoint import format  # noqa: F401
-    from coci.checkpoint import snapshot
+    from coci.checkpoint import (
+        format,  # noqa: F401
+        )
 
     torch.use_deterministic_algorithms(True)  # imports torch's compiler stack once, in the server
     sys.path.insert(0, str(HERE))
@@ -241,7 +242,7 @@ class ForkServer:
     def __init__(self, stderr_path: Path, timeout: float = 120.0) -> None:
         env = {**os.environ, **SINGLE_THREAD_ENV}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
-        self._stderr = open(stderr_path, "a")
+        self._stderr = open(stderr_path, "a")  # noqa: SIM115 -- the server's stderr for its whole life; closed in close()
         self.timeout = timeout
         self.process = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "serve"],

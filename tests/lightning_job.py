@@ -29,10 +29,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import lightning.pytorch as pl  # noqa: E402
+import lightning.pytorch as pl
 
-import coci  # noqa: E402
-from coci.integrations.lightning import CociCallback  # noqa: E402
+import coci
+from coci.integrations.lightning import CociCallback
 
 BATCH = 16
 SAMPLES = 160

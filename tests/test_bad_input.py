@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from ckpt_helpers import build_state, make_run
 
 import coci

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_report import make_run  # the same short real run (a crash, a restore, a clean close)
 
 from coci.cli import main, read_curve
 from coci.planning.planner import POLICIES, Plan
-from test_report import make_run  # the same short real run (a crash, a restore, a clean close)
 
 PLAN_ARGS = [
     "--mtbf", "8h", "--step-seconds", "0.25", "--stall-seconds", "0.4", "--persist-seconds", "6",
@@ -182,8 +182,8 @@ def test_commands_on_a_missing_run_directory_fail_cleanly(tmp_path: Path, capsys
 
 
 def test_simulate_reports_the_simulator_means_and_intervals(capsys: pytest.CaptureFixture[str]) -> None:
-    from coci.planning.planner import plan
     from coci.analysis.simulate import simulate
+    from coci.planning.planner import plan
 
     args = ["simulate", *PLAN_ARGS, "--policy", "young", "--trials", "50", "--seed", "1"]
     assert main([*args, "--json"]) == 0

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ckpt_helpers import build_state, events_of, load_manifest_json, make_run, restore_fresh, step_dir, write_manifest_json
 
 import coci

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ckpt_helpers import build_state, events_of, restore_fresh
 
 import coci

@@ -6,12 +6,12 @@ import itertools
 
 import numpy as np
 import pytest
+from exact_optimum import constrained_optimum, optimal_steps
 
 from coci.errors import ConfigError
-from exact_optimum import constrained_optimum, optimal_steps
 from coci.planning.failures import Failures
-from coci.planning.objective import ExpectedFailures, build_cost_model, expected_failures
 from coci.planning.formulas import auto_steps, min_interval_steps, periodic_steps, young_interval_seconds
+from coci.planning.objective import ExpectedFailures, build_cost_model, expected_failures
 
 
 def decaying_rate(s: np.ndarray) -> np.ndarray:

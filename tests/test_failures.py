@@ -12,7 +12,6 @@ from scipy import stats
 from coci.errors import ConfigError
 from coci.planning.failures import Failures
 
-
 # --- exponential ---------------------------------------------------------------------------------
 
 

@@ -12,8 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
-
-from fault_job import ForkServer, compare_final, committed, events, run_campaign
+from fault_job import ForkServer, committed, compare_final, events, run_campaign
 
 from coci.checkpoint import format
 from coci.checkpoint.verify import verify_run
@@ -43,7 +42,7 @@ def test_twenty_kills_resume_exactly(server: ForkServer, tmp_path: Path) -> None
     assert result.kills == 20
     assert result.mismatches == 0
     assert result.trajectories >= 3  # several kills per trajectory, each ended by a bitwise comparison
-    assert REQUIRED_KINDS <= set(result.kinds), result.kinds
+    assert set(result.kinds) >= REQUIRED_KINDS, result.kinds
     # each restart restored exactly the newest committed step (checked inside); most had one to restore
     assert result.resumes >= result.kills // 2
     assert len(set(result.restored_steps)) > 3  # kills landed at many different points of the run

@@ -20,7 +20,6 @@ from pathlib import Path
 import crc32c
 import pytest
 import torch
-
 from ckpt_helpers import build_state, events_of, load_manifest_json, make_run, step_dir, write_manifest_json
 
 import coci

@@ -423,8 +423,8 @@ def elastic_epoch(length: int, batch: int, drop_last: bool, plan: list[tuple[int
             for g in got:
                 seen.update(g.tolist())
         state = json_round_trip(loaders[0].state_dict())
-        assert {json.dumps(l.state_dict() | {"rank": 0}) for l in loaders} == {json.dumps(state | {"rank": 0})}
-    assert all(l.epoch == 1 for l in loaders)  # the drain finished the epoch on every rank
+        assert {json.dumps(loader.state_dict() | {"rank": 0}) for loader in loaders} == {json.dumps(state | {"rank": 0})}
+    assert all(loader.epoch == 1 for loader in loaders)  # the drain finished the epoch on every rank
     return seen
 
 

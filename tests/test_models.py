@@ -21,9 +21,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # models/ is a repo-only package
 
 from coci.events import read_events
-from models import WORKLOADS  # noqa: E402
-from models import train as demo  # noqa: E402
-from models.record_curves import curve_path, read_curve  # noqa: E402
+from models import WORKLOADS
+from models import train as demo
+from models.record_curves import curve_path, read_curve
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from coci.planning.failures import Failures
-from coci.planning.objective import ExpectedFailures, build_cost_model, expected_failures
 from coci.planning.formulas import (
     auto_steps,
     checkfreq_interval,
@@ -21,6 +20,7 @@ from coci.planning.formulas import (
     periodic_steps,
     young_interval_seconds,
 )
+from coci.planning.objective import ExpectedFailures, build_cost_model, expected_failures
 
 MINUTE = 60.0
 HOUR = 3600.0
@@ -196,8 +196,9 @@ def test_auto_respects_persist_and_overhead_constraints() -> None:
 
 def test_refinement_reaches_the_exact_optimum_with_few_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a steep curve with few, long intervals the first-order density is off; refinement fixes it."""
-    from coci import knobs
     from exact_optimum import optimal_steps
+
+    from coci import knobs
     from coci.planning.formulas import place
 
     m = build_cost_model(

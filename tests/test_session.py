@@ -316,7 +316,7 @@ def test_replanning_time_is_capped_to_a_fraction_of_wall_time(tmp_path: Path) ->
     commits = sum(1 for e in coci.events.read_events(tmp_path) if e["event"] == "commit")
     assert commits == 40  # 40 invitations to re-plan, plus the periodic ones
     planning_seconds = SlowPlanner.calls * 1.0
-    assert 1 <= SlowPlanner.calls
+    assert SlowPlanner.calls >= 1
     assert planning_seconds <= coci.knobs.PLANNING_TIME_FRACTION * now[0] + 1.0
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from coci.checkpoint import format, local
-from coci.errors import CorruptCheckpointError
 from coci.checkpoint.snapshot import StagingArena
+from coci.errors import CorruptCheckpointError
 
 
 def write(root: Path, step: int, tensors: list[torch.Tensor]) -> Path:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from coci.errors import StateError
 from coci.checkpoint.tree import flatten, unflatten
+from coci.errors import StateError
 
 
 def roundtrip(obj):

@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import coci  # noqa: E402
-from coci.checkpoint import format  # noqa: E402
+import coci
+from coci.checkpoint import format
 
 
 def build(seed: int = 0, state_mb: float = 0.0) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
@@ -89,7 +89,7 @@ def main() -> None:
         args.run_dir, state=state, policy=coci.EveryN(args.every), keep_last=2, remote=args.remote, keep_last_remote=args.keep_last_remote
     )
     session.restore()
-    log = open(os.path.join(args.run_dir, f"losses_{os.getpid()}.txt"), "a")
+    log = open(os.path.join(args.run_dir, f"losses_{os.getpid()}.txt"), "a")  # noqa: SIM115 -- open until the process ends or is killed
 
     def train_step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         optimizer.zero_grad()
@@ -106,8 +106,7 @@ def main() -> None:
                 index = torch.randint(0, x.shape[0], (32,))
                 yield x[index], y[index]
         while True:
-            for xb, yb in loader:
-                yield xb, yb
+            yield from loader
 
     stream = batches()
     while session.steps < args.steps:
