@@ -10,7 +10,6 @@ equal to an uninterrupted run, model and LBFGS state alike.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from fault_job import losses
+from fault_job import events, losses
 
 import coci
 
@@ -132,5 +131,5 @@ def test_sigkilled_lbfgs_closure_job_is_bitwise_equal_to_uninterrupted(tmp_path:
     assert set(resumed) == set(reference_losses)
     for step, values in resumed.items():  # steps recomputed after a resume give the same loss
         assert values == {reference_losses[step]}, step
-    events = [json.loads(line)["event"] for line in (killed / "events.jsonl").read_text().splitlines()]
-    assert "restore" in events and "restore_skip" not in events  # resumed from a checkpoint, none refused
+    kinds = [event["event"] for event in events(killed)]
+    assert "restore" in kinds and "restore_skip" not in kinds  # resumed from a checkpoint, none refused

@@ -106,9 +106,10 @@ def _check_optimizer(key: str, optimizer: torch.optim.Optimizer, saved: Any) -> 
 #: LBFGS flat vectors of every parameter's length (and lists of them) under the first parameter,
 #: Adafactor a matrix's row and column statistics, and a third-party optimizer anything (quantized
 #: or factored moments, preconditioner matrices); their per-tensor shapes are not checked.
-_PARAMETER_SHAPED_NAMES = ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Rprop", "ASGD")
 _PARAMETER_SHAPED_STATE: frozenset[type] = frozenset(
-    cls for name in (*_PARAMETER_SHAPED_NAMES, "SparseAdam", "Muon") if isinstance(cls := getattr(torch.optim, name, None), type)
+    cls
+    for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Rprop", "ASGD", "SparseAdam", "Muon")
+    if isinstance(cls := getattr(torch.optim, name, None), type)
 )  # getattr: Muon came with torch 2.9
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from coci import knobs
 from coci.analysis.report.figures import FIGURES
 from coci.analysis.report.read import PolicyRow, ReportData
 from coci.analysis.report.small_cut import small_cut_reason
@@ -88,7 +89,7 @@ def _plan_lines(data: ReportData) -> list[str]:
     if plan is None and data.planning:
         return [
             f"  plan: none made: the run ended after {data.observed.steps} steps, before its first plan arrived; "
-            "checkpoints until then are the warm-up's (auto: steps 1, 2, 4, 8, 16)"
+            f"checkpoints until then are the warm-up's (auto: steps {', '.join(map(str, knobs.PLAN_WARMUP_CHECKPOINT_STEPS))})"
         ]
     if plan is None:
         return ["  plan: none recorded (the policy does not plan, e.g. EveryN / fixed steps)"]
