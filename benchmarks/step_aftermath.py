@@ -5,7 +5,10 @@ One process trains the ``mlp`` workload (one torch thread) under ``coci.Session`
 its fence). Printed: the median step by distance from the last checkpoint (1 = the step right
 after it, which meets the fence), the extra wall time per checkpoint summed over the first
 ``--window`` steps against the steps further away, and what the session's profile books per
-checkpoint (stall + interference). Run it pinned to one core (``taskset -c 1``) for the case with
+checkpoint (stall + interference). Also printed, to rule causes in or out: garbage collection
+inside the timed training steps (``gc.callbacks``), and the CPU seconds of the process's other
+threads (coci's persist worker, checksum helper and planner; ``/proc/self/task``) against the
+interference and planner-thread seconds the session booked. Run it pinned to one core (``taskset -c 1``) for the case with
 no spare core, where the persist worker shares the training thread's core.
 
     taskset -c 1 .venv/bin/python benchmarks/step_aftermath.py [--steps 1200] [--every 20] [--window 6]
@@ -14,9 +17,11 @@ no spare core, where the persist worker shares the training thread's core.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +30,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
 from common import remove, scratch_dir, steady_heap_env  # noqa: E402
+
+
+def other_threads_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process's threads other than the calling one (Linux)."""
+    total = 0.0
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) == threading.get_native_id():
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", encoding="ascii") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def main() -> None:
@@ -45,16 +65,31 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     iterator = iter(torch.utils.data.DataLoader(workload.dataset, batch_size=workload.batch_size, shuffle=True, generator=generator))
     batches = [next(iterator) for _ in range(16)]
+    in_step, collected, gc_began = [False], [0.0], [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if not in_step[0]:
+            return
+        if phase == "start":
+            gc_began[0] = time.perf_counter()
+        else:
+            collected[0] += time.perf_counter() - gc_began[0]
+
+    gc.callbacks.append(on_gc)
     run_dir = scratch_dir("aftermath")
     try:
         session = coci.Session(run_dir, workload.state(), policy=coci.EveryN(args.every), total_steps=args.steps)
         times = []
         for index in range(args.steps):
             began = time.perf_counter()
+            in_step[0] = True
             loss = workload.train_step(batches[index % len(batches)])
+            in_step[0] = False
             times.append(time.perf_counter() - began)
             session.step(loss)
+        others = other_threads_cpu_seconds()  # before close() joins coci's threads
         session.close()
+        closed = [e for e in coci.events.read_events(run_dir) if e["event"] == "close"][-1]
     finally:
         remove(run_dir)
     checkpoints = set(session.checkpoint_steps)
@@ -81,6 +116,9 @@ def main() -> None:
     print(f"extra wall per checkpoint in its {args.window} following steps: {extra * 1e3:.1f} ms; "
           f"booked per checkpoint: stall {(profile.stall_seconds.value or 0.0) * 1e3:.1f} ms + interference "
           f"{profile.interference_seconds * 1e3:.1f} ms = {booked * 1e3:.1f} ms (booked / measured {booked / extra if extra > 0 else float('nan'):.2f})")
+    print(f"garbage collection inside training steps: {collected[0]:.3f} s; coci's threads' CPU {others:.3f} s against "
+          f"{len(checkpoints) * profile.interference_seconds + closed['overhead_planner_thread']:.3f} s booked for them "
+          f"(interference x checkpoints + planner thread)")
 
 
 if __name__ == "__main__":
