@@ -141,12 +141,13 @@ def overlap(args: argparse.Namespace, device: torch.device, model: torch.nn.Modu
             session.wait()
             synchronize(device)
             began = time.perf_counter()
-            session.checkpoint()
+            step = session.checkpoint().step
             train_step(model, optimizer, inputs)  # the optimizer step's fence waits on the copy's event
             synchronize(device)
             seconds = time.perf_counter() - began
             session.step()  # records the stall: the host's share plus the compute stream's wait at the fence
-            return seconds, session._stall_seconds
+            recorded = [e["seconds"] for e in coci.events.read_events(run_dir) if e["event"] == "stall" and e["step"] == step]
+            return seconds, float(recorded[-1])  # the stall event is written when the session books it
 
         cleans, snaps, stalls = [], [], []
         for index in range(args.pairs):

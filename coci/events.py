@@ -37,7 +37,11 @@ MAX_EVENT_LINE_BYTES = 1 << 20
 STEP_MARK_FILENAME = "step.mark"
 _STEP_MARK = struct.Struct("<8sqq")  # magic, pid, step
 _STEP_MARK_MAGIC = b"cocistep"
-_STEP_MARK_MAX = 2**53  # no run reaches it; beyond it a mark is not one coci wrote
+
+#: Largest number an event field or the step mark may hold: every count, step, byte size, duration
+#: and Unix time a real run records is far below it, and sums and products of a few stay finite as
+#: floats; beyond it a value is not one coci wrote.
+EVENT_NUMBER_MAX = 2**53
 
 
 class EventLog:
@@ -129,7 +133,7 @@ def read_step_mark(path: Path) -> tuple[int, int] | None:
     if len(data) != _STEP_MARK.size:
         return None
     magic, pid, step = _STEP_MARK.unpack(data)
-    if magic != _STEP_MARK_MAGIC or not 0 < pid < _STEP_MARK_MAX or not 0 <= step < _STEP_MARK_MAX:
+    if magic != _STEP_MARK_MAGIC or not 0 < pid < EVENT_NUMBER_MAX or not 0 <= step < EVENT_NUMBER_MAX:
         return None
     return int(pid), int(step)
 

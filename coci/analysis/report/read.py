@@ -42,7 +42,7 @@ from coci.checkpoint.checkpointer import load_entry
 from coci.checkpoint.format import SESSION_KEY, checkpoints_dir, committed_steps
 from coci.checks import is_int
 from coci.errors import CociError, ConfigError
-from coci.events import EVENTS_FILENAME, STEP_MARK_FILENAME, read_events, read_run_file, read_step_mark
+from coci.events import EVENT_NUMBER_MAX, EVENTS_FILENAME, STEP_MARK_FILENAME, read_events, read_run_file, read_step_mark
 from coci.planning.planner import Plan
 from profiler import Profile
 
@@ -228,10 +228,6 @@ def read_run(run_dir: Path) -> ReportData:
         notes=notes,
     )
 
-
-#: Largest number an event field may hold: every count, step, byte size, duration and Unix time a
-#: real run records is far below it, and sums and products of a few stay finite as floats.
-EVENT_NUMBER_MAX = float(2**53)
 
 #: Event fields whose value must be of one type (a list of steps, a process id used as a key...).
 _EVENT_FIELD_TYPES: dict[str, tuple[type, ...]] = {
