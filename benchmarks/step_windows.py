@@ -14,7 +14,10 @@ own time (what the report books as per-step work) is printed beside it.
 Each run is a fresh process with glibc's heap held steady (``common.steady_heap_env``); ``--cpu N``
 pins it to one core, so that coci's threads share the training thread's core (no spare core).
 
-    .venv/bin/python benchmarks/step_windows.py [--workload mlp] [--steps 1000] [--window 50] [--runs 3] [--cpu N]
+``--policy never`` keeps the session but never checkpoints or plans: what ``session.step`` alone
+does to the steps around it.
+
+    .venv/bin/python benchmarks/step_windows.py [--workload mlp] [--steps 1000] [--window 50] [--runs 3] [--policy auto|never] [--cpu N]
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -39,7 +43,7 @@ from common import median, remove, scratch_dir, spread, steady_heap_env  # noqa:
 MTBF_STEPS = 4000.0
 
 
-def child(workload_name: str, steps: int, window: int) -> dict[str, Any]:
+def child(workload_name: str, steps: int, window: int, policy_name: str) -> dict[str, Any]:
     """One process: alternate windows, time every training step; what the parent prints."""
     import torch
 
@@ -55,16 +59,20 @@ def child(workload_name: str, steps: int, window: int) -> dict[str, Any]:
 
     run_dir = scratch_dir(f"windows-{workload_name}")
     try:
-        session = coci.Session(run_dir, workload.state(), policy="auto", mtbf=MTBF_STEPS * step_seconds, total_steps=steps + 1)
+        policy = coci.EveryN(10**9) if policy_name == "never" else policy_name
+        session = coci.Session(run_dir, workload.state(), policy=policy, mtbf=MTBF_STEPS * step_seconds, total_steps=steps + 1)
         session.step()
         alone: list[float] = []
         with_session: list[float] = []
+        faults = {False: 0, True: 0}  # the training thread's minor page faults inside the timed steps
         session_step: list[float] = []
         for index in range(steps):
             in_session_window = (index // window) % 2 == 1
+            faulted = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
             began = time.perf_counter()
             loss = workload.train_step(data[index % len(data)])
             trained = time.perf_counter()
+            faults[in_session_window] += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faulted
             if in_session_window:
                 with_session.append(trained - began)
                 session.step(loss)
@@ -78,6 +86,8 @@ def child(workload_name: str, steps: int, window: int) -> dict[str, Any]:
             "session_step": statistics.median(session_step),
             "session_step_total": sum(session_step),
             "checkpoints": len(session.checkpoint_steps),
+            "faults_alone": faults[False] / max(len(alone), 1),
+            "faults_with_session": faults[True] / max(len(with_session), 1),
         }
     finally:
         remove(run_dir)
@@ -85,7 +95,7 @@ def child(workload_name: str, steps: int, window: int) -> dict[str, Any]:
 
 def spawn(args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", "--workload", args.workload, "--steps", str(args.steps),
-               "--window", str(args.window)]
+               "--window", str(args.window), "--policy", args.policy]
     if args.cpu is not None:
         command = ["taskset", "-c", str(args.cpu), *command]
     env = steady_heap_env({**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))})
@@ -99,14 +109,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--window", type=int, default=50)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--policy", default="auto", help='the session\'s policy; "never": no checkpoint, no plan')
     parser.add_argument("--cpu", type=int, help="pin each run to this core (coci's threads share it)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.workload, args.steps, args.window)))
+        print(json.dumps(child(args.workload, args.steps, args.window, args.policy)))
         return
     where = f"pinned to core {args.cpu}" if args.cpu is not None else "unpinned"
-    print(f"{args.workload}: {args.steps} steps in windows of {args.window}, {args.runs} processes, {where}")
+    print(f"{args.workload}: {args.steps} steps in windows of {args.window}, policy {args.policy}, {args.runs} processes, {where}")
     ratios = []
     for run in range(args.runs):
         result = spawn(args)
@@ -114,7 +125,8 @@ def main() -> None:
         ratios.append(ratio)
         print(f"  run {run}: median step {result['alone'] * 1e3:.2f} ms alone, {result['with_session'] * 1e3:.2f} ms in "
               f"session windows ({ratio:.3f}); session.step median {result['session_step'] * 1e6:.0f} us, "
-              f"{result['session_step_total']:.3f} s in all; {result['checkpoints']} checkpoints")
+              f"{result['session_step_total']:.3f} s in all; {result['checkpoints']} checkpoints; minor faults per step "
+              f"{result['faults_alone']:.1f} alone, {result['faults_with_session']:.1f} in session windows")
     print(f"median step in session windows / alone: median {median(ratios):.3f} ({spread(ratios)})")
 
 
