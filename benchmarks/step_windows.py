@@ -6,7 +6,8 @@ trains a reference workload (default ``mlp``) under ``coci.Session(policy="auto"
 ``--window`` steps that alternate: in one kind of window each step is followed by
 ``session.step(loss)`` (checkpoints, their persists, planning and the profiler all run there), in
 the other the session is left alone. Each training step is timed on its own, without the
-``session.step`` call after it, so the ratio of the median step in session windows to the median
+``session.step`` call after it, and counts for the session's windows when a ``session.step`` came
+just before it (``--window 1``: the two kinds alternate step by step), so the ratio of the median step in session windows to the median
 step in the other windows is what the session's presence costs the steps themselves: the fence,
 the persists and the planner thread (in the steps they overlap), caches, the GIL. ``session.step``'s
 own time (what the report books as per-step work) is printed beside it.
@@ -66,19 +67,18 @@ def child(workload_name: str, steps: int, window: int, policy_name: str) -> dict
         with_session: list[float] = []
         faults = {False: 0, True: 0}  # the training thread's minor page faults inside the timed steps
         session_step: list[float] = []
+        after_session = False  # a step counts for the session's windows when a session.step came just before it
         for index in range(steps):
-            in_session_window = (index // window) % 2 == 1
             faulted = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
             began = time.perf_counter()
             loss = workload.train_step(data[index % len(data)])
             trained = time.perf_counter()
-            faults[in_session_window] += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faulted
-            if in_session_window:
-                with_session.append(trained - began)
+            faults[after_session] += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - faulted
+            (with_session if after_session else alone).append(trained - began)
+            after_session = (index // window) % 2 == 1
+            if after_session:
                 session.step(loss)
                 session_step.append(time.perf_counter() - trained)
-            else:
-                alone.append(trained - began)
         session.close()
         return {
             "alone": statistics.median(alone),
