@@ -47,5 +47,7 @@ step sharded_96 60 python3 benchmarks/sharded.py --mb 96 --repeats 9
 step checkpoint_outside 150 python3 benchmarks/checkpoint_outside.py --rounds 11 --alone 15
 step sharded_192 60 python3 benchmarks/sharded.py --mb 192 --repeats 7
 step end_to_end_mlp 120 python3 benchmarks/end_to_end.py --steps 150 --pairs 5 --workloads mlp
+step step_windows 90 python3 benchmarks/step_windows.py --runs 3 --steps 1200 --window 1
+step end_to_end_1500_gpt 420 python3 benchmarks/end_to_end.py --steps 1500 --pairs 4 --workloads gpt
 step overhead_accounting 400 python3 benchmarks/overhead_accounting.py --pairs 40 --steps 300
 echo "== done in $(( $(date +%s) - start )) s"
