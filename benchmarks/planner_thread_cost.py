@@ -9,7 +9,10 @@ planner's CPU seconds (``time.thread_time`` in the thread) times the training th
 contention measured in the window before (``coci.overhead.CpuContention``). Repeated
 ``--repeats`` times; the medians are compared.
 
-    .venv/bin/python benchmarks/planner_thread_cost.py [--workload mlp] [--steps 20] [--plans 3] [--repeats 6]
+``--switch-interval`` sets how often Python makes a thread give up the GIL (5 ms by default): a
+shorter one lets the training thread take it back sooner after each torch call.
+
+    .venv/bin/python benchmarks/planner_thread_cost.py [--workload mlp] [--steps 20] [--plans 3] [--repeats 6] [--switch-interval S]
 """
 
 from __future__ import annotations
@@ -56,7 +59,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="training steps per timed window")
     parser.add_argument("--plans", type=int, default=3, help="plans the planner thread makes per window")
     parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--switch-interval", type=float, help="sys.setswitchinterval for the whole process (default: Python's 5 ms)")
     args = parser.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     torch.set_num_threads(1)
     workload = WORKLOADS[args.workload](seed=0, total_steps=1000)
     loader = torch.utils.data.DataLoader(workload.dataset, batch_size=workload.batch_size, shuffle=True,
