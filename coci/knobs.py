@@ -184,6 +184,10 @@ PLAN_BISECTION_STEPS: int = 24
 #: Young's interval): the first-order model is within 4% of the exact expected time up to MTBF / 2.
 PLAN_MAX_INTERVAL_MTBF: float = 0.5
 
+#: A plan notes that its expected costs understate the wall time when the restart takes more than
+#: this fraction of the job's MTBF (failures during restarts and re-done work are not counted).
+PLAN_RESTART_MTBF_NOTE: float = 0.1
+
 #: CheckFreq's overhead threshold (its authors' 5%) when max_overhead is not given.
 CHECKFREQ_MAX_OVERHEAD: float = 0.05
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -430,3 +431,17 @@ def test_session_takes_a_plan_config_or_builds_one_from_its_keywords(tmp_path) -
         Session(tmp_path / "c", state, plan_config=config, total_steps=10)
     with pytest.raises(ConfigError, match=r"either plan_config= or the planning arguments \(policy\)"):
         Session(tmp_path / "d", state, policy="young", plan_config=config)
+
+
+def test_a_restart_long_against_the_mtbf_is_noted_as_understating_the_wall_time() -> None:
+    """With a toy MTBF shorter than the restart, the first-order expected costs (no failure during
+    a restart) understate the wall time; the plan says so, with the memoryless restart time."""
+    costs = dict(total_steps=1000, step_seconds=0.1, stall_seconds=0.01, persist_seconds=0.05)
+    toy = plan("auto", failures="10s", restart_seconds=30, **costs)
+    [note] = [n for n in toy.notes if "restart" in n]
+    assert "3 of the job's MTBF" in note and f"{10 * math.expm1(3):.3g} s on average" in note
+    assert toy.expected["restart_seconds"] == pytest.approx(toy.expected["failures"] * 30)  # the figures stay first order
+    for policy in ("young", "daly", "auto"):
+        realistic = plan(policy, failures="8h", restart_seconds=60, **costs)
+        assert not any("restart" in n for n in realistic.notes)
+    assert not any("restart" in n for n in plan("auto", failures="10s", restart_seconds=1, **costs).notes)

@@ -646,6 +646,9 @@ def _finish(problem: _Problem, placement: _Placement) -> Plan:
     else:
         expected = {"checkpoints": float(len(steps)), "checkpoint_seconds": len(steps) * problem.inputs.checkpoint_seconds}
         problem.notes.append("no failure model: only checkpoint costs are expected")
+    restart_note = _restart_note(problem.inputs)
+    if restart_note is not None:
+        problem.notes.append(restart_note)
     return Plan(
         policy=problem.config.policy,
         objective=placement.objective,
@@ -659,6 +662,30 @@ def _finish(problem: _Problem, placement: _Placement) -> Plan:
         details=problem.details,
         notes=problem.notes,
         promote_steps=None if placement.promote is None else [int(s) for s in placement.promote],
+    )
+
+
+def _restart_note(inputs: PlanInputs) -> str | None:
+    """Why the expected costs understate the wall time when a restart is long against the MTBF.
+
+    The expected costs count failures over the run's progress only (first order: each failure
+    costs one restart and the work since the last commit). Failures during a restart or during the
+    re-done work are left out, which is negligible while the restart is short against the MTBF
+    and not beyond ``knobs.PLAN_RESTART_MTBF_NOTE`` of it (a toy MTBF of seconds, for example)."""
+    failures = inputs.failures
+    restart = inputs.restart_seconds
+    if failures is None or restart <= 0:
+        return None
+    mtbf = float(failures.mean_seconds)
+    if not math.isfinite(mtbf) or mtbf <= 0 or restart <= knobs.PLAN_RESTART_MTBF_NOTE * mtbf:
+        return None
+    exponent = restart / mtbf
+    memoryless = math.expm1(exponent) * mtbf if exponent < 700 else math.inf
+    return (
+        f"the restart ({restart:.3g} s) is {exponent:.2g} of the job's MTBF ({mtbf:.3g} s): the expected costs "
+        f"count failures over the run's progress only, not during restarts and re-done work, so they understate "
+        f"the wall time (with memoryless failures a restart that must run {restart:.3g} s without a failure takes "
+        f"{memoryless:.3g} s on average)"
     )
 
 
