@@ -54,6 +54,13 @@ counted, never what the workers prefetched. Batches arrive in order (``in_order=
 refused). Worker base seeds come from ``(seed, epoch)`` as well, so worker processes do not draw
 from the global torch RNG either. Randomness *inside* workers (augmentation) is reseeded per epoch,
 not per sample: exact resume of such randomness needs augmentations seeded from the sample index.
+
+A plain ``DataLoader`` over a :class:`ResumableSampler` does draw from the global torch RNG: one
+base seed at every ``iter()`` (unless it is given a ``generator``). The resumed run re-creates its
+iterator where the run that wrote the checkpoint did not, so at the first batch after a resume the
+sampler takes that one draw back (:func:`coci.checkpoint.rng_state.undo_loader_seed_draw`): the
+draws of the steps after it (dropout, augmentation in the main process) are those of the
+uninterrupted run.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from coci import knobs
+from coci.checkpoint import rng_state
 from coci.checks import integer, is_int
 from coci.errors import ConfigError, StateMismatchError
 
@@ -254,6 +262,7 @@ class ResumableSampler(Sampler[int]):
         self._local_position = 0
         self._pass_id = 0  # bumped by every new pass, load and epoch change; stale passes stop
         self._pass_completed = False  # a pass in this process reached the end of this epoch
+        self._loaded = False  # a state was loaded and no pass has handed out a batch since
 
     # -- read-only views ----------------------------------------------------------------------
 
@@ -325,6 +334,10 @@ class ResumableSampler(Sampler[int]):
         return self._hand_out(pass_id, self.remaining_indices())
 
     def _hand_out(self, pass_id: int, indices: torch.Tensor) -> Iterator[int]:
+        if self._loaded:  # the first pass after a resume, begun: its DataLoader has drawn its seed
+            self._loaded = False
+            if rng_state.undo_loader_seed_draw():
+                logger.debug("the DataLoader's base-seed draw after the resume was taken back")
         for index in _iterate_ints(indices):
             if not self._is_current(pass_id):
                 return
@@ -390,6 +403,7 @@ class ResumableSampler(Sampler[int]):
                 "loader re-partitioned epoch %d at position %d: world size %d -> %d",
                 self._epoch, position, saved_world, self.world_size,
             )
+        self._loaded = True
         logger.debug("loader resumed at epoch %d, position %d", self._epoch, position)
 
 

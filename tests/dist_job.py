@@ -6,7 +6,7 @@ Usage (under torchrun, or with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by th
         [--epochs E] [--every K] [--stop-at STEP] [--kill-at STEP]
         [--fault RANK:POINT:NTH] [--coci-timeout SECONDS] [--ballast-mb MB]
         [--policy young --mtbf SECONDS --total-steps N] [--step-sleep SECONDS] [--remote URL]
-        [--warmup-steps N] [--warmup-stall-fraction RANK:FRACTION]
+        [--warmup-steps N] [--warmup-stall-fraction RANK:FRACTION] [--sampler]
 
 Trains an MLP with dropout (per-rank RNG), Adam and a LambdaLR schedule on a 48-sample dataset
 through coci.ResumableLoader (batch 4 per rank), checkpointing every K steps with coci.Session,
@@ -17,8 +17,9 @@ persist may be in flight); --fault SIGKILLs rank RANK at the NTH time it reaches
 point POINT (a rank dying mid-persist). --policy young plans online (rank 0 plans on the
 slowest rank's costs and broadcasts; observing every 2 steps, or the first time after
 --warmup-steps). --warmup-stall-fraction sets knobs.PLAN_WARMUP_STALL_FRACTION on one rank, so
-that the ranks would decide differently whether to skip a warm-up checkpoint. At the end rank 0
-writes final.pt (model and optimizer).
+that the ranks would decide differently whether to skip a warm-up checkpoint. --sampler feeds a
+plain DataLoader from a coci.ResumableSampler instead (the README's DistributedSampler
+replacement, with its set_epoch kept). At the end rank 0 writes final.pt (model and optimizer).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -60,6 +63,7 @@ def main() -> None:
     parser.add_argument("--remote", default=None)  # the remote tier (promotes every checkpoint)
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--warmup-stall-fraction", default=None)
+    parser.add_argument("--sampler", action="store_true")
     args = parser.parse_args()
 
     rank = init_job(300, args.coci_timeout)  # ranks start minutes apart under load
@@ -81,7 +85,13 @@ def main() -> None:
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.05 * s))
-    loader = coci.ResumableLoader(IndexedData(), batch_size=BATCH, shuffle=True, seed=7)
+    loader: coci.ResumableLoader | coci.ResumableSampler
+    batches: Iterable[Any]
+    if args.sampler:  # the README's DistributedSampler replacement: a plain DataLoader, the sampler in state
+        loader = coci.ResumableSampler(IndexedData(), shuffle=True, seed=7)
+        batches = torch.utils.data.DataLoader(IndexedData(), batch_size=BATCH, sampler=loader)
+    else:
+        batches = loader = coci.ResumableLoader(IndexedData(), batch_size=BATCH, shuffle=True, seed=7)
     seed_streams(rank)
     if args.fault:
         install_fault(args.fault, rank)
@@ -97,9 +107,8 @@ def main() -> None:
     )
     session.restore()
     log = open(os.path.join(args.run_dir, f"samples_rank{rank}.txt"), "a")  # noqa: SIM115 (closed at exit)
-    while loader.epoch < args.epochs:
-        epoch = loader.epoch
-        for x, y, index in loader:
+    for epoch in epochs(loader, args.epochs):
+        for x, y, index in batches:
             loss = train_step(ddp, optimizer, scheduler, x, y)
             time.sleep(args.step_sleep)  # a longer step, so that an online plan fits checkpoints in
             log.write(f"{session.steps + 1} {epoch} {','.join(map(str, index.tolist()))} {float(loss).hex()}\n")
@@ -118,6 +127,18 @@ def main() -> None:
             os.path.join(args.run_dir, "final.pt"),
         )
     dist.destroy_process_group()
+
+
+def epochs(loader: coci.ResumableLoader | coci.ResumableSampler, count: int) -> Iterator[int]:
+    """The epochs left: a ResumableLoader moves on by itself; a sampler loop is written as a
+    DistributedSampler one, from ``sampler.epoch`` with ``set_epoch`` (a no-op mid-epoch)."""
+    if isinstance(loader, coci.ResumableSampler):
+        for epoch in range(loader.epoch, count):
+            loader.set_epoch(epoch)
+            yield epoch
+    else:
+        while loader.epoch < count:
+            yield loader.epoch
 
 
 if __name__ == "__main__":

@@ -119,6 +119,33 @@ def test_resume_after_sigkill_of_the_whole_job_is_bitwise(tmp_path: Path, refere
     assert_same_as_reference(tmp_path, reference)
 
 
+def test_a_resumable_sampler_in_place_of_distributed_sampler_resumes_exactly_after_sigkill(tmp_path: Path) -> None:
+    """The README's DDP pattern: a plain DataLoader over coci.ResumableSampler (rank and world size
+    from the process group), the sampler in state, the epoch loop from sampler.epoch with set_epoch.
+    The whole job is SIGKILLed mid-epoch; the restarted job redoes the steps since the last commit
+    with the same samples and bitwise the same losses, and every sample is used once per epoch."""
+    assert launch(tmp_path, 2, "--sampler", "--kill-at", "10") == [-signal.SIGKILL] * 2
+    assert committed(tmp_path) in ([4, 8], [4])  # step 8's persist may not have finished
+    resumed_from = committed(tmp_path)[-1]
+    assert launch(tmp_path, 2, "--sampler") == [0, 0]
+    for rank in range(2):
+        rows = step_log(tmp_path, rank)
+        first: dict[int, tuple[int, list[int], str]] = {}
+        for step, epoch, indices, loss in rows:
+            if step in first:  # a step redone after the kill: the same epoch, samples and loss bits
+                assert (epoch, indices, loss) == first[step], (rank, step)
+            first[step] = (epoch, indices, loss)
+        assert sorted(first) == list(range(1, EPOCHS * SAMPLES // (2 * BATCH) + 1))
+        assert [step for step, *_ in rows].count(resumed_from + 1) == 2  # the kill did cost redone steps
+    per_epoch: dict[int, Counter] = {}
+    for rank in range(2):
+        for epoch, indices, _ in {step: row for step, *row in step_log(tmp_path, rank)}.values():
+            per_epoch.setdefault(epoch, Counter()).update(indices)
+    assert per_epoch == {epoch: Counter(range(SAMPLES)) for epoch in range(EPOCHS)}  # exactly once each
+    final = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert final["steps"] == EPOCHS * SAMPLES // (2 * BATCH)
+
+
 def test_rank_killed_after_its_dcp_write_commits_nothing_and_survivor_exits(tmp_path: Path) -> None:
     # rank 1 dies at the second checkpoint (step 8) after DCP wrote every file, before it voted
     codes = launch(tmp_path, 2, "--fault", "1:dcp_after_save:2", "--coci-timeout", "20")

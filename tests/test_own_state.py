@@ -52,6 +52,65 @@ def test_index_walk_with_a_counter_and_a_sampler_resumes_in_place(tmp_path: Path
     assert seen[:6] + rest == uninterrupted
 
 
+def _dropout_job(run_dir: Path, stop_after: int | None = None, epochs: int = 3) -> list[str]:
+    """A DataLoader over a ResumableSampler (no generator: it draws a base seed from the global
+    RNG at every iter()), dropout, the DistributedSampler-style epoch loop; per-step losses, hex."""
+    generator = torch.Generator().manual_seed(5)
+    dataset = torch.utils.data.TensorDataset(torch.randn(24, 4, generator=generator), torch.randn(24, 1, generator=generator))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sampler = coci.ResumableSampler(dataset, shuffle=True, seed=3)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, sampler=sampler)
+    losses: list[str] = []
+    with coci.Session(run_dir, {"model": model, "optimizer": optimizer, "sampler": sampler}, policy=coci.EveryN(1)) as session:
+        session.restore()
+        for epoch in range(sampler.epoch, epochs):
+            sampler.set_epoch(epoch)
+            for x, y in loader:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item().hex())
+                session.step(loss.detach())
+                if session.steps == stop_after:
+                    return losses
+    return losses
+
+
+@pytest.mark.parametrize("stop_after", [8, 12], ids=["mid-epoch", "epoch-end"])
+def test_a_dataloader_over_a_sampler_resumes_its_random_draws_exactly(tmp_path: Path, stop_after: int) -> None:
+    """The resumed loop re-creates the DataLoader's iterator, whose base-seed draw the original
+    run made only at the epoch's start; without taking it back every dropout mask after the resume
+    shifts. Checkpoint every step, stop mid-epoch or right after an epoch's last batch, resume."""
+    reference = _dropout_job(tmp_path / "reference")
+    assert len(reference) == 18
+    before = _dropout_job(tmp_path / "run", stop_after)
+    after = _dropout_job(tmp_path / "run")
+    assert before + after == reference
+
+
+def test_only_the_loaders_own_draw_is_taken_back() -> None:
+    """undo_loader_seed_draw puts the generator back after exactly one DataLoader iter() since the
+    restore, and leaves any other use of it alone (and acts once per restore)."""
+    from coci.checkpoint import rng_state
+
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(4.0)), batch_size=2)
+    saved = rng_state.capture()
+    rng_state.restore(saved)
+    iter(loader)
+    assert rng_state.undo_loader_seed_draw()
+    assert torch.equal(torch.get_rng_state(), saved["torch_cpu"])
+    iter(loader)
+    assert not rng_state.undo_loader_seed_draw()  # once per restore
+    rng_state.restore(saved)
+    torch.rand(3)
+    moved = torch.get_rng_state()
+    assert not rng_state.undo_loader_seed_draw()
+    assert torch.equal(torch.get_rng_state(), moved)  # the user's own draws stay drawn
+
+
 def test_carried_hidden_state_is_restored_into_the_callers_dict_and_tensor(tmp_path: Path) -> None:
     carry = {"hidden": (torch.full((1, 2, 3), 1.0), torch.full((1, 2, 3), 2.0))}
     buffer = torch.zeros(4)

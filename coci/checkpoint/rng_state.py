@@ -14,6 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
+#: torch's CPU generator state as the last :func:`restore` set it, until
+#: :func:`undo_loader_seed_draw` takes it (process-wide, as the generator is).
+_restored_cpu_state: torch.Tensor | None = None
+
 
 def capture() -> dict[str, Any]:
     """Return the state of every RNG as a tree of tensors, arrays and JSON values."""
@@ -31,6 +35,12 @@ def capture() -> dict[str, Any]:
 
 def restore(state: dict[str, Any]) -> None:
     """Restore every RNG captured by :func:`capture`."""
+    global _restored_cpu_state
+    _apply(state)
+    _restored_cpu_state = torch.get_rng_state()
+
+
+def _apply(state: dict[str, Any]) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
     np_state = state["numpy"]
@@ -45,14 +55,37 @@ def restore(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([s.clone() for s in list(cuda_states)[:count]])
 
 
+def undo_loader_seed_draw() -> bool:
+    """Put torch's CPU generator back where the last :func:`restore` left it, if all it did since
+    is the one draw a ``DataLoader`` makes when an iterator is created; True if it did.
+
+    A ``DataLoader`` without a ``generator`` draws its workers' base seed from the global generator
+    at every ``iter()``, even with ``num_workers=0``. The run that wrote a checkpoint mid-epoch drew
+    it once, at the epoch's start; the resumed run draws it again when its loop re-creates the
+    iterator, so every random draw after the resume (dropout, augmentation) would shift by one.
+    :class:`coci.ResumableSampler` calls this at the first batch after a resume, when that is the
+    only draw since the restore; any other use of the generator since is left alone."""
+    global _restored_cpu_state
+    restored, _restored_cpu_state = _restored_cpu_state, None
+    if restored is None:
+        return False
+    after_draw = torch.Generator()
+    after_draw.set_state(restored)
+    torch.empty((), dtype=torch.int64).random_(generator=after_draw)  # the DataLoader's base-seed draw
+    if not torch.equal(after_draw.get_state(), torch.get_rng_state()):
+        return False
+    torch.set_rng_state(restored)
+    return True
+
+
 def check(state: Any) -> None:
     """Raise (whatever the generators raise) unless :func:`restore` accepts ``state``; the
     streams are left as they were. A trial restore, so restore can check before applying anything."""
     current = capture()
     try:
-        restore(state)
+        _apply(state)
     finally:
-        restore(current)
+        _apply(current)
 
 
 def _numpy_state() -> dict[str, Any]:
