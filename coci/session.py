@@ -654,7 +654,10 @@ class Session:
         if key in self._sharded.keys:
             self._sharded.load(key, saved)
         elif is_stateful(value):  # modules copy into their parameters; others keep what they get
-            value.load_state_dict(saved if isinstance(value, torch.nn.Module) else own_storage(saved))
+            if isinstance(value, torch.nn.Module):  # a torch.compile'd module's entries on one side only: renamed
+                value.load_state_dict(restore_checks.module_entries(value.state_dict(), saved))
+            else:
+                value.load_state_dict(own_storage(saved))
         else:  # the caller's own tensor, array, dict or list, never replaced (see checkpoint/stateful.py)
             restore_in_place(key, value, saved if isinstance(value, torch.Tensor) else own_storage(saved))
 
