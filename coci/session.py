@@ -194,6 +194,8 @@ class Session:
         self._lock = _lock_run_dir(self.run_dir, self._dist)  # one session per run directory
         if self._dist is not None and not self._dist.is_coordinator:
             self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
+        # the previous process's last event, read before this one writes any (the step mark's `reached` included)
+        previous_end = preemption.last_event_time(self.events.path)
         self._mark = self._open_step_mark()
         writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
         self._checkpointer = Checkpointer(writer, self.events, keep_last, self._clock)
@@ -214,7 +216,6 @@ class Session:
         self._contention = CpuContention()  # on the training thread: what a planner CPU second costs it
         self._restored_at_age: float | None = None  # process age when restore() finished; None: no restart
         self._hooks = [opt.register_step_pre_hook(self._fence_hook) for opt in self._optimizers()]
-        previous_end = preemption.last_event_time(self.events.path)  # before this process writes any
         self._write_plan()  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
         state_bytes = _tensor_bytes(self.state)
         self._profiler.set_state_bytes(state_bytes)
@@ -653,7 +654,10 @@ class Session:
         if key in self._sharded.keys:
             self._sharded.load(key, saved)
         elif is_stateful(value):  # modules copy into their parameters; others keep what they get
-            value.load_state_dict(saved if isinstance(value, torch.nn.Module) else own_storage(saved))
+            if isinstance(value, torch.nn.Module):  # a torch.compile'd module's entries on one side only: renamed
+                value.load_state_dict(restore_checks.module_entries(value.state_dict(), saved))
+            else:
+                value.load_state_dict(own_storage(saved))
         else:  # the caller's own tensor, array, dict or list, never replaced (see checkpoint/stateful.py)
             restore_in_place(key, value, saved if isinstance(value, torch.Tensor) else own_storage(saved))
 

@@ -176,6 +176,33 @@ def test_stall_overhead_and_planned_marks_from_a_hand_written_log(tmp_path: Path
     assert "OSError: disk full" in summary and "18.00% of" in summary
 
 
+def test_a_plan_made_on_the_planner_thread_is_compared_from_the_step_it_took_effect(tmp_path: Path) -> None:
+    """A background plan observed at step 22 takes effect at a later step (30 here, the planner
+    thread's lag; its plan event's step); until then the previous plan governs. At the step it
+    takes effect both plans are asked. The report neither flags the earlier plan's checkpoints as
+    unplanned nor the new plan's steps that were already past when it took effect as missed."""
+    made = _the_plan()
+    current = made.model_copy(update={"steps": [25, 30, 38], "inputs": made.inputs.model_copy(update={"start_step": 22})})
+    events: list[dict] = [{"event": "plan", "step": 10, "steps": [20, 28, 40]}]
+    for step in (20, 28, 30, 38):
+        if step == 30:
+            events.append({"event": "plan", "step": 30, "steps": [25, 30, 38]})  # made at 22, in effect from 30
+        events += [
+            {"event": "snapshot_start", "step": step, "bytes": 1000},
+            {"event": "stall", "step": step, "seconds": 0.01},
+            {"event": "commit", "step": step, "seconds": 0.02, "bytes": 1000},
+        ]
+    events.append({"event": "close", "step": 40})
+    _write_run(tmp_path / "run", events, the_plan=current)
+    result = report(tmp_path / "run", compare=False)
+    assert result.data.plan_applied_step == 30
+    assert result.to_frame()["planned"].tolist() == [True, True, True, True]
+    summary = result.summary()
+    assert "current plan (made at step 22, in effect from step 30)" in summary, summary
+    assert "taken from step 30: 30, 38" in summary, summary
+    assert "not taken" not in summary, summary
+
+
 def test_missing_stall_events_fall_back_to_the_profile_median_and_say_so(tmp_path: Path) -> None:
     events = [{"event": "snapshot_start", "step": s, "bytes": 10} for s in (5, 9, 13)]
     profile = coci.Profile(steps=20, step_seconds=coci.Estimate(value=0.5, count=5), stall_seconds=coci.Estimate(value=0.1, count=3))

@@ -235,6 +235,43 @@ def test_state_key_mismatch_lists_keys(tmp_path: Path) -> None:
     assert other.restore(strict=False).step == 2
 
 
+@pytest.mark.parametrize("saved_compiled", [True, False])
+def test_a_compiled_module_restores_into_the_plain_one_and_back(tmp_path: Path, saved_compiled: bool) -> None:
+    """nanoGPT passes ``torch.compile(model)`` when compile=True: its state_dict keys carry
+    ``_orig_mod.``. A run resumed with compile off (or on) restores the same weights bitwise, and
+    resumes exactly, instead of refusing every checkpoint as corrupt."""
+    def job(compiled: bool):
+        model, opt, sched = make()
+        return (torch.compile(model, backend="eager") if compiled else model), opt, sched
+
+    model, opt, sched = job(saved_compiled)
+    seed_all(1)
+    session = coci.Session(tmp_path, {"model": model, "optimizer": opt, "scheduler": sched}, policy=coci.EveryN(3))
+    train(model, opt, sched, 3, session)
+    session.close()
+    expected = train(model, opt, sched, 3)
+
+    fresh, fresh_opt, fresh_sched = job(not saved_compiled)
+    with coci.Session(tmp_path, {"model": fresh, "optimizer": fresh_opt, "scheduler": fresh_sched}, policy=coci.EveryN(3)) as resumed:
+        assert resumed.restore().step == 3
+    assert train(fresh, fresh_opt, fresh_sched, 3) == expected
+    plain = {k.replace("_orig_mod.", ""): v for k, v in model.state_dict().items()}
+    assert states_equal({k.replace("_orig_mod.", ""): v for k, v in fresh.state_dict().items()}, plain)
+    assert states_equal(fresh_opt.state_dict(), opt.state_dict())
+
+
+def test_a_module_of_other_entries_is_refused_naming_both_sides(tmp_path: Path) -> None:
+    model, opt, sched = make()
+    session = coci.Session(tmp_path, {"model": model}, policy=coci.EveryN(1))
+    train(model, opt, sched, 1, session)
+    session.close()
+    other = torch.nn.Sequential(torch.nn.Linear(8, 32))
+    with coci.Session(tmp_path, {"model": other}, policy=coci.EveryN(1)) as resumed, pytest.raises(
+        CorruptCheckpointError, match=r"missing from the checkpoint \[\], not in the module \['3.bias', '3.weight'\]"
+    ):
+        resumed.restore()
+
+
 def test_plain_values_and_tensors_round_trip(tmp_path: Path) -> None:
     counter = torch.zeros(3)
     session = coci.Session(tmp_path, {"counter": counter, "meta": {"name": "run", "best": 1.5}}, policy=coci.EveryN(1))

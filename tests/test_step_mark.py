@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,21 @@ def test_a_kill_between_checkpoints_is_counted_to_the_step_the_process_reached(t
     summary = report(tmp_path).summary()
     assert f"after a failure, {13 - restore.step} steps lost" in summary, summary
     assert "(counted up to the step each killed process reached)" in summary
+
+
+@pytest.mark.slow
+def test_the_restart_after_a_kill_is_measured_from_the_killed_process_not_from_its_step_mark(tmp_path: Path) -> None:
+    """The restore event's ``restart_seconds`` is the downtime from the killed process's last event;
+    the ``reached`` event the new process writes for the step mark is its own, not the killed one's."""
+    assert run_job(tmp_path, "--die-at", "13") == -signal.SIGKILL
+    killed_last = max(e["time"] for e in read_events(tmp_path))
+    time.sleep(2.0)  # the restart's downtime: at least this long
+    assert run_job(tmp_path) == 0
+    events = list(read_events(tmp_path))
+    reached = [e for e in events if e["event"] == "reached"]
+    (restore,) = [e for e in events if e["event"] == "restore"]
+    assert reached and reached[0]["step"] == 13 and reached[0]["time"] > killed_last + 2.0
+    assert restore["restart_seconds"] >= 2.0, restore
 
 
 def test_a_mark_round_trips_and_a_planted_one_is_ignored(tmp_path: Path) -> None:

@@ -64,13 +64,39 @@ def apply_all_or_nothing(state: Mapping[str, Any], keys: list[str], apply: Calla
         raise
 
 
+def module_entries(current: Mapping[str, Any], saved: Any) -> Any:
+    """``saved`` (a module's saved state_dict) keyed as ``current`` (the module's state_dict) is.
+
+    ``torch.compile`` wraps a module in one whose entries are named ``_orig_mod.<name>``, so a
+    checkpoint of a compiled module (nanoGPT's ``compile=True``) and the module it restores into
+    may name the same entries two ways, and DSD names a sharded module's entries without the
+    prefix. Entries that match once ``_orig_mod.`` is dropped on both sides are renamed to
+    ``current``'s names; anything else is returned unchanged (the check then names the difference).
+    """
+    if not isinstance(saved, dict) or set(saved) == set(current):
+        return saved
+    by_name = {_uncompiled(name): name for name in current}
+    saved_names = {_uncompiled(name) for name in saved if isinstance(name, str)}
+    if len(by_name) != len(current) or len(saved_names) != len(saved) or saved_names != set(by_name):
+        return saved
+    return {by_name[_uncompiled(name)]: value for name, value in saved.items()}
+
+
+def _uncompiled(name: str) -> str:
+    return name.replace("_orig_mod.", "")
+
+
 def _check_module(key: str, module: torch.nn.Module, saved: Any) -> None:
     current = module.state_dict()
-    if isinstance(saved, dict) and set(saved) != set(current):  # a sharded module is saved by DSD's names
-        current = {name.replace("_orig_mod.", ""): tensor for name, tensor in current.items()}
+    saved = module_entries(current, saved)
     if not isinstance(saved, dict) or set(saved) != set(current):
-        names = sorted(set(saved) ^ set(current)) if isinstance(saved, dict) else []
-        raise CorruptCheckpointError(f"state[{key!r}]: saved module entries differ from the module's: {names[:5]}")
+        if not isinstance(saved, dict):
+            raise CorruptCheckpointError(f"state[{key!r}]: saved {_describe(saved)}, not a module's state_dict")
+        missing, extra = sorted(set(current) - set(saved)), sorted(map(str, set(saved) - set(current)))
+        raise CorruptCheckpointError(
+            f"state[{key!r}]: saved module entries differ from the module's: missing from the checkpoint "
+            f"{missing[:5]}, not in the module {extra[:5]}"
+        )
     for name, tensor in current.items():
         value = saved[name]
         if isinstance(tensor, torch.Tensor) and not (isinstance(value, torch.Tensor) and value.shape == tensor.shape):

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+from coci import knobs
 from coci.checkpoint.checkpointer import load_entry
 from coci.checkpoint.format import SESSION_KEY, checkpoints_dir, committed_steps
 from coci.checks import is_int
@@ -160,6 +161,9 @@ class ReportData(BaseModel):
     run_dir: str
     created: float
     plan: Plan | None = None
+    # the step the current plan took effect (its plan event): a plan made on the planner thread
+    # from the observation at ``plan.inputs.start_step`` applies some steps later; None: not logged
+    plan_applied_step: int | None = None
     profile: Profile | None = None
     replans: int = 0
     planning: bool = False  # the run's policy plans (auto, young, ...): no plan then means none was made yet
@@ -214,6 +218,7 @@ def read_run(run_dir: Path) -> ReportData:
         run_dir=str(run_dir),
         created=time.time(),
         plan=plan,
+        plan_applied_step=_plan_applied_step(events, plan),
         profile=profile,
         replans=sum(1 for e in events if e.get("event") == "plan"),
         planning=any(e.get("event") == "session" and e.get("planning") is True for e in events),
@@ -384,11 +389,28 @@ def _mark_planned(rows: list[CheckpointRow], events: list[dict[str, Any]], plan:
                 "shown as 'earlier plan'"
             )
     for row in rows:
-        for start, end, steps in governed:
-            if start < row.step <= end:  # a plan made at step s governs the steps after s
-                row.planned = row.step in steps
+        # a plan event at step s: the plan before it governs up to s, the new one from s on; at s
+        # itself the session asks both (the old plan before the swap, the new one after)
+        ruling = [steps for start, end, steps in governed if start < row.step <= end or row.step == start]
+        if ruling:
+            row.planned = any(row.step in steps for steps in ruling)
         if plan is None and not governed:
             row.planned = None
+
+
+def _plan_applied_step(events: list[dict[str, Any]], plan: Plan | None) -> int | None:
+    """The step ``plan`` (plan.json's, the current one) took effect: the first of the trailing plan
+    events that list its steps (a restore announces the plan it restored again); None without one."""
+    if plan is None:
+        return None
+    steps = [int(s) for s in plan.steps][: knobs.PLAN_EVENT_MAX_STEPS]
+    applied = None
+    for event in reversed([e for e in events if e.get("event") == "plan" and _event_step(e) is not None]):
+        listed = event.get("steps")
+        if not isinstance(listed, list) or [int(s) for s in listed] != steps:
+            break
+        applied = _event_step(event)
+    return applied
 
 
 def _step_seconds(profile: Profile | None, plan: Plan | None) -> float | None:

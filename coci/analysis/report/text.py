@@ -210,19 +210,25 @@ def _checkpoint_lines(data: ReportData) -> list[str]:
 
 
 def _plan_against_taken_lines(data: ReportData, plan: Plan) -> list[str]:
-    """The current plan's steps beside the checkpoints taken since it was made."""
-    obs, start = data.observed, plan.inputs.start_step
-    reached = [s for s in plan.steps if s <= obs.steps] if obs.steps else []
-    taken_after = [r.step for r in data.checkpoints if r.step > start]
+    """The current plan's steps beside the checkpoints taken since it took effect: a plan made on
+    the planner thread from the observation at ``start_step`` applies some steps later
+    (``plan_applied_step``), and the plan before it governs until then."""
+    obs, made = data.observed, plan.inputs.start_step
+    applied = data.plan_applied_step if data.plan_applied_step is not None and data.plan_applied_step > made else None
+    first = made + 1 if applied is None else applied  # the first step this plan governs
+    made_text = f"made at step {made}" + ("" if applied is None else f", in effect from step {applied}")
+    reached = [s for s in plan.steps if first <= s <= obs.steps] if obs.steps else []
+    taken_after = [r.step for r in data.checkpoints if r.step >= first]
     if not plan.steps:
-        lines = [f"  current plan (made at step {start}): no checkpoint left before step {plan.inputs.total_steps}"]
+        lines = [f"  current plan ({made_text}): no checkpoint left before step {plan.inputs.total_steps}"]
     else:
         lines = [
-            f"  current plan (made at step {start}): {step_list(plan.steps)}"
+            f"  current plan ({made_text}): {step_list(plan.steps)}"
             + (f"; {len(reached)} within the {obs.steps} steps run" if obs.steps else "")
         ]
     if plan.steps or taken_after:
-        lines.append(f"  taken after step {start}: {step_list(taken_after)}")
+        since = f"after step {made}" if applied is None else f"from step {applied}"
+        lines.append(f"  taken {since}: {step_list(taken_after)}")
     missed = sorted(set(reached) - set(taken_after))
     extra = sorted(set(taken_after) - set(plan.steps))
     if missed or extra:
