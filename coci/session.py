@@ -275,7 +275,7 @@ class Session:
         now = self._clock()
         if now - self._progress_at >= knobs.PROGRESS_EVENT_SECONDS:  # bounds what a crash loses
             self._progress_at = now
-            self.events.emit("progress", step=self._steps, pid=os.getpid(), **self._overhead.as_event())
+            self.events.emit("progress", step=self._steps, **self._ledger_fields())
         due = self.policy.should_checkpoint(self._steps)  # asked before any re-plan made at this step
         self._poll_persist()
         if self._planner.due(self._steps):
@@ -366,7 +366,8 @@ class Session:
                 self._remote.trust(loaded.step)
                 self._profiler.record_remote_restore(seconds)
             self.events.emit(
-                "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path), tier=tier
+                "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path), tier=tier,
+                **self._ledger_fields(),
             )
             self._cadence.restart()
             self._profiler.mark()
@@ -524,8 +525,14 @@ class Session:
         self._profiler.record_stall(self._stall_seconds, stalled.nbytes)
         self._stalled_total += self._stall_seconds
         self._overhead.stall += self._stall_seconds
-        self.events.emit("stall", step=stalled.step, seconds=self._stall_seconds, bytes=stalled.nbytes)
+        self.events.emit("stall", step=stalled.step, seconds=self._stall_seconds, bytes=stalled.nbytes, **self._ledger_fields())
         self._stall_pending = None
+
+    def _ledger_fields(self) -> dict[str, Any]:
+        """This process's overhead totals so far, for the ``progress``, ``stall`` and ``restore``
+        events: a process killed before its first ``progress`` event (a restart that failed again
+        within ``knobs.PROGRESS_EVENT_SECONDS``) still leaves the report what it spent."""
+        return {"pid": os.getpid(), **self._overhead.as_event()}
 
     def _booked_wait(self, seconds: float) -> float:
         """A snapshot wait inside the training step: off the profiler's step interval; returned."""

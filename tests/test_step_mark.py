@@ -29,6 +29,8 @@ def test_a_kill_between_checkpoints_is_counted_to_the_step_the_process_reached(t
     killed = read_run(tmp_path)
     assert killed.observed.steps == 13  # no event says 13: the last ones are the checkpoint's at 10
     assert max(e.get("step", 0) for e in read_events(tmp_path)) < 13
+    # its overhead totals ride on its stall events: the report counts the killed process's time
+    assert killed.observed.processes == 1 and killed.observed.step_work_seconds > 0
 
     assert run_job(tmp_path) == 0
     (restore,) = read_run(tmp_path).restores
@@ -37,6 +39,7 @@ def test_a_kill_between_checkpoints_is_counted_to_the_step_the_process_reached(t
     summary = report(tmp_path).summary()
     assert f"after a failure, {13 - restore.step} steps lost" in summary, summary
     assert "(counted up to the step each killed process reached)" in summary
+    assert read_run(tmp_path).observed.processes == 2
 
 
 @pytest.mark.slow

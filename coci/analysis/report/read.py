@@ -527,15 +527,16 @@ def _number(value: Any) -> float | None:
 
 def _ledger(events: list[dict[str, Any]]) -> dict[str, Any]:
     """coci's own time on the training thread, summed over processes: each process's (``pid``)
-    last ``progress``/``close`` totals (a killed process leaves its last progress event), and the
-    start-up (process start to ``Session``) of every process that recorded one."""
+    last totals (``progress``, ``close``, and the ``stall`` and ``restore`` events carry them, so a
+    killed process leaves the newest of those), and the start-up (process start to ``Session``) of
+    every process that recorded one."""
     last: dict[Any, dict[str, Any]] = {}
     startup: list[float] = []
     for event in events:
         kind = event.get("event")
         if kind == "session" and (seconds := _number(event.get("startup_seconds"))) is not None:
             startup.append(seconds)
-        elif kind in ("progress", "close") and "overhead_step_work" in event:
+        elif kind in ("progress", "close", "stall", "restore") and "overhead_step_work" in event:
             last[event.get("pid")] = event
     totals: dict[str, Any] = {
         kind: sum(_number(e.get(f"overhead_{kind}")) or 0.0 for e in last.values())
