@@ -27,17 +27,25 @@ Printed per pair, in percent of the plain run's wall time:
 Both arms run with bytecode compiled (as after ``pip install``) and glibc's heap held steady
 (``common.steady_heap_env``: otherwise how many heap pages a step re-faults depends on the arm).
 
-``--concurrent`` runs the two arms of a pair at once instead, each pinned to its own core (cores
-swapped every pair), so that a slowdown of the whole machine hits both alike (differences between
-cores and processes do not cancel); coci's threads then share the core of its training thread: the
-case with no spare core.
+``--concurrent`` runs the two arms of a pair at once instead, each pinned to its own core, so that a
+slowdown of the whole machine hits both alike; coci's threads then share the core of its training
+thread: the case with no spare core. The parent swaps the two arms' cores every ``--swap-seconds``
+(0.25 s; every thread of each process), so each arm spends half its run on each core: on a virtual
+machine the two cores run at different speeds from moment to moment (22 against 27 ms for the same
+step at the same time), which unswapped moves a pair by up to 12 points.
 
-    .venv/bin/python benchmarks/overhead_accounting.py [--workload mlp] [--steps 300] [--pairs 3] [--mtbf-steps 3000] [--concurrent]
+Each child also splits its training section's wall time by its training thread's scheduler
+statistics (``/proc/thread-self/schedstat``): run time, runqueue wait (another thread or process
+had the core) and the rest (sleeps: the GIL, a fence, I/O); the pair prints coci minus plain for
+each, and the CPU seconds of the coci process's other threads.
+
+    .venv/bin/python benchmarks/overhead_accounting.py [--workload mlp] [--steps 300] [--pairs 3] [--mtbf-steps 3000] [--concurrent [--swap-seconds 0.25]]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -63,6 +71,23 @@ def process_age() -> float:
     return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_clocks() -> tuple[float, float, float]:
+    """The calling thread's run time and runqueue wait (``/proc/thread-self/schedstat``, seconds) and
+    the whole process's CPU seconds: where the training section's time went."""
+    with open("/proc/thread-self/schedstat", encoding="ascii") as handle:
+        run_ns, wait_ns = handle.read().split()[:2]
+    return int(run_ns) / 1e9, int(wait_ns) / 1e9, time.process_time()
+
+
+def clock_fields(began: tuple[float, float, float], section_seconds: float) -> dict[str, float]:
+    """The section's wall split into the training thread's run time, its runqueue wait and the rest
+    (sleeps: the GIL, a fence, I/O), and the CPU of the process's other threads."""
+    ended = thread_clocks()
+    run, wait, process_cpu = (end - start for end, start in zip(ended, began))
+    return {"thread_run": run, "thread_wait": wait, "thread_sleep": section_seconds - run - wait,
+            "other_threads_cpu": process_cpu - run}
+
+
 def child(arm: str, workload_name: str, steps: int, mtbf_steps: float, run_dir: str) -> dict[str, Any]:
     """One training process; returns its measurements (printed as JSON by ``--child``)."""
     sys.path.insert(0, str(ROOT))
@@ -81,6 +106,7 @@ def child(arm: str, workload_name: str, steps: int, mtbf_steps: float, run_dir: 
     step_times: list[float] = []  # each training step's own wall time (the fence included)
     faults_began = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     if arm == "plain":
+        clocks_began = thread_clocks()
         began = clock()
         for index in range(steps):
             step_began = clock()
@@ -88,6 +114,7 @@ def child(arm: str, workload_name: str, steps: int, mtbf_steps: float, run_dir: 
             step_times.append(clock() - step_began)
         result["step_seconds"] = statistics.median(step_times)
         result["section_seconds"] = clock() - began
+        result.update(clock_fields(clocks_began, result["section_seconds"]))
         result["steps_seconds"] = sum(step_times)
         result["faults_per_step"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_began) / steps
         result["wall_seconds"] = process_age()
@@ -96,6 +123,7 @@ def child(arm: str, workload_name: str, steps: int, mtbf_steps: float, run_dir: 
     import coci
 
     result["import_seconds"] = time.perf_counter() - import_began
+    clocks_began = thread_clocks()
     began = time.perf_counter()
     session = coci.Session(run_dir, workload.state(), policy="auto", mtbf=mtbf_steps * 0.01, total_steps=steps)
     session.restore()
@@ -106,6 +134,7 @@ def child(arm: str, workload_name: str, steps: int, mtbf_steps: float, run_dir: 
         session.step(loss)
     session.close()
     result["section_seconds"] = clock() - began
+    result.update(clock_fields(clocks_began, result["section_seconds"]))
     result["steps_seconds"] = sum(step_times)
     result["step_seconds"] = statistics.median(step_times)
     result["faults_per_step"] = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_began) / steps
@@ -156,7 +185,32 @@ def run_pair(pair: int, args: argparse.Namespace, run_dir: Path, mtbf_seconds: f
     if not args.concurrent:
         return {arm: spawn(arm, args, run_dir, mtbf_seconds) for arm in arms}
     procs = {arm: start(arm, args, run_dir, mtbf_seconds, cpu) for cpu, arm in enumerate(arms)}
+    if args.swap_seconds > 0:
+        swap_cores(list(procs.values()), args.swap_seconds)
     return {arm: collect(proc) for arm, proc in procs.items()}
+
+
+def swap_cores(procs: list[subprocess.Popen[str]], interval: float) -> None:
+    """Swap the two running processes' cores (every thread of each) every ``interval`` seconds until
+    one ends, so that each arm spends about half its time on each core: the two cores of this
+    machine run at different speeds from moment to moment (other virtual machines on the host)."""
+    swapped = 0
+    while all(proc.poll() is None for proc in procs):
+        time.sleep(interval)
+        swapped += 1
+        for cpu, proc in enumerate(procs):
+            pin(proc.pid, (cpu + swapped) % 2)
+
+
+def pin(pid: int, cpu: int) -> None:
+    """Every thread of process ``pid`` onto ``cpu`` (a thread or the process may end meanwhile)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            os.sched_setaffinity(int(tid), {cpu})
 
 
 def main() -> None:
@@ -167,6 +221,8 @@ def main() -> None:
     parser.add_argument("--mtbf-steps", type=float, default=3000.0, help="MTBF in plain step times (short: many checkpoints)")
     parser.add_argument("--concurrent", action="store_true",
                         help="run the two arms of a pair at once, one core each (a slowdown of the whole machine cancels)")
+    parser.add_argument("--swap-seconds", type=float, default=0.25,
+                        help="with --concurrent: swap the two arms' cores this often (0: never)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -188,6 +244,7 @@ def main() -> None:
         print(f"{args.workload}: {args.steps} steps of ~{probe['step_seconds'] * 1e3:.1f} ms, MTBF {args.mtbf_steps:.0f} "
               f"steps, {args.pairs} pairs ({layout}); percent of the plain process's wall time")
         gaps_whole, gaps_section = [], []
+        split: dict[str, list[float]] = {"thread_run": [], "thread_wait": [], "thread_sleep": []}
         for pair in range(args.pairs):
             runs = run_pair(pair, args, scratch / f"run{pair}", args.mtbf_steps * mtbf_seconds_per_step)
             plain, under = runs["plain"], runs["coci"]
@@ -212,6 +269,13 @@ def main() -> None:
                   f"{under['section_seconds'] - under['steps_seconds']:.3f} s, plain outside "
                   f"{plain['section_seconds'] - plain['steps_seconds']:.3f} s; minor page faults per step "
                   f"{under['faults_per_step']:.0f} vs {plain['faults_per_step']:.0f}")
+            for name, values in split.items():
+                values.append(under[name] - plain[name])
+            print("    training thread, coci - plain: " + ", ".join(
+                f"{name.removeprefix('thread_')} {under[name] - plain[name]:+.3f} s" for name in ("thread_run", "thread_wait", "thread_sleep"))
+                + f"; other threads' CPU {under['other_threads_cpu']:.3f} vs {plain['other_threads_cpu']:.3f} s")
+        print("training thread, coci - plain, median over the pairs: " + ", ".join(
+            f"{name.removeprefix('thread_')} {statistics.median(values):+.3f} s" for name, values in split.items()))
         for name, gaps in (("whole process", gaps_whole), ("training section", gaps_section)):
             median_gap = statistics.median(gaps)
             low, high = median_interval(gaps)
