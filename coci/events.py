@@ -3,7 +3,8 @@
 One JSON object per line: ``time`` (Unix seconds), ``event`` (session, snapshot_start, snapshot_end,
 persist_end, commit, retention, restore, restore_skip, restart, plan, stall, progress, error,
 preempted, close, reached; with a remote tier promoted, promote_skip, remote_retention, remote_fetch),
-``step`` and whatever the phase measured (``seconds``, ``bytes``, ``path``, ``message``). Appends
+``step`` and whatever the phase measured (``seconds``, ``bytes``, ``path``, ``message``; a
+``snapshot_start`` says why it was taken, ``reason``: one of :data:`CHECKPOINT_REASONS`). Appends
 are serialised by a lock because the background writer emits too; each line is flushed so a killed
 job keeps everything up to its last event. Beside it, ``step.mark`` (:class:`StepMark`) holds the
 step the newest process reached, to the step, even when it was killed between events.
@@ -21,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal, get_args
 
 from coci.errors import ConfigError
 
@@ -32,6 +33,11 @@ EVENTS_FILENAME = "events.jsonl"
 #: largest line of ``events.jsonl``: a real run's are far smaller (a plan of 10,000 steps is ~1 MB).
 MAX_RUN_FILE_BYTES = 64 << 20
 MAX_EVENT_LINE_BYTES = 1 << 20
+
+#: Why a checkpoint was taken: the policy's plan (``session.step``), the user's request
+#: (``session.checkpoint()``), ``save_last`` at ``close()``, or a preemption notice.
+CheckpointReason = Literal["policy", "request", "close", "preemption"]
+CHECKPOINT_REASONS: tuple[str, ...] = get_args(CheckpointReason)
 
 #: Name of the step mark in the run directory (:class:`StepMark`).
 STEP_MARK_FILENAME = "step.mark"

@@ -300,7 +300,7 @@ def stop(session: Any, preemption: Preemption) -> Preempted:
     step = session.steps
     taken = session.checkpoint_steps
     if not taken or taken[-1] != step:
-        session.checkpoint()
+        session.checkpoint(reason="preemption")
     result = session.wait()
     seconds = preemption.seconds_since_notice()
     profile = session.profile

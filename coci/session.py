@@ -61,7 +61,7 @@ from coci.errors import (
     StateError,
     StateMismatchError,
 )
-from coci.events import STEP_MARK_FILENAME, EventLog, StepMark, read_step_mark, write_run_file
+from coci.events import CHECKPOINT_REASONS, STEP_MARK_FILENAME, CheckpointReason, EventLog, StepMark, read_step_mark, write_run_file
 from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
@@ -287,16 +287,22 @@ class Session:
             if self._warmup_skipped():
                 logger.debug("warm-up checkpoint at step %d skipped (persist in flight or stall budget)", self._steps)
             else:
-                pending = self.checkpoint()
+                pending = self.checkpoint(reason="policy")
         self._account_step_work(entered, resumed, planning_before, pending is not None)
         if self._preemption.due(self._steps):  # distributed: collective at agreed steps
             raise preemption.stop(self, self._preemption)
         self._raise_error()  # last, so a caller that catches it has a consistent session
         return pending
 
-    def checkpoint(self) -> PendingCheckpoint:
-        """Start a checkpoint of the current state now (also used by ``step``)."""
+    def checkpoint(self, *, reason: CheckpointReason = "request") -> PendingCheckpoint:
+        """Start a checkpoint of the current state now (also used by ``step``). ``reason`` is
+        recorded with it in ``events.jsonl`` and shown by the report: ``"request"`` (a call of
+        yours), ``"policy"`` (the plan's, from ``step``), ``"close"`` (``save_last``, or the Lightning callback's last step),
+        ``"preemption"`` (a notice); a checkpoint the plan did not ask for is listed apart from the
+        plan's own."""
         self._check_open()
+        if reason not in CHECKPOINT_REASONS:
+            raise ConfigError(f"checkpoint(reason=...) must be one of {', '.join(CHECKPOINT_REASONS)}, got {reason!r}")
         self._record_pending_stall(block=True)  # the previous one's GPU wait, before its figures are replaced
         began = self._clock()
         planning_before = self._overhead.planning  # a commit polled below may re-plan: booked apart
@@ -306,7 +312,7 @@ class Session:
             self._poll_persist()
         tree = self._collect_tree()
         pending = self._checkpointer.start(
-            self._steps, tree, self._fenced_ptrs(), epoch=self._epoch(), state_keys=sorted(self.state)
+            self._steps, tree, self._fenced_ptrs(), epoch=self._epoch(), state_keys=sorted(self.state), reason=reason
         )
         self._checkpoint_steps.append(self._steps)
         self._profiler.set_state_bytes(pending.nbytes)  # what a checkpoint holds (optimizer state appears at its first step)
@@ -441,7 +447,7 @@ class Session:
             return
         waited_from = self._clock()  # the last persist and the run files (a final checkpoint: a stall)
         if self._final_checkpoint_due():
-            self.checkpoint()
+            self.checkpoint(reason="close")
             waited_from += self._stall_seconds
         self._record_pending_stall(block=True)  # the last checkpoint's stall has no next step to record it
         self._closed = True

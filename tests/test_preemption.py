@@ -62,6 +62,7 @@ def test_sigterm_checkpoints_the_next_step_commits_and_raises_preempted(tmp_path
     event = [e for e in read_events(tmp_path) if e["event"] == "preempted"][0]
     assert event["step"] == 4 and event["signal"] == "SIGTERM" and event["within_grace"]
     assert event["grace_seconds"] == 30.0 and event["fits"] is True
+    assert [e["reason"] for e in read_events(tmp_path) if e["event"] == "snapshot_start"] == ["preemption"]
     assert signal.getsignal(signal.SIGTERM) is before  # the session closed and put it back
 
     time.sleep(0.5)  # the restart's downtime: at least this long

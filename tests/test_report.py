@@ -17,6 +17,7 @@ import torch
 import coci
 from coci.analysis.report import FIGURES, Report, ReportData, report
 from coci.analysis.report.read import _restores
+from coci.analysis.report.text import display_checkpoints
 from coci.checkpoint import format as storage
 from coci.errors import ConfigError
 from coci.events import read_events
@@ -450,3 +451,46 @@ def test_a_run_that_ended_before_its_first_plan_says_so(tmp_path: Path) -> None:
         assert session.plan is None
         text = report(run_dir).summary()
         assert expected in text, text
+
+
+def test_checkpoints_the_plan_did_not_ask_for_say_why_they_were_taken(tmp_path: Path) -> None:
+    """A real session logs why each checkpoint was taken: the policy's at 4 and 8, the user's
+    ``session.checkpoint()`` at 6, ``save_last`` at ``close()`` at 10. The report's table names the
+    off-plan ones instead of "no", and none of them is counted as "taken but not planned"."""
+    model, opt, x, y = _job()
+    run_dir = tmp_path / "run"
+    session = coci.Session(run_dir, state={"model": model, "optimizer": opt}, policy=coci.EveryN(4), total_steps=10)
+    _train(session, model, opt, x, y, 6, {})
+    session.checkpoint()
+    _train(session, model, opt, x, y, 10, {})
+    session.close()
+    logged = {e["step"]: e["reason"] for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
+              if e["event"] == "snapshot_start"}
+    assert logged == {4: "policy", 6: "request", 8: "policy", 10: "close"}
+    frame = report(run_dir, compare=False).to_frame()
+    assert frame["reason"].tolist() == ["policy", "request", "policy", "close"]
+    table = display_checkpoints(frame)
+    assert table["planned"].tolist()[1::2] == ["session.checkpoint()", "save_last"]
+    with coci.Session(tmp_path / "other", state={"model": model}, policy=coci.EveryN(1000)) as other, pytest.raises(ConfigError, match="reason"):
+        other.checkpoint(reason="whim")  # type: ignore[arg-type]
+
+
+def test_the_plan_against_taken_lists_off_plan_checkpoints_apart_and_drops_an_unknown_reason(tmp_path: Path) -> None:
+    """Against the current plan (25, 30, 38): 30 and 38 are the plan's, 33 a request, 40 the final
+    checkpoint at close(), 35 carries a reason coci never writes (dropped: a log is untrusted input),
+    so only 35 is "taken but not planned"."""
+    made = _the_plan()
+    current = made.model_copy(update={"steps": [25, 30, 38], "inputs": made.inputs.model_copy(update={"start_step": 22})})
+    events: list[dict] = [{"event": "plan", "step": 22, "steps": [25, 30, 38]}]
+    for step, reason in ((30, "policy"), (33, "request"), (35, "<script>"), (38, "policy"), (40, "close")):
+        events += [
+            {"event": "snapshot_start", "step": step, "bytes": 1000, "reason": reason},
+            {"event": "commit", "step": step, "seconds": 0.02, "bytes": 1000},
+        ]
+    events.append({"event": "close", "step": 40})
+    _write_run(tmp_path / "run", events, the_plan=current)
+    result = report(tmp_path / "run", compare=False)
+    assert [row.reason for row in result.data.checkpoints] == ["policy", "request", None, "policy", "close"]
+    summary = result.summary()
+    assert "planned but not taken: 25; taken but not planned: 35" in summary, summary
+    assert "also taken: 33 (session.checkpoint()), 40 (save_last)" in summary, summary

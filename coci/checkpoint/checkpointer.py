@@ -238,8 +238,10 @@ class Checkpointer:
         *,
         epoch: int | None,
         state_keys: list[str],
+        reason: str = "request",
     ) -> PendingCheckpoint:
-        """Begin a checkpoint of ``tree`` at ``step``; returns once training may go on."""
+        """Begin a checkpoint of ``tree`` at ``step``; returns once training may go on. ``reason``
+        (why it was taken) goes into the ``snapshot_start`` event."""
         if self.pending is not None:
             self.pending.upload_completion.exception()  # wait; a failure was recorded by the worker
         tensors: list[torch.Tensor] = []
@@ -252,7 +254,7 @@ class Checkpointer:
         eager_seconds = self.clock() - copy_began
         nbytes = self.arena.nbytes
         pending = PendingCheckpoint(step, nbytes, job.fence_event, job.has_cpu_copies, job)
-        self.events.emit("snapshot_start", step=step, bytes=nbytes)
+        self.events.emit("snapshot_start", step=step, bytes=nbytes, reason=reason)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coci-persist")
         staged = StagedCheckpoint(step, self.arena.payload(), slots, skeleton, epoch, state_keys, shards)

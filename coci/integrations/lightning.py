@@ -217,14 +217,14 @@ class CociCallback(Callback):
         session = self._session
         pending = session.step(_loss_of(outputs))
         if pending is None and self.save_last and _is_final_batch(trainer):
-            session.checkpoint()
+            session.checkpoint(reason="close")  # save_last: the final state
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         session = self._session
         if session is None or not self.save_last or session.steps == 0:
             return
         if not session.checkpoint_steps or session.checkpoint_steps[-1] != session.steps:
-            session.checkpoint()  # stopped early (should_stop, time limit): keep the last step
+            session.checkpoint(reason="close")  # stopped early (should_stop, time limit): keep the last step
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         session, self._session = self._session, None

@@ -43,7 +43,15 @@ from coci.checkpoint.checkpointer import load_entry
 from coci.checkpoint.format import SESSION_KEY, checkpoints_dir, committed_steps
 from coci.checks import is_int
 from coci.errors import CociError, ConfigError
-from coci.events import EVENT_NUMBER_MAX, EVENTS_FILENAME, STEP_MARK_FILENAME, read_events, read_run_file, read_step_mark
+from coci.events import (
+    CHECKPOINT_REASONS,
+    EVENT_NUMBER_MAX,
+    EVENTS_FILENAME,
+    STEP_MARK_FILENAME,
+    read_events,
+    read_run_file,
+    read_step_mark,
+)
 from coci.planning.planner import Plan
 from profiler import Profile
 
@@ -74,6 +82,7 @@ class CheckpointRow(BaseModel):
     upload_seconds: float | None = None  # its promotion to the remote tier (None: not promoted)
     remote_bytes: int | None = None
     in_remote: bool = False  # promoted and not yet removed by the remote tier's retention
+    reason: str | None = None  # why it was taken (``coci.events.CHECKPOINT_REASONS``); None: not logged
 
 
 class RestoreRow(BaseModel):
@@ -348,7 +357,8 @@ def _checkpoint_rows(events: Iterable[dict[str, Any]], on_disk: set[int]) -> tup
             continue
         row = rows.setdefault(step, {"step": step})
         if kind == "snapshot_start":
-            row.update(bytes=event.get("bytes"), error=None)
+            reason = event.get("reason")
+            row.update(bytes=event.get("bytes"), error=None, reason=reason if reason in CHECKPOINT_REASONS else None)
         elif kind == "snapshot_end":
             row["staging_seconds"] = event.get("seconds")
         elif kind == "commit":

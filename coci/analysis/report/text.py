@@ -18,6 +18,9 @@ from coci.analysis.report.small_cut import small_cut_reason
 from coci.planning.planner import Plan
 from coci.units import format_duration
 
+#: How the report names a checkpoint the plan did not ask for, by its logged reason.
+OFF_PLAN_REASONS = {"request": "session.checkpoint()", "close": "save_last", "preemption": "preemption notice"}
+
 __all__ = [
     "checkpoint_frame",
     "comparison_frame",
@@ -37,11 +40,11 @@ __all__ = [
 def checkpoint_frame(data: ReportData) -> pd.DataFrame:
     """One row per checkpoint: step, planned (True/False/None = earlier plan), stall, staging
     and persist seconds, bytes, committed, still on disk, error; its promotion to the remote tier
-    (upload seconds, bytes, still there)."""
+    (upload seconds, bytes, still there); why it was taken (``reason``)."""
     rows = [row.model_dump() for row in data.checkpoints]
     dtypes = {"step": "int64", "planned": object, "stall_seconds": "float64", "staging_seconds": "float64",
               "persist_seconds": "float64", "bytes": "Int64", "committed": "bool", "on_disk": "bool", "error": object,
-              "upload_seconds": "float64", "remote_bytes": "Int64", "in_remote": "bool"}
+              "upload_seconds": "float64", "remote_bytes": "Int64", "in_remote": "bool", "reason": object}
     return pd.DataFrame({name: pd.Series([r[name] for r in rows], dtype=dtype) for name, dtype in dtypes.items()})
 
 
@@ -229,10 +232,13 @@ def _plan_against_taken_lines(data: ReportData, plan: Plan) -> list[str]:
     if plan.steps or taken_after:
         since = f"after step {made}" if applied is None else f"from step {applied}"
         lines.append(f"  taken {since}: {step_list(taken_after)}")
+    off_plan = {r.step: r.reason for r in data.checkpoints if r.step >= first and r.reason in OFF_PLAN_REASONS}
     missed = sorted(set(reached) - set(taken_after))
-    extra = sorted(set(taken_after) - set(plan.steps))
+    extra = sorted(set(taken_after) - set(plan.steps) - set(off_plan))
     if missed or extra:
         lines.append(f"  planned but not taken: {step_list(missed)}; taken but not planned: {step_list(extra)}")
+    if off_plan:
+        lines.append("  also taken: " + ", ".join(f"{step} ({OFF_PLAN_REASONS[reason]})" for step, reason in sorted(off_plan.items())))
     return lines
 
 
@@ -414,7 +420,7 @@ def display_checkpoints(frame: pd.DataFrame) -> pd.DataFrame:
     """The checkpoint table with readable units (ms, kB) for text and HTML."""
     if frame.empty:
         return frame
-    planned = frame["planned"].map(lambda v: "earlier plan" if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else ("yes" if v else "no"))
+    planned = [_planned_label(v, reason) for v, reason in zip(frame["planned"], frame["reason"])]
     return pd.DataFrame(
         {
             "step": frame["step"],
@@ -427,6 +433,17 @@ def display_checkpoints(frame: pd.DataFrame) -> pd.DataFrame:
             "on disk": frame["on_disk"].map(lambda v: "yes" if v else "-"),
         }
     ) if not frame["upload_seconds"].notna().any() else _with_remote_columns(frame)
+
+
+def _planned_label(planned: Any, reason: Any) -> str:
+    """The checkpoint table's "planned" cell: yes, why it was taken apart from the plan, no, or
+    "earlier plan" (no record of the plan that governed it)."""
+    if planned is True:
+        return "yes"
+    if reason in OFF_PLAN_REASONS:
+        return OFF_PLAN_REASONS[reason]
+    unknown = planned is None or planned is pd.NA or (isinstance(planned, float) and math.isnan(planned))
+    return "earlier plan" if unknown else ("yes" if planned else "no")
 
 
 def _with_remote_columns(frame: pd.DataFrame) -> pd.DataFrame:
