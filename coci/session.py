@@ -297,9 +297,9 @@ class Session:
     def checkpoint(self, *, reason: CheckpointReason = "request") -> PendingCheckpoint:
         """Start a checkpoint of the current state now (also used by ``step``). ``reason`` is
         recorded with it in ``events.jsonl`` and shown by the report: ``"request"`` (a call of
-        yours), ``"policy"`` (the plan's, from ``step``), ``"close"`` (``save_last``, or the Lightning callback's last step),
-        ``"preemption"`` (a notice); a checkpoint the plan did not ask for is listed apart from the
-        plan's own."""
+        yours), ``"policy"`` (the plan's, from ``step``), ``"close"`` (``save_last``, or the
+        Lightning callback's last step), ``"preemption"`` (a notice); a checkpoint the plan did not
+        ask for is listed apart from the plan's own."""
         self._check_open()
         if reason not in CHECKPOINT_REASONS:
             raise ConfigError(f"checkpoint(reason=...) must be one of {', '.join(CHECKPOINT_REASONS)}, got {reason!r}")
