@@ -61,6 +61,8 @@ each iterator's base-seed draw, which it does not): use ``shuffle=True`` without
 ``sampler=torchdata.stateful_dataloader.sampler.RandomSampler(ds, generator=g1), generator=g2``.
 A plain ``DataLoader`` restarts its epoch on resume (Lightning warns); ``on_train_epoch_start``
 hooks do not run for the epoch a mid-epoch resume lands in (Lightning's restart semantics).
+Under manual optimization ``training_step`` returns nothing unless you return the loss; without it
+``"auto"`` plans for time (the callback warns once).
 """
 
 from __future__ import annotations
@@ -153,6 +155,7 @@ class CociCallback(Callback):
         self._pending_rng: dict[str, Any] | None = None
         self._resume_at_epoch_end = False
         self._last_global_step = 0
+        self._warned_no_loss = False
 
     # -- public ----------------------------------------------------------------------------------
 
@@ -215,7 +218,15 @@ class CociCallback(Callback):
             return  # no optimizer step completed (gradient accumulation): not a training step
         self._last_global_step = trainer.global_step
         session = self._session
-        pending = session.step(_loss_of(outputs))
+        loss = _loss_of(outputs)
+        if loss is None and not self._warned_no_loss and self._plans_on_loss():
+            self._warned_no_loss = True
+            logger.warning(
+                "coci: training_step's output holds no loss (under manual optimization it returns nothing "
+                "unless you return it), so policy=%r plans without the loss curve (for time); return the loss "
+                "to plan on, a tensor or {'loss': tensor}", self._policy_name()
+            )
+        pending = session.step(loss)
         if pending is None and self.save_last and _is_final_batch(trainer):
             session.checkpoint(reason="close")  # save_last: the final state
 
@@ -235,6 +246,14 @@ class CociCallback(Callback):
         self._close_session()
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _policy_name(self) -> Any:
+        config = self._session_options["plan_config"]
+        return config.policy if isinstance(config, PlanConfig) else self._session_options["policy"]
+
+    def _plans_on_loss(self) -> bool:
+        """Whether the policy fits the loss curve ("auto", "coci"): without losses it plans for time."""
+        return self._policy_name() in ("auto", "coci")
 
     def _options_for(self, trainer: pl.Trainer) -> dict[str, Any]:
         """The Session's arguments; an unset planning horizon becomes ``Trainer(max_steps)``."""
@@ -336,6 +355,7 @@ def _callbacks(trainer: pl.Trainer) -> list[Callback]:
     """``trainer.callbacks``: set by Lightning's callback connector at run time, not declared on ``Trainer``."""
     callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
     return callbacks
+
 
 def _loss_of(outputs: Any) -> Any:
     """The step's loss from ``training_step``'s output (a tensor, or a dict with "loss"); no sync."""
