@@ -1,5 +1,5 @@
 """CociCallback with what Lightning's GAN example does: manual optimization (two optimizers, a
-``training_step`` that returns nothing).
+``training_step`` that returns nothing) and an ``on_train_epoch_end`` that changes the model.
 
 In-process ``Trainer.fit`` runs of a few batches (seconds); the SIGKILLed runs are in
 tests/test_lightning.py.
@@ -50,6 +50,13 @@ class TwoOptimizers(pl.LightningModule):
         return torch.optim.SGD(self.a.parameters(), lr=0.1), torch.optim.SGD(self.b.parameters(), lr=0.1)
 
 
+class SamplesAtEpochEnd(TwoOptimizers):
+    """Samples at the epoch's end in train mode, as Lightning's GAN example does: BatchNorm statistics move."""
+
+    def on_train_epoch_end(self) -> None:
+        self.a(torch.ones(3, 4))
+
+
 def fit(run_dir: Path, module: TwoOptimizers, epochs: int, policy: Any = "auto") -> None:
     generator = torch.Generator().manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(8 * BATCHES, 4, generator=generator), torch.randn(8 * BATCHES, 1, generator=generator))
@@ -79,3 +86,17 @@ def test_a_training_step_without_a_loss_is_named_once_when_the_policy_fits_the_c
     assert coci_warnings(caplog) == []
     fit(tmp_path / "every", TwoOptimizers(return_loss=False), epochs=1, policy=coci.EveryN(2))
     assert coci_warnings(caplog) == []  # a fixed schedule uses no curve: nothing is lost
+
+
+def test_a_resume_from_an_epochs_last_batch_names_the_epoch_end_hook_it_skips(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    fit(tmp_path / "plain", TwoOptimizers(return_loss=True), epochs=1, policy=coci.EveryN(BATCHES))
+    fit(tmp_path / "plain", TwoOptimizers(return_loss=True), epochs=2, policy=coci.EveryN(BATCHES))
+    assert coci_warnings(caplog) == []  # nothing runs at the epoch's end: nothing to lose
+    fit(tmp_path / "hook", SamplesAtEpochEnd(return_loss=True), epochs=1, policy=coci.EveryN(BATCHES))
+    assert coci_warnings(caplog) == []
+    fit(tmp_path / "hook", SamplesAtEpochEnd(return_loss=True), epochs=2, policy=coci.EveryN(BATCHES))
+    said = coci_warnings(caplog)
+    assert len(said) == 1 and "SamplesAtEpochEnd.on_train_epoch_end" in said[0] and f"step {BATCHES}" in said[0], said

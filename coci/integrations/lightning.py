@@ -60,7 +60,9 @@ next epoch differently (torchdata 0.11 shares g between the sampler, whose state
 each iterator's base-seed draw, which it does not): use ``shuffle=True`` without ``generator=``, or
 ``sampler=torchdata.stateful_dataloader.sampler.RandomSampler(ds, generator=g1), generator=g2``.
 A plain ``DataLoader`` restarts its epoch on resume (Lightning warns); ``on_train_epoch_start``
-hooks do not run for the epoch a mid-epoch resume lands in (Lightning's restart semantics).
+hooks do not run for the epoch a mid-epoch resume lands in (Lightning's restart semantics), and a
+resume from a checkpoint taken on an epoch's last batch does not run that epoch's
+``on_train_epoch_end`` hooks, so what they change is lost (the callback names them in a warning).
 Under manual optimization ``training_step`` returns nothing unless you return the loss; without it
 ``"auto"`` plans for time (the callback warns once).
 """
@@ -73,7 +75,8 @@ from typing import Any
 
 try:
     import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.callbacks import Callback, ProgressBar
+    from lightning.pytorch.utilities.model_helpers import is_overridden
 except ImportError as exc:  # pragma: no cover - exercised only where lightning is absent
     raise ImportError(
         "coci.integrations.lightning needs Lightning (the 'lightning' package, >= 2.4): "
@@ -189,6 +192,8 @@ class CociCallback(Callback):
             self._pending_rng = rng_state.capture()
             self._resume_at_epoch_end = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
             logger.info("coci: resumed from %s (step %d)", self._restored.path, self._restored.step)
+            if self._resume_at_epoch_end:
+                _warn_epoch_end_hooks_skipped(trainer, pl_module, self, self._restored.step)
             if trainer.ckpt_path:
                 logger.warning(
                     "coci restored %s but trainer.fit(ckpt_path=%r) is also set; Lightning's checkpoint "
@@ -355,6 +360,33 @@ def _callbacks(trainer: pl.Trainer) -> list[Callback]:
     """``trainer.callbacks``: set by Lightning's callback connector at run time, not declared on ``Trainer``."""
     callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
     return callbacks
+
+
+def _warn_epoch_end_hooks_skipped(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, owner: Callback, step: int
+) -> None:
+    """Name the ``on_train_epoch_end`` hooks a resume from an epoch's last batch does not run.
+
+    The checkpoint is taken in ``on_train_batch_end``, before the epoch's end hooks; Lightning
+    resumes it in the next epoch without running them again, so what they change (a sample drawn in
+    train mode moves BatchNorm statistics, an average updated per epoch) is missing from the
+    resumed run: its final state differs from an uninterrupted run's.
+    """
+    hooks = [f"{type(pl_module).__name__}.on_train_epoch_end"] if is_overridden("on_train_epoch_end", pl_module) else []
+    hooks += [
+        f"{type(callback).__name__}.on_train_epoch_end"
+        for callback in _callbacks(trainer)
+        if callback is not owner
+        and not isinstance(callback, ProgressBar)  # display only
+        and is_overridden("on_train_epoch_end", callback, parent=Callback)
+    ]
+    if hooks:
+        logger.warning(
+            "coci: the checkpoint of step %d was taken on an epoch's last batch, before %s ran; Lightning "
+            "resumes in the next epoch without running it again, so what it changed is not in the resumed "
+            "run (make that change in training_step to resume it exactly)",
+            step, ", ".join(hooks),
+        )
 
 
 def _loss_of(outputs: Any) -> Any:
