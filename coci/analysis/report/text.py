@@ -103,7 +103,8 @@ def _plan_lines(data: ReportData) -> list[str]:
         f"{data.replans} plan(s) made, horizon {plan.inputs.total_steps} steps",
         f"  failure model: {plan.inputs.failures.describe() if plan.inputs.failures else 'none'}; "
         f"restart {format_seconds(plan.inputs.restart_seconds)}",
-        f"  costs planned with: stall {format_seconds(plan.inputs.stall_seconds)}, interference "
+        f"  costs planned with (as measured by step {plan.inputs.start_step}; the costs section has the run's): "
+        f"stall {format_seconds(plan.inputs.stall_seconds)}, interference "
         f"{format_seconds(plan.inputs.interference_seconds)}, persist {format_seconds(plan.inputs.persist_seconds)}, "
         f"step {format_seconds(plan.inputs.step_seconds)}",
     ]
