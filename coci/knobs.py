@@ -252,6 +252,10 @@ FIT_WINDOW_EXTRA_POINTS: int = 2
 
 # --- report (coci.analysis.report, coci.cli) ------------------------------------------------------
 
+#: Fewest steps a failed process's own timed events must span for the report to time its lost
+#: steps at that process's pace (wall seconds per step) rather than the run's final step time
+REPORT_PACE_MIN_STEPS: int = 5
+
 #: Monte Carlo trials per policy for the report's overhead confidence intervals
 #: (coci.analysis.simulate); 0 shows the planner's expected values only.
 REPORT_SIMULATE_TRIALS: int = 1000

@@ -494,3 +494,26 @@ def test_the_plan_against_taken_lists_off_plan_checkpoints_apart_and_drops_an_un
     summary = result.summary()
     assert "planned but not taken: 25; taken but not planned: 35" in summary, summary
     assert "also taken: 33 (session.checkpoint()), 40 (save_last)" in summary, summary
+
+
+def test_lost_steps_are_timed_at_the_pace_of_the_process_that_lost_them() -> None:
+    """A process that ran 0.45 s a step (its progress and snapshot events say so) and was killed
+    at step 28 after a checkpoint at 20 lost 8 steps = 3.6 s, whatever the run's final step time
+    (1.6 s here); a process whose events span too few steps falls back to the final step time."""
+    events = [
+        {"event": "session", "step": 0, "time": 100.0},
+        {"event": "progress", "step": 5, "time": 102.25},
+        {"event": "snapshot_start", "step": 20, "time": 109.0},
+        {"event": "progress", "step": 25, "time": 111.25},
+        {"event": "session", "step": 0, "time": 130.0},
+        {"event": "reached", "step": 28, "time": 130.1},
+        {"event": "restore", "step": 20, "seconds": 0.1, "time": 130.2},
+        {"event": "snapshot_start", "step": 22, "time": 131.0},
+        {"event": "session", "step": 0, "time": 150.0},
+        {"event": "reached", "step": 23, "time": 150.1},
+        {"event": "restore", "step": 22, "seconds": 0.1, "time": 150.2},
+    ]
+    rows = _restores(events, step_seconds=1.6)
+    assert [(r.lost_steps, r.lost_exact) for r in rows] == [(8, True), (1, True)]
+    assert rows[0].lost_seconds == pytest.approx(8 * 0.45)
+    assert rows[1].lost_seconds == pytest.approx(1.6)  # one event in that process: no pace of its own

@@ -431,13 +431,43 @@ def _step_seconds(profile: Profile | None, plan: Plan | None) -> float | None:
     return None
 
 
+class _Pace:
+    """Wall seconds per step of one process's training, from its own timed events written on the
+    training thread at the step they name (``progress``, ``snapshot_start``): the pace at which a
+    failed process did the work it lost, where the profile's step time is the run's final one."""
+
+    def __init__(self) -> None:
+        self.first: tuple[float, int] | None = None
+        self.last: tuple[float, int] | None = None
+
+    def add(self, event: dict[str, Any], step: int) -> None:
+        when = _number(event.get("time"))
+        if when is not None:
+            self.first = self.first or (when, step)
+            self.last = (when, step)
+
+    def seconds_per_step(self) -> float | None:
+        """None when the events span fewer than ``knobs.REPORT_PACE_MIN_STEPS`` steps or no time."""
+        if self.first is None or self.last is None or self.last[1] - self.first[1] < knobs.REPORT_PACE_MIN_STEPS:
+            return None
+        pace = (self.last[0] - self.first[0]) / (self.last[1] - self.first[1])
+        return pace if math.isfinite(pace) and pace > 0 else None
+
+
 def _restores(events: list[dict[str, Any]], step_seconds: float | None) -> list[RestoreRow]:
-    """Each restore, and what the segment before it had reached (a failure unless it closed)."""
+    """Each restore, and what the segment before it had reached (a failure unless it closed). The
+    lost steps are timed at the failed process's own pace (:class:`_Pace`) where its events show
+    one, else at ``step_seconds``."""
     rows: list[RestoreRow] = []
     reached: int | None = None
     closed = marked = False
+    pace, previous_pace = _Pace(), None  # this process's; the one before its `session` event
     for event in events:
         kind, step = event.get("event"), _event_step(event)
+        if kind == "session":
+            pace, previous_pace = _Pace(), pace
+        if kind in ("progress", "snapshot_start") and step is not None:
+            pace.add(event, step)
         if kind == "reached" and step is not None:  # the step mark the previous process left
             marked = reached is None or step >= reached
         if kind == "restart" and rows and rows[-1].restart_seconds is None:
@@ -446,6 +476,7 @@ def _restores(events: list[dict[str, Any]], step_seconds: float | None) -> list[
         if kind == "restore" and step is not None:
             failure = reached is not None and not closed
             lost = max(reached - step, 0) if failure and reached is not None else None
+            per_step = (previous_pace or pace).seconds_per_step() or step_seconds
             rows.append(
                 RestoreRow(
                     step=step,
@@ -453,11 +484,12 @@ def _restores(events: list[dict[str, Any]], step_seconds: float | None) -> list[
                     failure=failure,
                     reached_step=reached,
                     lost_steps=lost,
-                    lost_seconds=None if lost is None or step_seconds is None else lost * step_seconds,
+                    lost_seconds=None if lost is None or per_step is None else lost * per_step,
                     lost_exact=failure and marked,
                 )
             )
             reached, closed, marked = step, False, False
+            pace, previous_pace = _Pace(), None
             continue
         if step is not None and kind not in ("retention", "restore_skip"):
             reached = step if reached is None else max(reached, step)
@@ -527,8 +559,15 @@ def _observed(
         overhead_percent=None if overhead is None or not compute else 100.0 * overhead / compute,
         failures=len(failures),
         lost_steps=lost_steps,
-        lost_seconds=None if step_seconds is None else lost_steps * step_seconds,
+        lost_seconds=_lost_seconds(failures, lost_steps, step_seconds),
     )
+
+
+def _lost_seconds(failures: list[RestoreRow], lost_steps: int, step_seconds: float | None) -> float | None:
+    """The failures' lost seconds, each at its own pace (see :func:`_restores`); None when unknown."""
+    if all(r.lost_seconds is not None for r in failures if r.lost_steps):
+        return sum(r.lost_seconds or 0.0 for r in failures)
+    return None if step_seconds is None else lost_steps * step_seconds
 
 
 def _number(value: Any) -> float | None:
