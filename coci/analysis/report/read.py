@@ -559,15 +559,15 @@ def _observed(
         overhead_percent=None if overhead is None or not compute else 100.0 * overhead / compute,
         failures=len(failures),
         lost_steps=lost_steps,
-        lost_seconds=_lost_seconds(failures, lost_steps, step_seconds),
+        lost_seconds=_lost_seconds(failures),
     )
 
 
-def _lost_seconds(failures: list[RestoreRow], lost_steps: int, step_seconds: float | None) -> float | None:
-    """The failures' lost seconds, each at its own pace (see :func:`_restores`); None when unknown."""
-    if all(r.lost_seconds is not None for r in failures if r.lost_steps):
-        return sum(r.lost_seconds or 0.0 for r in failures)
-    return None if step_seconds is None else lost_steps * step_seconds
+def _lost_seconds(failures: list[RestoreRow]) -> float | None:
+    """The failures' lost seconds, each timed in :func:`_restores`; None when one that lost steps
+    has no time (no pace of its own and no step time)."""
+    timed = [r.lost_seconds for r in failures if r.lost_steps]
+    return None if None in timed else sum(seconds or 0.0 for seconds in timed)
 
 
 def _number(value: Any) -> float | None:
