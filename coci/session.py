@@ -73,6 +73,11 @@ from profiler import Profile, Profiler
 
 logger = logging.getLogger(__name__)
 
+#: The policy's saved state among the objects a restore applies (reserved: no state key starts with ``__coci``).
+_POLICY_ENTRY = SESSION_KEY + "policy"
+#: How a restore problem that is a state mismatch (not damage) starts.
+_MISMATCH = "state mismatch: "
+
 
 @dataclass(frozen=True)
 class RestoreResult:
@@ -339,8 +344,12 @@ class Session:
         """Load the newest committed checkpoint that verifies; None on a fresh run.
 
         Corrupt checkpoints are skipped with a ``restore_skip`` event and a warning. ``strict``
-        refuses a checkpoint whose state keys differ from ``state`` (the error lists both sides);
-        ``strict=False`` loads the keys both have. Under ``torch.distributed`` every rank loads the
+        refuses a checkpoint whose state keys differ from ``state`` (the error lists both sides),
+        and one that an object of ``state`` refuses as another configuration's (a
+        :class:`coci.ResumableLoader` of another seed or dataset length: StateMismatchError);
+        ``strict=False`` loads the keys both have, and skips a checkpoint an object refuses
+        (``restore_skip`` with ``reason="state_mismatch"``) for the newest older one it accepts;
+        when none is accepted it raises StateMismatchError. Under ``torch.distributed`` every rank loads the
         checkpoint rank 0 picked, and the ranks skip a checkpoint together (collective).
         """
         self._check_open()
@@ -356,8 +365,7 @@ class Session:
             loaded, problem = self._load_and_apply(path, strict, targets) if path is not None else (None, problem)
             if loaded is None or path is None:
                 where = str(path) if local_path is not None else f"{self._remote.store.url}/step_{step}"  # type: ignore[union-attr]
-                logger.warning("skipping checkpoint %s: %s", where, problem)
-                self.events.emit("restore_skip", step=step, path=where, message=problem)
+                self._record_skip(step, where, problem)
                 skipped.append(Path(where))
                 last_error = problem
                 continue
@@ -379,12 +387,19 @@ class Session:
             self._profiler.mark()
             return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, tuple(skipped), tier)
         if candidates:
-            raise CorruptCheckpointError(
+            error = StateMismatchError if last_error.startswith(_MISMATCH) else CorruptCheckpointError
+            raise error(
                 f"none of the {len(candidates)} committed checkpoints in {root} loads: "
                 + ", ".join(p.name for p in skipped)
                 + f" (last error: {last_error})"
             )
         return None
+
+    def _record_skip(self, step: int, where: str, problem: str) -> None:
+        """A checkpoint restore passed over: a warning and a ``restore_skip`` event with its reason."""
+        reason = "state_mismatch" if problem.startswith(_MISMATCH) else "corrupt"
+        logger.warning("skipping checkpoint %s (%s): %s", where, reason, problem)
+        self.events.emit("restore_skip", step=step, path=where, message=problem, reason=reason)
 
     def _with_remote(self, local: list[tuple[int, Path]]) -> list[tuple[int, Path | None]]:
         """Restore candidates of both tiers, newest step first; a step in both is tried locally
@@ -424,15 +439,18 @@ class Session:
         """Load ``path`` into ``state``; (None, what went wrong) when any rank failed to.
 
         A checkpoint that verifies but does not load (a structure altered on disk, a tensor of the
-        wrong shape) is skipped like a corrupt one; the next one loaded overwrites whatever this
-        one applied, since every checkpoint has every key.
+        wrong shape) is skipped like a corrupt one, nothing of it applied (:meth:`_apply`).
         """
         problem = None
         loaded = None
         try:
             loaded = load_committed(path, self._dist, targets)
             self._apply(loaded, strict)
-        except (StateMismatchError, KeyboardInterrupt, SystemExit):
+        except StateMismatchError as exc:  # strict=False: an older checkpoint may match
+            if strict:
+                raise
+            problem = f"{_MISMATCH}{exc}"
+        except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # whatever a hostile checkpoint raises (MemoryError, DCP's CheckpointException...)
             problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
@@ -630,23 +648,39 @@ class Session:
     def _apply(self, loaded: LoadedCheckpoint, strict: bool) -> None:
         """Put a loaded checkpoint into ``state`` and the session; the RNG streams last.
 
-        All or nothing: everything checkable is checked before the first object is touched."""
+        All or nothing: everything checkable is checked before the first object is touched; the
+        objects only their own ``load_state_dict`` can check (the policy's state first, then a
+        scheduler's, a loader's...) are applied next and put back when any later one fails."""
         tree = loaded.tree
         keys = self._keys_to_restore(loaded, strict)
+        own = self._checked_entries(tree, keys)
+        objects, saved = self._restore_targets(tree, keys, own)
+        restore_checks.apply_all_or_nothing(objects, list(saved), lambda key: self._restore_value(key, objects[key], saved[key]))
+        self._steps = int(own["steps"])
+        self._checkpoint_steps = [int(s) for s in own["checkpoint_steps"]]
+        self._profiler.load_state_dict(own["profiler"])
+        if RNG_KEY in tree:  # distributed: absent for a rank the checkpoint did not have
+            rng_state.restore(tree[RNG_KEY])  # last: nothing above may consume random draws after it
+
+    def _checked_entries(self, tree: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
+        """The session's own entry, once ``tree`` passed every check that touches nothing."""
         restore_checks.check_restorable(self.state, tree, keys)
         own = restore_checks.check_session_entry(tree.get(SESSION_KEY))
         Profiler().load_state_dict(own["profiler"])  # a trial load: refuses before anything is applied
         if RNG_KEY in tree:
             rng_state.check(tree[RNG_KEY])
-        restore_checks.apply_all_or_nothing(self.state, keys, lambda key: self._restore_value(key, tree[key]))
-        self._steps = int(own["steps"])
-        self._checkpoint_steps = [int(s) for s in own["checkpoint_steps"]]
-        self._profiler.load_state_dict(own["profiler"])
-        policy_load = getattr(self.policy, "load_state_dict", None)
-        if callable(policy_load) and "policy" in own:
-            policy_load(own["policy"])
-        if RNG_KEY in tree:  # distributed: absent for a rank the checkpoint did not have
-            rng_state.restore(tree[RNG_KEY])  # last: nothing above may consume random draws after it
+        return own
+
+    def _restore_targets(self, tree: Mapping[str, Any], keys: list[str], own: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(object, saved entry) by key, in the order they are applied: the policy's state first
+        (under a reserved key), so a policy that refuses its state leaves everything untouched."""
+        objects: dict[str, Any] = {}
+        saved: dict[str, Any] = {}
+        if "policy" in own and is_stateful(self.policy):
+            objects[_POLICY_ENTRY], saved[_POLICY_ENTRY] = self.policy, own["policy"]
+        for key in keys:
+            objects[key], saved[key] = self.state[key], tree[key]
+        return objects, saved
 
     def _keys_to_restore(self, loaded: LoadedCheckpoint, strict: bool) -> list[str]:
         saved = set(loaded.state_keys)
@@ -662,8 +696,7 @@ class Session:
             logger.warning("restoring only shared keys; missing %s, unexpected %s", missing, unexpected)
         return sorted(saved & current)
 
-    def _restore_value(self, key: str, saved: Any) -> None:
-        value = self.state[key]
+    def _restore_value(self, key: str, value: Any, saved: Any) -> None:
         if key in self._sharded.keys:
             self._sharded.load(key, saved)
         elif is_stateful(value):  # modules copy into their parameters; others keep what they get
