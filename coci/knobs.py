@@ -304,3 +304,6 @@ UPLOAD_CONCURRENCY: int = 4
 #: ``UPLOAD_RETRY_SECONDS * 2**attempt``. The local copy is never touched.
 UPLOAD_ATTEMPTS: int = 3
 UPLOAD_RETRY_SECONDS: float = 1.0
+#: Remote keys coci never writes (not plain names, see ``coci.checkpoint.remote.store.check_key``)
+#: are left alone by retention; a ``remote_ignored`` event names at most this many of them.
+REMOTE_IGNORED_KEYS_RECORDED: int = 20

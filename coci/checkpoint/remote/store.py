@@ -58,10 +58,14 @@ class RemoteStore(Protocol):
 
 def check_key(key: str) -> str:
     """``key`` when it is plain names joined by ``/`` (no ``..``, no leading dot or slash)."""
-    parts = key.split("/")
-    if not key or any(part in (".", "..") or not _SAFE_PART.match(part) for part in parts):
+    if not is_plain_key(key):
         raise CorruptCheckpointError(f"remote key {key!r} is not a plain path inside the remote prefix")
     return key
+
+
+def is_plain_key(key: str) -> bool:
+    """Whether ``key`` is plain names joined by ``/``: the only keys coci writes or deletes."""
+    return bool(key) and all(part not in (".", "..") and _SAFE_PART.match(part) for part in key.split("/"))
 
 
 def read_chunks(source: BinaryIO, size: int, chunk_bytes: int, crc: list[int]) -> Iterator[bytes]:

@@ -35,7 +35,7 @@ from coci import knobs
 from coci.checkpoint import format
 from coci.checkpoint.format import CommitRecord
 from coci.checkpoint.remote.fetch import fetch as fetch_checkpoint
-from coci.checkpoint.remote.store import RemoteStore
+from coci.checkpoint.remote.store import RemoteStore, is_plain_key
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError
 from coci.events import EventLog
@@ -112,6 +112,7 @@ class RemoteTier:
         self._trusted: set[int] = set()
         self.last_promoted_step = 0  # newest step committed remotely by this process or restored from it
         self.failures = 0
+        self._ignored: set[str] = set()  # remote keys coci never writes, recorded once (retention skips them)
 
     # -- promotion (training thread hands over, the worker uploads) -----------------------------
 
@@ -218,6 +219,7 @@ class RemoteTier:
             removed = self.retain()
         except Exception as exc:  # retention never fails a promotion that committed
             logger.warning("remote retention after step_%d failed: %s", step, exc)
+            self.events.emit("error", step=step, phase="remote_retention", message=f"{type(exc).__name__}: {exc}")
             return
         if removed:
             self.events.emit("remote_retention", step=step, removed=removed)
@@ -228,7 +230,7 @@ class RemoteTier:
         partial) of older steps, each one's manifest first so it never stays half-committed."""
         if self.keep_last is None:
             return []
-        listing = self.store.list_objects()
+        listing = self._coci_objects(self.store.list_objects())
         committed = committed_steps(listing)
         kept = [step for step in committed if step in self._trusted][-self.keep_last :]
         if not kept:
@@ -242,6 +244,18 @@ class RemoteTier:
             self.store.delete([key for key in listing if key.startswith(prefix) and key != manifest])
         self._trusted.difference_update(doomed)
         return [step for step in doomed if step in committed]
+
+    def _coci_objects(self, listing: Mapping[str, int]) -> dict[str, int]:
+        """``listing`` without the keys coci never writes (not plain names: a space, ``..``; see
+        :func:`.store.check_key`): retention neither deletes nor stumbles on them. Each such key
+        is recorded once per process in a ``remote_ignored`` event."""
+        foreign = sorted(key for key in listing if not is_plain_key(key))
+        new = [key for key in foreign if key not in self._ignored]
+        if new:
+            self._ignored.update(new)
+            logger.warning("remote %s: %d object(s) coci did not write are ignored, e.g. %r", self.store.url, len(new), new[0])
+            self.events.emit("remote_ignored", step=self.last_promoted_step, keys=new[: knobs.REMOTE_IGNORED_KEYS_RECORDED], count=len(new))
+        return {key: size for key, size in listing.items() if key not in self._ignored}
 
     # -- listing and fetching --------------------------------------------------------------------
 
