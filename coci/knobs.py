@@ -307,3 +307,22 @@ UPLOAD_RETRY_SECONDS: float = 1.0
 #: Remote keys coci never writes (not plain names, see ``coci.checkpoint.remote.store.check_key``)
 #: are left alone by retention; a ``remote_ignored`` event names at most this many of them.
 REMOTE_IGNORED_KEYS_RECORDED: int = 20
+
+#: Limits on every request to an S3 remote (obstore's client and retry settings), so a remote that
+#: accepts connections and never answers costs a bounded time: restore falls back to the local tier
+#: and a promotion gives up (``error`` event) instead of hanging. Connecting may take
+#: ``REMOTE_CONNECT_TIMEOUT_SECONDS``; an attempt fails once ``REMOTE_READ_TIMEOUT_SECONDS`` pass
+#: without a byte from the server (this also bounds the sending of one upload part of
+#: ``UPLOAD_PART_BYTES``: at least about 0.6 MB/s per connection by default) or after
+#: ``REMOTE_REQUEST_TIMEOUT_SECONDS`` in all (connect to last byte: the download of the largest file
+#: must fit); a failed attempt is retried at most ``REMOTE_RETRIES`` times, and not once
+#: ``REMOTE_RETRY_TIMEOUT_SECONDS`` have passed since the first. A request to a silent server thus
+#: ends within about ``REMOTE_RETRY_TIMEOUT_SECONDS + REMOTE_READ_TIMEOUT_SECONDS`` (45 s).
+#: ``storage_options={"client_options": {...}, "retry_config": {...}}`` (obstore's ``ClientConfig``
+#: ``connect_timeout``, ``read_timeout``, ``timeout``; ``RetryConfig`` ``max_retries``,
+#: ``retry_timeout``) overrides them for one remote.
+REMOTE_CONNECT_TIMEOUT_SECONDS: float = 5.0
+REMOTE_READ_TIMEOUT_SECONDS: float = 15.0
+REMOTE_REQUEST_TIMEOUT_SECONDS: float = 3600.0
+REMOTE_RETRIES: int = 3
+REMOTE_RETRY_TIMEOUT_SECONDS: float = 30.0

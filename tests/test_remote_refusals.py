@@ -3,7 +3,12 @@ that never loads, an endpoint that never answers (a real SeaweedFS server, a rea
 
 from __future__ import annotations
 
+import socket
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +20,7 @@ from coci.checkpoint.remote.tier import committed_steps
 from tests.test_remote import s3_remote, s3_server  # noqa: F401 (fixtures)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ckpt_helpers import build_state, events_of, train
+from ckpt_helpers import build_state, events_of, make_run, step_dir, train
 
 
 @pytest.fixture
@@ -60,3 +65,90 @@ def test_odd_remote_key_is_ignored_and_retention_goes_on(tmp_path: Path, remote:
     ignored = events_of(tmp_path / "run", "remote_ignored")
     assert [event["keys"] for event in ignored] == [["step_2/notes from ops.txt"]]  # recorded once
     assert not [event for event in events_of(tmp_path / "run", "error") if event["phase"] == "remote_retention"]
+
+
+# --- finding 8: an endpoint that accepts connections and never answers ----------------------------
+
+
+@pytest.fixture
+def silent_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A real TCP server that accepts every connection and never sends a byte, as the S3 endpoint."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept_forever() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    server.settimeout(0.2)  # accept() wakes up to see stop
+
+    thread = threading.Thread(target=accept_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+    for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "coci", "AWS_SECRET_ACCESS_KEY": "coci-secret",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    try:
+        yield endpoint
+    finally:
+        stop.set()
+        server.close()
+        thread.join(timeout=10)
+        for connection in accepted:
+            connection.close()
+
+
+def restore_train_close(run_dir: Path, remote: str, **kwargs: Any) -> tuple[coci.RestoreResult | None, float, float]:
+    """Restore, train to step 6 (a checkpoint at 6, promoted), close: (result, restore s, close s)."""
+    state = build_state()
+    session = coci.Session(run_dir, state=state, policy=coci.EveryN(6), remote=remote, **kwargs)
+    began = time.monotonic()
+    result = session.restore()
+    restored = time.monotonic()
+    train(session, state, 6 - session.steps)
+    closing = time.monotonic()
+    session.close()
+    return result, restored - began, time.monotonic() - closing
+
+
+SILENT_BOUND_SECONDS = 60.0  # limits of about 1 s below: a hang (or obstore's own 3 min retries) is far beyond
+
+
+def test_silent_endpoint_restores_locally_and_close_gives_up(tmp_path: Path, silent_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from coci import knobs
+
+    run_dir = tmp_path / "run"
+    make_run(run_dir, steps=4, every=2)
+    for name, value in {"REMOTE_CONNECT_TIMEOUT_SECONDS": 1.0, "REMOTE_READ_TIMEOUT_SECONDS": 1.0, "REMOTE_RETRIES": 1,
+                        "REMOTE_RETRY_TIMEOUT_SECONDS": 1.0, "UPLOAD_RETRY_SECONDS": 0.0}.items():
+        monkeypatch.setattr(knobs, name, value)
+    result, restore_seconds, close_seconds = restore_train_close(run_dir, "s3://bucket/run")
+    assert result is not None and (result.step, result.tier) == (4, "local")
+    assert restore_seconds < SILENT_BOUND_SECONDS and close_seconds < SILENT_BOUND_SECONDS
+    listing_errors = [e for e in events_of(run_dir, "error") if e["phase"] == "remote_list"]
+    assert len(listing_errors) == 1
+    (gave_up,) = [e for e in events_of(run_dir, "error") if e["phase"] == "promote"]
+    assert gave_up["step"] == 6 and gave_up["attempts"] == knobs.UPLOAD_ATTEMPTS
+    assert not events_of(run_dir, "promoted")
+    assert (step_dir(run_dir, 6) / "manifest.json").is_file()  # the local tier is untouched
+
+
+def test_storage_options_set_the_limits_of_one_remote(tmp_path: Path, silent_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The knobs say 10 minutes; this remote's storage_options say 1 s: they win."""
+    from coci import knobs
+
+    for name in ("REMOTE_READ_TIMEOUT_SECONDS", "REMOTE_RETRY_TIMEOUT_SECONDS", "REMOTE_REQUEST_TIMEOUT_SECONDS"):
+        monkeypatch.setattr(knobs, name, 600.0)
+    monkeypatch.setattr(knobs, "UPLOAD_RETRY_SECONDS", 0.0)
+    run_dir = tmp_path / "run"
+    make_run(run_dir, steps=4, every=2)
+    options = {"client_options": {"read_timeout": "1s", "timeout": "2s"}, "retry_config": {"max_retries": 1, "retry_timeout": timedelta(seconds=1)}}
+    result, restore_seconds, close_seconds = restore_train_close(run_dir, "s3://bucket/run", storage_options=options)
+    assert result is not None and (result.step, result.tier) == (4, "local")
+    assert restore_seconds < SILENT_BOUND_SECONDS and close_seconds < SILENT_BOUND_SECONDS

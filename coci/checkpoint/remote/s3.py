@@ -2,7 +2,9 @@
 
 Endpoint and credentials come from the standard AWS environment variables (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``); ``storage_options``
-adds obstore's S3 config keys. Files go up as multipart uploads of ``knobs.UPLOAD_PART_BYTES``
+adds obstore's S3 config keys, and its ``client_options`` and ``retry_config`` override the time
+limits every request runs under (:func:`client_options`, :func:`retry_config`: ``knobs.REMOTE_*``).
+Files go up as multipart uploads of ``knobs.UPLOAD_PART_BYTES``
 parts, a few in flight (an object appears only once all its parts are complete). Why obstore:
 benchmarks/README.md, "Remote tier".
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -31,12 +34,13 @@ class S3Store:
         self._obstore = obstore
         self._url = url
         options = dict(storage_options or {})
-        client_options = dict(options.pop("client_options", {}))
+        client = client_options(options.pop("client_options", None))
+        retry = retry_config(options.pop("retry_config", None))
         endpoint = str(options.get("endpoint", options.get("aws_endpoint_url", os.environ.get("AWS_ENDPOINT_URL", ""))))
         if endpoint.startswith("http://"):
-            client_options.setdefault("allow_http", True)
+            client.setdefault("allow_http", True)
         try:
-            self._store = ObstoreS3.from_url(url, config=options or None, client_options=client_options or None)  # type: ignore[arg-type]
+            self._store = ObstoreS3.from_url(url, config=options or None, client_options=client, retry_config=retry)  # type: ignore[arg-type]
         except Exception as exc:
             raise ConfigError(f"remote {url!r}: cannot configure the S3 client ({type(exc).__name__}: {exc})") from exc
 
@@ -90,6 +94,26 @@ class S3Store:
                 return False
             raise
         return True
+
+
+def client_options(given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """obstore's ``ClientConfig``: ``given`` over coci's time limits (``knobs.REMOTE_*``)."""
+    if given is not None and not isinstance(given, Mapping):
+        raise ConfigError(f"storage_options['client_options'] must be a dict of obstore ClientConfig keys, got {given!r}")
+    limits = {
+        "connect_timeout": timedelta(seconds=knobs.REMOTE_CONNECT_TIMEOUT_SECONDS),
+        "read_timeout": timedelta(seconds=knobs.REMOTE_READ_TIMEOUT_SECONDS),
+        "timeout": timedelta(seconds=knobs.REMOTE_REQUEST_TIMEOUT_SECONDS),
+    }
+    return {**limits, **(given or {})}
+
+
+def retry_config(given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """obstore's ``RetryConfig``: ``given`` over coci's retry limits (``knobs.REMOTE_*``)."""
+    if given is not None and not isinstance(given, Mapping):
+        raise ConfigError(f"storage_options['retry_config'] must be a dict of obstore RetryConfig keys, got {given!r}")
+    limits = {"max_retries": knobs.REMOTE_RETRIES, "retry_timeout": timedelta(seconds=knobs.REMOTE_RETRY_TIMEOUT_SECONDS)}
+    return {**limits, **(given or {})}
 
 
 def _too_large(key: str, size: int, max_bytes: int) -> Exception:
