@@ -40,3 +40,9 @@ class StateMismatchError(CheckpointError):
 
 class RunDirLockedError(ConfigError):
     """Another session (this process or another, named in the message) holds the run directory."""
+
+
+class RemoteUnavailableError(CheckpointError):
+    """A fetch from the remote tier failed for a reason that says nothing about the checkpoint (no
+    answer within the limits, a refused connection, a server error, no room on the local disk):
+    ``restore()`` falls back to the local tier and tries that checkpoint again another time."""

@@ -326,3 +326,9 @@ REMOTE_READ_TIMEOUT_SECONDS: float = 15.0
 REMOTE_REQUEST_TIMEOUT_SECONDS: float = 3600.0
 REMOTE_RETRIES: int = 3
 REMOTE_RETRY_TIMEOUT_SECONDS: float = 30.0
+#: ``remote_refused.json`` (remote checkpoints this run directory refused: not downloaded again
+#: while unchanged) keeps the newest this many refusals, each message cut to this many characters;
+#: a record larger than ``REMOTE_REFUSED_FILE_BYTES`` is not coci's and is ignored.
+REMOTE_REFUSED_MAX: int = 100
+REMOTE_REFUSED_MESSAGE_CHARS: int = 500
+REMOTE_REFUSED_FILE_BYTES: int = 1 << 20

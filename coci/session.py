@@ -48,6 +48,8 @@ from coci.checkpoint.checkpointer import (
 )
 from coci.checkpoint.format import RNG_KEY, SESSION_KEY, LoadedCheckpoint
 from coci.checkpoint.remote import RemoteTier, open_store
+from coci.checkpoint.remote.fetch import UNAVAILABLE
+from coci.checkpoint.remote.refused import REFUSED_BEFORE, RemoteGate
 from coci.checkpoint.run_lock import RunLock
 from coci.checkpoint.sharded import ShardedState, local_data_ptr, local_nbytes
 from coci.checkpoint.stateful import is_stateful, restore_in_place, validate_state
@@ -57,6 +59,7 @@ from coci.errors import (
     ConfigError,
     CorruptCheckpointError,
     PersistError,
+    RemoteUnavailableError,
     RunDirLockedError,
     StateError,
     StateMismatchError,
@@ -349,7 +352,10 @@ class Session:
         :class:`coci.ResumableLoader` of another seed or dataset length: StateMismatchError);
         ``strict=False`` loads the keys both have, and skips a checkpoint an object refuses
         (``restore_skip`` with ``reason="state_mismatch"``) for the newest older one it accepts;
-        when none is accepted it raises StateMismatchError. Under ``torch.distributed`` every rank loads the
+        when none is accepted it raises StateMismatchError. A remote checkpoint that failed for its
+        own fault is recorded in the run directory and not downloaded again while it stays
+        unchanged; once the remote does not answer, the rest of the restore keeps to the local tier
+        (:mod:`coci.checkpoint.remote.refused`). Under ``torch.distributed`` every rank loads the
         checkpoint rank 0 picked, and the ranks skip a checkpoint together (collective).
         """
         self._check_open()
@@ -359,10 +365,14 @@ class Session:
         skipped: list[Path] = []
         last_error = ""
         targets = self._sharded.load_targets() if candidates else None
+        gate = self._remote_gate()
         for step, local_path in candidates:
             began = self._clock()
-            path, problem = self._fetched(step, root) if local_path is None else (local_path, "")
-            loaded, problem = self._load_and_apply(path, strict, targets) if path is not None else (None, problem)
+            if local_path is None:
+                path, loaded, problem = self._from_remote(gate, step, root, strict, targets)
+            else:
+                path = local_path
+                loaded, problem = self._load_and_apply(path, strict, targets)
             if loaded is None or path is None:
                 where = str(path) if local_path is not None else f"{self._remote.store.url}/step_{step}"  # type: ignore[union-attr]
                 self._record_skip(step, where, problem)
@@ -387,8 +397,7 @@ class Session:
             self._profiler.mark()
             return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, tuple(skipped), tier)
         if candidates:
-            error = StateMismatchError if last_error.startswith(_MISMATCH) else CorruptCheckpointError
-            raise error(
+            raise _restore_error(last_error)(
                 f"none of the {len(candidates)} committed checkpoints in {root} loads: "
                 + ", ".join(p.name for p in skipped)
                 + f" (last error: {last_error})"
@@ -397,7 +406,7 @@ class Session:
 
     def _record_skip(self, step: int, where: str, problem: str) -> None:
         """A checkpoint restore passed over: a warning and a ``restore_skip`` event with its reason."""
-        reason = "state_mismatch" if problem.startswith(_MISMATCH) else "corrupt"
+        reason = _skip_reason(problem)
         logger.warning("skipping checkpoint %s (%s): %s", where, reason, problem)
         self.events.emit("restore_skip", step=step, path=where, message=problem, reason=reason)
 
@@ -418,6 +427,26 @@ class Session:
 
         merged: list[tuple[int, Path | None]] = [*local, *((step, None) for step in distributed.from_coordinator(remote_steps, self._dist))]
         return sorted(merged, key=lambda candidate: (candidate[0], candidate[1] is not None), reverse=True)
+
+    def _remote_gate(self) -> RemoteGate | None:
+        """What decides which remote candidates this restore tries (rank 0 holds it)."""
+        if self._remote is None or (self._dist is not None and not self._dist.is_coordinator):
+            return None
+        return RemoteGate(self._remote.store, self.run_dir)
+
+    def _from_remote(
+        self, gate: RemoteGate | None, step: int, root: Path, strict: bool, targets: Mapping[str, Any] | None
+    ) -> tuple[Path | None, LoadedCheckpoint | None, str]:
+        """Fetch remote ``step`` and load it, unless ``gate`` passes over it; a failure is told to
+        ``gate`` (collective: rank 0 decides, every rank skips or fetches together)."""
+        problem = distributed.from_coordinator(lambda: gate.skip(step) if gate is not None else None, self._dist)
+        if problem is not None:
+            return None, None, problem
+        path, problem = self._fetched(step, root)
+        loaded, problem = self._load_and_apply(path, strict, targets) if path is not None else (None, problem)
+        if loaded is None and gate is not None:
+            gate.failed(step, problem, checkpoint_fault=not problem.startswith(_MISMATCH))
+        return path, loaded, problem
 
     def _fetched(self, step: int, root: Path) -> tuple[Path | None, str]:
         """Download remote ``step`` into the run directory, each rank its own files (collective:
@@ -817,6 +846,22 @@ class Session:
             checkpoints=len(steps),
             steps=steps[: knobs.PLAN_EVENT_MAX_STEPS],  # plan.json holds them all
         )
+
+
+def _skip_reason(problem: str) -> str:
+    """The ``reason`` of a ``restore_skip`` event, from the problem's text."""
+    if problem.startswith(_MISMATCH):
+        return "state_mismatch"
+    if problem.startswith(REFUSED_BEFORE):
+        return "refused_before"
+    return "remote_unavailable" if UNAVAILABLE in problem else "corrupt"
+
+
+def _restore_error(last_error: str) -> type[CheckpointError]:
+    """What ``restore()`` raises when no checkpoint loads, by the last one's problem."""
+    return {"state_mismatch": StateMismatchError, "remote_unavailable": RemoteUnavailableError}.get(
+        _skip_reason(last_error), CorruptCheckpointError
+    )
 
 
 def _lock_run_dir(run_dir: Path, context: distributed.DistributedContext | None) -> RunLock | None:

@@ -3,6 +3,7 @@ that never loads, an endpoint that never answers (a real SeaweedFS server, a rea
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import threading
@@ -127,7 +128,7 @@ def test_silent_endpoint_restores_locally_and_close_gives_up(tmp_path: Path, sil
     make_run(run_dir, steps=4, every=2)
     for name, value in {"REMOTE_CONNECT_TIMEOUT_SECONDS": 1.0, "REMOTE_READ_TIMEOUT_SECONDS": 1.0, "REMOTE_RETRIES": 1,
                         "REMOTE_RETRY_TIMEOUT_SECONDS": 1.0, "UPLOAD_RETRY_SECONDS": 0.0}.items():
-        monkeypatch.setattr(knobs, name, value)
+        monkeypatch.setattr(knobs, name, value, raising=False)
     result, restore_seconds, close_seconds = restore_train_close(run_dir, "s3://bucket/run")
     assert result is not None and (result.step, result.tier) == (4, "local")
     assert restore_seconds < SILENT_BOUND_SECONDS and close_seconds < SILENT_BOUND_SECONDS
@@ -144,7 +145,7 @@ def test_storage_options_set_the_limits_of_one_remote(tmp_path: Path, silent_end
     from coci import knobs
 
     for name in ("REMOTE_READ_TIMEOUT_SECONDS", "REMOTE_RETRY_TIMEOUT_SECONDS", "REMOTE_REQUEST_TIMEOUT_SECONDS"):
-        monkeypatch.setattr(knobs, name, 600.0)
+        monkeypatch.setattr(knobs, name, 600.0, raising=False)
     monkeypatch.setattr(knobs, "UPLOAD_RETRY_SECONDS", 0.0)
     run_dir = tmp_path / "run"
     make_run(run_dir, steps=4, every=2)
@@ -152,3 +153,62 @@ def test_storage_options_set_the_limits_of_one_remote(tmp_path: Path, silent_end
     result, restore_seconds, close_seconds = restore_train_close(run_dir, "s3://bucket/run", storage_options=options)
     assert result is not None and (result.step, result.tier) == (4, "local")
     assert restore_seconds < SILENT_BOUND_SECONDS and close_seconds < SILENT_BOUND_SECONDS
+
+
+# --- finding 20: a remote checkpoint that never loads is not downloaded at every restart ----------
+
+
+def restore_once(run_dir: Path, remote: str) -> coci.RestoreResult | None:
+    state = build_state(seed=123)
+    with coci.Session(run_dir, state=state, policy=coci.EveryN(100), remote=remote, keep_last=None) as session:
+        return session.restore()
+
+
+def forge_remote_manifest(remote: str, step: int) -> bytes:
+    """Re-seal remote ``step``'s manifest with a step count of infinity (its data objects verify;
+    the checkpoint is refused at load); return the original manifest."""
+    store = open_store(remote)
+    key = f"step_{step}/manifest.json"
+    original = store.get_bytes(key, 1 << 20)
+    raw = json.loads(original)
+    raw["skeleton"]["__coci__"]["steps"] = float("inf")
+    store.put_bytes(key, coci.checkpoint.local.Manifest.model_validate(raw).sealed().model_dump_json().encode())
+    return original
+
+
+def fetches_of(run_dir: Path, step: int) -> int:
+    return len([event for event in events_of(run_dir, "remote_fetch") if event["step"] == step])
+
+
+def test_refused_remote_checkpoint_is_not_downloaded_again_until_it_changes(tmp_path: Path, remote: str) -> None:
+    run_with_remote(tmp_path / "a", remote, 4, restore=False, keep_last_remote=None)
+    original = forge_remote_manifest(remote, 4)
+    node = tmp_path / "fresh-node"
+    first = restore_once(node, remote)
+    assert first is not None and (first.step, first.tier) == (2, "remote")
+    assert fetches_of(node, 4) == 1
+    refused = json.loads((node / "remote_refused.json").read_text())["refused"]
+    assert [(entry["remote"], entry["step"]) for entry in refused] == [(remote, 4)]
+    second = restore_once(node, remote)  # the restart: step 4 is passed over, not downloaded
+    assert second is not None and second.step == 2
+    assert fetches_of(node, 4) == 1
+    assert [e["reason"] for e in events_of(node, "restore_skip") if e["step"] == 4 and "/step_4" in e["path"] and "s3://" in e["path"]] == [
+        "corrupt", "refused_before"
+    ]
+    open_store(remote).put_bytes("step_4/manifest.json", original)  # repaired remotely: tried again
+    third = restore_once(node, remote)
+    assert third is not None and (third.step, third.tier) == (4, "remote")
+    assert fetches_of(node, 4) == 2
+
+
+def test_unreadable_refusal_record_counts_as_none(tmp_path: Path, remote: str) -> None:
+    """The record is untrusted input: junk in it is ignored (and replaced), never raised."""
+    run_with_remote(tmp_path / "a", remote, 4, restore=False, keep_last_remote=None)
+    forge_remote_manifest(remote, 4)
+    node = tmp_path / "fresh-node"
+    node.mkdir()
+    (node / "remote_refused.json").write_text('{"refused": [{"remote": 1}, "x", {"step": 4}]' + "[" * 100_000)
+    result = restore_once(node, remote)
+    assert result is not None and result.step == 2
+    refused = json.loads((node / "remote_refused.json").read_text())["refused"]
+    assert [entry["step"] for entry in refused] == [4]

@@ -9,7 +9,10 @@ directory the way a local write does, so the next failure restores locally.
 
 Under ``torch.distributed`` every rank downloads the files it owns (:func:`owner_of`), the ranks
 agree, and only then does rank 0 commit; any rank's failure removes the directory and every rank
-skips the checkpoint together. The run directory is shared by the ranks of a job on one node, as
+skips the checkpoint together. What goes wrong is either the checkpoint's fault
+(CorruptCheckpointError) or not (RemoteUnavailableError: the remote did not answer, the local disk
+is full), whichever rank saw it (:data:`UNAVAILABLE` marks the latter in the ranks' agreed
+message). The run directory is shared by the ranks of a job on one node, as
 the local tier assumes (rank 0 lists and commits there).
 """
 
@@ -28,12 +31,14 @@ from coci.checkpoint import format
 from coci.checkpoint.format import CommitRecord, FileEntry
 from coci.checkpoint.remote.store import RemoteStore
 from coci.distributed import DistributedContext
-from coci.errors import CheckpointError, CorruptCheckpointError
+from coci.errors import CorruptCheckpointError, RemoteUnavailableError
 from coci.events import EventLog
 
-__all__ = ["FETCH_SUFFIX", "OpenedFetch", "download_files", "fetch", "files_of", "open_fetch", "owner_of", "publish_fetch"]
+__all__ = ["FETCH_SUFFIX", "UNAVAILABLE", "OpenedFetch", "download_files", "fetch", "files_of", "open_fetch", "owner_of", "publish_fetch"]
 
 FETCH_SUFFIX = ".fetch" + format.TMP_SUFFIX
+#: In the message of every failure of a fetch that is not the checkpoint's fault (RemoteUnavailableError).
+UNAVAILABLE = "remote unavailable"
 _DCP_RANK_FILE = re.compile(r"^__(\d{1,9})_\d+\.distcp$")  # DCP's FileSystemWriter: __<rank>_<n>.distcp
 
 T = TypeVar("T")
@@ -87,7 +92,7 @@ def _checked_manifest(store: RemoteStore, step: int, tmp: Path) -> CommitRecord:
     except CorruptCheckpointError:
         raise
     except Exception as exc:
-        raise CorruptCheckpointError(f"remote step_{step}: manifest cannot be read ({type(exc).__name__}: {exc})") from exc
+        raise _unavailable(f"remote step_{step}: manifest cannot be read", exc) from exc
     format.write_durably(tmp / format.MANIFEST_FILENAME, manifest)
     record = reader_for(tmp).read_record(tmp)  # parsed and checked: names inside the directory, sealed
     if record.step != step:
@@ -99,7 +104,10 @@ def _checked_manifest(store: RemoteStore, step: int, tmp: Path) -> CommitRecord:
 def _check_objects(store: RemoteStore, record: CommitRecord, tmp: Path) -> None:
     """Every file of ``record`` is listed remotely at its recorded size, and they fit on disk."""
     step, prefix = record.step, f"{format.step_dirname(record.step)}/"
-    listing = store.list_objects(prefix)
+    try:
+        listing = store.list_objects(prefix)
+    except Exception as exc:
+        raise _unavailable(f"remote {prefix}: cannot be listed", exc) from exc
     for entry in record.files:
         if listing.get(prefix + entry.name) != entry.size:
             raise CorruptCheckpointError(
@@ -126,7 +134,7 @@ def _download_one(store: RemoteStore, opened: OpenedFetch, entry: FileEntry) -> 
     except CorruptCheckpointError:
         raise
     except Exception as exc:
-        raise CorruptCheckpointError(f"remote {key}: cannot be downloaded ({type(exc).__name__}: {exc})") from exc
+        raise _unavailable(f"remote {key}: cannot be downloaded", exc) from exc
     if dest.stat().st_size != entry.size:
         raise CorruptCheckpointError(f"remote {key}: {dest.stat().st_size} bytes arrived, the manifest records {entry.size}")
     if entry.algorithm == "crc32c" and crc != entry.checksum:
@@ -149,7 +157,8 @@ def fetch(store: RemoteStore, step: int, root: Path, context: DistributedContext
 
     Collective under ``torch.distributed``: each rank downloads its own files and emits a
     ``remote_fetch`` event naming them; the ranks raise the same CorruptCheckpointError together
-    when any of them failed, and the ``.fetch.tmp`` directory is gone by then.
+    when any of them failed (RemoteUnavailableError when any failure was not the checkpoint's
+    fault), and the ``.fetch.tmp`` directory is gone by then.
     """
     opened = _on_coordinator(lambda: open_fetch(store, step, root), step, context)
     rank, world = (0, 1) if context is None else (context.rank, context.world_size)
@@ -163,7 +172,7 @@ def fetch(store: RemoteStore, step: int, root: Path, context: DistributedContext
     if problem is not None:
         if rank == 0:  # every rank is done with the directory: agree() waited for all of them
             shutil.rmtree(opened.tmp, ignore_errors=True)
-        raise CorruptCheckpointError(problem)
+        raise _agreed_error(problem)
     return _on_coordinator(lambda: publish_fetch(root, opened), step, context)
 
 
@@ -179,7 +188,7 @@ def _on_coordinator(compute: Callable[[], T], step: int, context: DistributedCon
 
     value, problem = distributed.from_coordinator(attempt, context)
     if problem is not None:
-        raise CorruptCheckpointError(problem)
+        raise _agreed_error(problem)
     return value  # type: ignore[return-value]
 
 
@@ -193,4 +202,17 @@ def _problem_of(action: Callable[[], object], step: int) -> str | None:
 
 
 def _describe(exc: Exception, step: int) -> str:
-    return str(exc) if isinstance(exc, CheckpointError) else f"remote step_{step}: {type(exc).__name__}: {exc}"
+    """What went wrong, marked :data:`UNAVAILABLE` unless it is the checkpoint's fault."""
+    if isinstance(exc, (CorruptCheckpointError, RemoteUnavailableError)):
+        return str(exc)
+    return str(_unavailable(f"remote step_{step}", exc))
+
+
+def _unavailable(what: str, exc: BaseException) -> RemoteUnavailableError:
+    return RemoteUnavailableError(f"{what}: {UNAVAILABLE} ({type(exc).__name__}: {exc})")
+
+
+def _agreed_error(problem: str) -> CorruptCheckpointError | RemoteUnavailableError:
+    """The error every rank raises for the ranks' agreed ``problem``: not the checkpoint's fault
+    when any rank's was not."""
+    return RemoteUnavailableError(problem) if UNAVAILABLE in problem else CorruptCheckpointError(problem)

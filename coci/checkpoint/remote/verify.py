@@ -17,7 +17,7 @@ from coci.checkpoint import format
 from coci.checkpoint.checkpointer import reader_for
 from coci.checkpoint.remote.tier import RemoteTier, committed_steps, open_store, steps_of
 from coci.checkpoint.verify import CheckpointStatus
-from coci.errors import CorruptCheckpointError
+from coci.errors import CheckpointError
 from coci.events import EventLog
 
 __all__ = ["verify_remote"]
@@ -50,7 +50,7 @@ def _verified(tier: RemoteTier, step: int, scratch: Path) -> str | None:
     try:
         path = tier.fetch(step, root)
         reader_for(path).verify(path)
-    except (CorruptCheckpointError, OSError) as exc:
+    except (CheckpointError, OSError) as exc:  # corrupt, or the remote did not answer
         return str(exc)
     finally:
         shutil.rmtree(root, ignore_errors=True)

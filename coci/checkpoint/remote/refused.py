@@ -1,0 +1,129 @@
+"""Which remote checkpoints one ``restore()`` tries: none once the remote stopped answering, and none
+that this run directory already refused while they stay unchanged.
+
+A remote checkpoint that failed for its own fault (a checksum, a size, a manifest, a load) is
+recorded in ``remote_refused.json`` of the run directory with its *identity*, a digest of its
+manifest and of the names and sizes of its objects (:func:`identity`): a later restore passes over
+it without downloading it again, until it is rewritten remotely. A failure that says nothing about
+the checkpoint (:class:`coci.errors.RemoteUnavailableError`: no answer, a full disk) is never
+recorded; it makes the rest of that restore skip the remote tier instead. The record is untrusted
+input like every run file: read bounded, never through a link; one that does not parse counts as
+empty (and is replaced at the next refusal).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from coci import knobs
+from coci.checkpoint import format
+from coci.checkpoint.remote.fetch import UNAVAILABLE
+from coci.checkpoint.remote.store import RemoteStore
+from coci.errors import ConfigError, CorruptCheckpointError
+from coci.events import read_run_file, write_run_file
+
+__all__ = ["REFUSED_BEFORE", "REFUSED_FILENAME", "RemoteGate", "RefusedRemote", "identity"]
+
+logger = logging.getLogger(__name__)
+
+#: The run file that names the remote checkpoints this run directory refused.
+REFUSED_FILENAME = "remote_refused.json"
+#: How the reason a refused checkpoint is passed over starts.
+REFUSED_BEFORE = "refused before"
+
+
+def identity(store: RemoteStore, step: int) -> str:
+    """A digest of remote ``step``: its manifest's bytes and the name and size of every object
+    under ``step_<n>/`` (one bounded GET and one LIST; a rewrite of any of them changes it)."""
+    prefix = f"{format.step_dirname(step)}/"
+    digest = hashlib.sha256(store.get_bytes(prefix + format.MANIFEST_FILENAME, knobs.MAX_MANIFEST_BYTES))
+    for key, size in sorted(store.list_objects(prefix).items()):
+        digest.update(f"\n{key}\t{size}".encode())
+    return digest.hexdigest()
+
+
+class RefusedRemote:
+    """The refusals recorded in ``run_dir`` for the remote at ``url`` (the newest
+    ``knobs.REMOTE_REFUSED_MAX`` of them are kept)."""
+
+    def __init__(self, run_dir: Path, url: str) -> None:
+        self.path = run_dir / REFUSED_FILENAME
+        self.url = url
+        self._entries = _read_entries(self.path)
+
+    def find(self, step: int, digest: str) -> dict[str, Any] | None:
+        """The recorded refusal of remote ``step`` as it is now (``digest``), or None."""
+        for entry in self._entries:
+            if (entry["remote"], entry["step"], entry["identity"]) == (self.url, step, digest):
+                return entry
+        return None
+
+    def add(self, step: int, digest: str, message: str) -> None:
+        """Record that remote ``step`` (``digest``) failed with ``message``."""
+        entry = {"remote": self.url, "step": step, "identity": digest, "message": message[: knobs.REMOTE_REFUSED_MESSAGE_CHARS]}
+        kept = [e for e in self._entries if (e["remote"], e["step"]) != (self.url, step)]
+        self._entries = [*kept, entry][-knobs.REMOTE_REFUSED_MAX :]
+        try:
+            write_run_file(self.path, json.dumps({"refused": self._entries}, indent=1))
+        except (OSError, ConfigError) as exc:  # the refusal still holds for this process
+            logger.warning("cannot record the refused remote step_%d in %s: %s", step, self.path, exc)
+
+
+def _read_entries(path: Path) -> list[dict[str, Any]]:
+    """The well-formed entries of the record at ``path``; [] when there is none or it is not coci's."""
+    try:
+        raw = json.loads(read_run_file(path, max_bytes=knobs.REMOTE_REFUSED_FILE_BYTES))
+    except FileNotFoundError:
+        return []
+    except (OSError, ConfigError, ValueError, RecursionError) as exc:
+        logger.warning("ignoring %s: %s", path, exc)
+        return []
+    entries = raw.get("refused") if isinstance(raw, dict) else None
+    return [entry for entry in entries if _well_formed(entry)] if isinstance(entries, list) else []
+
+
+def _well_formed(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("remote"), str)
+        and type(entry.get("step")) is int
+        and isinstance(entry.get("identity"), str)
+        and isinstance(entry.get("message"), str)
+    )
+
+
+class RemoteGate:
+    """Decides, for one restore, whether a remote candidate is tried (on rank 0 only)."""
+
+    def __init__(self, store: RemoteStore, run_dir: Path) -> None:
+        self.store = store
+        self.refused = RefusedRemote(run_dir, store.url)
+        self.unavailable: str | None = None  # why the remote is skipped for the rest of this restore
+        self._identities: dict[int, str] = {}
+
+    def skip(self, step: int) -> str | None:
+        """Why remote ``step`` is passed over without a download (None: fetch it)."""
+        if self.unavailable is not None:
+            return f"remote step_{step} not tried: {self.unavailable}"
+        try:
+            digest = identity(self.store, step)
+        except CorruptCheckpointError:  # a manifest over the size bound: the fetch refuses it before any data
+            return None
+        except Exception as exc:
+            self.unavailable = f"{UNAVAILABLE} ({type(exc).__name__}: {exc})"
+            return f"remote step_{step}: {self.unavailable}"
+        self._identities[step] = digest
+        entry = self.refused.find(step, digest)
+        return None if entry is None else f"{REFUSED_BEFORE}, unchanged since: {entry['message']}"
+
+    def failed(self, step: int, problem: str, *, checkpoint_fault: bool) -> None:
+        """Remote ``step`` was fetched or tried and failed with ``problem``: recorded as refused when
+        it was the checkpoint's fault; the rest of the restore skips the remote when it did not answer."""
+        if UNAVAILABLE in problem:
+            self.unavailable = problem
+        elif checkpoint_fault and step in self._identities:
+            self.refused.add(step, self._identities[step], problem)
