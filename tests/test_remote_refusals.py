@@ -71,38 +71,105 @@ def test_odd_remote_key_is_ignored_and_retention_goes_on(tmp_path: Path, remote:
 # --- finding 8: an endpoint that accepts connections and never answers ----------------------------
 
 
-@pytest.fixture
-def silent_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A real TCP server that accepts every connection and never sends a byte, as the S3 endpoint."""
-    server = socket.create_server(("127.0.0.1", 0))
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
+class SilentS3:
+    """A real TCP server as the S3 endpoint of bucket ``bucket``: it accepts every connection and
+    never answers, except a LIST when it is given ``listing`` (keys under ``bucket/run/``), which
+    it answers with those keys. ``requests`` holds each request line it read."""
 
-    def accept_forever() -> None:
-        while not stop.is_set():
+    def __init__(self, listing: list[str] | None = None) -> None:
+        self.listing = listing
+        self.requests: list[str] = []
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.2)  # accept() wakes up to see stop
+        self.connections: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.getsockname()[1]}"
+
+    def _accept_forever(self) -> None:
+        while not self.stop.is_set():
             try:
-                accepted.append(server.accept()[0])
+                connection = self.server.accept()[0]
             except TimeoutError:
                 continue
             except OSError:
                 return
+            self.connections.append(connection)
+            if self.listing is not None:
+                threading.Thread(target=self._answer_listing, args=(connection,), daemon=True).start()
 
-    server.settimeout(0.2)  # accept() wakes up to see stop
+    def _answer_listing(self, connection: socket.socket) -> None:
+        """Answer a LIST; any other request: silence."""
+        head = b""
+        while b"\r\n\r\n" not in head:
+            try:
+                piece = connection.recv(65536)
+            except OSError:
+                return
+            if not piece:
+                return
+            head += piece
+        line = head.split(b"\r\n", 1)[0].decode()
+        self.requests.append(line)
+        if "list-type=2" in line:
+            body = _list_result(self.listing or []).encode()
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+                               b"Content-Length: %d\r\n\r\n" % len(body) + body)
 
-    thread = threading.Thread(target=accept_forever, daemon=True)
-    thread.start()
-    endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
-    for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "coci", "AWS_SECRET_ACCESS_KEY": "coci-secret",
+    def close(self) -> None:
+        self.stop.set()
+        self.server.close()
+        self.thread.join(timeout=10)
+        for connection in self.connections:
+            connection.close()
+
+
+def _list_result(keys: list[str]) -> str:
+    """An S3 ListObjectsV2 answer holding ``keys`` under ``run/`` (100 bytes each)."""
+    contents = "".join(
+        f"<Contents><Key>run/{key}</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified><ETag>&quot;0&quot;</ETag>"
+        f"<Size>100</Size></Contents>" for key in keys
+    )
+    return ('<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+            f"<Name>bucket</Name><Prefix>run/</Prefix><KeyCount>{len(keys)}</KeyCount><MaxKeys>1000</MaxKeys>"
+            f"<IsTruncated>false</IsTruncated>{contents}</ListBucketResult>")
+
+
+@pytest.fixture
+def silent_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[SilentS3]:
+    """An S3 endpoint that accepts connections and never answers."""
+    yield from _serving(SilentS3(), monkeypatch)
+
+
+@pytest.fixture
+def listing_only_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[SilentS3]:
+    """An S3 endpoint that lists committed steps 6 and 8 and never answers anything else."""
+    yield from _serving(SilentS3(["step_6/data.bin", "step_6/manifest.json", "step_8/data.bin", "step_8/manifest.json"]), monkeypatch)
+
+
+def _serving(server: SilentS3, monkeypatch: pytest.MonkeyPatch) -> Iterator[SilentS3]:
+    """``server`` with the AWS variables pointing at it, closed afterwards."""
+    for name, value in {"AWS_ENDPOINT_URL": server.endpoint, "AWS_ACCESS_KEY_ID": "coci", "AWS_SECRET_ACCESS_KEY": "coci-secret",
                         "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(name, value)
     try:
-        yield endpoint
+        yield server
     finally:
-        stop.set()
         server.close()
-        thread.join(timeout=10)
-        for connection in accepted:
-            connection.close()
+
+
+@pytest.fixture
+def short_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remote limits of about a second, and no pause between upload attempts."""
+    from coci import knobs
+
+    for name, value in {"REMOTE_CONNECT_TIMEOUT_SECONDS": 1.0, "REMOTE_READ_TIMEOUT_SECONDS": 1.0, "REMOTE_RETRIES": 1,
+                        "REMOTE_RETRY_TIMEOUT_SECONDS": 1.0, "UPLOAD_RETRY_SECONDS": 0.0}.items():
+        monkeypatch.setattr(knobs, name, value, raising=False)
 
 
 def restore_train_close(run_dir: Path, remote: str, **kwargs: Any) -> tuple[coci.RestoreResult | None, float, float]:
@@ -118,17 +185,14 @@ def restore_train_close(run_dir: Path, remote: str, **kwargs: Any) -> tuple[coci
     return result, restored - began, time.monotonic() - closing
 
 
-SILENT_BOUND_SECONDS = 60.0  # limits of about 1 s below: a hang (or obstore's own 3 min retries) is far beyond
+SILENT_BOUND_SECONDS = 60.0  # limits of about 1 s: a hang (or obstore's own 3 min of retries) is far beyond
 
 
-def test_silent_endpoint_restores_locally_and_close_gives_up(tmp_path: Path, silent_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_silent_endpoint_restores_locally_and_close_gives_up(tmp_path: Path, silent_endpoint: SilentS3, short_limits: None) -> None:
     from coci import knobs
 
     run_dir = tmp_path / "run"
     make_run(run_dir, steps=4, every=2)
-    for name, value in {"REMOTE_CONNECT_TIMEOUT_SECONDS": 1.0, "REMOTE_READ_TIMEOUT_SECONDS": 1.0, "REMOTE_RETRIES": 1,
-                        "REMOTE_RETRY_TIMEOUT_SECONDS": 1.0, "UPLOAD_RETRY_SECONDS": 0.0}.items():
-        monkeypatch.setattr(knobs, name, value, raising=False)
     result, restore_seconds, close_seconds = restore_train_close(run_dir, "s3://bucket/run")
     assert result is not None and (result.step, result.tier) == (4, "local")
     assert restore_seconds < SILENT_BOUND_SECONDS and close_seconds < SILENT_BOUND_SECONDS
@@ -140,7 +204,7 @@ def test_silent_endpoint_restores_locally_and_close_gives_up(tmp_path: Path, sil
     assert (step_dir(run_dir, 6) / "manifest.json").is_file()  # the local tier is untouched
 
 
-def test_storage_options_set_the_limits_of_one_remote(tmp_path: Path, silent_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_storage_options_set_the_limits_of_one_remote(tmp_path: Path, silent_endpoint: SilentS3, monkeypatch: pytest.MonkeyPatch) -> None:
     """The knobs say 10 minutes; this remote's storage_options say 1 s: they win."""
     from coci import knobs
 
@@ -153,6 +217,25 @@ def test_storage_options_set_the_limits_of_one_remote(tmp_path: Path, silent_end
     result, restore_seconds, close_seconds = restore_train_close(run_dir, "s3://bucket/run", storage_options=options)
     assert result is not None and (result.step, result.tier) == (4, "local")
     assert restore_seconds < SILENT_BOUND_SECONDS and close_seconds < SILENT_BOUND_SECONDS
+
+
+def test_remote_that_lists_and_never_answers_a_get_leaves_restore_to_the_local_tier(
+    tmp_path: Path, listing_only_endpoint: SilentS3, short_limits: None
+) -> None:
+    """Steps 8 and 6 are listed remotely; the GET of step 8's manifest gets no answer: step 6 is
+    not tried at all, the local step 4 loads, and nothing is recorded as refused (the remote's
+    silence says nothing about those checkpoints)."""
+    run_dir = tmp_path / "run"
+    make_run(run_dir, steps=4, every=2)
+    began = time.monotonic()
+    result = restore_once(run_dir, "s3://bucket/run")
+    assert time.monotonic() - began < SILENT_BOUND_SECONDS
+    assert result is not None and (result.step, result.tier) == (4, "local")
+    skips = {e["step"]: e["reason"] for e in events_of(run_dir, "restore_skip")}
+    assert skips == {8: "remote_unavailable", 6: "remote_unavailable"}
+    assert [line for line in listing_only_endpoint.requests if "step_8/manifest.json" in line]
+    assert not [line for line in listing_only_endpoint.requests if "step_6" in line]
+    assert not (run_dir / "remote_refused.json").exists()
 
 
 # --- finding 20: a remote checkpoint that never loads is not downloaded at every restart ----------
