@@ -445,7 +445,7 @@ class Session:
         path, problem = self._fetched(step, root)
         loaded, problem = self._load_and_apply(path, strict, targets) if path is not None else (None, problem)
         if loaded is None and gate is not None:
-            gate.failed(step, problem, checkpoint_fault=not problem.startswith(_MISMATCH))
+            gate.failed(step, problem, fetched=path is not None, mismatch=problem.startswith(_MISMATCH))
         return path, loaded, problem
 
     def _fetched(self, step: int, root: Path) -> tuple[Path | None, str]:

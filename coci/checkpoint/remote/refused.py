@@ -120,10 +120,12 @@ class RemoteGate:
         entry = self.refused.find(step, digest)
         return None if entry is None else f"{REFUSED_BEFORE}, unchanged since: {entry['message']}"
 
-    def failed(self, step: int, problem: str, *, checkpoint_fault: bool) -> None:
-        """Remote ``step`` was fetched or tried and failed with ``problem``: recorded as refused when
-        it was the checkpoint's fault; the rest of the restore skips the remote when it did not answer."""
-        if UNAVAILABLE in problem:
+    def failed(self, step: int, problem: str, *, fetched: bool, mismatch: bool) -> None:
+        """Remote ``step`` failed with ``problem``: in its download (``fetched`` False) or its load.
+        A download the remote did not answer makes the rest of the restore skip the remote; any
+        other failure but a state mismatch (``mismatch``: this configuration's, not the
+        checkpoint's) is the checkpoint's fault and recorded as refused."""
+        if not fetched and UNAVAILABLE in problem:
             self.unavailable = problem
-        elif checkpoint_fault and step in self._identities:
+        elif not mismatch and step in self._identities:
             self.refused.add(step, self._identities[step], problem)
