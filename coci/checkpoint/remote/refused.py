@@ -55,6 +55,10 @@ class RefusedRemote:
         self.url = url
         self._entries = _read_entries(self.path)
 
+    def mentions(self, step: int) -> bool:
+        """Whether a refusal of remote ``step`` (in any version) is recorded."""
+        return any((entry["remote"], entry["step"]) == (self.url, step) for entry in self._entries)
+
     def find(self, step: int, digest: str) -> dict[str, Any] | None:
         """The recorded refusal of remote ``step`` as it is now (``digest``), or None."""
         for entry in self._entries:
@@ -97,18 +101,21 @@ def _well_formed(entry: Any) -> bool:
 
 
 class RemoteGate:
-    """Decides, for one restore, whether a remote candidate is tried (on rank 0 only)."""
+    """Decides, for one restore, whether a remote candidate is tried (on rank 0 only). A step
+    with no recorded refusal costs no request here; a recorded one costs the two of
+    :func:`identity` instead of a download."""
 
     def __init__(self, store: RemoteStore, run_dir: Path) -> None:
         self.store = store
         self.refused = RefusedRemote(run_dir, store.url)
         self.unavailable: str | None = None  # why the remote is skipped for the rest of this restore
-        self._identities: dict[int, str] = {}
 
     def skip(self, step: int) -> str | None:
         """Why remote ``step`` is passed over without a download (None: fetch it)."""
         if self.unavailable is not None:
             return f"remote step_{step} not tried: {self.unavailable}"
+        if not self.refused.mentions(step):
+            return None
         try:
             digest = identity(self.store, step)
         except CorruptCheckpointError:  # a manifest over the size bound: the fetch refuses it before any data
@@ -116,7 +123,6 @@ class RemoteGate:
         except Exception as exc:
             self.unavailable = f"{UNAVAILABLE} ({type(exc).__name__}: {exc})"
             return f"remote step_{step}: {self.unavailable}"
-        self._identities[step] = digest
         entry = self.refused.find(step, digest)
         return None if entry is None else f"{REFUSED_BEFORE}, unchanged since: {entry['message']}"
 
@@ -124,8 +130,15 @@ class RemoteGate:
         """Remote ``step`` failed with ``problem``: in its download (``fetched`` False) or its load.
         A download the remote did not answer makes the rest of the restore skip the remote; any
         other failure but a state mismatch (``mismatch``: this configuration's, not the
-        checkpoint's) is the checkpoint's fault and recorded as refused."""
+        checkpoint's) is the checkpoint's fault and recorded as refused, with its identity."""
         if not fetched and UNAVAILABLE in problem:
             self.unavailable = problem
-        elif not mismatch and step in self._identities:
-            self.refused.add(step, self._identities[step], problem)
+            return
+        if mismatch:
+            return
+        try:
+            digest = identity(self.store, step)
+        except Exception as exc:  # not recorded: the next restore downloads it once more
+            logger.warning("remote step_%d refused but not recorded (its identity cannot be read: %s)", step, exc)
+            return
+        self.refused.add(step, digest, problem)
