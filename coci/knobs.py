@@ -317,7 +317,7 @@ REMOTE_IGNORED_KEYS_RECORDED: int = 20
 #: ``REMOTE_REQUEST_TIMEOUT_SECONDS`` in all (connect to last byte: the download of the largest file
 #: must fit); a failed attempt is retried at most ``REMOTE_RETRIES`` times, and not once
 #: ``REMOTE_RETRY_TIMEOUT_SECONDS`` have passed since the first. A request to a silent server thus
-#: ends within about ``REMOTE_RETRY_TIMEOUT_SECONDS + REMOTE_READ_TIMEOUT_SECONDS`` (45 s).
+#: ends within about ``REMOTE_RETRY_TIMEOUT_SECONDS + REMOTE_READ_TIMEOUT_SECONDS`` (30 to 45 s).
 #: ``storage_options={"client_options": {...}, "retry_config": {...}}`` (obstore's ``ClientConfig``
 #: ``connect_timeout``, ``read_timeout``, ``timeout``; ``RetryConfig`` ``max_retries``,
 #: ``retry_timeout``) overrides them for one remote.
