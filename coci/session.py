@@ -100,7 +100,9 @@ class Session:
 
     Args:
         run_dir: directory for ``checkpoints/``, ``events.jsonl``, ``plan.json`` and the report.
-        state: name -> object with ``state_dict``/``load_state_dict``, tensor or plain value.
+        state: name -> object with ``state_dict``/``load_state_dict``, tensor or plain value. An
+            Accelerate-wrapped optimizer or scheduler (``accelerator.prepare``'s) stands for the
+            torch object it wraps, which is fenced, saved and restored.
         policy: ``"auto"``, ``"coci"``, ``"young"``, ``"daly"``, ``"checkfreq"``, a
             :class:`coci.EveryN`, a collection of steps, a :class:`coci.Plan`, or any
             :class:`coci.CheckpointPolicy`.

@@ -8,6 +8,11 @@ dict it is given). Invariant: every value the caller passed is the object ``rest
 the caller's own variables never go stale. An immutable value (number, string, bool, None, tuple)
 could only be replaced, which the caller's variable would never see: it is refused up front with an
 error that says how to hold it (in a dict). Everything is validated once, with an error naming the key.
+
+A framework's wrapper around an optimizer or LR scheduler (Accelerate's ``AcceleratedOptimizer`` and
+``AcceleratedScheduler``, what ``accelerator.prepare`` returns) is replaced by the object it wraps,
+found by duck typing (:func:`unwrapped`): the session fences and saves the torch optimizer itself,
+whose ``step`` the wrapper calls, and whose ``state_dict`` is the wrapper's.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ def validate_state(state: Mapping[str, Any]) -> dict[str, Any]:
     if not state:
         raise StateError("state must not be empty: pass e.g. {'model': model, 'optimizer': opt}")
     checked: dict[str, Any] = {}
-    for key, value in state.items():
+    for key, given in state.items():
+        value = unwrapped(given)
         if not isinstance(key, str) or not key:
             raise StateError(f"state keys must be non-empty strings, got {key!r}")
         if key.startswith(RESERVED_PREFIX):
@@ -66,6 +72,27 @@ def validate_state(state: Mapping[str, Any]) -> dict[str, Any]:
                 "and is not a tensor, array or plain value"
             )
     return checked
+
+
+def unwrapped(value: Any) -> Any:
+    """The torch optimizer or LR scheduler inside a wrapper (``value`` itself when it wraps none).
+
+    An optimizer wrapper is a ``torch.optim.Optimizer`` whose ``optimizer`` attribute is another one
+    (Accelerate's subclass never runs ``Optimizer.__init__``, so it has no step hooks of its own); a
+    scheduler wrapper is a non-scheduler whose ``scheduler`` attribute is a torch LR scheduler. A
+    scheduler's own ``optimizer`` attribute is left alone: a scheduler is no optimizer.
+    """
+    while True:
+        inner = getattr(value, "optimizer", None) if isinstance(value, torch.optim.Optimizer) else None
+        if inner is None and not isinstance(value, _SCHEDULERS):
+            inner = getattr(value, "scheduler", None)
+            inner = inner if isinstance(inner, _SCHEDULERS) else None
+        if not isinstance(inner, (torch.optim.Optimizer, *_SCHEDULERS)) or inner is value:
+            return value
+        value = inner
+
+
+_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
 def _check_tensors(key: str, value: Any) -> None:

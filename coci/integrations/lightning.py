@@ -27,7 +27,9 @@ Arguments next to Lightning's ``ModelCheckpoint``:
                                     steps from the failure rate and measured costs
                                     (``policy="auto"``, ``"young"``, ``"daly"``, ...)
 ``save_top_k=k`` / keep-last-n      ``keep_last=k`` (newest k committed checkpoints are kept)
-``save_last=True``                  ``save_last=True``: the final step is always checkpointed
+``save_last=True``                  ``save_last=True``: the final step is checkpointed, also
+                                    when the run stops early (None, the default: when it
+                                    reaches ``max_steps`` or ``max_epochs``)
 ``dirpath=``                        ``run_dir`` (positional)
 ``trainer.fit(ckpt_path="last")``   ``resume=True`` (default): restore from ``run_dir``
 ==================================  ==========================================================
@@ -88,6 +90,7 @@ import torch
 from coci import checks
 from coci.checkpoint import rng_state
 from coci.errors import ConfigError
+from coci.integrations._options import final_checkpoint_wanted, session_options, with_horizon
 from coci.planning.config import PlanConfig
 from coci.session import RestoreResult, Session
 
@@ -101,58 +104,24 @@ class CociCallback(Callback):
 
     Args:
         run_dir: directory for ``checkpoints/``, ``events.jsonl``, ``plan.json`` (as in Session).
-        mtbf / failures: the failure model for planning policies (one of them).
-        policy: ``"auto"``, ``"coci"``, ``"young"``, ``"daly"``, ``"checkfreq"``,
-            ``coci.EveryN(k)``, a collection of steps, a ``coci.Plan`` or a ``CheckpointPolicy``.
-        plan_config: a :class:`coci.PlanConfig` instead of ``policy`` and the planning keywords
-            (its ``total_steps``, when None, also defaults to ``Trainer(max_steps)``).
-        keep_last: committed checkpoints kept (None keeps all).
-        total_steps: planning horizon in optimizer steps; defaults to ``Trainer(max_steps)`` when
-            that is set, otherwise the horizon is open-ended.
-        restart_seconds, objective, time_budget, max_overhead, on_error: as in :class:`coci.Session`.
-        save_last: also checkpoint the final training step (Lightning's ``save_last``).
         resume: restore the newest committed checkpoint in ``run_dir`` at ``on_fit_start``.
+        options: every keyword argument of :class:`coci.Session` (``mtbf``, ``policy``,
+            ``keep_last``, ``remote``, ``prior``, ...), with Session's defaults; an unknown name is a
+            ConfigError. Two are read for the trainer: ``total_steps`` (and a ``plan_config``'s),
+            when None, is ``Trainer(max_steps)`` when that is set (otherwise the horizon is open);
+            ``save_last`` checkpoints the final training step: None (default) when the run reached
+            ``max_steps`` or ``max_epochs``, True also when it stopped early, False never.
     """
 
-    def __init__(
-        self,
-        run_dir: str | os.PathLike[str],
-        *,
-        mtbf: str | float | None = None,
-        failures: Any = None,
-        policy: Any = "auto",
-        plan_config: PlanConfig | None = None,
-        keep_last: int | None = 2,
-        total_steps: int | None = None,
-        restart_seconds: float | None = None,
-        objective: str = "progress",
-        time_budget: float | None = 0.05,
-        max_overhead: float | None = None,
-        on_error: str = "raise",
-        save_last: bool = True,
-        resume: bool = True,
-    ) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], *, resume: bool = True, **options: Any) -> None:
         if not isinstance(run_dir, (str, os.PathLike)):
             raise ConfigError(f"run_dir must be a path, got {run_dir!r}")
-        for name, value in (("save_last", save_last), ("resume", resume)):
-            if not isinstance(value, bool):
-                raise ConfigError(f"{name} must be True or False, got {value!r}")
+        if not isinstance(resume, bool):
+            raise ConfigError(f"resume must be True or False, got {resume!r}")
         self.run_dir = run_dir
-        self.save_last = save_last
         self.resume = resume
-        self._session_options: dict[str, Any] = {
-            "policy": policy,
-            "plan_config": plan_config,
-            "mtbf": mtbf,
-            "failures": failures,
-            "keep_last": keep_last,
-            "total_steps": total_steps,
-            "restart_seconds": restart_seconds,
-            "objective": objective,
-            "time_budget": time_budget,
-            "max_overhead": max_overhead,
-            "on_error": on_error,
-        }
+        self._session_options = session_options("CociCallback", options)
+        self.save_last: bool | None = self._session_options["save_last"]
         self._session: Session | None = None
         self._restored: RestoreResult | None = None
         self._pending_rng: dict[str, Any] | None = None
@@ -232,13 +201,13 @@ class CociCallback(Callback):
                 "to plan on, a tensor or {'loss': tensor}", self._policy_name()
             )
         pending = session.step(loss)
-        if pending is None and self.save_last and _is_final_batch(trainer):
+        if pending is None and _is_final_batch(trainer) and final_checkpoint_wanted(self.save_last, reached_end=True):
             session.checkpoint(reason="close")  # save_last: the final state
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         session = self._session
-        if session is None or not self.save_last or session.steps == 0:
-            return
+        if session is None or session.steps == 0 or not final_checkpoint_wanted(self.save_last, reached_end=False):
+            return  # a run that reached max_steps / max_epochs was checkpointed at its last batch
         if not session.checkpoint_steps or session.checkpoint_steps[-1] != session.steps:
             session.checkpoint(reason="close")  # stopped early (should_stop, time limit): keep the last step
 
@@ -262,15 +231,8 @@ class CociCallback(Callback):
 
     def _options_for(self, trainer: pl.Trainer) -> dict[str, Any]:
         """The Session's arguments; an unset planning horizon becomes ``Trainer(max_steps)``."""
-        options = dict(self._session_options)
-        options["save_last"] = False  # the callback's own save_last checkpoints the final step (on_train_end)
-        if trainer.max_steps is None or trainer.max_steps <= 0:
-            return options
-        config = options["plan_config"]
-        if isinstance(config, PlanConfig) and config.total_steps is None:
-            options["plan_config"] = config.replace(total_steps=int(trainer.max_steps))
-        elif config is None and options["total_steps"] is None:
-            options["total_steps"] = int(trainer.max_steps)
+        options = with_horizon(self._session_options, trainer.max_steps)
+        options["save_last"] = False  # the callback's own save_last checkpoints the final step (on_train_batch_end)
         return options
 
     def _close_session(self) -> None:

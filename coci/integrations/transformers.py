@@ -1,0 +1,411 @@
+"""coci inside Hugging Face's ``transformers.Trainer``: two lines added to a Trainer script.
+
+Usage::
+
+    from coci.integrations.transformers import attach
+
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=ev)
+    attach(trainer, "runs/exp1", mtbf="8h")   # once, before train(); returns the CociCallback
+    trainer.train()                           # resumes from runs/exp1 when it holds a checkpoint
+
+Run the same script again after a crash: ``trainer.train()`` restores the newest committed checkpoint
+in ``runs/exp1`` and trains on from the step after it, bitwise as the uninterrupted run would
+(weights, optimizer, scheduler, every logged loss and eval loss; ``tests/test_transformers.py``
+SIGKILLs real Trainer runs). ``attach`` takes every keyword argument of :class:`coci.Session`, with
+its defaults (the planning horizon defaults to the Trainer's ``max_steps``, which it derives from
+``num_train_epochs`` when that is the limit). A ``CociCallback`` put in ``Trainer(callbacks=[...])``
+without ``attach`` cannot reach the trainer's loop state and says so when training starts.
+
+What is saved, and when
+-----------------------
+The model, the torch optimizer inside Accelerate's ``AcceleratedOptimizer`` (and a scheduler inside
+an ``AcceleratedScheduler``), the LR scheduler, Accelerate's grad scaler when there is one, the
+``TrainerState`` progress (``global_step``, ``epoch``, ``log_history``, ``best_metric`` and
+``best_global_step``, ``best_model_checkpoint``, ``total_flos``, ``num_input_tokens_seen``), the
+Trainer's logging counters (the loss summed since the last log, the total loss, the step last
+logged, the flos not yet stored), the state of every ``ExportableState`` callback (such as
+``EarlyStoppingCallback``'s patience counter) and the RNG streams.
+
+One coci step is one optimizer step. Step ``n`` is recorded, and checkpointed when the plan says, at
+the start of step ``n + 1`` (``on_step_begin``, before any other callback's): after everything the
+Trainer does at the end of step ``n`` (logging, evaluation, its own save, the epoch's end) and after
+the next step's batches were fetched. The last step is recorded at ``on_train_end``, where the final
+checkpoint is taken (``save_last``: None, the default, when ``max_steps`` was reached; True also
+after an early stop). The fence is coci's pre-hook on the torch optimizer, which runs inside
+``AcceleratedOptimizer.step`` (HF's ``on_pre_optimizer_step`` point): the snapshot copies while the
+next forward and backward run. The loss coci plans on is the Trainer's own running loss sum, taken
+as a device tensor (never synchronised).
+
+Resume
+------
+The restore runs at ``on_train_begin``. The data position is not saved: as HF's own
+``resume_from_checkpoint`` does, the Trainer skips the epochs before the checkpoint and, in its
+epoch, the batches of its steps (Accelerate's ``skip_first_batches``: indices skipped, nothing
+loaded), from ``global_step``, so a batch Accelerate's loader fetched ahead is never counted as
+trained. Then the restored RNG is applied again at the resumed step's ``on_step_begin``, after the
+batches were fetched (the loader's iterator draws a seed from the global RNG): the next forward pass
+draws what the uninterrupted run drew. A run that had finished resumes to no step at all.
+
+Exact on CPU for the Trainer's default data order (Accelerate's seedable sampler, whose epoch order
+is a function of the seed and the epoch) and a dataset and collator that do not draw random numbers
+while fetching; randomness inside ``dataloader_num_workers`` workers follows the worker seeds, which
+differ after a resume. Single process only (``args.world_size == 1``).
+
+HF's own checkpoints
+--------------------
+``save_strategy`` may stay on: HF writes its ``checkpoint-N`` folders as before (with its own
+stall) and coci does not read them; ``save_strategy="no"`` saves that time and disk. Passing
+``trainer.train(resume_from_checkpoint=...)`` while ``runs/exp1`` holds a coci checkpoint is a
+ConfigError (two restore points); with an empty coci run directory HF's checkpoint is loaded as
+usual and coci checkpoints from there on. ``eval_on_start`` evaluates again at each restart, as
+with HF's resume. The Trainer's ``on_epoch_begin`` callbacks are called for the epochs a resume
+skips (the Trainer calls them before the epoch runs); nothing is trained or evaluated in them.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+try:
+    from transformers import Trainer, TrainerCallback
+    from transformers.trainer_callback import ExportableState, TrainerControl, TrainerState
+    from transformers.training_args import TrainingArguments
+except ImportError as exc:  # pragma: no cover - exercised only where transformers is absent
+    raise ImportError(
+        "coci.integrations.transformers needs transformers (>= 5.0) and accelerate: pip install 'coci[transformers]'"
+    ) from exc
+
+import torch
+
+from coci import checks
+from coci.checkpoint import rng_state
+from coci.errors import ConfigError, StateError
+from coci.integrations._options import final_checkpoint_wanted, session_options, with_horizon
+from coci.session import RestoreResult, Session
+
+__all__ = ["CociCallback", "attach"]
+
+logger = logging.getLogger(__name__)
+
+#: ``Trainer._run_epoch``'s keyword arguments the resume sets (transformers >= 5.0).
+_RUN_EPOCH_ARGUMENTS = frozenset(
+    {"epoch", "num_update_steps_per_epoch", "resume_from_checkpoint", "epochs_trained", "steps_trained_in_current_epoch"}
+)
+#: The Trainer's logging counters, set by its training loop before ``on_train_begin``.
+_LOGGING_COUNTERS = ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged", "current_flos")
+
+
+def attach(trainer: Trainer, run_dir: str | os.PathLike[str], *, resume: bool = True, **options: Any) -> CociCallback:
+    """Checkpoint ``trainer``'s runs in ``run_dir`` when coci's plan says, and resume them exactly.
+
+    Call once, before ``trainer.train()``. ``options`` are :class:`coci.Session`'s keyword arguments
+    (``mtbf``, ``policy``, ``keep_last``, ``remote``, ...); ``resume=False`` starts afresh.
+    Returns the :class:`CociCallback` (its ``session`` and ``restored`` while training runs).
+    """
+    if not isinstance(trainer, Trainer):
+        raise ConfigError(f"attach() needs a transformers.Trainer, got {type(trainer).__name__}")
+    if any(isinstance(callback, CociCallback) for callback in trainer.callback_handler.callbacks):
+        raise ConfigError("this Trainer already has a CociCallback: call attach() once per Trainer")
+    run_epoch = getattr(trainer, "_run_epoch", None)
+    if run_epoch is None or not _RUN_EPOCH_ARGUMENTS.issubset(inspect.signature(run_epoch).parameters):
+        raise ConfigError(_unsupported("Trainer._run_epoch with keyword arguments " + ", ".join(sorted(_RUN_EPOCH_ARGUMENTS))))
+    callback = CociCallback(run_dir, resume=resume, **options)
+    callback._trainer = trainer
+    trainer.callback_handler.callbacks.insert(0, callback)  # first: restores before, snapshots before the others
+    trainer._run_epoch = _skipping_trained_epochs(callback, run_epoch)  # type: ignore[method-assign]
+    trainer.train = _closing_on_error(callback, trainer.train)  # type: ignore[method-assign]
+    return callback
+
+
+class CociCallback(TrainerCallback):
+    """The Trainer callback :func:`attach` installs (use ``attach``; see the module docs).
+
+    Args:
+        run_dir: directory for ``checkpoints/``, ``events.jsonl``, ``plan.json`` (as in Session).
+        resume: restore the newest committed checkpoint in ``run_dir`` when training starts.
+        options: every keyword argument of :class:`coci.Session`, with its defaults; ``total_steps``
+            (and a ``plan_config``'s), when None, is the Trainer's ``max_steps``; ``save_last``:
+            None (default) checkpoints the final step when ``max_steps`` was reached, True also
+            after an early stop, False never.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, resume: bool = True, **options: Any) -> None:
+        if not isinstance(run_dir, (str, os.PathLike)):
+            raise ConfigError(f"run_dir must be a path, got {run_dir!r}")
+        if not isinstance(resume, bool):
+            raise ConfigError(f"resume must be True or False, got {resume!r}")
+        self.run_dir = run_dir
+        self.resume = resume
+        self._session_options = session_options("CociCallback", options)
+        self._trainer: Trainer | None = None
+        self._session: Session | None = None
+        self._restored: RestoreResult | None = None
+        self._progress: _TrainerProgress | None = None
+        self._resume_step: int | None = None  # the restored global step until its epoch starts
+        self._pending_rng: dict[str, Any] | None = None
+        self._last_global_step = 0
+        self._loss_before: torch.Tensor | None = None
+        self._loss: torch.Tensor | None = None
+
+    @property
+    def session(self) -> Session:
+        """The coci Session of the current ``train()`` (its ``.plan``, ``.profile``, ``.steps``)."""
+        if self._session is None:
+            raise ConfigError("CociCallback.session exists only while trainer.train() runs")
+        return self._session
+
+    @property
+    def restored(self) -> RestoreResult | None:
+        """What the current (or last) ``train()`` restored; None on a fresh run."""
+        return self._restored
+
+    # -- Trainer hooks ---------------------------------------------------------------------------
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        trainer = self._attached_trainer()
+        if args.world_size != 1:
+            raise ConfigError(f"coci's Trainer integration supports one process only, got args.world_size={args.world_size}")
+        missing = [name for name in _LOGGING_COUNTERS if not hasattr(trainer, name)]
+        if missing:
+            raise ConfigError(_unsupported("the Trainer's logging counters " + ", ".join(missing)))
+        self._close_session()
+        self._resume_step, self._pending_rng, self._loss_before, self._loss = None, None, None, None
+        self._progress = _TrainerProgress(trainer, self)
+        options = with_horizon(self._session_options, state.max_steps)
+        options["save_last"] = False  # the final checkpoint is taken at on_train_end (see save_last)
+        self._session = Session(self.run_dir, state=_trainer_state(trainer, self._progress), **options)
+        self._restored = self._session.restore() if self.resume else None
+        if self._restored is not None:
+            self._resume_step = state.global_step
+            self._pending_rng = rng_state.capture()  # applied again once the resumed step's batches are fetched
+            logger.info("coci: resumed from %s (global step %d)", self._restored.path, state.global_step)
+        self._last_global_step = state.global_step
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self._pending_rng is not None:
+            rng_state.restore(self._pending_rng)  # undo the draws of the restart (the loader's seed, eval_on_start)
+            self._pending_rng = None
+        if state.global_step > self._last_global_step:
+            self._record_step(state)
+        self._loss_before = self._attached_trainer()._tr_loss.detach().clone()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self._loss_before is not None:  # this step's loss: the running sum's increase (a device op)
+            self._loss = self._attached_trainer()._tr_loss.detach() - self._loss_before
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        session, progress = self._session, self._progress
+        if session is None or progress is None:
+            return
+        progress.drained = True  # the Trainer added its running loss to the total: saved as drained
+        if state.global_step > self._last_global_step:
+            self._record_step(state)
+        reached_end = state.global_step >= state.max_steps
+        last = session.checkpoint_steps[-1] if session.checkpoint_steps else None
+        if session.steps > 0 and last != session.steps and final_checkpoint_wanted(self._session_options["save_last"], reached_end):
+            session.checkpoint(reason="close")
+        self._session = None
+        session.close()  # waits for the last persist; surfaces a background failure
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _record_step(self, state: TrainerState) -> None:
+        """coci's ``step()`` for the optimizer steps done since the last call (one, in a Trainer)."""
+        session = self.session
+        for _ in range(state.global_step - self._last_global_step):
+            self._last_global_step += 1
+            session.step(self._loss)
+        self._loss = None
+
+    def _epoch_resume(self, epoch: int, per_epoch: int, max_steps: int) -> tuple[str, int]:
+        """What ``_run_epoch(epoch)`` does after a restore: ("skip", 0) for an epoch trained before
+        the checkpoint (every epoch when the run had finished), ("resume", batches) for the epoch the
+        checkpoint lies in, ("run", 0) once resumed."""
+        restored = self._resume_step
+        if restored is None:
+            return "run", 0
+        resumed_epoch, done = divmod(restored, per_epoch)
+        if restored >= max_steps or epoch < resumed_epoch:
+            return "skip", 0
+        self._resume_step = None
+        if epoch > resumed_epoch or done == 0:
+            return "run", 0
+        return "resume", done * self._attached_trainer().args.gradient_accumulation_steps
+
+    def _attached_trainer(self) -> Trainer:
+        if self._trainer is None:
+            raise ConfigError(
+                "CociCallback must be installed with coci.integrations.transformers.attach(trainer, run_dir, ...), "
+                "not passed in Trainer(callbacks=[...]): it resumes the Trainer's own loop state"
+            )
+        return self._trainer
+
+    def _close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is None:
+            return
+        try:
+            session.close()
+        except Exception:  # never mask the exception that is already propagating
+            logger.exception("coci: error while closing the session")
+
+
+def _skipping_trained_epochs(callback: CociCallback, run_epoch: Callable[..., Any]) -> Callable[..., Any]:
+    """``Trainer._run_epoch`` that, after a restore, skips the epochs before the checkpoint and runs
+    the checkpoint's epoch through HF's own resume path (its batches skipped, its step count set)."""
+
+    @functools.wraps(run_epoch)
+    def run(**kwargs: Any) -> Any:
+        trainer = callback._attached_trainer()
+        restored = callback._resume_step is not None
+        if restored and kwargs["resume_from_checkpoint"] is not None:
+            raise ConfigError(
+                f"trainer.train(resume_from_checkpoint={kwargs['resume_from_checkpoint']!r}) and coci's checkpoint "
+                f"{callback.restored.path if callback.restored else ''} both restore this run: remove one"
+            )
+        action, batches = callback._epoch_resume(kwargs["epoch"], kwargs["num_update_steps_per_epoch"], trainer.state.max_steps)
+        if action == "skip":
+            return None
+        if action == "resume":  # HF's resume: skip_first_batches, the step counter; its RNG file is absent
+            kwargs.update(epochs_trained=kwargs["epoch"], steps_trained_in_current_epoch=batches)
+            kwargs["resume_from_checkpoint"] = str(callback.restored.path) if callback.restored else None
+        return run_epoch(**kwargs)
+
+    return run
+
+
+def _closing_on_error(callback: CociCallback, train: Callable[..., Any]) -> Callable[..., Any]:
+    """``Trainer.train`` that closes the session (no final checkpoint) when training raises."""
+
+    @functools.wraps(train)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return train(*args, **kwargs)
+        except BaseException:
+            callback._close_session()
+            raise
+
+    return run
+
+
+def _trainer_state(trainer: Trainer, progress: _TrainerProgress) -> dict[str, Any]:
+    """The Session state: model, optimizer, scheduler, grad scaler, the Trainer's progress."""
+    state: dict[str, Any] = {"model": trainer.model, "optimizer": trainer.optimizer}  # Session unwraps Accelerate's
+    if trainer.lr_scheduler is not None:
+        state["scheduler"] = trainer.lr_scheduler
+    scaler = getattr(trainer.accelerator, "scaler", None)
+    if scaler is not None:
+        state["scaler"] = scaler
+    state["trainer"] = progress
+    return state
+
+
+#: ``TrainerState`` fields that change while training (the others follow from the arguments).
+_PROGRESS_FIELDS = (
+    "epoch", "global_step", "num_input_tokens_seen", "total_flos", "log_history",
+    "best_metric", "best_global_step", "best_model_checkpoint",
+)
+
+
+class _TrainerProgress:
+    """The Trainer's progress as one Session state value (``state_dict`` / ``load_state_dict``):
+    ``TrainerState``'s changing fields, the logging counters and ``ExportableState`` callbacks."""
+
+    def __init__(self, trainer: Trainer, owner: CociCallback) -> None:
+        self._trainer = trainer
+        self._owner = owner
+        self.drained = False  # after on_train_end: the running loss sum is already in the total
+
+    @property
+    def epoch(self) -> int:
+        """Lets the Session record the epoch in each checkpoint's manifest."""
+        return int(self._trainer.state.epoch or 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self._trainer
+        running = trainer._tr_loss.detach()
+        return {
+            "state": {name: getattr(trainer.state, name) for name in _PROGRESS_FIELDS},
+            "tr_loss": torch.zeros_like(running) if self.drained else running,
+            "total_loss_scalar": float(trainer._total_loss_scalar),
+            "globalstep_last_logged": int(trainer._globalstep_last_logged),
+            "current_flos": float(trainer.current_flos),
+            "callbacks": {key: callback.state()["attributes"] for key, callback in self._callbacks().items()},
+        }
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        """Checked whole before anything is set (a checkpoint is untrusted input)."""
+        _check_progress(saved)
+        trainer = self._trainer
+        for name in _PROGRESS_FIELDS:
+            setattr(trainer.state, name, saved["state"][name])
+        trainer._tr_loss.copy_(saved["tr_loss"])
+        trainer._total_loss_scalar = float(saved["total_loss_scalar"])
+        trainer._globalstep_last_logged = int(saved["globalstep_last_logged"])
+        trainer.current_flos = saved["current_flos"]  # a number (checked)
+        callbacks = self._callbacks()
+        for key, attributes in saved["callbacks"].items():
+            callback = callbacks.get(key)
+            known = callback.state()["attributes"] if callback is not None else {}
+            for name, value in attributes.items():
+                if name in known:  # only what the callback itself exports
+                    setattr(callback, name, value)
+
+    def _callbacks(self) -> dict[str, ExportableState]:
+        """The Trainer's ``ExportableState`` callbacks but coci's, keyed by class name and index."""
+        found: dict[str, ExportableState] = {}
+        for callback in self._trainer.callback_handler.callbacks:
+            if isinstance(callback, ExportableState) and callback is not self._owner:
+                name = type(callback).__name__
+                index = sum(key.rsplit(":", 1)[0] == name for key in found)
+                found[f"{name}:{index}"] = callback
+        return found
+
+
+def _check_progress(saved: Any) -> None:
+    """StateError naming the first field of a checkpoint's Trainer progress that is not as written."""
+    if not isinstance(saved, Mapping) or not isinstance(saved.get("state"), Mapping):
+        raise StateError("checkpoint's trainer progress: 'state' must be a dict")
+    state = saved["state"]
+    fields: dict[str, Callable[[Any], bool]] = {
+        "epoch": _is_count, "global_step": _is_index, "num_input_tokens_seen": _is_index, "total_flos": _is_count,
+        "best_metric": lambda v: v is None or checks.is_number(v), "best_global_step": lambda v: v is None or _is_index(v),
+        "best_model_checkpoint": lambda v: v is None or isinstance(v, str),
+        "log_history": lambda v: isinstance(v, list) and all(isinstance(entry, dict) for entry in v),
+    }
+    for name, valid in fields.items():
+        if name not in state or not valid(state[name]):
+            raise StateError(f"checkpoint's trainer progress: state.{name} is {state.get(name)!r}")
+    tr_loss = saved.get("tr_loss")
+    if not isinstance(tr_loss, torch.Tensor) or tr_loss.dim() != 0:
+        raise StateError(f"checkpoint's trainer progress: tr_loss must be a 0-d tensor, got {tr_loss!r}")
+    for name, valid in (("total_loss_scalar", _is_finite), ("globalstep_last_logged", _is_index), ("current_flos", _is_count)):
+        if not valid(saved.get(name)):
+            raise StateError(f"checkpoint's trainer progress: {name} is {saved.get(name)!r}")
+    callbacks = saved.get("callbacks")
+    if not isinstance(callbacks, Mapping) or not all(isinstance(v, Mapping) for v in callbacks.values()):
+        raise StateError("checkpoint's trainer progress: 'callbacks' must map names to dicts")
+
+
+def _is_index(value: Any) -> bool:
+    return checks.is_int(value) and value >= 0
+
+
+def _is_finite(value: Any) -> bool:
+    return checks.is_number(value) and math.isfinite(value)
+
+
+def _is_count(value: Any) -> bool:
+    return _is_finite(value) and value >= 0
+
+
+def _unsupported(what: str) -> str:
+    import transformers
+
+    return f"coci's Trainer integration needs {what} (transformers >= 5.0); this is transformers {transformers.__version__}"
