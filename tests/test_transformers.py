@@ -13,7 +13,10 @@ skipped), the others mid-epoch; the checkpoints at 3 precede the first log (the 
 from __future__ import annotations
 
 import ast
+import importlib
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -235,3 +238,17 @@ def test_a_damaged_trainer_progress_is_refused_naming_the_field(change: Any, fie
     change(saved)
     with pytest.raises(StateError, match=field):
         _TrainerProgress(None, None).load_state_dict(saved)  # type: ignore[arg-type]
+
+
+def test_importing_coci_does_not_import_transformers_or_accelerate() -> None:
+    code = "import sys, coci, coci.integrations; assert not {'transformers', 'accelerate'} & set(sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_missing_transformers_raises_clear_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m == "transformers" or m.startswith("transformers.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delitem(sys.modules, "coci.integrations.transformers", raising=False)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` raise ImportError
+    with pytest.raises(ImportError, match=r"pip install 'coci\[transformers\]'"):
+        importlib.import_module("coci.integrations.transformers")

@@ -4,6 +4,12 @@ that module is imported, so ``import coci`` never pulls in an optional dependenc
 
 * :mod:`coci.integrations.lightning` -- ``CociCallback`` for Lightning's ``Trainer``
   (``pip install 'coci[lightning]'``).
+* :mod:`coci.integrations.transformers` -- ``attach(trainer, run_dir, ...)`` for Hugging Face's
+  ``transformers.Trainer`` (``pip install 'coci[transformers]'``).
+
+Both callbacks take every keyword argument of :class:`coci.Session`, with its defaults, through
+:mod:`coci.integrations._options`. A plain Accelerate loop needs no integration: ``Session`` takes
+what ``accelerator.prepare`` returns (it fences and saves the torch optimizer and scheduler inside).
 
 torchdata's ``StatefulDataLoader`` needs no integration module: it has ``state_dict`` /
 ``load_state_dict`` and goes straight into ``coci.Session(state={..., "loader": loader})``.

@@ -78,7 +78,7 @@ try:
     from transformers.training_args import TrainingArguments
 except ImportError as exc:  # pragma: no cover - exercised only where transformers is absent
     raise ImportError(
-        "coci.integrations.transformers needs transformers (>= 5.0) and accelerate: pip install 'coci[transformers]'"
+        "coci.integrations.transformers needs transformers (>= 5.24) and accelerate: pip install 'coci[transformers]'"
     ) from exc
 
 import torch
@@ -93,7 +93,7 @@ __all__ = ["CociCallback", "attach"]
 
 logger = logging.getLogger(__name__)
 
-#: ``Trainer._run_epoch``'s keyword arguments the resume sets (transformers >= 5.0).
+#: ``Trainer._run_epoch``'s keyword arguments the resume sets (transformers >= 5.24).
 _RUN_EPOCH_ARGUMENTS = frozenset(
     {"epoch", "num_update_steps_per_epoch", "resume_from_checkpoint", "epochs_trained", "steps_trained_in_current_epoch"}
 )
@@ -177,9 +177,7 @@ class CociCallback(TrainerCallback):
         self._close_session()
         self._resume_step, self._pending_rng, self._loss_before, self._loss = None, None, None, None
         self._progress = _TrainerProgress(trainer, self)
-        options = with_horizon(self._session_options, state.max_steps)
-        options["save_last"] = False  # the final checkpoint is taken at on_train_end (see save_last)
-        self._session = Session(self.run_dir, state=_trainer_state(trainer, self._progress), **options)
+        self._session = Session(self.run_dir, state=_trainer_state(trainer, self._progress), **self._options_for(state.max_steps))
         self._restored = self._session.restore() if self.resume else None
         if self._restored is not None:
             self._resume_step = state.global_step
@@ -214,6 +212,12 @@ class CociCallback(TrainerCallback):
         session.close()  # waits for the last persist; surfaces a background failure
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _options_for(self, max_steps: int) -> dict[str, Any]:
+        """The Session's arguments; an unset planning horizon becomes the Trainer's ``max_steps``."""
+        options = with_horizon(self._session_options, max_steps)
+        options["save_last"] = False  # the final checkpoint is taken at on_train_end (see save_last)
+        return options
 
     def _record_step(self, state: TrainerState) -> None:
         """coci's ``step()`` for the optimizer steps done since the last call (one, in a Trainer)."""
@@ -408,4 +412,4 @@ def _is_count(value: Any) -> bool:
 def _unsupported(what: str) -> str:
     import transformers
 
-    return f"coci's Trainer integration needs {what} (transformers >= 5.0); this is transformers {transformers.__version__}"
+    return f"coci's Trainer integration needs {what} (transformers >= 5.24); this is transformers {transformers.__version__}"
