@@ -17,7 +17,7 @@ import importlib
 import json
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +109,10 @@ def small_trainer(out: Path, callbacks: list[Any] | None = None, **limits: Any) 
 
 
 def test_snapshot_holds_the_weights_of_its_step_while_the_next_steps_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The copy of each snapshot is slowed down: the next optimizer step (inside Accelerate's
-    AcceleratedOptimizer) waits at coci's fence, so the checkpoint of step n holds step n's weights."""
+    """The persist thread copies each snapshot only once the next optimizer step has run (or 60 s
+    passed): the weights reach the checkpoint of step n as they were at step n only because the
+    optimizer step (inside Accelerate's AcceleratedOptimizer) waits at coci's fence, which copies them
+    first."""
     from transformers import TrainerCallback
 
     import coci
@@ -118,18 +120,23 @@ def test_snapshot_holds_the_weights_of_its_step_while_the_next_steps_run(tmp_pat
     from coci.checkpoint.checkpointer import load_committed
     from coci.integrations.transformers import attach
 
+    stepped = threading.Event()
     copy = snapshot.CopyJob.run_cpu
 
-    def slow_copy(job: Any) -> None:
-        time.sleep(0.3)
+    def late_copy(job: Any) -> None:
+        stepped.wait(timeout=60)
         copy(job)
 
-    monkeypatch.setattr(snapshot.CopyJob, "run_cpu", slow_copy)
+    monkeypatch.setattr(snapshot.CopyJob, "run_cpu", late_copy)
     weights: dict[int, dict[str, torch.Tensor]] = {}
 
-    class Record(TrainerCallback):
+    class Record(TrainerCallback):  # runs after coci's callback, which starts the snapshot
         def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+            stepped.clear()
             weights[state.global_step] = {key: value.clone() for key, value in model.state_dict().items()}
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            stepped.set()
 
     trainer = small_trainer(tmp_path, callbacks=[Record()])
     attach(trainer, tmp_path / "coci", policy=coci.EveryN(2), keep_last=None)
