@@ -86,3 +86,33 @@ def test_session_fences_and_restores_the_torch_objects_inside_accelerates_wrappe
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
     assert scheduler2.state_dict() == scheduler.state_dict()
     assert torch.equal(optimizer2.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_wrappers_with_state_of_their_own_are_not_unwrapped(tmp_path: Path) -> None:
+    """Only Accelerate's wrappers (known by their ``gradient_state``) stand for what they wrap: an
+    optimizer wrapper with state of its own (Lookahead's slow weights) and a user's object holding a
+    scheduler are saved through their own ``state_dict``."""
+    import coci
+
+    model = torch.nn.Linear(2, 1)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    class Lookahead(torch.optim.Optimizer):
+        def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+            super().__init__(optimizer.param_groups, {})
+            self.optimizer = optimizer
+
+    class Schedule:
+        def __init__(self) -> None:
+            self.scheduler = torch.optim.lr_scheduler.StepLR(inner, 1)
+            self.warm = 3
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"warm": self.warm, "scheduler": self.scheduler.state_dict()}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.warm = state["warm"]
+
+    lookahead, schedule = Lookahead(inner), Schedule()
+    with coci.Session(tmp_path, state={"optimizer": lookahead, "schedule": schedule}, policy=coci.EveryN(10)) as session:
+        assert session.state["optimizer"] is lookahead and session.state["schedule"] is schedule

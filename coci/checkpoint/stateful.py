@@ -11,8 +11,8 @@ error that says how to hold it (in a dict). Everything is validated once, with a
 
 A framework's wrapper around an optimizer or LR scheduler (Accelerate's ``AcceleratedOptimizer`` and
 ``AcceleratedScheduler``, what ``accelerator.prepare`` returns) is replaced by the object it wraps,
-found by duck typing (:func:`unwrapped`): the session fences and saves the torch optimizer itself,
-whose ``step`` the wrapper calls, and whose ``state_dict`` is the wrapper's.
+found by its attributes (:func:`unwrapped`): the session fences and saves the torch optimizer
+itself, whose ``step`` the wrapper calls, and whose ``state_dict`` is the wrapper's.
 """
 
 from __future__ import annotations
@@ -75,21 +75,20 @@ def validate_state(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def unwrapped(value: Any) -> Any:
-    """The torch optimizer or LR scheduler inside a wrapper (``value`` itself when it wraps none).
+    """The torch optimizer or LR scheduler inside an Accelerate wrapper; ``value`` itself otherwise.
 
-    An optimizer wrapper is a ``torch.optim.Optimizer`` whose ``optimizer`` attribute is another one
-    (Accelerate's subclass never runs ``Optimizer.__init__``, so it has no step hooks of its own); a
-    scheduler wrapper is a non-scheduler whose ``scheduler`` attribute is a torch LR scheduler. A
-    scheduler's own ``optimizer`` attribute is left alone: a scheduler is no optimizer.
+    Accelerate's wrappers are known by their attributes: a ``gradient_state`` (Accelerate's shared
+    gradient-accumulation state) next to an ``optimizer`` that is a torch optimizer
+    (``AcceleratedOptimizer``, a torch Optimizer subclass that never runs ``Optimizer.__init__``, so it
+    has no step hooks of its own) or a ``scheduler`` that is a torch LR scheduler
+    (``AcceleratedScheduler``); both save and load exactly the inner object's state. Other wrappers
+    (Lookahead's slow weights, a user's object holding a scheduler) keep state of their own and are
+    left as they are.
     """
-    while True:
-        inner = getattr(value, "optimizer", None) if isinstance(value, torch.optim.Optimizer) else None
-        if inner is None and not isinstance(value, _SCHEDULERS):
-            inner = getattr(value, "scheduler", None)
-            inner = inner if isinstance(inner, _SCHEDULERS) else None
-        if not isinstance(inner, (torch.optim.Optimizer, *_SCHEDULERS)) or inner is value:
-            return value
-        value = inner
+    if not hasattr(value, "gradient_state"):
+        return value
+    inner = getattr(value, "optimizer", None) if isinstance(value, torch.optim.Optimizer) else getattr(value, "scheduler", None)
+    return inner if isinstance(inner, (torch.optim.Optimizer, *_SCHEDULERS)) else value
 
 
 _SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
