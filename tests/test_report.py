@@ -175,6 +175,7 @@ def test_stall_overhead_and_planned_marks_from_a_hand_written_log(tmp_path: Path
     assert observed.overhead_percent == pytest.approx(100 * 1.8 / 10.0)
     summary = result.summary()
     assert "OSError: disk full" in summary and "18.00% of" in summary
+    assert "interference: the median step during a persist took 1.25x the others' (+25%) = 400 ms per checkpoint" in summary
 
 
 def test_a_plan_made_on_the_planner_thread_is_compared_from_the_step_it_took_effect(tmp_path: Path) -> None:

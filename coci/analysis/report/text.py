@@ -59,7 +59,7 @@ def summary(data: ReportData, plans: dict[str, Plan]) -> str:
     lines = [f"coci report: {data.run_dir}"]
     run = f"  run: {obs.steps} steps"
     if obs.step_seconds:
-        source = data.profile.step_seconds_source if data.profile is not None else "plan"
+        source = f"median of the recent {data.profile.step_seconds_source} steps" if data.profile is not None else "the plan's"
         run += f", step {format_seconds(obs.step_seconds)} ({source})"
     if data.profile is not None and data.profile.state_bytes:
         run += f", state {format_bytes(data.profile.state_bytes)}"
@@ -258,10 +258,7 @@ def _cost_lines(data: ReportData, plans: dict[str, Plan]) -> list[str]:
             f"{format_seconds(float(persist.max()))} per checkpoint"
         )
     if profile is not None and profile.interference.value is not None:
-        lines.append(
-            f"  interference: steps {profile.interference.value:.3g}x slower during a persist = "
-            f"{format_seconds(profile.interference_seconds)} per checkpoint"
-        )
+        lines.append(_interference_line(profile.interference.value, profile.interference_seconds))
     if obs.processes:
         lines.append(
             f"  coci's own time on the training thread: per-step work {format_seconds(obs.step_work_seconds)}, "
@@ -281,15 +278,27 @@ def _cost_lines(data: ReportData, plans: dict[str, Plan]) -> list[str]:
         line = (
             f"  coci overhead (stalls + interference + per-step work + planning + planner thread + final wait + set-up): "
             f"{format_seconds(obs.overhead_seconds or 0.0)} = {obs.overhead_percent:.2f}% of "
-            f"{format_seconds(obs.compute_seconds or 0.0)} of compute"
+            f"{format_seconds(obs.compute_seconds or 0.0)} of compute (steps x that recent median step)"
         )
         reference, where = _expectation(data, plans)
         if reference is not None and reference.expected.get("run_seconds"):
             expected = reference.expected
             share = 100.0 * expected.get("checkpoint_seconds", 0.0) / expected["run_seconds"]
-            line += f"; {where} expects {share:.2f}% (with failures {100 * expected.get('wall_fraction', 0):.2f}%)"
+            line += (
+                f"; {where} expects its checkpoints to cost {share:.2f}% of the run, and "
+                f"{100 * expected.get('wall_fraction', 0):.2f}% with the work the failures it assumes lose and their restarts"
+            )
         lines.append(line)
     return lines
+
+
+def _interference_line(ratio: float, seconds: float) -> str:
+    """How much longer the median step during a persist took than the others', and what that costs."""
+    if ratio > 1.0:
+        measured = f"the median step during a persist took {ratio:.3g}x the others' (+{100 * (ratio - 1):.3g}%)"
+    else:
+        measured = f"none (the median step during a persist took {ratio:.3g}x the others')"
+    return f"  interference: {measured} = {format_seconds(seconds)} per checkpoint"
 
 
 def _expectation(data: ReportData, plans: dict[str, Plan]) -> tuple[Plan | None, str]:
