@@ -518,3 +518,19 @@ def test_lost_steps_are_timed_at_the_pace_of_the_process_that_lost_them() -> Non
     assert [(r.lost_steps, r.lost_exact) for r in rows] == [(8, True), (1, True)]
     assert rows[0].lost_seconds == pytest.approx(8 * 0.45)
     assert rows[1].lost_seconds == pytest.approx(1.6)  # one event in that process: no pace of its own
+
+
+def test_a_process_killed_before_its_first_checkpoint_is_timed_to_the_next_start() -> None:
+    """Restored at step 10 at t=100 and killed at step 30 (its step mark) with no event since: its
+    20 lost steps took until the next process started (t=160 less 2 s of start-up), 2.9 s a step,
+    not the run's final 0.5 s."""
+    events = [
+        {"event": "session", "step": 0, "time": 90.0, "startup_seconds": 2.0},
+        {"event": "restore", "step": 10, "seconds": 0.1, "time": 100.0},
+        {"event": "reached", "step": 30, "time": 160.0},
+        {"event": "session", "step": 0, "time": 160.0, "startup_seconds": 2.0},
+        {"event": "restore", "step": 10, "seconds": 0.1, "time": 160.2},
+    ]
+    rows = _restores(events, step_seconds=0.5)
+    assert [(r.lost_steps, r.lost_exact) for r in rows[1:]] == [(20, True)]
+    assert rows[1].lost_seconds == pytest.approx(20 * 2.9)

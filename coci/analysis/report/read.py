@@ -433,12 +433,16 @@ def _step_seconds(profile: Profile | None, plan: Plan | None) -> float | None:
 
 class _Pace:
     """Wall seconds per step of one process's training, from its own timed events written on the
-    training thread at the step they name (``progress``, ``snapshot_start``): the pace at which a
-    failed process did the work it lost, where the profile's step time is the run's final one."""
+    training thread at the step they name (``restore``, ``progress``, ``snapshot_start``): the pace at
+    which a failed process did the work it lost, where the profile's step time is the run's final
+    one. A process whose events span too few steps (killed before its first checkpoint) is timed
+    from its restore to the start of the next process (``session`` time less its start-up), at the
+    step it reached: an upper bound, which holds the time the restart took to begin."""
 
     def __init__(self) -> None:
         self.first: tuple[float, int] | None = None
         self.last: tuple[float, int] | None = None
+        self.end: tuple[float, int] | None = None  # (the next process's start, the step this one reached)
 
     def add(self, event: dict[str, Any], step: int) -> None:
         when = _number(event.get("time"))
@@ -447,11 +451,17 @@ class _Pace:
             self.last = (when, step)
 
     def seconds_per_step(self) -> float | None:
-        """None when the events span fewer than ``knobs.REPORT_PACE_MIN_STEPS`` steps or no time."""
-        if self.first is None or self.last is None or self.last[1] - self.first[1] < knobs.REPORT_PACE_MIN_STEPS:
-            return None
-        pace = (self.last[0] - self.first[0]) / (self.last[1] - self.first[1])
-        return pace if math.isfinite(pace) and pace > 0 else None
+        """None when neither the events nor the span to the next start cover
+        ``knobs.REPORT_PACE_MIN_STEPS`` steps with time."""
+        return _per_step(self.first, self.last) or _per_step(self.first, self.end)
+
+
+def _per_step(first: tuple[float, int] | None, last: tuple[float, int] | None) -> float | None:
+    """Wall seconds per step between two (time, step) points at least ``REPORT_PACE_MIN_STEPS`` apart."""
+    if first is None or last is None or last[1] - first[1] < knobs.REPORT_PACE_MIN_STEPS:
+        return None
+    pace = (last[0] - first[0]) / (last[1] - first[1])
+    return pace if math.isfinite(pace) and pace > 0 else None
 
 
 def _restores(events: list[dict[str, Any]], step_seconds: float | None) -> list[RestoreRow]:
@@ -465,6 +475,9 @@ def _restores(events: list[dict[str, Any]], step_seconds: float | None) -> list[
     for event in events:
         kind, step = event.get("event"), _event_step(event)
         if kind == "session":
+            started = _process_start(event)
+            if started is not None and reached is not None:  # the step mark's `reached` came first
+                pace.end = (started, reached)
             pace, previous_pace = _Pace(), pace
         if kind in ("progress", "snapshot_start") and step is not None:
             pace.add(event, step)
@@ -490,12 +503,19 @@ def _restores(events: list[dict[str, Any]], step_seconds: float | None) -> list[
             )
             reached, closed, marked = step, False, False
             pace, previous_pace = _Pace(), None
+            pace.add(event, step)  # this process trains on from here
             continue
         if step is not None and kind not in ("retention", "restore_skip"):
             reached = step if reached is None else max(reached, step)
         if kind == "close":
             closed = True
     return rows
+
+
+def _process_start(session: dict[str, Any]) -> float | None:
+    """When a process started: its ``session`` event's time less its start-up (None if unknown)."""
+    when, startup = _number(session.get("time")), _number(session.get("startup_seconds"))
+    return None if when is None or startup is None else when - startup
 
 
 def _preemptions(events: list[dict[str, Any]]) -> list[PreemptionRow]:
