@@ -63,6 +63,18 @@ READ_CHUNK_BYTES: int = 32 << 20
 #: record can cost (parsing takes about 10x its size). A real manifest is kilobytes to megabytes.
 MAX_MANIFEST_BYTES: int = 64 << 20
 
+#: What a DCP storage item (one ``torch.save`` archive inside a data file) may hold beyond the
+#: tensor chunk it stores: its pickle and small records (a real one adds under 1 KB). Every item's
+#: records are checked, before torch reads any, to expand to at most the chunk's own bytes plus this.
+DCP_ITEM_OVERHEAD_BYTES: int = 64 << 10
+
+#: Most records one DCP storage item may hold (``torch.save`` writes 7).
+DCP_ITEM_MAX_RECORDS: int = 64
+
+#: Most cells of the grid that a DCP tensor's chunk boundaries cut it into (the chunks must tile the
+#: tensor exactly; a real sharded layout has as many cells as chunks). Bounds the check's memory.
+DCP_MAX_CHUNK_GRID_CELLS: int = 1 << 22
+
 # --- session (coci.session) ------------------------------------------------------------------------
 
 #: The session writes a ``progress`` event (just the step) at most this often, so the report can

@@ -3,8 +3,11 @@ state round-trips keep every sample exactly once per epoch (resume)."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import zipfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -143,3 +146,122 @@ def test_loader_round_trips_preserve_exactly_once(
         else:
             assert set(samples) == set(range(n))  # everything at least once
             assert len(samples) - n == (-n) % world  # only the rank padding repeats
+
+
+# --- DCP: chunk layouts and stored items ----------------------------------------------------------
+
+DCP_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def chunk_layouts(draw: Any) -> tuple[list[int], list[tuple[list[int], list[int]]]]:
+    """A tensor shape and a list of (offsets, sizes) chunks: an exact grid tiling (as sharding
+    makes), then perhaps changed (a chunk dropped, repeated, grown, an empty or a random box added)."""
+    shape = draw(st.lists(st.integers(min_value=0, max_value=5), min_size=0, max_size=3))
+    cuts = [sorted({0, dim, *draw(st.lists(st.integers(min_value=0, max_value=dim), max_size=3))}) for dim in shape]
+    cells: list[tuple[list[int], list[int]]] = [([], [])]
+    for c in cuts:
+        cells = [(o + [a], s + [b - a]) for o, s in cells for a, b in zip(c, c[1:])] if len(c) > 1 else [(o + [0], s + [0]) for o, s in cells]
+    change = draw(st.sampled_from(["none", "drop", "repeat", "grow", "empty", "random"]))
+    if change == "drop" and cells:
+        cells.pop(draw(st.integers(min_value=0, max_value=len(cells) - 1)))
+    elif change == "repeat" and cells:
+        cells.append(cells[draw(st.integers(min_value=0, max_value=len(cells) - 1))])
+    elif change == "grow" and cells and shape:
+        index, dim = draw(st.integers(0, len(cells) - 1)), draw(st.integers(0, len(shape) - 1))
+        offsets, sizes = cells[index]
+        cells[index] = (offsets, [s + (d == dim) for d, s in enumerate(sizes)])
+    elif change in ("empty", "random"):
+        offsets = [draw(st.integers(min_value=0, max_value=dim + 1)) for dim in shape]
+        sizes = [0 if change == "empty" else draw(st.integers(min_value=0, max_value=3)) for _ in shape]
+        cells.insert(draw(st.integers(min_value=0, max_value=len(cells))), (offsets, sizes))
+    return shape, cells
+
+
+def tiles_exactly(shape: list[int], chunks: list[tuple[list[int], list[int]]]) -> bool:
+    """The oracle: count every element's chunks, one by one."""
+    if any(o + s > d for offsets, sizes in chunks for o, s, d in zip(offsets, sizes, shape)):
+        return False
+    counts = np.zeros(shape, dtype=int)
+    for offsets, sizes in chunks:
+        counts[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))] += 1
+    return bool((counts == 1).all())
+
+
+@DCP_SETTINGS
+@given(chunk_layouts())
+def test_dcp_chunks_are_accepted_exactly_when_they_tile_the_tensor(layout: tuple[list[int], list[tuple[list[int], list[int]]]]) -> None:
+    """A missing chunk would restore uninitialized memory; an overlapping one is not DCP's layout."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    from coci.checkpoint.dcp_checks import check_chunks
+    from coci.errors import CorruptCheckpointError
+
+    shape, chunks = layout
+    records = [ChunkStorageMetadata(offsets=torch.Size(o), sizes=torch.Size(s)) for o, s in chunks]
+    try:
+        found = check_chunks(Path("step_1"), "shared/0", shape, records, 4)
+    except CorruptCheckpointError:
+        assert not tiles_exactly(shape, chunks)
+        return
+    assert tiles_exactly(shape, chunks)
+    assert {offsets for _, offsets in found} == {tuple(o) for o, _ in chunks}
+    assert sum(found.values()) == 4 * math.prod(shape)
+
+
+@st.composite
+def stored_items(draw: Any) -> tuple[bytes, int]:
+    """A ``torch.save`` archive of a tensor chunk over a storage of any size, its records perhaps
+    deflated, perhaps with bytes flipped, cut or appended; and the chunk's own bytes."""
+    numel = draw(st.integers(min_value=0, max_value=64))
+    storage = draw(st.sampled_from([numel, numel + 1, 4096, 20_000, 40_000]))
+    buffer = io.BytesIO()
+    torch.save(torch.arange(max(storage, numel), dtype=torch.float32)[:numel], buffer)
+    item = buffer.getvalue()
+    if draw(st.booleans()):
+        source, out = zipfile.ZipFile(io.BytesIO(item)), io.BytesIO()
+        with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as rebuilt:
+            for name in source.namelist():
+                rebuilt.writestr(name, source.read(name))
+        item = out.getvalue()
+    damage = draw(st.sampled_from(["none", "flip", "cut", "append"]))
+    if damage == "flip" and item:
+        raw = bytearray(item)
+        raw[draw(st.integers(0, len(raw) - 1))] ^= draw(st.integers(1, 255))
+        item = bytes(raw)
+    elif damage == "cut":
+        item = item[: draw(st.integers(0, len(item)))]
+    elif damage == "append":
+        item += draw(st.binary(min_size=1, max_size=64))
+    return item, 4 * numel
+
+
+@DCP_SETTINGS
+@given(stored_items())
+def test_a_dcp_item_that_passes_its_check_never_expands_past_its_bound(item_and_chunk: tuple[bytes, int]) -> None:
+    """Whatever an item's bytes, its check either refuses it (CorruptCheckpointError) or torch
+    loads from it no more than the chunk's bytes plus the overhead knob."""
+    import os
+    import tempfile
+
+    from coci import knobs
+    from coci.checkpoint.dcp_items import ItemView, check_item
+    from coci.errors import CorruptCheckpointError
+
+    item, chunk_bytes = item_and_chunk
+    overhead, knobs.DCP_ITEM_OVERHEAD_BYTES = knobs.DCP_ITEM_OVERHEAD_BYTES, 4096  # small: both outcomes occur
+    try:
+        with tempfile.TemporaryFile() as handle:
+            handle.write(b"\0" * 13 + item + b"\0" * 7)  # inside a data file, as DCP stores it
+            handle.flush()
+            check_item(ItemView(handle.fileno(), 13, len(item)), len(item), chunk_bytes, "item")
+            loaded = io.BytesIO(os.pread(handle.fileno(), len(item), 13))
+    except CorruptCheckpointError:
+        return
+    finally:
+        knobs.DCP_ITEM_OVERHEAD_BYTES = overhead
+    try:
+        tensor = torch.load(loaded, weights_only=True)
+    except Exception:  # a damaged record torch refuses (a CRC, a pickle): DCP's load fails; coci falls back
+        return
+    assert not isinstance(tensor, torch.Tensor) or tensor.untyped_storage().nbytes() <= chunk_bytes + 4096

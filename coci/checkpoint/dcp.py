@@ -339,7 +339,9 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 def read_dcp_metadata(path: Path, manifest: DcpManifest) -> Any:
     """DCP's ``.metadata`` read through the restricted unpickler and checked against the manifest
-    (:func:`coci.checkpoint.dcp_checks.check_dcp_metadata`) before DCP may act on any of it."""
+    (:func:`coci.checkpoint.dcp_checks.check_dcp_metadata`), and every stored item's zip directory
+    bounded by its chunk (:func:`coci.checkpoint.dcp_checks.check_dcp_items`), before DCP may act
+    on any of it."""
     try:
         with open(path / _DCP_METADATA, "rb", opener=format.open_no_follow) as handle:
             metadata = _MetadataUnpickler(handle).load()
@@ -347,7 +349,8 @@ def read_dcp_metadata(path: Path, manifest: DcpManifest) -> Any:
         raise
     except Exception as exc:  # a damaged pickle fails in many ways; all of them mean corrupt
         raise CorruptCheckpointError(f"{path}: DCP metadata is unreadable ({type(exc).__name__}: {exc})") from exc
-    dcp_checks.check_dcp_metadata(path, metadata, manifest)
+    chunk_bytes = dcp_checks.check_dcp_metadata(path, metadata, manifest)
+    dcp_checks.check_dcp_items(path, metadata.storage_data, chunk_bytes)
     return metadata
 
 

@@ -3,18 +3,23 @@
 DCP's default load planner reads a *bytes* item with ``torch.load(..., weights_only=False)`` (code
 execution), and its reader opens whatever path ``.metadata`` names. coci writes tensors only, so a
 checkpoint is loaded only when :func:`check_dcp_metadata` finds exactly the manifest's tensors,
-each stored in a file the manifest lists and checksums, inside the range of that file. The
-manifest's own tensor table is bounded by the files it lists (:func:`check_dcp_manifest`), so a
+each stored in a file the manifest lists and checksums, inside the range of that file, with chunks
+that tile each tensor exactly, and each stored item bounded by its chunk's bytes before torch
+inflates it (:mod:`coci.checkpoint.dcp_items`). The manifest's own tensor table is bounded by the files it lists (:func:`check_dcp_manifest`), so a
 hostile record cannot make the loader allocate more than the checkpoint holds.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from coci import knobs
-from coci.checkpoint import format
+from coci.checkpoint import dcp_items, format
 from coci.checkpoint.local import element_count, torch_dtype
 from coci.checkpoint.tree import tensor_refs
 from coci.errors import CorruptCheckpointError
@@ -62,13 +67,15 @@ def _check_part(path: Path, part: DcpPart, bound: int, data_bytes: int) -> int:
     return total
 
 
-def check_dcp_metadata(path: Path, metadata: Any, manifest: DcpManifest) -> None:
+def check_dcp_metadata(path: Path, metadata: Any, manifest: DcpManifest) -> dict[StorageKey, int]:
     """DCP's ``.metadata`` describes exactly the manifest's tensors, stored inside listed files.
 
     Refused: a bytes item (DCP would unpickle it), a key, dtype or size the manifest does not
-    declare, a storage file that is not one of the manifest's data files (another path, a path
-    outside the directory, ``.metadata`` itself), a byte range past the end of its file, and a
-    storage transform (coci writes none).
+    declare, chunks that do not tile their tensor exactly (a missing chunk would leave its part of
+    the tensor uninitialized), a stored item that is no chunk's or a chunk with no stored item, a
+    storage file that is not one of the manifest's data files (another path, a path outside the
+    directory, ``.metadata`` itself), a byte range past the end of its file, and a storage
+    transform (coci writes none). Returns each chunk's bytes (what its stored item may expand to).
     """
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
@@ -77,6 +84,7 @@ def check_dcp_metadata(path: Path, metadata: Any, manifest: DcpManifest) -> None
     entries = getattr(metadata, "state_dict_metadata", None)
     if not isinstance(entries, dict) or set(entries) != set(declared):
         raise CorruptCheckpointError(f"{path}: DCP metadata does not hold exactly the manifest's tensors")
+    chunk_bytes: dict[StorageKey, int] = {}
     for key, entry in entries.items():
         if not isinstance(entry, TensorStorageMetadata):
             raise CorruptCheckpointError(
@@ -85,6 +93,7 @@ def check_dcp_metadata(path: Path, metadata: Any, manifest: DcpManifest) -> None
         expected = declared[key]
         if list(entry.size) != expected.shape or entry.properties.dtype != torch_dtype(expected.dtype, path):
             raise CorruptCheckpointError(f"{path}: DCP metadata entry {key!r} differs from the manifest's dtype or shape")
+        chunk_bytes.update(check_chunks(path, key, expected.shape, entry.chunks, entry.properties.dtype.itemsize))
     sizes = {f.name: f.size for f in manifest.files if f.name != DCP_METADATA}
     storage = getattr(metadata, "storage_data", None)
     if not isinstance(storage, dict):
@@ -92,7 +101,88 @@ def check_dcp_metadata(path: Path, metadata: Any, manifest: DcpManifest) -> None
     for index, info in storage.items():
         if not isinstance(index, MetadataIndex) or index.fqn not in declared or not isinstance(info, _StorageInfo):
             raise CorruptCheckpointError(f"{path}: DCP storage table has an entry for {getattr(index, 'fqn', index)!r}")
+        if storage_key(path, index) not in chunk_bytes:
+            raise CorruptCheckpointError(f"{path}: DCP storage of {index.fqn!r} at {index.offset!r} is no chunk of that tensor")
         _check_storage(path, index.fqn, info, sizes)
+    stored = {storage_key(path, index) for index in storage}
+    for (key, offsets), nbytes in chunk_bytes.items():
+        if nbytes and (key, offsets) not in stored:
+            raise CorruptCheckpointError(f"{path}: DCP metadata entry {key!r} has no stored data for its chunk at {list(offsets)}")
+    return chunk_bytes
+
+
+#: A stored item's identity: its tensor's key and the chunk's offsets (DCP's ``MetadataIndex``).
+StorageKey = tuple[str, tuple[int, ...]]
+
+
+def storage_key(path: Path, index: Any) -> StorageKey:
+    return index.fqn, _dims(path, index.fqn, index.offset)
+
+
+def _dims(path: Path, key: str, value: Any) -> tuple[int, ...]:
+    """A chunk's offsets or sizes: a sequence of non-negative integers (CorruptCheckpointError otherwise)."""
+    dims = tuple(value) if isinstance(value, (tuple, list)) else None
+    if dims is None or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+        raise CorruptCheckpointError(f"{path}: DCP metadata entry {key!r} has a chunk bound {value!r}, not non-negative integers")
+    return dims
+
+
+def check_chunks(path: Path, key: str, shape: list[int], chunks: Any, itemsize: int) -> dict[StorageKey, int]:
+    """The chunks of tensor ``key`` lie inside it and tile it exactly (no gap, no overlap); returns
+    each chunk's bytes by its offsets."""
+    if not isinstance(chunks, list) or len(chunks) > knobs.DCP_MAX_CHUNK_GRID_CELLS:
+        raise CorruptCheckpointError(f"{path}: DCP metadata entry {key!r} has no list of chunks, or too many")
+    boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    found: dict[StorageKey, int] = {}
+    for chunk in chunks:
+        offsets, sizes = _dims(path, key, getattr(chunk, "offsets", None)), _dims(path, key, getattr(chunk, "sizes", None))
+        if len(offsets) != len(shape) or len(sizes) != len(shape) or any(o + s > d for o, s, d in zip(offsets, sizes, shape)):
+            raise CorruptCheckpointError(f"{path}: DCP metadata entry {key!r} has a chunk outside the tensor ({offsets}, {sizes})")
+        nbytes = element_count(list(sizes)) * itemsize
+        if nbytes:
+            boxes.append((offsets, sizes))
+            found[(key, offsets)] = nbytes
+        else:
+            found.setdefault((key, offsets), 0)
+    if element_count(shape):
+        _check_tiling(path, key, shape, boxes)
+    return found
+
+
+def _check_tiling(path: Path, key: str, shape: list[int], boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
+    """Every element of the tensor lies in exactly one box: counted on the grid the boxes' own
+    boundaries cut the tensor into (one cell per chunk for a real sharded layout)."""
+    cuts = [sorted({0, dim, *(o[d] for o, _ in boxes), *(o[d] + s[d] for o, s in boxes)}) for d, dim in enumerate(shape)]
+    grid = [len(c) - 1 for c in cuts]
+    if math.prod(grid) > knobs.DCP_MAX_CHUNK_GRID_CELLS:
+        raise CorruptCheckpointError(f"{path}: DCP metadata entry {key!r} is cut into over knobs.DCP_MAX_CHUNK_GRID_CELLS pieces")
+    position = [{cut: i for i, cut in enumerate(c)} for c in cuts]
+    spans = [tuple(slice(position[d][o[d]], position[d][o[d] + s[d]]) for d in range(len(shape))) for o, s in boxes]
+    if sum(math.prod(span.stop - span.start for span in box) for box in spans) > math.prod(grid):
+        raise CorruptCheckpointError(f"{path}: DCP metadata entry {key!r} has overlapping chunks")
+    counts = np.zeros(grid, dtype=np.int32)
+    for box in spans:
+        counts[box] += 1
+    if counts.max() > 1:
+        raise CorruptCheckpointError(f"{path}: DCP metadata entry {key!r} has overlapping chunks")
+    if counts.min() < 1:
+        raise CorruptCheckpointError(f"{path}: DCP metadata entry {key!r} has chunks missing (they do not cover the tensor)")
+
+
+def check_dcp_items(path: Path, storage: dict[Any, Any], chunk_bytes: dict[StorageKey, int]) -> None:
+    """Each stored item (a ``torch.save`` archive) expands on load to at most its chunk's bytes
+    (:func:`coci.checkpoint.dcp_items.check_item`); only the items' zip directories are read."""
+    by_file: dict[str, list[tuple[Any, Any]]] = {}
+    for index, info in storage.items():
+        by_file.setdefault(info.relative_path, []).append((index, info))
+    for name, items in sorted(by_file.items()):
+        fd = format.open_no_follow(path / name, os.O_RDONLY)
+        try:
+            for index, info in items:
+                where = f"{path}: DCP stored item {index.fqn!r} at {list(storage_key(path, index)[1])} in {name}"
+                dcp_items.check_item(dcp_items.ItemView(fd, info.offset, info.length), info.length, chunk_bytes[storage_key(path, index)], where)
+        finally:
+            os.close(fd)
 
 
 def _check_storage(path: Path, key: str, info: Any, sizes: dict[str, int]) -> None:

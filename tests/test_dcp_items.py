@@ -1,0 +1,185 @@
+"""A DCP checkpoint's stored items and chunks, against a hostile writer.
+
+DCP stores each tensor chunk as a ``torch.save`` archive inside a data file and loads it with
+``torch.load``, which allocates each record at the size its zip directory claims. These tests plant
+a real DCP checkpoint (written by a one-process gloo job) into an ordinary run, replace one stored
+item or drop part of a tensor's chunks, re-seal it the way coci seals, and check that restore
+falls back to the older good checkpoint, ``coci verify`` refuses it naming the item, and
+``coci report`` never reads from it.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import pickle
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ckpt_helpers import make_run, restore_fresh, step_dir
+from test_security import plant_dcp, reseal_dcp, rewrite_metadata, write_dcp_run
+
+from coci import cli
+from coci.analysis.report.read import run_loss_trace
+from coci.checkpoint.verify import verify_run
+
+#: What the bomb's single record claims when inflated (it takes about 64 KB deflated).
+BOMB_BYTES = 64 << 20
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(a single-process run with checkpoints 2 and 4, a DCP checkpoint of the same state)."""
+    base = tmp_path_factory.mktemp("dcp_items")
+    make_run(base / "local", steps=4, every=2)
+    write_dcp_run(base / "dcp", base / "store")
+    return base / "local", step_dir(base / "dcp", 10)
+
+
+@pytest.fixture
+def run(pristine: tuple[Path, Path], tmp_path: Path) -> Path:
+    shutil.copytree(pristine[0], tmp_path / "run")
+    return tmp_path / "run"
+
+
+def metadata_of(target: Path) -> Any:
+    return pickle.loads((target / ".metadata").read_bytes())  # trusted here: the test wrote it
+
+
+def a_matrix_key(target: Path) -> str:
+    """The key of a stored tensor with at least two rows (one chunk: a one-process save)."""
+    entries = metadata_of(target).state_dict_metadata
+    return next(key for key, entry in entries.items() if len(entry.size) == 2 and entry.size[0] >= 2)
+
+
+def stored_tensor(target: Path, key: str) -> torch.Tensor:
+    ((_, info),) = [(i, v) for i, v in metadata_of(target).storage_data.items() if i.fqn == key]
+    raw = (target / info.relative_path).read_bytes()[info.offset : info.offset + info.length]
+    return torch.load(io.BytesIO(raw), weights_only=True)
+
+
+def replace_item(target: Path, key: str, item: bytes, chunk: tuple[list[int], list[int]] | None = None) -> None:
+    """Append ``item`` to the data file of ``key``'s stored item and point the item at it
+    (optionally with one new chunk, ``(offsets, sizes)``, in place of the tensor's chunks), then re-seal."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    def change(metadata: Any) -> None:
+        (index,) = [i for i in metadata.storage_data if i.fqn == key]
+        info = metadata.storage_data.pop(index)
+        data_file = target / info.relative_path
+        info.offset, info.length = data_file.stat().st_size, len(item)
+        with open(data_file, "ab") as handle:
+            handle.write(item)
+        if chunk is not None:
+            offsets, sizes = torch.Size(chunk[0]), torch.Size(chunk[1])
+            metadata.state_dict_metadata[key].chunks = [ChunkStorageMetadata(offsets=offsets, sizes=sizes)]
+            index = MetadataIndex(key, offsets)
+        metadata.storage_data[index] = info
+
+    rewrite_metadata(target, change)
+    reseal_dcp(target)
+
+
+def saved(tensor: torch.Tensor) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    return buffer.getvalue()
+
+
+def deflated(archive: bytes) -> bytes:
+    """The same ``torch.save`` archive with its records deflated (torch reads either)."""
+    source, out = zipfile.ZipFile(io.BytesIO(archive)), io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as rebuilt:
+        for name in source.namelist():
+            rebuilt.writestr(name, source.read(name))
+    return out.getvalue()
+
+
+def bomb(like: torch.Tensor) -> bytes:
+    """A tensor of ``like``'s shape and values over a storage of BOMB_BYTES, deflated: a few
+    kilobytes that torch inflates to BOMB_BYTES on load."""
+    storage = torch.zeros(BOMB_BYTES // like.element_size(), dtype=like.dtype)
+    storage[: like.numel()] = like.reshape(-1)
+    return deflated(saved(storage[: like.numel()].view(like.shape)))
+
+
+def report_trace_source(run: Path) -> str:
+    """Where the report reads the loss trace from with no ``loss_curve.json``: the newest
+    checkpoint that loads."""
+    (run / "loss_curve.json").unlink(missing_ok=True)
+    return run_loss_trace(run)[2]
+
+
+def assert_refused_everywhere(run: Path, target: Path, key: str, reason: str) -> None:
+    """Restore falls back to step 4, verify names the item and why, the report's loss trace (read
+    from the newest checkpoint that loads) comes from step 4."""
+    session, _, result = restore_fresh(run)
+    session.close()
+    assert result is not None and result.step == 4 and target in result.skipped
+    status = {Path(s.path).name: s for s in verify_run(run)}[target.name]
+    assert not status.ok and key in str(status.error) and reason in str(status.error), status.error
+    assert cli.main(["verify", str(run)]) == 1
+    assert report_trace_source(run) == "profiler trace in checkpoint step_4"
+
+
+def test_a_planted_item_of_the_right_size_still_loads(run: Path, pristine: tuple[Path, Path]) -> None:
+    """Baseline: replacing an item by a fresh ``torch.save`` of the same tensor is accepted, so
+    the refusals below are about the item's size and chunks, not about the planting."""
+    target = plant_dcp(run, pristine[1])
+    key = a_matrix_key(target)
+    replace_item(target, key, saved(stored_tensor(target, key).clone()))
+    session, _, result = restore_fresh(run)
+    session.close()
+    assert result is not None and result.step == 99
+    assert all(s.ok for s in verify_run(run)) and report_trace_source(run) == "profiler trace in checkpoint step_99"
+
+
+@pytest.mark.parametrize("kind", ["deflated-bomb", "oversized-storage"])
+def test_an_item_that_expands_past_its_chunk_is_refused_before_torch_reads_it(
+    run: Path, pristine: tuple[Path, Path], kind: str
+) -> None:
+    """Finding 1: a 64 MB record in a few kilobytes (or stored as is: a storage far larger than
+    the chunk) was inflated by torch.load on restore, report and verify."""
+    target = plant_dcp(run, pristine[1])
+    key = a_matrix_key(target)
+    like = stored_tensor(target, key)
+    if kind == "deflated-bomb":
+        item = bomb(like)
+        assert len(item) < BOMB_BYTES // 100
+        reason = "is compressed"
+    else:
+        item = saved(torch.zeros(1 << 18, dtype=like.dtype)[: like.numel()].view(like.shape))
+        reason = "expands to"
+    replace_item(target, key, item)
+    assert_refused_everywhere(run, target, key, reason)
+
+
+def test_a_tensor_with_a_chunk_missing_is_refused(run: Path, pristine: tuple[Path, Path]) -> None:
+    """Finding 9: chunks covering only the first rows left the rest of the tensor uninitialized."""
+    target = plant_dcp(run, pristine[1])
+    key = a_matrix_key(target)
+    like = stored_tensor(target, key)
+    rows = like.shape[0] // 2
+    replace_item(target, key, saved(like[:rows].clone()), chunk=([0, 0], [rows, like.shape[1]]))
+    assert_refused_everywhere(run, target, key, "chunks missing")
+
+
+def test_an_item_with_a_bare_archive_tail_is_refused(run: Path, pristine: tuple[Path, Path]) -> None:
+    """An item whose archive does not end with its zip end record (here: trailing bytes, which
+    two zip readers may resolve differently) is refused, not guessed at."""
+    target = plant_dcp(run, pristine[1])
+    key = a_matrix_key(target)
+    replace_item(target, key, saved(stored_tensor(target, key).clone()) + b"\0" * 64)
+    assert_refused_everywhere(run, target, key, "zip end record")
+
+
+def test_the_bomb_inflates_when_loaded_unchecked(pristine: tuple[Path, Path]) -> None:
+    """Liveness: torch.load really allocates the bomb's claimed size."""
+    like = stored_tensor(pristine[1], a_matrix_key(pristine[1]))
+    loaded = torch.load(io.BytesIO(bomb(like)), weights_only=True)
+    assert torch.equal(loaded, like) and loaded.untyped_storage().nbytes() == BOMB_BYTES
+    assert math.prod(loaded.shape) * loaded.element_size() < BOMB_BYTES
