@@ -166,10 +166,21 @@ def read_run_file(path: Path, max_bytes: int = MAX_RUN_FILE_BYTES) -> bytes:
     symbolic link (never followed out of the run directory) or larger than ``max_bytes``;
     FileNotFoundError when there is none."""
     with open_run_file(path) as handle:
-        data = handle.read(max_bytes + 1)
+        data = _read_at_most(handle, max_bytes + 1)
     if len(data) > max_bytes:
         raise ConfigError(f"{path} is larger than {max_bytes} bytes: not a file coci wrote")
     return data
+
+
+def _read_at_most(handle: BinaryIO, limit: int) -> bytes:
+    """Up to ``limit`` bytes, read a megabyte at a time (``read(limit)`` would allocate ``limit``
+    bytes up front, whatever the file's size)."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit and (part := handle.read(min(1 << 20, limit - size))):
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts)
 
 
 def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:

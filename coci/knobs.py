@@ -272,6 +272,12 @@ REPORT_PACE_MIN_STEPS: int = 5
 #: (coci.analysis.simulate); 0 shows the planner's expected values only.
 REPORT_SIMULATE_TRIALS: int = 1000
 
+#: Most checkpoints a policy's plan may hold in the report's comparison (re-planned over the
+#: whole run from plan.json's inputs, then simulated): a larger plan is listed as an error, so a
+#: hostile or mistaken ``total_steps`` in plan.json cannot make the report plan and simulate
+#: millions of checkpoints. A real run's comparison plans hold hundreds to thousands.
+REPORT_MAX_PLAN_CHECKPOINTS: int = 100_000
+
 #: The report says why in one line (coci.analysis.report.small_cut) when no schedule can cut the
 #: progress-weighted overhead by this share of Young's (first order): the loss falls too slowly early.
 REPORT_SMALL_CUT: float = 0.10

@@ -42,8 +42,10 @@ MTBFs whose true wall-clock cost the model does not see.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,15 +56,19 @@ from coci.planning.objective import CostModel, Overhead, mu_from_alpha
 
 __all__ = [
     "AutoResult",
+    "arange_steps",
     "auto_steps",
+    "check_plan_size",
     "checkfreq_interval",
     "checkfreq_steps",
     "coci_expected_progress",
     "coci_minutes",
     "daly_interval_seconds",
+    "max_checkpoints",
     "max_interval_steps",
     "min_interval_steps",
     "periodic_steps",
+    "plan_size_cap",
     "place",
     "refine",
     "snap_to_steps",
@@ -113,11 +119,56 @@ def max_interval_steps(model: CostModel, min_steps: int = 1) -> int:
     return whole if not steps < whole else max(min_steps, int(math.floor(steps)))
 
 
+#: The plan-size cap in force and the knob that sets it (None: ``knobs.PLAN_MAX_CHECKPOINTS``).
+_MAX_CHECKPOINTS: contextvars.ContextVar[tuple[int, str] | None] = contextvars.ContextVar("plan_max_checkpoints", default=None)
+
+
+def max_checkpoints() -> int:
+    """The most checkpoints a plan may hold here: ``knobs.PLAN_MAX_CHECKPOINTS``, or a lower cap
+    set by :func:`plan_size_cap` (the report's comparison plans under its own)."""
+    return _cap()[0]
+
+
+def _cap() -> tuple[int, str]:
+    cap = _MAX_CHECKPOINTS.get()
+    if cap is None or cap[0] >= knobs.PLAN_MAX_CHECKPOINTS:
+        return knobs.PLAN_MAX_CHECKPOINTS, "knobs.PLAN_MAX_CHECKPOINTS"
+    return cap
+
+
+@contextlib.contextmanager
+def plan_size_cap(cap: int, name: str) -> Iterator[None]:
+    """Plans made inside hold at most ``cap`` checkpoints (never more than the knob); ``name``
+    says in errors where the cap comes from."""
+    token = _MAX_CHECKPOINTS.set((cap, name))
+    try:
+        yield
+    finally:
+        _MAX_CHECKPOINTS.reset(token)
+
+
+def check_plan_size(count: float) -> None:
+    """The plan-size rule every policy's schedule goes through before its array is built:
+    ConfigError when it would hold more than :func:`max_checkpoints` (NaN included)."""
+    cap, name = _cap()
+    if not count <= cap:
+        raise ConfigError(
+            f"the plan would hold about {count:.3g} checkpoints, over the cap of {cap} ({name}): "
+            "shorten total_steps (plan a horizon and re-plan) or check the costs"
+        )
+
+
+def arange_steps(first: int, stop: int, interval: int) -> np.ndarray:
+    """``first, first + interval, ...`` below ``stop``, its size checked first (:func:`check_plan_size`)."""
+    check_plan_size(max(0, -(-(stop - first) // interval)))
+    return np.arange(first, stop, interval, dtype=np.int64)
+
+
 def periodic_steps(interval: int, start_step: int, total_steps: int, anchor: int | None = None) -> np.ndarray:
     """``anchor + interval, anchor + 2 interval, ...`` after ``start_step`` and before ``total_steps``."""
     anchor = start_step if anchor is None else anchor
     first = anchor + interval * max(1, math.ceil((start_step + 1 - anchor) / interval))
-    return np.arange(first, total_steps, interval, dtype=np.int64)
+    return arange_steps(first, total_steps, interval)
 
 
 def checkfreq_interval(stall_seconds: float, persist_seconds: float, step_seconds: float) -> int:
@@ -144,14 +195,18 @@ def checkfreq_steps(
     k = interval
     target = checkpoint_seconds / (max_overhead * step_seconds)
     growth = max(0, math.ceil((target - k) / 2.0 - 1e-12)) if target > k else 0
-    intervals = k + 2 * np.arange(1, growth + 1, dtype=np.int64)  # after checkpoint j: k + 2j
     anchor = start_step if anchor is None else anchor
+    # the ramp's j-th checkpoint lies past anchor + j k + j (j - 1): only those before the horizon are built
+    reach = math.isqrt(max(0, total_steps - anchor)) + 1
+    shown = min(growth, reach)
+    check_plan_size(shown)
+    intervals = k + 2 * np.arange(1, shown + 1, dtype=np.int64)  # after checkpoint j: k + 2j
     first = np.array([k], dtype=np.int64)
-    ramp = np.concatenate([first, intervals[:-1]]) if growth else first
+    ramp = np.concatenate([first, intervals[:-1]]) if shown else first
     positions = anchor + np.cumsum(ramp)
     final_k = int(k + 2 * growth)
     last = int(positions[-1])
-    tail = np.arange(last + final_k, total_steps, final_k, dtype=np.int64)
+    tail = arange_steps(last + final_k, total_steps, final_k) if shown == growth else np.zeros(0, dtype=np.int64)
     steps = np.concatenate([positions, tail])
     steps = steps[(steps > start_step) & (steps < total_steps)]
     return steps, final_k
@@ -176,13 +231,16 @@ def coci_minutes(
     (``L_now - k P_e <= 0``) before the end and the last interval was repeated to the end.
     """
     level = math.exp(theta1 * now_minutes + theta2)
-    count = int(math.ceil(level / pe)) + 1
-    targets = level - pe * np.arange(1, count + 1)
+    count = math.ceil(level / pe) + 1 if math.isfinite(level / pe) else math.inf
+    check_plan_size(count)
+    targets = level - pe * np.arange(1, int(count) + 1)
     targets = targets[targets > 0]
     times = (np.log(targets) - theta2) / theta1
     inside = times[times < end_minutes]
     if inside.size == times.size and times.size >= 2:
         last_interval = float(times[-1] - times[-2])
+        if last_interval > 0:
+            check_plan_size(times.size + (end_minutes - times[-1]) / last_interval)
         extra = np.arange(times[-1] + last_interval, end_minutes, last_interval) if last_interval > 0 else np.empty(0)
         return np.concatenate([times, extra]), True
     return inside, False
@@ -246,11 +304,7 @@ def place(
     if end <= model.start_seconds:
         return [np.zeros(0, dtype=np.int64) for _ in offsets]
     total = float(np.interp(end, model.edges, cumulative))
-    if not total <= knobs.PLAN_MAX_CHECKPOINTS:  # NaN included: memory is bounded before any array is built
-        raise ConfigError(
-            f"the plan would hold about {total:.3g} checkpoints, over knobs.PLAN_MAX_CHECKPOINTS = "
-            f"{knobs.PLAN_MAX_CHECKPOINTS}: shorten total_steps (plan a horizon and re-plan) or check the costs"
-        )
+    check_plan_size(total)  # NaN included: memory is bounded before any array is built
     base = max(1, int(round(total)))
     candidates = []
     for offset in offsets:

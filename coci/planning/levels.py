@@ -34,6 +34,7 @@ from coci import knobs
 from coci.planning.formulas import (
     _density,
     _periodic_candidates,
+    max_checkpoints,
     max_interval_steps,
     place,
     refine,
@@ -82,7 +83,7 @@ def local_around(
     gaps = np.maximum(np.diff(bounds), 0.0)
     segments = _best_segments(gaps)
     interior = segments - 1
-    if not interior.sum() <= knobs.PLAN_MAX_CHECKPOINTS:
+    if not interior.sum() <= max_checkpoints():
         interior = np.zeros_like(interior)
     owner = np.repeat(np.arange(gaps.size), interior)
     rank = np.arange(owner.size) - np.repeat(np.cumsum(interior) - interior, interior) + 1

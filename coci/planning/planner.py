@@ -70,6 +70,7 @@ from coci.planning.formulas import (
     AutoResult,
     auto_steps,
     auto_steps_within_run_budget,
+    check_plan_size,
     checkfreq_interval,
     checkfreq_steps,
     coci_expected_progress,
@@ -631,8 +632,10 @@ def _two_level_model(
 
 def _finish(problem: _Problem, placement: _Placement) -> Plan:
     """The :class:`Plan` of ``placement``, with its expected costs (two-level: with every checkpoint
-    promoted unless the placement chose the promotions)."""
+    promoted unless the placement chose the promotions). Every policy's plan ends here: its size
+    is checked once more against the cap (:func:`coci.planning.formulas.check_plan_size`)."""
     steps = placement.steps
+    check_plan_size(len(steps))
     if problem.two_level is not None:
         promote = steps if placement.promote is None else placement.promote
         expected = problem.two_level.as_dict(steps, promote)

@@ -2,8 +2,10 @@
 
 Each policy of :data:`coci.planning.planner.POLICIES` is planned from step 0 with the final plan's
 measured inputs, failure model and fit ("what each policy would have planned, knowing what the run
-measured"). Its overheads are the planner's expected values, or Monte Carlo means with 95%
-confidence intervals from :func:`coci.analysis.simulate.simulate` when trials are asked for.
+measured"), each under the report's plan-size cap (``knobs.REPORT_MAX_PLAN_CHECKPOINTS``; a
+larger plan is a row with an error). Its overheads are the planner's expected values, or Monte
+Carlo means with 95% confidence intervals from :func:`coci.analysis.simulate.simulate` when
+trials are asked for.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from coci import knobs
 from coci.analysis.report.read import PolicyRow
 from coci.analysis.simulate import simulate as simulate_plan
 from coci.errors import CociError
 from coci.planning.config import PlanConfig
+from coci.planning.formulas import plan_size_cap
 from coci.planning.planner import POLICIES, Plan
 from coci.planning.planner import plan as make_plan
 
@@ -42,7 +46,8 @@ def compare_policies(
         try:
             objective = "progress" if name != reference.policy else _requested_objective(reference)
             config = PlanConfig.from_inputs(inputs, policy=name, objective=objective, time_budget=reference.time_budget)
-            planned = make_plan(config=config, curve=curve, **inputs.measured_costs())
+            with plan_size_cap(knobs.REPORT_MAX_PLAN_CHECKPOINTS, "knobs.REPORT_MAX_PLAN_CHECKPOINTS"):  # plan.json's inputs are untrusted
+                planned = make_plan(config=config, curve=curve, **inputs.measured_costs())
         except (CociError, ValueError, ArithmeticError) as exc:  # ArithmeticError: a hostile plan.json's inputs overflow
             error = str(exc) if isinstance(exc, CociError) else f"plan.json inputs: {type(exc).__name__}: {exc}"
             rows.append(PolicyRow(policy=name, chosen=name == reference.policy, error=error))
