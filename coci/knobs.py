@@ -63,6 +63,10 @@ READ_CHUNK_BYTES: int = 32 << 20
 #: record can cost (parsing takes about 10x its size). A real manifest is kilobytes to megabytes.
 MAX_MANIFEST_BYTES: int = 64 << 20
 
+#: Largest step a checkpoint may be of, and largest step count a restore accepts: no run reaches
+#: it (2**53 steps), every count below it is exact as a float, and the counter cannot overflow.
+MAX_STEPS: int = 2**53
+
 #: What a DCP storage item (one ``torch.save`` archive inside a data file) may hold beyond the
 #: tensor chunk it stores: its pickle and small records (a real one adds under 1 KB). Every item's
 #: records are checked, before torch reads any, to expand to at most the chunk's own bytes plus this.

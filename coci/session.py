@@ -684,7 +684,7 @@ class Session:
         scheduler's, a loader's...) are applied next and put back when any later one fails."""
         tree = loaded.tree
         keys = self._keys_to_restore(loaded, strict)
-        own = self._checked_entries(tree, keys)
+        own = self._checked_entries(tree, keys, loaded.step)
         objects, saved = self._restore_targets(tree, keys, own)
         restore_checks.apply_all_or_nothing(objects, list(saved), lambda key: self._restore_value(key, objects[key], saved[key]))
         self._steps = int(own["steps"])
@@ -693,10 +693,11 @@ class Session:
         if RNG_KEY in tree:  # distributed: absent for a rank the checkpoint did not have
             rng_state.restore(tree[RNG_KEY])  # last: nothing above may consume random draws after it
 
-    def _checked_entries(self, tree: Mapping[str, Any], keys: list[str]) -> dict[str, Any]:
-        """The session's own entry, once ``tree`` passed every check that touches nothing."""
+    def _checked_entries(self, tree: Mapping[str, Any], keys: list[str], step: int) -> dict[str, Any]:
+        """The session's own entry (its step count that of the checkpoint, ``step``), once ``tree``
+        passed every check that touches nothing."""
         restore_checks.check_restorable(self.state, tree, keys)
-        own = restore_checks.check_session_entry(tree.get(SESSION_KEY))
+        own = restore_checks.check_session_entry(tree.get(SESSION_KEY), step)
         Profiler().load_state_dict(own["profiler"])  # a trial load: refuses before anything is applied
         if RNG_KEY in tree:
             rng_state.check(tree[RNG_KEY])

@@ -130,7 +130,7 @@ class CommitRecord(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="constants", defer_build=True)
     format_version: int
     coci_version: str
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, le=knobs.MAX_STEPS)
     epoch: int | None = None
     wall_time: float
     state_keys: list[str]

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from coci import knobs
 from coci.checkpoint.stateful import is_stateful
 from coci.checkpoint.tree import own_storage
 from coci.checks import is_int
@@ -33,16 +34,19 @@ def check_restorable(state: Mapping[str, Any], tree: Mapping[str, Any], keys: li
             raise CorruptCheckpointError(f"state[{key!r}]: saved {_describe(saved)}, the tensor is {tuple(value.shape)}")
 
 
-def check_session_entry(own: Any) -> dict[str, Any]:
-    """The session's own entry, once its ``steps`` and ``checkpoint_steps`` are non-negative integers."""
+def check_session_entry(own: Any, step: int) -> dict[str, Any]:
+    """The session's own entry, once its ``steps`` is the checkpoint's own ``step`` (at most
+    ``knobs.MAX_STEPS``) and ``checkpoint_steps`` are integers from 0 to ``steps``."""
     if not isinstance(own, dict):
         raise CorruptCheckpointError("the checkpoint has no session entry")
     steps: Any = own.get("steps")
     history: Any = own.get("checkpoint_steps")
-    if not (is_int(steps) and steps >= 0):
-        raise CorruptCheckpointError(f"the session's step count is {steps!r}, not a non-negative integer")
-    if not (isinstance(history, list) and all(is_int(s) and s >= 0 for s in history)):
-        raise CorruptCheckpointError("the session's checkpoint_steps is not a list of non-negative integers")
+    if not (is_int(steps) and 0 <= steps <= knobs.MAX_STEPS):
+        raise CorruptCheckpointError(f"the session's step count (steps) is {steps!r}, not an integer from 0 to knobs.MAX_STEPS")
+    if steps != step:
+        raise CorruptCheckpointError(f"the session's step count (steps) is {steps}, but the checkpoint is of step {step}")
+    if not (isinstance(history, list) and all(is_int(s) and 0 <= s <= steps for s in history)):
+        raise CorruptCheckpointError("the session's checkpoint_steps is not a list of integers from 0 to its step count")
     return own
 
 
