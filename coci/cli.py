@@ -81,11 +81,20 @@ def read_curve(path: str | Path, run: str | None = None) -> tuple[np.ndarray, np
                 step_column = others[0]
     if loss_column is None or not pd.api.types.is_numeric_dtype(frame[loss_column]):
         raise ConfigError(f"curve file {str(file)!r}: no loss column (name one 'loss', or give one numeric column)")
-    losses = frame[loss_column].to_numpy(dtype=float)
-    steps = frame[step_column].to_numpy(dtype=float) if step_column is not None else np.arange(1, losses.size + 1, dtype=float)
+    losses = _numbers(frame, loss_column, file)
+    steps = _numbers(frame, step_column, file) if step_column is not None else np.arange(1, losses.size + 1, dtype=float)
     if losses.size < 3:
         raise ConfigError(f"curve file {str(file)!r}: needs at least 3 losses, got {losses.size}")
     return steps, losses
+
+
+def _numbers(frame: Any, column: Any, file: Path) -> np.ndarray:
+    """A column of the curve file as floats; ConfigError naming the file and column when a value
+    is not a number or is an integer no float holds."""
+    try:
+        return np.asarray(frame[column].to_numpy(dtype=float), dtype=float)
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        raise ConfigError(f"curve file {str(file)!r}: column {column!r} holds a value that is not a number ({exc})") from None
 
 
 def _headerless(columns: dict[str, Any]) -> bool:
@@ -508,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _drop_stdout()
         return EXIT_BROKEN_PIPE
-    except (CociError, ValueError, OSError) as exc:
+    except (CociError, ValueError, OSError, ArithmeticError, RecursionError) as exc:  # bad input: one line, never a traceback
         print(f"coci: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

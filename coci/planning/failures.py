@@ -578,7 +578,10 @@ def _read_log(path: Path) -> tuple[np.ndarray, np.ndarray]:
             f"time_s, time_h; found columns {list(frame.columns)}"
         )
     column = present[0]
-    values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+    try:
+        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+    except (ValueError, TypeError, ArithmeticError) as exc:  # an integer of hundreds of digits: no float holds it
+        raise ConfigError(f"failure log {str(path)!r}: column {column} holds a value that is not a finite number ({exc})") from None
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
         raise ConfigError(

@@ -1095,6 +1095,8 @@ class PlanningPolicy:
             self._prior = source if isinstance(source, PriorCurve) else load_prior(source)
         except ConfigError as exc:
             self._drop_prior(str(exc))
+        except (ValueError, TypeError, ArithmeticError, RecursionError, OSError) as exc:  # whatever else the source holds
+            self._drop_prior(f"prior: unreadable ({type(exc).__name__}: {exc})")
 
     def _drop_prior(self, reason: str) -> None:
         logger.warning("warm start refused, planning cold: %s", reason)

@@ -73,7 +73,7 @@ def _arrays(source: Any) -> tuple[np.ndarray, np.ndarray]:
         else:
             losses = np.asarray(source, dtype=float)
             steps = np.arange(1, losses.size + 1, dtype=float)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, ArithmeticError) as exc:  # ArithmeticError: an integer no float holds
         raise ConfigError(f"prior: not a loss array or (steps, losses): {exc}") from None
     if steps.ndim != 1 or steps.shape != losses.shape:
         raise ConfigError(f"prior: steps and losses must be 1-D of the same length, got {steps.shape} and {losses.shape}")
@@ -93,7 +93,7 @@ def _read_path(path: Path) -> tuple[np.ndarray, np.ndarray, float | None, str]:
         try:
             raw = json.loads(path.read_text())
             pair = (raw["steps"], raw["losses"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: nesting too deep
             raise ConfigError(f"prior: {str(path)!r} is not a {{steps, losses}} JSON file ({type(exc).__name__})") from None
         steps, losses = _arrays(pair)
         return steps, losses, None, f"file {str(path)!r}"

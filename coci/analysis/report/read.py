@@ -668,7 +668,7 @@ def _loss_trace(root: Path, notes: list[str]) -> tuple[np.ndarray, np.ndarray, s
             notes.append(f"{LOSS_CURVE_FILENAME}: steps and losses differ in shape; ignored")
         except (CociError, OSError) as exc:  # a link, a FIFO, oversized
             notes.append(f"{LOSS_CURVE_FILENAME} is unreadable ({exc}); ignored")
-        except (ValueError, KeyError, TypeError, ArithmeticError) as exc:  # ArithmeticError: an integer no float holds
+        except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError) as exc:  # ArithmeticError: an integer no float holds
             notes.append(f"{LOSS_CURVE_FILENAME} unreadable ({type(exc).__name__}); ignored")
     for step, checkpoint in reversed(committed_steps(checkpoints_dir(root))):
         try:
