@@ -87,6 +87,8 @@ def plant_dcp(run_dir: Path, dcp_step: Path, step: int = 99) -> Path:
 
     def renumber(raw: dict) -> None:
         raw["step"] = step
+        own = raw["shared"]["skeleton"]["__coci__"]  # the session's own count is the checkpoint's step
+        own["steps"], own["checkpoint_steps"] = step, [*own["checkpoint_steps"][:-1], step]
 
     reseal_dcp(target, renumber)
     return target
