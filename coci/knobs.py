@@ -276,6 +276,10 @@ REPORT_PACE_MIN_STEPS: int = 5
 #: (coci.analysis.simulate); 0 shows the planner's expected values only.
 REPORT_SIMULATE_TRIALS: int = 1000
 
+#: Most different problems with ``events.jsonl`` records the report lists (each with its count);
+#: the rest are counted in one note, so a hostile log cannot grow the notes with its length.
+REPORT_MAX_EVENT_PROBLEMS: int = 100
+
 #: Most checkpoints a policy's plan may hold in the report's comparison (re-planned over the
 #: whole run from plan.json's inputs, then simulated): a larger plan is listed as an error, so a
 #: hostile or mistaken ``total_steps`` in plan.json cannot make the report plan and simulate

@@ -31,7 +31,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -200,20 +200,22 @@ def read_run(run_dir: Path) -> ReportData:
     notes: list[str] = []
     if (run_dir / EVENTS_FILENAME).is_symlink():
         notes.append(f"{EVENTS_FILENAME} is a symbolic link; ignored (run files are read inside the run directory only)")
-    events = sane_events(read_events(run_dir), notes)
     plan = _read_model(run_dir / PLAN_FILENAME, Plan, notes)
     profile = _read_model(run_dir / PROFILE_FILENAME, Profile, notes)
     if profile is None:
         profile = _profile_from_checkpoint(run_dir, notes)
+    step_seconds = _step_seconds(profile, plan)
+    events = _EventDigest(step_seconds)
+    for event in sane_events(read_events(run_dir), notes):  # streamed: the log is never held
+        events.add(event)
     on_disk = {step for step, _ in committed_steps(checkpoints_dir(run_dir))}
-    if not events and plan is None and profile is None and not on_disk:
+    if not events.count and plan is None and profile is None and not on_disk:
         raise ConfigError(
             f"run_dir {str(run_dir)!r} holds no coci run (no events.jsonl, plan.json, profile.json or checkpoints)"
         )
-    rows, errors = _checkpoint_rows(events, on_disk)
-    _mark_planned(rows, events, plan, notes)
-    step_seconds = _step_seconds(profile, plan)
-    restores = _restores(events, step_seconds)
+    rows, errors = events.rows.finish(on_disk)
+    _mark_planned(rows, events.plans, plan, notes)
+    restores = events.restores.rows
     mark = read_step_mark(run_dir / STEP_MARK_FILENAME)  # the step the newest process reached
     observed = _observed(rows, restores, events, profile, step_seconds, notes, None if mark is None else mark[1])
     promoted = [row for row in rows if row.upload_seconds is not None]
@@ -227,13 +229,13 @@ def read_run(run_dir: Path) -> ReportData:
         run_dir=str(run_dir),
         created=time.time(),
         plan=plan,
-        plan_applied_step=_plan_applied_step(events, plan),
+        plan_applied_step=_plan_applied_step(events.plans, plan),
         profile=profile,
-        replans=sum(1 for e in events if e.get("event") == "plan"),
-        planning=any(e.get("event") == "session" and e.get("planning") is True for e in events),
+        replans=events.replans,
+        planning=events.planning,
         checkpoints=rows,
         restores=restores,
-        preemptions=_preemptions(events),
+        preemptions=events.preemptions,
         observed=observed,
         loss_steps=[float(s) for s in loss_steps],
         losses=[float(v) for v in losses],
@@ -258,25 +260,68 @@ _EVENT_FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def sane_events(records: Iterable[Any], notes: list[str]) -> list[dict[str, Any]]:
-    """The events the report can use: a record that is not a JSON object is skipped; a field that
-    is a number outside [0, EVENT_NUMBER_MAX] (negative, NaN, infinite, huge) or of the wrong type
-    is dropped; each is logged and said once in ``notes``, naming the field."""
-    events: list[dict[str, Any]] = []
+def sane_events(records: Iterable[Any], notes: list[str]) -> Iterator[dict[str, Any]]:
+    """The events the report can use, one at a time: a record that is not a JSON object is skipped;
+    a field that is a number outside [0, EVENT_NUMBER_MAX] (negative, NaN, infinite, huge) or of
+    the wrong type is dropped; each is logged and said once in ``notes`` (once exhausted), naming
+    the field; at most ``knobs.REPORT_MAX_EVENT_PROBLEMS`` different ones, then a count."""
     problems: dict[str, int] = {}
+    others = 0
     for line, record in enumerate(records, start=1):
-        if not isinstance(record, dict):
-            problems[f"line {line}: not a JSON object; skipped"] = 1
-            continue
-        bad = [key for key, value in record.items() if _bad_event_field(key, value)]
-        for key in bad:
-            problem = f"{record.get('event', '?')}.{key} = {_short(record[key])} is not a valid value; ignored"
-            problems[problem] = problems.get(problem, 0) + 1
-            logger.warning("events.jsonl line %d: %s", line, problem)
-        events.append({key: value for key, value in record.items() if key not in bad})
+        found = [f"line {line}: not a JSON object; skipped"] if not isinstance(record, dict) else []
+        bad = [key for key, value in record.items() if _bad_event_field(key, value)] if not found else []
+        found += [f"{record.get('event', '?')}.{key} = {_short(record[key])} is not a valid value; ignored" for key in bad]
+        for problem in found:
+            if problem in problems or len(problems) < knobs.REPORT_MAX_EVENT_PROBLEMS:
+                problems[problem] = problems.get(problem, 0) + 1
+                logger.warning("events.jsonl line %d: %s", line, problem)
+            else:
+                others += 1
+        if not found or bad:
+            yield {key: value for key, value in record.items() if key not in bad}
     for problem, count in problems.items():
         notes.append(f"events.jsonl: {problem}" + (f" ({count} records)" if count > 1 else ""))
-    return events
+    if others:
+        notes.append(f"events.jsonl: {others} more invalid records or fields (knobs.REPORT_MAX_EVENT_PROBLEMS); ignored")
+
+
+class _EventDigest:
+    """What the report takes from the event log, gathered one event at a time: the checkpoint
+    rows, plan events, restores, preemptions, the furthest step reached and each process's ledger.
+    What it keeps grows with the checkpoints, plans and processes, never with the log's length."""
+
+    def __init__(self, step_seconds: float | None) -> None:
+        self.count = self.replans = 0
+        self.planning = False
+        self.rows = _Rows()
+        self.plans: list[dict[str, Any]] = []  # the plan events that name a step
+        self.restores = _Restores(step_seconds)
+        self.preemptions: list[PreemptionRow] = []
+        self.reached: int | None = None  # the furthest step a close, progress, stall, snapshot or step mark names
+        self.ledger = _Ledger()
+
+    def add(self, event: dict[str, Any]) -> None:
+        kind, step = event.get("event"), _event_step(event)
+        self.count += 1
+        self.replans += kind == "plan"
+        self.planning = self.planning or (kind == "session" and event.get("planning") is True)
+        if kind == "plan" and step is not None:
+            self.plans.append({"event": kind, "step": step, "steps": event.get("steps")})
+        if kind in ("close", "progress", "stall", "snapshot_start", "reached") and step is not None:
+            self.reached = step if self.reached is None else max(self.reached, step)
+        self.rows.add(event, kind, step)
+        self.restores.add(event, kind, step)
+        self.ledger.add(event, kind)
+        self._preemption(event, kind, step)
+
+    def _preemption(self, event: dict[str, Any], kind: Any, step: int | None) -> None:
+        """Each ``preempted`` event, with the ``restart_seconds`` of the restore that followed it."""
+        rows = self.preemptions
+        if kind == "preempted" and step is not None:
+            fields = {k: event.get(k) for k in PreemptionRow.model_fields if k not in ("step", "restart_seconds")}
+            rows.append(PreemptionRow(step=step, **fields))
+        elif kind == "restore" and rows and rows[-1].restart_seconds is None:
+            rows[-1].restart_seconds = event.get("restart_seconds")
 
 
 def _bad_event_field(key: str, value: Any) -> bool:
@@ -342,20 +387,24 @@ def _first_line(exc: BaseException) -> str:
     return text[0][:200] if text else type(exc).__name__
 
 
-def _checkpoint_rows(events: Iterable[dict[str, Any]], on_disk: set[int]) -> tuple[list[CheckpointRow], list[str]]:
-    """One row per checkpoint step; a retried step keeps its latest attempt's figures."""
-    rows: dict[int, dict[str, Any]] = {}
-    errors: list[str] = []
-    for event in events:
-        kind, step = event.get("event"), _event_step(event)
-        if step is None or kind not in ("snapshot_start", "snapshot_end", "commit", "stall", "error", "promoted", "remote_retention"):
-            continue
+class _Rows:
+    """One row per checkpoint step, built event by event; a retried step keeps its latest attempt's figures."""
+
+    _KINDS = ("snapshot_start", "snapshot_end", "commit", "stall", "error", "promoted", "remote_retention")
+
+    def __init__(self) -> None:
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.errors: list[str] = []
+
+    def add(self, event: dict[str, Any], kind: Any, step: int | None) -> None:
+        if step is None or kind not in self._KINDS:
+            return
         if kind == "remote_retention":
             for removed in event.get("removed", []):
-                if removed in rows:
-                    rows[removed]["in_remote"] = False
-            continue
-        row = rows.setdefault(step, {"step": step})
+                if removed in self.rows:
+                    self.rows[removed]["in_remote"] = False
+            return
+        row = self.rows.setdefault(step, {"step": step})
         if kind == "snapshot_start":
             reason = event.get("reason")
             row.update(bytes=event.get("bytes"), error=None, reason=reason if reason in CHECKPOINT_REASONS else None)
@@ -367,20 +416,27 @@ def _checkpoint_rows(events: Iterable[dict[str, Any]], on_disk: set[int]) -> tup
             row["stall_seconds"] = event.get("seconds")
         elif kind == "promoted":
             row.update(upload_seconds=event.get("seconds"), remote_bytes=event.get("bytes"), in_remote=True)
-        elif event.get("phase") in ("promote", "remote_list"):  # the local checkpoint is unaffected
-            errors.append(f"step {step}: {event.get('phase')} failed: {event.get('message', 'error')}")
+        else:
+            self._error(event, step, row)
+
+    def _error(self, event: dict[str, Any], step: int, row: dict[str, Any]) -> None:
+        if event.get("phase") in ("promote", "remote_list"):  # the local checkpoint is unaffected
+            self.errors.append(f"step {step}: {event.get('phase')} failed: {event.get('message', 'error')}")
         else:
             message = str(event.get("message", "error"))
             row["error"] = message
-            errors.append(f"step {step}: {event.get('phase', 'checkpoint')} failed: {message}")
-    for step in on_disk:
-        rows.setdefault(step, {"step": step, "committed": True})
-    result = []
-    for step in sorted(rows):
-        row = rows[step]
-        row["on_disk"] = step in on_disk
-        result.append(CheckpointRow(**row))
-    return result, errors
+            self.errors.append(f"step {step}: {event.get('phase', 'checkpoint')} failed: {message}")
+
+    def finish(self, on_disk: set[int]) -> tuple[list[CheckpointRow], list[str]]:
+        """The rows (those on disk that the log does not name added), by step, and the errors."""
+        for step in on_disk:
+            self.rows.setdefault(step, {"step": step, "committed": True})
+        result = []
+        for step in sorted(self.rows):
+            row = self.rows[step]
+            row["on_disk"] = step in on_disk
+            result.append(CheckpointRow(**row))
+        return result, self.errors
 
 
 def _mark_planned(rows: list[CheckpointRow], events: list[dict[str, Any]], plan: Plan | None, notes: list[str]) -> None:
@@ -464,52 +520,67 @@ def _per_step(first: tuple[float, int] | None, last: tuple[float, int] | None) -
     return pace if math.isfinite(pace) and pace > 0 else None
 
 
-def _restores(events: list[dict[str, Any]], step_seconds: float | None) -> list[RestoreRow]:
-    """Each restore, and what the segment before it had reached (a failure unless it closed). The
-    lost steps are timed at the failed process's own pace (:class:`_Pace`) where its events show
-    one, else at ``step_seconds``."""
-    rows: list[RestoreRow] = []
-    reached: int | None = None
-    closed = marked = False
-    pace, previous_pace = _Pace(), None  # this process's; the one before its `session` event
+def _restores(events: Iterable[dict[str, Any]], step_seconds: float | None) -> list[RestoreRow]:
+    """The restores of ``events`` (see :class:`_Restores`)."""
+    restores = _Restores(step_seconds)
     for event in events:
-        kind, step = event.get("event"), _event_step(event)
+        restores.add(event, event.get("event"), _event_step(event))
+    return restores.rows
+
+
+class _Restores:
+    """Each restore, and what the segment before it had reached (a failure unless it closed),
+    built event by event. The lost steps are timed at the failed process's own pace
+    (:class:`_Pace`) where its events show one, else at ``step_seconds``."""
+
+    def __init__(self, step_seconds: float | None) -> None:
+        self.step_seconds = step_seconds
+        self.rows: list[RestoreRow] = []
+        self.reached: int | None = None
+        self.closed = self.marked = False
+        self.pace = _Pace()  # this process's
+        self.previous_pace: _Pace | None = None  # the one before its `session` event
+
+    def add(self, event: dict[str, Any], kind: Any, step: int | None) -> None:
         if kind == "session":
             started = _process_start(event)
-            if started is not None and reached is not None:  # the step mark's `reached` came first
-                pace.end = (started, reached)
-            pace, previous_pace = _Pace(), pace
+            if started is not None and self.reached is not None:  # the step mark's `reached` came first
+                self.pace.end = (started, self.reached)
+            self.pace, self.previous_pace = _Pace(), self.pace
         if kind in ("progress", "snapshot_start") and step is not None:
-            pace.add(event, step)
+            self.pace.add(event, step)
         if kind == "reached" and step is not None:  # the step mark the previous process left
-            marked = reached is None or step >= reached
-        if kind == "restart" and rows and rows[-1].restart_seconds is None:
-            rows[-1].restart_seconds = _number(event.get("seconds"))
-            continue
+            self.marked = self.reached is None or step >= self.reached
+        if kind == "restart" and self.rows and self.rows[-1].restart_seconds is None:
+            self.rows[-1].restart_seconds = _number(event.get("seconds"))
+            return
         if kind == "restore" and step is not None:
-            failure = reached is not None and not closed
-            lost = max(reached - step, 0) if failure and reached is not None else None
-            per_step = (previous_pace or pace).seconds_per_step() or step_seconds
-            rows.append(
-                RestoreRow(
-                    step=step,
-                    seconds=event.get("seconds"),
-                    failure=failure,
-                    reached_step=reached,
-                    lost_steps=lost,
-                    lost_seconds=None if lost is None or per_step is None else lost * per_step,
-                    lost_exact=failure and marked,
-                )
-            )
-            reached, closed, marked = step, False, False
-            pace, previous_pace = _Pace(), None
-            pace.add(event, step)  # this process trains on from here
-            continue
+            self._restore(event, step)
+            return
         if step is not None and kind not in ("retention", "restore_skip"):
-            reached = step if reached is None else max(reached, step)
+            self.reached = step if self.reached is None else max(self.reached, step)
         if kind == "close":
-            closed = True
-    return rows
+            self.closed = True
+
+    def _restore(self, event: dict[str, Any], step: int) -> None:
+        reached = self.reached
+        failure = reached is not None and not self.closed
+        lost = max(reached - step, 0) if failure and reached is not None else None
+        per_step = (self.previous_pace or self.pace).seconds_per_step() or self.step_seconds
+        self.rows.append(
+            RestoreRow(
+                step=step,
+                seconds=event.get("seconds"),
+                failure=failure,
+                reached_step=reached,
+                lost_steps=lost,
+                lost_seconds=None if lost is None or per_step is None else lost * per_step,
+                lost_exact=failure and self.marked,
+            )
+        )
+        self.reached, self.closed, self.marked = step, False, False
+        self.pace, self.previous_pace = _Pace(), None
+        self.pace.add(event, step)  # this process trains on from here
 
 
 def _process_start(session: dict[str, Any]) -> float | None:
@@ -518,36 +589,21 @@ def _process_start(session: dict[str, Any]) -> float | None:
     return None if when is None or startup is None else when - startup
 
 
-def _preemptions(events: list[dict[str, Any]]) -> list[PreemptionRow]:
-    """Each ``preempted`` event, with the ``restart_seconds`` of the restore that followed it."""
-    rows: list[PreemptionRow] = []
-    for event in events:
-        kind, step = event.get("event"), _event_step(event)
-        if kind == "preempted" and step is not None:
-            fields = {k: event.get(k) for k in PreemptionRow.model_fields if k not in ("step", "restart_seconds")}
-            rows.append(PreemptionRow(step=step, **fields))
-        elif kind == "restore" and rows and rows[-1].restart_seconds is None:
-            rows[-1].restart_seconds = event.get("restart_seconds")
-    return rows
-
-
 def _observed(
     rows: list[CheckpointRow],
     restores: list[RestoreRow],
-    events: list[dict[str, Any]],
+    events: _EventDigest,
     profile: Profile | None,
     step_seconds: float | None,
     notes: list[str],
     mark_step: int | None = None,
 ) -> ObservedCosts:
-    steps = profile.steps if profile is not None else 0
-    reached = [_event_step(e) for e in events if e.get("event") in ("close", "progress", "stall", "snapshot_start", "reached")]
-    steps = max([steps, *(step for step in reached if step is not None), mark_step or 0])
+    steps = max(profile.steps if profile is not None else 0, events.reached or 0, mark_step or 0)
     taken = [r for r in rows if r.bytes is not None or r.staging_seconds is not None or r.committed]
     stall, estimated = _stall_total(taken, profile, notes)
     interference = len(taken) * float(profile.interference_seconds) if profile is not None else 0.0
     compute = steps * step_seconds if step_seconds is not None and steps else None
-    ledger = _ledger(events)
+    ledger = events.ledger.totals()
     overhead = (
         (stall or 0.0) + interference + ledger["step_work"] + ledger["planning"] + ledger["close_wait"]
         + ledger["planner_thread"] + ledger["setup"]
@@ -594,26 +650,29 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
-def _ledger(events: list[dict[str, Any]]) -> dict[str, Any]:
+class _Ledger:
     """coci's own time on the training thread, summed over processes: each process's (``pid``)
     last totals (``progress``, ``close``, and the ``stall`` and ``restore`` events carry them, so a
     killed process leaves the newest of those), and the start-up (process start to ``Session``) of
-    every process that recorded one."""
-    last: dict[Any, dict[str, Any]] = {}
-    startup: list[float] = []
-    for event in events:
-        kind = event.get("event")
+    every process that recorded one. Built event by event; keeps one event per process."""
+
+    _KINDS = ("step_work", "planning", "stall", "restore", "close_wait", "planner_thread", "setup")
+
+    def __init__(self) -> None:
+        self.last: dict[Any, dict[str, Any]] = {}
+        self.startup: float | None = None
+
+    def add(self, event: dict[str, Any], kind: Any) -> None:
         if kind == "session" and (seconds := _number(event.get("startup_seconds"))) is not None:
-            startup.append(seconds)
+            self.startup = (self.startup or 0.0) + seconds
         elif kind in ("progress", "close", "stall", "restore") and "overhead_step_work" in event:
-            last[event.get("pid")] = event
-    totals: dict[str, Any] = {
-        kind: sum(_number(e.get(f"overhead_{kind}")) or 0.0 for e in last.values())
-        for kind in ("step_work", "planning", "stall", "restore", "close_wait", "planner_thread", "setup")
-    }
-    totals["processes"] = len(last)
-    totals["startup"] = float(sum(startup)) if startup else None
-    return totals
+            self.last[event.get("pid")] = {f"overhead_{k}": event.get(f"overhead_{k}") for k in self._KINDS}
+
+    def totals(self) -> dict[str, Any]:
+        totals: dict[str, Any] = {kind: sum(_number(e.get(f"overhead_{kind}")) or 0.0 for e in self.last.values()) for kind in self._KINDS}
+        totals["processes"] = len(self.last)
+        totals["startup"] = self.startup
+        return totals
 
 
 def _profile_from_checkpoint(root: Path, notes: list[str]) -> Profile | None:
