@@ -13,11 +13,10 @@ step the newest process reached, to the step, even when it was killed between ev
 
 from __future__ import annotations
 
-import errno
 import json
+import logging
 import mmap
 import os
-import stat
 import struct
 import threading
 import time
@@ -25,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, get_args
 
+from coci import safe_files
 from coci.errors import ConfigError
 
 #: Name of the events log in the run directory.
@@ -50,20 +50,33 @@ _STEP_MARK_MAGIC = b"cocistep"
 #: floats; beyond it a value is not one coci wrote.
 EVENT_NUMBER_MAX = 2**53
 
+logger = logging.getLogger(__name__)
+
 
 class EventLog:
     """Append-only JSON-lines log in the run directory.
 
-    The file is opened once (``O_APPEND``, never through a symbolic link) and each line is one
-    ``os.write``, so a line reaches the kernel before ``emit`` returns: an event costs a syscall,
-    not an open and a close (the snapshot emits inside the training step's stall). A new ``path``
-    is opened at the next event; :meth:`close` releases the file.
+    The file is opened once (``O_APPEND``, through :mod:`coci.safe_files`: never a link, a FIFO or
+    a directory, ConfigError naming it otherwise) and each line is one ``os.write``, so a line
+    reaches the kernel before ``emit`` returns: an event costs a syscall, not an open and a close
+    (the snapshot emits inside the training step's stall). A new ``path`` is opened at the next
+    event; :meth:`close` releases the file.
+
+    A line the file system refuses (a full disk, an I/O error) is dropped, never raised by
+    ``emit``: the log must not stop the training step, nor keep the background writer from
+    finishing a checkpoint. The first failure of a streak is kept for :meth:`take_failure` (the
+    session raises it as :class:`coci.PersistError`), and a line cut short is ended before the
+    next one is written, so one torn line never swallows the next.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self._path = Path(run_dir) / EVENTS_FILENAME
         self._lock = threading.Lock()
         self._fd: int | None = None
+        self._torn = False  # the last line reached the file only in part
+        self._failure: OSError | None = None  # first refused line since the last report
+        self._failing = False  # in a streak of refused lines (reported once)
+        self.lost = 0  # lines dropped in all
 
     @property
     def path(self) -> Path:
@@ -79,12 +92,38 @@ class EventLog:
         record = {"time": time.time(), "event": event, **fields}
         line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode("utf-8")
         with self._lock:
-            if self._fd is None:
-                self._fd = _no_follow(str(self._path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            written = 0
-            while written < len(line):
-                written += os.write(self._fd, line[written:])
+            try:
+                self._append_locked(line)
+            except OSError as exc:
+                self._dropped_locked(event, exc)
         return record
+
+    def take_failure(self) -> OSError | None:
+        """The first write the file system refused since the last call (None when none did)."""
+        with self._lock:
+            failure, self._failure = self._failure, None
+            return failure
+
+    def _append_locked(self, line: bytes) -> None:
+        if self._fd is None:
+            self._fd = safe_files.open_file(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, follow_dir=True)
+        data = b"\n" + line if self._torn else line
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+        except OSError:
+            self._torn = self._torn or written > 0
+            raise
+        self._torn = False
+        self._failing = False
+
+    def _dropped_locked(self, event: str, exc: OSError) -> None:
+        self.lost += 1
+        if not self._failing:
+            self._failing = True
+            self._failure = exc
+            logger.error("cannot write %s (%s): the %r event and those after it until it can are lost", self._path, exc, event)
 
     def close(self) -> None:
         """Close the file (the next event opens it again)."""
@@ -110,11 +149,10 @@ class StepMark:
     tells the next process, and the report, the exact step a killed process had reached."""
 
     def __init__(self, path: Path) -> None:
-        fd = _no_follow(str(path), os.O_RDWR | os.O_CREAT | os.O_NONBLOCK)
+        fd = safe_files.open_file(path, os.O_RDWR | os.O_CREAT, follow_dir=True)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ConfigError(f"{path} is not a regular file: coci keeps its step mark there")
             os.ftruncate(fd, _STEP_MARK.size)
+            os.posix_fallocate(fd, 0, _STEP_MARK.size)  # a full disk fails here, not as a SIGBUS at a store
             self._map = mmap.mmap(fd, _STEP_MARK.size)
         finally:
             os.close(fd)  # the mapping keeps the file
@@ -148,39 +186,14 @@ def read_step_mark(path: Path) -> tuple[int, int] | None:
 def write_run_file(path: Path, text: str) -> None:
     """Replace a file of the run directory (``profile.json``, ``plan.json``...) without following
     a symbolic link planted in its place: run files are written inside the run directory only."""
-    with open(path, "w", encoding="utf-8", opener=_no_follow) as handle:
-        handle.write(text)
-
-
-def _no_follow(path: str, flags: int) -> int:
-    try:
-        return os.open(path, flags | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ConfigError(f"{path} is a symbolic link: coci writes its run files inside the run directory only") from exc
-        raise
+    safe_files.replace_file(path, text.encode("utf-8"), follow_dir=True)
 
 
 def read_run_file(path: Path, max_bytes: int = MAX_RUN_FILE_BYTES) -> bytes:
     """The bytes of a run file, read where it is: ConfigError naming the file when it is a
     symbolic link (never followed out of the run directory) or larger than ``max_bytes``;
     FileNotFoundError when there is none."""
-    with open_run_file(path) as handle:
-        data = _read_at_most(handle, max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ConfigError(f"{path} is larger than {max_bytes} bytes: not a file coci wrote")
-    return data
-
-
-def _read_at_most(handle: BinaryIO, limit: int) -> bytes:
-    """Up to ``limit`` bytes, read a megabyte at a time (``read(limit)`` would allocate ``limit``
-    bytes up front, whatever the file's size)."""
-    parts: list[bytes] = []
-    size = 0
-    while size < limit and (part := handle.read(min(1 << 20, limit - size))):
-        parts.append(part)
-        size += len(part)
-    return b"".join(parts)
+    return safe_files.read_bytes(path, max_bytes, follow_dir=True)
 
 
 def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
@@ -205,20 +218,7 @@ def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 
 
 def open_run_file(path: Path) -> BinaryIO:
-    """A run file opened for reading where it is: ConfigError when it is a symbolic link (never
-    followed out of the run directory) or not a regular file (a planted FIFO would block)."""
-    return open(path, "rb", opener=_no_follow_read)
-
-
-def _no_follow_read(path: str, flags: int) -> int:
-    """Open for reading a regular file only: not through a link, never blocking on a planted FIFO."""
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ConfigError(f"{path} is a symbolic link: coci reads its run files inside the run directory only") from exc
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ConfigError(f"{path} is not a regular file")
-    return fd
+    """A run file opened for reading where it is (:mod:`coci.safe_files`): ConfigError when it is a
+    symbolic link (never followed out of the run directory) or not a regular file (a planted FIFO
+    would block)."""
+    return os.fdopen(safe_files.open_file(path, os.O_RDONLY, follow_dir=True), "rb")

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from coci import checks, distributed, knobs, preemption
+from coci import checks, distributed, knobs, preemption, safe_files
 from coci.checkpoint import format, restore_checks, rng_state
 from coci.checkpoint.checkpointer import (
     Checkpointer,
@@ -177,9 +177,7 @@ class Session:
         self.run_dir = Path(run_dir)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            probe = self.run_dir / f".coci-write-test-{os.getpid()}"
-            probe.touch()
-            probe.unlink()
+            safe_files.check_writable(self.run_dir)
         except OSError as exc:
             raise ConfigError(f"run_dir {str(self.run_dir)!r} is not a writable directory: {exc}") from exc
         self._clock = clock or time.perf_counter
@@ -515,9 +513,9 @@ class Session:
             self._hooks = []
             self._preemption.uninstall()
         if self._dist is None or self._dist.is_coordinator:  # distributed: rank 0 writes run files
-            write_run_file(self.run_dir / "profile.json", self._profiler.profile.model_dump_json(indent=2))
+            self._write_run_file("profile.json", self._profiler.profile.model_dump_json(indent=2))
             loss_steps, losses = self._profiler.loss_curve()
-            write_run_file(self.run_dir / "loss_curve.json", json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()}))
+            self._write_run_file("loss_curve.json", json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()}))
         self._write_plan()
         self._overhead.close_wait += self._clock() - waited_from
         self.events.emit(
@@ -633,6 +631,9 @@ class Session:
         error, self._error = self._error, None
         if error is not None:
             raise PersistError(f"background checkpoint failed: {type(error).__name__}: {error}") from error
+        refused = self.events.take_failure()  # a full disk: the log dropped lines (once per streak)
+        if refused is not None:
+            raise PersistError(f"cannot write the event log {self.events.path}: {refused}; events are lost until it can") from refused
 
     def _fence_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._checkpointer.pending is not None:
@@ -832,6 +833,16 @@ class Session:
         self._write_plan()
         self._profiler.mark()  # a wait for the planner is coci's time, not the training step's
 
+    def _write_run_file(self, name: str, text: str) -> None:
+        """Replace a run file; one the file system refuses (a full disk) is recorded and raised as
+        :class:`coci.PersistError` at the end of this ``step()`` or ``close()``, never as a bare OSError."""
+        try:
+            write_run_file(self.run_dir / name, text)
+        except OSError as exc:
+            logger.error("cannot write %s: %s", self.run_dir / name, exc)
+            self.events.emit("error", step=self._steps, phase="run_file", message=f"{type(exc).__name__}: {exc}")
+            self._error = self._error or OSError(exc.errno, f"cannot write {self.run_dir / name}: {exc.strerror or exc}")
+
     def _write_plan(self) -> None:
         plan = self.plan
         if plan is None or plan is self._written_plan:
@@ -840,7 +851,7 @@ class Session:
             self._written_plan = plan
             return
         self._written_plan = plan
-        write_run_file(self.run_dir / "plan.json", plan.model_dump_json(indent=2))
+        self._write_run_file("plan.json", plan.model_dump_json(indent=2))
         steps = [int(s) for s in plan.steps]
         self.events.emit(
             "plan",

@@ -286,10 +286,13 @@ class Checkpointer:
             )
         except BaseException as exc:  # recorded and surfaced by the session, never swallowed
             logger.error("checkpoint at step %d failed: %s", pending.step, exc)
-            self.events.emit("error", step=pending.step, phase="persist", message=f"{type(exc).__name__}: {exc}")
             if not pending.staging_completion.done():
                 pending.staging_completion.set_exception(exc)
-            pending.upload_completion.set_exception(exc)
+            pending.upload_completion.set_exception(exc)  # first: whatever the log does, the checkpoint is finished
+            try:
+                self.events.emit("error", step=pending.step, phase="persist", message=f"{type(exc).__name__}: {exc}")
+            except Exception as log_error:  # the log itself refused (a run file replaced): logged only
+                logger.error("cannot record the failure of step %d: %s", pending.step, log_error)
 
     def wait_staging(self) -> float:
         """Block until the in-flight snapshot is copied; return the seconds waited."""

@@ -184,7 +184,7 @@ class DcpWriter:
         step, slots, skeleton = staged.step, staged.slots, staged.skeleton
         tmp = format.tmp_dir(self.root, step)
         if self.context.is_coordinator:
-            self.root.mkdir(parents=True, exist_ok=True)
+            format.make_root(self.root)
             format.remove_stale_tmp(self.root)  # leftovers of failed persists: never checkpoints
             tmp.mkdir()
         shared_skeleton, rank_skeleton = split_skeleton(skeleton)

@@ -23,7 +23,7 @@ import crc32c
 import numpy as np
 import torch
 
-from coci import knobs
+from coci import knobs, safe_files
 from coci.checkpoint import format
 from coci.checkpoint.snapshot import aligned_empty
 from coci.errors import CorruptCheckpointError
@@ -81,14 +81,21 @@ def write_file(path: Path, payload: memoryview, fault_point: str | None = None) 
 
 
 def open_for_write(path: Path, payload: memoryview) -> tuple[int, bool]:
-    """Open ``path`` for writing, with O_DIRECT when the payload and filesystem allow it."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    if direct_eligible(payload):
-        try:
-            return os.open(path, flags | os.O_DIRECT, 0o644), True
-        except OSError as exc:  # tmpfs and some network filesystems refuse O_DIRECT
-            logger.debug("O_DIRECT refused for %s (%s); writing through the page cache", path, exc)
-    return os.open(path, flags, 0o644), False
+    """Create ``path`` (a new file in a checkpoint directory, :mod:`coci.safe_files`: never through
+    a link) for writing, with O_DIRECT when the payload and filesystem allow it."""
+    with safe_files.opened_dir(path.parent, error=CorruptCheckpointError) as dir_fd:
+        fd = safe_files.create_at(dir_fd, path.name, path=path, error=CorruptCheckpointError)
+    return fd, direct_eligible(payload) and _try_direct(fd, path)
+
+
+def _try_direct(fd: int, path: Path) -> bool:
+    """Turn O_DIRECT on for ``fd``; False where the file system refuses it (tmpfs, some network ones)."""
+    try:
+        set_direct(fd, True)
+    except OSError as exc:
+        logger.debug("O_DIRECT refused for %s (%s); through the page cache", path, exc)
+        return False
+    return True
 
 
 def direct_eligible(payload: memoryview) -> bool:
@@ -116,7 +123,8 @@ class ChunkChecksum:
     """A checksum over consecutive chunks, optionally on a helper thread that overlaps the I/O.
 
     Chunks are checksummed strictly in order (one worker, FIFO), each continuing the previous
-    value. The buffers must stay unchanged until :meth:`result` returns (the arena does: the next
+    value. Once the interpreter is exiting the pool refuses work; the rest is checksummed inline,
+    so a checkpoint still persisting at exit is finished, not lost. The buffers must stay unchanged until :meth:`result` returns (the arena does: the next
     snapshot waits for this persist).
     """
 
@@ -127,10 +135,15 @@ class ChunkChecksum:
         self._executor = _checksum_executor() if threaded else None
 
     def submit(self, piece: memoryview) -> None:
-        if self._executor is None:
-            self._update(piece)
-        else:
-            self._futures.append(self._executor.submit(self._update, piece))
+        if self._executor is not None:
+            try:
+                self._futures.append(self._executor.submit(self._update, piece))
+                return
+            except RuntimeError:  # the interpreter is exiting: the pool takes no more work
+                logger.debug("checksum thread refused a chunk (interpreter shutdown): checksumming inline")
+                self.result()  # the chunks already queued come first (they are in order)
+                self._executor = None
+        self._update(piece)
 
     def _update(self, piece: memoryview) -> None:
         self._crc = self._update_with(piece, self._crc)
@@ -172,14 +185,15 @@ def read_verified(path: Path, entry: format.FileEntry, keep: bool = True) -> tor
     costs (benchmarks/README.md, P4). With ``keep=False`` two chunk buffers alternate through the
     page cache, each reused only once its checksum is done.
     """
+    size = entry.size
     try:
-        actual = path.stat().st_size
+        fd, direct = open_for_read(path, size if keep else 0)
     except FileNotFoundError as exc:
         raise CorruptCheckpointError(f"{path}: data file is missing") from exc
-    if actual != entry.size:
-        raise CorruptCheckpointError(f"{path}: size {actual} != manifest size {entry.size}")
-    size = entry.size
-    fd, direct = open_for_read(path, size if keep else 0)
+    actual = os.fstat(fd).st_size
+    if actual != size:
+        os.close(fd)
+        raise CorruptCheckpointError(f"{path}: size {actual} != manifest size {size}")
     align = knobs.DIRECT_IO_ALIGN_BYTES
     chunk = io_chunk_bytes(direct, knobs.READ_CHUNK_BYTES)
     threaded = knobs.WRITE_CHECKSUM_THREAD and size > chunk
@@ -217,21 +231,18 @@ def read_verified(path: Path, entry: format.FileEntry, keep: bool = True) -> tor
 
 
 def open_for_read(path: Path, size: int) -> tuple[int, bool]:
-    """Open ``path`` for reading, with O_DIRECT for a large file read into an aligned buffer."""
-    if knobs.WRITE_DIRECT and hasattr(os, "O_DIRECT") and size >= knobs.DIRECT_IO_MIN_BYTES:
-        try:
-            return format.open_no_follow(path, os.O_RDONLY | os.O_DIRECT), True
-        except OSError as exc:
-            logger.debug("O_DIRECT refused for %s (%s); reading through the page cache", path, exc)
-    return format.open_no_follow(path, os.O_RDONLY), False
-
+    """Open regular file ``path`` for reading (:mod:`coci.safe_files`: never through a link, never
+    a FIFO), with O_DIRECT for a large file read into an aligned buffer."""
+    fd = format.open_no_follow(path, os.O_RDONLY)
+    wanted = knobs.WRITE_DIRECT and hasattr(os, "O_DIRECT") and size >= knobs.DIRECT_IO_MIN_BYTES
+    return fd, wanted and _try_direct(fd, path)
 
 
 def describe_file(path: Path) -> format.FileEntry:
     """The size and crc32c of a file already written (and fsynced) by someone else."""
     checksum = ChunkChecksum(format.WRITE_CHECKSUM, threaded=False)
     size = 0
-    with open(path, "rb", buffering=0) as handle:
+    with os.fdopen(format.open_no_follow(path, os.O_RDONLY), "rb", buffering=0) as handle:
         while chunk := handle.read(knobs.READ_CHUNK_BYTES):
             checksum.submit(memoryview(chunk))
             size += len(chunk)

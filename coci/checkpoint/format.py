@@ -14,7 +14,6 @@ named points of the commit and retention (crash tests kill the writer there); a 
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -29,7 +28,7 @@ from typing import Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer, model_validator
 
-from coci import __version__, knobs
+from coci import __version__, knobs, safe_files
 from coci.errors import CorruptCheckpointError
 
 #: Written into every commit record; a reader refuses a record with a newer version. Version 2
@@ -162,27 +161,18 @@ def record_header(step: int, *, epoch: int | None, state_keys: list[str], files:
 
 
 def open_no_follow(path: str | os.PathLike[str], flags: int) -> int:
-    """``os.open`` that refuses a symbolic link as the last component: a checkpoint's files are
-    read where they are, never through a link that may point outside the run directory."""
-    try:
-        return os.open(path, flags | os.O_NOFOLLOW)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise CorruptCheckpointError(f"{path}: is a symbolic link (checkpoint files are never followed)") from exc
-        raise
+    """Open a checkpoint file where it is (:func:`coci.safe_files.open_file`): never through a
+    symbolic link (nor a checkpoint directory that is one), never a FIFO or anything else not a
+    regular file (CorruptCheckpointError naming it)."""
+    return safe_files.open_file(Path(path), flags, error=CorruptCheckpointError)
 
 
 def read_record_bytes(path: Path) -> bytes:
-    """The bytes of ``path/manifest.json``: not a link, at most ``knobs.MAX_MANIFEST_BYTES``
-    (CorruptCheckpointError otherwise; FileNotFoundError when there is none)."""
-    fd = open_no_follow(path / MANIFEST_FILENAME, os.O_RDONLY)
-    with os.fdopen(fd, "rb") as handle:
-        size = os.fstat(fd).st_size
-        if size > knobs.MAX_MANIFEST_BYTES:
-            raise CorruptCheckpointError(
-                f"{path}: manifest.json is {size} bytes, over the limit of {knobs.MAX_MANIFEST_BYTES} (knobs.MAX_MANIFEST_BYTES)"
-            )
-        return handle.read(knobs.MAX_MANIFEST_BYTES + 1)
+    """The bytes of ``path/manifest.json``: a regular file, not a link, at most
+    ``knobs.MAX_MANIFEST_BYTES`` (CorruptCheckpointError otherwise; FileNotFoundError when there is none)."""
+    return safe_files.read_bytes(
+        path / MANIFEST_FILENAME, knobs.MAX_MANIFEST_BYTES, error=CorruptCheckpointError, limit_name="knobs.MAX_MANIFEST_BYTES"
+    )
 
 
 def record_format(path: Path) -> str:
@@ -275,6 +265,25 @@ def checkpoints_dir(run_dir: str | os.PathLike[str]) -> Path:
     return Path(run_dir) / CHECKPOINT_DIRNAME
 
 
+def has_root(root: Path) -> bool:
+    """True when the checkpoints directory ``root`` exists; CorruptCheckpointError when a symbolic
+    link or a file is in its place: checkpoints are never written, read or deleted through one."""
+    return safe_files.check_dir(root, error=CorruptCheckpointError)
+
+
+def make_root(root: Path) -> None:
+    """Create the checkpoints directory ``root`` where absent (never through a link in its place)."""
+    safe_files.make_dir(root, error=CorruptCheckpointError)
+
+
+def fresh_dir(path: Path) -> None:
+    """An empty new directory at ``path``: whatever was there (a leftover, a planted link) is
+    removed first, a link itself, never what it points to."""
+    if path.is_symlink() or path.exists():
+        _remove_entry(path)
+    path.mkdir()
+
+
 def step_dirname(step: int) -> str:
     return f"step_{step}"
 
@@ -287,7 +296,7 @@ def tmp_dir(root: Path, step: int) -> Path:
 def step_dirs(root: Path) -> list[tuple[int, Path]]:
     """Every ``step_<n>`` directory, committed or damaged (restore reports the damaged ones), oldest
     first. A symbolic link is never a checkpoint: nothing outside the run directory is followed."""
-    if not root.is_dir():
+    if not has_root(root):
         return []
     found = [
         (int(m.group(1)), e) for e in root.iterdir() if (m := _STEP_DIR.match(e.name)) and e.is_dir() and not e.is_symlink()
@@ -305,7 +314,7 @@ def remove_stale_tmp(root: Path) -> list[Path]:
 
     A symbolic link is removed itself, never what it points to; only entries actually gone are returned."""
     removed = []
-    if root.is_dir():
+    if has_root(root):
         for entry in root.iterdir():
             if entry.name.endswith(TMP_SUFFIX):
                 _remove_entry(entry)
@@ -336,6 +345,7 @@ def publish(root: Path, tmp: Path, final: Path, record: CommitRecord) -> None:
     A checkpoint of the same step that failed verification is replaced.
     """
     fault("before_manifest")
+    has_root(root)  # the root is checked before the commit's rename
     write_durably(tmp / MANIFEST_FILENAME, record.sealed().model_dump_json().encode())
     fsync_dir(tmp)
     fault("before_rename")
@@ -378,20 +388,10 @@ def _discard(path: Path) -> None:
 
 
 def write_durably(path: Path, data: bytes) -> None:
-    """Write a small file and fsync it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while len(view):
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Write a small file of a checkpoint and fsync it (:func:`coci.safe_files.replace_file`)."""
+    safe_files.replace_file(path, data, durable=True, error=CorruptCheckpointError)
 
 
 def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Make a checkpoint directory's entries durable (never through a link in its place)."""
+    safe_files.fsync_dir(path, error=CorruptCheckpointError)

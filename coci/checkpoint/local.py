@@ -126,12 +126,10 @@ def write_checkpoint(
     state_keys: list[str],
 ) -> tuple[Path, Manifest]:
     """Write and commit one checkpoint under ``root``; return its final path and manifest."""
-    root.mkdir(parents=True, exist_ok=True)
+    format.make_root(root)
     final = root / format.step_dirname(step)
     tmp = format.tmp_dir(root, step)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    format.fresh_dir(tmp)
     try:
         data_file = fileio.write_file(tmp / format.DATA_FILENAME, payload, fault_point="mid_write")
         manifest = Manifest(

@@ -1,67 +1,125 @@
-"""One writer per run directory: an exclusive ``fcntl.flock`` on ``<run_dir>/coci.lock``.
+"""One writer per run directory: an exclusive ``fcntl.flock`` on the run directory itself, and on
+``<run_dir>/coci.lock``.
 
 Two sessions writing one run directory replace each other's checkpoints and restore each other's
 state, so a :class:`coci.Session` takes this lock before it touches the directory and holds it
-until ``close()``. The kernel releases a ``flock`` when its process dies, SIGKILL included, so a
-crash never leaves a stale lock. The file records the holder (pid, host) for the error message;
-its content is informational, the lock is the ``flock``. Locks are per open file, so a second
-session in the same process is refused too. Under ``torch.distributed`` rank 0 holds the lock for
-the whole job (the other ranks share its run directory and hear its verdict).
+until ``close()``. The lock that counts is the one on the directory's own descriptor: a file can be
+unlinked (or replaced) by anyone who can write the directory, which would let a second session in
+beside the first, but the directory cannot be swapped under an open descriptor. ``coci.lock`` is
+locked too (what coci releases before it locked the directory took; and the fallback on a file
+system that cannot lock a directory, such as NFS) and records the holder (pid, host) for the error
+message. The kernel releases a ``flock`` when its process dies, SIGKILL included, so a crash never
+leaves a stale lock. Locks are per open file, so a second session in the same process is refused
+too. Under ``torch.distributed`` rank 0 holds the lock for the whole job (the other ranks share
+its run directory and hear its verdict).
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import socket
 from pathlib import Path
 
+from coci import safe_files
 from coci.errors import ConfigError, RunDirLockedError
 
 #: The lock file inside a run directory.
 LOCK_FILENAME = "coci.lock"
 
+logger = logging.getLogger(__name__)
+
 
 class RunLock:
     """A held lock on a run directory; :meth:`release` (or process exit) lets it go."""
 
-    def __init__(self, fd: int, path: Path) -> None:
-        self._fd: int | None = fd
+    def __init__(self, fds: list[int], path: Path) -> None:
+        self._fds: list[int] | None = fds
         self.path = path
 
     @classmethod
     def acquire(cls, run_dir: Path) -> RunLock:
-        """Lock ``run_dir``; RunDirLockedError naming the holder when another session has it."""
+        """Lock ``run_dir``; RunDirLockedError naming the holder when another session has it;
+        ConfigError when the lock file cannot be one (a FIFO, a directory, a link in its place)."""
         path = run_dir / LOCK_FILENAME
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            dir_fd = safe_files.open_dir(run_dir, follow=True)
         except OSError as exc:
-            raise ConfigError(f"cannot open the lock file {path}: {exc}") from exc
+            raise ConfigError(f"cannot open the run directory {run_dir}: {exc}") from exc
+        fds = [dir_fd]
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise RunDirLockedError(
-                f"run directory {str(run_dir)!r} is in use by another coci session ({holder}); "
-                "one session writes a run directory at a time (close the other, or use another run_dir)"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
-        return cls(fd, path)
+            if not _lock_directory(dir_fd, path):
+                fds.remove(dir_fd)
+                os.close(dir_fd)
+            fds.append(_lock_file(dir_fd if fds else None, path))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        os.ftruncate(fds[-1], 0)
+        os.pwrite(fds[-1], f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+        return cls(fds, path)
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._fds is not None
 
     def release(self) -> None:
         """Let the lock go (idempotent)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # closing the only descriptor of the open file releases the flock
+        fds, self._fds = self._fds, None
+        for fd in fds or ():
+            os.close(fd)  # closing the only descriptor of an open file releases its flock
 
     def __del__(self) -> None:
         self.release()
+
+
+def _lock_directory(dir_fd: int, path: Path) -> bool:
+    """Lock the run directory's own descriptor: True when held, False where the file system cannot
+    lock a directory (the lock file alone is the lock then); RunDirLockedError when another holds it."""
+    try:
+        fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _locked(path, _holder_of(path)) from None
+    except OSError as exc:  # NFS emulates flock with byte-range locks, which a directory cannot take
+        logger.warning("cannot lock the run directory %s itself (%s): only %s guards it", path.parent, exc, path.name)
+        return False
+    return True
+
+
+def _lock_file(dir_fd: int | None, path: Path) -> int:
+    """The lock file, opened (never through a link, never a FIFO) and locked."""
+    try:
+        if dir_fd is None:
+            fd = safe_files.open_file(path, os.O_RDWR | os.O_CREAT, follow_dir=True)
+        else:
+            fd = safe_files.open_at(dir_fd, path.name, os.O_RDWR | os.O_CREAT, path=path)
+    except OSError as exc:
+        raise ConfigError(f"cannot open the lock file {path}: {exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_holder(fd)
+        os.close(fd)
+        raise _locked(path, holder) from None
+    return fd
+
+
+def _locked(path: Path, holder: str) -> RunDirLockedError:
+    return RunDirLockedError(
+        f"run directory {str(path.parent)!r} is in use by another coci session ({holder}); "
+        "one session writes a run directory at a time (close the other, or use another run_dir)"
+    )
+
+
+def _holder_of(path: Path) -> str:
+    """Who holds the lock, as its lock file says (it may be gone: then unknown)."""
+    try:
+        text = safe_files.read_bytes(path, 256, follow_dir=True).decode(errors="replace").strip()
+    except (OSError, ConfigError):
+        text = ""
+    return text or "holder unknown"
 
 
 def _read_holder(fd: int) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from coci import knobs
+from coci import knobs, safe_files
 from coci.analysis.report import text
 from coci.analysis.report.compare import compare_policies
 from coci.analysis.report.figures import FIGURES, render_figures
@@ -92,7 +92,7 @@ class Report:
         paths = []
         for name, png in self.figures().items():
             path = target / FIGURES[name]
-            path.write_bytes(png)
+            safe_files.replace_file(path, png, follow_dir=True)  # never through a link planted there
             paths.append(path)
         return paths
 
@@ -111,9 +111,9 @@ class Report:
         figures = self.figures()
         paths: dict[str, Path] = dict(zip(figures, self.plot(target)))
         paths["json"] = target / REPORT_JSON_FILENAME
-        paths["json"].write_text(self.to_json(), encoding="utf-8")
+        safe_files.replace_file(paths["json"], self.to_json().encode("utf-8"), follow_dir=True)
         paths["html"] = target / REPORT_HTML_FILENAME
-        paths["html"].write_text(self.to_html(figures), encoding="utf-8")
+        safe_files.replace_file(paths["html"], self.to_html(figures).encode("utf-8"), follow_dir=True)
         return paths
 
     def _repr_html_(self) -> str:  # Jupyter

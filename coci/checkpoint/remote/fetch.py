@@ -70,11 +70,9 @@ def files_of(record: CommitRecord, rank: int, world_size: int) -> list[FileEntry
 def open_fetch(store: RemoteStore, step: int, root: Path) -> OpenedFetch:
     """A fresh ``root/step_<n>.fetch.tmp`` holding remote ``step``'s checked manifest (removed again
     when anything about it is off: CorruptCheckpointError)."""
-    root.mkdir(parents=True, exist_ok=True)
+    format.make_root(root)
     tmp = root / (format.step_dirname(step) + FETCH_SUFFIX)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    format.fresh_dir(tmp)
     try:
         return OpenedFetch(step, tmp, _checked_manifest(store, step, tmp))
     except BaseException:

@@ -1,25 +1,33 @@
 """A remote tier on a shared filesystem (NFS, Lustre, a mounted bucket): one directory of files.
 
 Objects are files under the root; a put writes ``<key>.<pid>.partial``, fsyncs it and renames it
-into place, so a reader never sees half an object (as on S3). Links are never followed.
+into place, so a reader never sees half an object (as on S3). Links are never followed, FIFOs never opened
+(:mod:`coci.safe_files`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from coci import knobs
-from coci.checkpoint import format
+from coci import knobs, safe_files
 from coci.checkpoint.remote.store import bounded_chunks, check_key, download_to, read_chunks
+from coci.errors import CorruptCheckpointError
 
 PARTIAL_SUFFIX = ".partial"
 
 
 class DirectoryStore:
-    """:class:`coci.checkpoint.remote.RemoteStore` on a directory."""
+    """:class:`coci.checkpoint.remote.RemoteStore` on a directory.
+
+    Every object is opened through :mod:`coci.safe_files` relative to a descriptor of its directory,
+    reached from the root one name at a time with ``O_NOFOLLOW``: a link planted for a ``step_<n>``
+    directory, an object or a ``.partial`` file is never followed, and a FIFO is never waited on.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -31,6 +39,13 @@ class DirectoryStore:
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
 
+    def _dir_of(self, key: str, *, create: bool = False) -> tuple[int, str]:
+        """A descriptor of ``key``'s directory and the object's name in it."""
+        *parents, name = check_key(key).split("/")
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
+        return safe_files.open_below(self.root, parents, create=create, error=CorruptCheckpointError), name
+
     def put_file(self, key: str, source: BinaryIO, size: int) -> int:
         crc = [0]
         self._write(key, read_chunks(source, size, knobs.UPLOAD_PART_BYTES, crc))
@@ -39,28 +54,40 @@ class DirectoryStore:
     def put_bytes(self, key: str, data: bytes) -> None:
         self._write(key, iter([data]))
 
-    def _write(self, key: str, chunks: object) -> None:
-        final = self._path(key)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        partial = final.with_name(f"{final.name}.{os.getpid()}{PARTIAL_SUFFIX}")
+    def _write(self, key: str, chunks: Iterator[bytes]) -> None:
+        dir_fd, name = self._dir_of(key, create=True)
+        partial = f"{name}.{os.getpid()}{PARTIAL_SUFFIX}"
         try:
-            with open(partial, "wb") as out:
-                for piece in chunks:  # type: ignore[attr-defined]
-                    out.write(piece)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(partial, final)
-            format.fsync_dir(final.parent)
+            fd = safe_files.create_at(dir_fd, partial, path=self._path(key).with_name(partial), error=CorruptCheckpointError)
+            try:
+                for piece in chunks:
+                    safe_files.write_all(fd, piece)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(partial, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.fsync(dir_fd)
         except BaseException:
-            partial.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                os.unlink(partial, dir_fd=dir_fd)
             raise
+        finally:
+            os.close(dir_fd)
+
+    def _open(self, key: str) -> BinaryIO:
+        dir_fd, name = self._dir_of(key)
+        try:
+            fd = safe_files.open_at(dir_fd, name, os.O_RDONLY, path=self._path(key), error=CorruptCheckpointError)
+        finally:
+            os.close(dir_fd)
+        return os.fdopen(fd, "rb")
 
     def get_file(self, key: str, dest: Path, max_bytes: int) -> int:
-        with os.fdopen(format.open_no_follow(self._path(key), os.O_RDONLY), "rb") as source:
+        with self._open(key) as source:
             return download_to(iter(lambda: source.read(knobs.UPLOAD_PART_BYTES), b""), dest, max_bytes, key)
 
     def get_bytes(self, key: str, max_bytes: int) -> bytes:
-        with os.fdopen(format.open_no_follow(self._path(key), os.O_RDONLY), "rb") as source:
+        with self._open(key) as source:
             return b"".join(bounded_chunks(iter([source.read(max_bytes + 1)]), max_bytes, key))
 
     def list_objects(self, prefix: str = "") -> dict[str, int]:
@@ -72,22 +99,42 @@ class DirectoryStore:
             dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
             for name in filenames:
                 key = (base / name).as_posix()
-                path = Path(dirpath) / name
-                if name.endswith(PARTIAL_SUFFIX) or path.is_symlink() or not key.startswith(prefix):
+                if name.endswith(PARTIAL_SUFFIX) or not key.startswith(prefix):
                     continue
                 try:
-                    found[key] = path.lstat().st_size
+                    status = os.lstat(Path(dirpath) / name)
                 except OSError:
                     continue
+                if stat.S_ISREG(status.st_mode):  # never a link, a FIFO, a socket
+                    found[key] = status.st_size
         return found
 
     def delete(self, keys: list[str]) -> None:
         for key in keys:
-            self._path(key).unlink(missing_ok=True)
-        for parent in {self._path(key).parent for key in keys}:
-            with contextlib.suppress(OSError):
-                parent.rmdir()  # only once empty
+            with contextlib.suppress(FileNotFoundError):
+                dir_fd, name = self._dir_of(key)
+                try:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=dir_fd)
+                finally:
+                    os.close(dir_fd)
+        for parent in {key.rsplit("/", 1)[0] for key in keys if "/" in key}:
+            with contextlib.suppress(OSError, CorruptCheckpointError):
+                *above, name = parent.split("/")
+                dir_fd = safe_files.open_below(self.root, above, error=CorruptCheckpointError)
+                try:
+                    os.rmdir(name, dir_fd=dir_fd)  # only once empty
+                finally:
+                    os.close(dir_fd)
 
     def exists(self, key: str) -> bool:
-        path = self._path(key)
-        return path.is_file() and not path.is_symlink()
+        try:
+            dir_fd, name = self._dir_of(key)
+        except (OSError, CorruptCheckpointError):
+            return False
+        try:
+            return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        except OSError:
+            return False
+        finally:
+            os.close(dir_fd)

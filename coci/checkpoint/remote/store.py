@@ -17,6 +17,7 @@ from typing import BinaryIO, Protocol
 
 import crc32c
 
+from coci import safe_files
 from coci.checkpoint import format
 from coci.errors import CorruptCheckpointError
 
@@ -98,10 +99,13 @@ def bounded_chunks(chunks: Iterator[bytes], max_bytes: int, key: str) -> Iterato
 def download_to(chunks: Iterator[bytes], dest: Path, max_bytes: int, key: str) -> int:
     """Write ``chunks`` (at most ``max_bytes`` in all) to ``dest``, fsynced; the crc32c of the bytes."""
     crc = 0
-    with open(dest, "wb") as out:
+    with safe_files.opened_dir(dest.parent, error=CorruptCheckpointError) as dir_fd:
+        fd = safe_files.create_at(dir_fd, dest.name, path=dest, error=CorruptCheckpointError)
+    try:
         for piece in bounded_chunks(chunks, max_bytes, key):
             crc = crc32c.crc32c(piece, crc)
-            out.write(piece)
-        out.flush()
-        os.fsync(out.fileno())
+            safe_files.write_all(fd, piece)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     return crc
