@@ -54,11 +54,18 @@ def _open_directory(target: str | Path, path: Path, *, follow: bool, error: Erro
     try:
         return os.open(target, flags, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise error(f"{path} is a symbolic link: coci never follows one inside a run directory or a remote") from exc
-        if exc.errno == errno.ENOTDIR:
-            raise error(f"{path} is not a directory") from exc
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW | O_DIRECTORY meets a link: either
+            link = exc.errno == errno.ELOOP or _is_link(target, dir_fd)
+            what = "a symbolic link: coci never follows one inside a run directory or a remote" if link else "not a directory"
+            raise error(f"{path} is {what}") from exc
         raise
+
+
+def _is_link(target: str | Path, dir_fd: int | None) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(target, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 @contextmanager
