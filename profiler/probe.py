@@ -82,7 +82,7 @@ def _time_write(directory: Path, nbytes: int) -> float:
     payload = os.urandom(min(nbytes, 1 << 20))
     try:
         start = time.perf_counter()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)  # a fresh file, never a planted one
         try:
             remaining = nbytes
             while remaining > 0:
