@@ -8,6 +8,7 @@ nothing is followed, nothing blocks, and each refusal is a typed coci error nami
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -298,7 +299,7 @@ def test_a_full_disk_raises_persist_errors_keeps_counting_and_never_hangs(small_
 
     _, error = finishes(lambda: steps(20), [])
     assert error is None, f"step() raised {error!r}, not a PersistError"
-    assert session.steps == 20 and raised
+    assert session.steps == 20 and raised and session.events.lost > 0  # the error events themselves were refused too
     _, error = finishes(session.wait, [])
     assert error is None or isinstance(error, coci.PersistError)
     filler.unlink()  # space again: the next checkpoint commits
@@ -311,6 +312,60 @@ def test_a_full_disk_raises_persist_errors_keeps_counting_and_never_hangs(small_
     session2 = coci.Session(run_dir, state=state, policy=coci.EveryN(1000))
     assert session2.restore().step == 21  # type: ignore[union-attr]
     session2.close()
+
+
+FILE_SIZE_LIMIT = r"""
+import json, os, resource, signal, sys
+import torch
+import coci
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+model = torch.nn.Linear(512, 1024)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+session = coci.Session(sys.argv[1], state={"model": model, "optimizer": optimizer}, policy=coci.EveryN(3), keep_last=1)
+events = os.path.join(sys.argv[1], "events.jsonl")
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(events) + 64, hard))  # no file may grow much more
+raised, other = 0, []
+
+def steps(count):
+    global raised
+    for _ in range(count):
+        optimizer.zero_grad()
+        model(torch.randn(4, 512)).sum().backward()
+        optimizer.step()
+        try:
+            session.step()
+        except coci.PersistError:
+            raised += 1
+        except Exception as exc:
+            other.append(repr(exc))
+
+steps(20)
+try:
+    session.wait()
+except coci.PersistError:
+    raised += 1
+full = {"steps": session.steps, "raised": raised, "other": other, "lost": session.events.lost}
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+steps(3)
+session.wait()
+session.close()
+print(json.dumps({**full, "after": session.steps}))
+"""
+
+
+@pytest.mark.slow  # a new Python process importing torch
+def test_files_that_may_not_grow_raise_persist_errors_and_never_hang(tmp_path: Path) -> None:
+    """The full disk of the test above where no tmpfs can be mounted: ``RLIMIT_FSIZE`` in a real
+    process refuses every write that grows a file (data files and the event log alike)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", FILE_SIZE_LIMIT, str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout.splitlines()[-1])
+    assert outcome["other"] == [] and outcome["steps"] == 20 and outcome["raised"] > 0 and outcome["lost"] > 0
+    assert outcome["after"] == 23
+    assert [step for step, _ in format.committed_steps(format.checkpoints_dir(tmp_path))] == [21]
 
 
 # --- an interpreter exit with a checkpoint in flight (finding 17) -------------------------------------

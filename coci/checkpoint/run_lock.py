@@ -83,7 +83,7 @@ def _lock_directory(dir_fd: int, path: Path) -> bool:
     except BlockingIOError:
         raise _locked(path, _holder_of(path)) from None
     except OSError as exc:  # NFS emulates flock with byte-range locks, which a directory cannot take
-        logger.warning("cannot lock the run directory %s itself (%s): only %s guards it", path.parent, exc, path.name)
+        logger.info("cannot lock the run directory %s itself (%s): only %s guards it", path.parent, exc, path.name)
         return False
     return True
 
