@@ -56,6 +56,7 @@ from coci.checkpoint.stateful import is_stateful, restore_in_place, validate_sta
 from coci.checkpoint.tree import own_storage
 from coci.errors import (
     CheckpointError,
+    CociError,
     ConfigError,
     CorruptCheckpointError,
     PersistError,
@@ -211,6 +212,7 @@ class Session:
         self._steps = 0
         self._checkpoint_steps: list[int] = []
         self._error: BaseException | None = None
+        self._run_file_error: CociError | None = None  # a run file not written (raised by _raise_error)
         self._stall_pending: PendingCheckpoint | None = None
         self._stall_seconds = 0.0
         self._stalled_total = 0.0  # every stall of this process (the warm-up bet's budget)
@@ -631,6 +633,9 @@ class Session:
         error, self._error = self._error, None
         if error is not None:
             raise PersistError(f"background checkpoint failed: {type(error).__name__}: {error}") from error
+        run_file_error, self._run_file_error = self._run_file_error, None
+        if run_file_error is not None:
+            raise run_file_error
         refused = self.events.take_failure()  # a full disk: the log dropped lines (once per streak)
         if refused is not None:
             raise PersistError(f"cannot write the event log {self.events.path}: {refused}; events are lost until it can") from refused
@@ -834,14 +839,17 @@ class Session:
         self._profiler.mark()  # a wait for the planner is coci's time, not the training step's
 
     def _write_run_file(self, name: str, text: str) -> None:
-        """Replace a run file; one the file system refuses (a full disk) is recorded and raised as
-        :class:`coci.PersistError` at the end of this ``step()`` or ``close()``, never as a bare OSError."""
+        """Replace a run file. A failure is raised at the end of this ``step()`` or ``close()``
+        (the step counted, the run directory released): a refusal of the file system (a full disk)
+        as :class:`coci.PersistError`, a planted link or FIFO as the ConfigError naming it."""
+        path = self.run_dir / name
         try:
-            write_run_file(self.run_dir / name, text)
-        except OSError as exc:
-            logger.error("cannot write %s: %s", self.run_dir / name, exc)
+            write_run_file(path, text)
+        except (OSError, ConfigError) as exc:
+            logger.error("cannot write %s: %s", path, exc)
             self.events.emit("error", step=self._steps, phase="run_file", message=f"{type(exc).__name__}: {exc}")
-            self._error = self._error or OSError(exc.errno, f"cannot write {self.run_dir / name}: {exc.strerror or exc}")
+            error = exc if isinstance(exc, ConfigError) else PersistError(f"cannot write {path}: {exc}")
+            self._run_file_error = self._run_file_error or error
 
     def _write_plan(self) -> None:
         plan = self.plan

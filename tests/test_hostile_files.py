@@ -113,6 +113,9 @@ def test_a_fifo_run_file_fails_close_with_a_coci_error_not_a_hang(tmp_path: Path
     fifo = plant_fifo(tmp_path / name)
     _, error = finishes(session.close, [fifo])
     assert isinstance(error, coci.ConfigError) and f"{name} is not a regular file" in str(error)
+    assert events_of(tmp_path, "close")  # the rest of close() ran: its event, the lock released
+    fifo.unlink()
+    coci.Session(tmp_path, state=build_state(), policy=coci.EveryN(1000)).close()
 
 
 def test_a_fifo_lock_file_or_a_directory_event_log_is_a_coci_error(tmp_path: Path) -> None:
