@@ -349,7 +349,7 @@ try:
     session.wait()
 except coci.PersistError:
     raised += 1
-full = {"steps": session.steps, "raised": raised, "other": other, "lost": session.events.lost}
+full = {"steps": session.steps, "raised": raised, "other": other, "lost": getattr(session.events, "lost", 0)}
 resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 steps(3)
 session.wait()
