@@ -164,7 +164,23 @@ def test_the_write_probe_never_creates_a_file_through_a_planted_link(tmp_path: P
     assert not target.exists()
 
 
-def test_a_symlinked_checkpoints_directory_is_never_written_read_or_pruned(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def process_group(kind: str, store: Path) -> Iterator[None]:
+    """``"dcp"``: a real one-process gloo group (the session writes DCP checkpoints, as every
+    multi-process job does); ``"local"``: none."""
+    import torch.distributed as dist
+
+    if kind == "dcp":
+        dist.init_process_group("gloo", store=dist.FileStore(str(store), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if kind == "dcp":
+            dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kind", ["local", "dcp"])
+def test_a_symlinked_checkpoints_directory_is_never_written_read_or_pruned(tmp_path: Path, kind: str) -> None:
     elsewhere = tmp_path / "elsewhere"
     make_run(elsewhere, steps=4, every=2)  # step_2 and step_4 of another run: retention must not touch them
     kept = sorted(p.name for p in format.checkpoints_dir(elsewhere).iterdir())
@@ -172,14 +188,15 @@ def test_a_symlinked_checkpoints_directory_is_never_written_read_or_pruned(tmp_p
     run_dir.mkdir()
     format.checkpoints_dir(run_dir).symlink_to(format.checkpoints_dir(elsewhere), target_is_directory=True)
     state = build_state()
-    session = coci.Session(run_dir, state=state, policy=coci.EveryN(1), keep_last=1)
-    with pytest.raises(coci.CorruptCheckpointError, match="checkpoints is a symbolic link"):
-        session.restore()
-    with pytest.raises(coci.PersistError, match="checkpoints is a symbolic link"):
-        train(session, state, 6)
-        session.wait()
-    with contextlib.suppress(coci.PersistError):
-        session.close()
+    with process_group(kind, tmp_path / "store"):
+        session = coci.Session(run_dir, state=state, policy=coci.EveryN(1), keep_last=1)
+        with pytest.raises(coci.CorruptCheckpointError, match="checkpoints is a symbolic link"):
+            session.restore()
+        with pytest.raises(coci.PersistError, match="checkpoints is a symbolic link"):
+            train(session, state, 6)
+            session.wait()
+        with contextlib.suppress(coci.PersistError):
+            session.close()
     assert sorted(p.name for p in format.checkpoints_dir(elsewhere).iterdir()) == kept
 
 

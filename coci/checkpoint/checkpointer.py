@@ -123,11 +123,17 @@ def restore_candidates(root: Path, context: DistributedContext | None) -> list[t
     """Every ``step_<n>`` directory, newest first, damaged ones included so each is reported;
     stale temporaries are removed first. Listed by rank 0 under ``torch.distributed`` (collective)."""
 
-    def listing() -> list[tuple[int, str]]:
-        format.remove_stale_tmp(root)
-        return [(step, str(path)) for step, path in reversed(format.step_dirs(root))]
+    def listing() -> tuple[list[tuple[int, str]], str | None]:
+        try:
+            format.remove_stale_tmp(root)
+            return [(step, str(path)) for step, path in reversed(format.step_dirs(root))], None
+        except CorruptCheckpointError as exc:  # a link in place of the root: every rank hears of it
+            return [], str(exc)
 
-    return [(step, Path(path)) for step, path in distributed.from_coordinator(listing, context)]
+    found, problem = distributed.from_coordinator(listing, context)
+    if problem is not None:
+        raise CorruptCheckpointError(problem)
+    return [(step, Path(path)) for step, path in found]
 
 
 def load_entry(path: Path, keys: tuple[str, ...]) -> Any | None:

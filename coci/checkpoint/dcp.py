@@ -183,10 +183,13 @@ class DcpWriter:
     def write(self, staged: StagedCheckpoint) -> Path:
         step, slots, skeleton = staged.step, staged.slots, staged.skeleton
         tmp = format.tmp_dir(self.root, step)
-        if self.context.is_coordinator:
-            format.make_root(self.root)
+
+        def prepare() -> None:
+            format.make_root(self.root)  # a link in its place: every rank raises, none waits on rank 0
             format.remove_stale_tmp(self.root)  # leftovers of failed persists: never checkpoints
             tmp.mkdir()
+
+        self._coordinated(prepare, f"checkpoint at step {step} could not be started")
         shared_skeleton, rank_skeleton = split_skeleton(skeleton)
         shared = _with_global_shapes(_part(shared_skeleton, slots, "shared"), staged.shards)
         mine = _part(rank_skeleton, slots, f"rank{self.context.rank}")
