@@ -64,7 +64,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from common import MB, AdamStack, remove, scratch_dir, steady_heap_env
+from common import MB, AdamStack, drop_page_cache, remove, scratch_dir, steady_heap_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -407,12 +407,13 @@ def restore_child(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(args.path)
     load, cleanup = restorer(args.arm, stack, path, args.device)
     sync(args.device)
+    cold = args.cold_restore and drop_page_cache()  # root only: the checkpoint is read from the disk
     began = time.perf_counter()
     load()
     sync(args.device)
     seconds = time.perf_counter() - began
     cleanup()
-    return {"arm": args.arm, "restore_seconds": seconds, "digest": state_digest(stack)}
+    return {"arm": args.arm, "restore_seconds": seconds, "cold": cold, "digest": state_digest(stack)}
 
 
 def restorer(arm: str, stack: AdamStack, path: Path, device: str) -> tuple[Callable[[], None], Callable[[], None]]:
@@ -462,6 +463,8 @@ def run_child(role: str, arm: str, mb: float, args: argparse.Namespace, **extra:
     command += ["--checkpoints", str(args.checkpoints), "--clean-steps", str(args.clean_steps)]
     for key, value in extra.items():
         command += [f"--{key}", value]
+    if args.cold_restore:
+        command.append("--cold-restore")
     env = steady_heap_env({**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     try:
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
@@ -526,6 +529,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], every: int) -> dict[str, An
         "extra_rss_bytes": [t["extra_rss_bytes"] for t in trains],
         "arena_bytes": trains[0]["arena_bytes"],
         "bitwise": [r["bitwise"] for r in runs["restore"]],
+        "cold_restore": [r["cold"] for r in runs["restore"]],
     }
 
 
@@ -551,9 +555,11 @@ def table(size: dict[str, Any], args: argparse.Namespace) -> str:
     arms = size["arms"]
     any_arm = next(iter(arms.values()))
     state_mb = any_arm["state_bytes"] / MB
+    cold = all(c for arm in arms.values() for c in arm.get("cold_restore", [False]))
     lines = [
         f"### state {state_mb:.1f} MB (Adam: parameters + exp_avg + exp_avg_sq), a checkpoint every {args.every} steps, "
-        f"clean step {1e3 * any_arm['clean_step_s']:.0f} ms, {args.repeats} repeat(s) x {args.checkpoints - 1} checkpoints (+1 first)",
+        f"clean step {1e3 * any_arm['clean_step_s']:.0f} ms, {args.repeats} repeat(s) x {args.checkpoints - 1} checkpoints (+1 first), "
+        f"restore with the page cache {'dropped' if cold else 'warm'}",
         "",
         "| checkpointer | stall ms (ckpt step + next) | interval ms (every steps) | first stall ms | durable s | restore s "
         "| extra RSS MB | extra RSS / state | restore bitwise |",
@@ -607,6 +613,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the training loop (see the docstring)")
     parser.add_argument("--quick", action="store_true", help="one small size, one repeat, few steps (under a minute)")
+    parser.add_argument("--cold-restore", action="store_true", help="drop the page cache before each restore (root only)")
     parser.add_argument("--json", type=Path, help="also write every measurement here")
     parser.add_argument("--from-json", type=Path, help="print the tables of an earlier --json file (nothing is run)")
     parser.add_argument("--child", choices=("train", "restore"), help=argparse.SUPPRESS)
