@@ -37,7 +37,12 @@ Per arm and checkpoint (the first checkpoint of each process is reported apart, 
   checkpoint.
 
 Arms and repeats are interleaved (the arm order rotates every repeat) so the shared machine's noise
-hits every arm alike. ``--device cuda`` moves the model to the GPU (DCP staging pinned).
+hits every arm alike. The loop runs one intra-op thread (``--threads``): on a 2-core machine shared
+with other jobs, two OpenMP threads made a 2 ms step take up to 900 ms. ``--cold-restore`` drops the
+page cache before each timed restore (root only; coci reads with ``O_DIRECT``, the peers otherwise
+from the page cache their writes filled). ``--device cuda`` moves the model to the GPU (DCP staging
+pinned); without CUDA it says so and exits. Results: benchmarks/README.md, "Against the
+checkpointers users pick instead".
 
     .venv/bin/python benchmarks/peers.py [--sizes 10 100 300] [--repeats 2] [--every 10] [--checkpoints 8]
     .venv/bin/python benchmarks/peers.py --quick          # under a minute: one small size
