@@ -49,6 +49,7 @@ from coci.checkpoint.checkpointer import (
 from coci.checkpoint.format import RNG_KEY, SESSION_KEY, LoadedCheckpoint
 from coci.checkpoint.remote import RemoteTier, open_store
 from coci.checkpoint.remote.fetch import UNAVAILABLE
+from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES, claim, claim_for_job
 from coci.checkpoint.remote.refused import REFUSED_BEFORE, RemoteGate
 from coci.checkpoint.run_lock import RunLock
 from coci.checkpoint.sharded import ShardedState, local_data_ptr, local_nbytes
@@ -133,6 +134,12 @@ class Session:
             ``restore()`` falls back to it (:mod:`coci.checkpoint.remote`).
         storage_options: extra S3 client options (obstore's S3 config keys) for an ``s3://`` remote.
         keep_last_remote: remote checkpoints to keep (None keeps all; never fewer than one).
+        remote_owner: a remote prefix belongs to one run (:mod:`coci.checkpoint.remote.identity`):
+            ``"refuse"`` (default) raises :class:`coci.ConfigError` naming the prefix and its owner
+            when another run (another run directory, or another run's id in this one) owns it;
+            ``"adopt"`` takes the prefix over to continue from that run's checkpoints, which this
+            run restores but never deletes. The same run directory path on a fresh disk (a lost
+            node) continues its own run without it.
     """
 
     def __init__(
@@ -159,6 +166,7 @@ class Session:
         remote: str | os.PathLike[str] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         keep_last_remote: int | None = 2,
+        remote_owner: str = "refuse",
     ) -> None:
         constructed = time.perf_counter()  # the construction is coci's time too (the ledger's setup)
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
@@ -209,6 +217,7 @@ class Session:
         writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
         self._checkpointer = Checkpointer(writer, self.events, keep_last, self._clock)
         self._remote = None if remote is None else RemoteTier(open_store(remote, storage_options), keep_last_remote, self.events, self._profiler)
+        self._claim_remote(remote_owner)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
         self._error: BaseException | None = None
@@ -458,6 +467,23 @@ class Session:
             return self._remote.fetch(step, root, self._dist), ""
         except CheckpointError as exc:
             return None, str(exc)
+
+    def _claim_remote(self, mode: str) -> None:
+        """The remote prefix is this run's (``remote_owner``): claimed, or refused with the run
+        directory's lock released (collective)."""
+        if mode not in REMOTE_OWNER_MODES:
+            raise ConfigError(f"remote_owner must be one of {', '.join(map(repr, REMOTE_OWNER_MODES))}, got {mode!r}")
+        remote = self._remote
+        if remote is None:
+            return
+        try:
+            remote.identity = claim_for_job(remote.store, self.run_dir, mode, self.events, self._dist)
+        except ConfigError:
+            if self._lock is not None:
+                self._lock.release()
+            raise
+        if remote.identity is None:
+            remote.claim = lambda: claim(remote.store, self.run_dir, mode, self.events)
 
     def _promote(self, step: int, path: Path) -> None:
         """Hand a committed checkpoint to the remote tier when the plan promotes it (rank 0)."""

@@ -109,8 +109,8 @@ def test_sigkill_during_upload_leaves_no_remote_commit(tmp_path: Path, s3_remote
 
     shutil.rmtree(run_dir)  # a fresh node: only the remote tier is left
     model, optimizer, scheduler = _job_state(float(extra[1]) if extra else 0.0)
-    with coci.Session(tmp_path / "fresh", {"model": model, "optimizer": optimizer, "scheduler": scheduler}, policy=coci.EveryN(4),
-                      remote=s3_remote) as session:
+    with coci.Session(run_dir, {"model": model, "optimizer": optimizer, "scheduler": scheduler}, policy=coci.EveryN(4),
+                      remote=s3_remote) as session:  # the same run directory on a fresh disk: the same run
         restored = session.restore()
         assert restored is not None and (restored.step, restored.tier) == (4, "remote")
         assert session.profile.remote_restore_seconds.measured
@@ -181,7 +181,8 @@ def test_corrupt_or_truncated_remote_object_is_skipped(tmp_path: Path, s3_remote
     _rewrite(store, "step_6/data.bin", bytes(data))
     _rewrite(store, "step_4/data.bin", store.get_bytes("step_4/data.bin", 1 << 20)[:-100])  # truncated
     model, optimizer = _small_state()
-    with coci.Session(tmp_path / "b", {"model": model, "optimizer": optimizer}, remote=s3_remote, policy=coci.EveryN(100)) as session:
+    with coci.Session(tmp_path / "b", {"model": model, "optimizer": optimizer}, remote=s3_remote, policy=coci.EveryN(100),
+                      remote_owner="adopt") as session:
         restored = session.restore()
     assert restored is not None and (restored.step, restored.tier) == (2, "remote")
     skips = events(tmp_path / "b", "restore_skip")
@@ -198,7 +199,8 @@ def test_hostile_remote_manifest_never_writes_outside(tmp_path: Path) -> None:
     (remote / "step_9").mkdir()
     (remote / "step_9" / "manifest.json").write_text(json.dumps(manifest))
     model, optimizer = _small_state()
-    with coci.Session(tmp_path / "b", {"model": model, "optimizer": optimizer}, remote=str(remote), policy=coci.EveryN(100)) as session:
+    with coci.Session(tmp_path / "b", {"model": model, "optimizer": optimizer}, remote=str(remote), policy=coci.EveryN(100),
+                      remote_owner="adopt") as session:
         restored = session.restore()
     assert restored is not None and restored.step == 2
     assert [event["step"] for event in events(tmp_path / "b", "restore_skip")] == [9]
@@ -223,7 +225,8 @@ def test_retention_per_tier(tmp_path: Path, s3_remote: str) -> None:
     assert not [key for key in store.list_objects() if key.startswith(("step_2/", "step_4/", "step_6/"))]
     # a fresh node skips the planted one and takes the newest promoted checkpoint
     model, optimizer = _small_state()
-    with coci.Session(tmp_path / "fresh", {"model": model, "optimizer": optimizer}, remote=s3_remote, policy=coci.EveryN(100)) as session:
+    with coci.Session(tmp_path / "fresh", {"model": model, "optimizer": optimizer}, remote=s3_remote, policy=coci.EveryN(100),
+                      remote_owner="adopt") as session:
         restored = session.restore()
     assert restored is not None and (restored.step, restored.tier) == (10, "remote")
 

@@ -11,6 +11,7 @@ import contextlib
 import os
 import stat
 from collections.abc import Iterator
+import threading
 from pathlib import Path
 from typing import BinaryIO
 
@@ -53,6 +54,30 @@ class DirectoryStore:
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self._write(key, iter([data]))
+
+    def put_bytes_if_absent(self, key: str, data: bytes) -> bool:
+        """The bytes go to a private partial file first, then are linked into place: ``link``
+        fails when the name exists (like ``O_CREAT|O_EXCL``) and a reader never sees a partial
+        object. Relative to the directory's descriptor, links never followed, as every put."""
+        dir_fd, name = self._dir_of(key, create=True)
+        partial = f"{name}.{os.getpid()}.{threading.get_ident()}{PARTIAL_SUFFIX}"
+        try:
+            fd = safe_files.create_at(dir_fd, partial, path=self._path(key).with_name(partial), error=CorruptCheckpointError)
+            try:
+                safe_files.write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(partial, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            except FileExistsError:
+                return False
+            os.fsync(dir_fd)
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(partial, dir_fd=dir_fd)
+            os.close(dir_fd)
 
     def _write(self, key: str, chunks: Iterator[bytes]) -> None:
         dir_fd, name = self._dir_of(key, create=True)

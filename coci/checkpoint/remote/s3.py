@@ -61,6 +61,15 @@ class S3Store:
     def put_bytes(self, key: str, data: bytes) -> None:
         self._obstore.put(self._store, check_key(key), data, use_multipart=False)
 
+    def put_bytes_if_absent(self, key: str, data: bytes) -> bool:
+        try:
+            self._obstore.put(self._store, check_key(key), data, mode="create", use_multipart=False)
+        except Exception as exc:
+            if type(exc).__name__ == "AlreadyExistsError":  # HTTP 412 to If-None-Match: *
+                return False
+            raise
+        return True
+
     def get_file(self, key: str, dest: Path, max_bytes: int) -> int:
         result = self._obstore.get(self._store, check_key(key))
         if result.meta["size"] > max_bytes:

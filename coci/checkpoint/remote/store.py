@@ -2,7 +2,8 @@
 
 A :class:`RemoteStore` is a flat namespace of immutable objects under one prefix (an S3 bucket
 prefix or a shared directory): put a file or bytes, get them back bounded in size, list, delete,
-test existence. Callers never branch on which store they hold (:func:`coci.checkpoint.remote.open_store`
+test existence, create an object only where none exists (:meth:`RemoteStore.put_bytes_if_absent`,
+the run identity's claim). Callers never branch on which store they hold (:func:`coci.checkpoint.remote.open_store`
 picks it from the URL). Every key is ``/``-separated plain names (:func:`check_key`): nothing is
 ever read or written outside the prefix.
 """
@@ -38,6 +39,11 @@ class RemoteStore(Protocol):
         ...
 
     def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    def put_bytes_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` holding ``data`` only where no object has that key (an S3 ``If-None-Match``
+        put, an exclusive link on a directory): of two racing writers exactly one gets True."""
+        ...
 
     def get_file(self, key: str, dest: Path, max_bytes: int) -> int:
         """Download into ``dest`` (created); return its crc32c. CorruptCheckpointError when the object

@@ -35,6 +35,7 @@ from coci import knobs
 from coci.checkpoint import format
 from coci.checkpoint.format import CommitRecord
 from coci.checkpoint.remote.fetch import fetch as fetch_checkpoint
+from coci.checkpoint.remote.identity import OWNER_KEY, RunIdentity, step_owner
 from coci.checkpoint.remote.store import RemoteStore, is_plain_key
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError
@@ -111,6 +112,8 @@ class RemoteTier:
         self._worker: threading.Thread | None = None
         self._trusted: set[int] = set()
         self.last_promoted_step = 0  # newest step committed remotely by this process or restored from it
+        self.identity: RunIdentity | None = None  # the run on the prefix (Session sets it): see .identity
+        self.claim: Callable[[], RunIdentity] | None = None  # where the store was unreachable at the start
         self.failures = 0
         self._ignored: set[str] = set()  # remote keys coci never writes, recorded once (retention skips them)
 
@@ -171,7 +174,8 @@ class RemoteTier:
             try:
                 nbytes = self._upload(job)
                 break
-            except CorruptCheckpointError as exc:  # the local copy is damaged: never promoted, not retried
+            except (CorruptCheckpointError, ConfigError) as exc:  # the local copy is damaged, or the prefix is
+                # another run's now: never promoted, not retried
                 self._give_up(job, exc, attempt)
                 return
             except Exception as exc:
@@ -198,6 +202,10 @@ class RemoteTier:
     def _upload(self, job: _Job) -> int:
         """Data objects (each one's crc32c checked against the record), then the manifest: the commit."""
         prefix = f"{format.step_dirname(job.step)}/"
+        if self.identity is None and self.claim is not None:
+            self.identity = self.claim()
+        if self.identity is not None:  # the checkpoint's run record first: a partial upload is ours too
+            self.identity.claim_step(self.store, job.step)
         for entry, handle in zip(job.record.files, job.handles):
             handle.seek(0)
             crc = self.store.put_file(prefix + entry.name, handle, entry.size)
@@ -236,12 +244,17 @@ class RemoteTier:
         if not kept:
             return []
         doomed = sorted({step for step in steps_of(listing) if step < kept[0]})
+        if self.identity is not None:  # only this run's own checkpoints, and only while it owns the prefix
+            self.identity.check_owner(self.store)
+            doomed = self.identity.own_steps(self.store, doomed)
         for step in doomed:
             prefix = f"{format.step_dirname(step)}/"
             manifest = prefix + format.MANIFEST_FILENAME
             self.store.delete([manifest])
             format.fault("remote_retention")
-            self.store.delete([key for key in listing if key.startswith(prefix) and key != manifest])
+            record = prefix + OWNER_KEY  # last: a checkpoint half deleted still names its run
+            self.store.delete([key for key in listing if key.startswith(prefix) and key not in (manifest, record)])
+            self.store.delete([record])
         self._trusted.difference_update(doomed)
         return [step for step in doomed if step in committed]
 
@@ -260,8 +273,13 @@ class RemoteTier:
     # -- listing and fetching --------------------------------------------------------------------
 
     def committed_steps(self) -> list[int]:
-        """Remote steps holding a commit marker, oldest first (not yet verified)."""
-        return committed_steps(self.store.list_objects())
+        """Remote steps holding a commit marker, oldest first (not yet verified); with a run identity,
+        only those of this run and of the runs it adopted."""
+        steps = committed_steps(self.store.list_objects())
+        identity = self.identity
+        if identity is None:
+            return steps
+        return [step for step in steps if identity.may_restore(step_owner(self.store, step))]
 
     def fetch(self, step: int, root: Path, context: DistributedContext | None = None) -> Path:
         """Download remote ``step`` into ``root/step_<n>`` (committed there like a local write) and

@@ -1,0 +1,241 @@
+"""Which run a remote prefix belongs to: one prefix, one run.
+
+Two runs on one prefix would restore each other's states and delete each other's checkpoints, and
+the run directory's lock covers the local disk only. So the prefix names its owner::
+
+    run.json                 the owner: {"run_id", "run_dir", "host", "created", "adopted"}
+    step_<n>/run.json        the run that wrote that checkpoint (uploaded before its data)
+
+and the run directory keeps the run's id in ``run_id.json``. :func:`claim` (at ``Session()``, rank
+0) creates the owner record on first use with a create-only put (S3 ``If-None-Match: *``, an
+exclusive link on a directory), so of two runs racing for a fresh prefix exactly one wins. Then:
+
+* this run's own id, or the same run directory path with no id (the run restarted on a fresh disk
+  after losing its node): the run goes on;
+* any other run: :class:`coci.errors.ConfigError` naming the prefix and its owner, unless the
+  session was built with ``remote_owner="adopt"``: the run then takes the prefix over (the owner
+  record names it, and the runs it adopted), may restore the previous owner's checkpoints, and
+  never deletes them (retention deletes only checkpoints whose ``step_<n>/run.json`` names this
+  run). The previous owner is fenced: before each upload and each retention pass the tier checks
+  that it still owns the prefix (:meth:`RunIdentity.check_owner`), and its next ``Session()`` on
+  the prefix is refused.
+
+Every record here is untrusted input: bounded reads, validated fields, and a record that does not
+parse is a ConfigError naming it, never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, Field, ValidationError
+
+from coci import distributed
+from coci.checkpoint import format
+from coci.checkpoint.remote.store import RemoteStore
+from coci.distributed import DistributedContext
+from coci.errors import ConfigError
+from coci.events import EventLog, read_run_file, write_run_file
+
+__all__ = [
+    "LOCAL_ID_FILENAME",
+    "OWNER_KEY",
+    "REMOTE_OWNER_MODES",
+    "RemoteOwner",
+    "RunIdentity",
+    "claim",
+    "claim_for_job",
+    "read_local_id",
+    "step_owner",
+]
+
+#: The prefix's owner record, and each checkpoint's (``step_<n>/run.json``).
+OWNER_KEY = "run.json"
+#: The run's id in its run directory.
+LOCAL_ID_FILENAME = "run_id.json"
+#: ``Session(remote_owner=...)``: refuse a prefix another run owns, or take it over.
+RemoteOwnerMode = Literal["refuse", "adopt"]
+REMOTE_OWNER_MODES: tuple[str, ...] = get_args(RemoteOwnerMode)
+
+logger = logging.getLogger(__name__)
+
+_RECORD_MAX_BYTES = 64 << 10
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class RemoteOwner(BaseModel):
+    """The owner record of a prefix (``run.json``) or of one checkpoint (``step_<n>/run.json``)."""
+
+    run_id: str = Field(pattern=_RUN_ID.pattern)
+    run_dir: str = Field(default="", max_length=4096)
+    host: str = Field(default="", max_length=256)
+    created: float = Field(default=0.0, ge=0)
+    adopted: list[str] = Field(default_factory=list, max_length=1024)
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """This run on its prefix: its id and the ids whose checkpoints it may restore (its own and
+    those of the runs it adopted)."""
+
+    run_id: str
+    readable: frozenset[str] = field(default_factory=frozenset)
+
+    def may_restore(self, owner: str | None) -> bool:
+        """A checkpoint written by ``owner`` (None: no record, written before run ids existed)."""
+        return owner is None or owner == self.run_id or owner in self.readable
+
+    def check_owner(self, store: RemoteStore) -> None:
+        """ConfigError when the prefix's owner record no longer names this run (taken over)."""
+        owner = read_owner(store)
+        if owner is None or owner.run_id != self.run_id:
+            now = "no owner record" if owner is None else f"run {owner.run_id} ({owner.run_dir} on {owner.host})"
+            raise ConfigError(f"remote {store.url} no longer belongs to run {self.run_id}: it names {now}; nothing written or deleted")
+
+    def step_record(self) -> bytes:
+        """What ``step_<n>/run.json`` holds for a checkpoint of this run."""
+        return RemoteOwner(run_id=self.run_id, host=socket.gethostname(), created=time.time()).model_dump_json().encode()
+
+    def claim_step(self, store: RemoteStore, step: int) -> None:
+        """Before uploading ``step``: this run still owns the prefix and no other run's checkpoint
+        has that step (never overwritten); then the step's record goes up, before its data."""
+        self.check_owner(store)
+        owner = step_owner(store, step)
+        if owner is not None and owner != self.run_id:
+            raise ConfigError(f"remote {store.url}/step_{step} belongs to run {owner}: not overwritten")
+        store.put_bytes(f"{format.step_dirname(step)}/{OWNER_KEY}", self.step_record())
+
+    def own_steps(self, store: RemoteStore, steps: list[int]) -> list[int]:
+        """Those of ``steps`` this run wrote (what its retention may delete)."""
+        return [step for step in steps if step_owner(store, step) == self.run_id]
+
+
+def step_owner(store: RemoteStore, step: int) -> str | None:
+    """The run id in ``step_<n>/run.json``; None without one; ``"?"`` when it is unreadable (a
+    checkpoint no run may claim: never restored under an identity, never deleted)."""
+    key = f"{format.step_dirname(step)}/{OWNER_KEY}"
+    if not store.exists(key):
+        return None
+    try:
+        return _parse(store.get_bytes(key, _RECORD_MAX_BYTES), key).run_id
+    except Exception:
+        return "?"
+
+
+def read_owner(store: RemoteStore) -> RemoteOwner | None:
+    """The prefix's owner record; None without one; ConfigError when it is not one coci wrote."""
+    if not store.exists(OWNER_KEY):
+        return None
+    return _parse(store.get_bytes(OWNER_KEY, _RECORD_MAX_BYTES), f"{store.url}/{OWNER_KEY}")
+
+
+def _parse(data: bytes, where: str) -> RemoteOwner:
+    try:
+        return RemoteOwner.model_validate_json(data)
+    except (ValidationError, ValueError) as exc:
+        raise ConfigError(f"{where} is not a coci owner record ({type(exc).__name__}); left as it is") from exc
+
+
+def read_local_id(run_dir: Path) -> str | None:
+    """The run id kept in ``run_dir/run_id.json``; None without one; ConfigError naming the file
+    when it is not one coci wrote (a link, oversized, not a run id)."""
+    path = run_dir / LOCAL_ID_FILENAME
+    try:
+        data = read_run_file(path, max_bytes=_RECORD_MAX_BYTES)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"{path} is unreadable: {exc}") from exc
+    try:
+        run_id = json.loads(data)["run_id"]
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise ConfigError(f"{path}: not a coci run id record ({type(exc).__name__})") from exc
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise ConfigError(f"{path}: run_id {str(run_id)[:40]!r} is not a coci run id")
+    return run_id
+
+
+def _write_local_id(run_dir: Path, run_id: str) -> None:
+    write_run_file(run_dir / LOCAL_ID_FILENAME, json.dumps({"run_id": run_id}))
+
+
+def _record(run_id: str, run_dir: Path, adopted: list[str]) -> bytes:
+    owner = RemoteOwner(run_id=run_id, run_dir=str(run_dir), host=socket.gethostname(), created=time.time(), adopted=adopted)
+    return owner.model_dump_json().encode()
+
+
+def claim(store: RemoteStore, run_dir: Path, mode: str, events: EventLog) -> RunIdentity:
+    """This run's identity on ``store`` (see the module docstring); records a ``remote_owner``
+    event; ConfigError when another run owns the prefix and ``mode`` is ``"refuse"``."""
+    if mode not in REMOTE_OWNER_MODES:
+        raise ConfigError(f"remote_owner must be one of {', '.join(map(repr, REMOTE_OWNER_MODES))}, got {mode!r}")
+    here = Path(os.path.abspath(run_dir))
+    local = read_local_id(run_dir)
+    owner = read_owner(store)
+    if owner is None:
+        run_id = local or uuid.uuid4().hex
+        if store.put_bytes_if_absent(OWNER_KEY, _record(run_id, here, [])):
+            return _settled(run_dir, RunIdentity(run_id, frozenset()), events, "claimed", store)
+        owner = read_owner(store)  # another run created it between the two calls: it won
+        assert owner is not None
+    readable = frozenset(owner.adopted)
+    if owner.run_id == local or (local is None and owner.run_dir == str(here)):
+        action = "owned" if local is not None else "continued"  # the same run directory on a fresh disk
+        return _settled(run_dir, RunIdentity(owner.run_id, readable), events, action, store)
+    if mode != "adopt":
+        raise ConfigError(_refusal(store, owner, local, here))
+    run_id = local or uuid.uuid4().hex
+    adopted = [*owner.adopted, owner.run_id]
+    store.put_bytes(OWNER_KEY, _record(run_id, here, adopted))
+    identity = RunIdentity(run_id, frozenset(adopted))
+    return _settled(run_dir, identity, events, "adopted", store, previous=owner.run_id)
+
+
+def _settled(run_dir: Path, identity: RunIdentity, events: EventLog, action: str, store: RemoteStore, **extra: Any) -> RunIdentity:
+    _write_local_id(run_dir, identity.run_id)
+    events.emit("remote_owner", step=0, action=action, run_id=identity.run_id, remote=store.url, **extra)
+    return identity
+
+
+def _refusal(store: RemoteStore, owner: RemoteOwner, local: str | None, here: Path) -> str:
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(owner.created))
+    this = f"run {local}" if local is not None else "a new run"
+    taken = " (it took the prefix over from this run)" if local in owner.adopted else ""
+    return (
+        f"remote {store.url} belongs to another run: run {owner.run_id}, run directory {owner.run_dir!r} on "
+        f"{owner.host or '?'}, since {since}{taken}; this is {this} in {str(here)!r}. Two runs on one prefix would "
+        "restore and delete each other's checkpoints: give this run its own prefix, or pass "
+        "Session(remote_owner='adopt') to continue from that run's checkpoints (this run never deletes them)"
+    )
+
+
+def claim_for_job(
+    store: RemoteStore, run_dir: Path, mode: str, events: EventLog, context: DistributedContext | None
+) -> RunIdentity | None:
+    """:func:`claim` on rank 0, its verdict on every rank (collective under ``torch.distributed``):
+    the same identity, or the same ConfigError, everywhere. None (logged, an ``error`` event) when
+    the store cannot be reached now: the tier then claims before its first upload."""
+
+    def attempt() -> tuple[RunIdentity | None, str | None]:
+        try:
+            return claim(store, run_dir, mode, events), None
+        except ConfigError as exc:
+            return None, str(exc)
+        except Exception as exc:  # an unreachable store: the owner is unknown, claimed before the first upload
+            logger.warning("remote %s: owner record not read now (%s: %s); claimed before the first upload", store.url, type(exc).__name__, exc)
+            events.emit("error", step=0, phase="remote_owner", message=f"{type(exc).__name__}: {exc}")
+            return None, None
+
+    identity, problem = distributed.from_coordinator(attempt, context)
+    if problem is not None:
+        raise ConfigError(problem)
+    return identity
