@@ -20,7 +20,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, get_args
 
@@ -124,6 +124,18 @@ class EventLog:
             self._failing = True
             self._failure = exc
             logger.error("cannot write %s (%s): the %r event and those after it until it can are lost", self._path, exc, event)
+
+    def rewrite(self, transform: Callable[[bytes], bytes]) -> None:
+        """Replace the log by ``transform(its bytes)`` atomically (a temporary file renamed over it),
+        no event appended meanwhile: the remote history merged back after a lost node."""
+        with self._lock:
+            self._close_locked()
+            try:
+                with open_run_file(self._path) as handle:
+                    current = handle.read()
+            except FileNotFoundError:
+                current = b""
+            safe_files.replace_file(self._path, transform(current), follow_dir=True, durable=True)
 
     def close(self) -> None:
         """Close the file (the next event opens it again)."""

@@ -358,3 +358,14 @@ REMOTE_RETRY_TIMEOUT_SECONDS: float = 30.0
 REMOTE_REFUSED_MAX: int = 100
 REMOTE_REFUSED_MESSAGE_CHARS: int = 500
 REMOTE_REFUSED_FILE_BYTES: int = 1 << 20
+#: The run's history on the remote tier (:mod:`coci.checkpoint.remote.history`): the process's
+#: segment of ``events.jsonl`` and its step are mirrored after each promotion, at ``close()``, and
+#: every this many seconds when they changed (one small put; the bound on what a lost node's
+#: report misses of a process that was not promoting).
+HISTORY_MIRROR_SECONDS: float = 30.0
+#: Largest segment of one process mirrored (its first bytes; about a week of ``progress`` events),
+#: and largest history merged back on restore (the oldest segments are left out first).
+HISTORY_SEGMENT_MAX_BYTES: int = 16 << 20
+HISTORY_MERGE_MAX_BYTES: int = 64 << 20
+#: How long ``close()`` waits for the last mirror of the history.
+HISTORY_CLOSE_SECONDS: float = 15.0

@@ -10,7 +10,9 @@ worker. :class:`Preemption` turns such a notice into a committed checkpoint:
    installed before it; it never does I/O, since it runs between two bytecodes of whatever the
    training loop was doing. With no session listening it re-raises the default action.
 2. At the next ``session.step()`` the session checkpoints that step (after the persist in flight,
-   if any; just that one when it is of this very step), waits for its commit, writes a
+   if any; just that one when it is of this very step), waits for its commit, promotes it to the
+   remote tier whatever a two-level plan promotes and waits for that upload within the grace
+   left (the event's ``promoted``: False when it did not make it), writes a
    ``preempted`` event and raises :class:`Preempted`. Under ``torch.distributed`` the ranks agree
    on notices at a bounded cadence (:func:`agreement_interval`) on coci's gloo control group, so
    every rank checkpoints the same step even when only one rank got the signal.
@@ -303,6 +305,7 @@ def stop(session: Any, preemption: Preemption) -> Preempted:
         session.checkpoint(reason="preemption")
     result = session.wait()
     seconds = preemption.seconds_since_notice()
+    promoted = None if result is None else session.promote_preempted(step, preemption.grace_seconds - seconds)
     profile = session.profile
     estimate = _estimate(profile.stall_seconds.value, profile.persist_seconds.value)
     fits = grace_fits(preemption.grace_seconds, profile.stall_seconds.value, profile.persist_seconds.value)
@@ -317,7 +320,11 @@ def stop(session: Any, preemption: Preemption) -> Preempted:
         fits=fits,
         within_grace=seconds <= preemption.grace_seconds,
         path=path,
+        promoted=promoted,
+        promoted_seconds=preemption.seconds_since_notice() if promoted else None,
     )
+    if promoted is False:
+        logger.warning("coci: the preemption checkpoint of step %d was not in the remote tier within the grace", step)
     if seconds > preemption.grace_seconds:
         logger.warning("coci: the preemption checkpoint took %.3g s, longer than the %.3g s grace", seconds, preemption.grace_seconds)
     session.close()

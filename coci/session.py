@@ -49,6 +49,7 @@ from coci.checkpoint.checkpointer import (
 from coci.checkpoint.format import RNG_KEY, SESSION_KEY, LoadedCheckpoint
 from coci.checkpoint.remote import RemoteTier, open_store
 from coci.checkpoint.remote.fetch import UNAVAILABLE
+from coci.checkpoint.remote.history import HistoryMirror, history_offset, merge_history
 from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES, claim, claim_for_job
 from coci.checkpoint.remote.refused import REFUSED_BEFORE, RemoteGate
 from coci.checkpoint.run_lock import RunLock
@@ -213,13 +214,18 @@ class Session:
             self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
         # the previous process's last event, read before this one writes any (the step mark's `reached` included)
         previous_end = preemption.last_event_time(self.events.path)
+        events_start = history_offset(self.events.path)  # where this process's events begin
         self._mark = self._open_step_mark()
         writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
         self._checkpointer = Checkpointer(writer, self.events, keep_last, self._clock)
         self._remote = None if remote is None else RemoteTier(open_store(remote, storage_options), keep_last_remote, self.events, self._profiler)
         self._claim_remote(remote_owner)
+        self._history = self._mirror_history(events_start)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
+        self._must_promote: set[int] = set()  # promoted whatever the plan says (preemption, final)
+        self._promoted_steps: set[int] = set()
+        self._last_commit: tuple[int, Path] | None = None
         self._error: BaseException | None = None
         self._run_file_error: CociError | None = None  # a run file not written (raised by _raise_error)
         self._stall_pending: PendingCheckpoint | None = None
@@ -371,6 +377,8 @@ class Session:
         """
         self._check_open()
         self._planner.discard()  # a plan of the run before the restore never applies
+        if self._history is not None:  # a fresh run directory: the history of the run from the remote
+            self._merge_history(self._history)
         root = format.checkpoints_dir(self.run_dir)
         candidates = self._with_remote(restore_candidates(root, self._dist))  # newest first; damaged ones too
         skipped: list[Path] = []
@@ -420,6 +428,16 @@ class Session:
         reason = _skip_reason(problem)
         logger.warning("skipping checkpoint %s (%s): %s", where, reason, problem)
         self.events.emit("restore_skip", step=step, path=where, message=problem, reason=reason)
+
+    def _merge_history(self, mirror: HistoryMirror) -> None:
+        try:
+            added = merge_history(mirror)
+        except Exception as exc:  # the report then misses the earlier history; training goes on
+            logger.warning("remote history not merged from %s: %s", mirror.store.url, exc)
+            self.events.emit("error", step=self._steps, phase="remote_history", message=f"{type(exc).__name__}: {exc}")
+            return
+        if added:
+            self.events.emit("remote_history", step=self._steps, events=added, remote=mirror.store.url)
 
     def _with_remote(self, local: list[tuple[int, Path]]) -> list[tuple[int, Path | None]]:
         """Restore candidates of both tiers, newest step first; a step in both is tried locally
@@ -485,12 +503,45 @@ class Session:
         if remote.identity is None:
             remote.claim = lambda: claim(remote.store, self.run_dir, mode, self.events)
 
+    def _mirror_history(self, offset: int) -> HistoryMirror | None:
+        """Rank 0's event log, step and run files mirrored to the remote tier (:mod:`coci.checkpoint.remote.history`)."""
+        remote = self._remote
+        if remote is None or not (self._dist is None or self._dist.is_coordinator):
+            return None
+        mirror = HistoryMirror(remote.store, self.events, lambda: self._steps, offset)
+        remote.after_promotion = mirror.request
+        mirror.start()
+        return mirror
+
     def _promote(self, step: int, path: Path) -> None:
-        """Hand a committed checkpoint to the remote tier when the plan promotes it (rank 0)."""
+        """Hand a committed checkpoint to the remote tier when the plan promotes it, or when it must
+        be promoted whatever the plan says (a preemption's, the final one: :meth:`_promote_always`)
+        (rank 0)."""
+        self._last_commit = (step, path)
         plan = self.plan
-        wanted = plan is None or plan.promote_steps is None or step in plan.promote_steps
+        wanted = plan is None or plan.promote_steps is None or step in plan.promote_steps or step in self._must_promote
         if self._remote is not None and wanted and (self._dist is None or self._dist.is_coordinator):
+            self._promoted_steps.add(step)
             self._remote.promote(step, path)
+
+    def _promote_always(self, step: int) -> None:
+        """Checkpoint ``step`` goes to the remote tier whatever a two-level plan promotes: the
+        preemption checkpoint (a reclaimed node resumes from it) and the final one (the run's
+        result must not live on one local disk only). Handed over now when it already committed."""
+        self._must_promote.add(step)
+        if self._last_commit is not None and self._last_commit[0] == step and step not in self._promoted_steps:
+            self._promote(*self._last_commit)
+
+    def promote_preempted(self, step: int, seconds_left: float) -> bool | None:
+        """Promote the committed preemption checkpoint of ``step`` and wait for its upload at most
+        ``seconds_left`` (the grace left): True when it is in the remote tier by then, False when
+        not (still uploading, or failed), None without a remote tier or on a rank that does not upload."""
+        remote = self._remote
+        if remote is None or not (self._dist is None or self._dist.is_coordinator):
+            return None
+        self._promote_always(step)
+        remote.wait(max(seconds_left, 0.0))
+        return remote.last_promoted_step >= step
 
     def _load_and_apply(self, path: Path, strict: bool, targets: Mapping[str, Any] | None = None) -> tuple[LoadedCheckpoint | None, str]:
         """Load ``path`` into ``state``; (None, what went wrong) when any rank failed to.
@@ -521,9 +572,12 @@ class Session:
         if self._closed:
             return
         waited_from = self._clock()  # the last persist and the run files (a final checkpoint: a stall)
+        final = self._final_wanted()
         if self._final_checkpoint_due():
             self.checkpoint(reason="close")
             waited_from += self._stall_seconds
+        if final:
+            self._must_promote.add(self._steps)
         self._record_pending_stall(block=True)  # the last checkpoint's stall has no next step to record it
         self._closed = True
         try:
@@ -533,6 +587,8 @@ class Session:
             self._overhead.book_planner_thread(dropped, self._clock() - closing, self._contention.factor())
             self._checkpointer.close()
             self._poll_persist()
+            if final:
+                self._promote_always(self._steps)
             if self._remote is not None:  # the last promotion finishes before the run ends
                 self._remote.wait()
         finally:
@@ -549,6 +605,8 @@ class Session:
         self.events.emit(
             "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._overhead.as_event()
         )
+        if self._history is not None:  # the close event included: this process closed, it did not fail
+            self._history.close(knobs.HISTORY_CLOSE_SECONDS)
         self.events.close()
         if self._mark is not None:
             self._mark.close()
@@ -575,10 +633,14 @@ class Session:
     def _final_checkpoint_due(self) -> bool:
         """``save_last`` at ``close()``: asked for (or the run reached ``total_steps``) and the
         final step has no checkpoint yet."""
+        return self._final_wanted() and self._steps not in self._checkpoint_steps
+
+    def _final_wanted(self) -> bool:
+        """``save_last`` asked for the final state (or the run reached ``total_steps``)."""
         wanted = self._save_last
         if wanted is None:
             wanted = self._total_steps is not None and self._steps >= self._total_steps
-        return wanted and self._steps > 0 and self._steps not in self._checkpoint_steps
+        return wanted and self._steps > 0
 
     def _account_step_work(self, entered: float, resumed: float, planning_before: float, checkpointed: bool) -> None:
         """Book this ``step()`` call's own time, minus its checkpoint and planning (booked apart), as

@@ -1,7 +1,7 @@
 """A deterministic training job that the preemption tests send SIGTERM to (tests/test_preemption.py).
 
 Usage: python tests/preempt_job.py RUN_DIR --steps N --every K [--catch C] [--step-sleep S]
-       [--persist-sleep S] [--grace G]
+       [--persist-sleep S] [--grace G] [--remote URL --promote STEP,...]
 
 Trains an MLP with dropout, Adam and a LambdaLR schedule (Python, NumPy and torch RNG every step),
 checkpointing every K steps through coci.Session. Each step appends "step loss_hex" to
@@ -12,7 +12,9 @@ in_persist" to preempted.txt and then, for the first C notices, starts over in t
 from fresh objects (as a restarted process would: new model, optimizer, session, restore), after
 that it lets Preempted end the process (exit status 143). After each restore it appends a line to
 ready.txt so the test knows a session is listening. --persist-sleep makes each persist sleep that
-long mid-write (a slow disk), so notices land during persists. At the end: final.pt.
+long mid-write (a slow disk), so notices land during persists. --remote follows a two-level plan
+(failure classes, a node class that destroys the local tier) checkpointing every K steps and
+promoting only the --promote steps, with save_last. At the end: final.pt.
 """
 
 from __future__ import annotations
@@ -45,14 +47,30 @@ def on_sigterm(signum: int, frame: FrameType | None) -> None:
         CURRENT["notice"] = (CURRENT["session"].steps, pending is not None and not pending.done())
 
 
+def two_level_plan(args: argparse.Namespace) -> coci.Plan:
+    """A two-level plan of the node/process failure classes, its steps and promotions fixed: every
+    ``--every`` steps, promoting only ``--promote``."""
+    failures = coci.Failures.compose(
+        coci.FailureClass(name="process", failures=coci.Failures.exponential("2h")),
+        coci.FailureClass(name="node", failures=coci.Failures.exponential("6h"), destroys=("local",)),
+    )
+    plan = coci.plan(
+        failures=failures, total_steps=args.steps, step_seconds=1.0, stall_seconds=0.1, persist_seconds=1.0,
+        restart_seconds=10.0, upload_seconds=30.0, remote_restart_seconds=60.0,
+    )
+    steps = list(range(args.every, args.steps + 1, args.every))
+    return plan.model_copy(update={"steps": steps, "promote_steps": [int(s) for s in args.promote.split(",")]})
+
+
 def train(args: argparse.Namespace) -> None:
     random.seed(0)
     np.random.seed(0)
     model, optimizer, scheduler = build(seed=random.randrange(1 << 30))  # restore must overwrite it
     x, y = data()
+    tiers = {} if args.remote is None else {"remote": args.remote, "save_last": True, "keep_last_remote": None}
     session = coci.Session(
         args.run_dir, state={"model": model, "optimizer": optimizer, "scheduler": scheduler},
-        policy=coci.EveryN(args.every), keep_last=2, grace=args.grace,
+        policy=coci.EveryN(args.every) if args.remote is None else two_level_plan(args), keep_last=2, grace=args.grace, **tiers,
     )
     session.restore()
     CURRENT.clear()
@@ -87,6 +105,8 @@ def main() -> None:
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--persist-sleep", type=float, default=0.0)
     parser.add_argument("--grace", default="30s")
+    parser.add_argument("--remote", default=None)
+    parser.add_argument("--promote", default="")
     args = parser.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)

@@ -98,6 +98,8 @@ class RestoreRow(BaseModel):
     lost_steps: int | None = None
     lost_seconds: float | None = None
     lost_exact: bool = False
+    tier: str | None = None  # where it came from: "local", "remote" (downloaded first); None: not logged
+    preempted: bool = False  # the process before it stopped on a preemption notice
 
 
 class PreemptionRow(BaseModel):
@@ -111,6 +113,9 @@ class PreemptionRow(BaseModel):
     fits: bool | None = None
     within_grace: bool | None = None
     restart_seconds: float | None = None
+    # its checkpoint in the remote tier within the grace (None: no remote tier, or not logged)
+    promoted: bool | None = None
+    promoted_seconds: float | None = None  # from the notice to the end of that upload
 
 
 class ObservedCosts(BaseModel):
@@ -256,6 +261,7 @@ _EVENT_FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "fits": (bool,),
     "planning": (bool,),
     "within_grace": (bool,),
+    "promoted": (bool, type(None)),
     "steps": (list,),
 }
 
@@ -537,7 +543,7 @@ class _Restores:
         self.step_seconds = step_seconds
         self.rows: list[RestoreRow] = []
         self.reached: int | None = None
-        self.closed = self.marked = False
+        self.closed = self.marked = self.preempted = False
         self.pace = _Pace()  # this process's
         self.previous_pace: _Pace | None = None  # the one before its `session` event
 
@@ -549,8 +555,11 @@ class _Restores:
             self.pace, self.previous_pace = _Pace(), self.pace
         if kind in ("progress", "snapshot_start") and step is not None:
             self.pace.add(event, step)
-        if kind == "reached" and step is not None:  # the step mark the previous process left
-            self.marked = self.reached is None or step >= self.reached
+        if kind == "preempted":
+            self.preempted = True
+        if kind == "reached" and step is not None:  # the step mark the previous process left (a
+            # mirrored one, exact false, is the step it had when last mirrored: a lower bound)
+            self.marked = (self.reached is None or step >= self.reached) and event.get("exact") is not False
         if kind == "restart" and self.rows and self.rows[-1].restart_seconds is None:
             self.rows[-1].restart_seconds = _number(event.get("seconds"))
             return
@@ -576,9 +585,11 @@ class _Restores:
                 lost_steps=lost,
                 lost_seconds=None if lost is None or per_step is None else lost * per_step,
                 lost_exact=failure and self.marked,
+                tier=event.get("tier") if event.get("tier") in ("local", "remote") else None,
+                preempted=self.preempted,
             )
         )
-        self.reached, self.closed, self.marked = step, False, False
+        self.reached, self.closed, self.marked, self.preempted = step, False, False, False
         self.pace, self.previous_pace = _Pace(), None
         self.pace.add(event, step)  # this process trains on from here
 

@@ -178,10 +178,11 @@ def _restore_lines(data: ReportData) -> list[str]:
         return []
     lines = [f"restores: {len(data.restores)}"]
     for row in data.restores:
-        why = "after a failure" if row.failure else "after a clean close"
+        why = "after a failure" if row.failure else "after a preemption" if row.preempted else "after a clean close"
         text = f"  step {row.step} ({why}"
         if row.lost_steps is not None:
             text += f", {'' if row.lost_exact else 'at least '}{row.lost_steps} steps lost"
+        text += {"local": "; local tier", "remote": "; from the remote tier"}.get(row.tier or "", "")
         text += f"): restore {format_seconds(row.seconds)}"
         if row.restart_seconds is not None:
             text += f", restart {format_seconds(row.restart_seconds)} (process start to first step)"
@@ -352,6 +353,10 @@ def _preemption_lines(data: ReportData) -> list[str]:
             line += f"; the checkpoint estimate {format_seconds(row.estimate_seconds)} does NOT fit the grace"
         if row.within_grace is False:
             line += "; took longer than the grace"
+        if row.promoted:
+            line += f"; in the remote tier {format_seconds(row.promoted_seconds)} after the notice"
+        elif row.promoted is False:
+            line += "; NOT in the remote tier within the grace (a lost node resumes from an older promoted step)"
         if row.restart_seconds is not None:
             line += f"; restarted {format_seconds(row.restart_seconds)} later"
         lines.append(line)

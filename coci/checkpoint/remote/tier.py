@@ -114,6 +114,7 @@ class RemoteTier:
         self.last_promoted_step = 0  # newest step committed remotely by this process or restored from it
         self.identity: RunIdentity | None = None  # the run on the prefix (Session sets it): see .identity
         self.claim: Callable[[], RunIdentity] | None = None  # where the store was unreachable at the start
+        self.after_promotion: Callable[[int], None] | None = None  # the history mirror's cue
         self.failures = 0
         self._ignored: set[str] = set()  # remote keys coci never writes, recorded once (retention skips them)
 
@@ -145,11 +146,11 @@ class RemoteTier:
         worker = self._worker
         return worker is not None and worker.is_alive()
 
-    def wait(self) -> None:
-        """Block until every queued promotion finished (or failed)."""
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every queued promotion finished (or failed), or ``timeout`` seconds passed."""
         worker = self._worker
         if worker is not None:
-            worker.join()
+            worker.join(timeout)
 
     def trust(self, step: int) -> None:
         """Count remote ``step`` (verified: restored from) as good for retention."""
@@ -191,6 +192,8 @@ class RemoteTier:
             self.listener.upload_finished(seconds, nbytes)
         self.events.emit("promoted", step=job.step, bytes=nbytes, seconds=seconds, remote=self.store.url, attempts=attempt)
         self._retain_safely(job.step)
+        if self.after_promotion is not None:
+            self.after_promotion(job.step)
 
     def _give_up(self, job: _Job, exc: BaseException, attempt: int) -> None:
         self.failures += 1
