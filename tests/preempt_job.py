@@ -1,7 +1,7 @@
 """A deterministic training job that the preemption tests send SIGTERM to (tests/test_preemption.py).
 
 Usage: python tests/preempt_job.py RUN_DIR --steps N --every K [--catch C] [--step-sleep S]
-       [--persist-sleep S] [--grace G] [--remote URL --promote STEP,...]
+       [--persist-sleep S] [--grace G] [--remote URL --promote STEP,... --mirror-seconds S] [--hold-at N]
 
 Trains an MLP with dropout, Adam and a LambdaLR schedule (Python, NumPy and torch RNG every step),
 checkpointing every K steps through coci.Session. Each step appends "step loss_hex" to
@@ -14,7 +14,9 @@ that it lets Preempted end the process (exit status 143). After each restore it 
 ready.txt so the test knows a session is listening. --persist-sleep makes each persist sleep that
 long mid-write (a slow disk), so notices land during persists. --remote follows a two-level plan
 (failure classes, a node class that destroys the local tier) checkpointing every K steps and
-promoting only the --promote steps, with save_last. At the end: final.pt.
+promoting only the --promote steps, with save_last (its history mirrored every --mirror-seconds).
+--hold-at N stops after step N, appends N to held.txt and waits there for a notice (or a kill).
+At the end: final.pt.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import coci
+from coci import knobs
 from coci.checkpoint import format
 from tests.train_job import build, data
 
@@ -93,7 +96,17 @@ def train(args: argparse.Namespace) -> None:
             pending = session.step(loss.detach())
             if pending is not None:
                 CURRENT["pending"] = pending
+            if session.steps == args.hold_at:
+                hold(args.run_dir, session.steps)
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(args.run_dir, "final.pt"))
+
+
+def hold(run_dir: str, step: int) -> None:
+    """Wait at ``step`` until a notice arrives (the test sends SIGTERM, or SIGKILLs the process)."""
+    with open(os.path.join(run_dir, "held.txt"), "a") as held:
+        held.write(f"{step}\n")
+    while "notice" not in CURRENT:
+        time.sleep(0.02)
 
 
 def main() -> None:
@@ -107,9 +120,13 @@ def main() -> None:
     parser.add_argument("--grace", default="30s")
     parser.add_argument("--remote", default=None)
     parser.add_argument("--promote", default="")
+    parser.add_argument("--mirror-seconds", type=float, default=None)
+    parser.add_argument("--hold-at", type=int, default=None)
     args = parser.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
+    if args.mirror_seconds is not None:
+        knobs.HISTORY_MIRROR_SECONDS = args.mirror_seconds
     signal.signal(signal.SIGTERM, on_sigterm)
     if args.persist_sleep:
         format.set_fault_hook(lambda point: time.sleep(args.persist_sleep) if point == "mid_write" else None)

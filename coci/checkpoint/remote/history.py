@@ -204,7 +204,10 @@ def _valid(line: bytes) -> bool:
         record = json.loads(line)
     except (ValueError, RecursionError):
         return False
-    return isinstance(record, dict) and isinstance(record.get("event"), str) and _event_time(line) is not None
+    if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+        return False
+    when = record.get("time")
+    return isinstance(when, (int, float)) and not isinstance(when, bool) and math.isfinite(when)
 
 
 def _event_time(line: bytes) -> float:
