@@ -5,6 +5,7 @@ real S3 server (SeaweedFS): real SIGTERMs and SIGKILLs to real training processe
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import test_remote
+import torch
 from fault_job import compare_final
 from test_preemption import lines, wait_for_lines
 from test_remote import _small_state, _train, events
@@ -165,3 +167,28 @@ def test_a_hostile_remote_history_is_merged_only_as_checked_events(tmp_path: Pat
     assert [e["step"] for e in merged if e["event"] == "commit"] == [2, 4]  # the first process's history came back
     assert (tmp_path / "run" / "plan.json").read_text() == "{}"
     assert events(tmp_path / "run", "remote_history")
+
+
+def test_a_preemption_upload_that_does_not_fit_the_grace_is_recorded_and_reported(tmp_path: Path) -> None:
+    """A remote slower than the grace (each commit marker takes 1.5 s; grace 0.3 s): the notice
+    still stops the loop after the local commit, the ``preempted`` event and the report say the
+    checkpoint was not in the remote tier within the grace, and close() finishes the upload."""
+    from coci.checkpoint import format
+
+    model, optimizer = _small_state()
+    format.set_fault_hook(lambda point: time.sleep(1.5) if point == "before_remote_commit" else None)
+    try:
+        session = coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(100),
+                               remote=str(tmp_path / "shared"), grace=0.3)
+        for _ in range(3):
+            session.step(model(torch.randn(8, 4)).square().mean().detach())
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(coci.Preempted):
+            session.step()
+    finally:
+        format.set_fault_hook(None)
+    (preempted,) = [e for e in read_events(tmp_path / "run") if e["event"] == "preempted"]
+    assert preempted["promoted"] is False and preempted["step"] == 4
+    assert [e["step"] for e in read_events(tmp_path / "run") if e["event"] == "promoted"] == [4]  # finished at close
+    summary = coci.report(tmp_path / "run", compare=False).summary()
+    assert "NOT in the remote tier within the grace" in summary
