@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from coci.checkpoint import format
+from coci.checkpoint.remote.identity import OWNER_KEY
 from coci.checkpoint.remote.tier import committed_steps, open_store
 from tests.test_distributed import assert_same_as_reference, launch, torchrun
 from tests.test_remote import s3_remote, s3_server  # noqa: F401 (fixtures)
@@ -34,9 +35,9 @@ def rank_events(run_dir: Path, rank: int, kind: str) -> list[dict]:
 
 
 def remote_files(remote: str, step: int) -> set[str]:
-    """The data objects of remote ``step`` (its manifest left out)."""
+    """The data objects of remote ``step`` (its manifest and its run record left out)."""
     prefix = f"step_{step}/"
-    return {key[len(prefix):] for key in open_store(remote).list_objects(prefix)} - {format.MANIFEST_FILENAME}
+    return {key[len(prefix):] for key in open_store(remote).list_objects(prefix)} - {format.MANIFEST_FILENAME, OWNER_KEY}
 
 
 def promote_to_8_and_lose_local(run_dir: Path, remote: str) -> None:
