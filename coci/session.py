@@ -29,6 +29,7 @@ import logging
 import os
 import signal
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -508,7 +509,13 @@ class Session:
         remote = self._remote
         if remote is None or not (self._dist is None or self._dist.is_coordinator):
             return None
-        mirror = HistoryMirror(remote.store, self.events, lambda: self._steps, offset)
+        session = weakref.ref(self)  # the mirror thread never keeps a dropped session alive
+
+        def steps() -> int | None:
+            alive = session()
+            return None if alive is None else alive._steps
+
+        mirror = HistoryMirror(remote.store, self.events, steps, offset)
         remote.after_promotion = mirror.request
         mirror.start()
         return mirror

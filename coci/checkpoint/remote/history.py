@@ -61,17 +61,18 @@ def history_offset(path: Path) -> int:
 class HistoryMirror:
     """Mirrors this process's segment of the event log, its step and the run files to ``store``.
 
-    ``step_of`` reads the session's step (a plain integer, no device sync); ``offset`` is where
-    this process's events start in the log (its size when the session opened it)."""
+    ``step_of`` reads the session's step (a plain integer, no device sync; None once the session
+    is gone, which ends the thread); ``offset`` is where this process's events start in the log
+    (its size when the session opened it)."""
 
-    def __init__(self, store: RemoteStore, events: EventLog, step_of: Callable[[], int], offset: int) -> None:
+    def __init__(self, store: RemoteStore, events: EventLog, step_of: Callable[[], int | None], offset: int) -> None:
         self.store = store
         self.events = events
         self.step_of = step_of
         self.offset = offset
         self.segment = f"{time.time_ns()}-{os.getpid()}"
         self._sent: dict[str, bytes] = {}
-        self._sync_lock = threading.Lock()
+        self.sync_lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -93,7 +94,7 @@ class HistoryMirror:
         self._wake.set()
 
     def _run(self) -> None:
-        while not self._stopping:
+        while not self._stopping and self.step_of() is not None:
             self._wake.wait(knobs.HISTORY_MIRROR_SECONDS)
             self._wake.clear()
             if not self._stopping:
@@ -108,9 +109,11 @@ class HistoryMirror:
 
     def sync(self) -> None:
         """Upload whatever changed since the last mirror: the segment, the mark, the run files."""
-        with self._sync_lock:
+        with self.sync_lock:
             self._put_changed(self.events_key, self._segment_bytes())
-            self._put_changed(self.mark_key, json.dumps({"step": self.step_of(), "pid": os.getpid()}).encode())
+            step = self.step_of()
+            if step is not None:
+                self._put_changed(self.mark_key, json.dumps({"step": step, "pid": os.getpid()}).encode())
             for name in RUN_FILES:
                 self._put_changed(HISTORY_PREFIX + name, self._run_file(name))
 
@@ -170,7 +173,8 @@ def merge_history(mirror: HistoryMirror) -> int:
         mirror.offset = len(history)
         return history + own
 
-    mirror.events.rewrite(merged)
+    with mirror.sync_lock:  # no mirror reads the log while its offsets move
+        mirror.events.rewrite(merged)
     return added[0]
 
 
