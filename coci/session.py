@@ -513,7 +513,7 @@ class Session:
 
         def steps() -> int | None:
             alive = session()
-            return None if alive is None else alive._steps
+            return None if alive is None else getattr(alive, "_steps", 0)  # 0 until __init__ sets it
 
         mirror = HistoryMirror(remote.store, self.events, steps, offset)
         remote.after_promotion = mirror.request
