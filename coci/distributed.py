@@ -17,26 +17,39 @@ checkpoint format written under a process group is in :mod:`coci.checkpoint.dcp`
 
 from __future__ import annotations
 
+import os
+import secrets
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, Literal, TypeVar
 
 import torch.distributed as dist
 
 from coci import knobs
+from coci.errors import ConfigError
 
 __all__ = [
+    "RUN_DIR_LAYOUTS",
     "DistributedContext",
+    "RunDirLayout",
     "agree",
     "aggregate_profile",
     "broadcast_object",
     "from_coordinator",
     "gather_objects",
     "observe_policy",
+    "with_run_dir_layout",
 ]
 
 T = TypeVar("T")
+
+#: ``Session(run_dir_layout=...)``: probe the run directory, or say whether the nodes share it.
+RunDirLayout = Literal["auto", "shared", "node-local"]
+RUN_DIR_LAYOUTS: tuple[str, ...] = ("auto", "shared", "node-local")
+_PROBE_PREFIX = ".coci-layout-probe-"
 
 #: Estimates of the aggregated profile taken from the slowest rank (largest value).
 _SLOWEST_ESTIMATES = (
@@ -62,6 +75,9 @@ class DistributedContext:
     control_group: Any
     persist_group: Any
     timeout_seconds: float
+    #: Node-local run directories: the ranks of each node (the ranks that share one directory),
+    #: ascending; None when every rank sees the same run directory (the shared layout).
+    nodes: tuple[tuple[int, ...], ...] | None = None
 
     @classmethod
     def detect(cls, timeout_seconds: float | None = None) -> DistributedContext | None:
@@ -81,6 +97,26 @@ class DistributedContext:
     def is_coordinator(self) -> bool:
         """Rank 0 plans, commits, applies retention and picks the checkpoint to restore."""
         return self.rank == 0
+
+    @property
+    def node_local(self) -> bool:
+        """True when each node has its own run directory (:func:`with_run_dir_layout`)."""
+        return self.nodes is not None
+
+    @property
+    def node(self) -> int:
+        """The index of this rank's node (0 in the shared layout: one directory, one 'node')."""
+        return next((index for index, ranks in enumerate(self.nodes or ()) if self.rank in ranks), 0)
+
+    @property
+    def node_ranks(self) -> tuple[int, ...]:
+        """The ranks that share this rank's run directory."""
+        return self.nodes[self.node] if self.nodes is not None else tuple(range(self.world_size))
+
+    @property
+    def is_node_leader(self) -> bool:
+        """The lowest rank of its directory: it creates, commits and retains checkpoints there."""
+        return self.rank == self.node_ranks[0]
 
 
 def gather_objects(value: Any, group: Any) -> list[Any]:
@@ -151,3 +187,54 @@ def agree(problem: str | None, context: DistributedContext | None) -> str | None
         return problem
     problems = gather_objects(problem, context.control_group)
     return "; ".join(p for p in problems if p) or None
+
+
+# --- run directory layout (Session) --------------------------------------------------------------
+
+
+def with_run_dir_layout(context: DistributedContext, run_dir: Path, setting: str) -> DistributedContext:
+    """``context`` with the nodes of its run directories (collective on the control group).
+
+    ``"shared"``: one directory for every rank (NFS, Lustre; ``nodes`` None). ``"node-local"``:
+    the ranks of one host (hostname and torchrun's ``GROUP_RANK``) share a directory.
+    ``"auto"``: every rank writes a token file with a random name into ``run_dir`` and reports
+    which of the others' tokens it sees; the ranks that see each other share a directory. A probe
+    whose answers are not a partition (a cache that shows some files late) is a ConfigError
+    asking for an explicit setting. One group is the shared layout.
+    """
+    if setting not in RUN_DIR_LAYOUTS:
+        raise ConfigError(f"run_dir_layout must be one of {', '.join(RUN_DIR_LAYOUTS)}, got {setting!r}")
+    if setting == "shared":
+        return replace(context, nodes=None)
+    if setting == "node-local":
+        groups = _groups_by(gather_objects((socket.gethostname(), os.environ.get("GROUP_RANK")), context.control_group))
+    else:
+        groups = _probed_groups(context, run_dir)
+    return replace(context, nodes=groups if len(groups) > 1 else None)
+
+
+def _groups_by(keys: list[Any]) -> tuple[tuple[int, ...], ...]:
+    """Ranks grouped by equal keys, each group ascending, the groups by their lowest rank."""
+    groups: dict[Any, list[int]] = {}
+    for rank, key in enumerate(keys):
+        groups.setdefault(key, []).append(rank)
+    return tuple(sorted(tuple(ranks) for ranks in groups.values()))
+
+
+def _probed_groups(context: DistributedContext, run_dir: Path) -> tuple[tuple[int, ...], ...]:
+    """Which ranks see each other's token files in their run directory (collective)."""
+    token = run_dir / f"{_PROBE_PREFIX}{context.rank}-{secrets.token_hex(8)}"
+    token.touch()
+    try:
+        names = gather_objects(token.name, context.control_group)  # every token exists once this returns
+        seen = tuple(rank for rank, name in enumerate(names) if (run_dir / name).exists())
+        views = gather_objects(seen, context.control_group)  # nobody removes a token before all looked
+    finally:
+        token.unlink(missing_ok=True)
+    groups = _groups_by(views)
+    if any(views[rank] != ranks for ranks in groups for rank in ranks):
+        raise ConfigError(
+            f"the run directory probe is inconsistent (rank r sees the tokens of ranks {views}): "
+            "pass Session(run_dir_layout='shared') or 'node-local'"
+        )
+    return groups

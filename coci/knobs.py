@@ -369,3 +369,8 @@ HISTORY_SEGMENT_MAX_BYTES: int = 16 << 20
 HISTORY_MERGE_MAX_BYTES: int = 64 << 20
 #: How long ``close()`` waits for the last mirror of the history.
 HISTORY_CLOSE_SECONDS: float = 15.0
+#: Node-local run directories: how long rank 0 waits for the other nodes' objects of a promoted
+#: checkpoint to be listed remotely before it writes the commit marker (else the promotion fails
+#: and the checkpoint is never restored from the remote), and how often it lists meanwhile.
+REMOTE_NODES_WAIT_SECONDS: float = 600.0
+REMOTE_NODES_POLL_SECONDS: float = 0.2

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from coci import checks, distributed, knobs, preemption, safe_files
-from coci.checkpoint import format, restore_checks, rng_state
+from coci.checkpoint import format, nodes, restore_checks, rng_state
 from coci.checkpoint.checkpointer import (
     Checkpointer,
     PendingCheckpoint,
@@ -53,6 +53,7 @@ from coci.checkpoint.remote.fetch import UNAVAILABLE
 from coci.checkpoint.remote.history import HistoryMirror, history_offset, merge_history
 from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES, claim, claim_for_job
 from coci.checkpoint.remote.refused import REFUSED_BEFORE, RemoteGate
+from coci.checkpoint.remote.tier import NodeRole
 from coci.checkpoint.run_lock import RunLock
 from coci.checkpoint.sharded import ShardedState, local_data_ptr, local_nbytes
 from coci.checkpoint.stateful import is_stateful, restore_in_place, validate_state
@@ -142,6 +143,12 @@ class Session:
             ``"adopt"`` takes the prefix over to continue from that run's checkpoints, which this
             run restores but never deletes. The same run directory path on a fresh disk (a lost
             node) continues its own run without it.
+        run_dir_layout: under ``torch.distributed``, whether the nodes share ``run_dir``:
+            ``"auto"`` (default) probes it (each rank writes a token file and reports which
+            tokens it sees), ``"shared"`` (NFS, Lustre: one directory for every rank) or
+            ``"node-local"`` (each host its own directory, e.g. a local NVMe disk). On node-local
+            directories each node commits, uploads and restores its own ranks' files
+            (:mod:`coci.checkpoint.nodes`); the answer is recorded as a ``run_dir_layout`` event.
     """
 
     def __init__(
@@ -169,6 +176,7 @@ class Session:
         storage_options: Mapping[str, Any] | None = None,
         keep_last_remote: int | None = 2,
         remote_owner: str = "refuse",
+        run_dir_layout: str = "auto",
     ) -> None:
         constructed = time.perf_counter()  # the construction is coci's time too (the ledger's setup)
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
@@ -209,17 +217,23 @@ class Session:
             _use_prior(self.policy, prior)
         self._profiler = Profiler(clock=self._clock)
         # distributed: coci's gloo groups (collective), per-rank event logs
-        self._dist = distributed.DistributedContext.detect()
+        self._dist = _with_layout(distributed.DistributedContext.detect(), self.run_dir, run_dir_layout)
         self._lock = _lock_run_dir(self.run_dir, self._dist)  # one session per run directory
         if self._dist is not None and not self._dist.is_coordinator:
             self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
+        if self._dist is not None:
+            nodes_seen = [list(ranks) for ranks in self._dist.nodes or ()]
+            layout = "node-local" if self._dist.node_local else "shared"
+            self.events.emit("run_dir_layout", step=0, layout=layout, setting=run_dir_layout, nodes=nodes_seen, node=self._dist.node)
         # the previous process's last event, read before this one writes any (the step mark's `reached` included)
         previous_end = preemption.last_event_time(self.events.path)
         events_start = history_offset(self.events.path)  # where this process's events begin
         self._mark = self._open_step_mark()
         writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
         self._checkpointer = Checkpointer(writer, self.events, keep_last, self._clock)
-        self._remote = None if remote is None else RemoteTier(open_store(remote, storage_options), keep_last_remote, self.events, self._profiler)
+        self._remote = None if remote is None else RemoteTier(
+            open_store(remote, storage_options), keep_last_remote, self.events, self._profiler, role=_node_role(self._dist)
+        )
         self._claim_remote(remote_owner)
         self._history = self._mirror_history(events_start)
         self._steps = 0
@@ -381,6 +395,8 @@ class Session:
         if self._history is not None:  # a fresh run directory: the history of the run from the remote
             self._merge_history(self._history)
         root = format.checkpoints_dir(self.run_dir)
+        if self._dist is not None and self._dist.node_local:
+            return self._restore_across_nodes(root, strict)
         candidates = self._with_remote(restore_candidates(root, self._dist))  # newest first; damaged ones too
         skipped: list[Path] = []
         last_error = ""
@@ -399,23 +415,8 @@ class Session:
                 skipped.append(Path(where))
                 last_error = problem
                 continue
-            seconds = self._clock() - began
-            restart = self._preemption.restart_seconds(seconds)  # from the previous process's last event
-            self._overhead.restore += seconds
-            self._restored_at_age = process_age_seconds()
-            self._profiler.record_restore(seconds, loaded.nbytes)
-            self._checkpointer.trust(loaded.step)  # retention keeps it until a newer one commits
             tier = "local" if local_path is not None else "remote"
-            if tier == "remote" and self._remote is not None:
-                self._remote.trust(loaded.step)
-                self._profiler.record_remote_restore(seconds)
-            self.events.emit(
-                "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path), tier=tier,
-                **self._ledger_fields(),
-            )
-            self._cadence.restart()
-            self._profiler.mark()
-            return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, tuple(skipped), tier)
+            return self._restored(loaded, path, tier, began, skipped)
         if candidates:
             raise _restore_error(last_error)(
                 f"none of the {len(candidates)} committed checkpoints in {root} loads: "
@@ -439,6 +440,75 @@ class Session:
             return
         if added:
             self.events.emit("remote_history", step=self._steps, events=added, remote=mirror.store.url)
+
+    def _restored(self, loaded: LoadedCheckpoint, path: Path, tier: str, began: float, skipped: list[Path]) -> RestoreResult:
+        """Book a restore that loaded ``loaded`` from ``tier`` (profile, retention, events)."""
+        seconds = self._clock() - began
+        restart = self._preemption.restart_seconds(seconds)  # from the previous process's last event
+        self._overhead.restore += seconds
+        self._restored_at_age = process_age_seconds()
+        self._profiler.record_restore(seconds, loaded.nbytes)
+        self._checkpointer.trust(loaded.step)  # retention keeps it until a newer one commits
+        if tier == "remote" and self._remote is not None:
+            self._remote.trust(loaded.step)
+            self._profiler.record_remote_restore(seconds)
+        self.events.emit(
+            "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path), tier=tier,
+            **self._ledger_fields(),
+        )
+        self._cadence.restart()
+        self._profiler.mark()
+        return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, tuple(skipped), tier)
+
+    def _restore_across_nodes(self, root: Path, strict: bool) -> RestoreResult | None:
+        """:meth:`restore` on node-local run directories (collective): the newest step every node
+        holds a verified part of, a node lacking its part fetching it from the remote tier; the
+        ranks skip a step together. CorruptCheckpointError naming each step's missing pieces when
+        no step loads (never a silent restart from step 0)."""
+        assert self._dist is not None
+        remote_steps = set(self._with_remote([])) if self._remote is not None else set()
+        steps = sorted(set(nodes.local_steps(root, self._dist)) | {step for step, _ in remote_steps}, reverse=True)
+        targets = self._sharded.load_targets() if steps else None
+        skipped: list[Path] = []
+        problems: list[str] = []
+        for step in steps:
+            began = self._clock()
+            tier, problem = self._node_parts_ready(root, step, {s for s, _ in remote_steps})
+            path = root / format.step_dirname(step)
+            loaded, problem = self._load_and_apply(path, strict, targets) if problem is None else (None, problem)
+            if loaded is None:
+                self._record_skip(step, str(path), problem)
+                skipped.append(path)
+                problems.append(problem)
+                continue
+            return self._restored(loaded, path, tier, began, skipped)
+        if steps:
+            remote = "" if self._remote is None else f" or in the remote tier {self._remote.store.url}"
+            raise CorruptCheckpointError(
+                f"no checkpoint is complete on every node{remote} ({len(steps)} steps tried): " + " | ".join(problems)
+            )
+        return None
+
+    def _node_parts_ready(self, root: Path, step: int, remote_steps: set[int]) -> tuple[str, str | None]:
+        """(this rank's tier, None) once every node holds a verified part of ``step`` (the nodes
+        lacking theirs fetched it from the remote); else ('', what is missing). Collective."""
+        assert self._dist is not None
+        parts = nodes.check_parts(root, step, self._dist)
+        ids = sorted({str(part.commit_id) for part in parts if part.problem is None})
+        if len(ids) > 1:
+            return "", f"step_{step}: the nodes hold parts of different checkpoints (commit ids {ids})"
+        lacking = {part.node for part in parts if part.problem is not None}
+        if not lacking:
+            return "local", None
+        if self._remote is None or step not in remote_steps:
+            where = " (and the remote tier does not hold it)" if self._remote is not None else " (no remote tier)"
+            return "", nodes.missing_pieces(step, parts, self._dist) + where
+        fetching = self._dist.node in lacking
+        try:
+            self._remote.fetch_node_parts(step, root, self._dist, fetching)
+        except CheckpointError as exc:
+            return "", f"{nodes.missing_pieces(step, parts, self._dist)}; its remote copy: {exc}"
+        return ("remote" if fetching else "local"), None
 
     def _with_remote(self, local: list[tuple[int, Path]]) -> list[tuple[int, Path | None]]:
         """Restore candidates of both tiers, newest step first; a step in both is tried locally
@@ -527,9 +597,13 @@ class Session:
         self._last_commit = (step, path)
         plan = self.plan
         wanted = plan is None or plan.promote_steps is None or step in plan.promote_steps or step in self._must_promote
-        if self._remote is not None and wanted and (self._dist is None or self._dist.is_coordinator):
+        if self._remote is not None and wanted and self._uploads():  # node-local: each node its own part
             self._promoted_steps.add(step)
             self._remote.promote(step, path)
+
+    def _uploads(self) -> bool:
+        """This process promotes: rank 0 (one shared run directory), each node's leader (node-local)."""
+        return self._dist is None or (self._dist.is_node_leader if self._dist.node_local else self._dist.is_coordinator)
 
     def _promote_always(self, step: int) -> None:
         """Checkpoint ``step`` goes to the remote tier whatever a two-level plan promotes: the
@@ -544,7 +618,7 @@ class Session:
         ``seconds_left`` (the grace left): True when it is in the remote tier by then, False when
         not (still uploading, or failed), None without a remote tier or on a rank that does not upload."""
         remote = self._remote
-        if remote is None or not (self._dist is None or self._dist.is_coordinator):
+        if remote is None or not self._uploads():
             return None
         self._promote_always(step)
         remote.wait(max(seconds_left, 0.0))
@@ -981,11 +1055,26 @@ def _restore_error(last_error: str) -> type[CheckpointError]:
     )
 
 
+def _with_layout(context: distributed.DistributedContext | None, run_dir: Path, setting: str) -> distributed.DistributedContext | None:
+    """The context with its run directory layout (:func:`coci.distributed.with_run_dir_layout`)."""
+    if setting not in distributed.RUN_DIR_LAYOUTS:
+        raise ConfigError(f"run_dir_layout must be one of {', '.join(distributed.RUN_DIR_LAYOUTS)}, got {setting!r}")
+    return None if context is None else distributed.with_run_dir_layout(context, run_dir, setting)
+
+
+def _node_role(context: distributed.DistributedContext | None) -> NodeRole | None:
+    """This process's share of promotions on node-local run directories (None otherwise)."""
+    if context is None or not context.node_local:
+        return None
+    return NodeRole(context.node, context.is_coordinator)
+
+
 def _lock_run_dir(run_dir: Path, context: distributed.DistributedContext | None) -> RunLock | None:
     """The run directory's lock (:mod:`coci.checkpoint.run_lock`), held by rank 0 for a whole
-    distributed job; every rank raises when it is taken (collective)."""
+    distributed job (each node's leader for its own node-local directory); every rank raises when
+    one is taken (collective)."""
     lock, problem = None, None
-    if context is None or context.is_coordinator:
+    if context is None or context.is_node_leader:
         try:
             lock = RunLock.acquire(run_dir)
         except ConfigError as exc:

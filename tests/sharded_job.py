@@ -5,6 +5,7 @@ Usage (under torchrun, or with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by th
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/sharded_job.py RUN_DIR
         [--layout fsdp|hsdp|tp] [--compile] [--epochs E] [--every K] [--stop-at STEP]
         [--kill-at STEP] [--fault RANK|all:POINT:NTH] [--coci-timeout SECONDS] [--check-views]
+        [--remote URL] [--run-dir-layout auto|shared|node-local]
 
 Trains an MLP with dropout (per-rank RNG), AdamW and a LambdaLR schedule on a 48-sample dataset
 through coci.ResumableLoader (batch 4 per data-parallel rank), checkpointing every K steps with
@@ -143,6 +144,8 @@ def main() -> None:
     parser.add_argument("--fault", default=None)
     parser.add_argument("--coci-timeout", type=float, default=30.0)
     parser.add_argument("--check-views", action="store_true")
+    parser.add_argument("--remote", default=None)  # the remote tier (promotes every checkpoint)
+    parser.add_argument("--run-dir-layout", default="auto")
     args = parser.parse_args()
 
     rank = init_job(60, args.coci_timeout)
@@ -163,6 +166,8 @@ def main() -> None:
         state={"model": stateful_model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader, "counter": counter},
         policy=coci.EveryN(args.every),
         keep_last=2,
+        remote=args.remote,
+        run_dir_layout=args.run_dir_layout,
     )
     views = ShardedState.detect({"model": stateful_model, "optimizer": optimizer}) if args.check_views else None
     if views is not None:

@@ -15,6 +15,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,84 @@ def torchrun(script: Path, run_dir: Path, world: int, *args: str, timeout: float
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
            str(script), str(run_dir), *args]
     return subprocess.run(cmd, cwd=REPO, timeout=timeout, capture_output=True).returncode
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """How one node's torchrun agent ended: its exit code (negative: killed by that signal) and
+    its output (the workers' stdout and stderr pass through the agent)."""
+
+    code: int
+    output: str
+
+
+def launch_nodes(
+    script: Path, run_dirs: list[Path], *args: str, timeout: float, node_args: dict[int, list[str]] | None = None,
+    survivor_grace: float = 60.0,
+) -> list[NodeOutcome]:
+    """One ``torchrun --nnodes N --nproc-per-node 1 --node-rank K`` agent per run directory, with
+    c10d rendezvous on localhost, as several nodes would run ``script RUN_DIR_K ARGS`` (plus
+    ``node_args[K]``). Once an agent exits, the others get ``survivor_grace`` seconds to end on
+    their own before their whole process group (agent and worker) is SIGKILLed: a node that died
+    leaves the others blocked in a collective, as on a real cluster (:func:`kill_tree`)."""
+    port = free_port()
+    agents, logs = [], []
+    for node, run_dir in enumerate(run_dirs):
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        log = open(run_dir.parent / f"agent{node}-{os.getpid()}-{time.monotonic_ns()}.log", "w+")
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(run_dirs)}", "--nproc-per-node=1",
+               f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--max-restarts=0",
+               str(script), str(run_dir), *args, *(node_args or {}).get(node, [])]
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+        agents.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        logs.append(log)
+    try:
+        _wait_for_nodes(agents, timeout, survivor_grace)
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                kill_tree(agent.pid)
+                agent.wait()
+    outcomes = []
+    for agent, log in zip(agents, logs):
+        log.seek(0)
+        outcomes.append(NodeOutcome(agent.returncode, log.read()))
+        log.close()
+    return outcomes
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and its descendants by their ids (torchrun starts each worker in a session
+    of its own, so the agent's process group does not hold them)."""
+    for child in _children(pid):
+        kill_tree(child)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found.extend(int(child) for child in handle.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def _wait_for_nodes(agents: list[subprocess.Popen[bytes]], timeout: float, survivor_grace: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(agent.poll() is None for agent in agents):
+        if any(agent.poll() not in (None, 0) for agent in agents):
+            deadline = min(deadline, time.monotonic() + survivor_grace)
+        time.sleep(0.2)
 
 
 def init_job(init_timeout_seconds: float, coci_timeout_seconds: float) -> int:

@@ -161,11 +161,33 @@ def load_committed(
     if context is None:
         reader = reader_for(path)
         return reader.load(path, reader.read_record(path), None, targets)
+    if context.node_local:
+        return _load_node_parts(path, context, targets)
     declared, record_json, problem = distributed.from_coordinator(read, context)
     if record_json is None:
         raise CorruptCheckpointError(problem or f"{path}: unreadable")
     reader = READERS[declared]
     return reader.load(path, reader.record_type.model_validate_json(record_json), context, targets)
+def _load_node_parts(path: Path, context: DistributedContext, targets: Mapping[str, Any] | None) -> LoadedCheckpoint:
+    """:func:`load_committed` on node-local run directories: each rank reads the record of its own
+    node's part, and the parts must be one checkpoint (the same ``commit_id``) before any loads."""
+    declared, record, problem = format.record_format(path), None, None
+    try:
+        record = _reader_named(declared, path).read_record(path)
+    except (CorruptCheckpointError, OSError) as exc:
+        problem = str(exc)
+    commit_id = getattr(record, "commit_id", None)
+    parts = distributed.gather_objects((declared, commit_id, problem), context.control_group)
+    problems = [p for _, _, p in parts if p]
+    if problems:
+        raise CorruptCheckpointError("; ".join(problems))
+    if len({(d, c) for d, c, _ in parts}) != 1 or commit_id is None:
+        ids = sorted({str(c) for _, c, _ in parts})
+        raise CorruptCheckpointError(f"{path.name}: the nodes' parts are not one checkpoint (commit ids {ids})")
+    assert record is not None
+    return READERS[declared].load(path, record, context, targets)
+
+
 @dataclass(frozen=True)
 class PersistResult:
     """What one finished persist measured."""

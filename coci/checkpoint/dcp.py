@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import logging
 import pickle
+import re
+import secrets
+import shutil
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from coci import distributed
 from coci.checkpoint import dcp_checks, fileio, format
@@ -46,6 +49,10 @@ logger = logging.getLogger(__name__)
 
 DCP_FORMAT: Final = "dcp"
 _DCP_METADATA = dcp_checks.DCP_METADATA
+_DCP_RANK_FILE = re.compile(r"^__(\d{1,9})_\d+\.distcp$")  # DCP's FileSystemWriter: __<rank>_<n>.distcp
+#: The node-local fields of a record, left out of its JSON when absent (older records re-serialize
+#: byte for byte, so their sealed checksum still matches).
+_NODE_FIELDS = ("nodes", "node", "commit_id", "node_keys")
 
 
 # --- commit record -----------------------------------------------------------------------------
@@ -69,13 +76,84 @@ class DcpPart(BaseModel):
 
 
 class DcpManifest(CommitRecord):
-    """coci's commit record of a DCP checkpoint: written last, by rank 0, once every rank voted."""
+    """coci's commit record of a DCP checkpoint: written last, by rank 0, once every rank voted.
+
+    Node-local run directories (:attr:`coci.distributed.DistributedContext.nodes`) add: ``nodes``,
+    the ranks of each node when it was saved; ``node``, the node whose part this directory holds
+    (its ranks' files and ``.metadata``; None: every node's files, as on the remote tier);
+    ``commit_id``, the same random id in every node's part of one checkpoint (a restore loads a
+    step only where every node holds a part with the same id); ``node_keys``, the replicated
+    tensors saved once per node, as ``node<g>/<key>``, so that no rank reads another node's files.
+    """
 
     format: Literal["dcp"]
     world_size: int = Field(ge=1)
     bytes_per_rank: list[int]
     shared: DcpPart
     ranks: list[DcpPart]
+    nodes: list[list[int]] | None = None
+    node: int | None = Field(default=None, ge=0)
+    commit_id: str | None = None
+    node_keys: list[str] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_node_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {key: value for key, value in data.items() if not (key in _NODE_FIELDS and value is None)}
+
+    def saved_tensors(self) -> dict[str, DcpTensor]:
+        """Every tensor DCP holds, by its DCP key (a per-node copy once per node)."""
+        copies = set(self.node_keys or ())
+        found = {t.key: t for part in self.ranks for t in part.tensors}
+        for t in self.shared.tensors:
+            keys = [node_key(g, t.key) for g in range(len(self.nodes or ()))] if t.key in copies else [t.key]
+            found.update((key, t) for key in keys)
+        return found
+
+    def present_files(self) -> list[FileEntry]:
+        """The files this directory holds: every one, or a node's ranks' files and ``.metadata``."""
+        if self.node is None or self.nodes is None:
+            return list(self.files)
+        ranks = set(self.nodes[self.node])
+        return [entry for entry in self.files if file_rank(entry.name) in ranks or entry.name == _DCP_METADATA]
+
+    def key_of(self, tensor: DcpTensor) -> str:
+        """The DCP key a reader of this directory loads ``tensor`` from (its node's copy)."""
+        if tensor.key in (self.node_keys or ()):
+            return node_key(self.node or 0, tensor.key)
+        return tensor.key
+
+
+def node_key(node: int, key: str) -> str:
+    """The DCP key of node ``node``'s copy of a replicated tensor."""
+    return f"node{node}/{key}"
+
+
+def file_rank(name: str) -> int | None:
+    """The rank that wrote a DCP storage file ``__<rank>_<n>.distcp``; None for other names."""
+    match = _DCP_RANK_FILE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def full_record(manifest: DcpManifest) -> DcpManifest:
+    """A node's record as the record of the whole checkpoint (every node's files present, as the
+    remote tier holds it once every node uploaded its part)."""
+    return manifest.model_copy(update={"node": None, "checksum": None}).sealed()
+
+
+def _check_nodes(path: Path, manifest: DcpManifest) -> None:
+    """The node-local fields describe a partition of the ranks and replicated tensors."""
+    if manifest.nodes is None:
+        if manifest.node is not None or manifest.node_keys:
+            raise CorruptCheckpointError(f"{path}: manifest names a node but no nodes")
+        return
+    ranks = sorted(rank for node in manifest.nodes for rank in node)
+    if ranks != list(range(manifest.world_size)) or not all(manifest.nodes):
+        raise CorruptCheckpointError(f"{path}: manifest nodes {manifest.nodes} are not a partition of {manifest.world_size} ranks")
+    if manifest.node is not None and manifest.node >= len(manifest.nodes):
+        raise CorruptCheckpointError(f"{path}: manifest node {manifest.node} of {len(manifest.nodes)}")
+    if not set(manifest.node_keys or ()) <= {t.key for t in manifest.shared.tensors} or not manifest.commit_id:
+        raise CorruptCheckpointError(f"{path}: manifest node_keys or commit_id are not those of its tensors")
 
 
 def read_dcp_manifest(path: Path) -> DcpManifest:
@@ -85,6 +163,7 @@ def read_dcp_manifest(path: Path) -> DcpManifest:
     if _DCP_METADATA not in names or len(manifest.ranks) != manifest.world_size:
         raise CorruptCheckpointError(f"{path}: manifest lacks DCP's {_DCP_METADATA} or a rank's record")
     format.check_file_names(path, names, also=frozenset({_DCP_METADATA}))
+    _check_nodes(path, manifest)
     dcp_checks.check_dcp_manifest(path, manifest)
     format.check_sealed(manifest, path)
     return manifest
@@ -93,7 +172,7 @@ def read_dcp_manifest(path: Path) -> DcpManifest:
 def verify_dcp_checkpoint(path: Path) -> DcpManifest:
     """Check a DCP checkpoint's manifest and every file's size and checksum (one process)."""
     manifest = read_dcp_manifest(path)
-    problem = _verify_files(path, manifest.files)
+    problem = _verify_files(path, manifest.present_files())
     if problem:
         raise CorruptCheckpointError(problem)
     read_dcp_metadata(path, manifest)
@@ -172,6 +251,14 @@ class DcpWriter:
     ``write`` and ``retain`` are collective on the context's persist group. Fault points
     (``format.set_fault_hook``): ``dcp_before_save`` and ``dcp_after_save`` on every rank, then
     ``before_manifest``, ``before_rename``, ``after_rename``, ``after_commit`` on rank 0.
+
+    Node-local run directories (:meth:`_write_node_local`): each node's leader makes its own
+    ``step_<n>.tmp``, every rank writes its files there (DCP's ``.metadata`` lands on rank 0's
+    node and is sent to the others), each leader *prepares* its node's part (``.metadata`` and a
+    record naming the node and the checkpoint's ``commit_id``, fsynced, still ``*.tmp``), the
+    ranks agree, and only then does each leader rename its part into place. Fault points there:
+    ``node_prepared`` (a node's part durable, before the agreement), ``before_node_publish`` and
+    ``after_node_publish`` on each leader.
     """
 
     def __init__(self, root: Path, context: DistributedContext) -> None:
@@ -181,6 +268,8 @@ class DcpWriter:
         import torch.distributed.checkpoint  # noqa: F401  now, not inside the first persist's timing
 
     def write(self, staged: StagedCheckpoint) -> Path:
+        if self.context.node_local:
+            return self._write_node_local(staged)
         step, slots, skeleton = staged.step, staged.slots, staged.skeleton
         tmp = format.tmp_dir(self.root, step)
 
@@ -202,7 +291,10 @@ class DcpWriter:
         return self.root / format.step_dirname(step)
 
     def retain(self, keep_last: int | None, trusted: frozenset[int]) -> list[int]:
-        """Rank 0 applies retention; every rank learns which steps it removed."""
+        """Rank 0 applies retention (each node's leader in its own directory); every rank learns
+        which steps it removed."""
+        if self.context.node_local:
+            return list(self._on_leaders(lambda: format.apply_retention(self.root, keep_last, trusted), "retention failed"))
         return list(
             self._coordinated(lambda: format.apply_retention(self.root, keep_last, trusted), "retention failed on rank 0")
         )
@@ -218,19 +310,109 @@ class DcpWriter:
                 + "): every rank must checkpoint the same state at the same step"
             )
 
-    def _save(self, tmp: Path, tensors: list[torch.Tensor], shared: DcpPart, mine: DcpPart) -> list[FileEntry]:
-        """DCP's save of this rank's share (files fsynced); returns the files this rank wrote."""
+    def _save(
+        self, tmp: Path, tensors: list[torch.Tensor], shared: DcpPart, mine: DcpPart, node_keys: frozenset[str] = frozenset()
+    ) -> list[FileEntry]:
+        """DCP's save of this rank's share (files fsynced); returns the files this rank wrote.
+        The ``node_keys`` of ``shared`` are saved as this node's copy (:func:`node_key`)."""
         from torch.distributed.checkpoint import FileSystemWriter
         from torch.distributed.checkpoint import save as dcp_save
 
         format.fault("dcp_before_save")
-        state_dict = {t.key: tensors[t.index] for t in shared.tensors + mine.tensors}
+        node = self.context.node
+        state_dict = {t.key: tensors[t.index] for t in mine.tensors}
+        state_dict.update((node_key(node, t.key) if t.key in node_keys else t.key, tensors[t.index]) for t in shared.tensors)
         group = self.context.persist_group
         dcp_save(state_dict, storage_writer=FileSystemWriter(tmp, sync_files=True), process_group=group)
         format.fault("dcp_after_save")
         written = [fileio.describe_file(p) for p in sorted(tmp.glob(f"__{self.context.rank}_*"))]
         self.last_bytes_written = sum(entry.size for entry in written)
         return written
+
+    def _write_node_local(self, staged: StagedCheckpoint) -> Path:
+        """Write, prepare on every node, agree, publish on every node (see the class)."""
+        step, slots, context = staged.step, staged.slots, self.context
+        tmp, final = format.tmp_dir(self.root, step), self.root / format.step_dirname(step)
+        if context.is_node_leader:
+            self.root.mkdir(parents=True, exist_ok=True)
+            format.remove_stale_tmp(self.root)  # leftovers of failed persists: never checkpoints
+            tmp.mkdir()
+        shared_skeleton, rank_skeleton = split_skeleton(staged.skeleton)
+        shared = _with_global_shapes(_part(shared_skeleton, slots, "shared"), staged.shards)
+        mine = _part(rank_skeleton, slots, f"rank{context.rank}")
+        node_keys = [t.key for t in shared.tensors if t.index not in staged.shards]  # replicated: a copy per node
+        self._agree_on_layout(step, shared)  # also: nobody writes before its leader made tmp
+        tensors = as_dtensors(staged_tensors(staged.payload, slots), staged.shards)
+        written = self._save(tmp, tensors, shared, mine, frozenset(node_keys))
+        coordinator = context.is_coordinator
+        ours = (written, mine.model_dump(), (tmp / _DCP_METADATA).read_bytes() if coordinator else None, secrets.token_hex(16))
+        votes = distributed.gather_objects(ours, context.persist_group)
+        record = DcpManifest(
+            **format.record_header(step, epoch=staged.epoch, state_keys=staged.state_keys, files=[]),
+            format=DCP_FORMAT,
+            world_size=context.world_size,
+            bytes_per_rank=[sum(entry.size for entry in files) for files, *_ in votes],
+            shared=shared,
+            ranks=[DcpPart.model_validate(part) for _, part, *_ in votes],
+            nodes=[list(ranks) for ranks in context.nodes or ()],
+            node=context.node,
+            commit_id=votes[0][3],
+            node_keys=node_keys,
+        )
+        files = [entry for written_by_rank, *_ in votes for entry in written_by_rank]
+        prepared = self._agree(self._on_leader(lambda: self._prepare(tmp, record, files, votes[0][2])))
+        if prepared is not None:  # a node's part is not durable: no node publishes, each removes its own
+            if context.is_node_leader:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise PersistError(f"checkpoint at step {step} was not committed: {prepared}")
+        problem = self._on_leader(lambda: self._publish_node(tmp, final))
+        agreed = self._agree(problem)
+        if agreed is not None:
+            raise PersistError(f"checkpoint at step {step} was not published on every node (never restored): {agreed}")
+        return final
+
+    def _prepare(self, tmp: Path, record: DcpManifest, files: list[FileEntry], metadata: bytes) -> None:
+        """This node's part made durable in ``tmp`` (``.metadata`` and the record), not yet visible."""
+        if not self.context.is_coordinator:
+            format.write_durably(tmp / _DCP_METADATA, metadata)
+        files = [*files, fileio.describe_file(tmp / _DCP_METADATA)]
+        format.prepare(tmp, record.model_copy(update={"files": files}))
+        format.fault("node_prepared")
+
+    def _publish_node(self, tmp: Path, final: Path) -> None:
+        format.fault("before_node_publish")
+        format.rename_into_place(self.root, tmp, final)
+        format.fault("after_node_publish")
+
+    def _on_leader(self, action: Callable[[], Any]) -> str | None:
+        """Run ``action`` on this node's leader; None, or what went wrong (naming the node)."""
+        if not self.context.is_node_leader:
+            return None
+        try:
+            action()
+        except Exception as exc:
+            return f"node {self.context.node}: {type(exc).__name__}: {exc}"
+        return None
+
+    def _agree(self, problem: str | None) -> str | None:
+        """Every rank's problem joined, None when none has one (collective on the persist group)."""
+        problems = distributed.gather_objects(problem, self.context.persist_group)
+        return "; ".join(p for p in problems if p) or None
+
+    def _on_leaders(self, action: Callable[[], Any], failure: str) -> Any:
+        """``action`` run by each node's leader in its directory; rank 0's outcome on every rank,
+        and every rank raises when any leader failed (collective on the persist group)."""
+        outcome: tuple[str, Any] = ("ok", None)
+        if self.context.is_node_leader:
+            try:
+                outcome = ("ok", action())
+            except Exception as exc:
+                outcome = ("error", f"node {self.context.node}: {type(exc).__name__}: {exc}")
+        outcomes = distributed.gather_objects(outcome, self.context.persist_group)
+        errors = [message for kind, message in outcomes if kind != "ok"]
+        if errors:
+            raise PersistError(f"{failure}: {'; '.join(errors)}")
+        return outcomes[0][1]
 
     def _coordinated(self, action: Callable[[], Any], failure: str) -> Any:
         """Run ``action`` on rank 0 and broadcast its outcome; every rank raises when it failed."""
@@ -290,8 +472,9 @@ class DcpReader:
     ) -> LoadedCheckpoint:
         """Verify this process's share of the files, agree with the others, then load (collective)."""
         assert isinstance(record, DcpManifest)
-        rank, world = (0, 1) if context is None else (context.rank, context.world_size)
-        problem = distributed.agree(_verify_files(path, record.files[rank::world]) or _metadata_problem(path, record), context)
+        group = (0,) if context is None else context.node_ranks  # the ranks sharing this directory: a share each
+        share = record.present_files()[group.index(0 if context is None else context.rank) :: len(group)]
+        problem = distributed.agree(_verify_files(path, share) or _metadata_problem(path, record), context)
         if problem is not None:
             raise CorruptCheckpointError(problem)
         tree, nbytes = load_dcp_checkpoint(path, record, context, targets)
@@ -308,10 +491,10 @@ def _first_line(exc: BaseException) -> str:
     return next(iter(str(exc).splitlines()), type(exc).__name__)
 
 
-def _by_index(part: DcpPart, loaded: dict[str, torch.Tensor]) -> list[Any]:
+def _by_index(part: DcpPart, loaded: dict[str, torch.Tensor], manifest: DcpManifest) -> list[Any]:
     tensors: list[Any] = [None] * (max((t.index for t in part.tensors), default=-1) + 1)
     for t in part.tensors:
-        tensors[t.index] = loaded[t.key]
+        tensors[t.index] = loaded[manifest.key_of(t)]
     return tensors
 
 
@@ -400,11 +583,13 @@ def load_dcp_checkpoint(
     from torch.distributed.checkpoint import load as dcp_load
 
     rank = context.rank if context is not None else 0
+    if context is None and manifest.node is not None and manifest.nodes is not None:
+        rank = manifest.nodes[manifest.node][0]  # one process reading a node's part: its first rank's
     own = manifest.ranks[rank] if rank < len(manifest.ranks) else None
     donor = own if own is not None else manifest.ranks[0]
     sharded = _sharded_targets(path, manifest.shared, targets)  # never a full tensor for those
     wanted = {
-        t.key: sharded[t.key] if t.key in sharded else torch.empty(t.shape, dtype=torch_dtype(t.dtype, path))
+        manifest.key_of(t): sharded[t.key] if t.key in sharded else torch.empty(t.shape, dtype=torch_dtype(t.dtype, path))
         for t in manifest.shared.tensors + donor.tensors
     }
     with warnings.catch_warnings():  # DCP warns on every load without a process group: intended here
@@ -419,8 +604,8 @@ def load_dcp_checkpoint(
             )
         except CheckpointException as exc:  # a BaseException: every failure of DCP's load ends here
             raise CorruptCheckpointError(f"{path}: DCP could not load the checkpoint ({_first_line(exc)})") from exc
-    tree = unflatten(manifest.shared.skeleton, _by_index(manifest.shared, wanted))
-    per_rank = unflatten(donor.skeleton, _by_index(donor, wanted))
+    tree = unflatten(manifest.shared.skeleton, _by_index(manifest.shared, wanted, manifest))
+    per_rank = unflatten(donor.skeleton, _by_index(donor, wanted, manifest))
     tree[format.SESSION_KEY]["profiler"] = per_rank["profiler"]
     if own is not None:
         tree[format.RNG_KEY] = per_rank["rng"]

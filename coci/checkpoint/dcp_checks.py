@@ -80,7 +80,7 @@ def check_dcp_metadata(path: Path, metadata: Any, manifest: DcpManifest) -> dict
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
-    declared = {t.key: t for part in (manifest.shared, *manifest.ranks) for t in part.tensors}
+    declared = manifest.saved_tensors()  # a replicated tensor of node-local directories: once per node
     entries = getattr(metadata, "state_dict_metadata", None)
     if not isinstance(entries, dict) or set(entries) != set(declared):
         raise CorruptCheckpointError(f"{path}: DCP metadata does not hold exactly the manifest's tensors")

@@ -344,17 +344,30 @@ def publish(root: Path, tmp: Path, final: Path, record: CommitRecord) -> None:
     only within one filesystem), then the parent is fsynced so the rename survives a power loss.
     A checkpoint of the same step that failed verification is replaced.
     """
+    prepare(tmp, record)
+    fault("before_rename")
+    rename_into_place(root, tmp, final)
+    fault("after_commit")
+
+
+def prepare(tmp: Path, record: CommitRecord) -> None:
+    """The first half of :func:`publish`: the sealed record written and fsynced into ``tmp``
+    (still a ``*.tmp`` directory, never read). Node-local run directories prepare on every node,
+    agree, and only then rename (:class:`coci.checkpoint.dcp.DcpWriter`)."""
     fault("before_manifest")
     has_root(root)  # the root is checked before the commit's rename
     write_durably(tmp / MANIFEST_FILENAME, record.sealed().model_dump_json().encode())
     fsync_dir(tmp)
-    fault("before_rename")
+
+
+def rename_into_place(root: Path, tmp: Path, final: Path) -> None:
+    """The second half of :func:`publish`: ``tmp`` renamed to ``final`` (a checkpoint of the same
+    step there is discarded first) and the rename made durable."""
     if final.exists():
         _discard(final)
     os.rename(tmp, final)
     fault("after_rename")
     fsync_dir(root)
-    fault("after_commit")
 
 
 def apply_retention(root: Path, keep_last: int | None, trusted: Collection[int]) -> list[int]:

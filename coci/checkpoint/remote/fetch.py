@@ -14,6 +14,10 @@ skips the checkpoint together. What goes wrong is either the checkpoint's fault
 is full), whichever rank saw it (:data:`UNAVAILABLE` marks the latter in the ranks' agreed
 message). The run directory is shared by the ranks of a job on one node, as
 the local tier assumes (rank 0 lists and commits there).
+
+Node-local run directories (:func:`fetch_node_parts`): only the nodes whose own part of the step
+is missing or corrupt fetch, each into its own directory: its leader downloads the manifest and
+``.metadata``, each of its ranks its own files, and the leader commits the part as its node's.
 """
 
 from __future__ import annotations
@@ -34,7 +38,18 @@ from coci.distributed import DistributedContext
 from coci.errors import CorruptCheckpointError, RemoteUnavailableError
 from coci.events import EventLog
 
-__all__ = ["FETCH_SUFFIX", "UNAVAILABLE", "OpenedFetch", "download_files", "fetch", "files_of", "open_fetch", "owner_of", "publish_fetch"]
+__all__ = [
+    "FETCH_SUFFIX",
+    "UNAVAILABLE",
+    "OpenedFetch",
+    "download_files",
+    "fetch",
+    "fetch_node_parts",
+    "files_of",
+    "open_fetch",
+    "owner_of",
+    "publish_fetch",
+]
 
 FETCH_SUFFIX = ".fetch" + format.TMP_SUFFIX
 #: In the message of every failure of a fetch that is not the checkpoint's fault (RemoteUnavailableError).
@@ -214,3 +229,63 @@ def _agreed_error(problem: str) -> CorruptCheckpointError | RemoteUnavailableErr
     """The error every rank raises for the ranks' agreed ``problem``: not the checkpoint's fault
     when any rank's was not."""
     return RemoteUnavailableError(problem) if UNAVAILABLE in problem else CorruptCheckpointError(problem)
+
+
+def fetch_node_parts(
+    store: RemoteStore, step: int, root: Path, context: DistributedContext, fetching: bool, events: EventLog
+) -> Path:
+    """Remote ``step``'s part of this node committed in ``root/step_<n>`` when ``fetching`` (this
+    node's own part is missing or corrupt), and that directory on every rank. Collective on the
+    control group: the ranks raise the same CorruptCheckpointError together when any node failed,
+    and no ``.fetch.tmp`` is left."""
+    opened, problem = None, None
+    if fetching and context.is_node_leader:
+        try:
+            opened = open_fetch(store, step, root)
+            problem = _node_layout_problem(opened.record, context)
+        except Exception as exc:
+            problem = _describe(exc, step)
+    shared = distributed.gather_objects(None if opened is None else opened.record.model_dump_json(), context.control_group)
+    if fetching and problem is None:
+        problem = _problem_of(lambda: _download_own(store, step, root, context, shared[context.node_ranks[0]], events), step)
+    problem = distributed.agree(problem, context)
+    if problem is not None:
+        if opened is not None:
+            shutil.rmtree(opened.tmp, ignore_errors=True)
+        raise _agreed_error(problem)
+    if opened is not None:
+        problem = _problem_of(lambda: publish_fetch(root, _as_node_part(opened, context)), step)
+    problem = distributed.agree(problem, context)
+    if problem is not None:
+        raise _agreed_error(problem)
+    return root / format.step_dirname(step)
+
+
+def _node_layout_problem(record: CommitRecord, context: DistributedContext) -> str | None:
+    """None when remote ``record`` was saved by this job's nodes (each fetches its own ranks' files)."""
+    nodes = getattr(record, "nodes", None)
+    if nodes != [list(ranks) for ranks in context.nodes or ()]:
+        return (
+            f"remote step_{record.step} was saved by nodes {nodes}, this job has {[list(r) for r in context.nodes or ()]}: "
+            "node-local directories restore a remote checkpoint of the same layout only"
+        )
+    return None
+
+
+def _download_own(store: RemoteStore, step: int, root: Path, context: DistributedContext, record_json: str, events: EventLog) -> None:
+    """This rank's files of the fetch its node's leader opened (its leader also ``.metadata``)."""
+    from coci.checkpoint.dcp import DcpManifest, file_rank
+
+    record = DcpManifest.model_validate_json(record_json)
+    tmp = root / (format.step_dirname(step) + FETCH_SUFFIX)
+    mine = [e for e in record.files if file_rank(e.name) == context.rank or (file_rank(e.name) is None and context.is_node_leader)]
+    began = time.perf_counter()
+    download_files(store, OpenedFetch(step, tmp, record), mine)
+    events.emit("remote_fetch", step=step, rank=context.rank, node=context.node, files=[e.name for e in mine],
+                bytes=sum(e.size for e in mine), seconds=time.perf_counter() - began)
+
+
+def _as_node_part(opened: OpenedFetch, context: DistributedContext) -> OpenedFetch:
+    """The fetch with its record naming this node's part (re-sealed when committed)."""
+    record = opened.record.model_copy(update={"node": context.node, "checksum": None})
+    return OpenedFetch(opened.step, opened.tmp, record)

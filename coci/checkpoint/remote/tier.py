@@ -33,15 +33,16 @@ from typing import Any, BinaryIO, Protocol
 
 from coci import knobs
 from coci.checkpoint import format
-from coci.checkpoint.format import CommitRecord
+from coci.checkpoint.format import CommitRecord, FileEntry
 from coci.checkpoint.remote.fetch import fetch as fetch_checkpoint
+from coci.checkpoint.remote.fetch import fetch_node_parts
 from coci.checkpoint.remote.identity import OWNER_KEY, RunIdentity, step_owner
 from coci.checkpoint.remote.store import RemoteStore, is_plain_key
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError
 from coci.events import EventLog
 
-__all__ = ["RemoteTier", "open_store"]
+__all__ = ["NodeRole", "RemoteTier", "open_store"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +78,28 @@ class UploadListener(Protocol):
     def upload_aborted(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class NodeRole:
+    """A node-local run directory's share of each promotion: its leader uploads the files of its
+    own ranks (``node``); the node that ``commits`` (rank 0's) then waits until every node's
+    objects are listed at their recorded sizes and only then writes the commit marker (the record
+    of the whole checkpoint). Each node records its upload throughput (a ``node_upload`` event)."""
+
+    node: int
+    commits: bool
+
+
+class _NodesMissing(Exception):
+    """Another node's objects of a promotion did not arrive (or a newer promotion superseded it)."""
+
+
 @dataclass
 class _Job:
     step: int
-    manifest: bytes
+    manifest: bytes  # the commit marker
     record: CommitRecord
     handles: list[BinaryIO]
+    files: list[FileEntry]  # what this process uploads (a node's own part, or every file)
 
     def close(self) -> None:
         for handle in self.handles:
@@ -99,6 +116,7 @@ class RemoteTier:
         events: EventLog,
         listener: UploadListener | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        role: NodeRole | None = None,
     ) -> None:
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ConfigError(f"keep_last_remote must be a positive integer or None, got {keep_last!r}")
@@ -107,6 +125,7 @@ class RemoteTier:
         self.events = events
         self.listener = listener
         self.clock = clock
+        self.role = role
         self._lock = threading.Lock()
         self._waiting: _Job | None = None
         self._worker: threading.Thread | None = None
@@ -124,7 +143,7 @@ class RemoteTier:
         """Queue the committed checkpoint in ``path`` for upload; False (logged) when it cannot be
         opened. Its files are opened here, so local retention may delete the directory meanwhile."""
         try:
-            job = _open_job(step, path)
+            job = _open_job(step, path, self.role is not None)
         except (OSError, CorruptCheckpointError) as exc:
             logger.warning("checkpoint step_%d not promoted: %s", step, exc)
             self.events.emit("error", step=step, phase="promote", message=f"{type(exc).__name__}: {exc}")
@@ -175,8 +194,8 @@ class RemoteTier:
             try:
                 nbytes = self._upload(job)
                 break
-            except (CorruptCheckpointError, ConfigError) as exc:  # the local copy is damaged, or the prefix is
-                # another run's now: never promoted, not retried
+            except (CorruptCheckpointError, ConfigError, _NodesMissing) as exc:  # the local copy is damaged, or the prefix is
+                # another run's now, or another node's part did not arrive: never promoted, not retried
                 self._give_up(job, exc, attempt)
                 return
             except Exception as exc:
@@ -186,6 +205,10 @@ class RemoteTier:
                     return
                 time.sleep(knobs.UPLOAD_RETRY_SECONDS * 2 ** (attempt - 1))
         seconds = self.clock() - began
+        if self.role is not None and not self.role.commits:  # rank 0's node commits what every node uploaded
+            if self.listener is not None:
+                self.listener.upload_finished(seconds, nbytes)
+            return
         self._trusted.add(job.step)
         self.last_promoted_step = max(self.last_promoted_step, job.step)
         if self.listener is not None:
@@ -209,19 +232,52 @@ class RemoteTier:
             self.identity = self.claim()
         if self.identity is not None:  # the checkpoint's run record first: a partial upload is ours too
             self.identity.claim_step(self.store, job.step)
-        for entry, handle in zip(job.record.files, job.handles):
+        began = self.clock()
+        for entry, handle in zip(job.files, job.handles):
             handle.seek(0)
             crc = self.store.put_file(prefix + entry.name, handle, entry.size)
             if entry.algorithm == "crc32c" and crc != entry.checksum:
                 raise CorruptCheckpointError(f"step_{job.step}/{entry.name}: local bytes do not match its recorded crc32c")
-        listed = self.store.list_objects(prefix)
-        for entry in job.record.files:
-            if listed.get(prefix + entry.name) != entry.size:
-                raise OSError(f"remote {prefix}{entry.name} is {listed.get(prefix + entry.name)} bytes, expected {entry.size}")
+        if self.role is not None:
+            self._node_uploaded(job, self.clock() - began)
+            if not self.role.commits:
+                _check_listed(self.store.list_objects(prefix), prefix, job.files)
+                return sum(entry.size for entry in job.files)
+            self._await_nodes(job)
+        _check_listed(self.store.list_objects(prefix), prefix, job.record.files)
         format.fault("before_remote_commit")
         self.store.put_bytes(prefix + format.MANIFEST_FILENAME, job.manifest)
         format.fault("after_remote_commit")
         return sum(entry.size for entry in job.record.files) + len(job.manifest)
+
+    def _node_uploaded(self, job: _Job, seconds: float) -> None:
+        assert self.role is not None
+        nbytes = sum(entry.size for entry in job.files)
+        self.events.emit(
+            "node_upload", step=job.step, node=self.role.node, files=len(job.files), bytes=nbytes, seconds=seconds,
+            bytes_per_second=nbytes / seconds if seconds > 0 else None,
+        )
+        format.fault("node_upload")
+
+    def _await_nodes(self, job: _Job) -> None:
+        """Wait until every node's objects of ``job`` are listed at their recorded sizes
+        (``knobs.REMOTE_NODES_WAIT_SECONDS``); _NodesMissing naming the absent ones otherwise, or
+        when a newer promotion is waiting and no other node has begun this one (they may have
+        skipped it for the newer one)."""
+        prefix = f"{format.step_dirname(job.step)}/"
+        mine = {entry.name for entry in job.files}
+        deadline = time.monotonic() + knobs.REMOTE_NODES_WAIT_SECONDS
+        while True:
+            listed = self.store.list_objects(prefix)
+            absent = [e.name for e in job.record.files if listed.get(prefix + e.name) != e.size]
+            if not absent:
+                return
+            others_begun = any(prefix + e.name in listed for e in job.record.files if e.name not in mine)
+            superseded = self._waiting is not None and not others_begun
+            if superseded or time.monotonic() > deadline:
+                why = "superseded by a newer promotion" if superseded else "not uploaded in time"
+                raise _NodesMissing(f"remote {prefix}: the other nodes' objects {absent[:8]} are missing ({why}): not committed")
+            time.sleep(knobs.REMOTE_NODES_POLL_SECONDS)
 
     # -- retention ---------------------------------------------------------------------------------
 
@@ -290,6 +346,17 @@ class RemoteTier:
         under ``torch.distributed``: each rank downloads its own files (:mod:`.fetch`)."""
         return fetch_checkpoint(self.store, step, root, context, self.events)
 
+    def fetch_node_parts(self, step: int, root: Path, context: DistributedContext, fetching: bool) -> Path:
+        """Node-local run directories: the nodes that are ``fetching`` download their own part of
+        remote ``step`` (:func:`coci.checkpoint.remote.fetch.fetch_node_parts`; collective)."""
+        return fetch_node_parts(self.store, step, root, context, fetching, self.events)
+
+
+def _check_listed(listed: Mapping[str, int], prefix: str, files: list[FileEntry]) -> None:
+    for entry in files:
+        if listed.get(prefix + entry.name) != entry.size:
+            raise OSError(f"remote {prefix}{entry.name} is {listed.get(prefix + entry.name)} bytes, expected {entry.size}")
+
 
 def committed_steps(listing: Mapping[str, int]) -> list[int]:
     """Steps of a listing holding ``step_<n>/manifest.json``, oldest first."""
@@ -306,20 +373,28 @@ def steps_of(listing: Mapping[str, int]) -> set[int]:
     return {int(m.group(1)) for key in listing if (m := _STEP_KEY.match(key))}
 
 
-def _open_job(step: int, path: Path) -> _Job:
-    """Read the committed record of ``path`` and open every file it lists (links refused)."""
+def _open_job(step: int, path: Path, node_part: bool = False) -> _Job:
+    """Read the committed record of ``path`` and open every file it lists (links refused); for a
+    node's part (``node_part``), the files of its ranks, and the record of the whole checkpoint
+    as the commit marker."""
     manifest = format.read_record_bytes(path)
     try:
         record = CommitRecord.model_validate_json(manifest)
     except ValueError as exc:
         raise CorruptCheckpointError(f"{path}: manifest.json is unreadable ({type(exc).__name__})") from exc
     format.check_file_names(path, [entry.name for entry in record.files], also=frozenset({".metadata"}))
+    files = list(record.files)
+    if node_part:
+        from coci.checkpoint.dcp import full_record, read_dcp_manifest
+
+        part = read_dcp_manifest(path)
+        files, manifest = part.present_files(), full_record(part).model_dump_json().encode()
     handles: list[BinaryIO] = []
     try:
-        for entry in record.files:
+        for entry in files:
             handles.append(os.fdopen(format.open_no_follow(path / entry.name, os.O_RDONLY), "rb"))
     except BaseException:
         for handle in handles:
             handle.close()
         raise
-    return _Job(step, manifest, record, handles)
+    return _Job(step, manifest, record, handles, files)
