@@ -9,6 +9,7 @@ Job side: :func:`init_job`, :class:`IndexedData`, :func:`seed_streams`, :func:`t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -93,7 +94,7 @@ def launch_nodes(
     agents, logs = [], []
     for node, run_dir in enumerate(run_dirs):
         run_dir.parent.mkdir(parents=True, exist_ok=True)
-        log = open(run_dir.parent / f"agent{node}-{os.getpid()}-{time.monotonic_ns()}.log", "w+")
+        log = open(run_dir.parent / f"agent{node}-{os.getpid()}-{time.monotonic_ns()}.log", "w+")  # noqa: SIM115 (closed below)
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(run_dirs)}", "--nproc-per-node=1",
                f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--max-restarts=0",
                str(script), str(run_dir), *args, *(node_args or {}).get(node, [])]
@@ -120,10 +121,8 @@ def kill_tree(pid: int) -> None:
     of its own, so the agent's process group does not hold them)."""
     for child in _children(pid):
         kill_tree(child)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _children(pid: int) -> list[int]:

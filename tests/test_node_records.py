@@ -1,0 +1,99 @@
+"""The records of node-local checkpoints as untrusted input (in one process): a node's part
+verifies with only its own ranks' files, a record whose node fields do not describe a partition of
+the ranks is refused naming them, a record without node fields serializes as before, and the
+record of the whole checkpoint (the remote's commit marker) asks for every node's files."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+from coci.checkpoint import fileio, format
+from coci.checkpoint.dcp import DcpManifest, DcpPart, full_record, read_dcp_manifest, verify_dcp_checkpoint
+from coci.errors import CorruptCheckpointError
+
+
+def empty_dcp_metadata() -> bytes:
+    """DCP's ``.metadata`` of a checkpoint without tensors (what the records below declare)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    return pickle.dumps(Metadata(state_dict_metadata={}, storage_data={}))
+
+
+FILES = {"__0_0.distcp": os.urandom(1000), "__1_0.distcp": os.urandom(700), ".metadata": empty_dcp_metadata()}
+
+
+def whole_record() -> DcpManifest:
+    """A 2-rank record of FILES (empty tensor tables: what the node checks look at is the files)."""
+    scratch = Path(os.environ.get("TMPDIR", "/tmp"))
+    entries = []
+    for name, data in FILES.items():
+        path = scratch / f"coci-node-record-{os.getpid()}-{name}"
+        path.write_bytes(data)
+        entries.append(fileio.describe_file(path).model_copy(update={"name": name}))
+        path.unlink()
+    empty = DcpPart(skeleton={}, tensors=[])
+    return DcpManifest(
+        **format.record_header(4, epoch=None, state_keys=[], files=entries), format="dcp", world_size=2,
+        bytes_per_rank=[1000, 700], shared=DcpPart(skeleton={format.SESSION_KEY: {}}, tensors=[]), ranks=[empty, empty],
+    )
+
+
+def node_part(root: Path, part_of: int, **changes: object) -> Path:
+    """Node ``part_of``'s part of step 4 in ``root``: its rank's file, ``.metadata`` and its record."""
+    path = root / f"node{part_of}" / "step_4"
+    path.mkdir(parents=True)
+    for name in (f"__{part_of}_0.distcp", ".metadata"):
+        (path / name).write_bytes(FILES[name])
+    update = {"nodes": [[0], [1]], "node": part_of, "commit_id": "c0ffee", "node_keys": [], **changes}
+    record = whole_record().model_copy(update=update).sealed()
+    format.write_durably(path / format.MANIFEST_FILENAME, record.model_dump_json().encode())
+    return path
+
+
+def test_a_node_part_verifies_with_its_own_ranks_files_only(tmp_path: Path) -> None:
+    for node in (0, 1):
+        record = verify_dcp_checkpoint(node_part(tmp_path, node))
+        assert record.node == node and [e.name for e in record.present_files()] == [f"__{node}_0.distcp", ".metadata"]
+
+
+def test_a_node_part_missing_its_own_shard_is_corrupt(tmp_path: Path) -> None:
+    path = node_part(tmp_path, 1)
+    (path / "__1_0.distcp").unlink()
+    with pytest.raises(CorruptCheckpointError, match="__1_0.distcp"):
+        verify_dcp_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"nodes": [[0], [0]]}, "nodes"),
+        ({"nodes": [[0, 1], []]}, "nodes"),
+        ({"nodes": [[0], [1], [2]]}, "nodes"),
+        ({"node": 2}, "node 2"),
+        ({"commit_id": None}, "commit_id"),
+        ({"node_keys": ["shared/0"]}, "node_keys"),
+        ({"nodes": None}, "names a node but no nodes"),
+    ],
+)
+def test_node_fields_that_describe_no_partition_are_refused(tmp_path: Path, changes: dict[str, object], field: str) -> None:
+    with pytest.raises(CorruptCheckpointError, match=field):
+        read_dcp_manifest(node_part(tmp_path, 0, **changes))
+
+
+def test_a_record_without_node_fields_serializes_as_before() -> None:
+    record = whole_record().sealed()
+    written = json.loads(record.model_dump_json())
+    assert not {"nodes", "node", "commit_id", "node_keys"} & set(written)
+    assert DcpManifest.model_validate_json(record.model_dump_json()).body_checksum() == record.checksum
+
+
+def test_the_remote_marker_is_the_whole_checkpoints_record(tmp_path: Path) -> None:
+    part = read_dcp_manifest(node_part(tmp_path, 1))
+    whole = full_record(part)
+    assert whole.node is None and whole.commit_id == part.commit_id and whole.checksum == whole.body_checksum()
+    assert [e.name for e in whole.present_files()] == list(FILES)
