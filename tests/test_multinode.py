@@ -87,7 +87,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, 5])  # kills after steps 9 and 11
 def test_both_nodes_killed_at_a_random_step_resume_bitwise_with_s3(tmp_path: Path, reference: Path, seed: int, s3_remote: str) -> None:  # noqa: F811
     kill_at = random.Random(seed).randint(9, STEPS - 1)  # after step 8's checkpoint began: step 4's is committed
     outcomes = run_nodes(tmp_path, "--remote", s3_remote, "--kill-at", str(kill_at), survivor_grace=10.0)
@@ -159,3 +159,24 @@ def test_a_node_killed_between_prepare_and_publish_leaves_a_step_no_node_loads(t
     assert [e["step"] for e in skips] == [8] and "node 1 (ranks 1) lacks its shards __1_0.distcp" in skips[0]["message"]
     assert_bitwise(tmp_path, reference)
     assert_clean(tmp_path)
+
+
+def test_two_ranks_per_node_a_lost_node_fetches_both_ranks_files_from_s3(tmp_path: Path, s3_remote: str) -> None:  # noqa: F811
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "4", nproc=2))
+    assert node_events(tmp_path, 0, "run_dir_layout")[0]["nodes"] == [[0, 1], [2, 3]]
+    names = {p.name for p in (format.checkpoints_dir(node_dir(tmp_path, 1)) / "step_4").iterdir()}
+    assert names == {"__2_0.distcp", "__3_0.distcp", ".metadata", "manifest.json"}  # node 1 holds its ranks' files only
+    at_stop = torch.load(node_dir(tmp_path, 0) / "stop.pt", weights_only=True)  # the full state at step 4 (gathered)
+    shutil.rmtree(node_dir(tmp_path, 1))
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "5", nproc=2))
+    for rank, files in ((2, [".metadata", "__2_0.distcp"]), (3, ["__3_0.distcp"])):  # each rank its own shard
+        log = [json.loads(line) for line in (node_dir(tmp_path, 1) / f"events.rank{rank}.jsonl").read_text().splitlines()]
+        assert [(e["step"], sorted(e["files"])) for e in log if e["event"] == "remote_fetch"] == [(4, sorted(files))]
+    got = torch.load(node_dir(tmp_path, 0) / "restored.pt", weights_only=True)
+    assert got["steps"] == at_stop["steps"] == 4
+    for key, value in at_stop["model"].items():
+        assert torch.equal(got["model"][key], value), key
+    for name, per_param in at_stop["optimizer"].items():
+        for field, value in per_param.items():
+            assert torch.equal(got["optimizer"][name][field], value), (name, field)
+    assert torch.equal(got["counter"], at_stop["counter"])

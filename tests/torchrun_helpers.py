@@ -83,9 +83,9 @@ class NodeOutcome:
 
 def launch_nodes(
     script: Path, run_dirs: list[Path], *args: str, timeout: float, node_args: dict[int, list[str]] | None = None,
-    survivor_grace: float = 60.0,
+    survivor_grace: float = 60.0, nproc: int = 1,
 ) -> list[NodeOutcome]:
-    """One ``torchrun --nnodes N --nproc-per-node 1 --node-rank K`` agent per run directory, with
+    """One ``torchrun --nnodes N --nproc-per-node NPROC --node-rank K`` agent per run directory, with
     c10d rendezvous on localhost, as several nodes would run ``script RUN_DIR_K ARGS`` (plus
     ``node_args[K]``). Once an agent exits, the others get ``survivor_grace`` seconds to end on
     their own before their whole process group (agent and worker) is SIGKILLed: a node that died
@@ -95,7 +95,7 @@ def launch_nodes(
     for node, run_dir in enumerate(run_dirs):
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         log = open(run_dir.parent / f"agent{node}-{os.getpid()}-{time.monotonic_ns()}.log", "w+")  # noqa: SIM115 (closed below)
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(run_dirs)}", "--nproc-per-node=1",
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(run_dirs)}", f"--nproc-per-node={nproc}",
                f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--max-restarts=0",
                str(script), str(run_dir), *args, *(node_args or {}).get(node, [])]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
