@@ -172,11 +172,29 @@ def test_two_ranks_per_node_a_lost_node_fetches_both_ranks_files_from_s3(tmp_pat
     for rank, files in ((2, [".metadata", "__2_0.distcp"]), (3, ["__3_0.distcp"])):  # each rank its own shard
         log = [json.loads(line) for line in (node_dir(tmp_path, 1) / f"events.rank{rank}.jsonl").read_text().splitlines()]
         assert [(e["step"], sorted(e["files"])) for e in log if e["event"] == "remote_fetch"] == [(4, sorted(files))]
-    got = torch.load(node_dir(tmp_path, 0) / "restored.pt", weights_only=True)
-    assert got["steps"] == at_stop["steps"] == 4
-    for key, value in at_stop["model"].items():
+    assert at_stop["steps"] == 4
+    assert_same_state(torch.load(node_dir(tmp_path, 0) / "restored.pt", weights_only=True), at_stop)
+
+
+def assert_same_state(got: dict, want: dict) -> None:
+    """Two gathered states (sharded_job's restored.pt / stop.pt) hold the same steps and tensors."""
+    assert got["steps"] == want["steps"]
+    for key, value in want["model"].items():
         assert torch.equal(got["model"][key], value), key
-    for name, per_param in at_stop["optimizer"].items():
+    for name, per_param in want["optimizer"].items():
         for field, value in per_param.items():
             assert torch.equal(got["optimizer"][name][field], value), (name, field)
-    assert torch.equal(got["counter"], at_stop["counter"])
+    assert torch.equal(got["counter"], want["counter"])
+
+
+def test_another_layout_fetches_the_whole_checkpoint_and_reshards(tmp_path: Path, s3_remote: str) -> None:  # noqa: F811
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "8"))  # 2 nodes x 1 rank
+    at_stop = torch.load(node_dir(tmp_path, 0) / "stop.pt", weights_only=True)
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "9", nproc=2))  # 2 nodes x 2 ranks, dirs intact
+    for node, rank in ((0, 0), (1, 2)):  # the parts on disk are of the old layout: each node fetched every file
+        log = node_dir(tmp_path, node) / ("events.jsonl" if rank == 0 else f"events.rank{rank}.jsonl")
+        events = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "restore"]
+        assert [(e["step"], e["tier"]) for e in events] == [(8, "remote")]
+        record = json.loads((format.checkpoints_dir(node_dir(tmp_path, node)) / "step_8" / "manifest.json").read_text())
+        assert "node" not in record and record["nodes"] == [[0], [1]]  # the whole checkpoint, as saved
+    assert_same_state(torch.load(node_dir(tmp_path, 0) / "restored.pt", weights_only=True), at_stop)

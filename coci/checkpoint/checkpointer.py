@@ -31,7 +31,7 @@ import torch
 
 from coci import distributed
 from coci.checkpoint import format
-from coci.checkpoint.dcp import DCP_FORMAT, DcpReader, DcpWriter
+from coci.checkpoint.dcp import DCP_FORMAT, DcpReader, DcpWriter, checkpoint_id
 from coci.checkpoint.format import CommitRecord, LoadedCheckpoint
 from coci.checkpoint.local import LocalReader, LocalWriter
 from coci.checkpoint.sharded import local_shards
@@ -176,7 +176,7 @@ def _load_node_parts(path: Path, context: DistributedContext, targets: Mapping[s
         record = _reader_named(declared, path).read_record(path)
     except (CorruptCheckpointError, OSError) as exc:
         problem = str(exc)
-    commit_id = getattr(record, "commit_id", None)
+    commit_id = None if record is None else checkpoint_id(record)
     parts = distributed.gather_objects((declared, commit_id, problem), context.control_group)
     problems = [p for _, _, p in parts if p]
     if problems:

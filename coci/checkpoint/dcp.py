@@ -124,6 +124,13 @@ class DcpManifest(CommitRecord):
         return tensor.key
 
 
+def checkpoint_id(record: CommitRecord) -> str | None:
+    """What makes node-local parts one checkpoint: the ``commit_id`` of a node-local record, else
+    its sealed checksum (a whole checkpoint fetched onto every node: the same record on each)."""
+    commit_id = getattr(record, "commit_id", None)
+    return commit_id if commit_id is not None else (None if record.checksum is None else f"sealed:{record.checksum}")
+
+
 def node_key(node: int, key: str) -> str:
     """The DCP key of node ``node``'s copy of a replicated tensor."""
     return f"node{node}/{key}"

@@ -5,7 +5,9 @@ of a checkpoint its ranks wrote (:class:`coci.checkpoint.dcp.DcpWriter`). A step
 only where every node holds a part of it that verifies (its ranks' files and ``.metadata``: sizes
 and checksums) and all the parts carry the same ``commit_id``: a node killed between prepare and
 publish leaves the other nodes' parts of that step, which no node ever loads. The functions here
-are collective on the control group; each node's leader looks at its own directory.
+are collective on the control group; each node's leader looks at its own directory. A node may
+also hold the whole checkpoint (every node's files, ``node`` None in its record): what it fetches
+from the remote when the checkpoint was saved by another layout (resharding).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from coci import distributed
 from coci.checkpoint import format
-from coci.checkpoint.dcp import DcpManifest, file_rank, verify_dcp_checkpoint
+from coci.checkpoint.dcp import checkpoint_id, file_rank, verify_dcp_checkpoint
 from coci.distributed import DistributedContext
 from coci.errors import CorruptCheckpointError
 
@@ -61,9 +63,10 @@ def _check_own_part(root: Path, step: int, context: DistributedContext) -> NodeP
     except (CorruptCheckpointError, OSError) as exc:
         return NodePart(context.node, None, str(exc))
     names = tuple(entry.name for entry in record.files)
-    if not isinstance(record, DcpManifest) or record.node != context.node or record.nodes != [list(r) for r in context.nodes or ()]:
-        return NodePart(context.node, None, f"{path}: holds the part of node {record.node} of {record.nodes}", names)
-    return NodePart(context.node, record.commit_id, None, names)
+    whole = record.node is None  # every file present (fetched onto another layout): loads on any
+    if not whole and (record.node != context.node or record.nodes != [list(r) for r in context.nodes or ()]):
+        return NodePart(context.node, None, f"{path}: holds the part of node {record.node} of nodes {record.nodes}", names)
+    return NodePart(context.node, checkpoint_id(record), None, names)
 
 
 def missing_pieces(step: int, parts: list[NodePart], context: DistributedContext) -> str:

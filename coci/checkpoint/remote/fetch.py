@@ -237,17 +237,21 @@ def fetch_node_parts(
     """Remote ``step``'s part of this node committed in ``root/step_<n>`` when ``fetching`` (this
     node's own part is missing or corrupt), and that directory on every rank. Collective on the
     control group: the ranks raise the same CorruptCheckpointError together when any node failed,
-    and no ``.fetch.tmp`` is left."""
+    and no ``.fetch.tmp`` is left.
+
+    A checkpoint saved by the same nodes: each rank downloads its own files, the leader also
+    ``.metadata``, and the part is committed as this node's. Saved by other nodes or ranks (or in
+    one shared directory): the node downloads every file, its ranks a share each, and commits the
+    whole checkpoint (``node`` None), which any world size can load (DCP reshards)."""
     opened, problem = None, None
     if fetching and context.is_node_leader:
         try:
             opened = open_fetch(store, step, root)
-            problem = _node_layout_problem(opened.record, context)
         except Exception as exc:
             problem = _describe(exc, step)
     shared = distributed.gather_objects(None if opened is None else opened.record.model_dump_json(), context.control_group)
     if fetching and problem is None:
-        problem = _problem_of(lambda: _download_own(store, step, root, context, shared[context.node_ranks[0]], events), step)
+        problem = _problem_of(lambda: _download_share(store, step, root, context, shared[context.node_ranks[0]], events), step)
     problem = distributed.agree(problem, context)
     if problem is not None:
         if opened is not None:
@@ -261,24 +265,22 @@ def fetch_node_parts(
     return root / format.step_dirname(step)
 
 
-def _node_layout_problem(record: CommitRecord, context: DistributedContext) -> str | None:
-    """None when remote ``record`` was saved by this job's nodes (each fetches its own ranks' files)."""
-    nodes = getattr(record, "nodes", None)
-    if nodes != [list(ranks) for ranks in context.nodes or ()]:
-        return (
-            f"remote step_{record.step} was saved by nodes {nodes}, this job has {[list(r) for r in context.nodes or ()]}: "
-            "node-local directories restore a remote checkpoint of the same layout only"
-        )
-    return None
+def same_nodes(record: CommitRecord, context: DistributedContext) -> bool:
+    """True when ``record`` was saved by this job's nodes (each holds its own ranks' files)."""
+    return getattr(record, "nodes", None) == [list(ranks) for ranks in context.nodes or ()]
 
 
-def _download_own(store: RemoteStore, step: int, root: Path, context: DistributedContext, record_json: str, events: EventLog) -> None:
-    """This rank's files of the fetch its node's leader opened (its leader also ``.metadata``)."""
+def _download_share(store: RemoteStore, step: int, root: Path, context: DistributedContext, record_json: str, events: EventLog) -> None:
+    """This rank's share of the fetch its node's leader opened: its own files (its leader also
+    ``.metadata``), or, for a checkpoint of another layout, every ``n``-th of all its files."""
     from coci.checkpoint.dcp import DcpManifest, file_rank
 
     record = DcpManifest.model_validate_json(record_json)
     tmp = root / (format.step_dirname(step) + FETCH_SUFFIX)
-    mine = [e for e in record.files if file_rank(e.name) == context.rank or (file_rank(e.name) is None and context.is_node_leader)]
+    if same_nodes(record, context):
+        mine = [e for e in record.files if file_rank(e.name) == context.rank or (file_rank(e.name) is None and context.is_node_leader)]
+    else:
+        mine = record.files[context.node_ranks.index(context.rank) :: len(context.node_ranks)]
     began = time.perf_counter()
     download_files(store, OpenedFetch(step, tmp, record), mine)
     events.emit("remote_fetch", step=step, rank=context.rank, node=context.node, files=[e.name for e in mine],
@@ -286,6 +288,8 @@ def _download_own(store: RemoteStore, step: int, root: Path, context: Distribute
 
 
 def _as_node_part(opened: OpenedFetch, context: DistributedContext) -> OpenedFetch:
-    """The fetch with its record naming this node's part (re-sealed when committed)."""
-    record = opened.record.model_copy(update={"node": context.node, "checksum": None})
+    """The fetch with its record naming this node's part, or the whole checkpoint when it is one
+    of another layout (re-sealed when committed)."""
+    node = context.node if same_nodes(opened.record, context) else None
+    record = opened.record.model_copy(update={"node": node, "checksum": None})
     return OpenedFetch(opened.step, opened.tmp, record)
