@@ -189,6 +189,8 @@ class Session:
             raise ConfigError(f"total_steps must be a positive integer or None, got {total_steps!r}")
         if on_error not in ("raise", "log"):
             raise ConfigError(f"on_error must be 'raise' or 'log', got {on_error!r}")
+        if run_dir_layout not in distributed.RUN_DIR_LAYOUTS:
+            raise ConfigError(f"run_dir_layout must be one of {', '.join(distributed.RUN_DIR_LAYOUTS)}, got {run_dir_layout!r}")
         if save_last is not None and not isinstance(save_last, bool):
             raise ConfigError(f"save_last must be True, False or None, got {save_last!r}")
         self._save_last = save_last
@@ -1057,8 +1059,6 @@ def _restore_error(last_error: str) -> type[CheckpointError]:
 
 def _with_layout(context: distributed.DistributedContext | None, run_dir: Path, setting: str) -> distributed.DistributedContext | None:
     """The context with its run directory layout (:func:`coci.distributed.with_run_dir_layout`)."""
-    if setting not in distributed.RUN_DIR_LAYOUTS:
-        raise ConfigError(f"run_dir_layout must be one of {', '.join(distributed.RUN_DIR_LAYOUTS)}, got {setting!r}")
     return None if context is None else distributed.with_run_dir_layout(context, run_dir, setting)
 
 

@@ -137,7 +137,8 @@ def test_a_lost_node_directory_is_recovered_from_s3_bitwise(tmp_path: Path, refe
 
 
 def test_a_lost_node_without_a_remote_is_one_clear_error_naming_its_shards(tmp_path: Path) -> None:
-    assert_ok(run_nodes(tmp_path, "--stop-at", "8"))
+    assert_ok(run_nodes(tmp_path, "--stop-at", "8", "--run-dir-layout", "node-local"))  # told, not probed: by host and GROUP_RANK
+    assert [(e["setting"], e["layout"], e["nodes"]) for e in node_events(tmp_path, 1, "run_dir_layout")] == [("node-local", "node-local", [[0], [1]])]
     shutil.rmtree(format.checkpoints_dir(node_dir(tmp_path, 1)))
     outcomes = run_nodes(tmp_path, survivor_grace=60.0)
     assert [o.code for o in outcomes] != [0, 0]

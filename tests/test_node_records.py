@@ -97,3 +97,11 @@ def test_the_remote_marker_is_the_whole_checkpoints_record(tmp_path: Path) -> No
     whole = full_record(part)
     assert whole.node is None and whole.commit_id == part.commit_id and whole.checksum == whole.body_checksum()
     assert [e.name for e in whole.present_files()] == list(FILES)
+
+
+def test_an_unknown_run_dir_layout_is_refused_naming_it(tmp_path: Path) -> None:
+    import coci
+    from coci.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="run_dir_layout must be one of auto, shared, node-local, got 'nfs'"):
+        coci.Session(tmp_path / "run", {"x": [1]}, policy=coci.EveryN(2), run_dir_layout="nfs")
