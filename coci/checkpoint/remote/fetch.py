@@ -236,8 +236,9 @@ def fetch_node_parts(
 ) -> Path:
     """Remote ``step``'s part of this node committed in ``root/step_<n>`` when ``fetching`` (this
     node's own part is missing or corrupt), and that directory on every rank. Collective on the
-    control group: the ranks raise the same CorruptCheckpointError together when any node failed,
-    and no ``.fetch.tmp`` is left.
+    control group: the ranks raise the same CorruptCheckpointError together when any node failed
+    (RemoteUnavailableError when any failure was not the checkpoint's fault), and no
+    ``.fetch.tmp`` is left.
 
     A checkpoint saved by the same nodes: each rank downloads its own files, the leader also
     ``.metadata``, and the part is committed as this node's. Saved by other nodes or ranks (or in
