@@ -327,8 +327,8 @@ class DcpWriter:
 
         format.fault("dcp_before_save")
         node = self.context.node
-        state_dict = {t.key: tensors[t.index] for t in mine.tensors}
-        state_dict.update((node_key(node, t.key) if t.key in node_keys else t.key, tensors[t.index]) for t in shared.tensors)
+        state_dict = {node_key(node, t.key) if t.key in node_keys else t.key: tensors[t.index] for t in shared.tensors}
+        state_dict.update((t.key, tensors[t.index]) for t in mine.tensors)  # after: DCP balances the replicated ones in this order
         group = self.context.persist_group
         dcp_save(state_dict, storage_writer=FileSystemWriter(tmp, sync_files=True), process_group=group)
         format.fault("dcp_after_save")
