@@ -543,7 +543,8 @@ def read_dcp_metadata(path: Path, manifest: DcpManifest) -> Any:
     except Exception as exc:  # a damaged pickle fails in many ways; all of them mean corrupt
         raise CorruptCheckpointError(f"{path}: DCP metadata is unreadable ({type(exc).__name__}: {exc})") from exc
     chunk_bytes = dcp_checks.check_dcp_metadata(path, metadata, manifest)
-    dcp_checks.check_dcp_items(path, metadata.storage_data, chunk_bytes)
+    here = {entry.name for entry in manifest.present_files()}  # a node's part: the items of its ranks' files
+    dcp_checks.check_dcp_items(path, {i: info for i, info in metadata.storage_data.items() if info.relative_path in here}, chunk_bytes)
     return metadata
 
 
