@@ -340,10 +340,13 @@ class DcpWriter:
         """Write, prepare on every node, agree, publish on every node (see the class)."""
         step, slots, context = staged.step, staged.slots, self.context
         tmp, final = format.tmp_dir(self.root, step), self.root / format.step_dirname(step)
-        if context.is_node_leader:
-            self.root.mkdir(parents=True, exist_ok=True)
+
+        def prepare_dir() -> None:
+            format.make_root(self.root)  # a link in its place: every rank raises, none waits on a leader
             format.remove_stale_tmp(self.root)  # leftovers of failed persists: never checkpoints
             tmp.mkdir()
+
+        self._on_leaders(prepare_dir, f"checkpoint at step {step} could not be started")
         shared_skeleton, rank_skeleton = split_skeleton(staged.skeleton)
         shared = _with_global_shapes(_part(shared_skeleton, slots, "shared"), staged.shards)
         mine = _part(rank_skeleton, slots, f"rank{context.rank}")
@@ -383,7 +386,7 @@ class DcpWriter:
         if not self.context.is_coordinator:
             format.write_durably(tmp / _DCP_METADATA, metadata)
         files = [*files, fileio.describe_file(tmp / _DCP_METADATA)]
-        format.prepare(tmp, record.model_copy(update={"files": files}))
+        format.prepare(self.root, tmp, record.model_copy(update={"files": files}))
         format.fault("node_prepared")
 
     def _publish_node(self, tmp: Path, final: Path) -> None:

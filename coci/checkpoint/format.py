@@ -344,13 +344,13 @@ def publish(root: Path, tmp: Path, final: Path, record: CommitRecord) -> None:
     only within one filesystem), then the parent is fsynced so the rename survives a power loss.
     A checkpoint of the same step that failed verification is replaced.
     """
-    prepare(tmp, record)
+    prepare(root, tmp, record)
     fault("before_rename")
     rename_into_place(root, tmp, final)
     fault("after_commit")
 
 
-def prepare(tmp: Path, record: CommitRecord) -> None:
+def prepare(root: Path, tmp: Path, record: CommitRecord) -> None:
     """The first half of :func:`publish`: the sealed record written and fsynced into ``tmp``
     (still a ``*.tmp`` directory, never read). Node-local run directories prepare on every node,
     agree, and only then rename (:class:`coci.checkpoint.dcp.DcpWriter`)."""

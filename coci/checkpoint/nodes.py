@@ -38,11 +38,17 @@ class NodePart:
 def local_steps(root: Path, context: DistributedContext) -> list[int]:
     """Every step any node holds a ``step_<n>`` directory of, newest first; each leader removes
     its directory's stale ``*.tmp`` entries first (collective)."""
-    mine: list[int] = []
+    mine: list[int] | str = []
     if context.is_node_leader:
-        format.remove_stale_tmp(root)
-        mine = [step for step, _ in format.step_dirs(root)]
+        try:
+            format.remove_stale_tmp(root)
+            mine = [step for step, _ in format.step_dirs(root)]
+        except CorruptCheckpointError as exc:  # a link in the root's place: every rank raises, none waits
+            mine = f"node {context.node}: {exc}"
     gathered = distributed.gather_objects(mine, context.control_group)
+    refused = [entry for entry in gathered if isinstance(entry, str)]
+    if refused:
+        raise CorruptCheckpointError("; ".join(refused))
     return sorted({step for steps in gathered for step in steps}, reverse=True)
 
 
