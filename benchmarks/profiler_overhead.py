@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from profiler import Profiler
+from coci.profiler import Profiler
 
 GOAL_MICROSECONDS = 50.0
 

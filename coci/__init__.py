@@ -32,9 +32,9 @@ from coci.planning.fit import CurveFit, fit_curve
 from coci.planning.planner import Plan, plan
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from coci.preemption import Preempted
+from coci.profiler import Estimate, Profile
 from coci.session import RestoreResult, Session
 from coci.units import parse_duration
-from profiler import Estimate, Profile
 
 if TYPE_CHECKING:
     from coci.analysis.report import Report, report

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from coci.errors import ConfigError
-from profiler.checks import is_int, is_number
+from coci.profiler.checks import is_int, is_number
 
 __all__ = ["integer", "is_int", "is_number", "number", "optional_integer", "optional_number"]
 

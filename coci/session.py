@@ -77,7 +77,7 @@ from coci.planning.config import PlanConfig, changed_arguments
 from coci.planning.failures import Failures
 from coci.planning.planner import Plan, PlanningPolicy, make_policy
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
-from profiler import Profile, Profiler
+from coci.profiler import Profile, Profiler
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,9 @@
-"""profiler: online measurement of a training job: step time, checkpoint costs and the loss trace.
+"""coci.profiler: online measurement of a training job: step time, checkpoint costs and the loss trace.
 
-It measures and knows nothing of plans: it never imports ``coci`` (coci's planner reads its
-:class:`Profile`). The public surface:
+The repository keeps it in its own top-level folder, ``profiler/``; it is installed (and imported)
+as ``coci.profiler``, so a user's own ``profiler.py`` cannot shadow it. It measures and knows
+nothing of plans: its modules import one another (relatively) and nothing else of ``coci``
+(coci's planner reads its :class:`Profile`). The public surface:
 
 * :class:`Profiler`: ``step(loss)`` once per training step, checkpoint reports (``record_stall``,
   ``persist_started``/``persist_finished``, ``record_restore``), priors (``set_state_bytes``,
@@ -13,10 +15,10 @@ It measures and knows nothing of plans: it never imports ``coci`` (coci's planne
 
 from __future__ import annotations
 
-from profiler.loss_trace import LossTrace
-from profiler.probe import probe_bandwidth
-from profiler.profile import Bandwidth, Estimate, Profile, interference_cost
-from profiler.profiler import Profiler
+from .loss_trace import LossTrace
+from .probe import probe_bandwidth
+from .profile import Bandwidth, Estimate, Profile, interference_cost
+from .profiler import Profiler
 
 __all__ = [
     "Bandwidth",

@@ -1,7 +1,7 @@
 """Argument checks of the profiler: each failure is a ``ValueError`` naming the field and the value.
 
 ``bool`` is never accepted where a number is asked for, although Python counts it as an ``int``.
-The profiler is the lower layer and never imports ``coci``; ``coci.checks`` builds on
+The profiler is the lower layer and imports nothing of ``coci`` outside ``coci.profiler``; ``coci.checks`` builds on
 :func:`is_int` and :func:`is_number` from here.
 """
 

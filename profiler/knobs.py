@@ -1,7 +1,7 @@
 """Tunable constants of the profiler: step-time windows, the loss trace's bounds, the micro-probe's sizes.
 
 Plain module attributes with documented defaults; a user or a benchmark may override one
-(``profiler.knobs.STEP_WINDOW = 4096``) before constructing a :class:`profiler.Profiler`.
+(``coci.profiler.knobs.STEP_WINDOW = 4096``) before constructing a :class:`coci.profiler.Profiler`.
 Every value is read when a ``Profiler`` (or ``LossTrace``) is constructed, never at import.
 """
 

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from profiler import knobs
-from profiler.checks import integer, is_number
+from . import knobs
+from .checks import integer, is_number
 
 logger = logging.getLogger(__name__)
 

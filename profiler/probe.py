@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from profiler import knobs
-from profiler.checks import integer
-from profiler.profile import Bandwidth
+from . import knobs
+from .checks import integer
+from .profile import Bandwidth
 
 logger = logging.getLogger(__name__)
 

@@ -50,12 +50,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from profiler import knobs
-from profiler.checks import integer, non_negative_number, optional_integer
-from profiler.loss_trace import LossTrace
-from profiler.probe import probe_bandwidth
-from profiler.profile import Bandwidth, Estimate, Profile
-from profiler.stats import prior, ratio_estimate, recent_regime, robust_estimate
+from . import knobs
+from .checks import integer, non_negative_number, optional_integer
+from .loss_trace import LossTrace
+from .probe import probe_bandwidth
+from .profile import Bandwidth, Estimate, Profile
+from .stats import prior, ratio_estimate, recent_regime, robust_estimate
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from profiler import knobs
-from profiler.profile import Estimate
+from . import knobs
+from .profile import Estimate
 
 
 def robust_estimate(samples: Iterable[float]) -> Estimate:

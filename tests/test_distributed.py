@@ -31,7 +31,7 @@ import torchrun_helpers
 from coci.checkpoint import format
 from coci.checkpoint.checkpointer import load_entry
 from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
-from profiler.loss_trace import LossTrace
+from coci.profiler.loss_trace import LossTrace
 
 JOB = Path(__file__).with_name("dist_job.py")
 REPO = JOB.parents[1]

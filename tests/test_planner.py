@@ -15,7 +15,7 @@ from coci.planning.failures import Failures
 from coci.planning.fit import fit_curve
 from coci.planning.planner import POLICIES, PRIOR_PROGRESS_RATE, Plan, PlanningPolicy, make_policy, plan
 from coci.planning.policy import CheckpointPolicy, Observation
-from profiler import Estimate, Profile
+from coci.profiler import Estimate, Profile
 
 BASE = dict(
     failures=Failures.exponential("2h"),

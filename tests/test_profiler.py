@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-import profiler
-from profiler import Bandwidth, Estimate, Profile, Profiler, interference_cost
+import coci.profiler as profiler
+from coci.profiler import Bandwidth, Estimate, Profile, Profiler, interference_cost
 
 
 class FakeClock:
@@ -36,18 +36,25 @@ def run_steps(prof: Profiler, clock: FakeClock, durations, losses=None) -> None:
 
 
 def test_public_names_and_no_coci_import() -> None:
+    """The profiler (installed as ``coci.profiler`` from the repository's ``profiler/`` folder) imports
+    its own modules, relatively or as ``coci.profiler``, and nothing else of coci."""
     assert set(profiler.__all__) >= {"Profiler", "Profile", "Estimate", "Bandwidth", "LossTrace"}
+    assert profiler.__name__ == "coci.profiler"
     import ast
     from pathlib import Path
 
-    package = Path(profiler.__file__).parent
+    def own(module: str) -> bool:
+        return module == "coci.profiler" or module.startswith("coci.profiler.") or not (module == "coci" or module.startswith("coci."))
+
+    package = Path(__file__).resolve().parents[1] / "profiler"
     for path in package.glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                assert all(not alias.name.startswith("coci") for alias in node.names), path
+                assert all(own(alias.name) for alias in node.names), path
             if isinstance(node, ast.ImportFrom):
-                assert not (node.module or "").startswith("coci"), path
+                assert node.level <= 1, f"{path}: a relative import out of the profiler"
+                assert node.level == 1 or own(node.module or ""), path
 
 
 def test_step_time_is_the_median_with_a_mad_spread_and_ignores_outliers() -> None:

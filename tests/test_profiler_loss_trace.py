@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from profiler import LossTrace, Profiler
+from coci.profiler import LossTrace, Profiler
 
 #: Tensor methods that force the host to wait for the device (or copy to it).
 SYNCING = {"item", "cpu", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__", "__array__"}

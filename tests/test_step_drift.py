@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 import coci
-from profiler import Profiler
+from coci.profiler import Profiler
 
 
 class FakeClock:

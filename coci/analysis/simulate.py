@@ -78,13 +78,13 @@ counted in ``unfinished``.
 Online re-planning (``online=True``, or a policy object): the schedule is derived by replaying the
 policy step by step as :class:`coci.Session` drives it (``should_checkpoint(step)`` asked before any
 re-plan at that step, so a re-plan never drops a checkpoint due now), with a profile holding the
-job's costs and the loss trace seen so far (the profiler's own :class:`profiler.loss_trace.LossTrace`),
+job's costs and the loss trace seen so far (the profiler's own :class:`coci.profiler.loss_trace.LossTrace`),
 so the planner sees only the past. When the policy observes, and which warm-up checkpoints are
 skipped, is decided by the session's own :class:`coci.planning.cadence.Cadence`: once at warm-up
 (``knobs.PLAN_WARMUP_STEPS``), after **every** commit, and ``knobs.OBSERVE_EVERY_STEPS`` steps
 after the last observation; after the first plan, each only while re-planning so far has cost at
 most ``knobs.PLANNING_TIME_FRACTION`` of the job's wall time. As in the session, the profile has no
-step time during the profiler's warm-up (``profiler.knobs.WARMUP_STEPS``), so an observation then
+step time during the profiler's warm-up (``coci.profiler.knobs.WARMUP_STEPS``), so an observation then
 plans nothing and is not charged. The replay does not time the planner (that would make schedules
 machine-dependent): each observation is charged ``plan_seconds`` of wall time (default
 ``knobs.SIMULATE_PLAN_SECONDS``, 0.3 s: a refit and a solve on 2 busy cores), and the job's wall
@@ -125,9 +125,9 @@ from coci.planning.fit import CurveFit
 from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model
 from coci.planning.planner import Plan, PlanInputs, make_policy
 from coci.planning.policy import Observation
-from profiler import Estimate, Profile
-from profiler import knobs as profiler_knobs
-from profiler.loss_trace import LossTrace
+from coci.profiler import Estimate, Profile
+from coci.profiler import knobs as profiler_knobs
+from coci.profiler.loss_trace import LossTrace
 
 __all__ = [
     "METRICS",

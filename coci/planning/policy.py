@@ -22,7 +22,7 @@ from coci import checks
 from coci.errors import ConfigError
 
 if TYPE_CHECKING:
-    from profiler import Profile
+    from coci.profiler import Profile
 
 
 @dataclass(frozen=True)

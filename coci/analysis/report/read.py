@@ -11,7 +11,7 @@ What it reads (every input is optional except the directory itself; what is miss
   inside the final plan's span are marked and earlier ones show "earlier plan" (None).
 * ``plan.json``: the current :class:`coci.planning.planner.Plan` (its inputs, fit, failure model,
   expected costs, fallbacks).
-* ``profile.json``: the final :class:`profiler.Profile` (clean step time, stall, persist,
+* ``profile.json``: the final :class:`coci.profiler.Profile` (clean step time, stall, persist,
   interference).
 * ``checkpoints/``: the committed checkpoints on disk (manifests only; nothing is verified here,
   that is ``coci verify``).
@@ -53,7 +53,7 @@ from coci.events import (
     read_step_mark,
 )
 from coci.planning.planner import Plan
-from profiler import Profile
+from coci.profiler import Profile
 
 __all__ = ["CheckpointRow", "ObservedCosts", "PolicyRow", "ReportData", "RestoreRow", "read_run", "run_loss_trace"]
 
@@ -688,7 +688,7 @@ class _Ledger:
 
 def _profile_from_checkpoint(root: Path, notes: list[str]) -> Profile | None:
     """The profile a run that never closed (killed, not restarted) had at its newest checkpoint."""
-    from profiler import Profiler
+    from coci.profiler import Profiler
 
     for step, checkpoint in reversed(committed_steps(checkpoints_dir(root))):
         try:
@@ -754,7 +754,7 @@ def _loss_trace(root: Path, notes: list[str]) -> tuple[np.ndarray, np.ndarray, s
 
 def _trace_from_checkpoint(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
     """The loss trace of a checkpoint's profiler state, read without loading the model."""
-    from profiler.loss_trace import LossTrace
+    from coci.profiler.loss_trace import LossTrace
 
     state = load_entry(path, (SESSION_KEY, "profiler", "loss_trace"))
     if not isinstance(state, dict):
