@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from coci.curves import read_curve
 from coci.errors import CociError, ConfigError, CorruptCheckpointError
 
 __all__ = ["build_parser", "main", "read_curve"]
@@ -39,71 +40,7 @@ EXIT_ERROR = 2
 #: process that SIGPIPE ended (128 + 13), not 1, which ``coci verify`` reserves for "corrupt found".
 EXIT_BROKEN_PIPE = 141
 
-_LOSS_COLUMNS = ("loss", "train_loss", "val_loss", "losses")
-_RUN_COLUMNS = ("run_id", "curve_id", "run")
-
-
 # --- input helpers -----------------------------------------------------------------------------
-
-
-def read_curve(path: str | Path, run: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(steps, losses)`` from a CSV curve file (see the module docstring for the formats)."""
-    import pandas as pd
-
-    file = Path(path)
-    try:
-        frame = pd.read_csv(file)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"curve file {str(file)!r} does not exist") from exc
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"curve file {str(file)!r} is not a readable CSV: {exc}") from exc
-    columns = {str(c).strip().lower(): c for c in frame.columns}
-    run_column = next((columns[c] for c in _RUN_COLUMNS if c in columns), None)
-    if run_column is not None:
-        runs = frame[run_column].astype(str).unique()
-        if run is None and len(runs) > 1:
-            raise ConfigError(f"curve file {str(file)!r} holds {len(runs)} runs in column {run_column!r}; pick one with --curve-run ({', '.join(runs[:5])}...)")
-        if run is not None:
-            frame = frame[frame[run_column].astype(str) == str(run)]
-            if frame.empty:
-                raise ConfigError(f"curve-run {run!r} not found in column {run_column!r} of {str(file)!r}")
-    if _headerless(columns):
-        frame = pd.read_csv(file, header=None)
-        columns = {str(c): c for c in frame.columns}
-    numeric = [c for c in frame.columns if pd.api.types.is_numeric_dtype(frame[c]) and c != run_column]
-    step_column = columns.get("step")
-    loss_column = next((columns[c] for c in _LOSS_COLUMNS if c in columns), None)
-    if loss_column is None:
-        others = [c for c in numeric if c != step_column]
-        if len(others) == 1 or (step_column is None and len(others) == 2 and len(numeric) == 2):
-            loss_column = others[-1]
-            if step_column is None and len(others) == 2:
-                step_column = others[0]
-    if loss_column is None or not pd.api.types.is_numeric_dtype(frame[loss_column]):
-        raise ConfigError(f"curve file {str(file)!r}: no loss column (name one 'loss', or give one numeric column)")
-    losses = _numbers(frame, loss_column, file)
-    steps = _numbers(frame, step_column, file) if step_column is not None else np.arange(1, losses.size + 1, dtype=float)
-    if losses.size < 3:
-        raise ConfigError(f"curve file {str(file)!r}: needs at least 3 losses, got {losses.size}")
-    return steps, losses
-
-
-def _numbers(frame: Any, column: Any, file: Path) -> np.ndarray:
-    """A column of the curve file as floats; ConfigError naming the file and column when a value
-    is not a number or is an integer no float holds."""
-    try:
-        return np.asarray(frame[column].to_numpy(dtype=float), dtype=float)
-    except (ValueError, TypeError, ArithmeticError) as exc:
-        raise ConfigError(f"curve file {str(file)!r}: column {column!r} holds a value that is not a number ({exc})") from None
-
-
-def _headerless(columns: dict[str, Any]) -> bool:
-    """True when the 'header' read by pandas is itself a row of numbers."""
-    try:
-        [float(c) for c in columns]
-    except ValueError:
-        return False
-    return True
 
 
 def _failures(args: argparse.Namespace) -> Any:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from coci import knobs
+from coci.curves import read_curve, run_loss_trace
 from coci.errors import ConfigError
 from coci.events import read_run_file
 from coci.planning.empirical import smoothed_trace
@@ -83,8 +84,6 @@ def _arrays(source: Any) -> tuple[np.ndarray, np.ndarray]:
 def _read_path(path: Path) -> tuple[np.ndarray, np.ndarray, float | None, str]:
     """``(steps, losses, run length or None, description)`` of a run directory or curve file."""
     if path.is_dir():
-        from coci.analysis.report.read import run_loss_trace  # the report's reader of a run directory
-
         steps, losses, found = run_loss_trace(path)
         return steps, losses, _planned_length(path / "plan.json"), f"run {str(path)!r} ({found})"
     if not path.is_file():
@@ -97,8 +96,6 @@ def _read_path(path: Path) -> tuple[np.ndarray, np.ndarray, float | None, str]:
             raise ConfigError(f"prior: {str(path)!r} is not a {{steps, losses}} JSON file ({type(exc).__name__})") from None
         steps, losses = _arrays(pair)
         return steps, losses, None, f"file {str(path)!r}"
-    from coci.cli import read_curve  # the command line's CSV curve reader
-
     try:
         steps, losses = read_curve(path)
     except ConfigError as exc:

@@ -35,13 +35,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel, Field
 
 from coci import knobs
 from coci.checkpoint.checkpointer import load_entry
 from coci.checkpoint.format import SESSION_KEY, checkpoints_dir, committed_steps
 from coci.checks import is_int
+from coci.curves import loss_trace as _loss_trace
+from coci.curves import run_loss_trace
 from coci.errors import CociError, ConfigError
 from coci.events import (
     CHECKPOINT_REASONS,
@@ -61,8 +62,6 @@ logger = logging.getLogger(__name__)
 
 PLAN_FILENAME = "plan.json"
 PROFILE_FILENAME = "profile.json"
-LOSS_CURVE_FILENAME = "loss_curve.json"
-
 
 # --- the data ----------------------------------------------------------------------------------
 
@@ -719,46 +718,3 @@ def _stall_total(taken: list[CheckpointRow], profile: Profile | None, notes: lis
     return (stall or 0.0) + missing * float(profile.stall_seconds.value), True
 
 
-def run_loss_trace(root: Path) -> tuple[np.ndarray, np.ndarray, str]:
-    """``(steps, losses, source)`` of a run directory's loss trace (see the module docstring); a
-    warm start's prior (:mod:`coci.planning.prior`) reads an earlier run with it."""
-    return _loss_trace(Path(root), [])
-
-
-def _loss_trace(root: Path, notes: list[str]) -> tuple[np.ndarray, np.ndarray, str]:
-    """``(steps, losses, source)`` from loss_curve.json, else the newest checkpoint's profiler."""
-    path = root / LOSS_CURVE_FILENAME
-    if path.exists() or path.is_symlink():
-        try:
-            raw = json.loads(read_run_file(path))
-            steps = np.asarray(raw["steps"], dtype=float)
-            losses = np.asarray(raw["losses"], dtype=float)
-            if steps.shape == losses.shape and steps.ndim == 1:
-                return steps, losses, LOSS_CURVE_FILENAME
-            notes.append(f"{LOSS_CURVE_FILENAME}: steps and losses differ in shape; ignored")
-        except (CociError, OSError) as exc:  # a link, a FIFO, oversized
-            notes.append(f"{LOSS_CURVE_FILENAME} is unreadable ({exc}); ignored")
-        except (ValueError, KeyError, TypeError, ArithmeticError, RecursionError) as exc:  # ArithmeticError: an integer no float holds
-            notes.append(f"{LOSS_CURVE_FILENAME} unreadable ({type(exc).__name__}); ignored")
-    for step, checkpoint in reversed(committed_steps(checkpoints_dir(root))):
-        try:
-            found = _trace_from_checkpoint(checkpoint)
-        except (CociError, OSError, ValueError, KeyError, TypeError, ArithmeticError) as exc:  # a hostile manifest
-            logger.warning("no loss trace from %s: %s", checkpoint, exc)
-            continue
-        if found is not None and found[0].size:
-            return found[0], found[1], f"profiler trace in checkpoint step_{step}"
-    notes.append("no loss trace found (no loss_curve.json; no checkpoint holds a profiler trace)")
-    return np.empty(0), np.empty(0), "none"
-
-
-def _trace_from_checkpoint(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
-    """The loss trace of a checkpoint's profiler state, read without loading the model."""
-    from coci.profiler.loss_trace import LossTrace
-
-    state = load_entry(path, (SESSION_KEY, "profiler", "loss_trace"))
-    if not isinstance(state, dict):
-        return None
-    trace = LossTrace()
-    trace.load_state_dict(state)
-    return trace.curve()
