@@ -9,8 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"  # before the imports: coci.checkpoint.format writes it into manifests
-
+from coci._version import __version__
 from coci.checkpoint.checkpointer import PendingCheckpoint, PersistResult
 from coci.checkpoint.stateful import Stateful
 from coci.checkpoint.verify import CheckpointStatus, verify_run

@@ -43,8 +43,10 @@ from types import FrameType
 from typing import Any
 
 from coci import knobs
+from coci.distributed import DistributedContext
 from coci.errors import ConfigError
-from coci.events import open_run_file
+from coci.events import EventLog, open_run_file
+from coci.profiler import Profile
 from coci.units import parse_duration
 
 __all__ = [
@@ -280,7 +282,7 @@ def _installed(signum: int, handler: object) -> bool:
 _DISPATCHERS: dict[int, _Dispatcher] = {}
 
 
-def agree_on_notice(context: Any) -> Callable[[bool, int], tuple[bool, int]]:
+def agree_on_notice(context: DistributedContext) -> Callable[[bool, int], tuple[bool, int]]:
     """The collective of :meth:`Preemption.due` on coci's gloo control group: one all-reduce
     (MAX) of ``[notice, -interval]``: any rank's notice counts, the shortest interval wins."""
     import torch
@@ -294,23 +296,18 @@ def agree_on_notice(context: Any) -> Callable[[bool, int], tuple[bool, int]]:
     return agree
 
 
-def stop(session: Any, preemption: Preemption) -> Preempted:
-    """Checkpoint ``session`` at its current step (unless a checkpoint of this step is already
-    under way), wait for the commit, write the ``preempted`` event, close the session, and return
-    the :class:`Preempted` to raise. A failed persist raises :class:`coci.PersistError` instead."""
+def record_stop(
+    events: EventLog, preemption: Preemption, step: int, path: str | None, profile: Profile, seconds: float, promoted: bool | None
+) -> Preempted:
+    """Write the ``preempted`` event of a stop at ``step`` whose checkpoint committed at ``path``
+    ``seconds`` after the notice (``promoted``: whether it reached the remote tier within the grace;
+    None without one), and
+    return the :class:`Preempted` to raise (the session runs the sequence: checkpoint, wait,
+    promote, this, close)."""
     signum = preemption.signum
-    step = session.steps
-    taken = session.checkpoint_steps
-    if not taken or taken[-1] != step:
-        session.checkpoint(reason="preemption")
-    result = session.wait()
-    seconds = preemption.seconds_since_notice()
-    promoted = None if result is None else session.promote_preempted(step, preemption.grace_seconds - seconds)
-    profile = session.profile
     estimate = _estimate(profile.stall_seconds.value, profile.persist_seconds.value)
     fits = grace_fits(preemption.grace_seconds, profile.stall_seconds.value, profile.persist_seconds.value)
-    path = str(result.path) if result is not None else None
-    session.events.emit(
+    events.emit(
         "preempted",
         step=step,
         signal=signal.Signals(signum).name if signum is not None else None,
@@ -327,7 +324,6 @@ def stop(session: Any, preemption: Preemption) -> Preempted:
         logger.warning("coci: the preemption checkpoint of step %d was not in the remote tier within the grace", step)
     if seconds > preemption.grace_seconds:
         logger.warning("coci: the preemption checkpoint took %.3g s, longer than the %.3g s grace", seconds, preemption.grace_seconds)
-    session.close()
     return Preempted(step, path, signum, seconds, preemption.grace_seconds)
 
 
@@ -335,7 +331,7 @@ def _estimate(stall: float | None, persist: float | None) -> float | None:
     return None if stall is None or persist is None else stall + persist
 
 
-def warn_if_grace_too_short(preemption: Preemption, profile: Any) -> bool | None:
+def warn_if_grace_too_short(preemption: Preemption, profile: Profile) -> bool | None:
     """Log a warning when the profile's stall + persist estimate exceeds the grace; the verdict."""
     stall, persist = profile.stall_seconds.value, profile.persist_seconds.value
     fits = grace_fits(preemption.grace_seconds, stall, persist)
@@ -348,14 +344,16 @@ def warn_if_grace_too_short(preemption: Preemption, profile: Any) -> bool | None
     return fits
 
 
-def start(session: Any, signals: Iterable[int], grace: str | float, previous_end: float | None) -> Preemption:
-    """Build and install the session's :class:`Preemption`, warn when the grace looks too short,
-    and under ``torch.distributed`` wire the agreement on coci's gloo group."""
+def start(
+    profile: Profile, context: DistributedContext | None, signals: Iterable[int], grace: str | float, previous_end: float | None
+) -> Preemption:
+    """Build and install a session's :class:`Preemption`, warn when the grace looks too short for
+    ``profile``'s estimates, and under ``torch.distributed`` (``context``) wire the agreement on
+    coci's gloo group."""
     preemption = Preemption(signals, grace)
     preemption.previous_end = previous_end
     if preemption.install():
-        warn_if_grace_too_short(preemption, session.profile)
-    context = getattr(session, "_dist", None)
+        warn_if_grace_too_short(preemption, profile)
     if context is not None:
         preemption.agree = agree_on_notice(context)
         warn_if_restarts_share_the_store(os.environ)

@@ -77,6 +77,7 @@ from coci.planning.config import PlanConfig, changed_arguments
 from coci.planning.failures import Failures
 from coci.planning.planner import Plan, PlanningPolicy, make_policy
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
+from coci.preemption import Preempted
 from coci.profiler import Profile, Profiler
 
 logger = logging.getLogger(__name__)
@@ -262,7 +263,7 @@ class Session:
         state_bytes = _tensor_bytes(self.state)
         self._profiler.set_state_bytes(state_bytes)
         self._profiler.probe(self.run_dir, state_bytes)  # once, milliseconds: estimates before any checkpoint
-        self._preemption = preemption.start(self, preemption_signals, grace, previous_end)
+        self._preemption = preemption.start(self._profiler.profile, self._dist, preemption_signals, grace, previous_end)
         startup = process_age_seconds()
         if startup is not None:
             self._profiler.set_startup_seconds(startup)  # the restart cost's prior
@@ -332,9 +333,25 @@ class Session:
                 pending = self.checkpoint(reason="policy")
         self._account_step_work(entered, resumed, planning_before, pending is not None)
         if self._preemption.due(self._steps):  # distributed: collective at agreed steps
-            raise preemption.stop(self, self._preemption)
+            raise self._stop_for_preemption()
         self._raise_error()  # last, so a caller that catches it has a consistent session
         return pending
+
+    def _stop_for_preemption(self) -> Preempted:
+        """Checkpoint this step (unless a checkpoint of it is already under way), wait for the commit,
+        record the ``preempted`` event and close: the :class:`coci.Preempted` to raise. A failed
+        persist raises :class:`coci.PersistError` instead."""
+        step = self._steps
+        taken = self.checkpoint_steps
+        if not taken or taken[-1] != step:
+            self.checkpoint(reason="preemption")
+        result = self.wait()
+        path = str(result.path) if result is not None else None
+        seconds = self._preemption.seconds_since_notice()
+        promoted = None if result is None else self.promote_preempted(step, self._preemption.grace_seconds - seconds)
+        stopped = preemption.record_stop(self.events, self._preemption, step, path, self.profile, seconds, promoted)
+        self.close()
+        return stopped
 
     def checkpoint(self, *, reason: CheckpointReason = "request") -> PendingCheckpoint:
         """Start a checkpoint of the current state now (also used by ``step``). ``reason`` is

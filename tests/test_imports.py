@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("pandas", "scipy", "matplotlib", "coci.analysis.report", "coci.analysis.simulate")
 
@@ -41,3 +43,34 @@ def test_a_session_with_a_planning_policy_still_imports_nothing_heavy(tmp_path: 
 def test_lazy_names_load_on_first_use() -> None:
     loaded = _loaded_after("import coci\nassert callable(coci.report) and callable(coci.simulate)\nassert 'report' in dir(coci)")
     assert {"coci.analysis.report", "coci.analysis.simulate", "pandas"} <= loaded
+
+
+_TRAIN = """
+import torch
+import coci
+
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+session = coci.Session("run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(3))
+for _ in range(6):
+    optimizer.zero_grad()
+    loss = model(torch.ones(8, 4)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    session.step(loss.item())
+session.close()
+print("trained", session.checkpoint_steps)
+"""
+
+
+@pytest.mark.parametrize("own_modules", [("profiler.py",), ("events.py", "planning.py"), ("profiler.py", "checkpoint.py", "knobs.py")])
+def test_a_training_folder_with_its_own_profiler_or_events_module_imports_coci(tmp_path: Path, own_modules: tuple[str, ...]) -> None:
+    """A user's ``profiler.py`` (or ``events.py``, ``planning.py``) beside the training script comes
+    first on ``sys.path``: coci imports nothing by a name it could shadow, so the script trains."""
+    for name in own_modules:
+        (tmp_path / name).write_text("raise ImportError('the user module was imported by coci')\n")
+    (tmp_path / "train.py").write_text(_TRAIN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
+    out = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "trained (3, 6)" in out.stdout

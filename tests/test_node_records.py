@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from coci.checkpoint import fileio, format
-from coci.checkpoint.dcp import DcpManifest, DcpPart, full_record, read_dcp_manifest, verify_dcp_checkpoint
+from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
+from coci.checkpoint.dcp_manifest import DcpManifest, DcpPart, full_record
 from coci.errors import CorruptCheckpointError
 
 

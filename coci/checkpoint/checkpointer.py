@@ -31,7 +31,8 @@ import torch
 
 from coci import distributed
 from coci.checkpoint import format
-from coci.checkpoint.dcp import DCP_FORMAT, DcpReader, DcpWriter, checkpoint_id
+from coci.checkpoint.dcp import DCP_FORMAT, DcpReader, DcpWriter
+from coci.checkpoint.dcp_manifest import checkpoint_id
 from coci.checkpoint.format import CommitRecord, LoadedCheckpoint
 from coci.checkpoint.local import LocalReader, LocalWriter
 from coci.checkpoint.sharded import local_shards

@@ -14,18 +14,16 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from coci import knobs
 from coci.checkpoint import dcp_items, format
+from coci.checkpoint.dcp_manifest import DcpManifest, DcpPart
 from coci.checkpoint.local import element_count, torch_dtype
 from coci.checkpoint.tree import tensor_refs
 from coci.errors import CorruptCheckpointError
-
-if TYPE_CHECKING:
-    from coci.checkpoint.dcp import DcpManifest, DcpPart
 
 #: DCP's own file in a checkpoint directory (never a storage file of a tensor).
 DCP_METADATA = ".metadata"

@@ -28,7 +28,8 @@ from typing import Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer, model_validator
 
-from coci import __version__, knobs, safe_files
+from coci import knobs, safe_files
+from coci._version import __version__
 from coci.errors import CorruptCheckpointError
 
 #: Written into every commit record; a reader refuses a record with a newer version. Version 2

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from coci import distributed
 from coci.checkpoint import format
-from coci.checkpoint.dcp import checkpoint_id, file_rank, verify_dcp_checkpoint
+from coci.checkpoint.dcp import verify_dcp_checkpoint
+from coci.checkpoint.dcp_manifest import checkpoint_id, file_rank
 from coci.distributed import DistributedContext
 from coci.errors import CorruptCheckpointError
 

@@ -9,17 +9,31 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from coci import checks
 from coci.errors import ConfigError
 from coci.planning.failures import Failures
 from coci.units import parse_duration
 
-if TYPE_CHECKING:
-    from coci.planning.planner import PlanInputs
+__all__ = ["OBJECTIVES", "POLICIES", "PlanConfig", "RecordedInputs", "changed_arguments"]
 
-__all__ = ["OBJECTIVES", "POLICIES", "PlanConfig", "changed_arguments"]
+
+class RecordedInputs(Protocol):
+    """What :meth:`PlanConfig.from_inputs` reads of a plan's recorded inputs
+    (:class:`coci.planning.planner.PlanInputs`)."""
+
+    @property
+    def failures(self) -> Failures | None: ...
+
+    @property
+    def total_steps(self) -> int: ...
+
+    @property
+    def max_overhead(self) -> float | None: ...
+
+    @property
+    def restart_seconds(self) -> float: ...
 
 #: Policy names a :class:`PlanConfig` accepts.
 POLICIES: tuple[str, ...] = ("auto", "young", "daly", "checkfreq", "coci")
@@ -77,7 +91,7 @@ class PlanConfig:
     @classmethod
     def from_inputs(
         cls,
-        inputs: PlanInputs,
+        inputs: RecordedInputs,
         *,
         policy: str = "auto",
         objective: str = "progress",

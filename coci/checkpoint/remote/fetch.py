@@ -274,7 +274,7 @@ def same_nodes(record: CommitRecord, context: DistributedContext) -> bool:
 def _download_share(store: RemoteStore, step: int, root: Path, context: DistributedContext, record_json: str, events: EventLog) -> None:
     """This rank's share of the fetch its node's leader opened: its own files (its leader also
     ``.metadata``), or, for a checkpoint of another layout, every ``n``-th of all its files."""
-    from coci.checkpoint.dcp import DcpManifest, file_rank
+    from coci.checkpoint.dcp_manifest import DcpManifest, file_rank
 
     record = DcpManifest.model_validate_json(record_json)
     tmp = root / (format.step_dirname(step) + FETCH_SUFFIX)

@@ -385,7 +385,8 @@ def _open_job(step: int, path: Path, node_part: bool = False) -> _Job:
     format.check_file_names(path, [entry.name for entry in record.files], also=frozenset({".metadata"}))
     files = list(record.files)
     if node_part:
-        from coci.checkpoint.dcp import full_record, read_dcp_manifest
+        from coci.checkpoint.dcp import read_dcp_manifest
+        from coci.checkpoint.dcp_manifest import full_record
 
         part = read_dcp_manifest(path)
         files, manifest = part.present_files(), full_record(part).model_dump_json().encode()
