@@ -335,7 +335,7 @@ def warn_if_grace_too_short(preemption: Preemption, profile: Profile) -> bool | 
     """Log a warning when the profile's stall + persist estimate exceeds the grace; the verdict."""
     stall, persist = profile.stall_seconds.value, profile.persist_seconds.value
     fits = grace_fits(preemption.grace_seconds, stall, persist)
-    if fits is False:
+    if fits is False and stall is not None and persist is not None:  # False: both estimates are known
         logger.warning(
             "coci: a checkpoint is estimated to take %.3g s (stall %.3g s + persist %.3g s), more than the "
             "%.3g s preemption grace: a checkpoint taken on a notice may not commit before the kill",
