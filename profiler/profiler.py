@@ -21,8 +21,8 @@ are excluded. Every other interval goes into exactly one bounded window (``knobs
 
 Time the caller reports as its own (``record_busy``: the session's per-step work, a snapshot, a
 fence wait) is taken off the interval it falls in; a stall interval minus that time is also kept as
-a *stall-adjusted* step. Estimates are medians with a MAD spread (:mod:`profiler.stats`) of each
-series cut back to its recent regime (:func:`profiler.stats.recent_regime`: a job that speeds up or
+a *stall-adjusted* step. Estimates are medians with a MAD spread (:mod:`coci.profiler.stats`) of each
+series cut back to its recent regime (:func:`coci.profiler.stats.recent_regime`: a job that speeds up or
 slows down is followed within ``knobs.DRIFT_SAMPLES`` steps). ``step_seconds`` comes from the clean
 intervals while they are current, from the stall-adjusted ones once ``knobs.STALE_CLEAN_STEPS`` timed
 steps in a row were not clean (a job that checkpoints every step), and from the overlapped ones only
@@ -340,7 +340,7 @@ class Profiler:
         device: str | torch.device = "cpu",
         force: bool = False,
     ) -> Bandwidth:
-        """One-time host-copy and write+fsync bandwidth probe (see :mod:`profiler.probe`).
+        """One-time host-copy and write+fsync bandwidth probe (see :mod:`coci.profiler.probe`).
 
         ``nbytes`` defaults to the state size; it also sets the state size when none was set. A second
         call returns the first result unless ``force``.
@@ -446,7 +446,7 @@ class Profiler:
         Clean steps while they are current; once ``knobs.STALE_CLEAN_STEPS`` timed steps in a row
         held a stall or overlapped a persist (a job that checkpoints every step), the stall-adjusted
         steps since then; overlapped steps only when nothing else was measured. Each series is cut
-        back to its recent regime first (:func:`profiler.stats.recent_regime`), so drift is followed.
+        back to its recent regime first (:func:`coci.profiler.stats.recent_regime`), so drift is followed.
         Called under the lock.
         """
         clean, adjusted = list(self._clean), list(self._stall_adjusted)

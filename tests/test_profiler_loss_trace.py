@@ -1,4 +1,4 @@
-"""Tests of the loss trace (profiler.LossTrace through profiler.Profiler): accepted loss types, NaN
+"""Tests of the loss trace (coci.profiler.LossTrace through coci.profiler.Profiler): accepted loss types, NaN
 handling, batched materialisation without per-step device sync, bounded memory over 10,000,000
 steps, the log-spaced curve, and the state round trip."""
 
