@@ -7,8 +7,8 @@ Architecture section draws the same order):
 0. measurement: ``coci.profiler`` (the repository's ``profiler/`` folder; it imports nothing else of coci)
 1. foundation: ``coci._version``, ``coci.errors``, ``coci.knobs``, ``coci.checks`` (built on the
    profiler's checks), ``coci.units``
-2. the process and the run directory's own files: ``coci.events``, ``coci.distributed``,
-   ``coci.overhead``, ``coci.preemption``
+2. the process and the run directory's own files: ``coci.safe_files``, ``coci.events``,
+   ``coci.distributed``, ``coci.overhead``, ``coci.preemption``
 3. checkpoints: ``coci.checkpoint`` and its subpackages
 4. earlier runs' loss curves: ``coci.curves``
 5. planning: ``coci.planning``
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("coci.profiler",),
     ("coci._version", "coci.errors", "coci.knobs", "coci.checks", "coci.units"),
-    ("coci.events", "coci.distributed", "coci.overhead", "coci.preemption"),
+    ("coci.safe_files", "coci.events", "coci.distributed", "coci.overhead", "coci.preemption"),
     ("coci.checkpoint",),
     ("coci.curves",),
     ("coci.planning",),
