@@ -57,7 +57,7 @@ from coci.checkpoint.remote.tier import NodeRole
 from coci.checkpoint.run_lock import RunLock
 from coci.checkpoint.sharded import ShardedState, local_data_ptr, local_nbytes
 from coci.checkpoint.stateful import is_stateful, restore_in_place, validate_state
-from coci.checkpoint.tree import own_storage
+from coci.checkpoint.tree import adopt_or_clone
 from coci.errors import (
     CheckpointError,
     CociError,
@@ -929,9 +929,9 @@ class Session:
             if isinstance(value, torch.nn.Module):  # a torch.compile'd module's entries on one side only: renamed
                 value.load_state_dict(restore_checks.module_entries(value.state_dict(), saved))
             else:
-                value.load_state_dict(own_storage(saved))
+                value.load_state_dict(adopt_or_clone(saved))
         else:  # the caller's own tensor, array, dict or list, never replaced (see checkpoint/stateful.py)
-            restore_in_place(key, value, saved if isinstance(value, torch.Tensor) else own_storage(saved))
+            restore_in_place(key, value, saved if isinstance(value, torch.Tensor) else adopt_or_clone(saved))
 
     def _poll_persist(self) -> None:
         pending = self._checkpointer.pending

@@ -142,7 +142,7 @@ def _sabotage(kind: str | None, format: Any) -> None:
 
 def _audit_reads(local: Any, fileio: Any, log_path: Path) -> None:
     """Log every checkpoint path the readers read (module globals: internal calls see it)."""
-    read_manifest, read_verified = local.read_manifest, fileio.read_verified
+    read_manifest, read_verified, read_into = local.read_manifest, fileio.read_verified, fileio.read_verified_into
 
     def note(path: Path) -> None:
         with open(log_path, "a") as handle:
@@ -156,8 +156,13 @@ def _audit_reads(local: Any, fileio: Any, log_path: Path) -> None:
         note(Path(path))
         return read_verified(path, entry, keep)
 
+    def audited_into(path: Path, entry: Any, pieces: Any) -> None:
+        note(Path(path))
+        read_into(path, entry, pieces)
+
     local.read_manifest = audited_manifest
     fileio.read_verified = audited_data
+    fileio.read_verified_into = audited_into
 
 
 def _arm(kill: str | None, format: Any, snapshot: Any) -> None:

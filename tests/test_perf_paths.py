@@ -326,3 +326,41 @@ def test_cuda_script_exits_cleanly_without_cuda() -> None:
     )
     assert result.returncode == 0
     assert "CUDA is not available" in result.stdout
+
+
+def _scattered_pieces(size: int) -> list[tuple[int, memoryview]]:
+    """Destinations for three stretches of a ``size``-byte file, gaps before, between and after."""
+    spans = [(100, 5000), (5100, 300000), (size // 2, size // 4)]
+    return [(offset, torch.zeros(length, dtype=torch.uint8).numpy().data) for offset, length in spans]
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+@pytest.mark.parametrize("chunk", [4096, 1000003])
+def test_read_into_fills_each_piece_and_checksums_the_gaps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threaded: bool, chunk: int) -> None:
+    monkeypatch.setattr(knobs, "WRITE_CHECKSUM_THREAD", threaded)
+    monkeypatch.setattr(knobs, "READ_CHUNK_BYTES", chunk)
+    _, payload = _arena_payload((2 << 20) // 4 + 999)
+    path = tmp_path / "data.bin"
+    entry = fileio.write_file(path, payload)
+    pieces = _scattered_pieces(entry.size)
+    fileio.read_verified_into(path, entry, pieces)
+    for offset, target in pieces:
+        assert bytes(target) == bytes(payload[offset : offset + len(target)])
+    with open(path, "r+b") as handle:  # a byte no piece keeps (a gap) still fails the checksum
+        handle.seek(50)
+        byte = handle.read(1)
+        handle.seek(50)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+        fileio.read_verified_into(path, entry, _scattered_pieces(entry.size))
+
+
+def test_read_into_refuses_a_short_file_and_overlapping_pieces(tmp_path: Path) -> None:
+    _, payload = _arena_payload((1 << 20) // 4)
+    path = tmp_path / "data.bin"
+    entry = fileio.write_file(path, payload)
+    with pytest.raises(ValueError, match="overlap"):
+        fileio.read_verified_into(path, entry, [(0, memoryview(bytearray(10))), (5, memoryview(bytearray(10)))])
+    os.truncate(path, entry.size - 1)
+    with pytest.raises(CorruptCheckpointError, match="manifest size"):
+        fileio.read_verified_into(path, entry, _scattered_pieces(entry.size))

@@ -475,3 +475,41 @@ def test_the_profiled_state_size_is_what_a_checkpoint_holds(tmp_path: Path) -> N
     from coci.analysis.report import read_run
 
     assert read_run(tmp_path).profile.state_bytes == start["bytes"]
+
+
+def _owns_its_storage(tensor: torch.Tensor) -> bool:
+    return tensor.storage_offset() == 0 and tensor.untyped_storage().nbytes() == tensor.nbytes
+
+
+def test_restore_reads_each_tensor_into_storage_the_optimizer_adopts(tmp_path: Path) -> None:
+    """Each loaded tensor owns its storage (no view of one read buffer), so the optimizer keeps
+    the loaded state as it is: no tensor shares memory with another, and no second copy is made."""
+    seed_all(1)
+    model, opt, sched = make()
+    session = coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.EveryN(4))
+    train(model, opt, sched, 4, session)
+    session.close()
+    path = sorted(format.checkpoints_dir(tmp_path).glob("step_*"))[-1]
+    manifest, tensors = local.load_checkpoint(path)
+    assert tensors and all(_owns_its_storage(t) for t in tensors if t.nbytes)
+    model2, opt2, _ = make(seed=5)
+    resumed = coci.Session(tmp_path, {"model": model2, "optimizer": opt2}, policy=coci.EveryN(4))
+    assert resumed.restore() is not None
+    state = [t for entries in opt2.state_dict()["state"].values() for t in entries.values() if t.nbytes]
+    assert state and all(_owns_its_storage(t) for t in state)
+    assert len({t.untyped_storage().data_ptr() for t in state}) == len(state)
+    assert states_equal(opt2.state_dict()["state"], opt.state_dict()["state"])
+    assert states_equal(model2.state_dict(), model.state_dict())
+    resumed.close()
+
+
+def test_adopt_or_clone_clones_views_and_a_storage_met_twice() -> None:
+    from coci.checkpoint.tree import adopt_or_clone
+
+    owned, base = torch.arange(6.0), torch.arange(12.0)
+    adopted = adopt_or_clone({"a": owned, "b": [owned, base[6:]], "c": (base[:6],)})
+    assert adopted["a"] is owned  # kept
+    second, view = adopted["b"]
+    assert second is not owned and second.untyped_storage().data_ptr() != owned.untyped_storage().data_ptr()
+    assert torch.equal(second, owned) and torch.equal(view, base[6:]) and _owns_its_storage(view)
+    assert _owns_its_storage(adopted["c"][0]) and torch.equal(adopted["c"][0], base[:6])

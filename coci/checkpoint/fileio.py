@@ -230,6 +230,82 @@ def read_verified(path: Path, entry: format.FileEntry, keep: bool = True) -> tor
     return buffer[:size] if keep else buffer
 
 
+def read_verified_into(path: Path, entry: format.FileEntry, pieces: list[tuple[int, memoryview]]) -> None:
+    """Read a data file straight into ``pieces`` (file offset, destination; sorted, not overlapping,
+    each inside the file) and check its size and checksum; the bytes between pieces pass through
+    one bounded scratch buffer. On any error the destinations hold unverified bytes: the caller
+    must not use them.
+
+    A restore reads into tensors that own their storage, so objects can keep them without a
+    clone; the read goes through the page cache (destinations need not be block-aligned), and the
+    checksum of each piece runs on the checksum thread while the next one is read.
+    """
+    size = entry.size
+    try:
+        fd = format.open_no_follow(path, os.O_RDONLY)
+    except FileNotFoundError as exc:
+        raise CorruptCheckpointError(f"{path}: data file is missing") from exc
+    checksum = ChunkChecksum(entry.algorithm, threaded=knobs.WRITE_CHECKSUM_THREAD and size > knobs.READ_CHUNK_BYTES)
+    try:
+        actual = os.fstat(fd).st_size
+        if actual != size:
+            raise CorruptCheckpointError(f"{path}: size {actual} != manifest size {size}")
+        _read_pieces(fd, path, size, pieces, checksum)
+        crc = checksum.result()
+    finally:
+        checksum.close()
+        os.close(fd)
+    if crc != entry.checksum:
+        raise CorruptCheckpointError(f"{path}: checksum mismatch ({entry.algorithm} {crc:#010x} != {entry.checksum:#010x})")
+
+
+def _read_pieces(fd: int, path: Path, size: int, pieces: list[tuple[int, memoryview]], checksum: ChunkChecksum) -> None:
+    """Fill ``pieces`` and a scratch buffer for the gaps, in file order, feeding ``checksum``."""
+    chunk = knobs.READ_CHUNK_BYTES
+    scratch: memoryview | None = None
+    scratch_index = -1  # the last chunk read into the scratch buffer: reused once it is checksummed
+    index = 0
+    for start, target in _file_order(size, pieces):
+        length = target if isinstance(target, int) else len(target)
+        for low in range(0, length, chunk):
+            if isinstance(target, int):  # a gap: its bytes are checksummed, not kept
+                scratch = scratch if scratch is not None else memoryview(bytearray(min(chunk, size)))
+                checksum.wait_for(scratch_index)
+                piece, scratch_index = scratch[: min(chunk, length - low)], index
+            else:
+                piece = target[low : low + chunk]
+            _pread_fully(fd, path, piece, start + low)
+            checksum.submit(piece)
+            index += 1
+
+
+def _file_order(size: int, pieces: list[tuple[int, memoryview]]) -> list[tuple[int, memoryview | int]]:
+    """(offset, destination) covering bytes 0 to ``size`` once, in order; a gap is its length."""
+    spans: list[tuple[int, memoryview | int]] = []
+    position = 0
+    for offset, target in pieces:
+        if offset < position or offset + len(target) > size:
+            raise ValueError(f"pieces overlap or leave the file at byte {offset}")
+        if offset > position:
+            spans.append((position, offset - position))
+        if len(target):
+            spans.append((offset, target))
+        position = offset + len(target)
+    if position < size:
+        spans.append((position, size - position))
+    return spans
+
+
+def _pread_fully(fd: int, path: Path, piece: memoryview, offset: int) -> None:
+    """Fill ``piece`` from byte ``offset``; CorruptCheckpointError if the file ends first."""
+    done = 0
+    while done < len(piece):
+        count = os.preadv(fd, [piece[done:]], offset + done)
+        if not count:
+            raise CorruptCheckpointError(f"{path}: file ended early at byte {offset + done}")
+        done += count
+
+
 def open_for_read(path: Path, size: int) -> tuple[int, bool]:
     """Open regular file ``path`` for reading (:mod:`coci.safe_files`: never through a link, never
     a FIFO), with O_DIRECT for a large file read into an aligned buffer."""

@@ -180,15 +180,33 @@ def check_consistent(manifest: Manifest, path: Path) -> None:
 
 
 def load_tensors(path: Path, manifest: Manifest) -> list[torch.Tensor]:
-    """Read ``data.bin`` (its size and checksum checked against ``manifest``) and view its tensors."""
+    """Read ``data.bin`` (its size and checksum checked against ``manifest``) into one tensor per
+    entry, each owning its storage (objects may keep them without a clone: :func:`adopt_or_clone`).
+
+    Tensors whose bytes overlap in the file (never written so; an altered manifest) are read as
+    views of one buffer instead, as :func:`load_tensor_views` does."""
+    entry = manifest.files[0]
+    order = sorted(range(len(manifest.tensors)), key=lambda i: manifest.tensors[i].offset)
+    spans = [(manifest.tensors[i].offset, manifest.tensors[i].nbytes) for i in order if manifest.tensors[i].nbytes]
+    if any(offset < end for (offset, _), end in zip(spans[1:], [o + n for o, n in spans])):
+        return load_tensor_views(path, manifest)
+    raws = [torch.empty(tensor.nbytes, dtype=torch.uint8) for tensor in manifest.tensors]
+    pieces = [(manifest.tensors[i].offset, raws[i].numpy().data) for i in order if manifest.tensors[i].nbytes]
+    fileio.read_verified_into(path / entry.name, entry, pieces)
+    return [as_tensor(raw, tensor, path) for raw, tensor in zip(raws, manifest.tensors)]
+
+
+def load_tensor_views(path: Path, manifest: Manifest) -> list[torch.Tensor]:
+    """Read ``data.bin`` (size and checksum checked) into one buffer and view its tensors."""
     entry = manifest.files[0]
     buffer = fileio.read_verified(path / entry.name, entry)
-    tensors = []
-    for tensor in manifest.tensors:
-        dtype = torch_dtype(tensor.dtype, path)
-        raw = buffer[tensor.offset : tensor.offset + tensor.nbytes]
-        tensors.append(raw.view(dtype).view(tensor.shape) if tensor.nbytes else torch.empty(tensor.shape, dtype=dtype))
-    return tensors
+    return [as_tensor(buffer[tensor.offset : tensor.offset + tensor.nbytes], tensor, path) for tensor in manifest.tensors]
+
+
+def as_tensor(raw: torch.Tensor, tensor: TensorEntry, path: Path) -> torch.Tensor:
+    """``raw`` bytes as the dtype and shape of ``tensor`` (sizes checked by :func:`read_manifest`)."""
+    dtype = torch_dtype(tensor.dtype, path)
+    return raw.view(dtype).view(tensor.shape) if tensor.nbytes else torch.empty(tensor.shape, dtype=dtype)
 
 
 def load_checkpoint(path: Path) -> tuple[Manifest, list[torch.Tensor]]:

@@ -149,6 +149,32 @@ def own_storage(tree: Any) -> Any:
     return tree
 
 
+def adopt_or_clone(tree: Any) -> Any:
+    """``tree`` (a loaded checkpoint's entry) with each tensor that owns all of its storage kept as
+    it is and every other one cloned (:func:`own_storage`'s reasons). A restore reads each tensor
+    into storage of its own, so an optimizer adopts its loaded state without a second copy; a
+    storage met twice is cloned the second time, so no two objects share one."""
+    seen: set[int] = set()
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, torch.Tensor):
+            storage = node.untyped_storage()
+            whole = node.storage_offset() == 0 and node.is_contiguous() and storage.nbytes() == node.nbytes
+            if whole and node.nbytes and storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                return node
+            return node.clone()
+        if isinstance(node, dict):
+            return {key: walk(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(value) for value in node]
+        if isinstance(node, tuple):
+            return tuple(walk(value) for value in node)
+        return node
+
+    return walk(tree)
+
+
 #: numpy scalar kinds a skeleton may hold (bool, integers, floats, strings), each from a JSON value
 #: of its own type: a void or object dtype could allocate or build anything.
 _NUMPY_KINDS = {"b": (bool,), "i": (int,), "u": (int,), "f": (float, int), "U": (str,)}
