@@ -237,7 +237,8 @@ def read_verified_into(path: Path, entry: format.FileEntry, pieces: list[tuple[i
     must not use them.
 
     A restore reads into tensors that own their storage, so objects can keep them without a
-    clone; the read goes through the page cache (destinations need not be block-aligned), and the
+    clone. The read goes through the page cache (destinations need not be block-aligned; the file
+    is advised ``POSIX_FADV_WILLNEED`` so the kernel reads ahead in large requests), and the
     checksum of each piece runs on the checksum thread while the next one is read.
     """
     size = entry.size
@@ -250,6 +251,8 @@ def read_verified_into(path: Path, entry: format.FileEntry, pieces: list[tuple[i
         actual = os.fstat(fd).st_size
         if actual != size:
             raise CorruptCheckpointError(f"{path}: size {actual} != manifest size {size}")
+        if hasattr(os, "posix_fadvise"):  # the whole file is read once: let the kernel read ahead in large requests
+            os.posix_fadvise(fd, 0, size, os.POSIX_FADV_WILLNEED)
         _read_pieces(fd, path, size, pieces, checksum)
         crc = checksum.result()
     finally:
