@@ -39,8 +39,9 @@ Per arm and checkpoint (the first checkpoint of each process is reported apart, 
 Arms and repeats are interleaved (the arm order rotates every repeat) so the shared machine's noise
 hits every arm alike. The loop runs one intra-op thread (``--threads``): on a 2-core machine shared
 with other jobs, two OpenMP threads made a 2 ms step take up to 900 ms. ``--cold-restore`` drops the
-page cache before each timed restore (root only; coci reads with ``O_DIRECT``, the peers otherwise
-from the page cache their writes filled). ``--device cuda`` moves the model to the GPU (DCP staging
+page cache before each timed restore (root only; coci writes its data file with ``O_DIRECT``, so
+its restore reads from the disk either way, the peers otherwise from the page cache their writes
+filled). ``--device cuda`` moves the model to the GPU (DCP staging
 pinned); without CUDA it says so and exits. Results: benchmarks/README.md, "Against the
 checkpointers users pick instead".
 
