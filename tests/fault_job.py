@@ -156,9 +156,9 @@ def _audit_reads(local: Any, fileio: Any, log_path: Path) -> None:
         note(Path(path))
         return read_verified(path, entry, keep)
 
-    def audited_into(path: Path, entry: Any, pieces: Any) -> None:
+    def audited_into(path: Path, entry: Any, allocate: Any) -> None:
         note(Path(path))
-        read_into(path, entry, pieces)
+        read_into(path, entry, allocate)
 
     local.read_manifest = audited_manifest
     fileio.read_verified = audited_data

@@ -343,7 +343,7 @@ def test_read_into_fills_each_piece_and_checksums_the_gaps(tmp_path: Path, monke
     path = tmp_path / "data.bin"
     entry = fileio.write_file(path, payload)
     pieces = _scattered_pieces(entry.size)
-    fileio.read_verified_into(path, entry, pieces)
+    fileio.read_verified_into(path, entry, lambda: pieces)
     for offset, target in pieces:
         assert bytes(target) == bytes(payload[offset : offset + len(target)])
     with open(path, "r+b") as handle:  # a byte no piece keeps (a gap) still fails the checksum
@@ -352,7 +352,7 @@ def test_read_into_fills_each_piece_and_checksums_the_gaps(tmp_path: Path, monke
         handle.seek(50)
         handle.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
-        fileio.read_verified_into(path, entry, _scattered_pieces(entry.size))
+        fileio.read_verified_into(path, entry, lambda: _scattered_pieces(entry.size))
 
 
 def test_read_into_refuses_a_short_file_and_overlapping_pieces(tmp_path: Path) -> None:
@@ -360,7 +360,9 @@ def test_read_into_refuses_a_short_file_and_overlapping_pieces(tmp_path: Path) -
     path = tmp_path / "data.bin"
     entry = fileio.write_file(path, payload)
     with pytest.raises(ValueError, match="overlap"):
-        fileio.read_verified_into(path, entry, [(0, memoryview(bytearray(10))), (5, memoryview(bytearray(10)))])
+        fileio.read_verified_into(path, entry, lambda: [(0, memoryview(bytearray(10))), (5, memoryview(bytearray(10)))])
     os.truncate(path, entry.size - 1)
-    with pytest.raises(CorruptCheckpointError, match="manifest size"):
-        fileio.read_verified_into(path, entry, _scattered_pieces(entry.size))
+    allocated: list[int] = []
+    with pytest.raises(CorruptCheckpointError, match="manifest size"):  # refused before anything is allocated
+        fileio.read_verified_into(path, entry, lambda: allocated.append(1) or [])
+    assert not allocated

@@ -230,11 +230,12 @@ def read_verified(path: Path, entry: format.FileEntry, keep: bool = True) -> tor
     return buffer[:size] if keep else buffer
 
 
-def read_verified_into(path: Path, entry: format.FileEntry, pieces: list[tuple[int, memoryview]]) -> None:
-    """Read a data file straight into ``pieces`` (file offset, destination; sorted, not overlapping,
-    each inside the file) and check its size and checksum; the bytes between pieces pass through
-    one bounded scratch buffer. On any error the destinations hold unverified bytes: the caller
-    must not use them.
+def read_verified_into(path: Path, entry: format.FileEntry, allocate: Callable[[], list[tuple[int, memoryview]]]) -> None:
+    """Read a data file straight into the pieces ``allocate()`` returns (file offset, destination;
+    sorted, not overlapping, each inside the file) and check its size and checksum; the bytes
+    between pieces pass through one bounded scratch buffer. ``allocate`` runs only once the file's
+    size matched ``entry`` (a manifest that claims more than the file holds allocates nothing). On
+    any error the destinations hold unverified bytes: the caller must not use them.
 
     A restore reads into tensors that own their storage, so objects can keep them without a
     clone. The read goes through the page cache (destinations need not be block-aligned; the file
@@ -253,7 +254,7 @@ def read_verified_into(path: Path, entry: format.FileEntry, pieces: list[tuple[i
             raise CorruptCheckpointError(f"{path}: size {actual} != manifest size {size}")
         if hasattr(os, "posix_fadvise"):  # the whole file is read once: let the kernel read ahead in large requests
             os.posix_fadvise(fd, 0, size, os.POSIX_FADV_WILLNEED)
-        _read_pieces(fd, path, size, pieces, checksum)
+        _read_pieces(fd, path, size, allocate(), checksum)
         crc = checksum.result()
     finally:
         checksum.close()

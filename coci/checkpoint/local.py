@@ -190,9 +190,13 @@ def load_tensors(path: Path, manifest: Manifest) -> list[torch.Tensor]:
     spans = [(manifest.tensors[i].offset, manifest.tensors[i].nbytes) for i in order if manifest.tensors[i].nbytes]
     if any(offset < end for (offset, _), end in zip(spans[1:], [o + n for o, n in spans])):
         return load_tensor_views(path, manifest)
-    raws = [torch.empty(tensor.nbytes, dtype=torch.uint8) for tensor in manifest.tensors]
-    pieces = [(manifest.tensors[i].offset, raws[i].numpy().data) for i in order if manifest.tensors[i].nbytes]
-    fileio.read_verified_into(path / entry.name, entry, pieces)
+    raws: list[torch.Tensor] = []
+
+    def allocate() -> list[tuple[int, memoryview]]:  # after the size check: at most the file's bytes (no overlaps)
+        raws.extend(torch.empty(tensor.nbytes, dtype=torch.uint8) for tensor in manifest.tensors)
+        return [(manifest.tensors[i].offset, raws[i].numpy().data) for i in order if manifest.tensors[i].nbytes]
+
+    fileio.read_verified_into(path / entry.name, entry, allocate)
     return [as_tensor(raw, tensor, path) for raw, tensor in zip(raws, manifest.tensors)]
 
 
