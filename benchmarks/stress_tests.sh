@@ -11,7 +11,8 @@ mkdir -p "$OUT"
 PY=.venv/bin/python
 FILES="tests/test_distributed.py tests/test_faults.py tests/test_lightning.py tests/test_preemption.py
   tests/test_preemption_distributed.py tests/test_remote_distributed.py tests/test_resume_kill.py tests/test_sharded.py
-  tests/test_own_state.py tests/test_torchdata.py tests/test_models.py tests/test_remote.py"
+  tests/test_own_state.py tests/test_torchdata.py tests/test_models.py tests/test_remote.py tests/test_multinode.py
+  tests/test_transformers.py tests/test_accelerate.py tests/test_remote_history.py tests/test_hostile_files.py"
 # shellcheck disable=SC2086
 $PY -m pytest --collect-only -q -m "distributed or slow" $FILES 2>/dev/null | grep :: | grep -v test_builder_loss > "$OUT/ids.txt"
 echo "$(wc -l < "$OUT/ids.txt") tests" > "$OUT/summary.txt"
