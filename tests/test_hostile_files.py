@@ -319,7 +319,9 @@ def test_a_full_disk_raises_persist_errors_keeps_counting_and_never_hangs(small_
 
     _, error = finishes(lambda: steps(20), [])
     assert error is None, f"step() raised {error!r}, not a PersistError"
-    assert session.steps == 20 and raised and session.events.lost > 0  # the error events themselves were refused too
+    # Whether the error events were refused too depends on what a failed checkpoint's clean-up frees;
+    # the RLIMIT_FSIZE test below refuses them for certain.
+    assert session.steps == 20 and raised
     _, error = finishes(session.wait, [])
     assert error is None or isinstance(error, coci.PersistError)
     filler.unlink()  # space again: the next checkpoint commits

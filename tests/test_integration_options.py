@@ -39,6 +39,8 @@ VALUES: dict[str, Any] = {
     "remote": "REMOTE",  # a shared directory, made per test
     "storage_options": {"allow_http": "true"},
     "keep_last_remote": 3,
+    "remote_owner": "adopt",
+    "run_dir_layout": "node-local",
 }
 FRAMEWORKS = [("lightning", "lightning"), ("transformers", "transformers")]
 

@@ -242,8 +242,9 @@ def test_remote_that_lists_and_never_answers_a_get_leaves_restore_to_the_local_t
 
 
 def restore_once(run_dir: Path, remote: str) -> coci.RestoreResult | None:
+    """Restore in ``run_dir``, a node other than the one that wrote the remote: it adopts that run."""
     state = build_state(seed=123)
-    with coci.Session(run_dir, state=state, policy=coci.EveryN(100), remote=remote, keep_last=None) as session:
+    with coci.Session(run_dir, state=state, policy=coci.EveryN(100), remote=remote, keep_last=None, remote_owner="adopt") as session:
         return session.restore()
 
 
