@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import coci
 from coci.overhead import CpuContention
-from coci.planning.planner import make_policy
+from coci.planning.online import make_policy
 from models import WORKLOADS
 
 

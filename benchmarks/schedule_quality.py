@@ -56,7 +56,8 @@ from coci.analysis.simulate import empirical_progress_rate, online_schedule, rat
 from coci.planning.failures import Failures
 from coci.planning.fit import fit_curve
 from coci.planning.objective import ExpectedFailures, build_cost_model
-from coci.planning.planner import make_policy, plan
+from coci.planning.online import make_policy
+from coci.planning.planner import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("COCI_EXTERNAL_DATA", ROOT.parent / "shared" / "external-data")) / "modded-nanogpt"

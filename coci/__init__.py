@@ -28,8 +28,9 @@ from coci.loader import ResumableLoader, ResumableSampler
 from coci.planning.config import PlanConfig
 from coci.planning.failures import FailureClass, Failures
 from coci.planning.fit import CurveFit, fit_curve
-from coci.planning.planner import Plan, plan
+from coci.planning.planner import plan
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
+from coci.planning.records import Plan
 from coci.preemption import Preempted
 from coci.profiler import Estimate, Profile
 from coci.session import RestoreResult, Session

@@ -69,7 +69,7 @@ def _time_budget(value: str) -> float | None:
 
 
 def _policies(name: str) -> list[str]:
-    from coci.planning.planner import POLICIES
+    from coci.planning.config import POLICIES
 
     return list(POLICIES) if name == "all" else [name]
 
@@ -369,7 +369,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
-    from coci.planning.planner import OBJECTIVES, POLICIES
+    from coci.planning.config import OBJECTIVES, POLICIES
 
     group = parser.add_argument_group("job and failure model (durations: seconds, or '8h', '45m', '250ms')")
     group.add_argument("--mtbf", help="mean time between failures of the job, e.g. 8h (exponential failures)")

@@ -75,8 +75,9 @@ from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
 from coci.planning.config import PlanConfig, changed_arguments
 from coci.planning.failures import Failures
-from coci.planning.planner import Plan, PlanningPolicy, make_policy
+from coci.planning.online import PlanningPolicy, make_policy
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
+from coci.planning.records import Plan
 from coci.preemption import Preempted
 from coci.profiler import Profile, Profiler
 

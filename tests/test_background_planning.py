@@ -17,7 +17,7 @@ import coci
 from coci import knobs
 from coci.planning.background import apply_lag_steps
 from coci.planning.failures import Failures
-from coci.planning.planner import PlanningPolicy
+from coci.planning.online import PlanningPolicy
 
 STEP_SECONDS = 0.05  # the injected clock's step time
 

@@ -20,7 +20,8 @@ from ckpt_helpers import make_run
 import coci
 from coci.analysis.simulate import online_schedule
 from coci.cli import main
-from coci.planning.planner import make_policy, plan
+from coci.planning.online import make_policy
+from coci.planning.planner import plan
 
 DEEP = 100_000  # JSON nesting far past the parser's recursion limit
 HUGE = 10**400  # no float holds it

@@ -13,7 +13,8 @@ import pytest
 from test_report import make_run  # the same short real run (a crash, a restore, a clean close)
 
 from coci.cli import main, read_curve
-from coci.planning.planner import POLICIES, Plan
+from coci.planning.config import POLICIES
+from coci.planning.records import Plan
 
 PLAN_ARGS = [
     "--mtbf", "8h", "--step-seconds", "0.25", "--stall-seconds", "0.4", "--persist-seconds", "6",

@@ -26,7 +26,7 @@ from coci.cli import main
 from coci.events import read_events
 from coci.overhead import CpuContention, OverheadLedger
 from coci.planning.failures import Failures
-from coci.planning.planner import PlanningPolicy
+from coci.planning.online import PlanningPolicy
 
 TRAIN_JOB = Path(__file__).with_name("train_job.py")
 

@@ -10,11 +10,14 @@ import pytest
 
 from coci import knobs
 from coci.errors import ConfigError
+from coci.planning.config import POLICIES
 from coci.planning.empirical import empirical_curve
 from coci.planning.failures import Failures
 from coci.planning.fit import fit_curve
-from coci.planning.planner import POLICIES, PRIOR_PROGRESS_RATE, Plan, PlanningPolicy, make_policy, plan
+from coci.planning.online import PlanningPolicy, make_policy
+from coci.planning.planner import plan
 from coci.planning.policy import CheckpointPolicy, Observation
+from coci.planning.records import PRIOR_PROGRESS_RATE, Plan
 from coci.profiler import Estimate, Profile
 
 BASE = dict(
@@ -342,7 +345,7 @@ def test_unmeasured_costs_are_assumed_and_recorded() -> None:
 def test_a_fit_extrapolating_below_zero_stops_falling_at_zero() -> None:
     """A short noisy trace of a positive loss fitted with a negative asymptote would put most of the
     run's progress in the future (a flat weight); the planner's curve stops at 0 instead."""
-    from coci.planning.planner import _mean_rate, _observed_past_rate
+    from coci.planning.progress import _mean_rate, _observed_past_rate
 
     steps = np.arange(1.0, 301.0)
     fit = fit_curve(steps, 2.0 - 0.004 * steps + np.random.default_rng(0).normal(0, 0.01, steps.size))

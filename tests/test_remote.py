@@ -252,7 +252,7 @@ def test_shared_directory_remote_node_loss_is_bitwise(tmp_path: Path) -> None:
 
 def test_plan_promote_steps_limits_promotion(tmp_path: Path) -> None:
     """Only the steps the plan lists in ``promote_steps`` are uploaded."""
-    from coci.planning.planner import PlanInputs
+    from coci.planning.records import PlanInputs
 
     inputs = PlanInputs(total_steps=8, step_seconds=0.1, stall_seconds=0.0, persist_seconds=0.0, restart_seconds=0.0,
                         interference_seconds=0.0, checkpoint_seconds=0.0)

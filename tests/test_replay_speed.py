@@ -13,7 +13,8 @@ from coci.planning import formulas
 from coci.planning.failures import Failures
 from coci.planning.fit import fit_curve
 from coci.planning.objective import ExpectedFailures, build_cost_model
-from coci.planning.planner import PlanningPolicy, make_policy, plan
+from coci.planning.online import PlanningPolicy, make_policy
+from coci.planning.planner import plan
 
 JOB = dict(failures=Failures.exponential(mtbf=4 * 3600.0), total_steps=3000, step_seconds=2.0, stall_seconds=0.5,
            persist_seconds=3.0, restart_seconds=60.0)
@@ -44,7 +45,8 @@ def test_replay_with_the_reused_fit_is_the_replay_refitting_at_every_observation
         calls["fits"] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("coci.planning.planner.fit_curve", counted)
+    monkeypatch.setattr("coci.planning.online.fit_curve", counted)
+    monkeypatch.setattr("coci.planning.progress.fit_curve", counted)
     fast = _replay(trace)
     reused_fits = calls["fits"]
     monkeypatch.setattr(PlanningPolicy, "_fit_of", lambda self, steps, losses: counted(steps, losses))

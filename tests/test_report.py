@@ -21,7 +21,9 @@ from coci.analysis.report.text import display_checkpoints
 from coci.checkpoint import format as storage
 from coci.errors import ConfigError
 from coci.events import read_events
-from coci.planning.planner import POLICIES, Plan, plan
+from coci.planning.config import POLICIES
+from coci.planning.planner import plan
+from coci.planning.records import Plan
 
 TOTAL_STEPS = 120
 CRASH_AT = 70

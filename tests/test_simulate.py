@@ -16,8 +16,10 @@ from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit
 from coci.planning.formulas import daly_interval_seconds
 from coci.planning.objective import ExpectedFailures, build_cost_model
-from coci.planning.planner import Plan, PlanInputs, make_policy, plan
+from coci.planning.online import make_policy
+from coci.planning.planner import plan
 from coci.planning.policy import EveryN
+from coci.planning.records import Plan, PlanInputs
 
 NEVER = Failures.exponential(mtbf=1e15)
 

@@ -16,7 +16,8 @@ from coci.cli import main
 from coci.planning.empirical import empirical_curve
 from coci.planning.failures import Failures
 from coci.planning.objective import build_cost_model, expected_failures
-from coci.planning.planner import make_policy, plan
+from coci.planning.online import make_policy
+from coci.planning.planner import plan
 from coci.planning.prior import WarmStart, load_prior
 
 # About 70 time-optimal checkpoints of 2 s: the 5% budget (about 14 s) leaves room for the warm-up's

@@ -123,8 +123,9 @@ from coci.planning.empirical import curve_pair, empirical_progress_rate
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit
 from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model
-from coci.planning.planner import Plan, PlanInputs, make_policy
+from coci.planning.online import make_policy
 from coci.planning.policy import Observation
+from coci.planning.records import Plan, PlanInputs
 from coci.profiler import Estimate, Profile
 from coci.profiler import knobs as profiler_knobs
 from coci.profiler.loss_trace import LossTrace
@@ -637,7 +638,7 @@ def simulate(
 
     Args:
         plan_or_policy: a :class:`coci.Plan` (its steps and recorded inputs), or a checkpoint
-            policy object (``should_checkpoint``/``observe``: :func:`coci.planning.planner.make_policy`,
+            policy object (``should_checkpoint``/``observe``: :func:`coci.planning.online.make_policy`,
             ``EveryN``, ...) replayed online; a policy needs ``job``.
         failures: the failure model that strikes (default: the plan's). A duration or number of
             seconds means an exponential MTBF.

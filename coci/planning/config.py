@@ -21,7 +21,7 @@ __all__ = ["OBJECTIVES", "POLICIES", "PlanConfig", "RecordedInputs", "changed_ar
 
 class RecordedInputs(Protocol):
     """What :meth:`PlanConfig.from_inputs` reads of a plan's recorded inputs
-    (:class:`coci.planning.planner.PlanInputs`)."""
+    (:class:`coci.planning.records.PlanInputs`)."""
 
     @property
     def failures(self) -> Failures | None: ...

@@ -12,7 +12,7 @@ result in a :class:`coci.Plan`; everything here is plain numbers and arrays.
   snapshot stall and ``t_full = o + P``; after each checkpoint, if the measured overhead of the next
   ``k`` steps (``C / (k t)``) exceeds ``max_overhead`` (CheckFreq: 5%), ``k += 2`` (never back). It
   ignores the failure rate. Offline the growth is replayed from the known ``C``; online
-  (:class:`coci.planning.planner.PlanningPolicy`) it runs from measurements.
+  (:class:`coci.planning.online.PlanningPolicy`) it runs from measurements.
 * ``coci``: as COCI's code does it: ``L(t) = exp(theta1 t + theta2)`` with ``t`` in **minutes**,
   ``P_e = (1 - exp(theta1 C)) (1/(2 lambda) - 1/(2 theta1))`` (C in minutes, lambda per minute), and
   checkpoint ``k`` at ``L^-1(L_now - k P_e)``. Unit caveat: ``P_e`` has the unit of time (minutes)

@@ -1,6 +1,6 @@
 """The report's policy comparison: every policy re-planned over the whole run with what the run measured.
 
-Each policy of :data:`coci.planning.planner.POLICIES` is planned from step 0 with the final plan's
+Each policy of :data:`coci.planning.config.POLICIES` is planned from step 0 with the final plan's
 measured inputs, failure model and fit ("what each policy would have planned, knowing what the run
 measured"), each under the report's plan-size cap (``knobs.REPORT_MAX_PLAN_CHECKPOINTS``; a
 larger plan is a row with an error). Its overheads are the planner's expected values, or Monte
@@ -17,10 +17,10 @@ from coci import knobs
 from coci.analysis.report.read import PolicyRow
 from coci.analysis.simulate import simulate as simulate_plan
 from coci.errors import CociError
-from coci.planning.config import PlanConfig
+from coci.planning.config import POLICIES, PlanConfig
 from coci.planning.formulas import plan_size_cap
-from coci.planning.planner import POLICIES, Plan
 from coci.planning.planner import plan as make_plan
+from coci.planning.records import Plan
 
 __all__ = ["compare_policies", "simulated_into"]
 

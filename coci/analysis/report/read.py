@@ -9,7 +9,7 @@ What it reads (every input is optional except the directory itself; what is miss
   is estimated from the profile's median stall (marked as estimated). A ``plan`` event that carries
   ``steps`` lets the report mark every checkpoint as planned or not; otherwise only checkpoints
   inside the final plan's span are marked and earlier ones show "earlier plan" (None).
-* ``plan.json``: the current :class:`coci.planning.planner.Plan` (its inputs, fit, failure model,
+* ``plan.json``: the current :class:`coci.planning.records.Plan` (its inputs, fit, failure model,
   expected costs, fallbacks).
 * ``profile.json``: the final :class:`coci.profiler.Profile` (clean step time, stall, persist,
   interference).
@@ -53,7 +53,7 @@ from coci.events import (
     read_run_file,
     read_step_mark,
 )
-from coci.planning.planner import Plan
+from coci.planning.records import Plan
 from coci.profiler import Profile
 
 __all__ = ["CheckpointRow", "ObservedCosts", "PolicyRow", "ReportData", "RestoreRow", "read_run", "run_loss_trace"]

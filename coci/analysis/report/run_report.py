@@ -13,7 +13,7 @@ from coci.analysis.report import text
 from coci.analysis.report.compare import compare_policies
 from coci.analysis.report.figures import FIGURES, render_figures
 from coci.analysis.report.read import PolicyRow, ReportData, read_run
-from coci.planning.planner import Plan
+from coci.planning.records import Plan
 
 __all__ = ["REPORT_HTML_FILENAME", "REPORT_JSON_FILENAME", "Report", "report"]
 

@@ -19,7 +19,8 @@ import numpy as np
 from coci import knobs
 from coci.errors import ConfigError
 from coci.planning.empirical import empirical_progress_rate
-from coci.planning.planner import Plan, fit_progress_weight
+from coci.planning.progress import fit_progress_weight
+from coci.planning.records import Plan
 
 __all__ = ["attainable_cut", "early_weight", "small_cut_reason", "trace_weight"]
 

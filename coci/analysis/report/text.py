@@ -15,7 +15,7 @@ from coci import knobs
 from coci.analysis.report.figures import FIGURES
 from coci.analysis.report.read import PolicyRow, ReportData
 from coci.analysis.report.small_cut import small_cut_reason
-from coci.planning.planner import Plan
+from coci.planning.records import Plan
 from coci.units import format_duration
 
 #: How the report names a checkpoint the plan did not ask for, by its logged reason.

@@ -1,0 +1,390 @@
+"""Planning online: :func:`make_policy` builds the :class:`PlanningPolicy` that :class:`coci.Session`
+drives; it plans after warm-up from the live profile and re-plans only when the measured costs or
+the fit move by more than a threshold.
+
+Open-ended runs (``total_steps=None`` in the session) are planned over
+``max(knobs.PLAN_DEFAULT_HORIZON_STEPS, 2 * current step)`` steps and re-planned over a doubled
+horizon once the run passes ``knobs.PLAN_HORIZON_EXTEND_AT`` of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from coci import knobs
+from coci.errors import ConfigError
+from coci.planning.config import PlanConfig
+from coci.planning.fit import CurveFit, fit_curve
+from coci.planning.policy import Observation
+from coci.planning.prior import CorrectedRate, PriorCurve, WarmStart, load_prior
+
+if TYPE_CHECKING:
+    pass
+from coci.planning.baselines import CheckFreqAdaptation
+from coci.planning.planner import plan
+from coci.planning.progress import _mean_rate
+from coci.planning.records import PRIOR_PROGRESS_RATE, Plan, ProgressCurve
+
+__all__ = ["PlanningPolicy", "make_policy"]
+
+logger = logging.getLogger(__name__)
+
+
+def make_policy(config: PlanConfig | str = "auto", *, prior: Any = None, **choices: Any) -> PlanningPolicy:
+    """The :class:`coci.planning.policy.CheckpointPolicy` the session uses: a :class:`PlanningPolicy`
+    for ``config``, or for a policy name and the other :class:`PlanConfig` fields as keywords;
+    ``prior``: an earlier run's curve to warm-start from (:meth:`PlanningPolicy.use_prior`)."""
+    policy = PlanningPolicy(config, **choices)
+    if prior is not None:
+        policy.use_prior(prior)
+    return policy
+
+
+class PlanningPolicy:
+    """Plans online from the live profile (see :func:`make_policy`).
+
+    Before its first plan (warm-up) only ``auto`` with the progress objective checkpoints, at
+    ``knobs.PLAN_WARMUP_CHECKPOINT_STEPS`` (:attr:`warming_up`: the session skips one that would wait
+    for a persist in flight); the other policies wait. Each ``observe`` reads the
+    profile (step time, stall, persist, interference, restore) and the loss trace; it re-plans
+    from the current step when there is no plan yet, when a cost moved by more than
+    ``knobs.PLAN_REPLAN_COST_CHANGE``, when the fitted progress weight moved by more than
+    ``knobs.PLAN_REPLAN_FIT_CHANGE`` (the relative change of the planned checkpoint density
+    ``sqrt(w_alpha)`` on the remaining steps, old fit against new; or the fit's family changed),
+    when an open-ended horizon needs extending, or (``checkfreq``) when its interval grew
+    (:class:`CheckFreqAdaptation`). :meth:`should_checkpoint` is a set lookup. ``state_dict`` keeps
+    CheckFreq's grown interval and the current plan.
+
+    The failure clock of a restarting hazard is taken to have (re)started
+    ``knobs.PLAN_WARMUP_STEPS`` steps before this object's first observation (an approximation:
+    the policy does not see the restore itself).
+    """
+
+    def __init__(self, config: PlanConfig | str = "auto", **choices: Any) -> None:
+        if isinstance(config, PlanConfig):
+            if choices:
+                raise ConfigError(f"pass either a PlanConfig or its fields, not both (got {sorted(choices)})")
+            self.config = config
+        else:
+            self.config = PlanConfig(policy=config, **choices)
+        self.plan: Plan | None = None
+        self.replans = 0
+        self._steps: frozenset[int] = self._warmup_steps()
+        self._basis: tuple[float, ...] | None = None
+        self._fit: ProgressCurve | None = None
+        self._fit_family: str | None = None
+        self._origin: int | None = None
+        self._horizon: int | None = None
+        self._checkfreq = CheckFreqAdaptation(self.config.max_overhead) if self.policy == "checkfreq" else None
+        self._prior: PriorCurve | None = None
+        self._warm: WarmStart | None = None
+        self._prior_notes: list[str] = []
+        self._fitted: tuple[np.ndarray, np.ndarray, CurveFit] | None = None  # the last trace fitted and its fit
+
+    def use_prior(self, source: Any) -> None:
+        """Warm start: plan from step 0 with an earlier run's curve (see :mod:`coci.planning.prior`;
+        ``source`` as :func:`coci.planning.prior.load_prior` takes it, or a
+        :class:`~coci.planning.prior.PriorCurve`). A prior that cannot be used (unreadable, too
+        short, not falling; a policy other than ``auto`` with the progress objective) is recorded in
+        every plan's ``fallbacks`` and the run plans cold."""
+        if not self._weights_progress:
+            self._prior_notes.append(f"prior ignored: policy {self.policy!r} ({self.objective}) does not weigh progress")
+            return
+        try:
+            self._prior = source if isinstance(source, PriorCurve) else load_prior(source)
+        except ConfigError as exc:
+            self._drop_prior(str(exc))
+        except (ValueError, TypeError, ArithmeticError, RecursionError, OSError) as exc:  # whatever else the source holds
+            self._drop_prior(f"prior: unreadable ({type(exc).__name__}: {exc})")
+
+    def _drop_prior(self, reason: str) -> None:
+        logger.warning("warm start refused, planning cold: %s", reason)
+        self._prior, self._warm = None, None
+        self._prior_notes.append(f"{reason}: planned without it (cold start)")
+
+    @property
+    def policy(self) -> str:
+        """The policy name."""
+        return self.config.policy
+
+    @property
+    def objective(self) -> str:
+        """The objective asked for (``auto``)."""
+        return self.config.objective
+
+    @property
+    def total_steps(self) -> int | None:
+        """The planning horizon (None: open-ended)."""
+        return self.config.total_steps
+
+    # -- CheckpointPolicy ----------------------------------------------------------------------
+
+    def should_checkpoint(self, step: int) -> bool:
+        return step in self._steps
+
+    @property
+    def warming_up(self) -> bool:
+        """True before the first plan: a due checkpoint is then a warm-up one
+        (``knobs.PLAN_WARMUP_CHECKPOINT_STEPS``), which the session skips rather than wait for a
+        persist still in flight (costs are not known yet, so the gap may be shorter than a persist)."""
+        return self.plan is None
+
+    def observe(self, observation: Observation) -> None:
+        profile = observation.profile
+        step_seconds = profile.step_seconds.value
+        if step_seconds is None or not step_seconds > 0 or not math.isfinite(step_seconds):
+            return
+        now = int(observation.step)
+        if self._origin is None:
+            self._origin = max(0, now - knobs.PLAN_WARMUP_STEPS)
+        horizon = self._horizon_for(now)
+        if horizon is None:
+            return
+        fallbacks: list[str] = []
+        stall, persist, interference, restart = self._costs(profile, step_seconds, fallbacks)
+        cost = stall + interference
+        remote = self._remote_costs(observation, restart, fallbacks)
+        basis = (step_seconds, cost, persist, float(remote.get("upload_seconds") or 0.0))
+        last_checkpoint = max((s for s in observation.checkpoint_steps if s <= now), default=0)
+        grew = self._checkfreq is not None and self._checkfreq.observe(observation.checkpoint_steps, cost, step_seconds)
+        curve = self._curve(observation, fallbacks)
+        reasons = self._moved(basis, curve, now, horizon, grew)
+        if not reasons:
+            return
+        try:
+            new_plan = plan(
+                config=self.config.replace(total_steps=horizon, restart_seconds=restart), curve=curve,
+                step_seconds=step_seconds, stall_seconds=stall, persist_seconds=persist,
+                interference_seconds=interference, start_step=now, last_checkpoint_step=last_checkpoint,
+                failure_origin_step=min(self._origin, now), taken_steps=observation.checkpoint_steps, **remote,
+            )
+        except ConfigError as exc:  # a measured figure out of range: keep the current plan
+            logger.warning("re-planning at step %d failed, keeping the current plan: %s", now, exc)
+            return
+        if self._checkfreq is not None:
+            new_plan = self._checkfreq.plan(new_plan, last_checkpoint)
+        fallbacks.extend(self._prior_notes)
+        if fallbacks or self.total_steps is None:
+            if self.total_steps is None:
+                fallbacks.append(f"total_steps unknown: planned over a horizon of {horizon} steps")
+            new_plan = new_plan.model_copy(update={"fallbacks": [*new_plan.fallbacks, *fallbacks]})
+        self._install(new_plan, basis, curve, horizon)
+        logger.info("planned at step %d (%s): %d checkpoints", now, ", ".join(reasons), len(new_plan.steps))
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        checkfreq = CheckFreqAdaptation(None) if self._checkfreq is None else self._checkfreq
+        return {
+            "policy": self.policy,
+            **checkfreq.state_dict(),
+            "horizon": self._horizon,
+            "plan": None if self.plan is None else self.plan.model_dump_json(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("policy") != self.policy:
+            logger.warning("policy state for %r ignored by policy %r", state.get("policy"), self.policy)
+            return
+        if self._checkfreq is not None:
+            self._checkfreq.load_state_dict(state)
+        self._horizon = state.get("horizon")
+        raw = state.get("plan")
+        if raw:
+            self.plan = Plan.model_validate_json(raw)
+            self._steps = frozenset(self.plan.steps)
+        self._basis = None  # re-plan at the first observation of the resumed run
+
+    # -- internals -----------------------------------------------------------------------------
+
+    @property
+    def _weights_progress(self) -> bool:
+        return self.policy == "auto" and self.objective == "progress"
+
+    def _warmup_steps(self) -> frozenset[int]:
+        """Checkpoints before the first plan (see ``knobs.PLAN_WARMUP_CHECKPOINT_STEPS``)."""
+        if not self._weights_progress:
+            return frozenset()
+        end = self.total_steps if self.total_steps is not None else math.inf
+        return frozenset(int(s) for s in knobs.PLAN_WARMUP_CHECKPOINT_STEPS if 1 <= s < end)
+
+    def _horizon_for(self, now: int) -> int | None:
+        if self.total_steps is not None:
+            return self.total_steps if now < self.total_steps else None
+        horizon = self._horizon or knobs.PLAN_DEFAULT_HORIZON_STEPS
+        if now >= knobs.PLAN_HORIZON_EXTEND_AT * horizon:
+            horizon = max(2 * horizon, 2 * now)
+        return max(horizon, now + 1)
+
+    def _costs(self, profile: Any, step_seconds: float, fallbacks: list[str]) -> tuple[float, float, float, float]:
+        floor = knobs.PLAN_MIN_COST_SECONDS
+        stall = profile.stall_seconds.value
+        if stall is None:
+            stall = knobs.PLAN_ASSUMED_STALL_STEPS * step_seconds
+            fallbacks.append(f"stall not measured yet: assumed {stall:.3g} s")
+        persist = profile.persist_seconds.value
+        if persist is None:
+            persist = knobs.PLAN_ASSUMED_PERSIST_STEPS * step_seconds
+            fallbacks.append(f"persist not measured yet: assumed {persist:.3g} s")
+        interference = float(getattr(profile, "interference_seconds", 0.0) or 0.0)
+        restart = self.config.restart_seconds
+        if restart is None:  # the restart cost (measured, else start-up + restore) beats a bare restore
+            measured = getattr(profile, "restart_seconds", None)
+            restart = measured.value if measured is not None and measured.known else profile.restore_seconds.value
+            if restart is None:
+                restart = 0.0
+                fallbacks.append("restart_seconds unknown: assumed 0 (changes expected costs, not the plan)")
+        return max(float(stall), floor), max(float(persist), floor), max(interference, 0.0), max(float(restart), 0.0)
+
+    @staticmethod
+    def _remote_costs(observation: Observation, restart: float, fallbacks: list[str]) -> dict[str, Any]:
+        """The remote tier's measured costs as :func:`plan` keywords; empty (a single-level plan that
+        promotes every checkpoint) without a remote tier or before the first upload is measured.
+
+        A restart from the remote costs the local restart plus the extra time a remote restore took
+        over a local one; until a remote restore is measured, plus one upload's time (a download of
+        the same bytes), recorded as a fallback."""
+        profile = observation.profile
+        measured = getattr(profile, "upload_seconds", None)
+        if observation.last_promoted_step is None or measured is None or not measured.known:
+            return {}
+        upload = float(measured.value)
+        remote_restore = profile.remote_restore_seconds.value
+        if remote_restore is None:
+            extra = upload
+            fallbacks.append(f"remote restore not measured yet: assumed one upload's time ({upload:.3g} s)")
+        else:
+            extra = max(float(remote_restore) - float(profile.restore_seconds.value or 0.0), 0.0)
+        return {
+            "upload_seconds": upload,
+            "upload_interference_seconds": float(profile.upload_interference_seconds),
+            "remote_restart_seconds": restart + extra,
+            "last_promoted_step": observation.last_promoted_step,
+        }
+
+    def _curve(self, observation: Observation, fallbacks: list[str]) -> ProgressCurve | None:
+        """The fit of the loss trace so far, or (``auto``) the prior while the trace is too short.
+
+        A trace with fewer than ``knobs.FIT_MIN_POINTS`` points (but at least one) gets
+        :data:`PRIOR_PROGRESS_RATE` for ``auto``; a longer one its fit, which ``plan`` turns into the
+        time-optimal plan when the fitter finds it unusable (flat, rising). Even a fit of the first
+        few dozen steps is used: measured on GPT-2 and synthetic curves, waiting for the trace to
+        cover 1% of the horizon lost more (the steepest, most valuable stretch passes meanwhile)
+        than the extrapolation error cost."""
+        needs = self.policy == "coci" or self._weights_progress
+        warm = self._warm_rate(observation, fallbacks)
+        if warm is not None:
+            return warm
+        points = int(np.count_nonzero(np.isfinite(np.asarray(observation.losses, dtype=float))))
+        if not needs or points == 0:
+            return None
+        if self._weights_progress and points < knobs.FIT_MIN_POINTS:
+            fallbacks.append(
+                f"loss trace has {points} point(s), fewer than {knobs.FIT_MIN_POINTS} to fit: planned with "
+                f"the prior progress rate {PRIOR_PROGRESS_RATE.description}"
+            )
+            return PRIOR_PROGRESS_RATE
+        if points < 2:
+            return None
+        return self._fit_of(np.asarray(observation.loss_steps, dtype=float), np.asarray(observation.losses, dtype=float))
+
+    def _fit_of(self, steps: np.ndarray, losses: np.ndarray) -> CurveFit:
+        """``fit_curve(steps, losses)``, reused when the trace equals the one fitted last: the fit is
+        deterministic, so a trace that has not changed since (losses logged less often than the
+        policy observes: evaluation curves, sparse logging) gives the same fit without refitting."""
+        last = self._fitted
+        if last is not None and np.array_equal(last[0], steps) and np.array_equal(last[1], losses):
+            return last[2]
+        fit = fit_curve(steps, losses)
+        self._fitted = (steps.copy(), losses.copy(), fit)
+        return fit
+
+    def _warm_rate(self, observation: Observation, fallbacks: list[str]) -> CorrectedRate | None:
+        """The warm start's progress rate, corrected by this run's losses so far (None: no prior)."""
+        if self._prior is None:
+            return None
+        horizon = self.total_steps or int(self._prior.total_steps)
+        if self._warm is None or self._warm.total_steps != horizon:
+            try:
+                self._warm = WarmStart(self._prior, horizon)
+            except ConfigError as exc:
+                self._drop_prior(str(exc))
+                return None
+            if self.total_steps is None:
+                fallbacks.append("total_steps unknown: the prior is used at its own length, not rescaled")
+        try:
+            return self._warm.rate(observation.loss_steps, observation.losses)
+        except ConfigError as exc:
+            self._drop_prior(str(exc))
+            return None
+
+    @staticmethod
+    def _family(curve: ProgressCurve | None) -> str | None:
+        if curve is None:
+            return None
+        if isinstance(curve, CorrectedRate):
+            return "warm start"
+        return curve.family if isinstance(curve, CurveFit) else "prior"
+
+    @staticmethod
+    def _probe(curve: ProgressCurve | None, now: int, horizon: int) -> np.ndarray | None:
+        """The curve's progress weight (whole-run normalisation, as planned) at 17 remaining steps."""
+        if curve is None or (isinstance(curve, CurveFit) and not curve.usable):
+            return None
+        fit = curve if isinstance(curve, CurveFit) else None
+        rate = curve.progress_rate if isinstance(curve, CurveFit) else curve
+        rates = rate(np.linspace(now, horizon, 17))
+        mean, _ = _mean_rate(fit, rate, horizon, [])
+        if mean is None or not np.all(np.isfinite(rates)):
+            return None
+        return rates / mean
+
+    def _moved(
+        self, basis: tuple[float, ...], fit: ProgressCurve | None, now: int, horizon: int, grew: bool
+    ) -> list[str]:
+        """Why the current plan is out of date (empty: keep it)."""
+        if self.plan is None or self._basis is None:
+            return ["first plan"]
+        reasons = []
+        if horizon != self._horizon:
+            reasons.append(f"horizon {horizon}")
+        if grew and self._checkfreq is not None:
+            reasons.append(f"checkfreq interval grew to {self._checkfreq.interval}")
+        if self.policy != "checkfreq":
+            for name, new, old in zip(("step time", "checkpoint cost", "persist", "upload"), basis, self._basis):
+                if abs(new - old) > knobs.PLAN_REPLAN_COST_CHANGE * max(abs(old), 1e-12):
+                    reasons.append(f"{name} {old:.3g} -> {new:.3g} s")
+            reasons.extend(self._fit_moved(fit, now, horizon))
+        return reasons
+
+    def _fit_moved(self, fit: ProgressCurve | None, now: int, horizon: int) -> list[str]:
+        """Why the new fit calls for a re-plan: another family or usability, or a planned checkpoint
+        density ``sqrt(w_alpha)`` (the mixture of the current plan) moved by more than the threshold."""
+        family = self._family(fit)
+        if family != self._fit_family:
+            return [f"fit {self._fit_family} -> {family}"]
+        probe = self._probe(fit, now, horizon)
+        planned = self._probe(self._fit, now, horizon)  # the planned fit, on the same steps
+        if (probe is None) != (planned is None):
+            return ["fit usability changed"]
+        if probe is None or planned is None:
+            return []
+        mu = None if self.plan is None else self.plan.mu
+        alpha = 1.0 if mu is None else 1.0 / (1.0 + mu)
+        new_density = np.sqrt(alpha * probe + 1.0 - alpha)
+        old_density = np.sqrt(alpha * planned + 1.0 - alpha)
+        change = float(np.max(np.abs(new_density - old_density) / np.maximum(old_density, 1e-12)))
+        return [f"progress weight moved by {change:.0%}"] if change > knobs.PLAN_REPLAN_FIT_CHANGE else []
+
+    def _install(self, new_plan: Plan, basis: tuple[float, ...], fit: ProgressCurve | None, horizon: int) -> None:
+        self.plan = new_plan
+        self._steps = frozenset(new_plan.steps)
+        self._basis = basis
+        self._fit_family = self._family(fit)
+        self._fit = fit
+        self._horizon = horizon
+        self.replans += 1

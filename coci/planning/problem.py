@@ -1,0 +1,368 @@
+"""One planning problem: the validated inputs turned into the cost model the policies place
+checkpoints with, and a placement turned into a :class:`coci.planning.records.Plan` with its
+expected costs and notes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from coci import checks, knobs
+from coci.errors import ConfigError
+from coci.planning.config import PlanConfig
+from coci.planning.empirical import EmpiricalCurve, empirical_curve
+from coci.planning.failures import Failures
+from coci.planning.fit import CurveFit
+from coci.planning.formulas import (
+    check_plan_size,
+    min_interval_steps,
+)
+from coci.planning.levels import min_promote_steps
+from coci.planning.objective import CostModel, ExpectedFailures, TwoLevelCostModel, build_cost_model, expected_failures
+from coci.units import parse_duration
+
+if TYPE_CHECKING:
+    pass
+from coci.planning.progress import _mean_rate, _observed_past_rate, _resolve_curve
+from coci.planning.records import Plan, PlanInputs, RateFunction
+
+
+@dataclass
+class _Problem:
+    """One validated planning problem: the choices, the recorded inputs, the curve, the cost model,
+    and the fallbacks, notes and details gathered while planning."""
+
+    config: PlanConfig
+    inputs: PlanInputs
+    last_checkpoint_step: int  # as given (``inputs`` records it clipped to ``start_step``)
+    curve_given: bool
+    fit: CurveFit | None
+    rate: RateFunction | None
+    raw: tuple[np.ndarray, np.ndarray] | None
+    mean_rate: float | None
+    weight_origin: float
+    model: CostModel | None
+    fallbacks: list[str]
+    details: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+    taken_steps: tuple[int, ...] = ()  # checkpoints already taken, at or before start_step
+    two_level: TwoLevelCostModel | None = None  # with a remote tier and a class that destroys the local one
+
+    @property
+    def failures(self) -> Failures:
+        """The failures the plan covers (every policy but ``checkfreq`` requires a model): the
+        unwarned ones, see :meth:`PlanInputs.planned_failures`."""
+        failures = self.inputs.planned_failures()
+        assert failures is not None
+        return failures
+
+    @property
+    def cost_model(self) -> CostModel:
+        """The cost model (built whenever there is a failure model)."""
+        assert self.model is not None
+        return self.model
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """What a policy function chose: the steps, the objective they optimise, auto's mixture weight."""
+
+    steps: np.ndarray
+    objective: str
+    mu: float | None = None
+    expected: dict[str, float] = field(default_factory=dict)
+    promote: np.ndarray | None = None  # the promoted subset of ``steps`` (None: single level)
+
+
+def _remote_costs(upload: Any, interference: Any, restart: Any, last_promoted: Any) -> dict[str, Any]:
+    """The remote tier's costs, validated (all None without a remote tier)."""
+    if upload is None:
+        if interference is not None or restart is not None:
+            raise ConfigError("upload_seconds is required with upload_interference_seconds or remote_restart_seconds")
+        return {}
+    return {
+        "upload_seconds": parse_duration(upload, field="upload_seconds", positive=True),
+        "upload_interference_seconds": 0.0 if interference is None else parse_duration(
+            interference, field="upload_interference_seconds", positive=False),
+        "remote_restart_seconds": None if restart is None else parse_duration(
+            restart, field="remote_restart_seconds", positive=False),
+        "last_promoted_step": checks.optional_integer(last_promoted, "last_promoted_step", minimum=0),
+    }
+
+
+def _problem(
+    config: PlanConfig,
+    curve: Any,
+    *,
+    step_seconds: Any,
+    stall_seconds: Any,
+    persist_seconds: Any,
+    interference_seconds: Any,
+    start_step: Any,
+    last_checkpoint_step: Any,
+    failure_origin_step: Any,
+    taken_steps: Iterable[int] | None = None,
+    remote: dict[str, Any] | None = None,
+) -> _Problem:
+    """Validate the measurements, resolve the curve and build the cost model."""
+    total_steps = checks.integer(config.total_steps, "total_steps", minimum=1)
+    start = checks.integer(start_step, "start_step", minimum=0)
+    last_checkpoint = checks.integer(last_checkpoint_step, "last_checkpoint_step", minimum=0)
+    origin = checks.integer(failure_origin_step, "failure_origin_step", minimum=0)
+    if start >= total_steps:
+        raise ConfigError(f"start_step must be below total_steps ({total_steps}), got {start}")
+    step = parse_duration(step_seconds, field="step_seconds", positive=True)
+    stall = parse_duration(stall_seconds, field="stall_seconds", positive=True)
+    persist = parse_duration(persist_seconds, field="persist_seconds", positive=True)
+    interference = parse_duration(interference_seconds, field="interference_seconds", positive=False)
+    cost = stall + interference
+    remote = remote or {}
+    min_steps = min_interval_steps(step, persist, cost, config.max_overhead)
+    if remote:  # a single-level plan promotes every checkpoint: one upload in flight
+        min_steps = min_promote_steps(step, remote["upload_seconds"], min_steps)
+
+    fit, rate, raw, description, fallbacks = _resolve_curve(curve)
+    details: dict[str, float] = {"min_interval_steps": float(min_steps)}
+    notes: list[str] = []
+    empirical = _empirical(raw, fit, total_steps, details, notes) if rate is not None else None
+    if empirical is not None:
+        rate, description = empirical, f"{description}, {empirical.description}"
+    elif fit is not None and rate is not None:
+        rate = _observed_past_rate(fit, rate)
+    law = None if empirical is not None else fit
+    mean_rate, weight_origin = _mean_rate(law, rate, total_steps, fallbacks) if rate is not None else (None, 0.0)
+    if mean_rate is None:
+        rate = None
+    else:
+        details.update(mean_progress_rate=mean_rate, weight_origin_step=weight_origin)
+    inputs = PlanInputs(
+        total_steps=total_steps, step_seconds=step, stall_seconds=stall, persist_seconds=persist,
+        restart_seconds=0.0 if config.restart_seconds is None else config.restart_seconds,
+        interference_seconds=interference, checkpoint_seconds=cost, max_overhead=config.max_overhead,
+        failures=config.failures, curve=description, start_step=start,
+        last_checkpoint_step=min(last_checkpoint, start), failure_origin_step=origin, min_interval_steps=min_steps,
+        **remote,
+    )
+    model = _cost_model(inputs, last_checkpoint, rate, mean_rate, fallbacks)
+    weighted = rate if model is not None and model.has_progress else None
+    return _Problem(
+        config=config, inputs=inputs, last_checkpoint_step=last_checkpoint, curve_given=curve is not None,
+        fit=fit, rate=rate, raw=raw, mean_rate=mean_rate, weight_origin=weight_origin, model=model,
+        fallbacks=fallbacks, details=details, notes=notes,
+        taken_steps=_taken(taken_steps, start, last_checkpoint),
+        two_level=_two_level_model(inputs, last_checkpoint, weighted, mean_rate, notes),
+    )
+
+
+def _taken(taken_steps: Iterable[int] | None, start: int, last_checkpoint: int) -> tuple[int, ...]:
+    """The checkpoints already taken at or before ``start`` (sorted, unique; default: the last one)."""
+    if taken_steps is None:
+        taken_steps = [last_checkpoint]
+    steps = {checks.integer(step, "taken_steps", minimum=0) for step in taken_steps}
+    return tuple(sorted(step for step in steps if 1 <= step <= start))
+
+
+def _empirical(
+    raw: tuple[np.ndarray, np.ndarray] | None, fit: CurveFit | None, total_steps: int,
+    details: dict[str, float], notes: list[str],
+) -> EmpiricalCurve | None:
+    """For a recorded trace (not a fit or a callable): the curve it shows
+    (:func:`coci.planning.empirical.empirical_curve`), the extension past its end chosen by held-out
+    forecast error and recorded in ``details`` and ``notes``; None when the trace cannot be smoothed."""
+    if raw is None:
+        return None
+    try:
+        curve = empirical_curve(raw[0], raw[1], total_steps, fit)
+    except ConfigError as exc:
+        notes.append(f"{exc}: planned on the parametric fit")
+        return None
+    for name, error in curve.holdout_errors.items():
+        if math.isfinite(error):
+            details[f"extension_holdout_error_{name.replace(' ', '_')}"] = error
+    scores = ", ".join(f"{name} {error:.3g}" for name, error in curve.holdout_errors.items() if math.isfinite(error))
+    notes.append(
+        f"curve: planned on what the trace shows, a monotone smoothing of its progress rate over "
+        f"{curve.centres.size} points to step {curve.last_step:.0f}; past it: {curve.extension}"
+        + (f" (held-out forecast error, loss units: {scores})" if scores else "")
+    )
+    return curve
+
+
+def _single_level_cost(inputs: PlanInputs) -> float:
+    """What one checkpoint of a single-level plan costs training: with a remote tier every
+    checkpoint is promoted, so the upload's interference is added to the local cost."""
+    return inputs.checkpoint_seconds + float(inputs.upload_interference_seconds or 0.0)
+
+
+def _cost_model(
+    inputs: PlanInputs, last_checkpoint_step: int, rate: RateFunction | None, mean_rate: float | None,
+    fallbacks: list[str],
+) -> CostModel | None:
+    """The cost model of :mod:`coci.planning.objective` (None without a failure model); the
+    progress weight is dropped, with a fallback, when the curve cannot give one."""
+    failures = inputs.planned_failures()
+    if failures is None:
+        return None
+    step = inputs.step_seconds
+    origin = inputs.failure_origin_step * step
+    hazard = expected_failures(failures, inputs.total_steps * step - origin, origin)
+    if not failures.is_memoryless:
+        fallbacks.append(
+            "failures restart at each (re)start: planned with the expected (renewal) hazard; "
+            "young/daly/coci use the long-run rate 1/MTBF"
+        )
+
+    def build(progress_rate: RateFunction | None) -> CostModel:
+        return build_cost_model(
+            total_steps=inputs.total_steps, step_seconds=step, checkpoint_seconds=_single_level_cost(inputs),
+            persist_seconds=inputs.persist_seconds, restart_seconds=inputs.restart_seconds, failures=hazard,
+            progress_rate=progress_rate, start_step=inputs.start_step, last_checkpoint_step=last_checkpoint_step,
+            mean_rate=mean_rate if progress_rate is not None else None,
+        )
+
+    if rate is not None:
+        try:
+            return build(rate)
+        except ConfigError as exc:
+            fallbacks.append(f"{exc}: planned for the time objective")
+    return build(None)
+
+
+def _two_level_model(
+    inputs: PlanInputs, last_checkpoint_step: int, rate: RateFunction | None, mean_rate: float | None, notes: list[str]
+) -> TwoLevelCostModel | None:
+    """The two-level cost model (:class:`coci.planning.objective.TwoLevelCostModel`), or None without a
+    remote tier, a failure model, or a failure class that destroys the local tier (then a note)."""
+    failures = inputs.planned_failures()
+    if failures is None or not inputs.has_remote_tier:
+        if failures is not None and failures.destroying("local") is not None:
+            notes.append("failure classes destroy the local tier but no remote tier is given: planned as if every failure restored locally")
+        return None
+    assert inputs.failures is not None
+    unwarned = inputs.failures.model_copy(update={"warned_fraction": 0.0, "warning_seconds": None})
+    destroying = unwarned.destroying("local")  # a notice checkpoint is local: no warning protects these
+    if destroying is None:
+        notes.append("no failure class destroys the local tier: a single-level plan (every checkpoint promoted)")
+        return None
+    if inputs.failures.warned_fraction > 0:
+        notes.append("warned failures that destroy the local tier are planned as unwarned (a checkpoint taken on a notice is local)")
+    step = inputs.step_seconds
+    origin = inputs.failure_origin_step * step
+    span = inputs.total_steps * step - origin
+    sparing = failures.sparing("local")
+    upload = float(inputs.upload_seconds or 0.0)
+    remote_restart = inputs.restart_seconds if inputs.remote_restart_seconds is None else inputs.remote_restart_seconds
+    last_promoted = last_checkpoint_step if inputs.last_promoted_step is None else inputs.last_promoted_step
+
+    def build(group: Failures | None, cost: float, persist: float, restart: float, last: int) -> CostModel:
+        hazard = ExpectedFailures.none(origin) if group is None else expected_failures(group, span, origin)
+        return build_cost_model(
+            total_steps=inputs.total_steps, step_seconds=step, checkpoint_seconds=cost, persist_seconds=persist,
+            restart_seconds=restart, failures=hazard, progress_rate=rate, start_step=inputs.start_step,
+            last_checkpoint_step=last, mean_rate=mean_rate if rate is not None else None,
+        )
+
+    return TwoLevelCostModel(
+        local=build(sparing, inputs.checkpoint_seconds, inputs.persist_seconds, inputs.restart_seconds, last_checkpoint_step),
+        remote=build(destroying, float(inputs.upload_interference_seconds or 0.0), inputs.persist_seconds + upload,
+                     remote_restart, min(last_promoted, last_checkpoint_step)),
+    )
+
+
+def _finish(problem: _Problem, placement: _Placement) -> Plan:
+    """The :class:`Plan` of ``placement``, with its expected costs (two-level: with every checkpoint
+    promoted unless the placement chose the promotions). Every policy's plan ends here: its size
+    is checked once more against the cap (:func:`coci.planning.formulas.check_plan_size`)."""
+    steps = placement.steps
+    check_plan_size(len(steps))
+    if problem.two_level is not None:
+        promote = steps if placement.promote is None else placement.promote
+        expected = problem.two_level.as_dict(steps, promote)
+        expected.update(placement.expected)
+        local_only = {**expected, "failures": expected["local_failures"]}  # warnings spare local-tier failures only
+        expected.update(warned_expected(problem.inputs, local_only, problem.notes))
+    elif problem.model is not None:
+        expected = problem.model.expected(steps).as_dict()
+        expected.update(placement.expected)
+        expected.update(warned_expected(problem.inputs, expected, problem.notes))
+    else:
+        expected = {"checkpoints": float(len(steps)), "checkpoint_seconds": len(steps) * problem.inputs.checkpoint_seconds}
+        problem.notes.append("no failure model: only checkpoint costs are expected")
+    restart_note = _restart_note(problem.inputs)
+    if restart_note is not None:
+        problem.notes.append(restart_note)
+    return Plan(
+        policy=problem.config.policy,
+        objective=placement.objective,
+        time_budget=problem.config.time_budget,
+        inputs=problem.inputs,
+        fit=problem.fit,
+        steps=[int(s) for s in steps],
+        expected=expected,
+        fallbacks=problem.fallbacks,
+        mu=placement.mu,
+        details=problem.details,
+        notes=problem.notes,
+        promote_steps=None if placement.promote is None else [int(s) for s in placement.promote],
+    )
+
+
+def _restart_note(inputs: PlanInputs) -> str | None:
+    """Why the expected costs understate the wall time when a restart is long against the MTBF.
+
+    The expected costs count failures over the run's progress only (first order: each failure
+    costs one restart and the work since the last commit). Failures during a restart or during the
+    re-done work are left out, which is negligible while the restart is short against the MTBF
+    and not beyond ``knobs.PLAN_RESTART_MTBF_NOTE`` of it (a toy MTBF of seconds, for example)."""
+    failures = inputs.failures
+    restart = inputs.restart_seconds
+    if failures is None or restart <= 0:
+        return None
+    mtbf = float(failures.mean_seconds)
+    if not math.isfinite(mtbf) or mtbf <= 0 or restart <= knobs.PLAN_RESTART_MTBF_NOTE * mtbf:
+        return None
+    exponent = restart / mtbf
+    memoryless = math.expm1(exponent) * mtbf if exponent < 700 else math.inf
+    return (
+        f"the restart ({restart:.3g} s) is {exponent:.2g} of the job's MTBF ({mtbf:.3g} s): the expected costs "
+        f"count failures over the run's progress only, not during restarts and re-done work, so they understate "
+        f"the wall time (with memoryless failures a restart that must run {restart:.3g} s without a failure takes "
+        f"{memoryless:.3g} s on average)"
+    )
+
+
+def warned_expected(inputs: PlanInputs, expected: dict[str, float], notes: list[str]) -> dict[str, float]:
+    """The warned failures' share of the expected overhead (empty when no warning fits): each
+    costs one checkpoint taken on its notice (stall + persist, training stopped) and a restart,
+    and loses no work. ``expected`` holds the unwarned failures' figures; the warned ones are
+    added to its ``wall_seconds`` and ``progress_seconds`` so both cover every failure."""
+    failures = inputs.failures
+    emergency = inputs.stall_seconds + inputs.persist_seconds
+    if failures is None or failures.warned_fraction == 0:
+        return {}
+    if not failures.warning_fits(emergency):
+        notes.append(
+            f"warned failures: a checkpoint (stall + persist {emergency:.3g} s) does not fit their "
+            f"{failures.warning_seconds:.3g} s warning, so they are planned for like unwarned ones"
+        )
+        return {}
+    keep = failures.unwarned_fraction(emergency)
+    count = expected.get("failures", 0.0) * (1.0 - keep) / keep
+    seconds = count * (inputs.restart_seconds + emergency)
+    notes.append(
+        f"{100 * (1 - keep):.3g}% of failures are warned {failures.warning_seconds:.3g} s ahead and a checkpoint "
+        f"fits: periodic checkpoints planned for the unwarned {100 * keep:.3g}% only"
+    )
+    wall = expected.get("wall_seconds", 0.0) + seconds
+    run = expected.get("run_seconds", 0.0)
+    return {
+        "warned_failures": count,
+        "warned_seconds": seconds,
+        "wall_seconds": wall,
+        "progress_seconds": expected.get("progress_seconds", 0.0) + seconds,
+        "wall_fraction": wall / run if run > 0 else 0.0,
+    }

@@ -1,0 +1,160 @@
+"""What the planner reads and returns: :class:`PlanInputs` (the measured costs, the failure model,
+the curve and the choices) and :class:`Plan` (the steps, the expected costs and every fallback taken),
+and the prior progress rate used before a curve can be fitted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypedDict
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from coci.planning.failures import Failures
+from coci.planning.fit import CurveFit
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["PRIOR_PROGRESS_RATE", "Plan", "PlanInputs"]
+
+
+RateFunction = Callable[[np.ndarray], np.ndarray]
+
+
+class PriorProgressRate:
+    """The planner's prior progress rate ``v(s) = 1 / max(s, 1)`` (``s`` from the run's first step).
+
+    Scale-free diminishing returns: the loss falls by the same amount per doubling of the step
+    count, so ``w(s) = v(s) / v_bar`` is about ``H / (s ln H)`` over a horizon of ``H`` steps (large
+    at the start, below 1 after ``H / ln H``). :class:`PlanningPolicy` plans with it while the loss
+    trace is too short to fit; :func:`plan` accepts it as ``curve`` like any progress-rate callable.
+    """
+
+    description = "prior v(s) = 1/max(s, 1)"
+
+    def __call__(self, steps: np.ndarray) -> np.ndarray:
+        return 1.0 / np.maximum(np.asarray(steps, dtype=float), 1.0)
+
+    def __repr__(self) -> str:
+        return "PRIOR_PROGRESS_RATE"
+
+
+#: The prior progress rate (see :class:`PriorProgressRate`).
+PRIOR_PROGRESS_RATE = PriorProgressRate()
+
+
+ProgressCurve = CurveFit | RateFunction
+
+
+class PlanInputs(BaseModel):
+    """Everything a plan was computed from (seconds, steps), for the record and the report."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    total_steps: int
+    step_seconds: float
+    stall_seconds: float
+    persist_seconds: float
+    restart_seconds: float
+    interference_seconds: float
+    checkpoint_seconds: float
+    max_overhead: float | None = None
+    failures: Failures | None = None
+    curve: str = "none"
+    start_step: int = 0
+    last_checkpoint_step: int = 0
+    failure_origin_step: int = 0
+    min_interval_steps: int = 1
+    upload_seconds: float | None = None
+    upload_interference_seconds: float | None = None
+    remote_restart_seconds: float | None = None
+    last_promoted_step: int | None = None
+
+    @property
+    def has_remote_tier(self) -> bool:
+        """True when the plan was given a remote tier's costs (``upload_seconds``)."""
+        return self.upload_seconds is not None
+
+    def planned_failures(self) -> Failures | None:
+        """The failures periodic checkpoints must cover: those without a warning that a
+        checkpoint (stall + persist) fits in (:meth:`Failures.unwarned`)."""
+        if self.failures is None:
+            return None
+        return self.failures.unwarned(self.stall_seconds + self.persist_seconds)
+
+    def measured_costs(self) -> MeasuredCosts:
+        """The measured costs as :func:`plan` keyword arguments (step, stall, persist, interference)."""
+        return {
+            "step_seconds": self.step_seconds,
+            "stall_seconds": self.stall_seconds,
+            "persist_seconds": self.persist_seconds,
+            "interference_seconds": self.interference_seconds,
+        }
+
+
+class MeasuredCosts(TypedDict):
+    """What a run measured, as :func:`plan` keyword arguments."""
+
+    step_seconds: float
+    stall_seconds: float
+    persist_seconds: float
+    interference_seconds: float
+
+
+class Plan(BaseModel):
+    """A checkpoint plan: the steps, what they are expected to cost, and how they were chosen.
+
+    ``expected`` holds the expected overhead of ``steps`` under the shared model of
+    :mod:`coci.planning.objective`: ``wall_seconds`` (wall-clock), ``progress_seconds`` (progress-weighted),
+    their parts, ``wall_fraction`` of the run, and for ``auto`` the ``time_optimal_wall_seconds``
+    and ``budget_wall_seconds`` the budget was measured against. ``mu`` is the mixture weight of
+    ``auto`` (0: pure progress; None: pure time). ``details`` holds policy figures (intervals,
+    COCI's thetas and P_e); ``notes`` what a reader should know that is not a fallback.
+    ``promote_steps`` is the subset of ``steps`` whose checkpoints are also promoted to the remote
+    tier; None (a single-level plan) promotes every checkpoint when a remote tier is configured.
+    """
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    policy: str
+    objective: str
+    time_budget: float | None
+    inputs: PlanInputs
+    fit: CurveFit | None = None
+    steps: list[int]
+    expected: dict[str, float] = Field(default_factory=dict)
+    fallbacks: list[str] = Field(default_factory=list)
+    mu: float | None = None
+    details: dict[str, float] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+    promote_steps: list[int] | None = None
+
+    @field_validator("steps")
+    @classmethod
+    def _increasing(cls, steps: list[int]) -> list[int]:
+        if any(b <= a for a, b in zip(steps, steps[1:])) or (steps and steps[0] < 1):
+            raise ValueError("steps must be strictly increasing positive integers")
+        return steps
+
+    @property
+    def intervals(self) -> list[int]:
+        """Steps between consecutive checkpoints (the first counted from the plan's start)."""
+        previous = [self.inputs.start_step, *self.steps[:-1]]
+        return [b - a for a, b in zip(previous, self.steps)]
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per planned checkpoint: step, interval (steps and seconds), progress time."""
+        import pandas as pd  # here, not at import: ``import coci`` stays light
+
+        steps = np.asarray(self.steps, dtype=np.int64)
+        intervals = np.asarray(self.intervals, dtype=np.int64)
+        t = self.inputs.step_seconds
+        return pd.DataFrame(
+            {
+                "step": steps,
+                "interval_steps": intervals,
+                "interval_seconds": intervals * t,
+                "progress_seconds": steps * t,
+            }
+        )
