@@ -10,23 +10,12 @@ import numpy as np
 
 from coci import knobs
 from coci.planning.failures import Failures
-from coci.planning.formulas import (
-    checkfreq_interval,
-    checkfreq_steps,
-    daly_interval_seconds,
-    periodic_steps,
-    young_interval_seconds,
-)
+from coci.planning.formulas import checkfreq_interval, checkfreq_steps, daly_interval_seconds, periodic_steps, young_interval_seconds
 from coci.planning.objective import build_cost_model, expected_failures
 
 if TYPE_CHECKING:
     pass
-from coci.planning.problem import (
-    _Placement,
-    _Problem,
-    _single_level_cost,
-    warned_expected,
-)
+from coci.planning.problem import _Placement, _Problem, _single_level_cost, warned_expected
 from coci.planning.records import Plan
 
 __all__ = ["CheckFreqAdaptation"]

@@ -72,13 +72,7 @@ from coci.planning.objective import CostModel, TwoLevelCostModel, build_cost_mod
 if TYPE_CHECKING:
     pass
 from coci.planning.baselines import _plan_checkfreq, _plan_daly, _plan_young
-from coci.planning.problem import (
-    _finish,
-    _Placement,
-    _Problem,
-    _problem,
-    _remote_costs,
-)
+from coci.planning.problem import _finish, _Placement, _Problem, _problem, _remote_costs
 from coci.planning.records import Plan
 
 __all__ = ["POLICY_PLANNERS", "plan"]

@@ -17,10 +17,7 @@ from coci.planning.config import PlanConfig
 from coci.planning.empirical import EmpiricalCurve, empirical_curve
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit
-from coci.planning.formulas import (
-    check_plan_size,
-    min_interval_steps,
-)
+from coci.planning.formulas import check_plan_size, min_interval_steps
 from coci.planning.levels import min_promote_steps
 from coci.planning.objective import CostModel, ExpectedFailures, TwoLevelCostModel, build_cost_model, expected_failures
 from coci.units import parse_duration

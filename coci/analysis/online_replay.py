@@ -1,0 +1,188 @@
+"""Online re-planning in the simulator (see :mod:`coci.analysis.simulate`): the schedule a policy
+object produces when replayed step by step as :class:`coci.Session` drives it, seeing only the past."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from coci import checks, knobs
+from coci.analysis.simulated_job import Job
+from coci.errors import ConfigError
+from coci.planning.cadence import Cadence, ElapsedClock
+from coci.planning.empirical import curve_pair
+from coci.planning.fit import CurveFit
+from coci.planning.online import make_policy
+from coci.planning.policy import Observation
+from coci.planning.records import Plan, PlanInputs
+from coci.profiler import Estimate, Profile
+from coci.profiler import knobs as profiler_knobs
+from coci.profiler.loss_trace import LossTrace
+
+__all__ = ["online_schedule"]
+
+
+class _RevealedTrace:
+    """A loss trace revealed as training goes: a point at step ``s`` is seen from step ``s`` on."""
+
+    def __init__(self, losses: Any) -> None:
+        steps, values = (np.zeros(0), np.zeros(0)) if losses is None else curve_pair(losses, None)
+        keep = steps >= 1  # the profiler counts completed steps from 1
+        steps, values = steps[keep], values[keep]
+        order = np.argsort(steps, kind="stable")
+        self._steps, self._values = steps[order], values[order]
+        self._trace = LossTrace()
+        self._fed = 0
+
+    def curve(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """The profiler's curve of the points seen by ``step``."""
+        end = int(np.searchsorted(self._steps, step, side="right"))
+        if end > self._fed:
+            self._trace.extend(self._steps[self._fed : end], self._values[self._fed : end])
+            self._fed = end
+        return self._trace.curve()
+
+
+class _OnlineReplay:
+    """A policy driven step by step as :class:`coci.Session` drives it, on the failure-free run,
+    observing on a :class:`Cadence`."""
+
+    def __init__(self, policy: Any, job: Job, trace: _RevealedTrace, cadence: Cadence, plan_seconds: float) -> None:
+        self.policy = policy
+        self.job = job
+        self.trace = trace
+        self.cadence = cadence
+        self.plan_seconds = plan_seconds
+        self.commit_lag = max(1, math.ceil(job.window_progress / job.step_seconds - 1e-9))  # steps a persist spans
+        self.taken: list[int] = []
+        self.commit_step: int | None = None  # step at which the persist in flight commits
+        self.observations = 0
+
+    def run(self) -> tuple[np.ndarray, int]:
+        """``(checkpoint steps, observations)`` of the whole run."""
+        for step in range(1, self.job.total_steps + 1):
+            self._advance(step)
+        return np.asarray(self.taken, dtype=np.int64), self.observations
+
+    def _advance(self, step: int) -> None:
+        committed = self.commit_step is not None and step >= self.commit_step
+        if committed:
+            self.commit_step = None
+        planned = self.policy.should_checkpoint(step)  # asked before any re-plan at this step, as the session does
+        if self._observe_due(step, committed):
+            self._observe(step)
+        last = step == self.job.total_steps
+        if not last and (planned or self.policy.should_checkpoint(step)) and not self._warmup_skipped(step):
+            self.taken.append(step)
+            self.commit_step = step + self.commit_lag
+
+    def _wall_clock(self, step: int, per_checkpoint: float) -> ElapsedClock:
+        """Failure-free wall time at ``step``: steps, ``per_checkpoint`` seconds per checkpoint taken,
+        and the planning charged so far."""
+        return lambda: step * self.job.step_seconds + len(self.taken) * per_checkpoint + self.cadence.planning_seconds
+
+    def _observe_due(self, step: int, committed: bool) -> bool:
+        elapsed = self._wall_clock(step, self.job.stall_seconds + self.job.interference_seconds)
+        if committed and self.cadence.observe_after_commit(elapsed):
+            return True
+        return self.cadence.observe_at_step(step, step, _warming_up(self.policy), elapsed)
+
+    def _warmup_skipped(self, step: int) -> bool:
+        return Cadence.skip_warmup_checkpoint(
+            warming_up=_warming_up(self.policy),
+            persist_in_flight=self.commit_step is not None,
+            stalled_seconds=len(self.taken) * self.job.stall_seconds,
+            elapsed=self._wall_clock(step, self.job.stall_seconds),
+        )
+
+    def _observe(self, step: int) -> None:
+        loss_steps, losses = self.trace.curve(step)
+        observation = Observation(
+            step=step,
+            profile=_replay_profile(self.job, step),
+            loss_steps=loss_steps,
+            losses=losses,
+            checkpoint_steps=tuple(self.taken),
+        )
+        self.policy.observe(observation)
+        self.observations += 1
+        timed = step > profiler_knobs.WARMUP_STEPS  # before, a planning policy has no step time and returns at once
+        self.cadence.record_observation(step, self.plan_seconds if timed else 0.0)
+
+
+def _warming_up(policy: Any) -> bool:
+    return bool(getattr(policy, "warming_up", False))
+
+
+def _replay_profile(job: Job, step: int) -> Profile:
+    """The profile at ``step``: the job's costs as measured values (no step time during the
+    profiler's warm-up, which times no step)."""
+    timed_steps = step - profiler_knobs.WARMUP_STEPS
+    return Profile(
+        steps=step,
+        step_seconds=Estimate(value=job.step_seconds, count=timed_steps) if timed_steps >= 1 else Estimate(),
+        stall_seconds=Estimate(value=job.stall_seconds, count=1),
+        persist_seconds=Estimate(value=job.persist_seconds, count=1),
+        interference=Estimate(value=job.slowdown, count=1),
+        restore_seconds=Estimate(value=job.restart_seconds, count=1),
+    )
+
+
+def online_schedule(
+    policy: Any,
+    job: Job | PlanInputs,
+    losses: Any,
+    *,
+    observe_every: int | None = None,
+    plan_seconds: float | None = None,
+) -> tuple[np.ndarray, int]:
+    """Checkpoint steps a policy takes when driven as :class:`coci.Session` drives it.
+
+    ``losses``: per-step losses or ``(steps, losses)`` (the trace training reveals; a point at
+    step ``s`` is seen from step ``s`` on). Returns ``(steps, observations)``. The policy observes on
+    the session's :class:`~coci.planning.cadence.Cadence` (warm-up, after each commit and every
+    ``observe_every`` steps, default ``knobs.OBSERVE_EVERY_STEPS``), each observation charged
+    ``plan_seconds`` against the planning-time cap; see the module docstring. The profile carries
+    the job's costs as measured values.
+    """
+    figures = job if isinstance(job, Job) else Job.of(job)
+    every = checks.optional_integer(observe_every, "observe_every", minimum=1)
+    charge = checks.number(knobs.SIMULATE_PLAN_SECONDS if plan_seconds is None else plan_seconds, "plan_seconds")
+    replay = _OnlineReplay(policy, figures, _RevealedTrace(losses), Cadence(observe_every=every), charge)
+    return replay.run()
+
+
+def _online_trace(trace: Any, plan: Plan | None, target: Any, job: Job) -> Any:
+    """The loss trace an online replay reveals: a trace as given, a usable fit's curve over the
+    run, or None where the policy does not need one."""
+    if not (trace is None or isinstance(trace, CurveFit) or callable(trace)):
+        return trace
+    if isinstance(trace, CurveFit) and trace.usable:
+        steps = np.arange(1, job.total_steps + 1)
+        return steps, trace.loss(steps)
+    if _needs_trace(plan, target):
+        raise ConfigError("losses: online replay needs the loss trace (per-step losses or (steps, losses))")
+    return None
+
+
+def _needs_trace(plan: Plan | None, target: Any) -> bool:
+    name = plan.policy if plan is not None else getattr(target, "policy", None)
+    objective = plan.objective if plan is not None else getattr(target, "objective", None)
+    return name == "coci" or (name == "auto" and objective == "progress")
+
+
+def _online_policy(plan: Plan) -> Any:
+    fell_back = any("time objective" in f for f in plan.fallbacks)
+    objective = "progress" if fell_back else plan.objective
+    inputs = plan.inputs
+    return make_policy(
+        plan.policy,
+        failures=inputs.failures,
+        total_steps=inputs.total_steps,
+        restart_seconds=inputs.restart_seconds,
+        objective=objective,
+        time_budget=plan.time_budget,
+        max_overhead=inputs.max_overhead,
+    )

@@ -1,0 +1,240 @@
+"""The simulated job (see :mod:`coci.analysis.simulate`): its costs taken from a plan's inputs, its
+failure-free timeline, and Daly's closed-form expected run time it is checked against."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from coci import checks
+from coci.errors import ConfigError
+from coci.planning.failures import Failures
+from coci.planning.records import Plan, PlanInputs
+
+__all__ = ["daly_expected_seconds"]
+
+
+RateFunction = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Job:
+    """The figures of one simulated job (seconds, steps)."""
+
+    total_steps: int
+    step_seconds: float
+    stall_seconds: float
+    persist_seconds: float
+    interference_seconds: float
+    restart_seconds: float
+    upload_seconds: float | None = None
+    upload_interference_seconds: float = 0.0
+    remote_restart_seconds: float = 0.0
+
+    @property
+    def has_remote_tier(self) -> bool:
+        return self.upload_seconds is not None
+
+    @classmethod
+    def of(cls, inputs: PlanInputs) -> Job:
+        checks.integer(inputs.total_steps, "plan.inputs.total_steps", minimum=1)
+        for name in ("step_seconds", "stall_seconds", "persist_seconds"):
+            checks.number(getattr(inputs, name), f"plan.inputs.{name}", positive=True)
+        for name in ("interference_seconds", "restart_seconds"):
+            checks.number(getattr(inputs, name), f"plan.inputs.{name}")
+        if inputs.interference_seconds >= inputs.persist_seconds:
+            raise ConfigError(
+                "plan.inputs.interference_seconds must be below persist_seconds (a persist of P seconds "
+                f"costs P (1 - 1/r) < P), got {inputs.interference_seconds!r} >= {inputs.persist_seconds!r}"
+            )
+        return cls(
+            total_steps=int(inputs.total_steps),
+            step_seconds=float(inputs.step_seconds),
+            stall_seconds=float(inputs.stall_seconds),
+            persist_seconds=float(inputs.persist_seconds),
+            interference_seconds=float(inputs.interference_seconds),
+            restart_seconds=float(inputs.restart_seconds),
+            upload_seconds=inputs.upload_seconds,
+            upload_interference_seconds=float(inputs.upload_interference_seconds or 0.0),
+            remote_restart_seconds=float(
+                inputs.restart_seconds if inputs.remote_restart_seconds is None else inputs.remote_restart_seconds
+            ),
+        )
+
+    @property
+    def run_seconds(self) -> float:
+        return self.total_steps * self.step_seconds
+
+    @property
+    def slowdown(self) -> float:
+        """``r``: step time while a persist runs / clean step time."""
+        return self.persist_seconds / (self.persist_seconds - self.interference_seconds)
+
+    @property
+    def window_progress(self) -> float:
+        """Seconds of progress made during one persist (``P / r = P - I``)."""
+        return self.persist_seconds - self.interference_seconds
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The failure-free run of one schedule, as arrays indexed by checkpoint (0 = the run's start).
+
+    ``x[i]`` progress (s) at checkpoint ``i``'s step; ``snap_end[i]`` wall time its snapshot
+    completes, ``commit[i]`` when it commits (``-inf`` for index 0: the start is always "committed");
+    ``offset[i]`` the virtual wall time at which a run resumed from checkpoint ``i`` starts (its
+    first interval runs clean, after that it follows this timeline); ``first_end[i]`` the wall time
+    that first interval ends (checkpoint ``i + 1``'s step, or the end). ``wall_knots`` /
+    ``progress_knots`` map wall time to progress (piecewise linear; flat during stalls and waits).
+    ``remote_commit[i]`` is when checkpoint ``i`` commits on the remote tier (``inf``: not
+    promoted; ``-inf`` for the start); ``promoted`` the indices promoted, in order.
+    """
+
+    steps: np.ndarray
+    x: np.ndarray
+    snap_end: np.ndarray
+    commit: np.ndarray
+    offset: np.ndarray
+    first_end: np.ndarray
+    wall_knots: np.ndarray
+    progress_knots: np.ndarray
+    remote_commit: np.ndarray
+    promoted: np.ndarray
+
+    @classmethod
+    def build(cls, steps: np.ndarray, job: Job, promote: np.ndarray | None = None) -> Timeline:
+        promoted = np.zeros(steps.size, dtype=bool) if promote is None else np.isin(steps, promote)
+        t, persist = job.step_seconds, job.persist_seconds
+        stall = job.stall_seconds + job.upload_interference_seconds * promoted  # per checkpoint
+        r, q = job.slowdown, job.window_progress
+        horizon = job.run_seconds
+        x = steps.astype(float) * t
+        n = x.size
+        bounds = np.concatenate([[0.0], x, [horizon]])  # progress at start, checkpoints, end
+        gaps = np.diff(bounds)  # gaps[i]: progress from checkpoint i (0 = start) to the next bound
+        # E[i]: wall time at the end of checkpoint i's step (before its stall), i = 1..n
+        increments = stall[: n - 1] + persist + np.maximum(0.0, gaps[1:n] - q) if n else np.zeros(0)
+        snap_step = np.concatenate([[0.0], x[:1], x[:1] + np.cumsum(increments)]) if n else np.zeros(1)
+        snap_step = snap_step[: n + 1]
+        if n:
+            last_gap = gaps[n]
+            tail = last_gap * r if last_gap < q else persist + last_gap - q
+            end = snap_step[n] + stall[-1] + tail
+        else:
+            end = horizon
+        snap_end = np.concatenate([[-math.inf], snap_step[1:] + stall])
+        commit = np.concatenate([[-math.inf], snap_step[1:] + stall + persist])
+        next_bound_wall = np.concatenate([snap_step[1:], [end]])  # wall at the next checkpoint's step / end
+        offset = next_bound_wall - gaps  # resumed run: clean progress up to the next bound
+        offset[0] = 0.0
+        # wall -> progress knots of the failure-free run
+        wall = [np.zeros(1)]
+        progress = [np.zeros(1)]
+        if n:
+            window = np.minimum(gaps[1:], q)  # progress inside each persist window
+            per = np.stack(
+                [snap_step[1:], snap_step[1:] + stall, snap_step[1:] + stall + window * r], axis=1
+            )
+            prog = np.stack([x, x, x + window], axis=1)
+            wall.append(per.reshape(-1))
+            progress.append(prog.reshape(-1))
+        wall.append(np.array([end]))
+        progress.append(np.array([horizon]))
+        remote = _remote_commits(commit, np.concatenate([[False], promoted]), job.upload_seconds)
+        return cls(
+            steps=np.concatenate([[0], steps]).astype(np.int64),
+            x=np.concatenate([[0.0], x]),
+            snap_end=snap_end,
+            commit=commit,
+            offset=offset,
+            first_end=next_bound_wall,
+            wall_knots=np.concatenate(wall),
+            progress_knots=np.concatenate(progress),
+            remote_commit=remote,
+            promoted=np.flatnonzero(np.isfinite(remote[1:])) + 1,
+        )
+
+    def newest_remote(self, at: np.ndarray, after: np.ndarray, floor: np.ndarray) -> np.ndarray:
+        """Newest checkpoint on the remote tier at (timeline) wall time ``at``: uploaded in this life
+        (index above ``after``, the checkpoint it resumed from) or ``floor`` (committed earlier)."""
+        if self.promoted.size == 0:
+            return floor
+        done = np.searchsorted(self.remote_commit[self.promoted], at, side="right") - 1
+        newest = np.where(done >= 0, self.promoted[np.maximum(done, 0)], 0)
+        return np.where(newest > after, np.maximum(newest, floor), floor)
+
+    def progress_at(self, wall: np.ndarray, resumed_from: np.ndarray) -> np.ndarray:
+        """Progress reached at (timeline) wall time ``wall`` by a run resumed from checkpoint ``j``."""
+        clean = self.x[resumed_from] + (wall - self.offset[resumed_from])
+        return np.where(wall < self.first_end[resumed_from], clean, np.interp(wall, self.wall_knots, self.progress_knots))
+
+    def wall_to_reach(self, progress: np.ndarray) -> np.ndarray:
+        """First (timeline) wall time at which the failure-free run reaches ``progress``."""
+        p = np.asarray(progress, dtype=float)
+        knots_p, knots_w = self.progress_knots, self.wall_knots
+        index = np.clip(np.searchsorted(knots_p, p, side="left"), 1, knots_p.size - 1)
+        p0, p1 = knots_p[index - 1], knots_p[index]
+        w0, w1 = knots_w[index - 1], knots_w[index]
+        slope = np.where(p1 > p0, (w1 - w0) / np.where(p1 > p0, p1 - p0, 1.0), 0.0)
+        return np.where(p <= 0, 0.0, w0 + (p - p0) * slope)
+
+    def wall_at(self, progress: np.ndarray, resumed_from: np.ndarray) -> np.ndarray:
+        """(Timeline) wall time at which a run resumed from checkpoint ``j`` reaches ``progress``."""
+        return self.run_end(resumed_from, progress)
+
+    def run_end(self, resumed_from: np.ndarray, stop: np.ndarray) -> np.ndarray:
+        """Wall time at which a run resumed from checkpoint ``j`` reaches progress ``stop``."""
+        next_x = np.append(self.x, math.inf)[resumed_from + 1]
+        clean = self.offset[resumed_from] + (stop - self.x[resumed_from])
+        return np.where(stop <= next_x, clean, self.wall_to_reach(stop))
+
+
+def _remote_commits(commit: np.ndarray, promoted: np.ndarray, upload: float | None) -> np.ndarray:
+    """Remote commit time per checkpoint: uploads start at the local commit, one at a time
+    (queued behind the previous one), and take ``upload`` seconds; ``inf`` where not promoted."""
+    remote = np.full(commit.size, math.inf)
+    remote[0] = -math.inf
+    if upload is None:
+        return remote
+    previous = -math.inf
+    for i in np.flatnonzero(promoted).tolist():
+        previous = max(float(commit[i]), previous) + upload
+        remote[i] = previous
+    return remote
+
+
+def _failures(failures: Any, inputs: PlanInputs) -> Failures:
+    if failures is None:
+        if inputs.failures is None:
+            raise ConfigError("failures is required: the plan records no failure model")
+        return inputs.failures
+    if isinstance(failures, Failures):
+        return failures
+    if isinstance(failures, str) or checks.is_number(failures):
+        return Failures.exponential(mtbf=failures)
+    raise ConfigError(f"failures must be a coci.Failures or an MTBF such as '8h', got {failures!r}")
+
+
+def daly_expected_seconds(plan: Plan, failures: Failures | None = None) -> float:
+    """Expected wall-clock time of a plan's run under exponential failures, in closed form.
+
+    Daly (2006): a segment of ``a`` seconds (work plus its checkpoint's stall) that must complete
+    without a failure, restarting after ``R`` seconds (failures during restarts included) takes
+    ``M e^(R/M) (e^(a/M) - 1)`` in expectation, ``M`` the MTBF; the run is the sum over its
+    segments (the last one has no checkpoint). Exact for the simulator's model when the checkpoint
+    commits when its stall ends (``persist_seconds`` -> 0, no interference). Raises
+    :class:`ConfigError` for a non-exponential failure model.
+    """
+    model = _failures(failures, plan.inputs)
+    if not model.is_memoryless:
+        raise ConfigError("failures must be exponential for Daly's closed form")
+    job = Job.of(plan.inputs)
+    mtbf = model.mean_seconds
+    bounds = np.concatenate([[0], np.asarray(plan.steps, dtype=float), [job.total_steps]]) * job.step_seconds
+    segments = np.diff(bounds)
+    segments[:-1] += job.stall_seconds + job.interference_seconds
+    return float(np.sum(mtbf * math.exp(job.restart_seconds / mtbf) * np.expm1(segments / mtbf)))
