@@ -44,7 +44,7 @@ from common import copy_all, median, median_interval, preallocated_like, remove,
 
 import coci
 from coci import knobs
-from coci.checkpoint import fileio, format
+from coci.checkpoint import fileio, records
 
 GOAL = 1.5
 WINDOW = 10  # steps per checkpoint interval
@@ -66,10 +66,10 @@ def sgd_stack(mb: float, width: int = 2048, batch: int = 8) -> tuple[torch.nn.Mo
 def use_checksum(arm: str) -> None:
     """Checksum the next checkpoint's data file with crc32c or zlib's crc32 (as a default install did)."""
     if arm == ZLIB:
-        format.WRITE_CHECKSUM = "crc32"
+        records.WRITE_CHECKSUM = "crc32"
         fileio._CHECKSUMS["crc32"] = zlib.crc32
     else:
-        format.WRITE_CHECKSUM = "crc32c"
+        records.WRITE_CHECKSUM = "crc32c"
 
 
 def window(session: coci.Session, step: Callable[[], torch.Tensor], arm: str) -> tuple[float, float, float]:

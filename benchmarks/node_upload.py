@@ -33,7 +33,7 @@ BUCKET = "coci-bench"
 
 def write_checkpoint(root: Path, mb: int) -> dict[str, Path]:
     """The node-local parts (``node0``, ``node1``) and the shared directory of one checkpoint."""
-    from coci.checkpoint import fileio, format
+    from coci.checkpoint import commit, fileio, layout, records
     from coci.checkpoint.dcp import DcpManifest, DcpPart
 
     data = {f"__{rank}_0.distcp": os.urandom(mb << 20) for rank in range(2)}
@@ -47,14 +47,14 @@ def write_checkpoint(root: Path, mb: int) -> dict[str, Path]:
     files = [fileio.describe_file(paths["shared"] / key) for key in data]
     empty = DcpPart(skeleton={}, tensors=[])
     record = DcpManifest(
-        **format.record_header(1, epoch=None, state_keys=[], files=files), format="dcp", world_size=2,
-        bytes_per_rank=[mb << 20] * 2, shared=DcpPart(skeleton={format.SESSION_KEY: {}}, tensors=[]), ranks=[empty, empty],
+        **records.record_header(1, epoch=None, state_keys=[], files=files), format="dcp", world_size=2,
+        bytes_per_rank=[mb << 20] * 2, shared=DcpPart(skeleton={layout.SESSION_KEY: {}}, tensors=[]), ranks=[empty, empty],
     )
-    format.write_durably(paths["shared"] / format.MANIFEST_FILENAME, record.sealed().model_dump_json().encode())
+    commit.write_durably(paths["shared"] / layout.MANIFEST_FILENAME, record.sealed().model_dump_json().encode())
     node_local = record.model_copy(update={"nodes": [[0], [1]], "commit_id": secrets.token_hex(16), "node_keys": []})
     for node in range(2):
         part = node_local.model_copy(update={"node": node}).sealed()
-        format.write_durably(paths[f"node{node}"] / format.MANIFEST_FILENAME, part.model_dump_json().encode())
+        commit.write_durably(paths[f"node{node}"] / layout.MANIFEST_FILENAME, part.model_dump_json().encode())
     return paths
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import adam_stack, drop_page_cache, median, pair_ratios, raw_read, remove, scratch_dir, spread, verdict
 
 import coci
-from coci.checkpoint import format
+from coci.checkpoint import layout
 
 GOAL = 1.3
 
@@ -46,8 +46,8 @@ def main() -> None:
     try:
         with coci.Session(run_dir, state, policy=coci.EveryN(10**9)) as session:
             session.checkpoint()
-        [(step, path)] = format.committed_steps(format.checkpoints_dir(run_dir))
-        data = path / format.DATA_FILENAME
+        [(step, path)] = layout.committed_steps(layout.checkpoints_dir(run_dir))
+        data = path / layout.DATA_FILENAME
         nbytes = data.stat().st_size
         cold = drop_page_cache()
         print(f"checkpoint step_{step}: {nbytes / 2**20:.0f} MB; page cache {'dropped before every read' if cold else 'NOT dropped (not root): warm-cache figures'}")

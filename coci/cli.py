@@ -261,7 +261,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     from coci.analysis.report import format_bytes
-    from coci.checkpoint import format
+    from coci.checkpoint import layout
     from coci.checkpoint.checkpointer import reader_for
     from coci.checkpoint.verify import verify_run
 
@@ -271,7 +271,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     rows: list[tuple[int | None, int | None, str]]
     if args.no_verify:
         rows = []
-        for step, path in format.committed_steps(format.checkpoints_dir(root)):
+        for step, path in layout.committed_steps(layout.checkpoints_dir(root)):
             try:
                 manifest = reader_for(path).read_record(path)
                 rows.append((step, sum(f.size for f in manifest.files), "committed (not verified)"))
@@ -310,14 +310,14 @@ def _remote_rows(args: argparse.Namespace) -> list[tuple[int | None, int | None,
 
 def _runs_under(parent: Path) -> list[tuple[str, list[int], bool]]:
     """The run directories directly inside ``parent``: (name, committed steps, has an event log)."""
-    from coci.checkpoint import format
+    from coci.checkpoint import layout
     from coci.events import EVENTS_FILENAME
 
     runs = []
     for child in sorted(p for p in parent.iterdir() if p.is_dir()):
         has_events = (child / EVENTS_FILENAME).is_file()
-        if has_events or format.checkpoints_dir(child).is_dir():
-            runs.append((child.name, [step for step, _ in format.committed_steps(format.checkpoints_dir(child))], has_events))
+        if has_events or layout.checkpoints_dir(child).is_dir():
+            runs.append((child.name, [step for step, _ in layout.committed_steps(layout.checkpoints_dir(child))], has_events))
     return runs
 
 

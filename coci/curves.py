@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from coci.checkpoint.checkpointer import load_entry
-from coci.checkpoint.format import SESSION_KEY, checkpoints_dir, committed_steps
+from coci.checkpoint.layout import SESSION_KEY, checkpoints_dir, committed_steps
 from coci.errors import CociError, ConfigError
 from coci.events import read_run_file
 

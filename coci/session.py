@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from coci import checks, distributed, knobs, preemption, safe_files
-from coci.checkpoint import format, nodes, restore_checks, rng_state
+from coci.checkpoint import nodes, restore_checks, rng_state
 from coci.checkpoint.checkpointer import (
     Checkpointer,
     PendingCheckpoint,
@@ -47,7 +47,8 @@ from coci.checkpoint.checkpointer import (
     restore_candidates,
     writer_for,
 )
-from coci.checkpoint.format import RNG_KEY, SESSION_KEY, LoadedCheckpoint
+from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir, step_dirname
+from coci.checkpoint.records import LoadedCheckpoint
 from coci.checkpoint.remote import RemoteTier, open_store
 from coci.checkpoint.remote.fetch import UNAVAILABLE
 from coci.checkpoint.remote.history import HistoryMirror, history_offset, merge_history
@@ -233,7 +234,7 @@ class Session:
         previous_end = preemption.last_event_time(self.events.path)
         events_start = history_offset(self.events.path)  # where this process's events begin
         self._mark = self._open_step_mark()
-        writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
+        writer = writer_for(checkpoints_dir(self.run_dir), self._dist)
         self._checkpointer = Checkpointer(writer, self.events, keep_last, self._clock)
         self._remote = None if remote is None else RemoteTier(
             open_store(remote, storage_options), keep_last_remote, self.events, self._profiler, role=_node_role(self._dist)
@@ -414,7 +415,7 @@ class Session:
         self._planner.discard()  # a plan of the run before the restore never applies
         if self._history is not None:  # a fresh run directory: the history of the run from the remote
             self._merge_history(self._history)
-        root = format.checkpoints_dir(self.run_dir)
+        root = checkpoints_dir(self.run_dir)
         if self._dist is not None and self._dist.node_local:
             return self._restore_across_nodes(root, strict)
         candidates = self._with_remote(restore_candidates(root, self._dist))  # newest first; damaged ones too
@@ -494,7 +495,7 @@ class Session:
         for step in steps:
             began = self._clock()
             tier, problem = self._node_parts_ready(root, step, {s for s, _ in remote_steps})
-            path = root / format.step_dirname(step)
+            path = root / step_dirname(step)
             loaded, problem = self._load_and_apply(path, strict, targets) if problem is None else (None, problem)
             if loaded is None:
                 self._record_skip(step, str(path), problem)

@@ -375,9 +375,9 @@ def read_steps(path: Path) -> dict[int, list[tuple[int, str]]]:
 
 
 def last_commit(run_dir: Path) -> int:
-    from coci.checkpoint import format
+    from coci.checkpoint import layout
 
-    committed = format.committed_steps(format.checkpoints_dir(run_dir))
+    committed = layout.committed_steps(layout.checkpoints_dir(run_dir))
     return committed[-1][0] if committed else 0
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 import coci
-from coci.checkpoint import format, local
+from coci.checkpoint import layout, local
 
 
 def build_state(seed: int = 0, width: int = 8) -> dict[str, Any]:
@@ -49,11 +49,11 @@ def make_run(run_dir: Path, steps: int = 6, every: int = 2, **session_kwargs: An
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
-    return format.checkpoints_dir(run_dir) / f"step_{step}"
+    return layout.checkpoints_dir(run_dir) / f"step_{step}"
 
 
 def load_manifest_json(run_dir: Path, step: int) -> dict[str, Any]:
-    return json.loads((step_dir(run_dir, step) / format.MANIFEST_FILENAME).read_text())
+    return json.loads((step_dir(run_dir, step) / layout.MANIFEST_FILENAME).read_text())
 
 
 def write_manifest_json(run_dir: Path, step: int, manifest: dict[str, Any], *, reseal: bool = False) -> None:
@@ -61,7 +61,7 @@ def write_manifest_json(run_dir: Path, step: int, manifest: dict[str, Any], *, r
     so the checks behind the checksum are exercised too."""
     if reseal:
         manifest = json.loads(local.Manifest.model_validate(manifest).sealed().model_dump_json())
-    (step_dir(run_dir, step) / format.MANIFEST_FILENAME).write_text(json.dumps(manifest))
+    (step_dir(run_dir, step) / layout.MANIFEST_FILENAME).write_text(json.dumps(manifest))
 
 
 def restore_fresh(run_dir: Path, **restore_kwargs: Any) -> tuple[coci.Session, dict[str, Any], Any]:

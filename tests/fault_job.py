@@ -12,7 +12,7 @@ and is killed with SIGKILL by itself at a chosen instant:
 
 * ``copy:K``      inside the K-th snapshot copy of this process (``CopyJob.run_cpu`` is wrapped:
                   half the fenced tensors copied, then SIGKILL);
-* ``point:P:K``   at the K-th time this process reaches commit point P of ``coci.checkpoint.format``
+* ``point:P:K``   at the K-th time this process reaches commit point P (``coci.checkpoint.faults``)
                   (``mid_write`` after the first 4 KiB chunk of data.bin, ``before_manifest``,
                   ``before_rename`` after the fsyncs, ``after_rename`` before the parent fsync,
                   ``after_commit``, ``retention`` between the hiding rename and the delete);
@@ -76,7 +76,7 @@ def run_job(run_dir: str, steps: int, every: int, kill: str | None = None, sabot
 
     import coci
     from coci import knobs
-    from coci.checkpoint import fileio, format, local, snapshot
+    from coci.checkpoint import faults, fileio, layout, local, snapshot
 
     sys.path.insert(0, str(HERE))
     from train_job import build, data
@@ -90,8 +90,8 @@ def run_job(run_dir: str, steps: int, every: int, kill: str | None = None, sabot
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
     _audit_reads(local, fileio, run / "reads.txt")
-    _arm(kill, format, snapshot)
-    _sabotage(sabotage, format)
+    _arm(kill, faults, snapshot)
+    _sabotage(sabotage, layout)
 
     model, optimizer, scheduler = build()
     x, y = data()
@@ -126,14 +126,14 @@ def run_job(run_dir: str, steps: int, every: int, kill: str | None = None, sabot
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, run / "final.pt")
 
 
-def _sabotage(kind: str | None, format: Any) -> None:
+def _sabotage(kind: str | None, layout: Any) -> None:
     import re
 
     from coci.checkpoint import rng_state
 
     if kind == "read_tmp":
-        format._STEP_DIR = re.compile(r"^step_(\d+)(?:\.tmp)?$")
-        format.remove_stale_tmp = lambda root: []
+        layout.STEP_DIR = re.compile(r"^step_(\d+)(?:\.tmp)?$")
+        layout.remove_stale_tmp = lambda root: []
     elif kind == "skip_rng":
         rng_state.restore = lambda state: None
     elif kind is not None:
@@ -149,7 +149,7 @@ def _audit_reads(local: Any, fileio: Any, log_path: Path) -> None:
             handle.write(f"{path}\n")
 
     def audited_manifest(path: Path) -> Any:
-        note(Path(path) / local.format.MANIFEST_FILENAME)
+        note(Path(path) / local.layout.MANIFEST_FILENAME)
         return read_manifest(path)
 
     def audited_data(path: Path, entry: Any, keep: bool = True) -> Any:
@@ -165,7 +165,7 @@ def _audit_reads(local: Any, fileio: Any, log_path: Path) -> None:
     fileio.read_verified_into = audited_into
 
 
-def _arm(kill: str | None, format: Any, snapshot: Any) -> None:
+def _arm(kill: str | None, faults: Any, snapshot: Any) -> None:
     if not kill:
         return
     kind, *args = kill.split(":")
@@ -183,7 +183,7 @@ def _arm(kill: str | None, format: Any, snapshot: Any) -> None:
                 if seen["count"] == wanted:
                     os.kill(os.getpid(), signal.SIGKILL)
 
-        format.set_fault_hook(hook)
+        faults.set_fault_hook(hook)
     elif kind == "copy":
         wanted, original = int(args[0]), snapshot.CopyJob.run_cpu
         copies = {"count": 0}
@@ -212,8 +212,13 @@ def serve() -> None:
 
     import coci  # noqa: F401
     from coci.checkpoint import (
-        format,  # noqa: F401
-        )
+        commit,  # noqa: F401
+        faults,  # noqa: F401
+        layout,  # noqa: F401
+        record_reads,  # noqa: F401
+        records,  # noqa: F401
+        retention,  # noqa: F401
+    )
 
     torch.use_deterministic_algorithms(True)  # imports torch's compiler stack once, in the server
     sys.path.insert(0, str(HERE))
@@ -308,9 +313,9 @@ class CampaignResult:
 
 def committed(run_dir: Path) -> list[int]:
     """Committed steps as a reader sees them (``step_<n>`` directories holding a manifest)."""
-    from coci.checkpoint import format
+    from coci.checkpoint import layout
 
-    return [step for step, _ in format.committed_steps(format.checkpoints_dir(run_dir))]
+    return [step for step, _ in layout.committed_steps(layout.checkpoints_dir(run_dir))]
 
 
 def events(run_dir: Path) -> list[dict[str, Any]]:
@@ -456,11 +461,11 @@ def _observe(run_dir: Path) -> _Before:
 
 def _plant_decoy(run_dir: Path, newest: int) -> Path | None:
     """Copy the newest committed checkpoint to a newer ``step_<n>.tmp`` (valid inside): never to be read."""
-    from coci.checkpoint import format
+    from coci.checkpoint import layout
 
     if not newest:
         return None
-    root = format.checkpoints_dir(run_dir)
+    root = layout.checkpoints_dir(run_dir)
     decoy = root / f"step_{newest + 1000}.tmp"
     shutil.copytree(root / f"step_{newest}", decoy, dirs_exist_ok=True)
     return decoy

@@ -91,7 +91,7 @@ class Hooks:
         if self.kind != "persist":
             return
         from coci import knobs
-        from coci.checkpoint import format
+        from coci.checkpoint import faults
 
         knobs.WRITE_CHUNK_BYTES = 4096  # several chunks per data file: "mid_write" is really mid-file
         seen = {"writes": 0}
@@ -102,7 +102,7 @@ class Hooks:
                 if seen["writes"] == self.at:
                     die()
 
-        format.set_fault_hook(hook)
+        faults.set_fault_hook(hook)
 
 
 def die() -> None:

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import coci
 from coci import knobs
-from coci.checkpoint import format
+from coci.checkpoint import faults
 from tests.train_job import build, data
 
 CURRENT: dict[str, Any] = {}
@@ -129,7 +129,7 @@ def main() -> None:
         knobs.HISTORY_MIRROR_SECONDS = args.mirror_seconds
     signal.signal(signal.SIGTERM, on_sigterm)
     if args.persist_sleep:
-        format.set_fault_hook(lambda point: time.sleep(args.persist_sleep) if point == "mid_write" else None)
+        faults.set_fault_hook(lambda point: time.sleep(args.persist_sleep) if point == "mid_write" else None)
     caught = 0
     while True:
         try:

@@ -20,7 +20,7 @@ import torch
 from ckpt_helpers import build_state, load_manifest_json, make_run, step_dir
 
 import coci
-from coci.checkpoint import format
+from coci.checkpoint import layout
 
 FORMAT1_RUN = Path(__file__).resolve().parent / "data" / "format1_run"
 
@@ -43,7 +43,7 @@ def test_new_checkpoints_record_crc32c_of_their_data_file(tmp_path: Path) -> Non
     manifest = load_manifest_json(tmp_path, 2)
     (entry,) = manifest["files"]
     data = (step_dir(tmp_path, 2) / entry["name"]).read_bytes()
-    assert manifest["format_version"] == format.FORMAT_VERSION == 2
+    assert manifest["format_version"] == layout.FORMAT_VERSION == 2
     assert set(entry) == {"name", "size", "crc32c"} and entry["crc32c"] == crc32c.crc32c(data)
 
 
@@ -108,7 +108,7 @@ def test_a_flipped_data_byte_is_caught_with_either_checksum(which: str, old_run:
 
 def test_a_record_naming_both_or_no_checksum_is_refused(tmp_path: Path) -> None:
     make_run(tmp_path, steps=2, every=2)
-    path = step_dir(tmp_path, 2) / format.MANIFEST_FILENAME
+    path = step_dir(tmp_path, 2) / layout.MANIFEST_FILENAME
     manifest = json.loads(path.read_text())
     for files in ([{**manifest["files"][0], "crc32": 1}], [{"name": "data.bin", "size": manifest["files"][0]["size"]}]):
         path.write_text(json.dumps({**manifest, "files": files}))

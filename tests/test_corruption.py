@@ -14,7 +14,7 @@ from ckpt_helpers import build_state, events_of, load_manifest_json, make_run, r
 
 import coci
 from coci import CorruptCheckpointError
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.verify import CheckpointStatus, verify_run
 
 
@@ -204,7 +204,7 @@ def test_all_corrupt_raises_instead_of_starting_fresh(run: tuple[Path, dict]) ->
 
 def test_stray_tmp_is_reported_and_never_read(run: tuple[Path, dict]) -> None:
     run_dir, weights = run
-    root = format.checkpoints_dir(run_dir)
+    root = layout.checkpoints_dir(run_dir)
     shutil.copytree(step_dir(run_dir, 6), root / "step_8.tmp")  # complete, but never committed
     statuses = {s.path: s for s in verify_run(run_dir)}
     tmp = statuses[str(root / "step_8.tmp")]
@@ -268,7 +268,7 @@ def test_verify_run_edge_cases(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is not a directory"):
         verify_run(tmp_path / "absent")
     assert verify_run(tmp_path) == []
-    root = format.checkpoints_dir(tmp_path)
+    root = layout.checkpoints_dir(tmp_path)
     root.mkdir()
     (root / "notes.txt").write_text("hello")
     (root / "step_3").mkdir()  # empty: never committed

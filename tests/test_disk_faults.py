@@ -1,6 +1,6 @@
 """A full or failing disk during persist: training goes on and no partial checkpoint is ever visible.
 
-ENOSPC / EIO come from an injected writer fault (``format.set_fault_hook`` raising OSError at a
+ENOSPC / EIO come from an injected writer fault (``faults.set_fault_hook`` raising OSError at a
 commit point) and, where the machine allows a mount, from a real 2 MiB tmpfs that fills up.
 Training continues; the failure is an ``error`` event and a :class:`coci.PersistError` at the
 next ``step`` (or only a log line with ``on_error="log"``); no partial checkpoint becomes visible;
@@ -23,7 +23,7 @@ import torch
 from ckpt_helpers import build_state, events_of, restore_fresh
 
 import coci
-from coci.checkpoint import format
+from coci.checkpoint import faults, layout
 from coci.checkpoint.verify import verify_run
 
 MESSAGES = {errno.ENOSPC: "No space left on device", errno.EIO: "Input/output error"}
@@ -32,21 +32,21 @@ MESSAGES = {errno.ENOSPC: "No space left on device", errno.EIO: "Input/output er
 @pytest.fixture
 def fault_hook() -> Iterator[list]:
     """A list of (point, occurrence, error, delay) faults; the hook raises each once."""
-    faults: list[tuple[str, int, OSError, float]] = []
+    planned: list[tuple[str, int, OSError, float]] = []
     seen: dict[str, int] = {}
 
     def hook(point: str) -> None:
         seen[point] = seen.get(point, 0) + 1
-        for name, occurrence, error, delay in faults:
+        for name, occurrence, error, delay in planned:
             if name == point and seen[point] == occurrence:
                 time.sleep(delay)
                 raise error
 
-    format.set_fault_hook(hook)
+    faults.set_fault_hook(hook)
     try:
-        yield faults
+        yield planned
     finally:
-        format.set_fault_hook(None)
+        faults.set_fault_hook(None)
 
 
 def one_step(session: coci.Session, state: dict, generator: torch.Generator) -> coci.PendingCheckpoint | None:
@@ -59,8 +59,8 @@ def one_step(session: coci.Session, state: dict, generator: torch.Generator) -> 
 
 
 def assert_nothing_partial(run_dir: Path, committed: list[int]) -> None:
-    root = format.checkpoints_dir(run_dir)
-    assert [s for s, _ in format.committed_steps(root)] == committed
+    root = layout.checkpoints_dir(run_dir)
+    assert [s for s, _ in layout.committed_steps(root)] == committed
     assert list(root.glob("*.tmp")) == []  # the failed write's directory was removed
     statuses = verify_run(run_dir)
     assert [(s.step, s.ok) for s in statuses] == [(s, True) for s in committed]

@@ -28,7 +28,7 @@ import pytest
 import torch
 import torchrun_helpers
 
-from coci.checkpoint import format
+from coci.checkpoint import layout, record_reads
 from coci.checkpoint.checkpointer import load_entry
 from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
 from coci.profiler.loss_trace import LossTrace
@@ -53,7 +53,7 @@ def step_log(run_dir: Path, rank: int) -> list[tuple[int, int, list[int], str]]:
 
 
 def committed(run_dir: Path) -> list[int]:
-    return [step for step, _ in format.committed_steps(format.checkpoints_dir(run_dir))]
+    return [step for step, _ in layout.committed_steps(layout.checkpoints_dir(run_dir))]
 
 
 def assert_same_as_reference(run_dir: Path, reference: Path) -> None:
@@ -86,11 +86,11 @@ def test_uninterrupted_run_persists_balanced_deduplicated_dcp_checkpoints(refere
     steps = committed(reference)
     assert steps == [12, 16]  # every 4 steps of 18, keep_last=2
     for step in steps:
-        path = format.checkpoints_dir(reference) / f"step_{step}"
-        assert format.record_format(path) == "dcp"
+        path = layout.checkpoints_dir(reference) / f"step_{step}"
+        assert record_reads.record_format(path) == "dcp"
         manifest = verify_dcp_checkpoint(path)
         assert manifest.world_size == 2 and manifest.step == step
-        on_disk = {p.name: p.stat().st_size for p in path.iterdir() if p.name != format.MANIFEST_FILENAME}
+        on_disk = {p.name: p.stat().st_size for p in path.iterdir() if p.name != layout.MANIFEST_FILENAME}
         assert on_disk == {f.name: f.size for f in manifest.files}  # every file DCP wrote is recorded
         # each replicated tensor was written once, by one rank, and both ranks wrote some
         from torch.distributed.checkpoint import FileSystemReader
@@ -105,11 +105,11 @@ def test_uninterrupted_run_persists_balanced_deduplicated_dcp_checkpoints(refere
         assert set(by_rank) == {"__0", "__1"}
         assert min(manifest.bytes_per_rank) > 0.25 * sum(manifest.bytes_per_rank)
     # the report reads the loss trace of a DCP checkpoint through the same reader seam
-    trace = load_entry(format.checkpoints_dir(reference) / "step_16", (format.SESSION_KEY, "profiler", "loss_trace"))
+    trace = load_entry(layout.checkpoints_dir(reference) / "step_16", (layout.SESSION_KEY, "profiler", "loss_trace"))
     restored = LossTrace()
     restored.load_state_dict(trace)
     assert restored.curve()[0].size > 0
-    assert load_entry(format.checkpoints_dir(reference) / "step_16", (format.SESSION_KEY, "no such key")) is None
+    assert load_entry(layout.checkpoints_dir(reference) / "step_16", (layout.SESSION_KEY, "no such key")) is None
 
 
 def test_resume_after_sigkill_of_the_whole_job_is_bitwise(tmp_path: Path, reference: Path) -> None:
@@ -151,7 +151,7 @@ def test_rank_killed_after_its_dcp_write_commits_nothing_and_survivor_exits(tmp_
     codes = launch(tmp_path, 2, "--fault", "1:dcp_after_save:2", "--coci-timeout", "20")
     assert codes[1] == -signal.SIGKILL and codes[0] not in (0, None)  # the survivor failed, not hung
     assert committed(tmp_path) == [4]
-    root = format.checkpoints_dir(tmp_path)
+    root = layout.checkpoints_dir(tmp_path)
     assert not (root / "step_8").exists()
     assert verify_dcp_checkpoint(root / "step_4").step == 4
 
@@ -160,8 +160,8 @@ def test_rank0_killed_before_the_rename_commits_nothing(tmp_path: Path) -> None:
     codes = launch(tmp_path, 2, "--fault", "0:before_rename:2", "--coci-timeout", "20")
     assert codes[0] == -signal.SIGKILL and codes[1] not in (0, None)
     assert committed(tmp_path) == [4]
-    assert (format.checkpoints_dir(tmp_path) / "step_8.tmp" / format.MANIFEST_FILENAME).is_file()  # never read
-    assert read_dcp_manifest(format.checkpoints_dir(tmp_path) / "step_4").step == 4
+    assert (layout.checkpoints_dir(tmp_path) / "step_8.tmp" / layout.MANIFEST_FILENAME).is_file()  # never read
+    assert read_dcp_manifest(layout.checkpoints_dir(tmp_path) / "step_4").step == 4
 
 
 def test_world_size_change_2_1_2_uses_each_sample_once_per_epoch(tmp_path: Path) -> None:

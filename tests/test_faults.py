@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fault_job import ForkServer, committed, compare_final, events, run_campaign
 
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.verify import verify_run
 
 pytestmark = pytest.mark.slow  # a fork server whose children are SIGKILLed 20 times
@@ -62,7 +62,7 @@ def test_kill_instant_leaves_what_it_should(
     server: ForkServer, reference: Path, tmp_path: Path, kill: str, visible: list[int], tmp_files: set[str] | None
 ) -> None:
     assert server.run(tmp_path, STEPS, EVERY, kill)[0] == -signal.SIGKILL
-    root = format.checkpoints_dir(tmp_path)
+    root = layout.checkpoints_dir(tmp_path)
     assert committed(tmp_path) == visible
     leftovers = sorted(root.glob("*.tmp")) if root.exists() else []
     if tmp_files is None:
@@ -82,7 +82,7 @@ def test_kill_instant_leaves_what_it_should(
 
 def test_kill_during_retention_keeps_the_newer_checkpoints(server: ForkServer, reference: Path, tmp_path: Path) -> None:
     assert server.run(tmp_path, STEPS, EVERY, "point:retention:1")[0] == -signal.SIGKILL
-    root = format.checkpoints_dir(tmp_path)
+    root = layout.checkpoints_dir(tmp_path)
     assert committed(tmp_path) == [6, 9]
     hidden = [p.name for p in root.glob("*.tmp")]
     assert len(hidden) == 1 and hidden[0].startswith("step_3.")  # hidden by rename, not yet deleted

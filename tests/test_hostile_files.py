@@ -24,7 +24,7 @@ from ckpt_helpers import build_state, events_of, make_run, restore_fresh, step_d
 
 import coci
 from coci import cli
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.remote.filesystem import DirectoryStore
 
 #: How long an operation may take before it counts as hung (generous: a loaded 2-core machine).
@@ -78,7 +78,7 @@ def run(pristine: Path, tmp_path: Path) -> Path:
 # --- FIFOs: nothing blocks (finding 5) and each is a typed error (finding 19) ----------------------
 
 
-@pytest.mark.parametrize("name", [format.MANIFEST_FILENAME, format.DATA_FILENAME])
+@pytest.mark.parametrize("name", [layout.MANIFEST_FILENAME, layout.DATA_FILENAME])
 def test_a_fifo_in_a_checkpoint_is_skipped_by_restore_and_reported_by_verify_and_ls(
     run: Path, name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -93,7 +93,7 @@ def test_a_fifo_in_a_checkpoint_is_skipped_by_restore_and_reported_by_verify_and
     assert error is None and result.step == 2 and [p.name for p in result.skipped] == ["step_4"]
     assert "not a regular file" in events_of(run, "restore_skip")[-1]["message"]
     status, error = finishes(lambda: cli.main(["verify", str(run)]), [fifo])
-    assert error is None and status == (cli.EXIT_CORRUPT if name == format.DATA_FILENAME else cli.EXIT_OK)  # no manifest: not committed
+    assert error is None and status == (cli.EXIT_CORRUPT if name == layout.DATA_FILENAME else cli.EXIT_OK)  # no manifest: not committed
     assert any("step_4" in line and "not a regular file" in line for line in capsys.readouterr().out.splitlines())
     status, error = finishes(lambda: cli.main(["ls", str(run)]), [fifo])
     assert error is None and status in (cli.EXIT_OK, cli.EXIT_CORRUPT)
@@ -183,10 +183,10 @@ def process_group(kind: str, store: Path) -> Iterator[None]:
 def test_a_symlinked_checkpoints_directory_is_never_written_read_or_pruned(tmp_path: Path, kind: str) -> None:
     elsewhere = tmp_path / "elsewhere"
     make_run(elsewhere, steps=4, every=2)  # step_2 and step_4 of another run: retention must not touch them
-    kept = sorted(p.name for p in format.checkpoints_dir(elsewhere).iterdir())
+    kept = sorted(p.name for p in layout.checkpoints_dir(elsewhere).iterdir())
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    format.checkpoints_dir(run_dir).symlink_to(format.checkpoints_dir(elsewhere), target_is_directory=True)
+    layout.checkpoints_dir(run_dir).symlink_to(layout.checkpoints_dir(elsewhere), target_is_directory=True)
     state = build_state()
     with process_group(kind, tmp_path / "store"):
         session = coci.Session(run_dir, state=state, policy=coci.EveryN(1), keep_last=1)
@@ -197,7 +197,7 @@ def test_a_symlinked_checkpoints_directory_is_never_written_read_or_pruned(tmp_p
             session.wait()
         with contextlib.suppress(coci.PersistError):
             session.close()
-    assert sorted(p.name for p in format.checkpoints_dir(elsewhere).iterdir()) == kept
+    assert sorted(p.name for p in layout.checkpoints_dir(elsewhere).iterdir()) == kept
 
 
 # --- the run lock cannot be unlinked away (finding 12) ------------------------------------------------
@@ -257,7 +257,7 @@ def test_a_remote_fifo_manifest_lets_restore_fall_back(run: Path, tmp_path: Path
     remote = tmp_path / "remote"
     store = DirectoryStore(remote)
     store.put_bytes("step_9/data.bin", b"x")
-    fifo = plant_fifo(remote / "step_9" / format.MANIFEST_FILENAME)
+    fifo = plant_fifo(remote / "step_9" / layout.MANIFEST_FILENAME)
 
     def restore() -> Any:
         with coci.Session(run, state=build_state(seed=5), policy=coci.EveryN(1000), remote=remote) as session:
@@ -387,7 +387,7 @@ def test_files_that_may_not_grow_raise_persist_errors_and_never_hang(tmp_path: P
     outcome = json.loads(done.stdout.splitlines()[-1])
     assert outcome["other"] == [] and outcome["steps"] == 20 and outcome["raised"] > 0 and outcome["lost"] > 0
     assert outcome["after"] == 23
-    assert [step for step, _ in format.committed_steps(format.checkpoints_dir(tmp_path))] == [21]
+    assert [step for step, _ in layout.committed_steps(layout.checkpoints_dir(tmp_path))] == [21]
 
 
 # --- an interpreter exit with a checkpoint in flight (finding 17) -------------------------------------
@@ -397,10 +397,10 @@ import signal, sys, time
 import torch
 import coci
 from coci import knobs
-from coci.checkpoint import format
+from coci.checkpoint import faults, layout
 
 knobs.WRITE_CHUNK_BYTES = 1 << 20  # several chunks, each checksummed on the checksum thread
-format.set_fault_hook(lambda point: time.sleep(2) if point == "mid_write" else None)  # the exit comes mid-write
+faults.set_fault_hook(lambda point: time.sleep(2) if point == "mid_write" else None)  # the exit comes mid-write
 state = {"weights": torch.arange(8 << 20, dtype=torch.float32)}
 session = coci.Session(sys.argv[1], state=state, policy=coci.EveryN(1000))
 session.checkpoint()

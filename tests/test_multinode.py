@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.remote.tier import committed_steps, open_store
 from coci.checkpoint.verify import verify_run
 from tests import torchrun_helpers
@@ -70,7 +70,7 @@ def assert_clean(base: Path) -> None:
     for node in range(2):
         statuses = verify_run(node_dir(base, node))
         assert statuses and all(status.ok for status in statuses), statuses
-        leftovers = [p.name for p in format.checkpoints_dir(node_dir(base, node)).iterdir() if p.name.endswith(format.TMP_SUFFIX)]
+        leftovers = [p.name for p in layout.checkpoints_dir(node_dir(base, node)).iterdir() if p.name.endswith(layout.TMP_SUFFIX)]
         assert not leftovers, leftovers
 
 
@@ -105,7 +105,7 @@ def test_both_nodes_killed_during_a_persist_resume_bitwise(tmp_path: Path, refer
     outcomes = run_nodes(tmp_path, "--fault", "all:dcp_after_save:2", survivor_grace=10.0)  # inside step 8's persist
     assert all(o.code != 0 for o in outcomes)
     for node in range(2):  # step 8 was written but never published anywhere
-        assert [step for step, _ in format.committed_steps(format.checkpoints_dir(node_dir(tmp_path, node)))] == [4]
+        assert [step for step, _ in layout.committed_steps(layout.checkpoints_dir(node_dir(tmp_path, node)))] == [4]
     assert_ok(run_nodes(tmp_path))
     assert restored(tmp_path) == [[(4, "local")]] * 2
     assert_bitwise(tmp_path, reference)
@@ -141,7 +141,7 @@ def test_a_lost_node_directory_is_recovered_from_s3_bitwise(tmp_path: Path, refe
 def test_a_lost_node_without_a_remote_is_one_clear_error_naming_its_shards(tmp_path: Path) -> None:
     assert_ok(run_nodes(tmp_path, "--stop-at", "8", "--run-dir-layout", "node-local"))  # told, not probed: by host and GROUP_RANK
     assert [(e["setting"], e["layout"], e["nodes"]) for e in node_events(tmp_path, 1, "run_dir_layout")] == [("node-local", "node-local", [[0], [1]])]
-    shutil.rmtree(format.checkpoints_dir(node_dir(tmp_path, 1)))
+    shutil.rmtree(layout.checkpoints_dir(node_dir(tmp_path, 1)))
     outcomes = run_nodes(tmp_path, survivor_grace=60.0)
     assert [o.code for o in outcomes] != [0, 0]
     for outcome in outcomes:  # every rank fails with the same message, before any training step
@@ -154,8 +154,8 @@ def test_a_lost_node_without_a_remote_is_one_clear_error_naming_its_shards(tmp_p
 def test_a_node_killed_between_prepare_and_publish_leaves_a_step_no_node_loads(tmp_path: Path, reference: Path) -> None:
     outcomes = run_nodes(tmp_path, "--fault", "1:before_node_publish:2", survivor_grace=60.0)  # step 8, node 1
     assert outcomes[1].code != 0
-    assert (format.checkpoints_dir(node_dir(tmp_path, 0)) / "step_8").is_dir()  # node 0 published its part
-    assert not (format.checkpoints_dir(node_dir(tmp_path, 1)) / "step_8").exists()
+    assert (layout.checkpoints_dir(node_dir(tmp_path, 0)) / "step_8").is_dir()  # node 0 published its part
+    assert not (layout.checkpoints_dir(node_dir(tmp_path, 1)) / "step_8").exists()
     assert_ok(run_nodes(tmp_path))
     assert restored(tmp_path) == [[(4, "local")]] * 2  # step 8 is on node 0 only: never loaded
     skips = node_events(tmp_path, 0, "restore_skip")
@@ -167,7 +167,7 @@ def test_a_node_killed_between_prepare_and_publish_leaves_a_step_no_node_loads(t
 def test_two_ranks_per_node_a_lost_node_fetches_both_ranks_files_from_s3(tmp_path: Path, s3_remote: str) -> None:  # noqa: F811
     assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "4", nproc=2))
     assert node_events(tmp_path, 0, "run_dir_layout")[0]["nodes"] == [[0, 1], [2, 3]]
-    names = {p.name for p in (format.checkpoints_dir(node_dir(tmp_path, 1)) / "step_4").iterdir()}
+    names = {p.name for p in (layout.checkpoints_dir(node_dir(tmp_path, 1)) / "step_4").iterdir()}
     assert names == {"__2_0.distcp", "__3_0.distcp", ".metadata", "manifest.json"}  # node 1 holds its ranks' files only
     at_stop = torch.load(node_dir(tmp_path, 0) / "stop.pt", weights_only=True)  # the full state at step 4 (gathered)
     shutil.rmtree(node_dir(tmp_path, 1))
@@ -198,6 +198,6 @@ def test_another_layout_fetches_the_whole_checkpoint_and_reshards(tmp_path: Path
         log = node_dir(tmp_path, node) / ("events.jsonl" if rank == 0 else f"events.rank{rank}.jsonl")
         events = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "restore"]
         assert [(e["step"], e["tier"]) for e in events] == [(8, "remote")]
-        record = json.loads((format.checkpoints_dir(node_dir(tmp_path, node)) / "step_8" / "manifest.json").read_text())
+        record = json.loads((layout.checkpoints_dir(node_dir(tmp_path, node)) / "step_8" / "manifest.json").read_text())
         assert "node" not in record and record["nodes"] == [[0], [1]]  # the whole checkpoint, as saved
     assert_same_state(torch.load(node_dir(tmp_path, 0) / "restored.pt", weights_only=True), at_stop)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coci.checkpoint import fileio, format
+from coci.checkpoint import commit, fileio, layout, records
 from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
 from coci.checkpoint.dcp_manifest import DcpManifest, DcpPart, full_record
 from coci.errors import CorruptCheckpointError
@@ -39,8 +39,8 @@ def whole_record() -> DcpManifest:
         path.unlink()
     empty = DcpPart(skeleton={}, tensors=[])
     return DcpManifest(
-        **format.record_header(4, epoch=None, state_keys=[], files=entries), format="dcp", world_size=2,
-        bytes_per_rank=[1000, 700], shared=DcpPart(skeleton={format.SESSION_KEY: {}}, tensors=[]), ranks=[empty, empty],
+        **records.record_header(4, epoch=None, state_keys=[], files=entries), format="dcp", world_size=2,
+        bytes_per_rank=[1000, 700], shared=DcpPart(skeleton={layout.SESSION_KEY: {}}, tensors=[]), ranks=[empty, empty],
     )
 
 
@@ -52,7 +52,7 @@ def node_part(root: Path, part_of: int, **changes: object) -> Path:
         (path / name).write_bytes(FILES[name])
     update = {"nodes": [[0], [1]], "node": part_of, "commit_id": "c0ffee", "node_keys": [], **changes}
     record = whole_record().model_copy(update=update).sealed()
-    format.write_durably(path / format.MANIFEST_FILENAME, record.model_dump_json().encode())
+    commit.write_durably(path / layout.MANIFEST_FILENAME, record.model_dump_json().encode())
     return path
 
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from coci import knobs
-from coci.checkpoint import fileio, format
+from coci.checkpoint import faults, fileio, records
 from coci.checkpoint.snapshot import CopyJob, StagingArena, aligned_empty, arena_bytes
 from coci.errors import CorruptCheckpointError
 
@@ -38,9 +38,9 @@ def _arena_payload(numel: int, seed: int = 0) -> tuple[StagingArena, memoryview]
     return arena, arena.payload()
 
 
-def _written(path: Path, payload: memoryview) -> format.FileEntry:
+def _written(path: Path, payload: memoryview) -> records.FileEntry:
     """The entry write_file must return: the payload's size and crc32c (the package's own value)."""
-    return format.FileEntry(name=path.name, size=len(payload), crc32c=crc32c.crc32c(payload))
+    return records.FileEntry(name=path.name, size=len(payload), crc32c=crc32c.crc32c(payload))
 
 
 def test_arena_and_aligned_buffers_start_on_a_block_boundary() -> None:
@@ -143,11 +143,11 @@ def test_mid_write_fault_fires_once_after_the_first_direct_chunk(tmp_path: Path,
     _, payload = _arena_payload((1 << 20) // 4 + 100)
     path = tmp_path / "data.bin"
     seen: list[tuple[str, int]] = []
-    format.set_fault_hook(lambda point: seen.append((point, path.stat().st_size)))
+    faults.set_fault_hook(lambda point: seen.append((point, path.stat().st_size)))
     try:
         fileio.write_file(path, payload, fault_point="mid_write")
     finally:
-        format.set_fault_hook(None)
+        faults.set_fault_hook(None)
     assert seen == [("mid_write", 256 << 10)]
 
 
@@ -172,7 +172,7 @@ def test_verified_read_detects_a_flipped_byte_in_the_middle(tmp_path: Path, monk
     path = tmp_path / "data.bin"
     size = fileio.write_file(path, payload).size
     recorded = crc32c.crc32c(payload) if algorithm == "crc32c" else zlib.crc32(payload)
-    entry = format.FileEntry.model_validate({"name": path.name, "size": size, algorithm: recorded})
+    entry = records.FileEntry.model_validate({"name": path.name, "size": size, algorithm: recorded})
     fileio.read_verified(path, entry)  # intact: verifies
     with open(path, "r+b") as handle:
         handle.seek(size // 2 + 1)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.events import read_events
 from tests.test_distributed import assert_same_as_reference, committed, step_log
 
@@ -139,5 +139,5 @@ def test_torchrun_max_restarts_resumes_after_a_notice_to_one_worker(tmp_path: Pa
     restores = [e for e in read_events(tmp_path) if e["event"] == "restore"]
     assert [e["step"] for e in restores] == [events[0]["step"]]
     assert restores[0]["restart_seconds"] >= restores[0]["seconds"]
-    assert format.committed_steps(format.checkpoints_dir(tmp_path))
+    assert layout.committed_steps(layout.checkpoints_dir(tmp_path))
     assert_same_as_reference(tmp_path, reference)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.remote.identity import OWNER_KEY
 from coci.checkpoint.remote.tier import committed_steps, open_store
 from tests.test_distributed import assert_same_as_reference, launch, torchrun
@@ -37,13 +37,13 @@ def rank_events(run_dir: Path, rank: int, kind: str) -> list[dict]:
 def remote_files(remote: str, step: int) -> set[str]:
     """The data objects of remote ``step`` (its manifest and its run record left out)."""
     prefix = f"step_{step}/"
-    return {key[len(prefix):] for key in open_store(remote).list_objects(prefix)} - {format.MANIFEST_FILENAME, OWNER_KEY}
+    return {key[len(prefix):] for key in open_store(remote).list_objects(prefix)} - {layout.MANIFEST_FILENAME, OWNER_KEY}
 
 
 def promote_to_8_and_lose_local(run_dir: Path, remote: str) -> None:
     assert launch(run_dir, 2, "--remote", remote, "--stop-at", "8") == [0, 0]  # close() waits for the promotion
     assert committed_steps(open_store(remote).list_objects()) == [4, 8]
-    shutil.rmtree(format.checkpoints_dir(run_dir))  # the node's local disk is gone; the sample logs stay
+    shutil.rmtree(layout.checkpoints_dir(run_dir))  # the node's local disk is gone; the sample logs stay
 
 
 def test_each_rank_fetches_its_own_files_and_the_resume_is_bitwise(tmp_path: Path, reference: Path) -> None:
@@ -82,5 +82,5 @@ def test_a_corrupt_remote_object_of_rank_1_makes_both_ranks_skip_it(
         assert [(event["step"], event["tier"]) for event in rank_events(run_dir, rank, "restore")] == [(4, "remote")]
     assert [event["step"] for event in rank_events(run_dir, 0, "remote_fetch")] == [8, 4]  # its own files were fine
     assert [event["step"] for event in rank_events(run_dir, 1, "remote_fetch")] == [4]  # rank 1 found the damage
-    assert not [p for p in format.checkpoints_dir(run_dir).iterdir() if p.name.endswith(format.TMP_SUFFIX)]
+    assert not [p for p in layout.checkpoints_dir(run_dir).iterdir() if p.name.endswith(layout.TMP_SUFFIX)]
     assert_same_as_reference(run_dir, reference)

@@ -173,10 +173,10 @@ def test_a_preemption_upload_that_does_not_fit_the_grace_is_recorded_and_reporte
     """A remote slower than the grace (each commit marker takes 1.5 s; grace 0.3 s): the notice
     still stops the loop after the local commit, the ``preempted`` event and the report say the
     checkpoint was not in the remote tier within the grace, and close() finishes the upload."""
-    from coci.checkpoint import format
+    from coci.checkpoint import faults
 
     model, optimizer = _small_state()
-    format.set_fault_hook(lambda point: time.sleep(1.5) if point == "before_remote_commit" else None)
+    faults.set_fault_hook(lambda point: time.sleep(1.5) if point == "before_remote_commit" else None)
     try:
         session = coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(100),
                                remote=str(tmp_path / "shared"), grace=0.3)
@@ -186,7 +186,7 @@ def test_a_preemption_upload_that_does_not_fit_the_grace_is_recorded_and_reporte
         with pytest.raises(coci.Preempted):
             session.step()
     finally:
-        format.set_fault_hook(None)
+        faults.set_fault_hook(None)
     (preempted,) = [e for e in read_events(tmp_path / "run") if e["event"] == "preempted"]
     assert preempted["promoted"] is False and preempted["step"] == 4
     assert [e["step"] for e in read_events(tmp_path / "run") if e["event"] == "promoted"] == [4]  # finished at close

@@ -18,7 +18,7 @@ import coci
 from coci.analysis.report import FIGURES, Report, ReportData, report
 from coci.analysis.report.read import _restores
 from coci.analysis.report.text import display_checkpoints
-from coci.checkpoint import format as storage
+from coci.checkpoint import layout
 from coci.errors import ConfigError
 from coci.events import read_events
 from coci.planning.config import POLICIES
@@ -104,7 +104,7 @@ def test_checkpoint_table_matches_the_event_log_and_the_disk(run, built) -> None
         if row.committed:
             assert row.persist_seconds == commits[row.step]["seconds"]
             assert row.bytes == commits[row.step]["bytes"]
-    on_disk = [s for s, _ in storage.committed_steps(storage.checkpoints_dir(run_dir))]
+    on_disk = [s for s, _ in layout.committed_steps(layout.checkpoints_dir(run_dir))]
     assert frame.loc[frame["on_disk"], "step"].tolist() == on_disk
     assert len(on_disk) == 2  # keep_last
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import coci
-from coci.checkpoint import format
+from coci.checkpoint import layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ckpt_helpers import build_state, events_of, step_dir, train
@@ -25,7 +25,7 @@ from ckpt_helpers import build_state, events_of, step_dir, train
 
 def reseal(run_dir: Path, step: int, edit: Callable[[dict[str, Any]], None]) -> None:
     """``edit(raw manifest)`` then re-seal it, as a forger would."""
-    path = step_dir(run_dir, step) / format.MANIFEST_FILENAME
+    path = step_dir(run_dir, step) / layout.MANIFEST_FILENAME
     raw = json.loads(path.read_text())
     edit(raw)
     path.write_text(coci.checkpoint.local.Manifest.model_validate(raw).sealed().model_dump_json())
@@ -77,7 +77,7 @@ def test_policy_state_that_does_not_load_leaves_weights_and_steps_alone(tmp_path
     run_dir = tmp_path / "run"
     planning_run(run_dir)
     reseal(run_dir, 4, bad_plan)
-    format.checkpoints_dir(run_dir).joinpath("step_2").rename(tmp_path / "step_2.aside")
+    layout.checkpoints_dir(run_dir).joinpath("step_2").rename(tmp_path / "step_2.aside")
     state = build_state(seed=123)
     fresh = weights_of(state)
     session = coci.Session(run_dir, state=state, policy="young", mtbf="1h")

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import coci
 from coci import cli
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.dcp import DcpManifest
 from coci.checkpoint.verify import verify_run
 
@@ -69,7 +69,7 @@ def run(pristine: tuple[Path, Path], tmp_path: Path) -> Path:
 
 def reseal_dcp(path: Path, edit: Any = None) -> None:
     """Recompute the manifest's file sizes, crc32s and checksum (``edit(raw)`` may change it first)."""
-    raw = json.loads((path / format.MANIFEST_FILENAME).read_text())
+    raw = json.loads((path / layout.MANIFEST_FILENAME).read_text())
     if edit is not None:
         edit(raw)
     for entry in raw["files"]:
@@ -77,7 +77,7 @@ def reseal_dcp(path: Path, edit: Any = None) -> None:
         algorithm = "crc32" if "crc32" in entry else "crc32c"  # the key names the algorithm
         entry["size"], entry[algorithm] = len(data), zlib.crc32(data) if algorithm == "crc32" else crc32c.crc32c(data)
     sealed = DcpManifest.model_validate(raw).sealed()
-    (path / format.MANIFEST_FILENAME).write_text(sealed.model_dump_json())
+    (path / layout.MANIFEST_FILENAME).write_text(sealed.model_dump_json())
 
 
 def plant_dcp(run_dir: Path, dcp_step: Path, step: int = 99) -> Path:
@@ -202,7 +202,7 @@ def resume_and_checkpoint(run_dir: Path, steps: int, keep_last: int | None = 1) 
 
 
 def committed(run_dir: Path) -> list[int]:
-    return [step for step, _ in format.committed_steps(format.checkpoints_dir(run_dir))]
+    return [step for step, _ in layout.committed_steps(layout.checkpoints_dir(run_dir))]
 
 
 @pytest.mark.parametrize("newer", ["flipped", "planted-huge", "symlinked-huge"])
@@ -210,7 +210,7 @@ def test_retention_never_deletes_the_last_good_checkpoint(tmp_path: Path, newer:
     run_dir = tmp_path / "run"
     make_run(run_dir, steps=20, every=10)  # checkpoints 10 and 20
     if newer == "flipped":
-        flip_byte(step_dir(run_dir, 20) / format.DATA_FILENAME)
+        flip_byte(step_dir(run_dir, 20) / layout.DATA_FILENAME)
     elif newer == "planted-huge":
         shutil.copytree(step_dir(run_dir, 20), step_dir(run_dir, 10**12))  # its manifest says 20: never loads
     else:
@@ -230,7 +230,7 @@ def test_restored_checkpoint_survives_until_a_newer_one_commits(tmp_path: Path) 
     even with newer unloadable ones around and ``keep_last=1``."""
     run_dir = tmp_path / "run"
     make_run(run_dir, steps=20, every=10)
-    flip_byte(step_dir(run_dir, 20) / format.DATA_FILENAME)
+    flip_byte(step_dir(run_dir, 20) / layout.DATA_FILENAME)
     result = resume_and_checkpoint(run_dir, 1)  # no checkpoint of its own
     assert result is not None and result.step == 10
     assert 10 in committed(run_dir)
@@ -241,7 +241,7 @@ def test_restored_checkpoint_survives_until_a_newer_one_commits(tmp_path: Path) 
 
 def edit_local(run_dir: Path, step: int, edit: Any) -> None:
     """``edit(raw manifest)`` then re-seal, as a forger would."""
-    path = step_dir(run_dir, step) / format.MANIFEST_FILENAME
+    path = step_dir(run_dir, step) / layout.MANIFEST_FILENAME
     raw = json.loads(path.read_text())
     edit(raw)
     sealed = coci.checkpoint.local.Manifest.model_validate(raw).sealed()
@@ -466,14 +466,14 @@ def reseal_local(path: Path, raw: Any) -> None:
         text = coci.checkpoint.local.Manifest.model_validate(raw).sealed().model_dump_json()
     except Exception:  # not a manifest any more: written unsealed, as damage
         text = json.dumps(raw)
-    (path / format.MANIFEST_FILENAME).write_text(text)
+    (path / layout.MANIFEST_FILENAME).write_text(text)
 
 
 @pytest.fixture(scope="module")
 def two_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     run_dir = tmp_path_factory.mktemp("property") / "run"
     make_run(run_dir, steps=4, every=2)
-    return run_dir, json.loads((step_dir(run_dir, 4) / format.MANIFEST_FILENAME).read_text())
+    return run_dir, json.loads((step_dir(run_dir, 4) / layout.MANIFEST_FILENAME).read_text())
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -491,7 +491,7 @@ def test_any_resealed_mutation_restores_the_previous_good_or_refuses(two_checkpo
     for key in target[:-1]:
         node = node[key]
     node[target[-1]] = value
-    saved = (step_dir(run_dir, 4) / format.MANIFEST_FILENAME).read_text()
+    saved = (step_dir(run_dir, 4) / layout.MANIFEST_FILENAME).read_text()
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         reseal_local(step_dir(run_dir, 4), mutated)
@@ -505,7 +505,7 @@ def test_any_resealed_mutation_restores_the_previous_good_or_refuses(two_checkpo
         elif result is not None:
             assert result.step == 2 and result.skipped == (step_dir(run_dir, 4),)
     finally:
-        (step_dir(run_dir, 4) / format.MANIFEST_FILENAME).write_text(saved)
+        (step_dir(run_dir, 4) / layout.MANIFEST_FILENAME).write_text(saved)
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before
     assert grown_kib < 256 * 1024, f"restore's peak memory grew by {grown_kib} KiB"
 
@@ -531,7 +531,7 @@ def test_plan_refuses_overflowing_inputs_clearly(capsys: pytest.CaptureFixture[s
 
 
 def test_verify_and_ls_report_a_deeply_nested_manifest(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    manifest = step_dir(run, 4) / format.MANIFEST_FILENAME
+    manifest = step_dir(run, 4) / layout.MANIFEST_FILENAME
     manifest.write_text("[" * 100_000 + "]" * 100_000)
     assert cli.main(["verify", str(run)]) == 1
     assert cli.main(["ls", str(run)]) == 0
@@ -542,7 +542,7 @@ def test_verify_and_ls_report_a_deeply_nested_manifest(run: Path, capsys: pytest
 
 def test_oversized_manifest_is_refused_before_parsing(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(coci.knobs, "MAX_MANIFEST_BYTES", 4096)
-    manifest = step_dir(run, 4) / format.MANIFEST_FILENAME
+    manifest = step_dir(run, 4) / layout.MANIFEST_FILENAME
     manifest.write_text(manifest.read_text()[:-1] + ', "padding": "' + "x" * 8192 + '"}')
     status = {Path(s.path).name: s for s in verify_run(run)}["step_4"]
     assert not status.ok and "MAX_MANIFEST_BYTES" in str(status.error)
@@ -576,9 +576,9 @@ def test_symlinked_stale_tmp_is_unlinked_not_followed(run: Path, tmp_path: Path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "keep").write_text("mine")
-    link = format.checkpoints_dir(run) / "step_9.tmp"
+    link = layout.checkpoints_dir(run) / "step_9.tmp"
     link.symlink_to(elsewhere, target_is_directory=True)
-    assert format.remove_stale_tmp(format.checkpoints_dir(run)) == [link]
+    assert layout.remove_stale_tmp(layout.checkpoints_dir(run)) == [link]
     assert not link.is_symlink() and (elsewhere / "keep").read_text() == "mine"
 
 

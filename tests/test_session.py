@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import coci
-from coci.checkpoint import fileio, format, local, snapshot
+from coci.checkpoint import fileio, layout, local, snapshot
 from coci.errors import ConfigError, CorruptCheckpointError, PersistError, StateError, StateMismatchError
 
 
@@ -168,7 +168,7 @@ def test_staging_buffers_are_reused_and_rss_is_flat(tmp_path: Path) -> None:
     assert arena.buffer_ptr == pointer
     assert [v.data_ptr() for v in arena._views[:4]] == model_slots
     assert growth < 0.02 * rss_before, f"RSS grew by {growth / 2**20:.1f} MiB over 100 checkpoints"
-    assert [s for s, _ in format.committed_steps(tmp_path / "checkpoints")] == [250]
+    assert [s for s, _ in layout.committed_steps(tmp_path / "checkpoints")] == [250]
 
 
 def test_persist_failure_is_surfaced_and_previous_checkpoint_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,7 +189,7 @@ def test_persist_failure_is_surfaced_and_previous_checkpoint_kept(tmp_path: Path
     monkeypatch.setattr(fileio, "write_file", real_write)
     train(model, opt, sched, 1, session)  # the session is still usable: step 6 checkpoints again
     session.close()
-    steps = [s for s, _ in format.committed_steps(tmp_path / "checkpoints")]
+    steps = [s for s, _ in layout.committed_steps(tmp_path / "checkpoints")]
     assert steps == [2, 6]
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
     errors = [e for e in coci.events.read_events(tmp_path) if e["event"] == "error"]
@@ -489,7 +489,7 @@ def test_restore_reads_each_tensor_into_storage_the_optimizer_adopts(tmp_path: P
     session = coci.Session(tmp_path, {"model": model, "optimizer": opt}, policy=coci.EveryN(4))
     train(model, opt, sched, 4, session)
     session.close()
-    path = sorted(format.checkpoints_dir(tmp_path).glob("step_*"))[-1]
+    path = sorted(layout.checkpoints_dir(tmp_path).glob("step_*"))[-1]
     manifest, tensors = local.load_checkpoint(path)
     assert tensors and all(_owns_its_storage(t) for t in tensors if t.nbytes)
     model2, opt2, _ = make(seed=5)

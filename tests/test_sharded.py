@@ -32,7 +32,7 @@ import pytest
 import torch
 import torchrun_helpers
 
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.dcp import verify_dcp_checkpoint
 
 JOB = Path(__file__).with_name("sharded_job.py")
@@ -55,7 +55,7 @@ def step_log(run_dir: Path, rank: int) -> dict[int, tuple[str, str]]:
 
 
 def committed(run_dir: Path) -> list[int]:
-    return [step for step, _ in format.committed_steps(format.checkpoints_dir(run_dir))]
+    return [step for step, _ in layout.committed_steps(layout.checkpoints_dir(run_dir))]
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -92,7 +92,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_each_rank_writes_its_own_shards(reference: Path) -> None:
     assert committed(reference) == [12, 16]
-    path = format.checkpoints_dir(reference) / "step_16"
+    path = layout.checkpoints_dir(reference) / "step_16"
     manifest = verify_dcp_checkpoint(path)
     assert manifest.world_size == 2
     model_shapes = {t.key: t.shape for t in manifest.shared.tensors}
@@ -129,7 +129,7 @@ def test_rank_killed_mid_persist_commits_nothing(tmp_path: Path) -> None:
     codes = launch(tmp_path, 2, "--fault", "1:dcp_after_save:2", "--coci-timeout", "20")
     assert codes[1] == -signal.SIGKILL and codes[0] not in (0, None)  # the survivor failed, not hung
     assert committed(tmp_path) == [4]
-    root = format.checkpoints_dir(tmp_path)
+    root = layout.checkpoints_dir(tmp_path)
     assert not (root / "step_8").exists()
     assert verify_dcp_checkpoint(root / "step_4").step == 4
 
@@ -140,7 +140,7 @@ def test_reshard_2_to_1_to_2(tmp_path: Path) -> None:
     assert launch(tmp_path, 1, "--stop-at", "12") == [0]  # one rank holds the whole state
     assert_states_equal(load(tmp_path / "restored.pt"), at_8)
     at_12 = load(tmp_path / "stop.pt")
-    assert verify_dcp_checkpoint(format.checkpoints_dir(tmp_path) / "step_12").world_size == 1
+    assert verify_dcp_checkpoint(layout.checkpoints_dir(tmp_path) / "step_12").world_size == 1
     assert launch(tmp_path, 2) == [0, 0]
     assert_states_equal(load(tmp_path / "restored.pt"), at_12)
     final = load(tmp_path / "final.pt")
@@ -160,7 +160,7 @@ def test_other_layouts_restore_the_saved_state(tmp_path: Path, saved_by: tuple[A
     world, *args = saved_by
     assert launch(tmp_path, world, *args, "--stop-at", "4") == [0] * world
     at_4 = load(tmp_path / "stop.pt")
-    manifest = verify_dcp_checkpoint(format.checkpoints_dir(tmp_path) / "step_4")
+    manifest = verify_dcp_checkpoint(layout.checkpoints_dir(tmp_path) / "step_4")
     assert not any("_orig_mod" in name for name in manifest.shared.skeleton["model"])  # saved by parameter name
     world, *args = restored_by
     assert launch(tmp_path, world, *args, "--stop-at", "6") == [0] * world
@@ -205,4 +205,4 @@ def test_demo_runs_sharded_with_real_kills_and_verifies(tmp_path: Path) -> None:
     done = subprocess.run(cmd, cwd=REPO, timeout=3 * TIMEOUT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "kill #1" in done.stdout and "VERIFY OK" in done.stdout
-    assert committed(run_dir) and verify_dcp_checkpoint(format.checkpoints_dir(run_dir) / "step_12").world_size == 2
+    assert committed(run_dir) and verify_dcp_checkpoint(layout.checkpoints_dir(run_dir) / "step_12").world_size == 2

@@ -18,7 +18,7 @@ from ckpt_helpers import load_manifest_json, make_run, restore_fresh, step_dir, 
 
 import coci
 from coci import knobs
-from coci.checkpoint import format, local
+from coci.checkpoint import layout, local
 
 
 def edit_session_entry(run_dir: Path, step: int, **fields: Any) -> None:
@@ -70,7 +70,7 @@ def test_a_checkpoint_of_a_step_past_the_bound_is_refused(tmp_path: Path) -> Non
     manifest = load_manifest_json(tmp_path, huge)
     manifest["skeleton"]["__coci__"].update(steps=huge, checkpoint_steps=[huge])
     forged = local.Manifest.model_validate(manifest).model_copy(update={"step": huge}).sealed()  # no validation: a forger's
-    (step_dir(tmp_path, huge) / format.MANIFEST_FILENAME).write_text(forged.model_dump_json())
+    (step_dir(tmp_path, huge) / layout.MANIFEST_FILENAME).write_text(forged.model_dump_json())
     status = {Path(s.path).name: s for s in coci.verify_run(tmp_path)}[f"step_{huge}"]
     assert not status.ok and "step" in str(status.error)
     session, _, result = restore_fresh(tmp_path)

@@ -1,4 +1,4 @@
-"""coci.checkpoint.format and .local: the commit protocol, verification, retention and refusal of bad files."""
+"""coci.checkpoint (layout, records, commit, retention) and .local: the commit protocol, verification, retention and refusal of bad files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coci.checkpoint import format, local
+from coci.checkpoint import faults, layout, local, record_reads, retention
 from coci.checkpoint.snapshot import StagingArena
 from coci.errors import CorruptCheckpointError
 
@@ -37,18 +37,18 @@ def test_tmp_directories_are_never_checkpoints(tmp_path: Path) -> None:
     stale = tmp_path / "step_9.tmp"
     stale.mkdir()
     (stale / "manifest.json").write_text("{}")
-    assert [s for s, _ in format.committed_steps(tmp_path)] == [1]
-    format.remove_stale_tmp(tmp_path)
+    assert [s for s, _ in layout.committed_steps(tmp_path)] == [1]
+    layout.remove_stale_tmp(tmp_path)
     assert not stale.exists()
 
 
 def test_retention_keeps_newest(tmp_path: Path) -> None:
     for step in (1, 2, 3, 4):
         write(tmp_path, step, [torch.full((2,), float(step))])
-        format.apply_retention(tmp_path, keep_last=2, trusted={1, 2, 3, 4})
-    assert [s for s, _ in format.committed_steps(tmp_path)] == [3, 4]
-    assert format.apply_retention(tmp_path, keep_last=1, trusted={3, 4}) == [3]
-    assert [s for s, _ in format.committed_steps(tmp_path)] == [4]
+        retention.apply_retention(tmp_path, keep_last=2, trusted={1, 2, 3, 4})
+    assert [s for s, _ in layout.committed_steps(tmp_path)] == [3, 4]
+    assert retention.apply_retention(tmp_path, keep_last=1, trusted={3, 4}) == [3]
+    assert [s for s, _ in layout.committed_steps(tmp_path)] == [4]
 
 
 @pytest.mark.parametrize(
@@ -90,19 +90,19 @@ def test_damaged_checkpoints_are_refused(tmp_path: Path, damage: str, message: s
 
 def test_fault_hook_sees_every_commit_point(tmp_path: Path) -> None:
     seen: list[str] = []
-    format.set_fault_hook(seen.append)
+    faults.set_fault_hook(seen.append)
     try:
         write(tmp_path, 1, [torch.ones(3)])
         write(tmp_path, 2, [torch.ones(3)])
-        format.apply_retention(tmp_path, keep_last=1, trusted={1, 2})
+        retention.apply_retention(tmp_path, keep_last=1, trusted={1, 2})
     finally:
-        format.set_fault_hook(None)
+        faults.set_fault_hook(None)
     assert seen[:5] == ["mid_write", "before_manifest", "before_rename", "after_rename", "after_commit"]
     assert seen[-1] == "retention"
 
 
 def test_the_dcp_commit_record_is_sealed_and_nan_safe_too(tmp_path: Path) -> None:
-    """Both formats' manifests share format.CommitRecord: NaN kept, an altered value refused."""
+    """Both formats' manifests share records.CommitRecord: NaN kept, an altered value refused."""
     import math
 
     from coci.checkpoint.dcp import DcpManifest, DcpPart
@@ -114,9 +114,9 @@ def test_the_dcp_commit_record_is_sealed_and_nan_safe_too(tmp_path: Path) -> Non
     )
     path = tmp_path / "manifest.json"
     path.write_text(record.sealed().model_dump_json())
-    back = format.parse_record(tmp_path, DcpManifest)
-    format.check_sealed(back, tmp_path)
+    back = record_reads.parse_record(tmp_path, DcpManifest)
+    record_reads.check_sealed(back, tmp_path)
     assert math.isnan(back.shared.skeleton["m"]["best"])
     path.write_text(path.read_text().replace('"step":3', '"step":4'))
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
-        format.check_sealed(format.parse_record(tmp_path, DcpManifest), tmp_path)
+        record_reads.check_sealed(record_reads.parse_record(tmp_path, DcpManifest), tmp_path)

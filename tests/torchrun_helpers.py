@@ -196,7 +196,7 @@ class IndexedData(torch.utils.data.Dataset):
 
 def install_fault(spec: str, rank: int) -> None:
     """``RANK|all:POINT:NTH``: SIGKILL this process the NTH time it reaches storage fault point POINT."""
-    from coci.checkpoint import format
+    from coci.checkpoint import faults
 
     target, point, nth = spec.split(":")
     if target != "all" and int(target) != rank:
@@ -209,4 +209,4 @@ def install_fault(spec: str, rank: int) -> None:
             if hits["count"] == int(nth):
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    format.set_fault_hook(hook)
+    faults.set_fault_hook(hook)

@@ -7,7 +7,7 @@ Trains a small MLP with dropout (consumes RNG), Adam and a LambdaLR schedule, ch
 K steps through coci.Session. Each process appends "step loss_hex" lines to losses_<pid>.txt and,
 when it finishes, saves the final model/optimizer state to final.pt. --die-at sends SIGKILL to
 itself right after that step's session.step (a checkpoint may be in flight); --die-in-persist
-installs a checkpoint fault hook (coci.checkpoint.format.set_fault_hook) that SIGKILLs the writer thread's process at that commit point
+installs a checkpoint fault hook (coci.checkpoint.faults.set_fault_hook) that SIGKILLs the writer thread's process at that commit point
 (the K-th time it is reached; the remote tier's points, such as ``before_remote_commit``, too). --remote promotes every checkpoint to a
 remote tier (S3 settings from the AWS environment variables).
 """
@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import coci
-from coci.checkpoint import format
+from coci.checkpoint import faults
 
 
 def build(seed: int = 0, state_mb: float = 0.0) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
@@ -84,7 +84,7 @@ def main() -> None:
                 if reached["times"] == int(count or 1):
                     os.kill(os.getpid(), signal.SIGKILL)
 
-        format.set_fault_hook(hook)
+        faults.set_fault_hook(hook)
     session = coci.Session(
         args.run_dir, state=state, policy=coci.EveryN(args.every), keep_last=2, remote=args.remote, keep_last_remote=args.keep_last_remote
     )

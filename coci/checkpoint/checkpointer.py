@@ -30,11 +30,11 @@ from typing import Any, Protocol
 import torch
 
 from coci import distributed
-from coci.checkpoint import format
+from coci.checkpoint import layout, record_reads, records
 from coci.checkpoint.dcp import DCP_FORMAT, DcpReader, DcpWriter
 from coci.checkpoint.dcp_manifest import checkpoint_id
-from coci.checkpoint.format import CommitRecord, LoadedCheckpoint
 from coci.checkpoint.local import LocalReader, LocalWriter
+from coci.checkpoint.records import CommitRecord, LoadedCheckpoint
 from coci.checkpoint.sharded import local_shards
 from coci.checkpoint.snapshot import CopyJob, StagedCheckpoint, StagingArena
 from coci.checkpoint.tree import flatten
@@ -51,9 +51,9 @@ class CheckpointWriter(Protocol):
     For each checkpoint the :class:`Checkpointer` calls, in this order:
 
     1. ``write(staged)``: write the files of ``staged.step`` into ``step_<n>.tmp`` and commit them
-       with :func:`coci.checkpoint.format.publish`; return the committed directory.
+       with :func:`coci.checkpoint.commit.publish`; return the committed directory.
     2. ``retain(keep_last, trusted)``: keep the newest ``keep_last`` of the ``trusted`` steps
-       (:func:`coci.checkpoint.format.apply_retention`) and delete older checkpoints; return the
+       (:func:`coci.checkpoint.retention.apply_retention`) and delete older checkpoints; return the
        steps removed.
 
     Under ``torch.distributed`` both calls are collective: every rank makes them in the same order.
@@ -99,12 +99,12 @@ class CheckpointReader(Protocol):
 
 
 #: The reader of each format, by the ``format`` its commit record declares.
-READERS: dict[str, CheckpointReader] = {format.LOCAL_FORMAT: LocalReader(), DCP_FORMAT: DcpReader()}
+READERS: dict[str, CheckpointReader] = {records.LOCAL_FORMAT: LocalReader(), DCP_FORMAT: DcpReader()}
 
 
 def reader_for(path: Path) -> CheckpointReader:
-    """The reader of the format the commit record in ``path`` declares (:func:`coci.checkpoint.format.record_format`)."""
-    return _reader_named(format.record_format(path), path)
+    """The reader of the format the commit record in ``path`` declares (:func:`coci.checkpoint.record_reads.record_format`)."""
+    return _reader_named(record_reads.record_format(path), path)
 
 
 def _reader_named(declared: str, path: Path) -> CheckpointReader:
@@ -126,8 +126,8 @@ def restore_candidates(root: Path, context: DistributedContext | None) -> list[t
 
     def listing() -> tuple[list[tuple[int, str]], str | None]:
         try:
-            format.remove_stale_tmp(root)
-            return [(step, str(path)) for step, path in reversed(format.step_dirs(root))], None
+            layout.remove_stale_tmp(root)
+            return [(step, str(path)) for step, path in reversed(layout.step_dirs(root))], None
         except CorruptCheckpointError as exc:  # a link in place of the root: every rank hears of it
             return [], str(exc)
 
@@ -153,7 +153,7 @@ def load_committed(
     """
 
     def read() -> tuple[str, str | None, str | None]:
-        declared = format.record_format(path)
+        declared = record_reads.record_format(path)
         try:
             return declared, _reader_named(declared, path).read_record(path).model_dump_json(), None
         except (CorruptCheckpointError, OSError) as exc:  # every rank must hear of it
@@ -172,7 +172,7 @@ def load_committed(
 def _load_node_parts(path: Path, context: DistributedContext, targets: Mapping[str, Any] | None) -> LoadedCheckpoint:
     """:func:`load_committed` on node-local run directories: each rank reads the record of its own
     node's part, and the parts must be one checkpoint (the same ``commit_id``) before any loads."""
-    declared, record, problem = format.record_format(path), None, None
+    declared, record, problem = record_reads.record_format(path), None, None
     try:
         record = _reader_named(declared, path).read_record(path)
     except (CorruptCheckpointError, OSError) as exc:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from coci import distributed
-from coci.checkpoint import dcp_checks, fileio, format
+from coci.checkpoint import commit, dcp_checks, faults, fileio, layout, record_reads, records, retention
 from coci.checkpoint.dcp_manifest import (
     DCP_FORMAT,
     DcpManifest,
@@ -43,8 +43,8 @@ from coci.checkpoint.dcp_manifest import (
     check_nodes,
     node_key,
 )
-from coci.checkpoint.format import CommitRecord, FileEntry, LoadedCheckpoint
 from coci.checkpoint.local import dtype_name, torch_dtype
+from coci.checkpoint.records import CommitRecord, FileEntry, LoadedCheckpoint
 from coci.checkpoint.sharded import ShardSpec, as_dtensors, local_nbytes, targets_by_index
 from coci.checkpoint.snapshot import StagedCheckpoint
 from coci.checkpoint.tree import tensor_refs, unflatten
@@ -58,14 +58,14 @@ _DCP_METADATA = dcp_checks.DCP_METADATA
 
 def read_dcp_manifest(path: Path) -> DcpManifest:
     """Parse and sanity-check a DCP checkpoint's manifest; CorruptCheckpointError on anything off."""
-    manifest = format.parse_record(path, DcpManifest)
+    manifest = record_reads.parse_record(path, DcpManifest)
     names = [entry.name for entry in manifest.files]
     if _DCP_METADATA not in names or len(manifest.ranks) != manifest.world_size:
         raise CorruptCheckpointError(f"{path}: manifest lacks DCP's {_DCP_METADATA} or a rank's record")
-    format.check_file_names(path, names, also=frozenset({_DCP_METADATA}))
+    record_reads.check_file_names(path, names, also=frozenset({_DCP_METADATA}))
     check_nodes(path, manifest)
     dcp_checks.check_dcp_manifest(path, manifest)
-    format.check_sealed(manifest, path)
+    record_reads.check_sealed(manifest, path)
     return manifest
 
 
@@ -107,9 +107,9 @@ def split_skeleton(skeleton: dict[str, Any]) -> tuple[Any, Any]:
     The rank's part is coci's per-process state: the RNG streams and the rank's profiler.
     """
     shared = dict(skeleton)
-    own = dict(shared.get(format.SESSION_KEY) or {})
-    rank_part = {"rng": shared.pop(format.RNG_KEY, None), "profiler": own.pop("profiler", None)}
-    shared[format.SESSION_KEY] = own
+    own = dict(shared.get(layout.SESSION_KEY) or {})
+    rank_part = {"rng": shared.pop(layout.RNG_KEY, None), "profiler": own.pop("profiler", None)}
+    shared[layout.SESSION_KEY] = own
     return shared, rank_part
 
 
@@ -149,7 +149,7 @@ class DcpWriter:
     """The checkpoint writer under ``torch.distributed`` (runs on every rank's worker).
 
     ``write`` and ``retain`` are collective on the context's persist group. Fault points
-    (``format.set_fault_hook``): ``dcp_before_save`` and ``dcp_after_save`` on every rank, then
+    (``faults.set_fault_hook``): ``dcp_before_save`` and ``dcp_after_save`` on every rank, then
     ``before_manifest``, ``before_rename``, ``after_rename``, ``after_commit`` on rank 0.
 
     Node-local run directories (:meth:`_write_node_local`): each node's leader makes its own
@@ -171,11 +171,11 @@ class DcpWriter:
         if self.context.node_local:
             return self._write_node_local(staged)
         step, slots, skeleton = staged.step, staged.slots, staged.skeleton
-        tmp = format.tmp_dir(self.root, step)
+        tmp = layout.tmp_dir(self.root, step)
 
         def prepare() -> None:
-            format.make_root(self.root)  # a link in its place: every rank raises, none waits on rank 0
-            format.remove_stale_tmp(self.root)  # leftovers of failed persists: never checkpoints
+            layout.make_root(self.root)  # a link in its place: every rank raises, none waits on rank 0
+            layout.remove_stale_tmp(self.root)  # leftovers of failed persists: never checkpoints
             tmp.mkdir()
 
         self._coordinated(prepare, f"checkpoint at step {step} could not be started")
@@ -188,15 +188,15 @@ class DcpWriter:
         self._coordinated(
             lambda: self._commit(tmp, step, staged.epoch, staged.state_keys, shared, votes), f"checkpoint at step {step} was not committed"
         )
-        return self.root / format.step_dirname(step)
+        return self.root / layout.step_dirname(step)
 
     def retain(self, keep_last: int | None, trusted: frozenset[int]) -> list[int]:
         """Rank 0 applies retention (each node's leader in its own directory); every rank learns
         which steps it removed."""
         if self.context.node_local:
-            return list(self._on_leaders(lambda: format.apply_retention(self.root, keep_last, trusted), "retention failed"))
+            return list(self._on_leaders(lambda: retention.apply_retention(self.root, keep_last, trusted), "retention failed"))
         return list(
-            self._coordinated(lambda: format.apply_retention(self.root, keep_last, trusted), "retention failed on rank 0")
+            self._coordinated(lambda: retention.apply_retention(self.root, keep_last, trusted), "retention failed on rank 0")
         )
 
     def _agree_on_layout(self, step: int, shared: DcpPart) -> None:
@@ -218,13 +218,13 @@ class DcpWriter:
         from torch.distributed.checkpoint import FileSystemWriter
         from torch.distributed.checkpoint import save as dcp_save
 
-        format.fault("dcp_before_save")
+        faults.fault("dcp_before_save")
         node = self.context.node
         state_dict = {node_key(node, t.key) if t.key in node_keys else t.key: tensors[t.index] for t in shared.tensors}
         state_dict.update((t.key, tensors[t.index]) for t in mine.tensors)  # after: DCP balances the replicated ones in this order
         group = self.context.persist_group
         dcp_save(state_dict, storage_writer=FileSystemWriter(tmp, sync_files=True), process_group=group)
-        format.fault("dcp_after_save")
+        faults.fault("dcp_after_save")
         written = [fileio.describe_file(p) for p in sorted(tmp.glob(f"__{self.context.rank}_*"))]
         self.last_bytes_written = sum(entry.size for entry in written)
         return written
@@ -232,11 +232,11 @@ class DcpWriter:
     def _write_node_local(self, staged: StagedCheckpoint) -> Path:
         """Write, prepare on every node, agree, publish on every node (see the class)."""
         step, slots, context = staged.step, staged.slots, self.context
-        tmp, final = format.tmp_dir(self.root, step), self.root / format.step_dirname(step)
+        tmp, final = layout.tmp_dir(self.root, step), self.root / layout.step_dirname(step)
 
         def prepare_dir() -> None:
-            format.make_root(self.root)  # a link in its place: every rank raises, none waits on a leader
-            format.remove_stale_tmp(self.root)  # leftovers of failed persists: never checkpoints
+            layout.make_root(self.root)  # a link in its place: every rank raises, none waits on a leader
+            layout.remove_stale_tmp(self.root)  # leftovers of failed persists: never checkpoints
             tmp.mkdir()
 
         self._on_leaders(prepare_dir, f"checkpoint at step {step} could not be started")
@@ -251,7 +251,7 @@ class DcpWriter:
         ours = (written, mine.model_dump(), (tmp / _DCP_METADATA).read_bytes() if coordinator else None, secrets.token_hex(16))
         votes = distributed.gather_objects(ours, context.persist_group)
         record = DcpManifest(
-            **format.record_header(step, epoch=staged.epoch, state_keys=staged.state_keys, files=[]),
+            **records.record_header(step, epoch=staged.epoch, state_keys=staged.state_keys, files=[]),
             format=DCP_FORMAT,
             world_size=context.world_size,
             bytes_per_rank=[sum(entry.size for entry in files) for files, *_ in votes],
@@ -277,15 +277,15 @@ class DcpWriter:
     def _prepare(self, tmp: Path, record: DcpManifest, files: list[FileEntry], metadata: bytes) -> None:
         """This node's part made durable in ``tmp`` (``.metadata`` and the record), not yet visible."""
         if not self.context.is_coordinator:
-            format.write_durably(tmp / _DCP_METADATA, metadata)
+            commit.write_durably(tmp / _DCP_METADATA, metadata)
         files = [*files, fileio.describe_file(tmp / _DCP_METADATA)]
-        format.prepare(self.root, tmp, record.model_copy(update={"files": files}))
-        format.fault("node_prepared")
+        commit.prepare(self.root, tmp, record.model_copy(update={"files": files}))
+        faults.fault("node_prepared")
 
     def _publish_node(self, tmp: Path, final: Path) -> None:
-        format.fault("before_node_publish")
-        format.rename_into_place(self.root, tmp, final)
-        format.fault("after_node_publish")
+        faults.fault("before_node_publish")
+        commit.rename_into_place(self.root, tmp, final)
+        faults.fault("after_node_publish")
 
     def _on_leader(self, action: Callable[[], Any]) -> str | None:
         """Run ``action`` on this node's leader; None, or what went wrong (naming the node)."""
@@ -346,14 +346,14 @@ class DcpWriter:
         files = [entry for written, _ in votes for entry in written]
         files.append(fileio.describe_file(tmp / _DCP_METADATA))
         manifest = DcpManifest(
-            **format.record_header(step, epoch=epoch, state_keys=state_keys, files=files),
+            **records.record_header(step, epoch=epoch, state_keys=state_keys, files=files),
             format=DCP_FORMAT,
             world_size=self.context.world_size,
             bytes_per_rank=[sum(entry.size for entry in written) for written, _ in votes],
             shared=shared,
             ranks=[DcpPart.model_validate(part) for _, part in votes],
         )
-        format.publish(self.root, tmp, self.root / format.step_dirname(step), manifest)
+        commit.publish(self.root, tmp, self.root / layout.step_dirname(step), manifest)
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -387,7 +387,7 @@ class DcpReader:
         """Loads the whole checkpoint in this process (DCP plans reads per tensor key, not per
         subtree; a selective plan would read less) and returns the entry."""
         loaded = self.load(path, record, None)
-        return format.subtree(loaded.tree, keys)
+        return records.subtree(loaded.tree, keys)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -432,7 +432,7 @@ def read_dcp_metadata(path: Path, manifest: DcpManifest) -> Any:
     bounded by its chunk (:func:`coci.checkpoint.dcp_checks.check_dcp_items`), before DCP may act
     on any of it."""
     try:
-        with open(path / _DCP_METADATA, "rb", opener=format.open_no_follow) as handle:
+        with open(path / _DCP_METADATA, "rb", opener=record_reads.open_no_follow) as handle:
             metadata = _MetadataUnpickler(handle).load()
     except CorruptCheckpointError:
         raise
@@ -510,9 +510,9 @@ def load_dcp_checkpoint(
             raise CorruptCheckpointError(f"{path}: DCP could not load the checkpoint ({_first_line(exc)})") from exc
     tree = unflatten(manifest.shared.skeleton, _by_index(manifest.shared, wanted, manifest))
     per_rank = unflatten(donor.skeleton, _by_index(donor, wanted, manifest))
-    tree[format.SESSION_KEY]["profiler"] = per_rank["profiler"]
+    tree[layout.SESSION_KEY]["profiler"] = per_rank["profiler"]
     if own is not None:
-        tree[format.RNG_KEY] = per_rank["rng"]
+        tree[layout.RNG_KEY] = per_rank["rng"]
     else:
         logger.info("rank %d is new (checkpoint saved by %d ranks): it keeps its own RNG streams", rank, manifest.world_size)
     nbytes = sum(local_nbytes(t) for t in wanted.values())

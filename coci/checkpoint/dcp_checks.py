@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from coci import knobs
-from coci.checkpoint import dcp_items, format
+from coci.checkpoint import dcp_items, record_reads
 from coci.checkpoint.dcp_manifest import DcpManifest, DcpPart
 from coci.checkpoint.local import element_count, torch_dtype
 from coci.checkpoint.tree import tensor_refs
@@ -39,7 +39,7 @@ def check_dcp_manifest(path: Path, manifest: DcpManifest) -> None:
     metadata_bytes = sum(entry.size for entry in manifest.files if entry.name == DCP_METADATA)
     if metadata_bytes > knobs.MAX_MANIFEST_BYTES:
         raise CorruptCheckpointError(f"{path}: {DCP_METADATA} is {metadata_bytes} bytes, over knobs.MAX_MANIFEST_BYTES")
-    format.check_state_keys(manifest.state_keys, manifest.shared.skeleton, path)
+    record_reads.check_state_keys(manifest.state_keys, manifest.shared.skeleton, path)
     parts = [manifest.shared, *manifest.ranks]
     bound = sum(len(part.tensors) for part in parts)
     data_bytes = sum(entry.size for entry in manifest.files if entry.name != DCP_METADATA)
@@ -174,7 +174,7 @@ def check_dcp_items(path: Path, storage: dict[Any, Any], chunk_bytes: dict[Stora
     for index, info in storage.items():
         by_file.setdefault(info.relative_path, []).append((index, info))
     for name, items in sorted(by_file.items()):
-        fd = format.open_no_follow(path / name, os.O_RDONLY)
+        fd = record_reads.open_no_follow(path / name, os.O_RDONLY)
         try:
             for index, info in items:
                 where = f"{path}: DCP stored item {index.fqn!r} at {list(storage_key(path, index)[1])} in {name}"

@@ -10,7 +10,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
-from coci.checkpoint.format import CommitRecord, FileEntry
+from coci.checkpoint.records import CommitRecord, FileEntry
 from coci.errors import CorruptCheckpointError
 
 __all__ = [

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from coci import knobs, safe_files
-from coci.checkpoint import format
+from coci.checkpoint import faults, record_reads, records
 from coci.checkpoint.snapshot import aligned_empty
 from coci.errors import CorruptCheckpointError
 
@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _crc32 = zlib.crc32
 
 #: ``update(data, running_value) -> new value`` per algorithm a record may name.
-_CHECKSUMS: dict[format.ChecksumAlgorithm, Callable[[memoryview | bytes, int], int]] = {
+_CHECKSUMS: dict[records.ChecksumAlgorithm, Callable[[memoryview | bytes, int], int]] = {
     "crc32c": crc32c.crc32c,
     "crc32": _crc32,
 }
@@ -42,7 +42,7 @@ _CHECKSUMS: dict[format.ChecksumAlgorithm, Callable[[memoryview | bytes, int], i
 logger = logging.getLogger(__name__)
 
 
-def write_file(path: Path, payload: memoryview, fault_point: str | None = None) -> format.FileEntry:
+def write_file(path: Path, payload: memoryview, fault_point: str | None = None) -> records.FileEntry:
     """Write ``payload`` in chunks, fsync, and return its entry (size, crc32c); ``fault_point`` fires after the first chunk.
 
     Large page-aligned payloads (the staging arena) are written with ``O_DIRECT`` where the
@@ -54,7 +54,7 @@ def write_file(path: Path, payload: memoryview, fault_point: str | None = None) 
     """
     size = len(payload)
     fd, direct = open_for_write(path, payload)
-    checksum = ChunkChecksum(format.WRITE_CHECKSUM, threaded=direct and knobs.WRITE_CHECKSUM_THREAD)
+    checksum = ChunkChecksum(records.WRITE_CHECKSUM, threaded=direct and knobs.WRITE_CHECKSUM_THREAD)
     try:
         chunk = io_chunk_bytes(direct)
         aligned_end = size - size % knobs.DIRECT_IO_ALIGN_BYTES if direct else size
@@ -70,14 +70,14 @@ def write_file(path: Path, payload: memoryview, fault_point: str | None = None) 
             while len(view):
                 view = view[os.write(fd, view) :]
             if start == 0 and fault_point:
-                format.fault(fault_point)
+                faults.fault(fault_point)
             start = end
         crc = checksum.result()
         os.fsync(fd)
     finally:
         checksum.close()
         os.close(fd)
-    return format.FileEntry.of(path.name, size, crc, format.WRITE_CHECKSUM)
+    return records.FileEntry.of(path.name, size, crc, records.WRITE_CHECKSUM)
 
 
 def open_for_write(path: Path, payload: memoryview) -> tuple[int, bool]:
@@ -128,7 +128,7 @@ class ChunkChecksum:
     snapshot waits for this persist).
     """
 
-    def __init__(self, algorithm: format.ChecksumAlgorithm, threaded: bool) -> None:
+    def __init__(self, algorithm: records.ChecksumAlgorithm, threaded: bool) -> None:
         self._update_with = _CHECKSUMS[algorithm]
         self._crc = 0
         self._futures: list[Future[None]] = []
@@ -176,7 +176,7 @@ def _checksum_executor() -> ThreadPoolExecutor:
         return _CHECKSUM_EXECUTOR
 
 
-def read_verified(path: Path, entry: format.FileEntry, keep: bool = True) -> torch.Tensor:
+def read_verified(path: Path, entry: records.FileEntry, keep: bool = True) -> torch.Tensor:
     """Read a data file and check its size and checksum; return its bytes (``keep``) or a scratch buffer.
 
     Large files are read with ``O_DIRECT`` into a block-aligned buffer where the filesystem allows
@@ -230,7 +230,7 @@ def read_verified(path: Path, entry: format.FileEntry, keep: bool = True) -> tor
     return buffer[:size] if keep else buffer
 
 
-def read_verified_into(path: Path, entry: format.FileEntry, allocate: Callable[[], list[tuple[int, memoryview]]]) -> None:
+def read_verified_into(path: Path, entry: records.FileEntry, allocate: Callable[[], list[tuple[int, memoryview]]]) -> None:
     """Read a data file straight into the pieces ``allocate()`` returns (file offset, destination;
     sorted, not overlapping, each inside the file) and check its size and checksum; the bytes
     between pieces pass through one bounded scratch buffer. ``allocate`` runs only once the file's
@@ -244,7 +244,7 @@ def read_verified_into(path: Path, entry: format.FileEntry, allocate: Callable[[
     """
     size = entry.size
     try:
-        fd = format.open_no_follow(path, os.O_RDONLY)
+        fd = record_reads.open_no_follow(path, os.O_RDONLY)
     except FileNotFoundError as exc:
         raise CorruptCheckpointError(f"{path}: data file is missing") from exc
     checksum = ChunkChecksum(entry.algorithm, threaded=knobs.WRITE_CHECKSUM_THREAD and size > knobs.READ_CHUNK_BYTES)
@@ -313,17 +313,17 @@ def _pread_fully(fd: int, path: Path, piece: memoryview, offset: int) -> None:
 def open_for_read(path: Path, size: int) -> tuple[int, bool]:
     """Open regular file ``path`` for reading (:mod:`coci.safe_files`: never through a link, never
     a FIFO), with O_DIRECT for a large file read into an aligned buffer."""
-    fd = format.open_no_follow(path, os.O_RDONLY)
+    fd = record_reads.open_no_follow(path, os.O_RDONLY)
     wanted = knobs.WRITE_DIRECT and hasattr(os, "O_DIRECT") and size >= knobs.DIRECT_IO_MIN_BYTES
     return fd, wanted and _try_direct(fd, path)
 
 
-def describe_file(path: Path) -> format.FileEntry:
+def describe_file(path: Path) -> records.FileEntry:
     """The size and crc32c of a file already written (and fsynced) by someone else."""
-    checksum = ChunkChecksum(format.WRITE_CHECKSUM, threaded=False)
+    checksum = ChunkChecksum(records.WRITE_CHECKSUM, threaded=False)
     size = 0
-    with os.fdopen(format.open_no_follow(path, os.O_RDONLY), "rb", buffering=0) as handle:
+    with os.fdopen(record_reads.open_no_follow(path, os.O_RDONLY), "rb", buffering=0) as handle:
         while chunk := handle.read(knobs.READ_CHUNK_BYTES):
             checksum.submit(memoryview(chunk))
             size += len(chunk)
-    return format.FileEntry.of(path.name, size, checksum.result(), format.WRITE_CHECKSUM)
+    return records.FileEntry.of(path.name, size, checksum.result(), records.WRITE_CHECKSUM)

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from coci.checkpoint import fileio, format
-from coci.checkpoint.format import CommitRecord, LoadedCheckpoint
+from coci.checkpoint import commit, fileio, layout, record_reads, records, retention
+from coci.checkpoint.records import CommitRecord, LoadedCheckpoint
 from coci.checkpoint.snapshot import StagedCheckpoint, TensorSlot
 from coci.checkpoint.tree import tensor_refs, unflatten
 from coci.checks import is_int
@@ -69,7 +69,7 @@ class LocalWriter:
         return path
 
     def retain(self, keep_last: int | None, trusted: frozenset[int]) -> list[int]:
-        return format.apply_retention(self.root, keep_last, trusted)
+        return retention.apply_retention(self.root, keep_last, trusted)
 
 
 class LocalReader:
@@ -89,17 +89,17 @@ class LocalReader:
         assert isinstance(record, Manifest)
         tree = unflatten(record.skeleton, load_tensors(path, record))
         if context is not None and not context.is_coordinator:
-            tree.pop(format.RNG_KEY, None)
+            tree.pop(layout.RNG_KEY, None)
         return LoadedCheckpoint(record.step, record.epoch, record.state_keys, path, tree, record.files[0].size)
 
     def load_entry(self, path: Path, record: CommitRecord, keys: tuple[str, ...]) -> Any | None:
         """Read only the tensors the entry refers to, each at its offset in the data file."""
         assert isinstance(record, Manifest)
-        entry = format.subtree(record.skeleton, keys)
+        entry = records.subtree(record.skeleton, keys)
         if entry is None:
             return None
         tensors: list[Any] = [None] * len(record.tensors)
-        with open(path / record.files[0].name, "rb", opener=format.open_no_follow) as handle:
+        with open(path / record.files[0].name, "rb", opener=record_reads.open_no_follow) as handle:
             for index in tensor_refs(entry):  # indices checked against the table by read_manifest
                 table = record.tensors[index]
                 handle.seek(table.offset)
@@ -126,20 +126,20 @@ def write_checkpoint(
     state_keys: list[str],
 ) -> tuple[Path, Manifest]:
     """Write and commit one checkpoint under ``root``; return its final path and manifest."""
-    format.make_root(root)
-    final = root / format.step_dirname(step)
-    tmp = format.tmp_dir(root, step)
-    format.fresh_dir(tmp)
+    layout.make_root(root)
+    final = root / layout.step_dirname(step)
+    tmp = layout.tmp_dir(root, step)
+    layout.fresh_dir(tmp)
     try:
-        data_file = fileio.write_file(tmp / format.DATA_FILENAME, payload, fault_point="mid_write")
+        data_file = fileio.write_file(tmp / layout.DATA_FILENAME, payload, fault_point="mid_write")
         manifest = Manifest(
-            **format.record_header(step, epoch=epoch, state_keys=state_keys, files=[data_file]),
+            **records.record_header(step, epoch=epoch, state_keys=state_keys, files=[data_file]),
             tensors=[
                 TensorEntry(dtype=dtype_name(s.dtype), shape=list(s.shape), offset=s.offset, nbytes=s.nbytes) for s in slots
             ],
             skeleton=skeleton,
         )
-        format.publish(root, tmp, final, manifest)
+        commit.publish(root, tmp, final, manifest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # free the space; a kill leaves it to remove_stale_tmp
         raise
@@ -151,16 +151,16 @@ def write_checkpoint(
 
 def read_manifest(path: Path) -> Manifest:
     """Parse and sanity-check a manifest; CorruptCheckpointError on anything off."""
-    manifest = format.parse_record(path, Manifest)
-    format.check_file_names(path, [entry.name for entry in manifest.files])
-    if [f.name for f in manifest.files] != [format.DATA_FILENAME]:
-        raise CorruptCheckpointError(f"{path}: manifest must list exactly {format.DATA_FILENAME!r}")
+    manifest = record_reads.parse_record(path, Manifest)
+    record_reads.check_file_names(path, [entry.name for entry in manifest.files])
+    if [f.name for f in manifest.files] != [layout.DATA_FILENAME]:
+        raise CorruptCheckpointError(f"{path}: manifest must list exactly {layout.DATA_FILENAME!r}")
     size = manifest.files[0].size
     for index, tensor in enumerate(manifest.tensors):
         if tensor.offset + tensor.nbytes > size or _itemsize(tensor.dtype, path) * element_count(tensor.shape) != tensor.nbytes:
             raise CorruptCheckpointError(f"{path}: tensor {index} does not fit its declared bytes")
     check_consistent(manifest, path)
-    format.check_sealed(manifest, path)
+    record_reads.check_sealed(manifest, path)
     return manifest
 
 
@@ -168,7 +168,7 @@ def check_consistent(manifest: Manifest, path: Path) -> None:
     """Structural checks of a parsed manifest: its step matches the directory, the skeleton refers
     to each stored tensor exactly once, and every state key (and the session's own) is present.
     """
-    format.check_step(manifest, path)
+    record_reads.check_step(manifest, path)
     count = len(manifest.tensors)
     refs = tensor_refs(manifest.skeleton)
     for ref in refs:
@@ -176,7 +176,7 @@ def check_consistent(manifest: Manifest, path: Path) -> None:
             raise CorruptCheckpointError(f"{path}: manifest skeleton refers to tensor {ref!r} of {count}")
     if sorted(refs) != list(range(count)):  # flatten() stores each tensor once, in walk order
         raise CorruptCheckpointError(f"{path}: manifest skeleton does not refer to each of its {count} tensors once")
-    format.check_state_keys(manifest.state_keys, manifest.skeleton, path)
+    record_reads.check_state_keys(manifest.state_keys, manifest.skeleton, path)
 
 
 def load_tensors(path: Path, manifest: Manifest) -> list[torch.Tensor]:

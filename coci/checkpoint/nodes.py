@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coci import distributed
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.dcp import verify_dcp_checkpoint
 from coci.checkpoint.dcp_manifest import checkpoint_id, file_rank
 from coci.distributed import DistributedContext
@@ -42,8 +42,8 @@ def local_steps(root: Path, context: DistributedContext) -> list[int]:
     mine: list[int] | str = []
     if context.is_node_leader:
         try:
-            format.remove_stale_tmp(root)
-            mine = [step for step, _ in format.step_dirs(root)]
+            layout.remove_stale_tmp(root)
+            mine = [step for step, _ in layout.step_dirs(root)]
         except CorruptCheckpointError as exc:  # a link in the root's place: every rank raises, none waits
             mine = f"node {context.node}: {exc}"
     gathered = distributed.gather_objects(mine, context.control_group)
@@ -62,7 +62,7 @@ def check_parts(root: Path, step: int, context: DistributedContext) -> list[Node
 
 
 def _check_own_part(root: Path, step: int, context: DistributedContext) -> NodePart:
-    path = root / format.step_dirname(step)
+    path = root / layout.step_dirname(step)
     if not path.is_dir():
         return NodePart(context.node, None, f"{path} is missing")
     try:

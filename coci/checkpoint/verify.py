@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.checkpointer import reader_for
 from coci.errors import ConfigError, CorruptCheckpointError
 
@@ -64,7 +64,7 @@ def verify_run(run_dir: str | os.PathLike[str]) -> list[CheckpointStatus]:
     run_path = Path(run_dir)
     if not run_path.is_dir():
         raise ConfigError(f"run_dir {str(run_path)!r} is not a directory")
-    root = format.checkpoints_dir(run_path)
+    root = layout.checkpoints_dir(run_path)
     if not root.is_dir():
         return []
     statuses = [_status(entry) for entry in root.iterdir()]
@@ -79,7 +79,7 @@ def _status(entry: Path) -> CheckpointStatus:
     match = _STEP_NAME.match(entry.name)
     step = int(match.group(1)) if match else None
     size = _disk_bytes(entry)
-    if entry.name.endswith(format.TMP_SUFFIX):
+    if entry.name.endswith(layout.TMP_SUFFIX):
         return CheckpointStatus(
             step=step, path=str(entry), ok=False, committed=False, bytes=size,
             error="not committed: left by an interrupted write or deletion (never loaded; "
@@ -92,7 +92,7 @@ def _status(entry: Path) -> CheckpointStatus:
         )
     committed = True  # an unreadable directory is reported as a damaged checkpoint
     try:
-        committed = (entry / format.MANIFEST_FILENAME).is_file()
+        committed = (entry / layout.MANIFEST_FILENAME).is_file()
         reader_for(entry).verify(entry)
     except CorruptCheckpointError as exc:
         return CheckpointStatus(step=step, path=str(entry), ok=False, committed=committed, bytes=size, error=str(exc))

@@ -39,7 +39,7 @@ from pydantic import BaseModel, Field
 
 from coci import knobs
 from coci.checkpoint.checkpointer import load_entry
-from coci.checkpoint.format import SESSION_KEY, checkpoints_dir, committed_steps
+from coci.checkpoint.layout import SESSION_KEY, checkpoints_dir, committed_steps
 from coci.checks import is_int
 from coci.curves import loss_trace as _loss_trace
 from coci.curves import run_loss_trace

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from coci import distributed, knobs
-from coci.checkpoint import format
-from coci.checkpoint.format import CommitRecord, FileEntry
+from coci.checkpoint import commit, layout
+from coci.checkpoint.records import CommitRecord, FileEntry
 from coci.checkpoint.remote.store import RemoteStore
 from coci.distributed import DistributedContext
 from coci.errors import CorruptCheckpointError, RemoteUnavailableError
@@ -51,7 +51,7 @@ __all__ = [
     "publish_fetch",
 ]
 
-FETCH_SUFFIX = ".fetch" + format.TMP_SUFFIX
+FETCH_SUFFIX = ".fetch" + layout.TMP_SUFFIX
 #: In the message of every failure of a fetch that is not the checkpoint's fault (RemoteUnavailableError).
 UNAVAILABLE = "remote unavailable"
 _DCP_RANK_FILE = re.compile(r"^__(\d{1,9})_\d+\.distcp$")  # DCP's FileSystemWriter: __<rank>_<n>.distcp
@@ -85,9 +85,9 @@ def files_of(record: CommitRecord, rank: int, world_size: int) -> list[FileEntry
 def open_fetch(store: RemoteStore, step: int, root: Path) -> OpenedFetch:
     """A fresh ``root/step_<n>.fetch.tmp`` holding remote ``step``'s checked manifest (removed again
     when anything about it is off: CorruptCheckpointError)."""
-    format.make_root(root)
-    tmp = root / (format.step_dirname(step) + FETCH_SUFFIX)
-    format.fresh_dir(tmp)
+    layout.make_root(root)
+    tmp = root / (layout.step_dirname(step) + FETCH_SUFFIX)
+    layout.fresh_dir(tmp)
     try:
         return OpenedFetch(step, tmp, _checked_manifest(store, step, tmp))
     except BaseException:
@@ -99,14 +99,14 @@ def _checked_manifest(store: RemoteStore, step: int, tmp: Path) -> CommitRecord:
     """Remote ``step``'s manifest, written into ``tmp`` and parsed by its format's reader."""
     from coci.checkpoint.checkpointer import reader_for
 
-    prefix = f"{format.step_dirname(step)}/"
+    prefix = f"{layout.step_dirname(step)}/"
     try:
-        manifest = store.get_bytes(prefix + format.MANIFEST_FILENAME, knobs.MAX_MANIFEST_BYTES)
+        manifest = store.get_bytes(prefix + layout.MANIFEST_FILENAME, knobs.MAX_MANIFEST_BYTES)
     except CorruptCheckpointError:
         raise
     except Exception as exc:
         raise _unavailable(f"remote step_{step}: manifest cannot be read", exc) from exc
-    format.write_durably(tmp / format.MANIFEST_FILENAME, manifest)
+    commit.write_durably(tmp / layout.MANIFEST_FILENAME, manifest)
     record = reader_for(tmp).read_record(tmp)  # parsed and checked: names inside the directory, sealed
     if record.step != step:
         raise CorruptCheckpointError(f"remote step_{step}: its manifest says step {record.step}")
@@ -116,7 +116,7 @@ def _checked_manifest(store: RemoteStore, step: int, tmp: Path) -> CommitRecord:
 
 def _check_objects(store: RemoteStore, record: CommitRecord, tmp: Path) -> None:
     """Every file of ``record`` is listed remotely at its recorded size, and they fit on disk."""
-    step, prefix = record.step, f"{format.step_dirname(record.step)}/"
+    step, prefix = record.step, f"{layout.step_dirname(record.step)}/"
     try:
         listing = store.list_objects(prefix)
     except Exception as exc:
@@ -140,7 +140,7 @@ def download_files(store: RemoteStore, opened: OpenedFetch, entries: list[FileEn
 
 
 def _download_one(store: RemoteStore, opened: OpenedFetch, entry: FileEntry) -> None:
-    key = f"{format.step_dirname(opened.step)}/{entry.name}"
+    key = f"{layout.step_dirname(opened.step)}/{entry.name}"
     dest = opened.tmp / entry.name
     try:
         crc = store.get_file(key, dest, entry.size)
@@ -156,9 +156,9 @@ def _download_one(store: RemoteStore, opened: OpenedFetch, entry: FileEntry) -> 
 
 def publish_fetch(root: Path, opened: OpenedFetch) -> Path:
     """Commit the fully downloaded fetch as ``root/step_<n>`` (removed when that fails)."""
-    final = root / format.step_dirname(opened.step)
+    final = root / layout.step_dirname(opened.step)
     try:
-        format.publish(root, opened.tmp, final, opened.record)
+        commit.publish(root, opened.tmp, final, opened.record)
     except BaseException:
         shutil.rmtree(opened.tmp, ignore_errors=True)
         raise
@@ -263,7 +263,7 @@ def fetch_node_parts(
     problem = distributed.agree(problem, context)
     if problem is not None:
         raise _agreed_error(problem)
-    return root / format.step_dirname(step)
+    return root / layout.step_dirname(step)
 
 
 def same_nodes(record: CommitRecord, context: DistributedContext) -> bool:
@@ -277,7 +277,7 @@ def _download_share(store: RemoteStore, step: int, root: Path, context: Distribu
     from coci.checkpoint.dcp_manifest import DcpManifest, file_rank
 
     record = DcpManifest.model_validate_json(record_json)
-    tmp = root / (format.step_dirname(step) + FETCH_SUFFIX)
+    tmp = root / (layout.step_dirname(step) + FETCH_SUFFIX)
     if same_nodes(record, context):
         mine = [e for e in record.files if file_rank(e.name) == context.rank or (file_rank(e.name) is None and context.is_node_leader)]
     else:

@@ -40,7 +40,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, Field, ValidationError
 
 from coci import distributed
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.remote.store import RemoteStore
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError
@@ -112,7 +112,7 @@ class RunIdentity:
         owner = step_owner(store, step)
         if owner is not None and owner != self.run_id:
             raise ConfigError(f"remote {store.url}/step_{step} belongs to run {owner}: not overwritten")
-        store.put_bytes(f"{format.step_dirname(step)}/{OWNER_KEY}", self.step_record())
+        store.put_bytes(f"{layout.step_dirname(step)}/{OWNER_KEY}", self.step_record())
 
     def own_steps(self, store: RemoteStore, steps: list[int]) -> list[int]:
         """Those of ``steps`` this run wrote (what its retention may delete)."""
@@ -122,7 +122,7 @@ class RunIdentity:
 def step_owner(store: RemoteStore, step: int) -> str | None:
     """The run id in ``step_<n>/run.json``; None without one; ``"?"`` when it is unreadable (a
     checkpoint no run may claim: never restored under an identity, never deleted)."""
-    key = f"{format.step_dirname(step)}/{OWNER_KEY}"
+    key = f"{layout.step_dirname(step)}/{OWNER_KEY}"
     if not store.exists(key):
         return None
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from coci import knobs
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.remote.fetch import UNAVAILABLE
 from coci.checkpoint.remote.store import RemoteStore
 from coci.errors import ConfigError, CorruptCheckpointError
@@ -39,8 +39,8 @@ REFUSED_BEFORE = "refused before"
 def identity(store: RemoteStore, step: int) -> str:
     """A digest of remote ``step``: its manifest's bytes and the name and size of every object
     under ``step_<n>/`` (one bounded GET and one LIST; a rewrite of any of them changes it)."""
-    prefix = f"{format.step_dirname(step)}/"
-    digest = hashlib.sha256(store.get_bytes(prefix + format.MANIFEST_FILENAME, knobs.MAX_MANIFEST_BYTES))
+    prefix = f"{layout.step_dirname(step)}/"
+    digest = hashlib.sha256(store.get_bytes(prefix + layout.MANIFEST_FILENAME, knobs.MAX_MANIFEST_BYTES))
     for key, size in sorted(store.list_objects(prefix).items()):
         digest.update(f"\n{key}\t{size}".encode())
     return digest.hexdigest()

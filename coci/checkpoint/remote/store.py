@@ -19,7 +19,7 @@ from typing import BinaryIO, Protocol
 import crc32c
 
 from coci import safe_files
-from coci.checkpoint import format
+from coci.checkpoint import faults
 from coci.errors import CorruptCheckpointError
 
 __all__ = ["RemoteStore", "check_key", "read_chunks"]
@@ -88,7 +88,7 @@ def read_chunks(source: BinaryIO, size: int, chunk_bytes: int, crc: list[int]) -
         remaining -= len(piece)
         yield piece
         if first and remaining > 0:
-            format.fault("mid_upload")  # one part handed to the client, more to come
+            faults.fault("mid_upload")  # one part handed to the client, more to come
 
 
 def bounded_chunks(chunks: Iterator[bytes], max_bytes: int, key: str) -> Iterator[bytes]:

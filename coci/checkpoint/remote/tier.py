@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from coci import knobs
-from coci.checkpoint import format
-from coci.checkpoint.format import CommitRecord, FileEntry
+from coci.checkpoint import faults, layout, record_reads
+from coci.checkpoint.records import CommitRecord, FileEntry
 from coci.checkpoint.remote.fetch import fetch as fetch_checkpoint
 from coci.checkpoint.remote.fetch import fetch_node_parts
 from coci.checkpoint.remote.identity import OWNER_KEY, RunIdentity, step_owner
@@ -227,7 +227,7 @@ class RemoteTier:
 
     def _upload(self, job: _Job) -> int:
         """Data objects (each one's crc32c checked against the record), then the manifest: the commit."""
-        prefix = f"{format.step_dirname(job.step)}/"
+        prefix = f"{layout.step_dirname(job.step)}/"
         if self.identity is None and self.claim is not None:
             self.identity = self.claim()
         if self.identity is not None:  # the checkpoint's run record first: a partial upload is ours too
@@ -245,9 +245,9 @@ class RemoteTier:
                 return sum(entry.size for entry in job.files)
             self._await_nodes(job)
         _check_listed(self.store.list_objects(prefix), prefix, job.record.files)
-        format.fault("before_remote_commit")
-        self.store.put_bytes(prefix + format.MANIFEST_FILENAME, job.manifest)
-        format.fault("after_remote_commit")
+        faults.fault("before_remote_commit")
+        self.store.put_bytes(prefix + layout.MANIFEST_FILENAME, job.manifest)
+        faults.fault("after_remote_commit")
         return sum(entry.size for entry in job.record.files) + len(job.manifest)
 
     def _node_uploaded(self, job: _Job, seconds: float) -> None:
@@ -257,14 +257,14 @@ class RemoteTier:
             "node_upload", step=job.step, node=self.role.node, files=len(job.files), bytes=nbytes, seconds=seconds,
             bytes_per_second=nbytes / seconds if seconds > 0 else None,
         )
-        format.fault("node_upload")
+        faults.fault("node_upload")
 
     def _await_nodes(self, job: _Job) -> None:
         """Wait until every node's objects of ``job`` are listed at their recorded sizes
         (``knobs.REMOTE_NODES_WAIT_SECONDS``); _NodesMissing naming the absent ones otherwise, or
         when a newer promotion is waiting and no other node has begun this one (they may have
         skipped it for the newer one)."""
-        prefix = f"{format.step_dirname(job.step)}/"
+        prefix = f"{layout.step_dirname(job.step)}/"
         mine = {entry.name for entry in job.files}
         deadline = time.monotonic() + knobs.REMOTE_NODES_WAIT_SECONDS
         while True:
@@ -307,10 +307,10 @@ class RemoteTier:
             self.identity.check_owner(self.store)
             doomed = self.identity.own_steps(self.store, doomed)
         for step in doomed:
-            prefix = f"{format.step_dirname(step)}/"
-            manifest = prefix + format.MANIFEST_FILENAME
+            prefix = f"{layout.step_dirname(step)}/"
+            manifest = prefix + layout.MANIFEST_FILENAME
             self.store.delete([manifest])
-            format.fault("remote_retention")
+            faults.fault("remote_retention")
             record = prefix + OWNER_KEY  # last: a checkpoint half deleted still names its run
             self.store.delete([key for key in listing if key.startswith(prefix) and key not in (manifest, record)])
             self.store.delete([record])
@@ -363,7 +363,7 @@ def committed_steps(listing: Mapping[str, int]) -> list[int]:
     steps = []
     for key in listing:
         match = _STEP_KEY.match(key)
-        if match and key == f"{match.group(0)}{format.MANIFEST_FILENAME}":
+        if match and key == f"{match.group(0)}{layout.MANIFEST_FILENAME}":
             steps.append(int(match.group(1)))
     return sorted(steps)
 
@@ -377,12 +377,12 @@ def _open_job(step: int, path: Path, node_part: bool = False) -> _Job:
     """Read the committed record of ``path`` and open every file it lists (links refused); for a
     node's part (``node_part``), the files of its ranks, and the record of the whole checkpoint
     as the commit marker."""
-    manifest = format.read_record_bytes(path)
+    manifest = record_reads.read_record_bytes(path)
     try:
         record = CommitRecord.model_validate_json(manifest)
     except ValueError as exc:
         raise CorruptCheckpointError(f"{path}: manifest.json is unreadable ({type(exc).__name__})") from exc
-    format.check_file_names(path, [entry.name for entry in record.files], also=frozenset({".metadata"}))
+    record_reads.check_file_names(path, [entry.name for entry in record.files], also=frozenset({".metadata"}))
     files = list(record.files)
     if node_part:
         from coci.checkpoint.dcp import read_dcp_manifest
@@ -393,7 +393,7 @@ def _open_job(step: int, path: Path, node_part: bool = False) -> _Job:
     handles: list[BinaryIO] = []
     try:
         for entry in files:
-            handles.append(os.fdopen(format.open_no_follow(path / entry.name, os.O_RDONLY), "rb"))
+            handles.append(os.fdopen(record_reads.open_no_follow(path / entry.name, os.O_RDONLY), "rb"))
     except BaseException:
         for handle in handles:
             handle.close()

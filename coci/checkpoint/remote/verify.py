@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.checkpointer import reader_for
 from coci.checkpoint.remote.tier import RemoteTier, committed_steps, open_store, steps_of
 from coci.checkpoint.verify import CheckpointStatus
@@ -32,9 +32,9 @@ def verify_remote(remote: str, storage_options: Mapping[str, Any] | None = None,
     with tempfile.TemporaryDirectory(prefix="coci-remote-verify-") as scratch:
         tier = RemoteTier(store, None, EventLog(scratch))
         for step in sorted(steps_of(listing)):
-            prefix = f"{format.step_dirname(step)}/"
+            prefix = f"{layout.step_dirname(step)}/"
             size = sum(nbytes for key, nbytes in listing.items() if key.startswith(prefix))
-            where = f"{store.url}/{format.step_dirname(step)}"
+            where = f"{store.url}/{layout.step_dirname(step)}"
             if step not in committed:
                 statuses.append(CheckpointStatus(step=step, path=where, ok=False, committed=False, bytes=size,
                                                  error="not committed: an interrupted promotion (no remote manifest; never restored)"))
