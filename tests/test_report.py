@@ -16,7 +16,7 @@ import torch
 
 import coci
 from coci.analysis.report import FIGURES, Report, ReportData, report
-from coci.analysis.report.read import _restores
+from coci.analysis.report.restores import _restores
 from coci.analysis.report.text import display_checkpoints
 from coci.checkpoint import layout
 from coci.errors import ConfigError

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from coci.analysis.report.compare import compare_policies, simulated_into
 from coci.analysis.report.figures import FIGURES
-from coci.analysis.report.read import CheckpointRow, ObservedCosts, PolicyRow, ReportData, RestoreRow, read_run
+from coci.analysis.report.read import CheckpointRow, ObservedCosts, PolicyRow, ReportData, read_run
+from coci.analysis.report.restores import RestoreRow
 from coci.analysis.report.run_report import Report, report
 from coci.analysis.report.text import format_bytes, format_seconds, step_list
 

@@ -19,10 +19,7 @@ What it reads (every input is optional except the directory itself; what is miss
   one; else the profiler's trace saved inside the newest committed checkpoint (only those arrays are
   read, by offset, without the checksum pass); else none, and the loss figure shows the fit alone.
 
-Lost work: a restore that follows a segment of the event log with no ``close`` event is a failure.
-The work lost is the steps between the step that segment's process reached and the step restored:
-exact where it left its step mark (``step.mark``, which the next process records as a ``reached``
-event), else a lower bound from its last event (events come at checkpoints and every few seconds).
+Restores and the work each failure lost: :mod:`coci.analysis.report.restores`.
 """
 
 from __future__ import annotations
@@ -38,6 +35,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from coci import knobs
+from coci.analysis.report.restores import RestoreRow, _event_step, _lost_seconds, _number, _Restores
 from coci.checkpoint.checkpointer import load_entry
 from coci.checkpoint.layout import SESSION_KEY, checkpoints_dir, committed_steps
 from coci.checks import is_int
@@ -56,14 +54,13 @@ from coci.events import (
 from coci.planning.records import Plan
 from coci.profiler import Profile
 
-__all__ = ["CheckpointRow", "ObservedCosts", "PolicyRow", "ReportData", "RestoreRow", "read_run", "run_loss_trace"]
+__all__ = ["CheckpointRow", "ObservedCosts", "PolicyRow", "ReportData", "read_run", "run_loss_trace"]
 
 logger = logging.getLogger(__name__)
 
+
 PLAN_FILENAME = "plan.json"
 PROFILE_FILENAME = "profile.json"
-
-# --- the data ----------------------------------------------------------------------------------
 
 
 class CheckpointRow(BaseModel):
@@ -82,23 +79,6 @@ class CheckpointRow(BaseModel):
     remote_bytes: int | None = None
     in_remote: bool = False  # promoted and not yet removed by the remote tier's retention
     reason: str | None = None  # why it was taken (``coci.events.CHECKPOINT_REASONS``); None: not logged
-
-
-class RestoreRow(BaseModel):
-    """One restore: the step restored and, after a failure, the work lost: exact when the killed
-    process left its step mark (``lost_exact``), else a lower bound (its last event).
-    ``restart_seconds``: that process's start to its first step after the restore."""
-
-    step: int
-    seconds: float | None = None
-    restart_seconds: float | None = None
-    failure: bool = True
-    reached_step: int | None = None
-    lost_steps: int | None = None
-    lost_seconds: float | None = None
-    lost_exact: bool = False
-    tier: str | None = None  # where it came from: "local", "remote" (downloaded first); None: not logged
-    preempted: bool = False  # the process before it stopped on a preemption notice
 
 
 class PreemptionRow(BaseModel):
@@ -191,10 +171,6 @@ class ReportData(BaseModel):
     comparison_steps: dict[str, list[int]] = Field(default_factory=dict)
     errors: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
-
-
-
-# --- reading a run -----------------------------------------------------------------------------
 
 
 def read_run(run_dir: Path) -> ReportData:
@@ -347,12 +323,6 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _event_step(event: dict[str, Any]) -> int | None:
-    """The event's ``step`` when it is an integer, else None."""
-    step: Any = event.get("step")
-    return int(step) if is_int(step) else None
-
-
 def _read_model(path: Path, model: type[BaseModel], notes: list[str]) -> Any:
     try:
         text = read_run_file(path)
@@ -492,113 +462,6 @@ def _step_seconds(profile: Profile | None, plan: Plan | None) -> float | None:
     return None
 
 
-class _Pace:
-    """Wall seconds per step of one process's training, from its own timed events written on the
-    training thread at the step they name (``restore``, ``progress``, ``snapshot_start``): the pace at
-    which a failed process did the work it lost, where the profile's step time is the run's final
-    one. A process whose events span too few steps (killed before its first checkpoint) is timed
-    from its restore to the start of the next process (``session`` time less its start-up), at the
-    step it reached: an upper bound, which holds the time the restart took to begin."""
-
-    def __init__(self) -> None:
-        self.first: tuple[float, int] | None = None
-        self.last: tuple[float, int] | None = None
-        self.end: tuple[float, int] | None = None  # (the next process's start, the step this one reached)
-
-    def add(self, event: dict[str, Any], step: int) -> None:
-        when = _number(event.get("time"))
-        if when is not None:
-            self.first = self.first or (when, step)
-            self.last = (when, step)
-
-    def seconds_per_step(self) -> float | None:
-        """None when neither the events nor the span to the next start cover
-        ``knobs.REPORT_PACE_MIN_STEPS`` steps with time."""
-        return _per_step(self.first, self.last) or _per_step(self.first, self.end)
-
-
-def _per_step(first: tuple[float, int] | None, last: tuple[float, int] | None) -> float | None:
-    """Wall seconds per step between two (time, step) points at least ``REPORT_PACE_MIN_STEPS`` apart."""
-    if first is None or last is None or last[1] - first[1] < knobs.REPORT_PACE_MIN_STEPS:
-        return None
-    pace = (last[0] - first[0]) / (last[1] - first[1])
-    return pace if math.isfinite(pace) and pace > 0 else None
-
-
-def _restores(events: Iterable[dict[str, Any]], step_seconds: float | None) -> list[RestoreRow]:
-    """The restores of ``events`` (see :class:`_Restores`)."""
-    restores = _Restores(step_seconds)
-    for event in events:
-        restores.add(event, event.get("event"), _event_step(event))
-    return restores.rows
-
-
-class _Restores:
-    """Each restore, and what the segment before it had reached (a failure unless it closed),
-    built event by event. The lost steps are timed at the failed process's own pace
-    (:class:`_Pace`) where its events show one, else at ``step_seconds``."""
-
-    def __init__(self, step_seconds: float | None) -> None:
-        self.step_seconds = step_seconds
-        self.rows: list[RestoreRow] = []
-        self.reached: int | None = None
-        self.closed = self.marked = self.preempted = False
-        self.pace = _Pace()  # this process's
-        self.previous_pace: _Pace | None = None  # the one before its `session` event
-
-    def add(self, event: dict[str, Any], kind: Any, step: int | None) -> None:
-        if kind == "session":
-            started = _process_start(event)
-            if started is not None and self.reached is not None:  # the step mark's `reached` came first
-                self.pace.end = (started, self.reached)
-            self.pace, self.previous_pace = _Pace(), self.pace
-        if kind in ("progress", "snapshot_start") and step is not None:
-            self.pace.add(event, step)
-        if kind == "preempted":
-            self.preempted = True
-        if kind == "reached" and step is not None:  # the step mark the previous process left (a
-            # mirrored one, exact false, is the step it had when last mirrored: a lower bound)
-            self.marked = (self.reached is None or step >= self.reached) and event.get("exact") is not False
-        if kind == "restart" and self.rows and self.rows[-1].restart_seconds is None:
-            self.rows[-1].restart_seconds = _number(event.get("seconds"))
-            return
-        if kind == "restore" and step is not None:
-            self._restore(event, step)
-            return
-        if step is not None and kind not in ("retention", "restore_skip"):
-            self.reached = step if self.reached is None else max(self.reached, step)
-        if kind == "close":
-            self.closed = True
-
-    def _restore(self, event: dict[str, Any], step: int) -> None:
-        reached = self.reached
-        failure = reached is not None and not self.closed
-        lost = max(reached - step, 0) if failure and reached is not None else None
-        per_step = (self.previous_pace or self.pace).seconds_per_step() or self.step_seconds
-        self.rows.append(
-            RestoreRow(
-                step=step,
-                seconds=event.get("seconds"),
-                failure=failure,
-                reached_step=reached,
-                lost_steps=lost,
-                lost_seconds=None if lost is None or per_step is None else lost * per_step,
-                lost_exact=failure and self.marked,
-                tier=event.get("tier") if event.get("tier") in ("local", "remote") else None,
-                preempted=self.preempted,
-            )
-        )
-        self.reached, self.closed, self.marked, self.preempted = step, False, False, False
-        self.pace, self.previous_pace = _Pace(), None
-        self.pace.add(event, step)  # this process trains on from here
-
-
-def _process_start(session: dict[str, Any]) -> float | None:
-    """When a process started: its ``session`` event's time less its start-up (None if unknown)."""
-    when, startup = _number(session.get("time")), _number(session.get("startup_seconds"))
-    return None if when is None or startup is None else when - startup
-
-
 def _observed(
     rows: list[CheckpointRow],
     restores: list[RestoreRow],
@@ -647,17 +510,6 @@ def _observed(
         lost_steps=lost_steps,
         lost_seconds=_lost_seconds(failures),
     )
-
-
-def _lost_seconds(failures: list[RestoreRow]) -> float | None:
-    """The failures' lost seconds, each timed in :func:`_restores`; None when one that lost steps
-    has no time (no pace of its own and no step time)."""
-    timed = [r.lost_seconds for r in failures if r.lost_steps]
-    return None if None in timed else sum(seconds or 0.0 for seconds in timed)
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
 class _Ledger:
@@ -716,5 +568,3 @@ def _stall_total(taken: list[CheckpointRow], profile: Profile | None, notes: lis
         f"({profile.stall_seconds.value:.3g} s)"
     )
     return (stall or 0.0) + missing * float(profile.stall_seconds.value), True
-
-
