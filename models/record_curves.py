@@ -2,7 +2,7 @@
 
 The curves are input data for the curve fit and the planner in tests, benchmarks and the
 notebook, which need real curves without training. Each curve is one plain run
-of the workload (``models.train.train_plain``: the same loop the demo runs, without coci) for its
+of the workload (``models.train_child.train_plain``: the same loop the demo runs, without coci) for its
 suggested number of steps, seed 0, one torch thread, at full resolution: a ``step,loss`` line per
 step (1-based), the loss printed with ``repr`` so the CSV round-trips exactly. Another seed goes to
 ``models/curves/seeds/<name>_seed<k>.csv`` (the "earlier run" a warm-started plan starts from).
@@ -45,7 +45,7 @@ def read_curve(name: str) -> tuple[list[int], list[float]]:
 def record(name: str, steps: int | None = None, seed: int = 0) -> Path:
     """Train workload ``name`` and write its curve; returns the CSV path."""
     from models import WORKLOADS
-    from models.train import configure_torch, train_plain
+    from models.train_child import configure_torch, train_plain
 
     configure_torch(1)
     steps = steps or WORKLOADS[name](seed=seed).steps

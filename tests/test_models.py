@@ -1,4 +1,4 @@
-"""Reference workloads (models/) and the demo job (models.train): falling losses, exact resume.
+"""Reference workloads (models/) and the demo job (models.train, models.train_child): falling losses, exact resume.
 
 The demo test runs the real supervisor in-process: it launches the training child, the child is
 SIGKILLed at a fixed step, the supervisor restarts it, it resumes from the last commit, and
@@ -21,21 +21,21 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # models/ is a repo-only package
 
 from coci.events import read_events
-from models import WORKLOADS
+from models import WORKLOADS, train_child
 from models import train as demo
 from models.record_curves import curve_path, read_curve
 
 
 @pytest.fixture(autouse=True)
 def _deterministic_single_thread() -> None:
-    demo.configure_torch(1)
+    train_child.configure_torch(1)
 
 
 @pytest.mark.slow  # trains every reference workload (cnn alone ~8 s)
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_builder_loss_falls_in_a_few_steps(name: str) -> None:
     steps = 45 if name == "cnn" else 24  # the CNN's warm-up (5% of its run) holds it for ~30 steps
-    workload, losses = demo.train_plain(name, steps=steps, seed=0, schedule_steps=WORKLOADS[name]().steps)
+    workload, losses = train_child.train_plain(name, steps=steps, seed=0, schedule_steps=WORKLOADS[name]().steps)
     assert workload.name == name and workload.steps > 100 and workload.batch_size > 0
     assert all(math.isfinite(loss) for loss in losses)
     first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
@@ -98,25 +98,25 @@ def test_demo_kills_resumes_and_verifies_bitwise(
     for killed, resumed in zip(killed_at, resumed_from):
         assert killed - 2 * every < resumed <= killed and resumed % every == 0
     assert f"lost steps (recomputed after kills) {sum(k - r for k, r in zip(killed_at, resumed_from))}" in out
-    per_pid = demo.read_steps(run_dir / demo.STEPS_FILENAME)
+    per_pid = demo.read_steps(run_dir / train_child.STEPS_FILENAME)
     assert len(per_pid) == len(killed_at) + 1
     assert {s for entries in per_pid.values() for s, _ in entries} == set(range(1, steps + 1))
 
 
 def test_verify_detects_a_single_changed_bit(tmp_path: Path) -> None:
-    workload, losses = demo.train_plain("mlp", steps=4, seed=0)
-    reference, reference_losses = demo.train_plain("mlp", steps=4, seed=0)
+    workload, losses = train_child.train_plain("mlp", steps=4, seed=0)
+    reference, reference_losses = train_child.train_plain("mlp", steps=4, seed=0)
     final = {"model": workload.model.state_dict(), "optimizer": workload.optimizer.state_dict()}
-    torch.save(final, tmp_path / demo.FINAL_FILENAME)
+    torch.save(final, tmp_path / train_child.FINAL_FILENAME)
     lines = [f"1,{step},{loss.hex()}" for step, loss in enumerate(losses, start=1)]
-    (tmp_path / demo.STEPS_FILENAME).write_text("\n".join(lines) + "\n")
+    (tmp_path / train_child.STEPS_FILENAME).write_text("\n".join(lines) + "\n")
     assert demo.compare_runs(tmp_path, reference, reference_losses) == []
     final["model"]["0.weight"].view(torch.int32)[0, 0] ^= 1  # flip the lowest mantissa bit of one weight
-    torch.save(final, tmp_path / demo.FINAL_FILENAME)
+    torch.save(final, tmp_path / train_child.FINAL_FILENAME)
     assert demo.compare_runs(tmp_path, reference, reference_losses) == ["model.0.weight differs"]
     final["model"]["0.weight"].view(torch.int32)[0, 0] ^= 1
     final["optimizer"]["state"][0]["exp_avg_sq"][0, 0] += 1e-12
-    torch.save(final, tmp_path / demo.FINAL_FILENAME)
+    torch.save(final, tmp_path / train_child.FINAL_FILENAME)
     assert demo.compare_runs(tmp_path, reference, reference_losses) == ["optimizer.state.0.exp_avg_sq differs"]
     changed = [*reference_losses[:-1], reference_losses[-1] + 1e-6]
     assert demo.compare_runs(tmp_path, reference, changed)[-1].startswith("loss at step 4:")
