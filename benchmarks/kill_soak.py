@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "jobs"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fault_job import CampaignResult, run_campaign

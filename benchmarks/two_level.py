@@ -87,7 +87,7 @@ def grid_model(local: float, node: float, c: float, p: float, u: float, cu: floa
 
 def exact_gaps() -> None:
     """The planner's objective against the exact (step, level) optimum on the small grids."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
     from exact_optimum import optimal_two_level
 
     print("| grid | alpha | exact optimum | two-level planner | gap | local / promoted (exact) | local / promoted (planner) |")

@@ -1,8 +1,11 @@
-"""Shared pytest configuration: the external-data fixture and the marker guard.
+"""Shared pytest configuration: the external-data fixture, the tier markers and their guards.
 
-Markers (declared in pyproject.toml): ``slow`` for tests that spawn or kill processes, run the
-notebook or a long soak; ``distributed`` for tests that launch ``torchrun`` / several
-``torch.distributed`` processes. The quick tier is ``pytest -m "not slow and not distributed"``.
+Tiers are folders (markers declared in pyproject.toml): ``tests/unit/`` (in-process), ``tests/integration/``
+(processes, SeaweedFS, Lightning / HF Trainer, kill tests) and ``tests/distributed/`` (torchrun, process
+groups). Each test gets its folder's marker here, and ``quick`` when it is in ``tests/unit/`` and not
+``slow``: the quick tier is ``pytest -m quick``. A test outside a tier folder, or one carrying another
+folder's marker, stops the run. ``tests/jobs/`` holds the scripts the tests launch, ``tests/helpers/`` the
+in-process helpers; both are on ``pythonpath``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,14 @@ import re
 from pathlib import Path
 
 import pytest
+
+#: The tier folders under ``tests/``; each is also the marker its tests get.
+TIERS = ("unit", "integration", "distributed")
+
+#: Added to every ``unit`` test not marked ``slow``.
+QUICK = "quick"
+
+TESTS = Path(__file__).resolve().parent
 
 #: A test module whose source names one of these launches a torch.distributed job.
 _DISTRIBUTED_LAUNCHERS = ("torchrun", "torch.distributed.run", "dist_job.py")
@@ -38,30 +49,60 @@ def _launches_distributed(module_path: str) -> bool:
     return any(launcher in source for launcher in _DISTRIBUTED_LAUNCHERS)
 
 
+def _tier_of(path: Path) -> str | None:
+    """The tier folder a test file sits in, or None when it is not in one."""
+    try:
+        parts = path.resolve().relative_to(TESTS).parts
+    except ValueError:
+        return None
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
+def _tier_problem(item: pytest.Item) -> str | None:
+    """Why ``item`` breaks the tier rules, or None when it keeps them."""
+    tier = _tier_of(item.path)
+    if tier is None:
+        return f"{item.nodeid}: put it in one of tests/{{{','.join(TIERS)}}}/"
+    foreign = {mark.name for mark in item.iter_markers()} & ({*TIERS, QUICK} - {tier})
+    if foreign:
+        return f"{item.nodeid}: in tests/{tier}/ but marked {', '.join(sorted(foreign))} (the folder decides the tier)"
+    if tier != "distributed" and item.path.suffix == ".py" and _launches_distributed(str(item.path)):
+        return f"{item.nodeid}: its module launches torchrun, so it belongs in tests/distributed/"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse to run a test from a module that launches torchrun (or ``tests/dist_job.py``) unless it
-    carries the ``distributed`` marker, so the quick tier can never start a distributed job."""
-    unmarked = [
-        item.nodeid
-        for item in items
-        if item.path.suffix == ".py"
-        and _launches_distributed(str(item.path))
-        and item.get_closest_marker("distributed") is None
-    ]
-    if unmarked:
-        raise pytest.UsageError(
-            "tests from modules that launch torchrun must be marked @pytest.mark.distributed: " + ", ".join(unmarked)
-        )
+    """Mark each test with its folder's tier (and ``quick`` for a unit test not marked ``slow``) before
+    ``-m`` selects, and stop the run on a test outside a tier folder, carrying another tier's marker, or
+    launching torchrun outside ``tests/distributed/``: no test can slip into a faster tier."""
+    problems = [problem for item in items if (problem := _tier_problem(item))]
+    if problems:
+        raise pytest.UsageError("tests outside their tier:\n  " + "\n  ".join(problems))
+    for item in items:
+        tier = _tier_of(item.path) or "unit"  # never None here: _tier_problem found none outside a tier
+        item.add_marker(tier)
+        if tier == "unit" and item.get_closest_marker("slow") is None:
+            item.add_marker(QUICK)
+
+
+def _selects_quick_only(expression: str) -> bool:
+    """Whether a ``-m`` expression keeps quick tests only (``quick``, ``quick and ...``)."""
+    return re.fullmatch(r"quick( and [\w ]+)?", expression.strip()) is not None and " or " not in expression
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """With ``-m "not slow ..."`` (no ``or``), do not even import a module marked slow as a whole:
-    every test in it would be deselected, and its imports (lightning, nbclient) cost seconds per
-    xdist worker. Any other mark expression collects everything as usual."""
+    """Do not even import what the mark expression deselects as a whole: with ``-m quick`` the
+    integration and distributed folders and unit modules marked slow, with ``-m "not slow ..."`` (no
+    ``or``) modules marked slow. Their tests would all be deselected, and their imports (lightning,
+    nbclient) cost seconds per xdist worker. Any other expression collects everything as usual."""
     expression = config.getoption("markexpr") or ""
-    if "not slow" not in expression or " or " in expression or collection_path.suffix != ".py":
+    quick_only = _selects_quick_only(expression)
+    if quick_only and collection_path.parent == TESTS and collection_path.name in TIERS and collection_path.name != "unit":
+        return True
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
         return None
-    if not collection_path.name.startswith("test_"):
+    if not quick_only and ("not slow" not in expression or " or " in expression):
         return None
     if _MODULE_MARKED_SLOW.search(collection_path.read_text(encoding="utf-8")):
         return True

@@ -1,0 +1,203 @@
+"""Several nodes, each with its own run directory: two ``torchrun`` agents on this machine
+(``--nnodes 2 --nproc-per-node 1``, c10d rendezvous, gloo), FSDP2 on CPU (tests/sharded_job.py),
+each agent passing its own run directory, with and without a real S3 server (SeaweedFS).
+
+Each node commits, uploads and restores its own rank's shards: a kill of both nodes (at a random
+step, during a persist, during an upload) resumes bitwise equal to the uninterrupted run with both
+directories intact; a node whose directory is lost fetches its part from S3; without a remote, a
+lost node is one clear error naming its missing shards; a node killed between prepare and publish
+leaves a step no node loads; ``coci verify`` finds every node's directory clean.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torchrun_helpers
+
+from coci.checkpoint import layout
+from coci.checkpoint.remote.tier import committed_steps, open_store
+from coci.checkpoint.verify import verify_run
+from tests.integration.test_remote import s3_remote, s3_server  # noqa: F401 (fixtures)
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, torchrun_helpers.needs_gloo]
+
+JOB = Path(__file__).resolve().parents[1] / "jobs" / "sharded_job.py"
+TIMEOUT = 600  # generous: a loaded 2-core machine takes minutes to import torch in 2 agents
+EPOCHS = 2  # 12 steps (48 samples, batch 4, 2 ranks); checkpoints every 4 steps
+STEPS = EPOCHS * torchrun_helpers.SAMPLES // 8
+
+
+def run_nodes(base: Path, *args: str, **kwargs: object) -> list[torchrun_helpers.NodeOutcome]:
+    """Both nodes of the job, each in ``base/node<K>``."""
+    dirs = [base / f"node{node}" for node in range(2)]
+    return torchrun_helpers.launch_nodes(JOB, dirs, "--epochs", str(EPOCHS), *args, timeout=TIMEOUT, **kwargs)  # type: ignore[arg-type]
+
+
+def node_dir(base: Path, node: int) -> Path:
+    return base / f"node{node}"
+
+
+def node_events(base: Path, node: int, kind: str) -> list[dict]:
+    """The ``kind`` events of node ``node``'s only rank (rank == node here)."""
+    path = node_dir(base, node) / ("events.jsonl" if node == 0 else f"events.rank{node}.jsonl")
+    return [event for event in map(json.loads, path.read_text().splitlines()) if event["event"] == kind]
+
+
+def assert_ok(outcomes: list[torchrun_helpers.NodeOutcome]) -> None:
+    assert [o.code for o in outcomes] == [0, 0], "\n".join(o.output[-3000:] for o in outcomes)
+
+
+def assert_bitwise(base: Path, reference: Path) -> None:
+    """Final parameters and optimizer state (gathered by rank 0) equal to the reference's."""
+    got = torch.load(node_dir(base, 0) / "final.pt", weights_only=True)
+    want = torch.load(node_dir(reference, 0) / "final.pt", weights_only=True)
+    assert got["steps"] == want["steps"] == STEPS
+    for key, value in want["model"].items():
+        assert torch.equal(got["model"][key], value), key
+    for name, per_param in want["optimizer"].items():
+        for field, value in per_param.items():
+            assert torch.equal(got["optimizer"][name][field], value), (name, field)
+
+
+def assert_clean(base: Path) -> None:
+    """``coci verify`` on every node's directory: every checkpoint verifies, no ``*.tmp`` left."""
+    for node in range(2):
+        statuses = verify_run(node_dir(base, node))
+        assert statuses and all(status.ok for status in statuses), statuses
+        leftovers = [p.name for p in layout.checkpoints_dir(node_dir(base, node)).iterdir() if p.name.endswith(layout.TMP_SUFFIX)]
+        assert not leftovers, leftovers
+
+
+def restored(base: Path) -> list[list[tuple[int, str]]]:
+    return [[(event["step"], event["tier"]) for event in node_events(base, node, "restore")] for node in range(2)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run on two nodes (no remote)."""
+    base = tmp_path_factory.mktemp("reference")
+    assert_ok(run_nodes(base))
+    assert [e["layout"] for node in range(2) for e in node_events(base, node, "run_dir_layout")] == ["node-local"] * 2
+    return base
+
+
+@pytest.mark.parametrize("seed", [1, 5])  # kills after steps 9 and 11
+def test_both_nodes_killed_at_a_random_step_resume_bitwise_with_s3(tmp_path: Path, reference: Path, seed: int, s3_remote: str) -> None:  # noqa: F811
+    kill_at = random.Random(seed).randint(9, STEPS - 1)  # after step 8's checkpoint began: step 4's is committed
+    outcomes = run_nodes(tmp_path, "--remote", s3_remote, "--kill-at", str(kill_at), survivor_grace=10.0)
+    assert all(o.code != 0 for o in outcomes)
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote))
+    newest = (kill_at // 4) * 4  # the persist started at that step may not have committed before the kill
+    assert restored(tmp_path)[0] == restored(tmp_path)[1] and restored(tmp_path)[0][0] in ((newest, "local"), (newest - 4, "local"))
+    uploads = node_events(tmp_path, 1, "node_upload")  # node 1 uploaded its own part, throughput recorded
+    assert uploads and all(e["node"] == 1 and e["bytes"] > 0 and e["bytes_per_second"] > 0 for e in uploads)
+    assert_bitwise(tmp_path, reference)
+    assert_clean(tmp_path)
+
+
+def test_both_nodes_killed_during_a_persist_resume_bitwise(tmp_path: Path, reference: Path) -> None:
+    outcomes = run_nodes(tmp_path, "--fault", "all:dcp_after_save:2", survivor_grace=10.0)  # inside step 8's persist
+    assert all(o.code != 0 for o in outcomes)
+    for node in range(2):  # step 8 was written but never published anywhere
+        assert [step for step, _ in layout.committed_steps(layout.checkpoints_dir(node_dir(tmp_path, node)))] == [4]
+    assert_ok(run_nodes(tmp_path))
+    assert restored(tmp_path) == [[(4, "local")]] * 2
+    assert_bitwise(tmp_path, reference)
+    assert_clean(tmp_path)
+
+
+def test_rank0_killed_during_an_upload_commits_nothing_remotely_and_resumes(tmp_path: Path, reference: Path, s3_remote: str) -> None:  # noqa: F811
+    outcomes = run_nodes(tmp_path, "--remote", s3_remote, "--fault", "0:node_upload:2", survivor_grace=10.0)  # step 8's upload
+    assert outcomes[0].code != 0
+    killed_in = node_events(tmp_path, 0, "node_upload")[-1]["step"]  # its second promotion (the upload thread lags)
+    assert killed_in not in committed_steps(open_store(s3_remote).list_objects())  # no commit marker for it
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote))
+    (step, tier), = restored(tmp_path)[0]
+    assert restored(tmp_path) == [[(step, "local")]] * 2 and step >= killed_in  # committed locally before its promotion
+    assert_bitwise(tmp_path, reference)
+    assert_clean(tmp_path)
+
+
+def test_a_lost_node_directory_is_recovered_from_s3_bitwise(tmp_path: Path, reference: Path, s3_remote: str) -> None:  # noqa: F811
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "8"))  # close() waits for every node's upload
+    assert 8 in committed_steps(open_store(s3_remote).list_objects())
+    remote_names = set(open_store(s3_remote).list_objects("step_8/"))
+    assert {"step_8/__0_0.distcp", "step_8/__1_0.distcp", "step_8/.metadata", "step_8/manifest.json"} <= remote_names
+    shutil.rmtree(node_dir(tmp_path, 1))  # node 1's disk is gone
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote))
+    assert restored(tmp_path) == [[(8, "local")], [(8, "remote")]]
+    fetched = node_events(tmp_path, 1, "remote_fetch")
+    assert [e["step"] for e in fetched] == [8] and set(fetched[0]["files"]) == {"__1_0.distcp", ".metadata"}
+    assert_bitwise(tmp_path, reference)
+    assert_clean(tmp_path)
+
+
+def test_a_lost_node_without_a_remote_is_one_clear_error_naming_its_shards(tmp_path: Path) -> None:
+    assert_ok(run_nodes(tmp_path, "--stop-at", "8", "--run-dir-layout", "node-local"))  # told, not probed: by host and GROUP_RANK
+    assert [(e["setting"], e["layout"], e["nodes"]) for e in node_events(tmp_path, 1, "run_dir_layout")] == [("node-local", "node-local", [[0], [1]])]
+    shutil.rmtree(layout.checkpoints_dir(node_dir(tmp_path, 1)))
+    outcomes = run_nodes(tmp_path, survivor_grace=60.0)
+    assert [o.code for o in outcomes] != [0, 0]
+    for outcome in outcomes:  # every rank fails with the same message, before any training step
+        assert "CorruptCheckpointError: no checkpoint is complete on every node" in outcome.output, outcome.output[-3000:]
+        assert "step_8: node 1 (ranks 1) lacks its shards __1_0.distcp" in outcome.output
+        assert "step_4: node 1 (ranks 1) lacks its shards __1_0.distcp" in outcome.output
+    assert [int(line.split()[0]) for line in (node_dir(tmp_path, 0) / "samples_rank0.txt").read_text().splitlines()] == list(range(1, 9))
+
+
+def test_a_node_killed_between_prepare_and_publish_leaves_a_step_no_node_loads(tmp_path: Path, reference: Path) -> None:
+    outcomes = run_nodes(tmp_path, "--fault", "1:before_node_publish:2", survivor_grace=60.0)  # step 8, node 1
+    assert outcomes[1].code != 0
+    assert (layout.checkpoints_dir(node_dir(tmp_path, 0)) / "step_8").is_dir()  # node 0 published its part
+    assert not (layout.checkpoints_dir(node_dir(tmp_path, 1)) / "step_8").exists()
+    assert_ok(run_nodes(tmp_path))
+    assert restored(tmp_path) == [[(4, "local")]] * 2  # step 8 is on node 0 only: never loaded
+    skips = node_events(tmp_path, 0, "restore_skip")
+    assert [e["step"] for e in skips] == [8] and "node 1 (ranks 1) lacks its shards __1_0.distcp" in skips[0]["message"]
+    assert_bitwise(tmp_path, reference)
+    assert_clean(tmp_path)
+
+
+def test_two_ranks_per_node_a_lost_node_fetches_both_ranks_files_from_s3(tmp_path: Path, s3_remote: str) -> None:  # noqa: F811
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "4", nproc=2))
+    assert node_events(tmp_path, 0, "run_dir_layout")[0]["nodes"] == [[0, 1], [2, 3]]
+    names = {p.name for p in (layout.checkpoints_dir(node_dir(tmp_path, 1)) / "step_4").iterdir()}
+    assert names == {"__2_0.distcp", "__3_0.distcp", ".metadata", "manifest.json"}  # node 1 holds its ranks' files only
+    at_stop = torch.load(node_dir(tmp_path, 0) / "stop.pt", weights_only=True)  # the full state at step 4 (gathered)
+    shutil.rmtree(node_dir(tmp_path, 1))
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "5", nproc=2))
+    for rank, files in ((2, [".metadata", "__2_0.distcp"]), (3, ["__3_0.distcp"])):  # each rank its own shard
+        log = [json.loads(line) for line in (node_dir(tmp_path, 1) / f"events.rank{rank}.jsonl").read_text().splitlines()]
+        assert [(e["step"], sorted(e["files"])) for e in log if e["event"] == "remote_fetch"] == [(4, sorted(files))]
+    assert at_stop["steps"] == 4
+    assert_same_state(torch.load(node_dir(tmp_path, 0) / "restored.pt", weights_only=True), at_stop)
+
+
+def assert_same_state(got: dict, want: dict) -> None:
+    """Two gathered states (sharded_job's restored.pt / stop.pt) hold the same steps and tensors."""
+    assert got["steps"] == want["steps"]
+    for key, value in want["model"].items():
+        assert torch.equal(got["model"][key], value), key
+    for name, per_param in want["optimizer"].items():
+        for field, value in per_param.items():
+            assert torch.equal(got["optimizer"][name][field], value), (name, field)
+    assert torch.equal(got["counter"], want["counter"])
+
+
+def test_another_layout_fetches_the_whole_checkpoint_and_reshards(tmp_path: Path, s3_remote: str) -> None:  # noqa: F811
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "8"))  # 2 nodes x 1 rank
+    at_stop = torch.load(node_dir(tmp_path, 0) / "stop.pt", weights_only=True)
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "9", nproc=2))  # 2 nodes x 2 ranks, dirs intact
+    for node, rank in ((0, 0), (1, 2)):  # the parts on disk are of the old layout: each node fetched every file
+        log = node_dir(tmp_path, node) / ("events.jsonl" if rank == 0 else f"events.rank{rank}.jsonl")
+        events = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "restore"]
+        assert [(e["step"], e["tier"]) for e in events] == [(8, "remote")]
+        record = json.loads((layout.checkpoints_dir(node_dir(tmp_path, node)) / "step_8" / "manifest.json").read_text())
+        assert "node" not in record and record["nodes"] == [[0], [1]]  # the whole checkpoint, as saved
+    assert_same_state(torch.load(node_dir(tmp_path, 0) / "restored.pt", weights_only=True), at_stop)

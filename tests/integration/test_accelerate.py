@@ -1,0 +1,118 @@
+"""A plain Accelerate loop under coci: ``Session`` takes what ``accelerator.prepare`` returns.
+
+The kill campaign runs ``tests/accelerate_job.py`` (the model, data and schedule of the Trainer job
+in a hand-written loop with ``accelerator.accumulate``, a ``coci.ResumableLoader``, logging every 4
+optimizer steps and evaluating every 5) through ``tests/kill_campaign.py``: three SIGKILLs per
+trajectory (during a persist, during an evaluation, at an epoch's end), a run to the end and a
+restart of the finished run; final weights, AdamW state, scheduler and every log entry of every
+process must equal the plain loop's (the ``# coci`` lines removed), run in the same test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from kill_campaign import differences, restored_steps, run_campaign
+
+pytest.importorskip("accelerate")
+pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.slow  # real Accelerate processes, SIGKILLed and resumed
+
+JOB = Path(__file__).resolve().parents[1] / "jobs" / "accelerate_job.py"
+TRAJECTORIES: list[dict[str, Any]] = [
+    # 30 steps, 9 an epoch: the eval kill restores the epoch's end 9, the epoch kill restores 18,
+    # checkpointed on epoch 1's last batch (the loader resumes in epoch 2)
+    {"name": "seed0-steps", "config": {"seed": 0, "accumulate": 1, "horizon": "steps"},
+     "kills": ["persist:2", "eval:10", "epoch:1"], "restores": [3, 9, 18, 30]},
+    # 15 steps of 2 batches (accumulation spans epoch ends): killed at epoch 2's end mid-accumulation
+    {"name": "seed1-epochs-accumulate2", "config": {"seed": 1, "accumulate": 2, "horizon": "epochs"},
+     "kills": ["persist:2", "eval:10", "epoch:2"], "restores": [3, 9, 12, 15]},
+]
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, int]]]:
+    out = tmp_path_factory.mktemp("accelerate-campaign")
+    return out, run_campaign(JOB, out, TRAJECTORIES)
+
+
+@pytest.mark.parametrize("trajectory", TRAJECTORIES, ids=[t["name"] for t in TRAJECTORIES])
+def test_killed_accelerate_loop_resumes_bitwise(campaign: tuple[Path, dict[str, dict[str, int]]], trajectory: dict[str, Any]) -> None:
+    out, codes = campaign
+    ran = codes[trajectory["name"]]
+    assert ran["reference"] == 0 and ran["final"] == 0 and ran["again"] == 0, ran
+    assert [code for name, code in ran.items() if name.startswith("kill")] == [-9, -9, -9], ran
+    base = out / trajectory["name"]
+    assert restored_steps(base / "coci" / "coci") == trajectory["restores"]
+    assert differences(base) == []
+    again = torch.load(base / "coci" / "again.pt", weights_only=True)
+    final = torch.load(base / "coci" / "final.pt", weights_only=True)
+    assert again["best"] == final["best"]  # the restarted finished run trained no step
+    assert all(torch.equal(again["model"][key], value) for key, value in final["model"].items())
+
+
+def test_session_fences_and_restores_the_torch_objects_inside_accelerates_wrappers(tmp_path: Path) -> None:
+    """``accelerator.prepare`` returns an ``AcceleratedOptimizer`` (a torch Optimizer subclass that
+    never ran ``Optimizer.__init__``: no step hooks of its own) and an ``AcceleratedScheduler``."""
+    from accelerate import Accelerator
+
+    import coci
+
+    def prepared() -> tuple[Any, Any, Any]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 0.9**k)
+        return Accelerator(cpu=True).prepare(model, optimizer, scheduler)
+
+    model, optimizer, scheduler = prepared()
+    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+    with coci.Session(tmp_path, state=state, policy=coci.EveryN(3)) as session:
+        assert session.state["optimizer"] is optimizer.optimizer and session.state["scheduler"] is scheduler.scheduler
+        assert len(optimizer.optimizer._optimizer_step_pre_hooks) == 1  # coci's fence
+        for _ in range(3):
+            model(torch.ones(2, 4)).sum().backward()
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            session.step()
+    model2, optimizer2, scheduler2 = prepared()
+    with coci.Session(tmp_path, state={"model": model2, "optimizer": optimizer2, "scheduler": scheduler2}, policy=coci.EveryN(3)) as again:
+        assert again.restore() is not None and again.steps == 3
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
+    assert scheduler2.state_dict() == scheduler.state_dict()
+    assert torch.equal(optimizer2.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_wrappers_with_state_of_their_own_are_not_unwrapped(tmp_path: Path) -> None:
+    """Only Accelerate's wrappers (known by their ``gradient_state``) stand for what they wrap: an
+    optimizer wrapper with state of its own (Lookahead's slow weights) and a user's object holding a
+    scheduler are saved through their own ``state_dict``."""
+    import coci
+
+    model = torch.nn.Linear(2, 1)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    class Lookahead(torch.optim.Optimizer):
+        def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+            super().__init__(optimizer.param_groups, {})
+            self.optimizer = optimizer
+
+    class Schedule:
+        def __init__(self) -> None:
+            self.scheduler = torch.optim.lr_scheduler.StepLR(inner, 1)
+            self.warm = 3
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"warm": self.warm, "scheduler": self.scheduler.state_dict()}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.warm = state["warm"]
+
+    lookahead, schedule = Lookahead(inner), Schedule()
+    with coci.Session(tmp_path, state={"optimizer": lookahead, "schedule": schedule}, policy=coci.EveryN(10)) as session:
+        assert session.state["optimizer"] is lookahead and session.state["schedule"] is schedule

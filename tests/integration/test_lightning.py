@@ -1,0 +1,159 @@
+"""CociCallback: a Lightning job killed with SIGKILL and resumed ends bitwise equal to an uninterrupted one.
+
+The job (tests/lightning_job.py) runs ``Trainer(max_steps=36, deterministic=True)`` on CPU with
+dropout, Adam, a per-step and a per-epoch LR scheduler, 10 batches per epoch and
+``CociCallback(policy=coci.EveryN(5))``, so checkpoints land mid-epoch (5, 15, ...) and on the
+epoch's last batch (10, 20, 30). Each case kills a real process and resumes it in a new one; the
+final weights, Adam state and LR, and every step's loss, epoch and batch, must equal the reference.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+pytest.importorskip("torchdata.stateful_dataloader")
+
+pytestmark = pytest.mark.slow  # real Lightning processes, SIGKILLed and resumed
+
+JOB = Path(__file__).resolve().parents[1] / "jobs" / "lightning_job.py"
+STEPS = 36
+EVERY = 5
+
+
+def run(run_dir: Path, *extra: str) -> int:
+    cmd = [sys.executable, str(JOB), str(run_dir), "--steps", str(STEPS), "--every", str(EVERY), *extra]
+    return subprocess.run(cmd, timeout=600, capture_output=True).returncode  # generous under load
+
+
+def step_lines(run_dir: Path) -> dict[int, set[tuple[str, str, str]]]:
+    seen: dict[int, set[tuple[str, str, str]]] = {}
+    for path in run_dir.glob("steps_*.txt"):
+        for line in path.read_text().splitlines():
+            step, epoch, loss, batch = line.split()
+            seen.setdefault(int(step), set()).add((epoch, loss, batch))
+    return seen
+
+
+def restored_steps(run_dir: Path) -> list[int | None]:
+    return [json.loads(p.read_text())["step"] for p in run_dir.glob("resumed_*.json")]
+
+
+def assert_same_as_reference(run_dir: Path, reference: Path) -> None:
+    got = torch.load(run_dir / "final.pt", weights_only=True)
+    want = torch.load(reference / "final.pt", weights_only=True)
+    assert got["model"].keys() == want["model"].keys()
+    for key, value in want["model"].items():
+        assert torch.equal(got["model"][key], value), key
+    for index, per_param in want["optimizer"]["state"].items():
+        for name, value in per_param.items():
+            assert torch.equal(torch.as_tensor(got["optimizer"]["state"][index][name]), torch.as_tensor(value)), (index, name)
+    assert got["lr"] == want["lr"]  # both schedulers resumed (the per-epoch one across the boundary)
+    reference_lines = {step: lines.pop() for step, lines in step_lines(reference).items()}
+    resumed = step_lines(run_dir)
+    assert set(resumed) == set(range(1, STEPS + 1))
+    for step, lines in resumed.items():  # steps re-run after the resume: same epoch, batch and loss
+        assert lines == {reference_lines[step]}, step
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Uninterrupted runs per loader; worker processes change the global RNG draws, so 2 workers
+    get their own reference."""
+    paths = {}
+    for loader, workers in (("stateful", 0), ("stateful", 2), ("resumable", 0)):
+        path = tmp_path_factory.mktemp(f"reference-{loader}-{workers}")
+        assert run(path, "--loader", loader, "--workers", str(workers)) == 0
+        assert sorted(step_lines(path)) == list(range(1, STEPS + 1))
+        paths[f"{loader}-{workers}"] = path
+    return paths
+
+
+@pytest.mark.parametrize(
+    ("loader", "workers", "die_at", "commit", "expect_restored"),
+    [
+        # killed 3 steps after the checkpoint on epoch 0's last batch: resume starts epoch 1
+        ("stateful", 0, 13, True, {10}),
+        # StatefulDataLoader with 2 worker processes, resumed mid-epoch 1 (batches 6..10 of it)
+        ("stateful", 2, 17, True, {15}),
+        # killed at a checkpoint step while its persist may be in flight: step 10 or step 5
+        ("resumable", 0, 10, False, {5, 10}),
+    ],
+    ids=["statefuldl-epoch-end", "statefuldl-2-workers-mid-epoch", "resumableloader-persist-in-flight"],
+)
+def test_killed_lightning_run_resumes_bitwise(
+    tmp_path: Path, references: dict[str, Path], loader: str, workers: int, die_at: int, commit: bool, expect_restored: set[int]
+) -> None:
+    extra = ["--loader", loader, "--workers", str(workers)]
+    killed = run(tmp_path, *extra, "--die-at", str(die_at), *(["--commit-before-kill"] if commit else []))
+    assert killed == -signal.SIGKILL
+    assert max(step_lines(tmp_path)) == die_at
+    assert run(tmp_path, *extra) == 0
+    (restored,) = restored_steps(tmp_path)
+    assert restored in expect_restored
+    assert_same_as_reference(tmp_path, references[f"{loader}-{workers}"])
+
+
+def test_resumable_loader_restored_at_an_epochs_last_batch_resumes_the_next_epoch(
+    tmp_path: Path, references: dict[str, Path]
+) -> None:
+    """Lightning builds the train iterator, then calls ``set_epoch(1)`` on the restored loader (at
+    epoch 0's end), then draws from that iterator: the pass must begin at its first batch, in epoch 1."""
+    extra = ["--loader", "resumable", "--workers", "0"]
+    assert run(tmp_path, *extra, "--die-at", "10", "--commit-before-kill") == -signal.SIGKILL
+    assert run(tmp_path, *extra) == 0
+    assert restored_steps(tmp_path) == [10]
+    assert_same_as_reference(tmp_path, references["resumable-0"])
+
+
+def test_finished_run_keeps_last_step_and_resumes_to_nothing(references: dict[str, Path]) -> None:
+    """save_last: the final step (36, not a multiple of 5) is committed; keep_last=2 keeps two."""
+    checkpoints = sorted(p.name for p in (references["stateful-0"] / "checkpoints").iterdir())
+    assert checkpoints == ["step_35", "step_36"]
+
+
+def test_importing_coci_does_not_import_lightning() -> None:
+    code = "import sys, coci, coci.integrations; assert 'lightning' not in sys.modules, 'lightning imported'"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_missing_lightning_raises_clear_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m == "lightning" or m.startswith("lightning.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delitem(sys.modules, "coci.integrations.lightning", raising=False)
+    monkeypatch.setitem(sys.modules, "lightning", None)  # makes `import lightning` raise ImportError
+    with pytest.raises(ImportError, match=r"pip install 'coci\[lightning\]'"):
+        importlib.import_module("coci.integrations.lightning")
+
+
+def test_bad_arguments_name_the_field(tmp_path: Path) -> None:
+    from coci import ConfigError
+    from coci.integrations.lightning import CociCallback
+
+    with pytest.raises(ConfigError, match="save_last"):
+        CociCallback(tmp_path, save_last="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="run_dir"):
+        CociCallback(3)  # type: ignore[arg-type]
+
+
+def test_callback_takes_a_plan_config_and_fills_its_horizon_from_max_steps(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from coci import Failures, PlanConfig
+    from coci.integrations.lightning import CociCallback
+
+    config = PlanConfig(policy="young", failures=Failures.exponential("8h"))
+    options = CociCallback(tmp_path, plan_config=config)._options_for(SimpleNamespace(max_steps=300))
+    assert options["plan_config"] == config.replace(total_steps=300) and options["total_steps"] is None
+    options = CociCallback(tmp_path, mtbf="8h")._options_for(SimpleNamespace(max_steps=-1))
+    assert options["plan_config"] is None and options["total_steps"] is None
+    options = CociCallback(tmp_path, mtbf="8h")._options_for(SimpleNamespace(max_steps=300))
+    assert options["total_steps"] == 300

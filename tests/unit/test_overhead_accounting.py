@@ -1,0 +1,178 @@
+"""The report counts everything coci adds, and a killed run that never restarted still has a report.
+
+The session books its own time on the training thread (per-step work, planning, stalls, the final
+wait) into ``events.jsonl``; the report sums it. Checked here against the time the training loop
+itself measured around every coci call, on a real run; and ``coci report`` on a SIGKILLed,
+never-restarted job shows its steps, losses and checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import coci
+from coci.analysis.report import read_run
+from coci.cli import main
+from coci.events import read_events
+from coci.overhead import CpuContention, OverheadLedger
+from coci.planning.failures import Failures
+from coci.planning.online import PlanningPolicy
+
+TRAIN_JOB = Path(__file__).resolve().parents[1] / "jobs" / "train_job.py"
+
+
+class SlowPlanner:
+    """A policy that checkpoints every 4th step and spends 20 ms planning at every observation."""
+
+    def should_checkpoint(self, step: int) -> bool:
+        return step % 4 == 0
+
+    def observe(self, observation: object) -> None:
+        time.sleep(0.02)
+
+
+def test_reported_overhead_matches_the_time_spent_in_coci_calls(tmp_path: Path) -> None:
+    state = {"w": torch.randn(512, 512), "extra": {"seen": 0}}
+    began = time.perf_counter()
+    session = coci.Session(tmp_path, state, policy=SlowPlanner())
+    outside = time.perf_counter() - began  # the construction is coci's time too
+    for step in range(80):
+        state["w"].mul_(1.0001)
+        state["extra"]["seen"] = step
+        called = time.perf_counter()
+        session.step(float(step))
+        outside += time.perf_counter() - called
+    called = time.perf_counter()
+    session.close()
+    outside += time.perf_counter() - called
+    data = read_run(tmp_path)
+    observed = data.observed
+    on_thread = (
+        observed.stall_seconds + observed.step_work_seconds + observed.planning_seconds + observed.close_wait_seconds
+        + observed.setup_seconds
+    )
+    assert observed.processes == 1 and observed.planning_seconds > 0 and observed.step_work_seconds > 0
+    assert observed.setup_seconds > 0 and observed.planner_thread_seconds == 0.0  # a user policy plans inline
+    assert observed.overhead_seconds == pytest.approx(on_thread + observed.interference_seconds)
+    # every second coci booked was spent inside a coci call, and it booked nearly all of them
+    assert on_thread <= outside + 1e-3
+    assert on_thread >= 0.9 * outside, (on_thread, outside)
+    assert observed.startup_seconds is not None and observed.startup_seconds > 0
+    assert outside < time.perf_counter() - began
+
+
+class BurningPlanner(PlanningPolicy):
+    """coci's auto policy that first burns ``BURN_SECONDS`` of its thread's CPU at every observation."""
+
+    BURN_SECONDS = 0.05
+
+    def observe(self, observation: coci.Observation) -> None:
+        began = time.thread_time()
+        while time.thread_time() - began < self.BURN_SECONDS:
+            pass
+        super().observe(observation)
+
+
+def test_the_planner_threads_cpu_seconds_are_booked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every CPU second the planner thread spends is booked at least once (times the contention,
+    which is >= 1), and the report's overhead includes it."""
+    monkeypatch.setattr(coci.knobs, "PLANNING_TIME_FRACTION", 1e9)  # the injected clock: no cap
+    monkeypatch.setattr(coci.knobs, "OBSERVE_EVERY_STEPS", 50)
+    now = [0.0]
+    policy = BurningPlanner("auto", failures=Failures.exponential(mtbf="2h"), total_steps=1000)
+    session = coci.Session(tmp_path, {"w": torch.zeros(4)}, policy=policy, clock=lambda: now[0])
+    for step in range(1, 301):
+        now[0] += 0.05
+        session.step(5.0 / step**0.5)
+    session.close()
+    closes = [e for e in read_events(tmp_path) if e["event"] == "close"]
+    observations = sum(1 for e in read_events(tmp_path) if e["event"] == "plan")
+    assert observations >= 2
+    booked = closes[-1]["overhead_planner_thread"]
+    assert booked >= observations * BurningPlanner.BURN_SECONDS  # the injected clock never waited
+    observed = read_run(tmp_path).observed
+    assert observed.planner_thread_seconds == pytest.approx(booked)
+    assert observed.overhead_seconds >= booked
+
+
+def test_planner_thread_booking_subtracts_the_wait_already_booked() -> None:
+    ledger = OverheadLedger()
+    ledger.book_planner_thread(0.4, 0.1, 2.0)
+    assert ledger.planner_thread == pytest.approx(0.7)
+    ledger.book_planner_thread(0.1, 0.5, 1.0)  # waited longer than the plan cost: nothing more
+    assert ledger.planner_thread == pytest.approx(0.7)
+    assert ledger.total() == pytest.approx(0.7)
+
+
+def test_cpu_contention_rises_when_a_busy_process_shares_the_core() -> None:
+    """Pinned to one core with a busy process, this thread waits in the runqueue about as long as it runs."""
+    contention = CpuContention()
+    assert contention.factor() >= 1.0
+    if not hasattr(os, "sched_setaffinity") or not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
+        pytest.skip("no per-thread scheduler statistics here")
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    busy = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        os.sched_setaffinity(0, {cpu})
+        time.sleep(0.5)  # the busy process starts
+        contention = CpuContention()
+        began = time.thread_time()
+        while time.thread_time() - began < 0.3:
+            pass
+        assert contention.factor() > 1.3
+    finally:
+        os.sched_setaffinity(0, before)
+        busy.kill()
+        busy.wait()
+
+
+def test_snapshot_copy_time_includes_the_copy_made_inside_the_stall(tmp_path: Path) -> None:
+    """Without an optimizer nothing is fenced: the whole copy runs inside ``checkpoint()``."""
+    state = {"w": torch.randn(2048, 1024)}  # 8 MiB
+    with coci.Session(tmp_path, state, policy=coci.EveryN(1)) as session:
+        session.step(None)
+    ends = [e for e in read_events(tmp_path) if e["event"] == "snapshot_end"]
+    stalls = [e for e in read_events(tmp_path) if e["event"] == "stall"]
+    assert len(ends) == len(stalls) == 1
+    assert 0.0 < ends[0]["eager_seconds"] <= ends[0]["seconds"]
+    assert ends[0]["eager_seconds"] <= stalls[0]["seconds"]  # the eager copy is part of the stall
+
+
+@pytest.mark.slow
+def test_report_of_a_killed_never_restarted_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    command = [sys.executable, str(TRAIN_JOB), str(tmp_path), "--steps", "40", "--every", "5", "--die-at", "23"]
+    assert subprocess.run(command, timeout=300, capture_output=True).returncode == -signal.SIGKILL
+    assert not (tmp_path / "profile.json").exists()
+    assert main(["report", str(tmp_path), "--no-files", "--json", "--trials", "0"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    newest = max(int(p.name.split("_")[1]) for p in (tmp_path / "checkpoints").glob("step_*") if p.suffix != ".tmp")
+    assert newest >= 15  # step_20 may still have been persisting when the kill came
+    assert payload["observed"]["steps"] >= 20  # the checkpoints started, or a later progress event
+    assert payload["observed"]["checkpoints"] >= 4 and payload["observed"]["committed"] >= 3
+    assert payload["profile"]["steps"] == newest  # the profile saved in the newest checkpoint
+    assert len(payload["losses"]) > 0 and payload["loss_source"].startswith("profiler trace in checkpoint")
+    assert main(["report", str(tmp_path), "--no-files", "--trials", "0"]) == 0
+    text = capsys.readouterr().out
+    assert " 0 steps" not in text and "checkpoints: " in text
+    assert "did not close" in text
+
+
+def test_restart_cost_prior_is_this_processes_start_up_plus_a_restore(tmp_path: Path) -> None:
+    """Before any restart is measured the planner's restart cost is not a bare restore time."""
+    with coci.Session(tmp_path, {"w": torch.zeros(4)}, policy=coci.EveryN(10)) as session:
+        profile = session.profile
+    startup = next(e["startup_seconds"] for e in read_events(tmp_path) if e["event"] == "session")
+    assert profile.restart_seconds.count == 0  # a prior, not a measurement
+    assert profile.restart_seconds.value >= startup > 0.0
+    assert profile.restart_seconds.value >= profile.restore_seconds.value
