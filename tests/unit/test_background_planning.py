@@ -74,6 +74,7 @@ def test_the_first_plan_applies_at_its_fixed_step_and_was_made_off_the_training_
     assert session.policy.threads and all(name.startswith("coci-planner") for name in session.policy.threads)
 
 
+@pytest.mark.slow  # a planner slowed down on purpose
 def test_a_slow_planner_changes_nothing_but_wall_time(tmp_path: Path) -> None:
     """The same observations give the same plans at the same steps, whether the planner is instant
     or slower than the apply lag (the training thread then waits at the apply step)."""

@@ -100,6 +100,7 @@ def test_cli_failure_log_with_an_unreadable_interval_is_one_line(tmp_path: Path,
     assert "interval_h" in one_line_error([*PLAN, "--failure-log", str(log)], capsys)
 
 
+@pytest.mark.slow  # renders every figure
 def test_cli_report_with_a_deeply_nested_loss_curve_notes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = write_prior(tmp_path, "run-with-nested-curve")
     assert main(["report", str(run), "--json"]) == 0

@@ -122,6 +122,7 @@ def test_multi_run_curve_needs_a_run(capsys: pytest.CaptureFixture[str], tmp_pat
     _one_line_error(capsys.readouterr(), "--curve-run", "curve_id")
 
 
+@pytest.mark.slow  # renders every figure
 def test_report_prints_the_summary_and_writes_the_files(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"
     assert main(["report", str(run_dir), "--out", str(out), "--trials", "0"]) == 0

@@ -132,6 +132,7 @@ def test_a_fifo_lock_file_or_a_directory_event_log_is_a_coci_error(tmp_path: Pat
 
 
 @pytest.mark.parametrize("name", ["report.json", "report.html", "report_loss.png"])
+@pytest.mark.slow  # renders the report's figures per case
 def test_report_files_are_never_written_through_a_planted_link(run: Path, tmp_path: Path, name: str) -> None:
     from coci.analysis.report import report
     from coci.analysis.report.figures import FIGURES

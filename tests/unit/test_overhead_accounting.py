@@ -83,6 +83,7 @@ class BurningPlanner(PlanningPolicy):
         super().observe(observation)
 
 
+@pytest.mark.slow  # plans on a background thread for seconds
 def test_the_planner_threads_cpu_seconds_are_booked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every CPU second the planner thread spends is booked at least once (times the contention,
     which is >= 1), and the report's overhead includes it."""
@@ -114,6 +115,7 @@ def test_planner_thread_booking_subtracts_the_wait_already_booked() -> None:
     assert ledger.total() == pytest.approx(0.7)
 
 
+@pytest.mark.slow  # a busy-looping process
 def test_cpu_contention_rises_when_a_busy_process_shares_the_core() -> None:
     """Pinned to one core with a busy process, this thread waits in the runqueue about as long as it runs."""
     contention = CpuContention()

@@ -381,6 +381,7 @@ def test_bad_input_names_the_field() -> None:
         prof.probe("/tmp")
 
 
+@pytest.mark.slow  # a real-clock training loop
 def test_real_clock_training_loop_with_background_persist(tmp_path) -> None:
     """The real clock, a real snapshot copy and a persist thread (torch.save + fsync) reporting
     from another thread: every figure is measured and plausible (no wall-time thresholds)."""

@@ -36,6 +36,7 @@ def _replay(trace: tuple[np.ndarray, np.ndarray]) -> tuple[list[int], int, str]:
     return [int(s) for s in steps], observations, policy.plan.model_dump_json()
 
 
+@pytest.mark.slow  # refits at every observation
 def test_replay_with_the_reused_fit_is_the_replay_refitting_at_every_observation(monkeypatch: pytest.MonkeyPatch) -> None:
     trace = _sparse_trace()
     calls = {"fits": 0}

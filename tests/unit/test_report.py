@@ -284,6 +284,7 @@ class _Images(HTMLParser):
                 self.external.append(value)
 
 
+@pytest.mark.slow  # renders every figure
 def test_html_is_self_contained_with_every_figure_embedded(built) -> None:
     page = built.to_html()
     parser = _Images()
@@ -355,6 +356,7 @@ HUGE = "1" + "0" * 400  # a JSON integer no float holds
         ("plan", "steps", '[1, "x", 1e308]'),
     ],
 )
+@pytest.mark.slow  # renders every figure of `coci report` per case
 def test_hostile_event_fields_are_dropped_with_a_note_naming_them(
     run, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, field: str, value: str
 ) -> None:
@@ -393,6 +395,7 @@ def test_hostile_event_fields_are_dropped_with_a_note_naming_them(
         ("loss_curve.json", ("losses", 3), HUGE, "loss_curve.json unreadable"),
     ],
 )
+@pytest.mark.slow  # renders every figure of `coci report` per case
 def test_hostile_numbers_in_plan_and_profile_never_crash_the_report(
     run, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, path: tuple[str | int, ...], value: str, said: str | None
 ) -> None:

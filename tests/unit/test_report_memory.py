@@ -12,6 +12,7 @@ import os
 import tracemalloc
 from pathlib import Path
 
+import pytest
 from ckpt_helpers import make_run
 
 from coci.analysis.report.read import read_run
@@ -44,6 +45,7 @@ def traced_peak(run_dir: Path) -> tuple[int, int]:
     return peak, data.observed.steps
 
 
+@pytest.mark.slow  # reports on a long event log
 def test_report_memory_does_not_grow_with_the_event_log(tmp_path: Path) -> None:
     """Finding 21: about 2 KB per event line (1 M lines: 1.96 GB). Ten times the lines now cost
     less than twice the traced peak; and every line is still read (the furthest step is the last)."""

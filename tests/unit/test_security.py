@@ -344,6 +344,7 @@ def test_second_session_in_one_process_is_refused(tmp_path: Path) -> None:
     coci.Session(tmp_path, state=build_state(), policy=coci.EveryN(1000)).close()  # free again after close
 
 
+@pytest.mark.slow  # a new Python process importing torch
 def test_lock_names_another_process_and_dies_with_it(tmp_path: Path) -> None:
     import signal
     import subprocess
@@ -478,6 +479,7 @@ def two_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dic
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
+@pytest.mark.slow  # restores once per mutation
 def test_any_resealed_mutation_restores_the_previous_good_or_refuses(two_checkpoints: tuple[Path, dict], data: Any) -> None:
     import copy
     import resource
