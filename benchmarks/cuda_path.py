@@ -179,7 +179,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     if not torch.cuda.is_available() and not args.allow_cpu:
         print("cuda_path: CUDA is not available on this machine; nothing to measure (the CPU logic of the "
-              "staging path is covered by tests/test_perf_paths.py). Run this on a GPU host.")
+              "staging path is covered by tests/unit/test_perf_paths.py). Run this on a GPU host.")
         return
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (script check only)"

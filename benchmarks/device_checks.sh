@@ -40,8 +40,8 @@ fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 COCI_BENCH_DIR=/tmp
 nvidia-smi -L; nproc; python3 -c 'import sys, torch, coci; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())'
 
-step cuda_tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py \
-    tests/test_profiler_loss_trace.py::test_cuda_losses_do_not_synchronise_per_step
+step cuda_tests 150 python3 -m pytest -q -p no:cacheprovider tests/unit/test_cuda.py \
+    tests/unit/test_profiler_loss_trace.py::test_cuda_losses_do_not_synchronise_per_step
 step cuda_path 120 python3 benchmarks/cuda_path.py --mb 500 --pairs 8
 step sharded_96 60 python3 benchmarks/sharded.py --mb 96 --repeats 9
 step checkpoint_outside 150 python3 benchmarks/checkpoint_outside.py --rounds 11 --alone 15

@@ -1,7 +1,7 @@
 """200-kill soak of the persist stage's crash safety (snapshot -> persist -> restore).
 
-Runs the fault-injection campaign of ``tests/fault_job.py`` (the same harness as the 20-kill test in
-``tests/test_faults.py``, read its docstring for the checks) with many more kills: SIGKILL inside
+Runs the fault-injection campaign of ``tests/jobs/fault_job.py`` (the same harness as the 20-kill test in
+``tests/integration/test_faults.py``, read its docstring for the checks) with many more kills: SIGKILL inside
 the snapshot copy, mid data-file write, before the manifest, between fsync and rename, between
 rename and the directory fsync, after the commit, during retention deletion, right after a step,
 and at purely random instants from a timer thread. After every kill the job is restarted; the

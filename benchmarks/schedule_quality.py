@@ -309,7 +309,7 @@ SEEDS = CURVES / "seeds"  # the reference workloads' curves for another seed (th
 
 
 def ceiling_steps(truth, inputs: dict, min_steps: int, iterations: int = 12) -> np.ndarray:
-    """The exact optimum (tests/exact_optimum.py, the DP) of the progress objective weighted by the
+    """The exact optimum (tests/helpers/exact_optimum.py, the DP) of the progress objective weighted by the
     *true* curve, within the same 5% budget over the time optimum."""
     sys.path.insert(0, str(ROOT / "tests" / "helpers"))
     from exact_optimum import constrained_optimum, optimal_steps

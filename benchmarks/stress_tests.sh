@@ -9,10 +9,10 @@ N=${1:-20}
 OUT=${2:-/tmp/coci-stress}
 mkdir -p "$OUT"
 PY=.venv/bin/python
-FILES="tests/test_distributed.py tests/test_faults.py tests/test_lightning.py tests/test_preemption.py
-  tests/test_preemption_distributed.py tests/test_remote_distributed.py tests/test_resume_kill.py tests/test_sharded.py
-  tests/test_own_state.py tests/test_torchdata.py tests/test_models.py tests/test_remote.py tests/test_multinode.py
-  tests/test_transformers.py tests/test_accelerate.py tests/test_remote_history.py tests/test_hostile_files.py"
+FILES="tests/distributed/test_distributed.py tests/integration/test_faults.py tests/integration/test_lightning.py tests/integration/test_preemption.py
+  tests/distributed/test_preemption_distributed.py tests/distributed/test_remote_distributed.py tests/integration/test_resume_kill.py tests/distributed/test_sharded.py
+  tests/unit/test_own_state.py tests/integration/test_torchdata.py tests/integration/test_models.py tests/integration/test_remote.py tests/distributed/test_multinode.py
+  tests/integration/test_transformers.py tests/integration/test_accelerate.py tests/integration/test_remote_history.py tests/unit/test_hostile_files.py"
 # shellcheck disable=SC2086
 $PY -m pytest --collect-only -q -m "distributed or slow" $FILES 2>/dev/null | grep :: | grep -v test_builder_loss > "$OUT/ids.txt"
 echo "$(wc -l < "$OUT/ids.txt") tests" > "$OUT/summary.txt"

@@ -29,7 +29,7 @@ Schedules:
   promoted.
 
 First, the planner against the exact optimum over every (step, level) assignment
-(``tests/exact_optimum.py``, a cubic DP) on small grids: 300 steps of 1 s, four cost and rate mixes,
+(``tests/helpers/exact_optimum.py``, a cubic DP) on small grids: 300 steps of 1 s, four cost and rate mixes,
 the time objective and two progress weights on a decaying curve.
 
 Run: ``.venv/bin/python benchmarks/two_level.py`` (about 20 s; ``--trials`` to change 1000).

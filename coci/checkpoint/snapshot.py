@@ -163,7 +163,7 @@ def arena_bytes(needed: int, pin: bool = False) -> int:
     (``knobs.ARENA_GROWTH_FRACTION`` plus ``knobs.ARENA_GROWTH_BYTES``). Where that size puts the
     arena on huge pages (:func:`aligned_empty`'s rule), it is resident in whole huge pages, so the
     room is rounded to them instead: every huge-page arena is a whole number of huge pages, and its
-    staging memory stays within 1.1x of ``needed`` (``tests/test_perf_paths.py``)."""
+    staging memory stays within 1.1x of ``needed`` (``tests/unit/test_perf_paths.py``)."""
     grown = int(needed * (1 + knobs.ARENA_GROWTH_FRACTION))
     if not _uses_huge_pages(grown + knobs.ARENA_GROWTH_BYTES, pin):
         return grown + knobs.ARENA_GROWTH_BYTES

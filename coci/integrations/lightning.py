@@ -54,7 +54,7 @@ epoch's last batch resumes at the next epoch on a fresh iterator, as the uninter
 epoch-interval schedulers once too often).
 
 Exactness (CPU, ``deterministic=True``): a job killed and resumed ends with bitwise the same
-weights and optimizer state as an uninterrupted one; ``tests/test_lightning.py`` checks it with
+weights and optimizer state as an uninterrupted one; ``tests/integration/test_lightning.py`` checks it with
 SIGKILL. Limits: single process only (``trainer.world_size == 1``); the LightningModule's logged
 metric aggregates (``self.log(..., on_epoch=True)``) are not saved (as in Lightning's checkpoints);
 ``StatefulDataLoader(shuffle=True, generator=g)`` resumes the rest of the epoch but shuffles the

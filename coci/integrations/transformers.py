@@ -10,7 +10,7 @@ Usage::
 
 Run the same script again after a crash: ``trainer.train()`` restores the newest committed checkpoint
 in ``runs/exp1`` and trains on from the step after it, bitwise as the uninterrupted run would
-(weights, optimizer, scheduler, every logged loss and eval loss; ``tests/test_transformers.py``
+(weights, optimizer, scheduler, every logged loss and eval loss; ``tests/integration/test_transformers.py``
 SIGKILLs real Trainer runs). ``attach`` takes every keyword argument of :class:`coci.Session`, with
 its defaults (the planning horizon defaults to the Trainer's ``max_steps``, which it derives from
 ``num_train_epochs`` when that is the limit). A ``CociCallback`` put in ``Trainer(callbacks=[...])``

@@ -4,7 +4,7 @@
 and more), and the first plan of every process paid it on the planner thread, holding the GIL
 against the training loop. These are the algorithms of scipy 1.17's ``minimize(method=
 "Nelder-Mead")`` (no bounds, not adaptive) and ``minimize_scalar(method="bounded")`` written out
-operation for operation, so a fit gives the same floats as before; ``tests/test_minimize.py``
+operation for operation, so a fit gives the same floats as before; ``tests/unit/test_minimize.py``
 checks them against scipy.
 """
 

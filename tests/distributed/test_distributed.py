@@ -1,6 +1,6 @@
 """Data-parallel coci (coci.distributed): real 2-process gloo jobs, killed and resized.
 
-The job is tests/dist_job.py (DDP MLP with dropout, Adam, LambdaLR, coci.ResumableLoader over 48
+The job is tests/jobs/dist_job.py (DDP MLP with dropout, Adam, LambdaLR, coci.ResumableLoader over 48
 samples, a checkpoint every 4 steps). Jobs run as real processes on localhost: one launch through
 ``torchrun`` (the user's command), the others through a minimal launcher that sets the same
 environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and, unlike torchrun, does not tear down

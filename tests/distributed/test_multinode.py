@@ -1,5 +1,5 @@
 """Several nodes, each with its own run directory: two ``torchrun`` agents on this machine
-(``--nnodes 2 --nproc-per-node 1``, c10d rendezvous, gloo), FSDP2 on CPU (tests/sharded_job.py),
+(``--nnodes 2 --nproc-per-node 1``, c10d rendezvous, gloo), FSDP2 on CPU (tests/jobs/sharded_job.py),
 each agent passing its own run directory, with and without a real S3 server (SeaweedFS).
 
 Each node commits, uploads and restores its own rank's shards: a kill of both nodes (at a random

@@ -1,6 +1,6 @@
 """Sharded training (FSDP2 / HSDP / tensor parallel under torch.distributed): real gloo jobs, killed and resharded.
 
-The job is tests/sharded_job.py (an MLP sharded with ``fully_shard``, AdamW, LambdaLR,
+The job is tests/jobs/sharded_job.py (an MLP sharded with ``fully_shard``, AdamW, LambdaLR,
 coci.ResumableLoader over 48 samples, a checkpoint every 4 steps of 18). Jobs run as real processes
 on localhost: the reference through ``torchrun`` (the user's command), the others through a
 minimal launcher that sets the same environment and, unlike torchrun, does not tear down the

@@ -1,8 +1,8 @@
 """A plain Accelerate loop under coci: ``Session`` takes what ``accelerator.prepare`` returns.
 
-The kill campaign runs ``tests/accelerate_job.py`` (the model, data and schedule of the Trainer job
+The kill campaign runs ``tests/jobs/accelerate_job.py`` (the model, data and schedule of the Trainer job
 in a hand-written loop with ``accelerator.accumulate``, a ``coci.ResumableLoader``, logging every 4
-optimizer steps and evaluating every 5) through ``tests/kill_campaign.py``: three SIGKILLs per
+optimizer steps and evaluating every 5) through ``tests/jobs/kill_campaign.py``: three SIGKILLs per
 trajectory (during a persist, during an evaluation, at an epoch's end), a run to the end and a
 restart of the finished run; final weights, AdamW state, scheduler and every log entry of every
 process must equal the plain loop's (the ``# coci`` lines removed), run in the same test.

@@ -3,7 +3,7 @@
 ``optim.LBFGS`` runs forward and backward inside ``step(closure)`` and keeps its state under the
 first parameter only: flat vectors of all parameters' length and lists of them. ``optim.Adafactor``
 keeps factored row and column statistics of a matrix parameter. Both must restore (not be skipped as
-"corrupt" for not matching their parameter's shape) and continue bitwise; tests/lbfgs_job.py (the
+"corrupt" for not matching their parameter's shape) and continue bitwise; tests/jobs/lbfgs_job.py (the
 time_sequence_prediction example written the README's way) is SIGKILLed twice and must end bitwise
 equal to an uninterrupted run, model and LBFGS state alike.
 """

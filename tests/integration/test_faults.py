@@ -1,6 +1,6 @@
 """Crash safety under SIGKILL at seeded instants (persist stage): the 20-kill campaign.
 
-Uses the fork-server harness of ``tests/fault_job.py`` (read its docstring for the job, the kill
+Uses the fork-server harness of ``tests/jobs/fault_job.py`` (read its docstring for the job, the kill
 instants and the checks). The harness is tested too: with coci sabotaged on purpose (readers that
 accept ``.tmp`` directories; a restore that skips the RNGs) the same campaign must report
 violations, so a green run means the checks held, not that they could not fail.

@@ -1,6 +1,6 @@
 """CociCallback: a Lightning job killed with SIGKILL and resumed ends bitwise equal to an uninterrupted one.
 
-The job (tests/lightning_job.py) runs ``Trainer(max_steps=36, deterministic=True)`` on CPU with
+The job (tests/jobs/lightning_job.py) runs ``Trainer(max_steps=36, deterministic=True)`` on CPU with
 dropout, Adam, a per-step and a per-epoch LR scheduler, 10 batches per epoch and
 ``CociCallback(policy=coci.EveryN(5))``, so checkpoints land mid-epoch (5, 15, ...) and on the
 epoch's last batch (10, 20, 30). Each case kills a real process and resumes it in a new one; the

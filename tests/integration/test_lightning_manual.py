@@ -2,7 +2,7 @@
 ``training_step`` that returns nothing) and an ``on_train_epoch_end`` that changes the model.
 
 In-process ``Trainer.fit`` runs of a few batches (seconds); the SIGKILLed runs are in
-tests/test_lightning.py.
+tests/integration/test_lightning.py.
 """
 
 from __future__ import annotations

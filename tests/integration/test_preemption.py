@@ -1,7 +1,7 @@
 """Preemption notices (coci.preemption): a SIGTERM makes the next step checkpoint, commit and stop.
 
 In-process tests send real signals to this process; the slow test sends SIGTERM to a real training
-subprocess (tests/preempt_job.py) at 20 random moments and checks every notice committed a
+subprocess (tests/jobs/preempt_job.py) at 20 random moments and checks every notice committed a
 checkpoint at or after the step it landed on, within the grace, and that the resumed run is bitwise
 the uninterrupted one.
 """

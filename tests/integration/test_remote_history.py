@@ -1,6 +1,6 @@
 """What a two-level plan must promote, and the run's history that survives a lost node, against a
 real S3 server (SeaweedFS): real SIGTERMs and SIGKILLs to real training processes
-(tests/preempt_job.py), the run directory deleted in between (the node's disk is gone)."""
+(tests/jobs/preempt_job.py), the run directory deleted in between (the node's disk is gone)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from tests.integration.test_remote import s3_remote, s3_server  # noqa: F401 (fi
 
 @pytest.fixture
 def remote(request: pytest.FixtureRequest) -> str:
-    """A fresh ``s3://`` prefix on the SeaweedFS server of tests/test_remote.py."""
+    """A fresh ``s3://`` prefix on the SeaweedFS server of tests/integration/test_remote.py."""
     return str(request.getfixturevalue("s3_remote"))
 
 

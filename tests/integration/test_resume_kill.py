@@ -1,6 +1,6 @@
 """Kill a real training process with SIGKILL and resume it: the result must be bitwise identical.
 
-The job (tests/train_job.py) trains an MLP with dropout, Adam and a LambdaLR schedule, consuming
+The job (tests/jobs/train_job.py) trains an MLP with dropout, Adam and a LambdaLR schedule, consuming
 Python, NumPy and torch RNG every step, checkpointing every 5 steps. Kills land at a step, inside
 a persist (mid-write, before the rename, after the rename) and at random wall-clock instants.
 """

@@ -1,6 +1,6 @@
 """torchdata's StatefulDataLoader as a plain ``coci.Session`` state value resumes exactly after SIGKILL.
 
-This file is also the job it runs (``python tests/test_torchdata.py RUN_DIR --workers W
+This file is also the job it runs (``python tests/integration/test_torchdata.py RUN_DIR --workers W
 [--die-at STEP]``): a tiny MLP with dropout and Adam trains for 20 steps on 60 samples in batches
 of 8 (8 batches per epoch, the last one short) from a shuffling ``StatefulDataLoader`` with 0 or
 2 worker processes, in a plain ``for batch in loader`` loop, with

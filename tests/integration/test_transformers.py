@@ -1,8 +1,8 @@
 """coci in ``transformers.Trainer`` (``coci.integrations.transformers.attach``).
 
-The kill campaign runs ``tests/hf_job.py`` (a real Trainer: tiny random GPT-2 with dropout, AdamW,
+The kill campaign runs ``tests/jobs/hf_job.py`` (a real Trainer: tiny random GPT-2 with dropout, AdamW,
 warmup + cosine, logging every 4 steps, eval every 5 with the best eval loss tracked, HF's own
-checkpoints every 10, coci every 3) through ``tests/kill_campaign.py``: per trajectory three SIGKILLs
+checkpoints every 10, coci every 3) through ``tests/jobs/kill_campaign.py``: per trajectory three SIGKILLs
 (during a persist, during an evaluation, at an epoch's end), then a run to the end and a restart of
 the finished run. Final weights, AdamW state, scheduler, best metric, log history and every log entry
 of every process must equal the plain script's (the ``# coci`` lines removed), run in the same test.

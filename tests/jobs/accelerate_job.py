@@ -1,11 +1,11 @@
 """A plain Accelerate training loop with coci added as the README shows: the lines ending in ``# coci``.
 
-The model, data and schedule of ``tests/hf_job.py`` (a tiny GPT-2 on the README's bytes, AdamW,
+The model, data and schedule of ``tests/jobs/hf_job.py`` (a tiny GPT-2 on the README's bytes, AdamW,
 warmup and cosine), in a hand-written loop: ``accelerator.prepare`` wraps the model, optimizer,
 scheduler and eval loader (coci gets Accelerate's wrappers as they are), ``accelerator.accumulate``
 accumulates gradients, a ``coci.ResumableLoader`` feeds the training batches (``prepare`` passes it
 through), the mean loss is logged every 4 optimizer steps and evaluated every 5.
-``tests/test_accelerate.py`` runs it through ``tests/kill_campaign.py`` as it is, SIGKILLed and
+``tests/integration/test_accelerate.py`` runs it through ``tests/jobs/kill_campaign.py`` as it is, SIGKILLed and
 restarted, and with the ``# coci`` lines removed, whose results the killed run must equal bitwise.
 """
 

@@ -1,8 +1,8 @@
-"""A deterministic data-parallel training job (DDP, gloo) run by tests/test_distributed.py.
+"""A deterministic data-parallel training job (DDP, gloo) run by tests/distributed/test_distributed.py.
 
 Usage (under torchrun, or with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by the test's launcher):
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_job.py RUN_DIR
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/jobs/dist_job.py RUN_DIR
         [--epochs E] [--every K] [--stop-at STEP] [--kill-at STEP]
         [--fault RANK:POINT:NTH] [--coci-timeout SECONDS] [--ballast-mb MB]
         [--policy young --mtbf SECONDS --total-steps N] [--step-sleep SECONDS] [--remote URL]

@@ -1,11 +1,11 @@
 """Fault-injection harness: a tiny deterministic job, a fork server, and a kill campaign.
 
 It drives snapshot, persist and restore in a real process and checks crash safety after every
-kill (the checks are listed below). Used by ``tests/test_faults.py`` (20 kills)
+kill (the checks are listed below). Used by ``tests/integration/test_faults.py`` (20 kills)
 and ``benchmarks/kill_soak.py`` (200 kills).
 
 Why a fork server: importing torch costs 3-6 s on the shared CI machine, while one run of the
-job costs ~0.1 s. ``python tests/fault_job.py serve`` imports everything once (single-threaded:
+job costs ~0.1 s. ``python tests/jobs/fault_job.py serve`` imports everything once (single-threaded:
 OMP/BLAS pools disabled), then forks one real child process per job run it is asked for on stdin
 and answers with the child's exit code. Each child is a separate process that trains, checkpoints
 and is killed with SIGKILL by itself at a chosen instant:
@@ -20,7 +20,7 @@ and is killed with SIGKILL by itself at a chosen instant:
 * ``time:S``      S seconds after the child started, from a timer thread (purely random instants,
                   including inside restore and inside a persist).
 
-The job: the MLP of ``tests/train_job.py`` with dropout, Adam, LambdaLR and a shuffled
+The job: the MLP of ``tests/jobs/train_job.py`` with dropout, Adam, LambdaLR and a shuffled
 ``coci.ResumableLoader`` (16 batches an epoch, so runs cross epochs), Python/NumPy/torch RNG
 consumed every step, ``EveryN(every)`` checkpoints, ``keep_last=2``. Every read of a checkpoint
 file (manifest or data) is appended to ``reads.txt``; losses go to ``losses_<pid>.txt``; a finished
@@ -524,4 +524,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["serve"]:
         serve()
     else:
-        sys.exit("usage: python tests/fault_job.py serve  (driven by tests/test_faults.py)")
+        sys.exit("usage: python tests/jobs/fault_job.py serve  (driven by tests/integration/test_faults.py)")

@@ -2,8 +2,8 @@
 
 A tiny random-init GPT-2 (2 layers, dropout on) learns the bytes of the README, with AdamW, warmup
 and a cosine schedule, logging every 4 steps, evaluating every 5 (tracking the best eval loss) and
-HF's own checkpoints every 10. Nothing is downloaded. ``tests/test_transformers.py`` runs it through
-``tests/kill_campaign.py``: once as it is, SIGKILLed and restarted, and once with the ``# coci``
+HF's own checkpoints every 10. Nothing is downloaded. ``tests/integration/test_transformers.py`` runs it through
+``tests/jobs/kill_campaign.py``: once as it is, SIGKILLed and restarted, and once with the ``# coci``
 lines removed (the plain script), whose results the killed run must equal bitwise; it also counts
 the ``# coci`` lines (at most five).
 

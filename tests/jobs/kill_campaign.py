@@ -1,6 +1,6 @@
-"""Kill campaigns for the framework jobs (``tests/hf_job.py``, ``tests/accelerate_job.py``).
+"""Kill campaigns for the framework jobs (``tests/jobs/hf_job.py``, ``tests/jobs/accelerate_job.py``).
 
-Usage: ``python tests/kill_campaign.py JOB.py OUT < trajectories.json``, each trajectory
+Usage: ``python tests/jobs/kill_campaign.py JOB.py OUT < trajectories.json``, each trajectory
 ``{"name": ..., "config": {job keyword arguments}, "kills": [kill, ...]}``. Writes ``OUT/codes.json``:
 per trajectory, the exit code of each child.
 

@@ -1,6 +1,6 @@
 """pytorch/examples' time_sequence_prediction, shrunk, under coci, run as a real subprocess.
 
-Usage: python tests/lbfgs_job.py RUN_DIR --steps S --every K [--die-at STEP]
+Usage: python tests/jobs/lbfgs_job.py RUN_DIR --steps S --every K [--die-at STEP]
 
 Two LSTMCells and a linear head in double precision learn to continue sine waves, trained with
 ``optim.LBFGS`` whose ``step(closure)`` runs forward and backward inside the optimizer step (up to

@@ -1,6 +1,6 @@
-"""A deterministic Lightning training job run as a real subprocess by tests/test_lightning.py.
+"""A deterministic Lightning training job run as a real subprocess by tests/integration/test_lightning.py.
 
-Usage: python tests/lightning_job.py RUN_DIR --steps N --every K [--die-at STEP]
+Usage: python tests/jobs/lightning_job.py RUN_DIR --steps N --every K [--die-at STEP]
        [--commit-before-kill] [--loader stateful|resumable] [--workers W] [--accumulate A]
 
 Trains a tiny MLP with dropout (consumes torch RNG; training_step also draws from Python's and

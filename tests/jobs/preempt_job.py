@@ -1,6 +1,6 @@
-"""A deterministic training job that the preemption tests send SIGTERM to (tests/test_preemption.py).
+"""A deterministic training job that the preemption tests send SIGTERM to (tests/integration/test_preemption.py).
 
-Usage: python tests/preempt_job.py RUN_DIR --steps N --every K [--catch C] [--step-sleep S]
+Usage: python tests/jobs/preempt_job.py RUN_DIR --steps N --every K [--catch C] [--step-sleep S]
        [--persist-sleep S] [--grace G] [--remote URL --promote STEP,... --mirror-seconds S] [--hold-at N]
 
 Trains an MLP with dropout, Adam and a LambdaLR schedule (Python, NumPy and torch RNG every step),

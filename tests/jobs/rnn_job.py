@@ -1,6 +1,6 @@
 """A word-language-model style job written the README's "Your own state" way, run as a real subprocess.
 
-Usage: python tests/rnn_job.py RUN_DIR --epochs E --every K [--die-at STEP]
+Usage: python tests/jobs/rnn_job.py RUN_DIR --epochs E --every K [--die-at STEP]
 
 An LSTM over a synthetic token stream, batches walked by index (``for batch in range(...)`` over
 ``bptt`` chunks, as pytorch/examples' word_language_model does), the hidden state carried from

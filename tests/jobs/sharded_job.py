@@ -1,8 +1,8 @@
-"""A deterministic sharded training job (FSDP2 / HSDP / tensor parallel, gloo) run by tests/test_sharded.py.
+"""A deterministic sharded training job (FSDP2 / HSDP / tensor parallel, gloo) run by tests/distributed/test_sharded.py.
 
 Usage (under torchrun, or with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by the test's launcher):
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/sharded_job.py RUN_DIR
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/jobs/sharded_job.py RUN_DIR
         [--layout fsdp|hsdp|tp] [--compile] [--epochs E] [--every K] [--stop-at STEP]
         [--kill-at STEP] [--fault RANK|all:POINT:NTH] [--coci-timeout SECONDS] [--check-views]
         [--remote URL] [--run-dir-layout auto|shared|node-local]

@@ -1,6 +1,6 @@
 """A deterministic training job run as a real subprocess by the kill-and-resume tests.
 
-Usage: python tests/train_job.py RUN_DIR --steps N --every K [--die-at STEP]
+Usage: python tests/jobs/train_job.py RUN_DIR --steps N --every K [--die-at STEP]
        [--die-in-persist POINT[:K]] [--loader] [--state-mb MB] [--remote URL --keep-last-remote N]
 
 Trains a small MLP with dropout (consumes RNG), Adam and a LambdaLR schedule, checkpointing every

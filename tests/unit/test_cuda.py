@@ -1,7 +1,7 @@
 """The CUDA path on a real GPU: snapshot isolation under the event fence, a pinned arena reused
 across checkpoints, bitwise resume with CUDA RNG, and no host sync from ``session.step``.
 
-Skipped where CUDA is absent; run on a GPU host with ``pytest tests/test_cuda.py``.
+Skipped where CUDA is absent; run on a GPU host with ``pytest tests/unit/test_cuda.py``.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def _layer(module: str) -> int:
     for index, prefixes in enumerate(LAYERS):
         if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
             return index
-    raise AssertionError(f"{module} has no layer: add it to tests/test_layers.py's LAYERS (and the README's Architecture)")
+    raise AssertionError(f"{module} has no layer: add it to tests/unit/test_layers.py's LAYERS (and the README's Architecture)")
 
 
 def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:

@@ -3,7 +3,7 @@
 Every value in ``state`` is restored into the object the caller passed (dicts and lists refilled,
 tensors copied into) or refused at ``Session(...)``; nothing is silently left stale. One test per
 pattern (an index walk, a carried hidden state, scalars such as lr and best_val_loss), the refusal,
-and a SIGKILLed word-language-model style job (tests/rnn_job.py) that must end bitwise equal to an
+and a SIGKILLed word-language-model style job (tests/jobs/rnn_job.py) that must end bitwise equal to an
 uninterrupted run.
 """
 

@@ -33,7 +33,7 @@ def plan_inputs(draw: Any) -> dict[str, Any]:
     failures = Failures.exponential(mtbf) if shape == 1.0 else Failures.weibull(shape, mtbf)
     curve = None
     if draw(st.booleans()):
-        points = draw(st.integers(min_value=1, max_value=300))  # empty: tests/test_bad_input.py
+        points = draw(st.integers(min_value=1, max_value=300))  # empty: tests/unit/test_bad_input.py
         alpha = draw(st.floats(min_value=0.05, max_value=2.0))
         noise = draw(st.floats(min_value=0.0, max_value=0.05))
         s = np.arange(1, points + 1, dtype=float)
