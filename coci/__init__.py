@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from coci._version import __version__
 from coci.checkpoint.checkpointer import PendingCheckpoint, PersistResult
+from coci.checkpoint.remote import RemoteStore, register_remote_scheme
 from coci.checkpoint.stateful import Stateful
 from coci.checkpoint.verify import CheckpointStatus, verify_run
 from coci.errors import (
@@ -84,6 +85,7 @@ __all__ = [
     "PersistResult",
     "Preempted",
     "Profile",
+    "RemoteStore",
     "RemoteUnavailableError",
     "Report",
     "RestoreResult",
@@ -99,6 +101,7 @@ __all__ = [
     "fit_curve",
     "parse_duration",
     "plan",
+    "register_remote_scheme",
     "report",
     "simulate",
     "verify_run",

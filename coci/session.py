@@ -54,6 +54,7 @@ from coci.checkpoint.remote.fetch import UNAVAILABLE
 from coci.checkpoint.remote.history import HistoryMirror, history_offset, merge_history
 from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES, claim, claim_for_job
 from coci.checkpoint.remote.refused import REFUSED_BEFORE, RemoteGate
+from coci.checkpoint.remote.schemes import RemoteLike
 from coci.checkpoint.remote.tier import NodeRole
 from coci.checkpoint.run_lock import RunLock
 from coci.checkpoint.sharded import ShardedState, local_data_ptr, local_nbytes
@@ -135,10 +136,12 @@ class Session:
             corrected by this run's losses (:mod:`coci.planning.prior`); one that cannot be used is
             recorded in the plan's fallbacks.
         remote: the remote tier, ``"s3://bucket/prefix"`` (endpoint and credentials from the AWS
-            environment variables) or a shared directory. Committed checkpoints the plan promotes
+            environment variables), a shared directory, a URL of a scheme registered with
+            :func:`coci.register_remote_scheme`, or a :class:`coci.RemoteStore` instance (used as it is). Committed checkpoints the plan promotes
             (``Plan.promote_steps``; None: every one) are uploaded in the background, and
             ``restore()`` falls back to it (:mod:`coci.checkpoint.remote`).
-        storage_options: extra S3 client options (obstore's S3 config keys) for an ``s3://`` remote.
+        storage_options: extra S3 client options (obstore's S3 config keys) for an ``s3://`` remote
+            (for another scheme: handed to its factory).
         keep_last_remote: remote checkpoints to keep (None keeps all; never fewer than one).
         remote_owner: a remote prefix belongs to one run (:mod:`coci.checkpoint.remote.identity`):
             ``"refuse"`` (default) raises :class:`coci.ConfigError` naming the prefix and its owner
@@ -175,7 +178,7 @@ class Session:
         preemption_signals: Iterable[int] = (signal.SIGTERM,),
         grace: str | float = "30s",
         prior: Any = None,
-        remote: str | os.PathLike[str] | None = None,
+        remote: RemoteLike | None = None,
         storage_options: Mapping[str, Any] | None = None,
         keep_last_remote: int | None = 2,
         remote_owner: str = "refuse",

@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, runtime_checkable
 
 import crc32c
 
@@ -27,8 +27,16 @@ __all__ = ["RemoteStore", "check_key", "read_chunks"]
 _SAFE_PART = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*$")  # a leading dot: DCP's .metadata
 
 
+@runtime_checkable
 class RemoteStore(Protocol):
-    """Objects under one prefix. Keys are relative to it; a put is atomic (all or nothing)."""
+    """Objects under one prefix. Keys are relative to it; a put is atomic (all or nothing).
+
+    Any object with these methods is a store: pass it as ``Session(remote=store)`` (a subclass or
+    a wrapper of :class:`coci.checkpoint.remote.filesystem.DirectoryStore` included), or register a
+    URL scheme that opens it (:mod:`coci.checkpoint.remote.schemes`). Keys coci hands a store are
+    already checked (:func:`check_key`); a store must still never read or write outside its prefix,
+    bound every read by ``max_bytes`` and make each put all-or-nothing.
+    """
 
     @property
     def url(self) -> str: ...

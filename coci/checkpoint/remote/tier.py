@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import BinaryIO, Protocol
 
 from coci import knobs
 from coci.checkpoint import faults, layout, record_reads
@@ -37,6 +37,7 @@ from coci.checkpoint.records import CommitRecord, FileEntry
 from coci.checkpoint.remote.fetch import fetch as fetch_checkpoint
 from coci.checkpoint.remote.fetch import fetch_node_parts
 from coci.checkpoint.remote.identity import OWNER_KEY, RunIdentity, step_owner
+from coci.checkpoint.remote.schemes import open_store
 from coci.checkpoint.remote.store import RemoteStore, is_plain_key
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError
@@ -47,25 +48,6 @@ __all__ = ["NodeRole", "RemoteTier", "open_store"]
 logger = logging.getLogger(__name__)
 
 _STEP_KEY = re.compile(r"^step_(\d+)/")
-
-
-def open_store(remote: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> RemoteStore:
-    """The store a ``remote=`` argument names: ``s3://bucket/prefix`` or a directory path."""
-    from coci.checkpoint.remote.filesystem import DirectoryStore
-    from coci.checkpoint.remote.s3 import S3Store
-
-    text = os.fspath(remote)
-    if not isinstance(text, str) or not text:
-        raise ConfigError(f"remote must be 's3://bucket/prefix' or a directory path, got {remote!r}")
-    if text.startswith("s3://"):
-        if not text[5:].strip("/"):
-            raise ConfigError(f"remote {text!r} names no bucket")
-        return S3Store(text, storage_options)
-    if "://" in text:
-        raise ConfigError(f"remote {text!r}: only s3:// URLs and filesystem paths are supported")
-    if storage_options:
-        raise ConfigError("storage_options= applies to an s3:// remote only")
-    return DirectoryStore(Path(text))
 
 
 class UploadListener(Protocol):

@@ -15,6 +15,7 @@ from typing import Any
 
 from coci.checkpoint import layout
 from coci.checkpoint.checkpointer import reader_for
+from coci.checkpoint.remote.schemes import RemoteLike
 from coci.checkpoint.remote.tier import RemoteTier, committed_steps, open_store, steps_of
 from coci.checkpoint.verify import CheckpointStatus
 from coci.errors import CheckpointError
@@ -23,7 +24,7 @@ from coci.events import EventLog
 __all__ = ["verify_remote"]
 
 
-def verify_remote(remote: str, storage_options: Mapping[str, Any] | None = None, *, check: bool = True) -> list[CheckpointStatus]:
+def verify_remote(remote: RemoteLike, storage_options: Mapping[str, Any] | None = None, *, check: bool = True) -> list[CheckpointStatus]:
     """One status per remote step, oldest first; ``check=False`` only lists (no download)."""
     store = open_store(remote, storage_options)
     listing = store.list_objects()

@@ -1,0 +1,196 @@
+"""The seams a user plugs into without editing coci: a remote store passed as an instance, a URL
+scheme registered in code or by an installed distribution's entry point, a checkpoint writer, and
+the readers' registry.
+
+Every store here is coci's own directory store behind a user class (a wrapper that counts the calls
+made to it), so uploads, listings and downloads are real files; a training process is SIGKILLed
+after a promotion and a fresh node restores from the user's store.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import coci
+from coci.checkpoint.remote import DirectoryStore, open_store
+from coci.checkpoint.remote import schemes as remote_schemes
+from coci.checkpoint.remote.tier import committed_steps
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class CountingStore:
+    """A user's store: every call goes to ``inner`` and is counted (not a DirectoryStore subclass)."""
+
+    def __init__(self, inner: Any, url: str | None = None) -> None:
+        self.inner = inner
+        self._url = url or inner.url
+        self.calls: Counter[str] = Counter()
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self.inner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+def _state() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def _train(session: coci.Session, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    """Train to ``steps``, waiting for each commit and promotion (none is superseded under load)."""
+    while session.steps < steps:
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).square().mean().backward()
+        optimizer.step()
+        if session.step() is not None:
+            session.wait()
+            if session._remote is not None:
+                session._remote.wait()
+
+
+def _uninterrupted(tmp_path: Path, steps: int) -> torch.Tensor:
+    model, optimizer = _state()
+    with coci.Session(tmp_path / "reference", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2)) as session:
+        _train(session, model, optimizer, steps)
+    return model.weight.detach().clone()
+
+
+_KILLED_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    import torch, coci
+    from coci.checkpoint.remote import DirectoryStore
+    from test_seams import CountingStore, _state, _train
+
+    model, optimizer = _state()
+    store = CountingStore(DirectoryStore(__import__("pathlib").Path({remote!r})))
+    session = coci.Session({run_dir!r}, {{"model": model, "optimizer": optimizer}}, policy=coci.EveryN(2), remote=store)
+    _train(session, model, optimizer, 4)
+    assert store.calls["put_file"] > 0 and store.calls["put_bytes"] > 0, store.calls
+    os.kill(os.getpid(), signal.SIGKILL)  # no close(), no final save: the process just dies
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_user_store_instance_is_used_for_uploads_and_restore_after_sigkill(tmp_path: Path) -> None:
+    remote, run_dir = tmp_path / "shared", tmp_path / "run"
+    child = _KILLED_CHILD.format(tests=str(ROOT / "tests"), remote=str(remote), run_dir=str(run_dir))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, timeout=600)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-3000:]
+    assert committed_steps(DirectoryStore(remote).list_objects()) == [2, 4]  # the user's store received the uploads
+    (run_dir / "checkpoints").rename(tmp_path / "lost")  # the node is lost: only the remote copy remains
+    store = CountingStore(DirectoryStore(remote))
+    model, optimizer = _state()
+    with coci.Session(run_dir, {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2), remote=store) as session:
+        restored = session.restore()
+        assert restored is not None and (restored.step, restored.tier) == (4, "remote")
+        assert store.calls["get_file"] > 0 and store.calls["list_objects"] > 0
+        _train(session, model, optimizer, 8)
+    assert torch.equal(model.weight.detach(), _uninterrupted(tmp_path, 8))
+    assert committed_steps(DirectoryStore(remote).list_objects()) == [6, 8]  # keep_last_remote=2, through the user's store
+    assert store.calls["delete"] > 0
+
+
+def test_a_store_instance_refuses_storage_options(tmp_path: Path) -> None:
+    store = CountingStore(DirectoryStore(tmp_path / "shared"))
+    assert open_store(store) is store
+    with pytest.raises(coci.ConfigError, match="storage_options"):
+        open_store(store, {"region": "x"})
+
+
+def test_a_registered_scheme_opens_the_users_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[tuple[str, Mapping[str, Any] | None]] = []
+
+    def open_mem(url: str, storage_options: Mapping[str, Any] | None) -> coci.RemoteStore:
+        opened.append((url, storage_options))
+        return CountingStore(DirectoryStore(tmp_path / url.split("://", 1)[1]), url=url)
+
+    monkeypatch.setattr(remote_schemes, "_FACTORIES", dict(remote_schemes._FACTORIES))
+    coci.register_remote_scheme("mem", open_mem)
+    model, optimizer = _state()
+    with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2),
+                      remote="mem://bucket", storage_options={"token": "t"}) as session:
+        _train(session, model, optimizer, 4)
+    assert opened == [("mem://bucket", {"token": "t"})]
+    assert committed_steps(DirectoryStore(tmp_path / "bucket").list_objects()) == [2, 4]
+    assert "mem" in remote_schemes.known_schemes()
+
+
+def test_an_unknown_scheme_names_remote_and_the_known_schemes(tmp_path: Path) -> None:
+    model, optimizer = _state()
+    with pytest.raises(coci.ConfigError, match=r"remote 'gs://b/p'.*scheme 'gs'.*known schemes: .*s3"):
+        coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2), remote="gs://b/p")
+
+
+@pytest.mark.parametrize("scheme", ["GS", "", "g s", 3])
+def test_a_bad_scheme_name_is_refused(scheme: object) -> None:
+    with pytest.raises(coci.ConfigError, match="remote scheme"):
+        coci.register_remote_scheme(scheme, lambda url, options: DirectoryStore(Path(url)))  # type: ignore[arg-type]
+
+
+def _install_plugin(site: Path, module: str, body: str, entry: str) -> None:
+    """A distribution installed in ``site`` (a dist-info directory) declaring ``entry`` in coci's group."""
+    (site / f"{module}.py").write_text(textwrap.dedent(body))
+    info = site / f"{module}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{remote_schemes.ENTRY_POINT_GROUP}]\n{entry}\n")
+
+
+_PLUGIN = """
+    from pathlib import Path
+    from coci.checkpoint.remote import DirectoryStore
+
+    OPENED = []
+
+    def open_store(url, storage_options):
+        OPENED.append(url)
+        return DirectoryStore(Path(url.split("://", 1)[1]))
+
+    def not_a_store(url, storage_options):
+        return object()
+"""
+
+
+def test_an_entry_point_registers_a_scheme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    _install_plugin(site, "coci_test_plugin", _PLUGIN, "plug = coci_test_plugin:open_store\nbroken = coci_test_plugin:not_a_store")
+    monkeypatch.syspath_prepend(str(site))
+    assert {"plug", "broken", "s3"} <= set(remote_schemes.known_schemes())
+    remote = tmp_path / "shared"
+    model, optimizer = _state()
+    with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2),
+                      remote=f"plug://{remote}") as session:
+        _train(session, model, optimizer, 2)
+    import coci_test_plugin  # type: ignore[import-not-found]
+
+    assert [f"plug://{remote}"] == coci_test_plugin.OPENED
+    assert committed_steps(DirectoryStore(remote).list_objects()) == [2]
+    with pytest.raises(coci.ConfigError, match=r"remote 'broken://x'.*returned object, not a RemoteStore"):
+        open_store("broken://x")
