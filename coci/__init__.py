@@ -10,7 +10,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from coci._version import __version__
-from coci.checkpoint.checkpointer import PendingCheckpoint, PersistResult
+from coci.checkpoint.checkpointer import CheckpointReader, CheckpointWriter, PendingCheckpoint, PersistResult, register_reader
 from coci.checkpoint.remote import RemoteStore, register_remote_scheme
 from coci.checkpoint.stateful import Stateful
 from coci.checkpoint.verify import CheckpointStatus, verify_run
@@ -68,7 +68,9 @@ __all__ = [
     "AtSteps",
     "CheckpointError",
     "CheckpointPolicy",
+    "CheckpointReader",
     "CheckpointStatus",
+    "CheckpointWriter",
     "CociError",
     "ConfigError",
     "CorruptCheckpointError",
@@ -101,6 +103,7 @@ __all__ = [
     "fit_curve",
     "parse_duration",
     "plan",
+    "register_reader",
     "register_remote_scheme",
     "report",
     "simulate",

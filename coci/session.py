@@ -43,6 +43,7 @@ from coci.checkpoint.checkpointer import (
     Checkpointer,
     PendingCheckpoint,
     PersistResult,
+    WriterFactory,
     load_committed,
     restore_candidates,
     writer_for,
@@ -155,6 +156,12 @@ class Session:
             ``"node-local"`` (each host its own directory, e.g. a local NVMe disk). On node-local
             directories each node commits, uploads and restores its own ranks' files
             (:mod:`coci.checkpoint.nodes`); the answer is recorded as a ``run_dir_layout`` event.
+        writer: builds the :class:`coci.CheckpointWriter` that writes and commits each checkpoint,
+            called as ``writer(checkpoints_root, context)`` (``context`` None in one process; see
+            :data:`coci.checkpoint.checkpointer.WriterFactory`). None (default) is coci's choice
+            (:func:`coci.checkpoint.checkpointer.writer_for`: its own format in one process, DCP's
+            under ``torch.distributed``); a writer of a format of its own registers that format's
+            reader (:func:`coci.register_reader`) so that ``restore()`` can load it.
     """
 
     def __init__(
@@ -183,6 +190,7 @@ class Session:
         keep_last_remote: int | None = 2,
         remote_owner: str = "refuse",
         run_dir_layout: str = "auto",
+        writer: WriterFactory | None = None,
     ) -> None:
         constructed = time.perf_counter()  # the construction is coci's time too (the ledger's setup)
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
@@ -237,8 +245,8 @@ class Session:
         previous_end = preemption.last_event_time(self.events.path)
         events_start = history_offset(self.events.path)  # where this process's events begin
         self._mark = self._open_step_mark()
-        writer = writer_for(checkpoints_dir(self.run_dir), self._dist)
-        self._checkpointer = Checkpointer(writer, self.events, keep_last, self._clock)
+        checkpoint_writer = (writer or writer_for)(checkpoints_dir(self.run_dir), self._dist)
+        self._checkpointer = Checkpointer(checkpoint_writer, self.events, keep_last, self._clock)
         self._remote = None if remote is None else RemoteTier(
             open_store(remote, storage_options), keep_last_remote, self.events, self._profiler, role=_node_role(self._dist)
         )

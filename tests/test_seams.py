@@ -9,6 +9,7 @@ after a promotion and a fresh node restores from the user's store.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,15 +18,18 @@ import textwrap
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
 
 import coci
+from coci.checkpoint import checkpointer, commit, fileio, layout, record_reads, records
+from coci.checkpoint.local import LocalReader, LocalWriter, Manifest, TensorEntry, dtype_name
 from coci.checkpoint.remote import DirectoryStore, open_store
 from coci.checkpoint.remote import schemes as remote_schemes
 from coci.checkpoint.remote.tier import committed_steps
+from coci.checkpoint.snapshot import StagedCheckpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -194,3 +198,97 @@ def test_an_entry_point_registers_a_scheme(tmp_path: Path, monkeypatch: pytest.M
     assert committed_steps(DirectoryStore(remote).list_objects()) == [2]
     with pytest.raises(coci.ConfigError, match=r"remote 'broken://x'.*returned object, not a RemoteStore"):
         open_store("broken://x")
+
+
+# -- the writer and the readers' registry ------------------------------------------------------
+
+
+class CountingWriter:
+    """A user's writer: coci's own one, with every numbered call counted."""
+
+    def __init__(self, root: Path, context: object) -> None:
+        assert context is None  # one process
+        self.inner = LocalWriter(root)
+        self.calls: Counter[str] = Counter()
+
+    def write(self, staged: StagedCheckpoint) -> Path:
+        self.calls["write"] += 1
+        return self.inner.write(staged)
+
+    def retain(self, *args: Any) -> list[int]:
+        self.calls["retain"] += 1
+        return self.inner.retain(*args)
+
+
+class ToyManifest(Manifest):
+    """A format of the user's own: coci's single file, declared as ``toy``."""
+
+    format: Literal["toy"] = "toy"
+
+
+class ToyWriter(CountingWriter):
+    def write(self, staged: StagedCheckpoint) -> Path:
+        self.calls["write"] += 1
+        root, tmp, final = self.inner.root, layout.tmp_dir(self.inner.root, staged.step), self.inner.root / layout.step_dirname(staged.step)
+        layout.make_root(root)
+        layout.fresh_dir(tmp)
+        data = fileio.write_file(tmp / layout.DATA_FILENAME, staged.payload)
+        tensors = [TensorEntry(dtype=dtype_name(s.dtype), shape=list(s.shape), offset=s.offset, nbytes=s.nbytes) for s in staged.slots]
+        header = records.record_header(staged.step, epoch=staged.epoch, state_keys=staged.state_keys, files=[data])
+        commit.publish(root, tmp, final, ToyManifest(**header, tensors=tensors, skeleton=staged.skeleton))
+        return final
+
+
+class ToyReader(LocalReader):
+    record_type = ToyManifest
+
+    def read_record(self, path: Path) -> ToyManifest:
+        record = record_reads.parse_record(path, ToyManifest)
+        record_reads.check_sealed(record, path)
+        return record
+
+
+def _run_with_writer(run_dir: Path, factory: Callable[[Path, Any], Any], steps: int) -> tuple[torch.Tensor, coci.RestoreResult | None]:
+    model, optimizer = _state()
+    with coci.Session(run_dir, {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2), keep_last=1,
+                      writer=factory) as session:
+        restored = session.restore()
+        _train(session, model, optimizer, steps)
+    return model.weight.detach().clone(), restored
+
+
+def test_a_user_writer_writes_every_checkpoint_and_restore_reads_it(tmp_path: Path) -> None:
+    writers: list[CountingWriter] = []
+
+    def factory(root: Path, context: Any) -> CountingWriter:
+        writers.append(CountingWriter(root, context))
+        return writers[-1]
+
+    _run_with_writer(tmp_path / "run", factory, 4)
+    assert writers[0].calls == {"write": 2, "retain": 2}
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step_4"]  # keep_last=1, through its retain
+    weights, restored = _run_with_writer(tmp_path / "run", factory, 8)
+    assert restored is not None and restored.step == 4
+    assert torch.equal(weights, _uninterrupted(tmp_path, 8))
+
+
+def test_a_format_of_the_users_own_restores_once_its_reader_is_registered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _run_with_writer(tmp_path / "run", ToyWriter, 4)
+    record = json.loads((tmp_path / "run" / "checkpoints" / "step_4" / "manifest.json").read_text())
+    assert record["format"] == "toy"
+    model, optimizer = _state()
+    session = coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2))
+    with pytest.raises(coci.CorruptCheckpointError, match="unknown checkpoint format 'toy'"):
+        session.restore()  # no reader for "toy": refused, never guessed
+    session.close()
+    monkeypatch.setattr(checkpointer, "_READERS", dict(checkpointer._READERS))
+    coci.register_reader("toy", ToyReader())
+    weights, restored = _run_with_writer(tmp_path / "run", ToyWriter, 8)
+    assert restored is not None and restored.step == 4
+    assert torch.equal(weights, _uninterrupted(tmp_path, 8))
+
+
+@pytest.mark.parametrize("name", ["coci", "dcp", ""])
+def test_coci_formats_readers_are_never_replaced(name: str) -> None:
+    with pytest.raises(coci.ConfigError, match="reader format"):
+        coci.register_reader(name, ToyReader())

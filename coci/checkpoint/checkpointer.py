@@ -15,7 +15,9 @@ A failure in the worker is logged, written to ``events.jsonl`` and set on the fu
 previous committed checkpoint is untouched because nothing becomes visible before its commit.
 
 Reading goes through :func:`load_committed`, which picks the :class:`CheckpointReader` from the
-format the commit record declares (:data:`READERS`), so callers never branch on the format.
+format the commit record declares (:func:`reader_named`; :func:`register_reader` adds a format),
+so callers never branch on the format. Which writer a session uses is :func:`writer_for`'s choice
+unless ``Session(writer=...)`` gives a :data:`WriterFactory`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import torch
 
@@ -39,7 +41,7 @@ from coci.checkpoint.sharded import local_shards
 from coci.checkpoint.snapshot import CopyJob, StagedCheckpoint, StagingArena
 from coci.checkpoint.tree import flatten
 from coci.distributed import DistributedContext
-from coci.errors import CorruptCheckpointError
+from coci.errors import ConfigError, CorruptCheckpointError
 from coci.events import EventLog
 
 logger = logging.getLogger(__name__)
@@ -57,6 +59,11 @@ class CheckpointWriter(Protocol):
        steps removed.
 
     Under ``torch.distributed`` both calls are collective: every rank makes them in the same order.
+    ``Session(writer=factory)`` plugs one in (:data:`WriterFactory`): a wrapper of coci's own
+    writers, or a format of your own whose commit record declares ``format: <name>`` and whose
+    reader is registered with :func:`register_reader`. A writer must make a checkpoint visible only
+    through :func:`coci.checkpoint.commit.publish` (never half-written) and delete only what
+    retention names.
     """
 
     def write(self, staged: StagedCheckpoint) -> Path: ...
@@ -98,17 +105,35 @@ class CheckpointReader(Protocol):
     def load_entry(self, path: Path, record: CommitRecord, keys: tuple[str, ...]) -> Any | None: ...
 
 
-#: The reader of each format, by the ``format`` its commit record declares.
-READERS: dict[str, CheckpointReader] = {records.LOCAL_FORMAT: LocalReader(), DCP_FORMAT: DcpReader()}
+#: The reader of each format, by the ``format`` its commit record declares (:func:`register_reader`).
+_READERS: dict[str, CheckpointReader] = {records.LOCAL_FORMAT: LocalReader(), DCP_FORMAT: DcpReader()}
+#: coci's own formats: their readers are never replaced (every restore's safety rests on them).
+_BUILT_IN_FORMATS = frozenset(_READERS)
+
+#: Builds a session's writer: ``factory(checkpoints_root, context)``, with ``context`` None in one
+#: process (see :func:`writer_for`, the default).
+WriterFactory: TypeAlias = Callable[[Path, DistributedContext | None], CheckpointWriter]
+
+
+def register_reader(name: str, reader: CheckpointReader) -> None:
+    """Read checkpoints whose commit record declares ``format: name`` with ``reader`` (a writer of
+    a format of your own, ``Session(writer=...)``, registers its reader here). ConfigError for a
+    built-in format (``coci``, ``dcp``) or an empty name."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"reader format name must be a non-empty string, got {name!r}")
+    if name in _BUILT_IN_FORMATS:
+        raise ConfigError(f"reader format {name!r} is coci's own; register a reader under a name of your format")
+    _READERS[name] = reader
 
 
 def reader_for(path: Path) -> CheckpointReader:
     """The reader of the format the commit record in ``path`` declares (:func:`coci.checkpoint.record_reads.record_format`)."""
-    return _reader_named(record_reads.record_format(path), path)
+    return reader_named(record_reads.record_format(path), path)
 
 
-def _reader_named(declared: str, path: Path) -> CheckpointReader:
-    reader = READERS.get(declared)
+def reader_named(declared: str, path: Path) -> CheckpointReader:
+    """The reader registered for format ``declared``; CorruptCheckpointError naming ``path`` when none is."""
+    reader = _READERS.get(declared)
     if reader is None:
         raise CorruptCheckpointError(f"{path}: unknown checkpoint format {declared!r}")
     return reader
@@ -155,7 +180,7 @@ def load_committed(
     def read() -> tuple[str, str | None, str | None]:
         declared = record_reads.record_format(path)
         try:
-            return declared, _reader_named(declared, path).read_record(path).model_dump_json(), None
+            return declared, reader_named(declared, path).read_record(path).model_dump_json(), None
         except (CorruptCheckpointError, OSError) as exc:  # every rank must hear of it
             return declared, None, str(exc)
 
@@ -167,14 +192,14 @@ def load_committed(
     declared, record_json, problem = distributed.from_coordinator(read, context)
     if record_json is None:
         raise CorruptCheckpointError(problem or f"{path}: unreadable")
-    reader = READERS[declared]
+    reader = reader_named(declared, path)
     return reader.load(path, reader.record_type.model_validate_json(record_json), context, targets)
 def _load_node_parts(path: Path, context: DistributedContext, targets: Mapping[str, Any] | None) -> LoadedCheckpoint:
     """:func:`load_committed` on node-local run directories: each rank reads the record of its own
     node's part, and the parts must be one checkpoint (the same ``commit_id``) before any loads."""
     declared, record, problem = record_reads.record_format(path), None, None
     try:
-        record = _reader_named(declared, path).read_record(path)
+        record = reader_named(declared, path).read_record(path)
     except (CorruptCheckpointError, OSError) as exc:
         problem = str(exc)
     commit_id = None if record is None else checkpoint_id(record)
@@ -186,7 +211,7 @@ def _load_node_parts(path: Path, context: DistributedContext, targets: Mapping[s
         ids = sorted({str(c) for _, c, _ in parts})
         raise CorruptCheckpointError(f"{path.name}: the nodes' parts are not one checkpoint (commit ids {ids})")
     assert record is not None
-    return READERS[declared].load(path, record, context, targets)
+    return reader_named(declared, path).load(path, record, context, targets)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import torch
 
 import coci
 from coci import ConfigError, Failures, PlanConfig
+from coci.checkpoint.checkpointer import writer_for
 
 pytestmark = pytest.mark.slow  # imports Lightning and transformers
 
@@ -41,6 +42,7 @@ VALUES: dict[str, Any] = {
     "keep_last_remote": 3,
     "remote_owner": "adopt",
     "run_dir_layout": "node-local",
+    "writer": writer_for,  # coci's default writer, given explicitly
 }
 FRAMEWORKS = [("lightning", "lightning"), ("transformers", "transformers")]
 
