@@ -113,7 +113,7 @@ def _child(arena: torch.Tensor, nbytes: int, root: str, direct: bool, requests: 
     while (step := requests.get()) is not None:
         began = time.perf_counter()
         local.write_checkpoint(Path(root), step, payload, slots, None, epoch=None, state_keys=["arena"])
-        retention.apply_retention(Path(root), 1, trusted={step})
+        retention.apply_retention(Path(root), retention.KeepLast(1), trusted={step})
         replies.put(time.perf_counter() - began)
 
 
@@ -128,7 +128,7 @@ class ThreadPersist:
         def work() -> None:
             began = time.perf_counter()
             local.write_checkpoint(self.root, step, self.payload, self.slots, None, epoch=None, state_keys=["arena"])
-            retention.apply_retention(self.root, 1, trusted={step})
+            retention.apply_retention(self.root, retention.KeepLast(1), trusted={step})
             self.seconds = time.perf_counter() - began
 
         thread = threading.Thread(target=work, name="coci-persist-bench")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from coci._version import __version__
 from coci.checkpoint.checkpointer import CheckpointReader, CheckpointWriter, PendingCheckpoint, PersistResult, register_reader
 from coci.checkpoint.remote import RemoteStore, register_remote_scheme
+from coci.checkpoint.retention import KeepAny, KeepEvery, KeepLast, RetentionPolicy
 from coci.checkpoint.stateful import Stateful
 from coci.checkpoint.verify import CheckpointStatus, verify_run
 from coci.errors import (
@@ -78,6 +79,9 @@ __all__ = [
     "Estimate",
     "EveryN",
     "FailureClass",
+    "KeepAny",
+    "KeepEvery",
+    "KeepLast",
     "Failures",
     "Observation",
     "PendingCheckpoint",
@@ -91,6 +95,7 @@ __all__ = [
     "RemoteUnavailableError",
     "Report",
     "RestoreResult",
+    "RetentionPolicy",
     "RunDirLockedError",
     "ResumableLoader",
     "ResumableSampler",

@@ -57,6 +57,7 @@ from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES, claim, claim_for
 from coci.checkpoint.remote.refused import REFUSED_BEFORE, RemoteGate
 from coci.checkpoint.remote.schemes import RemoteLike
 from coci.checkpoint.remote.tier import NodeRole
+from coci.checkpoint.retention import RetentionPolicy, retention_policy
 from coci.checkpoint.run_lock import RunLock
 from coci.checkpoint.sharded import ShardedState, local_data_ptr, local_nbytes
 from coci.checkpoint.stateful import is_stateful, restore_in_place, validate_state
@@ -122,7 +123,13 @@ class Session:
         total_steps: planning horizon in steps.
         restart_seconds: cost of a restart; measured restore time is used when None.
         objective, time_budget, max_overhead: as in :class:`coci.PlanConfig`.
-        keep_last: committed checkpoints to keep (None keeps all; never fewer than one).
+        keep_last: committed checkpoints to keep (None keeps all; never fewer than one): sugar for
+            ``retention=coci.KeepLast(keep_last)``.
+        retention: a :class:`coci.RetentionPolicy` deciding which committed checkpoints stay
+            (:class:`coci.KeepLast`, :class:`coci.KeepEvery`, :class:`coci.KeepAny`, or your own);
+            when given it replaces ``keep_last``. It only ever sees checkpoints this run committed
+            or restored from, and the newest of them is kept whatever it says
+            (:mod:`coci.checkpoint.retention`).
         on_error: ``"raise"`` (default) raises a background persist failure at the next
             ``step``/``close``; ``"log"`` only logs it (it is always in ``events.jsonl``).
         preemption_signals / grace: a notice (SIGTERM by default; ``()`` turns it off) makes the
@@ -144,6 +151,8 @@ class Session:
         storage_options: extra S3 client options (obstore's S3 config keys) for an ``s3://`` remote
             (for another scheme: handed to its factory).
         keep_last_remote: remote checkpoints to keep (None keeps all; never fewer than one).
+        remote_retention: the remote tier's :class:`coci.RetentionPolicy`, replacing
+            ``keep_last_remote`` when given (the same rules as ``retention``).
         remote_owner: a remote prefix belongs to one run (:mod:`coci.checkpoint.remote.identity`):
             ``"refuse"`` (default) raises :class:`coci.ConfigError` naming the prefix and its owner
             when another run (another run directory, or another run's id in this one) owns it;
@@ -191,14 +200,15 @@ class Session:
         remote_owner: str = "refuse",
         run_dir_layout: str = "auto",
         writer: WriterFactory | None = None,
+        retention: RetentionPolicy | None = None,
+        remote_retention: RetentionPolicy | None = None,
     ) -> None:
         constructed = time.perf_counter()  # the construction is coci's time too (the ledger's setup)
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
             raise ConfigError(f"run_dir must be a path to a directory, got {run_dir!r}")
         self.state = validate_state(state)
         self._sharded = ShardedState.detect(self.state)  # FSDP2 / DTensor state: through DCP's state_dict API
-        if keep_last is not None and (not checks.is_int(keep_last) or keep_last < 1):
-            raise ConfigError(f"keep_last must be a positive integer or None, got {keep_last!r}")
+        local_retention = retention_policy(keep_last, retention)
         if total_steps is not None and (not checks.is_int(total_steps) or total_steps < 1):
             raise ConfigError(f"total_steps must be a positive integer or None, got {total_steps!r}")
         if on_error not in ("raise", "log"):
@@ -246,9 +256,13 @@ class Session:
         events_start = history_offset(self.events.path)  # where this process's events begin
         self._mark = self._open_step_mark()
         checkpoint_writer = (writer or writer_for)(checkpoints_dir(self.run_dir), self._dist)
-        self._checkpointer = Checkpointer(checkpoint_writer, self.events, keep_last, self._clock)
+        self._checkpointer = Checkpointer(checkpoint_writer, self.events, local_retention, self._clock)
         self._remote = None if remote is None else RemoteTier(
-            open_store(remote, storage_options), keep_last_remote, self.events, self._profiler, role=_node_role(self._dist)
+            open_store(remote, storage_options),
+            retention_policy(keep_last_remote, remote_retention, remote=True),
+            self.events,
+            self._profiler,
+            role=_node_role(self._dist),
         )
         self._claim_remote(remote_owner)
         self._history = self._mirror_history(events_start)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +29,7 @@ from coci.checkpoint.local import LocalReader, LocalWriter, Manifest, TensorEntr
 from coci.checkpoint.remote import DirectoryStore, open_store
 from coci.checkpoint.remote import schemes as remote_schemes
 from coci.checkpoint.remote.tier import committed_steps
+from coci.checkpoint.retention import retention_policy
 from coci.checkpoint.snapshot import StagedCheckpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -292,3 +293,85 @@ def test_a_format_of_the_users_own_restores_once_its_reader_is_registered(tmp_pa
 def test_coci_formats_readers_are_never_replaced(name: str) -> None:
     with pytest.raises(coci.ConfigError, match="reader format"):
         coci.register_reader(name, ToyReader())
+
+
+# -- retention policies ------------------------------------------------------------------------
+
+
+def _checkpoints(run_dir: Path) -> list[int]:
+    return sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step_"))
+
+
+def test_a_milestone_policy_keeps_every_tenth_step_and_the_newest_two(tmp_path: Path) -> None:
+    remote = tmp_path / "shared"
+    model, optimizer = _state()
+    policy = coci.KeepAny(coci.KeepEvery(10), coci.KeepLast(2))
+    with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2), retention=policy,
+                      remote=str(remote), remote_retention=coci.KeepEvery(8)) as session:
+        _train(session, model, optimizer, 24)
+    assert _checkpoints(tmp_path / "run") == [10, 20, 22, 24]
+    assert committed_steps(DirectoryStore(remote).list_objects()) == [8, 16, 24]
+    removed = [step for e in _events(tmp_path / "run", "retention") for step in e["removed"]]
+    assert sorted(removed) == [2, 4, 6, 8, 12, 14, 16, 18]
+
+
+def test_the_newest_trusted_checkpoint_survives_a_policy_that_keeps_nothing(tmp_path: Path) -> None:
+    class KeepNone:
+        def should_keep(self, steps: Sequence[int]) -> list[bool]:
+            return [False] * len(steps)
+
+    model, optimizer = _state()
+    with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2), retention=KeepNone(),
+                      remote=str(tmp_path / "shared"), remote_retention=KeepNone()) as session:
+        _train(session, model, optimizer, 6)
+    assert _checkpoints(tmp_path / "run") == [6]
+    assert committed_steps(DirectoryStore(tmp_path / "shared").list_objects()) == [6]
+
+
+def test_a_policy_never_sees_an_untrusted_checkpoint(tmp_path: Path) -> None:
+    """A planted step_1000 (committed-looking, never loaded) is neither counted nor deleted; a
+    policy that keeps what it is shown keeps every trusted step."""
+    seen: list[list[int]] = []
+
+    class KeepAllSeen:
+        def should_keep(self, steps: Sequence[int]) -> list[bool]:
+            seen.append(list(steps))
+            return [True] * len(steps)
+
+    planted = tmp_path / "run" / "checkpoints" / "step_1000"
+    planted.mkdir(parents=True)
+    (planted / "manifest.json").write_text("{not a manifest")
+    model, optimizer = _state()
+    with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2), retention=KeepAllSeen()) as session:
+        _train(session, model, optimizer, 4)
+    assert seen == [[2], [2, 4]]
+    assert _checkpoints(tmp_path / "run") == [2, 4, 1000]
+
+
+def test_keep_last_is_sugar_for_keep_last_policy() -> None:
+    assert retention_policy(3, None) == coci.KeepLast(3)
+    assert retention_policy(None, None) is None
+    assert retention_policy(3, coci.KeepEvery(5)) == coci.KeepEvery(5)
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: coci.KeepLast(0), r"KeepLast\(n\)"),
+        (lambda: coci.KeepEvery(True), r"KeepEvery\(steps\)"),
+        (lambda: coci.KeepAny(), "KeepAny"),
+        (lambda: coci.KeepAny(coci.KeepLast(1), 3), r"KeepAny\(\.\.\.\)"),
+        (lambda: retention_policy(2, "last"), "retention"),
+        (lambda: retention_policy(0, None), "keep_last"),
+        (lambda: retention_policy(None, 2, remote=True), "remote_retention"),
+        (lambda: retention_policy(True, None, remote=True), "keep_last_remote"),
+    ],
+)
+def test_a_bad_policy_is_refused_naming_the_field(build: Callable[[], object], field: str) -> None:
+    with pytest.raises(coci.ConfigError, match=field):
+        build()
+
+
+def _events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]

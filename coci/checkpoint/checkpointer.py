@@ -37,6 +37,7 @@ from coci.checkpoint.dcp import DCP_FORMAT, DcpReader, DcpWriter
 from coci.checkpoint.dcp_manifest import checkpoint_id
 from coci.checkpoint.local import LocalReader, LocalWriter
 from coci.checkpoint.records import CommitRecord, LoadedCheckpoint
+from coci.checkpoint.retention import RetentionPolicy
 from coci.checkpoint.sharded import local_shards
 from coci.checkpoint.snapshot import CopyJob, StagedCheckpoint, StagingArena
 from coci.checkpoint.tree import flatten
@@ -54,8 +55,9 @@ class CheckpointWriter(Protocol):
 
     1. ``write(staged)``: write the files of ``staged.step`` into ``step_<n>.tmp`` and commit them
        with :func:`coci.checkpoint.commit.publish`; return the committed directory.
-    2. ``retain(keep_last, trusted)``: keep the newest ``keep_last`` of the ``trusted`` steps
-       (:func:`coci.checkpoint.retention.apply_retention`) and delete older checkpoints; return the
+    2. ``retain(policy, trusted)``: delete the checkpoints the retention ``policy`` does not keep
+       among the ``trusted`` steps (:func:`coci.checkpoint.retention.apply_retention`: only
+       trusted steps are counted, the newest is always kept; None keeps everything); return the
        steps removed.
 
     Under ``torch.distributed`` both calls are collective: every rank makes them in the same order.
@@ -68,7 +70,7 @@ class CheckpointWriter(Protocol):
 
     def write(self, staged: StagedCheckpoint) -> Path: ...
 
-    def retain(self, keep_last: int | None, trusted: frozenset[int]) -> list[int]: ...
+    def retain(self, policy: RetentionPolicy | None, trusted: frozenset[int]) -> list[int]: ...
 
 
 class CheckpointReader(Protocol):
@@ -267,12 +269,12 @@ class Checkpointer:
         self,
         writer: CheckpointWriter,
         events: EventLog,
-        keep_last: int | None,
+        retention: RetentionPolicy | None,
         clock: Callable[[], float],
     ) -> None:
         self.writer = writer
         self.events = events
-        self.keep_last = keep_last
+        self.retention = retention
         self.clock = clock
         self.arena = StagingArena()
         self._executor: ThreadPoolExecutor | None = None
@@ -331,7 +333,7 @@ class Checkpointer:
             committed = self.clock()
             self.events.emit("commit", step=pending.step, seconds=committed - copied, bytes=pending.nbytes, path=str(path))
             self._trusted.add(pending.step)
-            removed = self.writer.retain(self.keep_last, frozenset(self._trusted))
+            removed = self.writer.retain(self.retention, frozenset(self._trusted))
             self._trusted.difference_update(removed)
             if removed:
                 self.events.emit("retention", step=pending.step, removed=removed)

@@ -45,6 +45,7 @@ from coci.checkpoint.dcp_manifest import (
 )
 from coci.checkpoint.local import dtype_name, torch_dtype
 from coci.checkpoint.records import CommitRecord, FileEntry, LoadedCheckpoint
+from coci.checkpoint.retention import RetentionPolicy
 from coci.checkpoint.sharded import ShardSpec, as_dtensors, local_nbytes, targets_by_index
 from coci.checkpoint.snapshot import StagedCheckpoint
 from coci.checkpoint.tree import tensor_refs, unflatten
@@ -190,13 +191,13 @@ class DcpWriter:
         )
         return self.root / layout.step_dirname(step)
 
-    def retain(self, keep_last: int | None, trusted: frozenset[int]) -> list[int]:
+    def retain(self, policy: RetentionPolicy | None, trusted: frozenset[int]) -> list[int]:
         """Rank 0 applies retention (each node's leader in its own directory); every rank learns
         which steps it removed."""
         if self.context.node_local:
-            return list(self._on_leaders(lambda: retention.apply_retention(self.root, keep_last, trusted), "retention failed"))
+            return list(self._on_leaders(lambda: retention.apply_retention(self.root, policy, trusted), "retention failed"))
         return list(
-            self._coordinated(lambda: retention.apply_retention(self.root, keep_last, trusted), "retention failed on rank 0")
+            self._coordinated(lambda: retention.apply_retention(self.root, policy, trusted), "retention failed on rank 0")
         )
 
     def _agree_on_layout(self, step: int, shared: DcpPart) -> None:

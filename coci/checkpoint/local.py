@@ -68,8 +68,8 @@ class LocalWriter:
         )
         return path
 
-    def retain(self, keep_last: int | None, trusted: frozenset[int]) -> list[int]:
-        return retention.apply_retention(self.root, keep_last, trusted)
+    def retain(self, policy: retention.RetentionPolicy | None, trusted: frozenset[int]) -> list[int]:
+        return retention.apply_retention(self.root, policy, trusted)
 
 
 class LocalReader:

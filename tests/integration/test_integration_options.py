@@ -43,6 +43,8 @@ VALUES: dict[str, Any] = {
     "remote_owner": "adopt",
     "run_dir_layout": "node-local",
     "writer": writer_for,  # coci's default writer, given explicitly
+    "retention": coci.KeepAny(coci.KeepEvery(10), coci.KeepLast(1)),
+    "remote_retention": coci.KeepLast(4),
 }
 FRAMEWORKS = [("lightning", "lightning"), ("transformers", "transformers")]
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from coci.checkpoint import faults, layout, local, record_reads, retention
+from coci.checkpoint.retention import KeepLast
 from coci.checkpoint.snapshot import StagingArena
 from coci.errors import CorruptCheckpointError
 
@@ -45,9 +46,9 @@ def test_tmp_directories_are_never_checkpoints(tmp_path: Path) -> None:
 def test_retention_keeps_newest(tmp_path: Path) -> None:
     for step in (1, 2, 3, 4):
         write(tmp_path, step, [torch.full((2,), float(step))])
-        retention.apply_retention(tmp_path, keep_last=2, trusted={1, 2, 3, 4})
+        retention.apply_retention(tmp_path, KeepLast(2), trusted={1, 2, 3, 4})
     assert [s for s, _ in layout.committed_steps(tmp_path)] == [3, 4]
-    assert retention.apply_retention(tmp_path, keep_last=1, trusted={3, 4}) == [3]
+    assert retention.apply_retention(tmp_path, KeepLast(1), trusted={3, 4}) == [3]
     assert [s for s, _ in layout.committed_steps(tmp_path)] == [4]
 
 
@@ -94,7 +95,7 @@ def test_fault_hook_sees_every_commit_point(tmp_path: Path) -> None:
     try:
         write(tmp_path, 1, [torch.ones(3)])
         write(tmp_path, 2, [torch.ones(3)])
-        retention.apply_retention(tmp_path, keep_last=1, trusted={1, 2})
+        retention.apply_retention(tmp_path, KeepLast(1), trusted={1, 2})
     finally:
         faults.set_fault_hook(None)
     assert seen[:5] == ["mid_write", "before_manifest", "before_rename", "after_rename", "after_commit"]

@@ -9,8 +9,9 @@ Remote layout, under the store's prefix::
 opened on the training thread when it is handed over (so local retention may delete it meanwhile),
 the upload runs with at most one more promotion waiting (a newer one replaces a waiting one). A
 failed attempt is logged and retried; it never writes the manifest, so a partial remote checkpoint
-never counts, and it never touches the local copy. Retention keeps the newest ``keep_last`` of the
-*trusted* remote checkpoints (uploaded and verified by this process, or restored from): an
+never counts, and it never touches the local copy. Retention applies the remote
+:class:`coci.checkpoint.retention.RetentionPolicy` (``keep_last_remote=n``: the newest ``n``) to
+the *trusted* remote checkpoints (uploaded and verified by this process, or restored from): an
 unverified one, however new, never makes a good one look old, and the newest trusted one is never
 deleted. :meth:`RemoteTier.fetch` downloads a checkpoint as untrusted input into a ``.tmp``
 directory of the run, each rank its own files under ``torch.distributed`` (:mod:`.fetch`), and
@@ -39,6 +40,7 @@ from coci.checkpoint.remote.fetch import fetch_node_parts
 from coci.checkpoint.remote.identity import OWNER_KEY, RunIdentity, step_owner
 from coci.checkpoint.remote.schemes import open_store
 from coci.checkpoint.remote.store import RemoteStore, is_plain_key
+from coci.checkpoint.retention import RetentionPolicy, doomed_steps
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError
 from coci.events import EventLog
@@ -94,16 +96,14 @@ class RemoteTier:
     def __init__(
         self,
         store: RemoteStore,
-        keep_last: int | None,
+        retention: RetentionPolicy | None,
         events: EventLog,
         listener: UploadListener | None = None,
         clock: Callable[[], float] = time.perf_counter,
         role: NodeRole | None = None,
     ) -> None:
-        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
-            raise ConfigError(f"keep_last_remote must be a positive integer or None, got {keep_last!r}")
         self.store = store
-        self.keep_last = keep_last
+        self.retention = retention
         self.events = events
         self.listener = listener
         self.clock = clock
@@ -275,16 +275,15 @@ class RemoteTier:
 
 
     def retain(self) -> list[int]:
-        """Keep the newest ``keep_last`` trusted remote checkpoints; delete everything (committed or
-        partial) of older steps, each one's manifest first so it never stays half-committed."""
-        if self.keep_last is None:
+        """Delete the trusted remote checkpoints the retention policy does not keep and everything
+        (committed or partial) older than the oldest kept (:func:`.retention.doomed_steps`), each
+        one's manifest first so it never stays half-committed."""
+        if self.retention is None:
             return []
         listing = self._coci_objects(self.store.list_objects())
         committed = committed_steps(listing)
-        kept = [step for step in committed if step in self._trusted][-self.keep_last :]
-        if not kept:
-            return []
-        doomed = sorted({step for step in steps_of(listing) if step < kept[0]})
+        trusted = [step for step in committed if step in self._trusted]
+        doomed = doomed_steps(self.retention, trusted, steps_of(listing))
         if self.identity is not None:  # only this run's own checkpoints, and only while it owns the prefix
             self.identity.check_owner(self.store)
             doomed = self.identity.own_steps(self.store, doomed)
