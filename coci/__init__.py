@@ -27,6 +27,7 @@ from coci.errors import (
     StateMismatchError,
 )
 from coci.loader import ResumableLoader, ResumableSampler
+from coci.planning.arguments import CurveLike, FailuresLike, PolicyLike, PriorLike
 from coci.planning.config import PlanConfig
 from coci.planning.failures import FailureClass, Failures
 from coci.planning.fit import CurveFit, fit_curve
@@ -76,9 +77,11 @@ __all__ = [
     "ConfigError",
     "CorruptCheckpointError",
     "CurveFit",
+    "CurveLike",
     "Estimate",
     "EveryN",
     "FailureClass",
+    "FailuresLike",
     "KeepAny",
     "KeepEvery",
     "KeepLast",
@@ -87,9 +90,11 @@ __all__ = [
     "PendingCheckpoint",
     "Plan",
     "PlanConfig",
+    "PolicyLike",
     "PersistError",
     "PersistResult",
     "Preempted",
+    "PriorLike",
     "Profile",
     "RemoteStore",
     "RemoteUnavailableError",

@@ -22,12 +22,18 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
 from coci.curves import read_curve
 from coci.errors import CociError, ConfigError, CorruptCheckpointError
+
+if TYPE_CHECKING:
+    from coci.planning.arguments import CurveLike
+    from coci.planning.failures import Failures
+    from coci.planning.prior import CorrectedRate
+    from coci.planning.records import Plan
 
 __all__ = ["build_parser", "main", "read_curve"]
 
@@ -43,7 +49,7 @@ EXIT_BROKEN_PIPE = 141
 # --- input helpers -----------------------------------------------------------------------------
 
 
-def _failures(args: argparse.Namespace) -> Any:
+def _failures(args: argparse.Namespace) -> Failures | None:
     from coci.planning.failures import Failures
 
     if args.failure_log is not None:
@@ -74,12 +80,12 @@ def _policies(name: str) -> list[str]:
     return list(POLICIES) if name == "all" else [name]
 
 
-def _make_plans(args: argparse.Namespace) -> list[Any]:
+def _make_plans(args: argparse.Namespace) -> list[Plan]:
     """One plan per policy asked for (``--policy all``: every policy), from the same options."""
     from coci.planning.config import PlanConfig
     from coci.planning.planner import plan
 
-    curve = read_curve(args.curve, args.curve_run) if args.curve is not None else None
+    curve: CurveLike | None = read_curve(args.curve, args.curve_run) if args.curve is not None else None
     if args.curve_from is not None:
         curve = _prior_curve(args)
     failures = _failures(args)
@@ -110,7 +116,7 @@ def _make_plans(args: argparse.Namespace) -> list[Any]:
     return plans
 
 
-def _prior_curve(args: argparse.Namespace) -> Any:
+def _prior_curve(args: argparse.Namespace) -> CorrectedRate:
     """``--curve-from``: an earlier run's curve rescaled to ``--total-steps`` (a warm start)."""
     from coci.planning.prior import WarmStart, load_prior
 
@@ -137,7 +143,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _describe_plan(plan: Any) -> str:
+def _describe_plan(plan: Plan) -> str:
     from coci.analysis.report import format_seconds, step_list
 
     inputs = plan.inputs
@@ -175,10 +181,10 @@ def _describe_plan(plan: Any) -> str:
     return "\n".join(lines)
 
 
-def _plans_table(plans: list[Any]) -> str:
+def _plans_table(plans: list[Plan]) -> str:
     import pandas as pd
 
-    def pct(plan: Any, key: str) -> str:
+    def pct(plan: Plan, key: str) -> str:
         run = plan.expected.get("run_seconds")
         return "-" if key not in plan.expected or not run else f"{100 * plan.expected[key] / run:.3g}"
 

@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -75,6 +75,7 @@ from coci.errors import (
 )
 from coci.events import CHECKPOINT_REASONS, STEP_MARK_FILENAME, CheckpointReason, EventLog, StepMark, read_step_mark, write_run_file
 from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
+from coci.planning.arguments import FailuresLike, PlansAhead, PolicyLike, PriorLike, SavesPolicyState, TakesPrior, WarmsUp
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
 from coci.planning.config import PlanConfig, changed_arguments
@@ -178,10 +179,10 @@ class Session:
         run_dir: str | os.PathLike[str],
         state: Mapping[str, Any],
         *,
-        policy: Any = "auto",
+        policy: PolicyLike = "auto",
         plan_config: PlanConfig | None = None,
         mtbf: str | float | None = None,
-        failures: Any = None,
+        failures: FailuresLike | None = None,
         total_steps: int | None = None,
         restart_seconds: float | None = None,
         keep_last: int | None = 2,
@@ -193,7 +194,7 @@ class Session:
         clock: Callable[[], float] | None = None,
         preemption_signals: Iterable[int] = (signal.SIGTERM,),
         grace: str | float = "30s",
-        prior: Any = None,
+        prior: PriorLike | None = None,
         remote: RemoteLike | None = None,
         storage_options: Mapping[str, Any] | None = None,
         keep_last_remote: int | None = 2,
@@ -295,7 +296,7 @@ class Session:
         if startup is not None:
             self._profiler.set_startup_seconds(startup)  # the restart cost's prior
         self._overhead.setup = time.perf_counter() - constructed
-        self.events.emit("session", step=0, pid=os.getpid(), startup_seconds=startup, planning=hasattr(self.policy, "plan"))
+        self.events.emit("session", step=0, pid=os.getpid(), startup_seconds=startup, planning=isinstance(self.policy, PlansAhead))
         self._profiler.mark()
 
     # -- public API ------------------------------------------------------------------------------
@@ -313,7 +314,7 @@ class Session:
     @property
     def plan(self) -> Plan | None:
         """The policy's current :class:`coci.Plan` (None for policies that do not plan)."""
-        plan = getattr(self.policy, "plan", None)
+        plan = self.policy.plan if isinstance(self.policy, PlansAhead) else None
         return plan if isinstance(plan, Plan) else None
 
     @property
@@ -890,9 +891,8 @@ class Session:
             "checkpoint_steps": list(self._checkpoint_steps) + [self._steps],
             "profiler": self._profiler.state_dict(),
         }
-        policy_state = getattr(self.policy, "state_dict", None)
-        if callable(policy_state):
-            own["policy"] = policy_state()
+        if isinstance(self.policy, SavesPolicyState):
+            own["policy"] = self.policy.state_dict()
         tree[SESSION_KEY] = own
         tree[RNG_KEY] = rng_state.capture()
         return tree
@@ -929,7 +929,7 @@ class Session:
         (under a reserved key), so a policy that refuses its state leaves everything untouched."""
         objects: dict[str, Any] = {}
         saved: dict[str, Any] = {}
-        if "policy" in own and is_stateful(self.policy):
+        if "policy" in own and isinstance(self.policy, SavesPolicyState):
             objects[_POLICY_ENTRY], saved[_POLICY_ENTRY] = self.policy, own["policy"]
         for key in keys:
             objects[key], saved[key] = self.state[key], tree[key]
@@ -992,7 +992,7 @@ class Session:
         between ranks, so the ranks agree: all skip when any would (collective on the control group,
         at a step every rank finds due, since the policy's state is the same on every rank).
         """
-        warming_up = getattr(self.policy, "warming_up", False)
+        warming_up = isinstance(self.policy, WarmsUp) and self.policy.warming_up
         pending = self._checkpointer.pending
         skip = Cadence.skip_warmup_checkpoint(
             warming_up=warming_up,
@@ -1005,7 +1005,7 @@ class Session:
         return distributed.agree("skip" if skip else None, self._dist) is not None
 
     def _should_observe(self) -> bool:
-        warming_up = getattr(self.policy, "warming_up", False)
+        warming_up = isinstance(self.policy, WarmsUp) and self.policy.warming_up
         return self._cadence.observe_at_step(self._steps, self._profiler.steps, warming_up, self._elapsed)
 
     def _elapsed(self) -> float:
@@ -1145,16 +1145,15 @@ def _tensor_bytes(state: Mapping[str, Any]) -> int:
     return total
 
 
-def _resolve_policy(policy: Any, plan_config: PlanConfig | None, **planning: Any) -> CheckpointPolicy:
+def _resolve_policy(policy: PolicyLike, plan_config: PlanConfig | None, **planning: Any) -> CheckpointPolicy:
     """Turn the ``policy`` argument, or ``plan_config``, into a CheckpointPolicy (policy names and
     plan configs go to the planner). ``planning`` holds the session's planning keywords."""
     if plan_config is not None or isinstance(policy, str):
         return make_policy(_plan_config(policy, plan_config, **planning))
     if isinstance(policy, (EveryN, AtSteps, CheckpointPolicy)):
         return policy
-    steps = getattr(policy, "steps", None)
-    if steps is not None and hasattr(policy, "model_dump_json"):  # a precomputed coci.Plan
-        return _PlanPolicy(AtSteps.of(steps), policy)
+    if isinstance(policy, Plan):  # a precomputed plan, followed as is
+        return _PlanPolicy(AtSteps.of(policy.steps), policy)
     if isinstance(policy, Iterable):
         return AtSteps.of(policy)
     raise ConfigError(
@@ -1163,18 +1162,17 @@ def _resolve_policy(policy: Any, plan_config: PlanConfig | None, **planning: Any
     )
 
 
-def _use_prior(policy: CheckpointPolicy, prior: Any) -> None:
+def _use_prior(policy: CheckpointPolicy, prior: PriorLike) -> None:
     """Hand ``prior`` to a planning policy (one that cannot take it is a configuration error)."""
-    use = getattr(policy, "use_prior", None)
-    if not callable(use):
+    if not isinstance(policy, TakesPrior):
         raise ConfigError(f"prior= needs a planning policy such as 'auto', got {type(policy).__name__}")
-    use(prior)
+    policy.use_prior(prior)
 
 
 class _PlanPolicy:
     """A precomputed :class:`coci.Plan` followed as is."""
 
-    def __init__(self, steps: AtSteps, plan: Any) -> None:
+    def __init__(self, steps: AtSteps, plan: Plan) -> None:
         self._steps = steps
         self.plan = plan
 
@@ -1185,11 +1183,13 @@ class _PlanPolicy:
         return None
 
 
-def _plan_config(policy: Any, plan_config: PlanConfig | None, **planning: Any) -> PlanConfig:
+def _plan_config(policy: PolicyLike, plan_config: PlanConfig | None, **planning: Any) -> PlanConfig:
     """``plan_config`` as given (the other planning arguments left unset), or the config that the
     policy name and the planning keywords describe."""
     if plan_config is None:
-        return PlanConfig(policy=policy, failures=_failures(planning.pop("mtbf"), planning.pop("failures")), **planning)
+        assert isinstance(policy, str)  # _resolve_policy's only other case
+        failures = _failures(planning.pop("mtbf"), planning.pop("failures"))
+        return PlanConfig(policy=policy, failures=cast(Failures | None, failures), **planning)  # it models an MTBF itself
     if not isinstance(plan_config, PlanConfig):
         raise ConfigError(f"plan_config must be a coci.PlanConfig or None, got {plan_config!r}")
     given = changed_arguments(Session.__init__, planning)
@@ -1198,7 +1198,7 @@ def _plan_config(policy: Any, plan_config: PlanConfig | None, **planning: Any) -
     return plan_config
 
 
-def _failures(mtbf: Any, failures: Any) -> Any:
+def _failures(mtbf: str | float | None, failures: FailuresLike | None) -> FailuresLike | None:
     """The failure model from ``mtbf=`` (an exponential model) or ``failures=``, never both."""
     if mtbf is not None and failures is not None:
         raise ConfigError("pass either mtbf= or failures=, not both")

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import typing
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -31,6 +32,8 @@ from coci.checkpoint.remote import schemes as remote_schemes
 from coci.checkpoint.remote.tier import committed_steps
 from coci.checkpoint.retention import retention_policy
 from coci.checkpoint.snapshot import StagedCheckpoint
+from coci.planning.arguments import PlansAhead, SavesPolicyState, TakesPrior, WarmsUp
+from coci.planning.online import make_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -375,3 +378,66 @@ def test_a_bad_policy_is_refused_naming_the_field(build: Callable[[], object], f
 def _events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
     lines = (run_dir / "events.jsonl").read_text().splitlines()
     return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+# -- named argument types and the policy extras' protocols -------------------------------------
+
+
+def test_public_parameters_name_their_types() -> None:
+    hints = typing.get_type_hints(coci.Session.__init__)
+    assert (hints["policy"], hints["failures"], hints["prior"]) == (coci.PolicyLike, coci.FailuresLike | None, coci.PriorLike | None)
+    assert typing.get_type_hints(coci.plan)["curve"] == coci.CurveLike | None
+    assert typing.get_type_hints(make_policy)["prior"] == coci.PriorLike | None
+    simulate_hints = typing.get_type_hints(coci.simulate)
+    assert (simulate_hints["curve"], simulate_hints["failures"]) == (coci.CurveLike | None, coci.FailuresLike | None)
+
+
+def test_the_planning_policy_offers_every_extra_and_everyn_none() -> None:
+    planning = make_policy("young", failures=coci.Failures.exponential("8h"))
+    extras = (PlansAhead, SavesPolicyState, TakesPrior, WarmsUp)
+    assert all(isinstance(planning, extra) for extra in extras)
+    assert not any(isinstance(coci.EveryN(3), extra) for extra in extras)
+
+
+class _UserPlanningPolicy:
+    """A user's policy with two extras: a plan of its own, and state saved in every checkpoint."""
+
+    def __init__(self, plan: coci.Plan) -> None:
+        self.plan = plan
+        self.observed = 0
+        self.loaded: dict[str, Any] | None = None
+
+    def should_checkpoint(self, step: int) -> bool:
+        return step in self.plan.steps
+
+    def observe(self, observation: coci.Observation) -> None:
+        self.observed += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"observed": self.observed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loaded = dict(state)
+
+
+def _fixed_plan(steps: list[int]) -> coci.Plan:
+    from coci.planning.records import PlanInputs
+
+    inputs = PlanInputs(total_steps=8, step_seconds=0.1, stall_seconds=0.0, persist_seconds=0.0, restart_seconds=0.0,
+                        interference_seconds=0.0, checkpoint_seconds=0.0)
+    return coci.Plan(policy="fixed", objective="time", time_budget=None, inputs=inputs, steps=steps)
+
+
+def test_a_user_policys_extras_are_found_by_protocol(tmp_path: Path) -> None:
+    model, optimizer = _state()
+    policy = _UserPlanningPolicy(_fixed_plan([2, 4]))
+    with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=policy) as session:
+        assert session.plan is policy.plan
+        _train(session, model, optimizer, 4)
+    assert json.loads((tmp_path / "run" / "plan.json").read_text())["steps"] == [2, 4]
+    restarted = _UserPlanningPolicy(_fixed_plan([2, 4]))
+    with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=restarted) as session:
+        session.restore()
+    assert restarted.loaded is not None and restarted.loaded["observed"] >= 1  # its state came back from step 4
+    with pytest.raises(coci.ConfigError, match="prior= needs a planning policy"):
+        coci.Session(tmp_path / "other", {"model": model}, policy=restarted, prior=[3.0, 2.0, 1.5, 1.2, 1.1])

@@ -116,9 +116,11 @@ from coci.analysis.simulated_job import Job, RateFunction, _failures, daly_expec
 from coci.analysis.simulation_results import METRICS, MetricSummary, SimulationResult, ratio_change
 from coci.analysis.trial_runner import _run
 from coci.errors import ConfigError
+from coci.planning.arguments import CurveLike, FailuresLike
 from coci.planning.empirical import curve_pair, empirical_progress_rate
 from coci.planning.failures import Failures
-from coci.planning.fit import CurveFit
+from coci.planning.fit import CurveFit, LossCurve
+from coci.planning.policy import CheckpointPolicy
 from coci.planning.records import Plan, PlanInputs
 
 __all__ = [
@@ -133,7 +135,7 @@ __all__ = [
 ]
 
 
-def _true_rate(curve: Any, plan: Plan | None) -> tuple[RateFunction | None, str, list[str]]:
+def _true_rate(curve: CurveLike | None, plan: Plan | None) -> tuple[RateFunction | None, str, list[str]]:
     """The progress rate that weighs lost work, with a description and notes."""
     if curve is None:
         if plan is not None and plan.fit is not None and plan.fit.usable:
@@ -150,16 +152,16 @@ def _true_rate(curve: Any, plan: Plan | None) -> tuple[RateFunction | None, str,
 
 
 def simulate(
-    plan_or_policy: Plan | Any,
+    plan_or_policy: Plan | CheckpointPolicy,
     *,
-    failures: Failures | str | float | None = None,
+    failures: FailuresLike | None = None,
     trials: int = 1000,
     seed: int = 0,
     termination: float | tuple[float, float] | None = None,
-    curve: Any = None,
+    curve: CurveLike | None = None,
     online: bool = False,
     job: Plan | PlanInputs | None = None,
-    losses: Any = None,
+    losses: LossCurve | None = None,
     plan_seconds: float | None = None,
 ) -> SimulationResult:
     """Monte Carlo replay of a job under failures; see the module docstring for the model.

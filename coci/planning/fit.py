@@ -51,7 +51,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -60,7 +60,12 @@ from coci import knobs
 from coci.errors import ConfigError
 from coci.planning.minimize import bounded_scalar, nelder_mead
 
-__all__ = ["CurveFit", "FAMILIES", "bin_trace", "fit_coci_exponential", "fit_curve"]
+__all__ = ["CurveFit", "FAMILIES", "LossCurve", "Losses", "bin_trace", "fit_coci_exponential", "fit_curve"]
+
+#: One loss per step (steps 1, 2, ...).
+Losses: TypeAlias = Sequence[float] | np.ndarray
+#: Per-step losses, or ``(steps, losses)``.
+LossCurve: TypeAlias = Losses | tuple[Losses, Losses]
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from coci.errors import ConfigError
 from coci.planning.config import PlanConfig
 from coci.planning.fit import CurveFit, fit_curve
 from coci.planning.policy import Observation
-from coci.planning.prior import CorrectedRate, PriorCurve, WarmStart, load_prior
+from coci.planning.prior import CorrectedRate, PriorCurve, PriorLike, WarmStart, load_prior
 
 if TYPE_CHECKING:
     pass
@@ -34,7 +34,7 @@ __all__ = ["PlanningPolicy", "make_policy"]
 logger = logging.getLogger(__name__)
 
 
-def make_policy(config: PlanConfig | str = "auto", *, prior: Any = None, **choices: Any) -> PlanningPolicy:
+def make_policy(config: PlanConfig | str = "auto", *, prior: PriorLike | None = None, **choices: Any) -> PlanningPolicy:
     """The :class:`coci.planning.policy.CheckpointPolicy` the session uses: a :class:`PlanningPolicy`
     for ``config``, or for a policy name and the other :class:`PlanConfig` fields as keywords;
     ``prior``: an earlier run's curve to warm-start from (:meth:`PlanningPolicy.use_prior`)."""
@@ -85,7 +85,7 @@ class PlanningPolicy:
         self._prior_notes: list[str] = []
         self._fitted: tuple[np.ndarray, np.ndarray, CurveFit] | None = None  # the last trace fitted and its fit
 
-    def use_prior(self, source: Any) -> None:
+    def use_prior(self, source: PriorLike) -> None:
         """Warm start: plan from step 0 with an earlier run's curve (see :mod:`coci.planning.prior`;
         ``source`` as :func:`coci.planning.prior.load_prior` takes it, or a
         :class:`~coci.planning.prior.PriorCurve`). A prior that cannot be used (unreadable, too

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from coci.errors import ConfigError
+from coci.planning.arguments import CurveLike
 from coci.planning.config import PlanConfig, changed_arguments
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit, fit_coci_exponential
@@ -89,7 +90,7 @@ def plan(
     persist_seconds: float | str,
     restart_seconds: float | str | None = 0.0,
     interference_seconds: float | str = 0.0,
-    curve: Any = None,
+    curve: CurveLike | None = None,
     objective: str = "progress",
     time_budget: float | None = 0.05,
     max_overhead: float | None = None,

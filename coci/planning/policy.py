@@ -42,10 +42,13 @@ class Observation:
 class CheckpointPolicy(Protocol):
     """Decides at which steps the session checkpoints.
 
-    Optional extras the session uses when present: a ``plan`` attribute (the current
-    :class:`coci.Plan`, written to ``plan.json`` and shown as ``session.plan``) and
-    ``state_dict()`` / ``load_state_dict()`` (saved in every checkpoint, so adaptive state such as
-    CheckFreq's grown interval survives a restart).
+    Optional extras the session uses when present, each a protocol of
+    :mod:`coci.planning.arguments`: a ``plan`` attribute (:class:`~coci.planning.arguments.PlansAhead`:
+    the current :class:`coci.Plan`, written to ``plan.json`` and shown as ``session.plan``),
+    ``state_dict()`` / ``load_state_dict()`` (:class:`~coci.planning.arguments.SavesPolicyState`:
+    saved in every checkpoint, so adaptive state such as CheckFreq's grown interval survives a
+    restart), ``use_prior`` (:class:`~coci.planning.arguments.TakesPrior`) and ``warming_up``
+    (:class:`~coci.planning.arguments.WarmsUp`).
     """
 
     def should_checkpoint(self, step: int) -> bool: ...

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -27,8 +28,9 @@ from coci.curves import read_curve, run_loss_trace
 from coci.errors import ConfigError
 from coci.events import read_run_file
 from coci.planning.empirical import smoothed_trace
+from coci.planning.fit import LossCurve
 
-__all__ = ["PriorCurve", "WarmStart", "load_prior"]
+__all__ = ["PriorCurve", "PriorLike", "WarmStart", "load_prior"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,11 @@ class PriorCurve:
     source: str
 
 
-def load_prior(source: Any, total_steps: float | None = None) -> PriorCurve:
+#: What ``prior=`` takes: an earlier run's directory or curve file, its losses, or a loaded prior.
+PriorLike: TypeAlias = str | os.PathLike[str] | LossCurve | PriorCurve
+
+
+def load_prior(source: PriorLike, total_steps: float | None = None) -> PriorCurve:
     """The earlier run's curve from ``source``: a run directory (its ``loss_curve.json`` or the
     profiler trace in its newest checkpoint; its length from ``plan.json``), a ``.csv`` curve file
     (as ``coci plan --curve`` reads), a ``.json`` file ``{"steps": [...], "losses": [...]}``,

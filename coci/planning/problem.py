@@ -13,6 +13,7 @@ import numpy as np
 
 from coci import checks, knobs
 from coci.errors import ConfigError
+from coci.planning.arguments import CurveLike
 from coci.planning.config import PlanConfig
 from coci.planning.empirical import EmpiricalCurve, empirical_curve
 from coci.planning.failures import Failures
@@ -93,7 +94,7 @@ def _remote_costs(upload: Any, interference: Any, restart: Any, last_promoted: A
 
 def _problem(
     config: PlanConfig,
-    curve: Any,
+    curve: CurveLike | None,
     *,
     step_seconds: Any,
     stall_seconds: Any,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from coci.errors import ConfigError
+from coci.planning.arguments import CurveLike
 from coci.planning.fit import CurveFit, fit_curve
 from coci.planning.objective import whole_run_mean_rate
 
@@ -29,7 +30,7 @@ def _is_pair(curve: Any) -> bool:
 
 
 def _resolve_curve(
-    curve: Any,
+    curve: CurveLike | None,
 ) -> tuple[CurveFit | None, RateFunction | None, tuple[np.ndarray, np.ndarray] | None, str, list[str]]:
     """``(fit, progress_rate, raw (steps, losses), description, fallbacks)`` for a ``curve`` input."""
     if curve is None:
