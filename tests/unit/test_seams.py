@@ -1,19 +1,15 @@
-"""The seams a user plugs into without editing coci: a remote store passed as an instance, a URL
-scheme registered in code or by an installed distribution's entry point, a checkpoint writer, and
-the readers' registry.
+"""The seams a user plugs into without editing coci: a URL scheme registered in code or by an
+installed distribution's entry point, a checkpoint writer and the readers' registry, retention
+policies, and the named argument types and policy-extra protocols.
 
 Every store here is coci's own directory store behind a user class (a wrapper that counts the calls
-made to it), so uploads, listings and downloads are real files; a training process is SIGKILLed
-after a promotion and a fresh node restores from the user's store.
+made to it), so uploads, listings and downloads are real files. The store passed as an instance
+through a SIGKILL and a restore: tests/integration/test_user_store_kill.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 import typing
 from collections import Counter
@@ -23,6 +19,7 @@ from typing import Any, Literal
 
 import pytest
 import torch
+from user_seams import CountingStore, small_state, train_to, uninterrupted
 
 import coci
 from coci.checkpoint import checkpointer, commit, fileio, layout, record_reads, records
@@ -34,94 +31,6 @@ from coci.checkpoint.retention import retention_policy
 from coci.checkpoint.snapshot import StagedCheckpoint
 from coci.planning.arguments import PlansAhead, SavesPolicyState, TakesPrior, WarmsUp
 from coci.planning.online import make_policy
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-class CountingStore:
-    """A user's store: every call goes to ``inner`` and is counted (not a DirectoryStore subclass)."""
-
-    def __init__(self, inner: Any, url: str | None = None) -> None:
-        self.inner = inner
-        self._url = url or inner.url
-        self.calls: Counter[str] = Counter()
-
-    @property
-    def url(self) -> str:
-        return self._url
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        method = getattr(self.inner, name)
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.calls[name] += 1
-            return method(*args, **kwargs)
-
-        return counted
-
-
-def _state() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 4)
-    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
-
-
-def _train(session: coci.Session, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
-    """Train to ``steps``, waiting for each commit and promotion (none is superseded under load)."""
-    while session.steps < steps:
-        optimizer.zero_grad()
-        model(torch.randn(8, 4)).square().mean().backward()
-        optimizer.step()
-        if session.step() is not None:
-            session.wait()
-            if session._remote is not None:
-                session._remote.wait()
-
-
-def _uninterrupted(tmp_path: Path, steps: int) -> torch.Tensor:
-    model, optimizer = _state()
-    with coci.Session(tmp_path / "reference", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2)) as session:
-        _train(session, model, optimizer, steps)
-    return model.weight.detach().clone()
-
-
-_KILLED_CHILD = textwrap.dedent(
-    """
-    import os, signal, sys
-    sys.path.insert(0, {tests!r})
-    import torch, coci
-    from coci.checkpoint.remote import DirectoryStore
-    from test_seams import CountingStore, _state, _train
-
-    model, optimizer = _state()
-    store = CountingStore(DirectoryStore(__import__("pathlib").Path({remote!r})))
-    session = coci.Session({run_dir!r}, {{"model": model, "optimizer": optimizer}}, policy=coci.EveryN(2), remote=store)
-    _train(session, model, optimizer, 4)
-    assert store.calls["put_file"] > 0 and store.calls["put_bytes"] > 0, store.calls
-    os.kill(os.getpid(), signal.SIGKILL)  # no close(), no final save: the process just dies
-    """
-)
-
-
-@pytest.mark.slow
-def test_a_user_store_instance_is_used_for_uploads_and_restore_after_sigkill(tmp_path: Path) -> None:
-    remote, run_dir = tmp_path / "shared", tmp_path / "run"
-    child = _KILLED_CHILD.format(tests=str(ROOT / "tests"), remote=str(remote), run_dir=str(run_dir))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, timeout=600)
-    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-3000:]
-    assert committed_steps(DirectoryStore(remote).list_objects()) == [2, 4]  # the user's store received the uploads
-    (run_dir / "checkpoints").rename(tmp_path / "lost")  # the node is lost: only the remote copy remains
-    store = CountingStore(DirectoryStore(remote))
-    model, optimizer = _state()
-    with coci.Session(run_dir, {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2), remote=store) as session:
-        restored = session.restore()
-        assert restored is not None and (restored.step, restored.tier) == (4, "remote")
-        assert store.calls["get_file"] > 0 and store.calls["list_objects"] > 0
-        _train(session, model, optimizer, 8)
-    assert torch.equal(model.weight.detach(), _uninterrupted(tmp_path, 8))
-    assert committed_steps(DirectoryStore(remote).list_objects()) == [6, 8]  # keep_last_remote=2, through the user's store
-    assert store.calls["delete"] > 0
 
 
 def test_a_store_instance_refuses_storage_options(tmp_path: Path) -> None:
@@ -140,17 +49,17 @@ def test_a_registered_scheme_opens_the_users_store(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(remote_schemes, "_FACTORIES", dict(remote_schemes._FACTORIES))
     coci.register_remote_scheme("mem", open_mem)
-    model, optimizer = _state()
+    model, optimizer = small_state()
     with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2),
                       remote="mem://bucket", storage_options={"token": "t"}) as session:
-        _train(session, model, optimizer, 4)
+        train_to(session, model, optimizer, 4)
     assert opened == [("mem://bucket", {"token": "t"})]
     assert committed_steps(DirectoryStore(tmp_path / "bucket").list_objects()) == [2, 4]
     assert "mem" in remote_schemes.known_schemes()
 
 
 def test_an_unknown_scheme_names_remote_and_the_known_schemes(tmp_path: Path) -> None:
-    model, optimizer = _state()
+    model, optimizer = small_state()
     with pytest.raises(coci.ConfigError, match=r"remote 'gs://b/p'.*scheme 'gs'.*known schemes: .*s3"):
         coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2), remote="gs://b/p")
 
@@ -192,10 +101,10 @@ def test_an_entry_point_registers_a_scheme(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.syspath_prepend(str(site))
     assert {"plug", "broken", "s3"} <= set(remote_schemes.known_schemes())
     remote = tmp_path / "shared"
-    model, optimizer = _state()
+    model, optimizer = small_state()
     with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2),
                       remote=f"plug://{remote}") as session:
-        _train(session, model, optimizer, 2)
+        train_to(session, model, optimizer, 2)
     import coci_test_plugin  # type: ignore[import-not-found]
 
     assert [f"plug://{remote}"] == coci_test_plugin.OPENED
@@ -253,11 +162,11 @@ class ToyReader(LocalReader):
 
 
 def _run_with_writer(run_dir: Path, factory: Callable[[Path, Any], Any], steps: int) -> tuple[torch.Tensor, coci.RestoreResult | None]:
-    model, optimizer = _state()
+    model, optimizer = small_state()
     with coci.Session(run_dir, {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2), keep_last=1,
                       writer=factory) as session:
         restored = session.restore()
-        _train(session, model, optimizer, steps)
+        train_to(session, model, optimizer, steps)
     return model.weight.detach().clone(), restored
 
 
@@ -273,14 +182,14 @@ def test_a_user_writer_writes_every_checkpoint_and_restore_reads_it(tmp_path: Pa
     assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step_4"]  # keep_last=1, through its retain
     weights, restored = _run_with_writer(tmp_path / "run", factory, 8)
     assert restored is not None and restored.step == 4
-    assert torch.equal(weights, _uninterrupted(tmp_path, 8))
+    assert torch.equal(weights, uninterrupted(tmp_path / "reference", 8))
 
 
 def test_a_format_of_the_users_own_restores_once_its_reader_is_registered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _run_with_writer(tmp_path / "run", ToyWriter, 4)
     record = json.loads((tmp_path / "run" / "checkpoints" / "step_4" / "manifest.json").read_text())
     assert record["format"] == "toy"
-    model, optimizer = _state()
+    model, optimizer = small_state()
     session = coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2))
     with pytest.raises(coci.CorruptCheckpointError, match="unknown checkpoint format 'toy'"):
         session.restore()  # no reader for "toy": refused, never guessed
@@ -289,7 +198,7 @@ def test_a_format_of_the_users_own_restores_once_its_reader_is_registered(tmp_pa
     coci.register_reader("toy", ToyReader())
     weights, restored = _run_with_writer(tmp_path / "run", ToyWriter, 8)
     assert restored is not None and restored.step == 4
-    assert torch.equal(weights, _uninterrupted(tmp_path, 8))
+    assert torch.equal(weights, uninterrupted(tmp_path / "reference", 8))
 
 
 @pytest.mark.parametrize("name", ["coci", "dcp", ""])
@@ -307,11 +216,11 @@ def _checkpoints(run_dir: Path) -> list[int]:
 
 def test_a_milestone_policy_keeps_every_tenth_step_and_the_newest_two(tmp_path: Path) -> None:
     remote = tmp_path / "shared"
-    model, optimizer = _state()
+    model, optimizer = small_state()
     policy = coci.KeepAny(coci.KeepEvery(10), coci.KeepLast(2))
     with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2), retention=policy,
                       remote=str(remote), remote_retention=coci.KeepEvery(8)) as session:
-        _train(session, model, optimizer, 24)
+        train_to(session, model, optimizer, 24)
     assert _checkpoints(tmp_path / "run") == [10, 20, 22, 24]
     assert committed_steps(DirectoryStore(remote).list_objects()) == [8, 16, 24]
     removed = [step for e in _events(tmp_path / "run", "retention") for step in e["removed"]]
@@ -323,10 +232,10 @@ def test_the_newest_trusted_checkpoint_survives_a_policy_that_keeps_nothing(tmp_
         def should_keep(self, steps: Sequence[int]) -> list[bool]:
             return [False] * len(steps)
 
-    model, optimizer = _state()
+    model, optimizer = small_state()
     with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2), retention=KeepNone(),
                       remote=str(tmp_path / "shared"), remote_retention=KeepNone()) as session:
-        _train(session, model, optimizer, 6)
+        train_to(session, model, optimizer, 6)
     assert _checkpoints(tmp_path / "run") == [6]
     assert committed_steps(DirectoryStore(tmp_path / "shared").list_objects()) == [6]
 
@@ -344,9 +253,9 @@ def test_a_policy_never_sees_an_untrusted_checkpoint(tmp_path: Path) -> None:
     planted = tmp_path / "run" / "checkpoints" / "step_1000"
     planted.mkdir(parents=True)
     (planted / "manifest.json").write_text("{not a manifest")
-    model, optimizer = _state()
+    model, optimizer = small_state()
     with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=coci.EveryN(2), retention=KeepAllSeen()) as session:
-        _train(session, model, optimizer, 4)
+        train_to(session, model, optimizer, 4)
     assert seen == [[2], [2, 4]]
     assert _checkpoints(tmp_path / "run") == [2, 4, 1000]
 
@@ -383,6 +292,7 @@ def _events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
 # -- named argument types and the policy extras' protocols -------------------------------------
 
 
+@pytest.mark.slow  # imports coci.simulate (pandas, scipy)
 def test_public_parameters_name_their_types() -> None:
     hints = typing.get_type_hints(coci.Session.__init__)
     assert (hints["policy"], hints["failures"], hints["prior"]) == (coci.PolicyLike, coci.FailuresLike | None, coci.PriorLike | None)
@@ -429,11 +339,11 @@ def _fixed_plan(steps: list[int]) -> coci.Plan:
 
 
 def test_a_user_policys_extras_are_found_by_protocol(tmp_path: Path) -> None:
-    model, optimizer = _state()
+    model, optimizer = small_state()
     policy = _UserPlanningPolicy(_fixed_plan([2, 4]))
     with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=policy) as session:
         assert session.plan is policy.plan
-        _train(session, model, optimizer, 4)
+        train_to(session, model, optimizer, 4)
     assert json.loads((tmp_path / "run" / "plan.json").read_text())["steps"] == [2, 4]
     restarted = _UserPlanningPolicy(_fixed_plan([2, 4]))
     with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy=restarted) as session:
