@@ -11,6 +11,7 @@ import numpy as np
 from coci import checks, knobs
 from coci.analysis.simulated_job import Job
 from coci.errors import ConfigError
+from coci.planning.arguments import WarmsUp
 from coci.planning.cadence import Cadence, ElapsedClock
 from coci.planning.empirical import curve_pair
 from coci.planning.fit import CurveFit
@@ -112,8 +113,8 @@ class _OnlineReplay:
         self.cadence.record_observation(step, self.plan_seconds if timed else 0.0)
 
 
-def _warming_up(policy: Any) -> bool:
-    return bool(getattr(policy, "warming_up", False))
+def _warming_up(policy: object) -> bool:
+    return isinstance(policy, WarmsUp) and policy.warming_up
 
 
 def _replay_profile(job: Job, step: int) -> Profile:
