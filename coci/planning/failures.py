@@ -45,7 +45,11 @@ Failures differ in what they destroy. A process crash, a NCCL timeout or a preem
 node leaves the node-local checkpoint directory intact; a GPU or host fault that gets the node
 replaced loses it, and only a copy on a remote tier survives. :meth:`Failures.compose` builds a
 model of independent classes (:class:`FailureClass`), each with its own rate model (exponential or
-Weibull) and the tiers it destroys (``destroys=("local",)`` or nothing). The job fails at the first
+Weibull) and the tiers it destroys: nothing (a process crash: every persisted file survives),
+``("local",)`` (a node lost: its own local files and the peer copies it holds for other nodes are
+gone, so it restores from the copy a peer holds of its files) or ``("local", "peer")`` (several
+nodes lost at once, a rack or a switch: a node and the peer holding its copy can both be gone, so
+only the remote tier restores). The remote tier survives every class. The job fails at the first
 failure of any class (hazards add; all clocks restart together at every (re)start); :meth:`Failures.sample_classes`
 also says which class struck. A plain model is one class that destroys nothing, so everything
 recovers from the local tier, as before classes existed. A warning (:meth:`Failures.warned`) belongs
@@ -100,8 +104,9 @@ __all__ = ["TIERS", "FailureClass", "Failures", "LogFit"]
 
 _TRUE = {"1", "true", "t", "yes", "y"}
 _FALSE = {"0", "false", "f", "no", "n", ""}
-#: The checkpoint tiers a failure class can destroy (the remote tier survives every class).
-TIERS: tuple[str, ...] = ("local",)
+#: The checkpoint tiers a failure class can destroy (the remote tier survives every class); a class
+#: that destroys the peer copies destroys the local files too (the levels nest).
+TIERS: tuple[str, ...] = ("local", "peer")
 #: The share of interruptions that lose the node (hardware) in the Llama 3 405B report; see the module docstring.
 LARGE_JOB_NODE_SHARE = 0.78
 #: Per-GPU MTBF over all interruptions in the Llama 3 405B report (about 50,700 h).
@@ -150,14 +155,15 @@ class FailureClass(BaseModel):
 
     ``failures`` is a plain (single-class) :class:`Failures` without a warning (a warning is a
     property of the composed model); ``destroys`` names tiers of :data:`TIERS` (``("local",)``: the
-    node-local checkpoints are gone, a restore needs the remote tier).
+    node-local checkpoints are gone, a restore needs a peer's copy or the remote tier; ``("local",
+    "peer")``: the peer copies too, a restore needs the remote tier).
     """
 
     model_config = ConfigDict(frozen=True, defer_build=True)
 
     name: str
     failures: Failures
-    destroys: tuple[Literal["local"], ...] = ()
+    destroys: tuple[Literal["local", "peer"], ...] = ()
 
     @field_validator("failures")
     @classmethod
@@ -165,6 +171,13 @@ class FailureClass(BaseModel):
         if failures.classes or failures.warned_fraction > 0:
             raise ValueError("a failure class holds a plain model: no nested classes, no warning")
         return failures
+
+    @field_validator("destroys")
+    @classmethod
+    def _nested(cls, destroys: tuple[str, ...]) -> tuple[str, ...]:
+        if "peer" in destroys and "local" not in destroys:
+            raise ValueError("a class that destroys the peer copies destroys the local tier too: destroys=('local', 'peer')")
+        return destroys
 
     @property
     def destroys_local(self) -> bool:

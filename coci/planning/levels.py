@@ -16,6 +16,14 @@ local tier, promoted chain against those that destroy it). For a mixture weight 
 3. every ``(x, y)`` candidate, and each ``y`` promoted at every checkpoint (``x = y``, the best
    single-level plan), is scored by the exact two-level objective; the least wins.
 
+Levels
+------
+A planned checkpoint's level is a :class:`Level`: ``LOCAL`` (node-local only), ``PEER`` (also
+copied to another node's memory or disk, :mod:`coci.planning.three_levels`) or ``REMOTE`` (also
+uploaded). The levels nest: a ``REMOTE`` checkpoint is a ``PEER`` one is a ``LOCAL`` one. A plan
+records them as ``Plan.steps`` (every level), ``Plan.peer_steps`` (``PEER`` and ``REMOTE``) and
+``Plan.promote_steps`` (``REMOTE``); :func:`level_of` reads one step's level from those lists.
+
 ``auto`` (:func:`auto_two_level`) then does what the single-level ``auto`` does: the time optimum
 sets the reference, and the largest progress weight whose plan keeps the expected wall-clock
 overhead within ``1 + time_budget`` of it is bisected. Promotions are at least
@@ -25,7 +33,9 @@ overhead within ``1 + time_budget`` of it is bisected. Promotions are at least
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,9 +52,32 @@ from coci.planning.formulas import (
 )
 from coci.planning.objective import CostModel, TwoLevelCostModel, mu_from_alpha
 
-__all__ = ["TwoLevelResult", "auto_two_level", "local_around", "min_promote_steps", "two_level_candidates"]
+__all__ = [
+    "Level", "TwoLevelResult", "auto_two_level", "level_of", "local_around", "min_promote_steps", "two_level_candidates",
+]
 
 TwoLevelPlan = tuple[np.ndarray, np.ndarray]
+
+
+class Level(enum.IntEnum):
+    """Where a planned checkpoint lives; each level includes the ones below it (module docstring)."""
+
+    LOCAL = 1
+    PEER = 2
+    REMOTE = 3
+
+
+def level_of(
+    step: int, steps: Sequence[int], peer_steps: Sequence[int] | None, promote_steps: Sequence[int] | None,
+) -> Level | None:
+    """The level of ``step`` in a plan's lists (None: not a planned checkpoint). ``peer_steps``
+    None (a plan without a peer level) copies every checkpoint to a peer where the job has peers;
+    ``promote_steps`` None promotes every checkpoint where it has a remote tier."""
+    if step not in steps:
+        return None
+    if promote_steps is None or step in promote_steps:
+        return Level.REMOTE
+    return Level.PEER if peer_steps is None or step in peer_steps else Level.LOCAL
 
 
 @dataclass(frozen=True)

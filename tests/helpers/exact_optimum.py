@@ -26,8 +26,9 @@ import numpy as np
 
 from coci.errors import ConfigError
 from coci.planning.objective import CostModel, Overhead, TwoLevelCostModel
+from coci.planning.three_levels import ThreeLevelCostModel
 
-__all__ = ["ConstrainedOptimum", "constrained_optimum", "optimal_steps", "optimal_two_level"]
+__all__ = ["ConstrainedOptimum", "constrained_optimum", "optimal_steps", "optimal_three_level", "optimal_two_level"]
 
 #: Horizons beyond this many steps are refused (the DP is quadratic).
 MAX_DP_STEPS = 20_000
@@ -223,3 +224,85 @@ def _local_nodes(via: np.ndarray, promotions: list[int], last_local: int) -> lis
             node = int(via[a, node])
         nodes.extend(stretch[::-1])
     return nodes
+
+
+# --- three levels --------------------------------------------------------------------------------
+
+
+def _best_chains(link: np.ndarray, inner: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(best[a, b], via[a, b])``: the cheapest chain from node ``a`` to node ``b`` whose links
+    ``c -> d`` cost ``link[c, d]`` plus ``inner[c, d]`` (the lower level's chain between them), and
+    each chain's node before ``b``."""
+    n = link.shape[0]
+    cost = link if inner is None else link + inner
+    best = np.full((n, n), np.inf)
+    np.fill_diagonal(best, 0.0)
+    via = np.full((n, n), -1, dtype=np.int64)
+    for b in range(1, n):
+        options = best[:, :b] + cost[None, :b, b]  # [a, c]: a -> ... -> c -> b
+        via[:, b] = np.argmin(options, axis=1)
+        best[:b, b] = options[np.arange(b), via[:b, b]]
+    return best, via
+
+
+def _tail(best: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per node ``a``: the cheapest chain from ``a`` to some ``c >= a`` then to the horizon, and that ``c``."""
+    tails = best + end[None, :]
+    tails[np.tril_indices(best.shape[0], -1)] = np.inf
+    return tails.min(axis=1), tails.argmin(axis=1)
+
+
+def _stretches(via: np.ndarray, anchors: list[int], last: int) -> list[int]:
+    """The nodes of a level's chain: each anchor-to-anchor stretch, then the last anchor to ``last``."""
+    nodes: list[int] = []
+    for a, b in zip(anchors, [*anchors[1:], last]):
+        stretch = []
+        node = b
+        while node != a:
+            stretch.append(node)
+            node = int(via[a, node])
+        nodes.extend(stretch[::-1])
+    return nodes
+
+
+def optimal_three_level(
+    model: ThreeLevelCostModel, *, alpha: float = 0.0, min_steps: int = 1, min_peer: int = 1, min_promote: int = 1
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Exact minimiser of ``model.objective(steps, peer, promote, alpha)`` over every (step, level)
+    assignment with nested levels: ``(steps, peer, promote, value)``. O(N^3): small grids only.
+
+    As :func:`optimal_two_level`, one level up: ``L[a, b]`` the cheapest local chain between two
+    peer copies, ``Q[a, b]`` the cheapest peer chain between two uploads (its links ``c -> d`` cost
+    the peer link plus ``L[c, d]``), and the uploads a DP over links costing the remote link plus
+    ``Q[a, b]``; after the last upload, a peer chain, then a local chain, then the horizon.
+    """
+    local, peer, remote = model.chains()
+    if local.total_steps - local.start_step > 400:
+        raise ConfigError("the three-level DP is cubic: at most 400 steps")
+    steps = _chain_terms(local, alpha, local.last_checkpoint_step)[3].copy()
+    steps[0] = max(local.start_step, local.last_checkpoint_step)
+    gap = steps[None, :] - steps[:, None]
+    links, ends = [], []
+    for chain, spacing in ((local, min_steps), (peer, min_peer), (remote, min_promote)):
+        link, end = _links(chain, alpha, chain.last_checkpoint_step)
+        links.append(np.where(gap >= spacing, link, np.inf))
+        ends.append(end)
+    best_local, via_local = _best_chains(links[0])
+    best_peer, via_peer = _best_chains(links[1], best_local)
+    local_tail, local_last = _tail(best_local, ends[0])
+    peer_tail, peer_last = _tail(best_peer, ends[1] + local_tail)
+    uploaded = np.full(steps.size, np.inf)
+    uploaded[0] = 0.0
+    parent = np.full(steps.size, -1, dtype=np.int64)
+    for b in range(1, steps.size):
+        options = uploaded[:b] + links[2][:b, b] + best_peer[:b, b]
+        parent[b] = int(np.argmin(options))
+        uploaded[b] = options[parent[b]]
+    finals = uploaded + ends[2] + peer_tail
+    last = int(np.argmin(finals))
+    restarts = sum(float(m.failures_until(m.horizon_seconds)) * m.restart_seconds for m in model.chains())
+    upload_nodes = _walk(parent, last)
+    peer_nodes = _stretches(via_peer, [0, *upload_nodes], int(peer_last[last]))
+    last_peer = peer_nodes[-1] if peer_nodes else 0
+    local_nodes = _stretches(via_local, [0, *peer_nodes], int(local_last[last_peer]))
+    return steps[local_nodes], steps[peer_nodes], steps[upload_nodes], float(finals[last]) + restarts

@@ -1,0 +1,245 @@
+"""Three-level plans: which local checkpoints are copied to a peer node and which are uploaded.
+
+The levels nest (:class:`coci.planning.levels.Level`): a plan is the local steps ``x``, the subset
+``p`` of them copied to a peer, and the subset ``y`` of ``p`` uploaded to the remote tier. Failure
+classes (:class:`coci.FailureClass`) say what they destroy: a class that destroys nothing (a process
+crash) rolls back to the last local commit; one that destroys the local tier only (one node lost,
+with the peer copies it held for others) to the last *peer* commit, ``D`` (the peer copy's seconds)
+after the local commit; one that destroys the peer level too (several nodes at once) to the last
+remote commit, ``U`` after the local commit. As for two levels (:mod:`coci.planning.objective`) the
+first-order objective is a sum of single-level objectives on the same weight,
+
+    J(x, p, y) = J_local(x; C, P, R, M_process) + J_peer(p; C_p, P + D, R_p, M_node)
+               + J_remote(y; C_u, P + U, R_r, M_multi),           y in p in x,
+
+``C_p`` the training time one peer copy costs (its interference), ``R_p`` the restart from a peer's
+copy. Nesting keeps the sum exact to first order: every uploaded checkpoint also has a peer copy,
+so a node loss never has a newer remote commit than peer commit to restore from (while ``D <=
+U``; the simulator plays the other case too). A job with only two of the levels is this model with
+the missing class group empty.
+
+The planner (:func:`auto_three_level`) extends :mod:`coci.planning.levels` by one level: the
+uploads ``y`` are placed as the two-level promotions are (each charged ``C_u + C_p + C``, and on the
+model of every checkpoint at every level), the peer copies around them (in each gap between
+uploads, :func:`coci.planning.levels.local_around` on the peer chain, each copy charged ``C_p +
+C``, uploads held in place), the local steps around the peer copies, and every candidate (each
+level also collapsed onto the one above it) is scored by the exact three-level objective. The
+mixture weight and the time budget are handled as :func:`coci.planning.levels.auto_two_level` does.
+Peer copies are at least ``ceil(D / t)`` steps apart (one copy in flight), uploads ``ceil(U / t)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from coci import knobs
+from coci.errors import ConfigError
+from coci.planning.formulas import _periodic_candidates, max_interval_steps, place
+from coci.planning.levels import local_around
+from coci.planning.objective import CostModel, Overhead, mu_from_alpha
+
+__all__ = ["ThreeLevelCostModel", "ThreeLevelResult", "auto_three_level", "three_level_candidates"]
+
+ThreeLevelPlan = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ThreeLevelCostModel:
+    """The three-level objective (module docstring): ``local`` scores the local steps against the
+    failures that spare the local tier, ``peer`` the peer copies against those that destroy the
+    local tier only (its ``checkpoint_seconds`` is the copy's interference, its ``persist_seconds``
+    the persist plus the copy, its ``restart_seconds`` the restore from a peer), ``remote`` the
+    uploads against those that destroy the peer copies too."""
+
+    local: CostModel
+    peer: CostModel
+    remote: CostModel
+
+    def chains(self) -> tuple[CostModel, CostModel, CostModel]:
+        return self.local, self.peer, self.remote
+
+    def parts(self, steps: Any, peer: Any, promote: Any) -> tuple[Overhead, Overhead, Overhead]:
+        """Expected overhead of each chain; raises :class:`ConfigError` unless ``promote`` is a
+        subset of ``peer`` and ``peer`` of ``steps``."""
+        local, copied, uploaded = (m.check_steps(s) for m, s in zip(self.chains(), (steps, peer, promote)))
+        if not (np.all(np.isin(copied, local)) and np.all(np.isin(uploaded, copied))):
+            raise ConfigError("peer_steps must be a subset of steps, and promote_steps a subset of peer_steps")
+        return self.local.expected(local), self.peer.expected(copied), self.remote.expected(uploaded)
+
+    def expected(self, steps: Any, peer: Any, promote: Any) -> Overhead:
+        """Expected overhead of a three-level plan, the three chains added (``checkpoints`` counts
+        the local ones; peer copies and uploads are in :meth:`as_dict`)."""
+        parts = self.parts(steps, peer, promote)
+        return Overhead(
+            checkpoints=parts[0].checkpoints,
+            checkpoint_seconds=sum(p.checkpoint_seconds for p in parts),
+            failures=sum(p.failures for p in parts),
+            restart_seconds=sum(p.restart_seconds for p in parts),
+            lost_seconds=sum(p.lost_seconds for p in parts),
+            lost_progress_seconds=sum(p.lost_progress_seconds for p in parts),
+            run_seconds=parts[0].run_seconds,
+        )
+
+    def as_dict(self, steps: Any, peer: Any, promote: Any) -> dict[str, float]:
+        """:meth:`Overhead.as_dict` of the plan, with the copies, uploads and each class group's part."""
+        local, copied, uploaded = self.parts(steps, peer, promote)
+        figures = self.expected(steps, peer, promote).as_dict()
+        figures.update(
+            peer_copies=float(copied.checkpoints),
+            peer_copy_seconds=copied.checkpoint_seconds,
+            promotions=float(uploaded.checkpoints),
+            promotion_seconds=uploaded.checkpoint_seconds,
+            local_failures=local.failures,
+            peer_failures=copied.failures,
+            remote_failures=uploaded.failures,
+            peer_restart_seconds=copied.restart_seconds,
+            peer_lost_seconds=copied.lost_seconds,
+            remote_restart_seconds=uploaded.restart_seconds,
+            remote_lost_seconds=uploaded.lost_seconds,
+        )
+        return figures
+
+    def objective(self, steps: Any, peer: Any, promote: Any, alpha: float) -> float:
+        """The ``w_alpha`` objective of a three-level plan (what its planner and DP minimise)."""
+        return sum(m.objective(s, alpha) for m, s in zip(self.chains(), (steps, peer, promote)))
+
+
+@dataclass(frozen=True)
+class ThreeLevelResult:
+    """What :func:`auto_three_level` chose: local steps, peer copies, uploads, the mixture and the budget."""
+
+    steps: np.ndarray
+    peer: np.ndarray
+    promote: np.ndarray
+    alpha: float
+    time_optimal_wall_seconds: float
+    budget_wall_seconds: float | None
+
+    @property
+    def mu(self) -> float | None:
+        return mu_from_alpha(self.alpha)
+
+
+def _charged(chain: CostModel, extra: float) -> CostModel:
+    """``chain`` with each of its checkpoints charged ``extra`` more (the lower levels it needs)."""
+    return dataclasses.replace(chain, checkpoint_seconds=chain.checkpoint_seconds + extra)
+
+
+def _against_all(top: CostModel, *below: CostModel) -> CostModel:
+    """Every checkpoint at level ``top``: one chain against the failures of every level (the
+    hazards added, as in :func:`coci.planning.levels._combined`; the cell grids are the same), at
+    the costs of every level and ``top``'s commit delay."""
+    return dataclasses.replace(
+        _charged(top, sum(chain.checkpoint_seconds for chain in below)),
+        hazard=sum((chain.hazard for chain in below), top.hazard),
+        cum_failures=sum((chain.cum_failures for chain in below), top.cum_failures),
+        cum_time_integral=sum((chain.cum_time_integral for chain in below), top.cum_time_integral),
+        cum_progress_integral=sum((chain.cum_progress_integral for chain in below), top.cum_progress_integral),
+    )
+
+
+def _everything(model: ThreeLevelCostModel) -> CostModel:
+    """Every checkpoint at every level."""
+    return _against_all(model.remote, model.local, model.peer)
+
+
+def _uploads(model: ThreeLevelCostModel, alpha: float, min_promote: int, refined: bool) -> list[np.ndarray]:
+    """Candidate upload sets: the single-level placement on the charged remote chain and on the
+    chain of every level (``m - 1``, ``m``, ``m + 1`` uploads; at ``alpha = 0`` the Young intervals)."""
+    local, peer, remote = model.chains()
+    uploads: list[np.ndarray] = []
+    for chain in (_charged(remote, local.checkpoint_seconds + peer.checkpoint_seconds), _everything(model)):
+        if not np.any(chain.hazard > 0):
+            uploads.append(np.zeros(0, dtype=np.int64))
+            continue
+        uploads += place(chain, alpha, min_promote, (-1, 0, 1), max_interval_steps(chain, min_promote), refined)
+        if alpha == 0.0:
+            uploads += _periodic_candidates(chain, min_promote)
+    return uploads
+
+
+def _placed(chain: CostModel, alpha: float, spacing: int, refined: bool) -> list[np.ndarray]:
+    """The single-level placements of ``chain`` (``m - 1``, ``m``, ``m + 1`` checkpoints; none
+    without failures to place against)."""
+    if not np.any(chain.hazard > 0):
+        return []
+    return place(chain, alpha, spacing, (-1, 0, 1), max_interval_steps(chain, spacing), refined)
+
+
+def _around(chain: CostModel, fixed: np.ndarray, alpha: float, spacing: int, refined: bool) -> np.ndarray:
+    """:func:`local_around` where ``chain`` has failures to place against; else ``fixed`` alone."""
+    if not np.any(chain.hazard > 0):
+        return fixed
+    return local_around(chain, fixed, alpha, spacing, max_interval_steps(chain, spacing), refined)
+
+
+def three_level_candidates(
+    model: ThreeLevelCostModel, alpha: float, min_steps: int, min_peer: int, min_promote: int, refined: bool = True,
+) -> list[ThreeLevelPlan]:
+    """``(steps, peer, promote)`` candidates for one mixture weight (module docstring)."""
+    local, peer, _ = model.chains()
+    peer_chain = _charged(peer, local.checkpoint_seconds)
+    candidates: list[ThreeLevelPlan] = []
+    placed = _placed(peer_chain, alpha, min_peer, refined) + _placed(_against_all(peer, local), alpha, min_peer, refined)
+    for uploads in _uploads(model, alpha, min_promote, refined):
+        copy_sets = [_around(peer_chain, uploads, alpha, min_peer, refined), uploads]
+        if uploads.size == 0:  # the two-level problem one level down: place the copies as promotions
+            copy_sets += placed
+        for copies in copy_sets:
+            candidates.append((_around(local, copies, alpha, min_steps, refined), copies, uploads))
+            candidates.append((copies, copies, uploads))
+    return candidates
+
+
+def _best(model: ThreeLevelCostModel, candidates: list[ThreeLevelPlan], alpha: float) -> ThreeLevelPlan:
+    return min(candidates, key=lambda plan: model.objective(*plan, alpha))
+
+
+def auto_three_level(
+    model: ThreeLevelCostModel,
+    *,
+    objective: str = "progress",
+    time_budget: float | None = 0.05,
+    min_steps: int = 1,
+    min_peer: int = 1,
+    min_promote: int = 1,
+    alpha: float | None = None,
+) -> ThreeLevelResult:
+    """``auto`` for three levels: as :func:`coci.planning.levels.auto_two_level`, over ``(steps,
+    peer, promote)`` plans scored by the three-level objective (module docstring)."""
+
+    def candidates(weight: float, refined: bool = True) -> list[ThreeLevelPlan]:
+        return three_level_candidates(model, weight, min_steps, min_peer, min_promote, refined)
+
+    time_plan = _best(model, candidates(0.0), 0.0)
+    time_wall = model.objective(*time_plan, 0.0)
+    if objective == "time" or not model.local.has_progress or (alpha is not None and alpha <= 0.0):
+        return ThreeLevelResult(*time_plan, 0.0, time_wall, None)
+    if alpha is not None:
+        return ThreeLevelResult(*_best(model, [time_plan, *candidates(alpha)], alpha), float(alpha), time_wall, None)
+    if time_budget is None:
+        return ThreeLevelResult(*_best(model, candidates(1.0), 1.0), 1.0, time_wall, None)
+    budget = (1.0 + time_budget) * time_wall
+    feasible: list[tuple[float, float, ThreeLevelPlan]] = [(model.objective(*time_plan, 1.0), 0.0, time_plan)]
+
+    def consider(weight: float, refined: bool = True) -> bool:
+        found = False
+        for plan in candidates(weight, refined):
+            overhead = model.expected(*plan)
+            if overhead.wall_seconds <= budget:
+                feasible.append((overhead.progress_seconds, weight, plan))
+                found = True
+        return found
+
+    if not consider(1.0):
+        low, high = 0.0, 1.0
+        for _ in range(knobs.PLAN_BISECTION_STEPS):
+            mid = 0.5 * (low + high)
+            low, high = (mid, high) if consider(mid, refined=False) else (low, mid)
+        consider(low)
+    _, weight, plan = min(feasible, key=lambda item: (item[0], -item[1]))
+    return ThreeLevelResult(*plan, weight, time_wall, budget)
