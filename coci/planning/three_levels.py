@@ -196,7 +196,7 @@ def three_level_candidates(
 
 
 def _best(model: ThreeLevelCostModel, candidates: list[ThreeLevelPlan], alpha: float) -> ThreeLevelPlan:
-    return min(candidates, key=lambda plan: model.objective(*plan, alpha))
+    return min(candidates, key=lambda plan: model.objective(plan[0], plan[1], plan[2], alpha))
 
 
 def auto_three_level(
