@@ -8,7 +8,13 @@ import itertools
 import numpy as np
 import pytest
 from exact_optimum import optimal_three_level
+from test_simulate import ScriptedFailures
 
+import coci
+from coci.analysis.simulate import simulate
+from coci.analysis.simulate_levels import run_levels
+from coci.analysis.simulated_job import Job
+from coci.analysis.trial_runner import _run
 from coci.errors import ConfigError
 from coci.planning.failures import FailureClass, Failures
 from coci.planning.levels import Level, level_of
@@ -138,3 +144,151 @@ def test_three_level_auto_keeps_the_time_budget() -> None:
     time_plan = auto_three_level(model, objective="time", min_peer=8, min_promote=25)
     progress = model.objective(result.steps, result.peer, result.promote, 1.0)
     assert progress <= model.objective(time_plan.steps, time_plan.peer, time_plan.promote, 1.0)
+
+
+# --- plan() ------------------------------------------------------------------------------------
+
+
+COSTS = dict(total_steps=3000, step_seconds=2.0, stall_seconds=0.3, persist_seconds=3.0,
+             interference_seconds=0.2, restart_seconds=60.0)
+LOSSES = 2 + 3 * (np.arange(1, 3001) + 50.0) ** -0.5
+REMOTE = dict(upload_seconds="2m", upload_interference_seconds=4.0, remote_restart_seconds="10m")
+PEER = dict(peer_seconds=10.0, peer_interference_seconds=0.5, peer_restart_seconds=90.0)
+
+
+def large_job(gpus: int = 8192, multi_share: float = 0.1) -> Failures:
+    per_gpu = 50_700 * 3600.0
+    return Failures.compose(
+        FailureClass(name="process", failures=Failures.exponential(per_gpu / 0.22, nodes=gpus)),
+        FailureClass(name="node", failures=Failures.exponential(per_gpu / (0.78 - multi_share), nodes=gpus), destroys=("local",)),
+        FailureClass(name="multi_node", failures=Failures.exponential(per_gpu / multi_share, nodes=gpus), destroys=("local", "peer")),
+    )
+
+
+def test_plan_copies_a_subset_to_peers_and_uploads_a_subset_of_those() -> None:
+    plan = coci.plan(failures=large_job(), curve=LOSSES, objective="time", **REMOTE, **PEER, **COSTS)
+    assert plan.peer_steps is not None and plan.promote_steps is not None
+    assert set(plan.promote_steps) <= set(plan.peer_steps) <= set(plan.steps)
+    assert 0 < len(plan.promote_steps) < len(plan.peer_steps)
+    assert np.all(np.diff(plan.peer_steps) >= 5) and np.all(np.diff(plan.promote_steps) >= 60)  # one copy, one upload in flight
+    assert plan.expected["peer_copies"] == len(plan.peer_steps) and plan.expected["promotions"] == len(plan.promote_steps)
+    assert plan.level(plan.promote_steps[0]) == Level.REMOTE and plan.copies_to_peer(plan.promote_steps[0])
+    local_only = sorted(set(plan.steps) - set(plan.peer_steps))
+    if local_only:
+        assert plan.level(local_only[0]) == Level.LOCAL and not plan.copies_to_peer(local_only[0])
+    assert coci.Plan.model_validate_json(plan.model_dump_json()) == plan
+    two = coci.plan(failures=large_job(), curve=LOSSES, objective="time", **REMOTE, **COSTS)
+    assert two.peer_steps is None and two.copies_to_peer(two.steps[0])  # a two-level plan copies every checkpoint
+    assert plan.expected["wall_seconds"] < two.expected["wall_seconds"]
+
+
+def test_without_a_peer_level_the_plan_is_as_before() -> None:
+    before = coci.plan(failures=large_job(), curve=LOSSES, **REMOTE, **COSTS)
+    again = coci.plan(failures=large_job(), curve=LOSSES, peer_seconds=None, **REMOTE, **COSTS)
+    assert again == before and before.peer_steps is None and before.promote_steps is not None
+
+
+def test_peer_costs_are_validated() -> None:
+    with pytest.raises(ConfigError, match="peer_seconds is required"):
+        coci.plan(failures="8h", peer_restart_seconds=10.0, **COSTS)
+    with pytest.raises(ConfigError, match="peer_seconds"):
+        coci.plan(failures="8h", peer_seconds=-1.0, **COSTS)
+
+
+def test_a_single_level_policy_copies_and_uploads_every_checkpoint() -> None:
+    young = coci.plan("young", failures=large_job(), **REMOTE, **PEER, **COSTS)
+    assert young.peer_steps is None and young.promote_steps is None
+    assert young.expected["peer_copies"] == young.expected["promotions"] == len(young.steps)
+
+
+# --- the simulator plays the peer level ------------------------------------------------------------
+
+
+def scripted(process: list[float], node: list[float], multi: list[float]) -> Failures:
+    return Failures.compose(
+        FailureClass(name="process", failures=ScriptedFailures.of(*process)),
+        FailureClass(name="node", failures=ScriptedFailures.of(*node), destroys=("local",)),
+        FailureClass(name="multi_node", failures=ScriptedFailures.of(*multi), destroys=("local", "peer")),
+    )
+
+
+def leveled_plan(peer: list[int] | None = None) -> coci.Plan:
+    # t = 1, S = 1, P = 2: checkpoint 100 commits locally at 103, on the peer (copy 5 s) at 108 and
+    # remotely (upload 10 s) at 113; checkpoint 200 is reached at 201, commits locally at 204 and
+    # on the peer at 209.
+    base = coci.plan(
+        "young", failures=Failures.exponential(1e15), total_steps=300, step_seconds=1.0, stall_seconds=1.0,
+        persist_seconds=2.0, restart_seconds=7.0, upload_seconds=10.0, remote_restart_seconds=30.0,
+        peer_seconds=5.0, peer_restart_seconds=15.0,
+    )
+    return base.model_copy(update={"steps": [100, 200], "peer_steps": peer or [100, 200], "promote_steps": [100]})
+
+
+@pytest.mark.parametrize(
+    ("process", "node", "multi", "lost", "restart", "peer_restores", "remote_restores"),
+    [
+        ([250.0], [], [], 48.0, 7.0, 0, 0),  # process failure: back to the local commit of step 200
+        ([], [250.0], [], 48.0, 15.0, 1, 0),  # node lost: back to the peer copy of step 200
+        ([], [206.0], [], 104.0, 15.0, 1, 0),  # node lost while 200 is copied: back to the copy of 100
+        ([], [], [250.0], 148.0, 30.0, 0, 1),  # several nodes lost: back to the upload of step 100
+        ([250.0], [1e15, 3.0], [], 48.0, 3.0 + 15.0, 1, 0),  # a node lost during the local restart
+        ([250.0], [], [1e15, 3.0], 148.0, 3.0 + 30.0, 0, 1),  # several nodes lost during the local restart
+        ([], [250.0], [1e15, 3.0], 148.0, 3.0 + 30.0, 1, 1),  # several nodes lost during the peer restore
+    ],
+)
+def test_hand_computed_rollbacks_per_level(process, node, multi, lost, restart, peer_restores, remote_restores) -> None:
+    result = simulate(leveled_plan(), failures=scripted(process, node, multi), trials=1, seed=0)
+    assert result.values("lost_seconds")[0] == pytest.approx(lost)
+    assert result.values("restart_seconds")[0] == pytest.approx(restart)
+    assert result.values("peer_restores")[0] == peer_restores
+    assert result.values("remote_restores")[0] == remote_restores
+    assert result.peer_steps == [100, 200] and result.promote_steps == [100]
+
+
+def test_a_checkpoint_not_copied_is_not_restored_from_a_peer() -> None:
+    result = simulate(leveled_plan(peer=[100]), failures=scripted([], [250.0], []), trials=1, seed=0)
+    assert result.values("lost_seconds")[0] == pytest.approx(148.0)
+
+
+def test_peer_interference_is_paid_per_copy() -> None:
+    base = leveled_plan()
+    costly = base.model_copy(update={"inputs": base.inputs.model_copy(update={"peer_interference_seconds": 2.0})})
+    never = scripted([], [], [])
+    plain = simulate(base, failures=never, trials=1, seed=0).values("checkpoint_seconds")[0]
+    both = simulate(costly, failures=scripted([], [], []), trials=1, seed=0).values("checkpoint_seconds")[0]
+    one = simulate(costly.model_copy(update={"peer_steps": [100]}), failures=scripted([], [], []), trials=1, seed=0)
+    assert both == pytest.approx(plain + 4.0)
+    assert one.values("checkpoint_seconds")[0] == pytest.approx(plain + 2.0)
+
+
+def test_without_peers_the_replay_with_levels_is_the_two_level_replay() -> None:
+    plan = coci.plan(failures=large_job(2048), curve=LOSSES, objective="time", **REMOTE, **COSTS)
+    job = Job.of(plan.inputs)
+    assert not job.has_peer_level
+    steps = np.asarray(plan.steps, dtype=np.int64)
+    promote = np.asarray(plan.promote_steps, dtype=np.int64)
+    failures = large_job(2048).warned(0.3, "60s")
+    two = _run(steps, job, failures, 300, 5, None, None, promote)
+    three = run_levels(steps, job, failures, 300, 5, None, None, promote, None)
+    for name in ("wall_seconds", "lost_seconds", "restart_seconds", "remote_restores", "checkpoints", "failures"):
+        np.testing.assert_array_equal(three[name], two[name])
+
+
+def test_simulated_three_level_overhead_matches_the_first_order_expectation() -> None:
+    failures = Failures.compose(
+        FailureClass(name="process", failures=Failures.exponential("60h")),
+        FailureClass(name="node", failures=Failures.exponential("15h"), destroys=("local",)),
+        FailureClass(name="multi_node", failures=Failures.exponential("80h"), destroys=("local", "peer")),
+    )
+    plan = coci.plan(
+        failures=failures, objective="time", total_steps=4000, step_seconds=5.0, stall_seconds=0.5,
+        persist_seconds=4.0, interference_seconds=0.3, restart_seconds=60.0, upload_seconds=60.0,
+        upload_interference_seconds=3.0, remote_restart_seconds=300.0, peer_seconds=8.0,
+        peer_interference_seconds=0.5, peer_restart_seconds=90.0,
+    )
+    result = simulate(plan, trials=3000, seed=4)
+    summary = result.metrics["wall_seconds"]
+    # first order: failures during overheads are not counted, so the simulation sits a little above
+    assert summary.ci_low - 0.1 * plan.expected["wall_seconds"] <= plan.expected["wall_seconds"] <= summary.ci_high
+    assert result.mean("peer_restores") == pytest.approx(plan.expected["peer_failures"], rel=0.15)
+    assert result.mean("remote_restores") == pytest.approx(plan.expected["remote_failures"], rel=0.2)

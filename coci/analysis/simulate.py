@@ -45,7 +45,8 @@ tier (also during a restart) rolls back to the newest *remote* commit and restar
 upload in flight at a failure (of any class: the uploading process dies) is lost and not retried,
 and a checkpoint taken on a notice lives on the local tier only, so a warned failure of a class
 that destroys the local tier strikes as an unwarned one (the planner plans for it so). Without a remote tier every
-failure restores locally, as without classes.
+failure restores locally, as without classes. With a peer level (the plan's ``peer_seconds``) the
+replay is :mod:`coci.analysis.simulate_levels`: a node loss restores from a peer's copy.
 
 Metrics, per trial
 ------------------
@@ -62,7 +63,8 @@ Metrics, per trial
   (``lost_progress_seconds``); ``progress_percent`` against the run.
 * ``checkpoints`` (snapshots completed), ``failures`` (including during restarts), ``steps_lost``
   (completed steps rolled back), ``run_seconds`` (the failure-free, checkpoint-free run),
-  ``remote_restores`` (failures that rolled back to the remote tier).
+  ``remote_restores`` (failures that rolled back to the remote tier), ``peer_restores`` (to a
+  peer's copy).
 
 Each is aggregated into a mean, a standard deviation and a 95% confidence interval for the mean
 (Student t). Trial ``i`` uses the ``i``-th lifetime of each draw for every schedule simulated with
@@ -112,6 +114,7 @@ import numpy as np
 
 from coci import checks, knobs
 from coci.analysis.online_replay import _online_policy, _online_trace, online_schedule
+from coci.analysis.simulate_levels import copied, run_levels
 from coci.analysis.simulated_job import Job, RateFunction, _failures, daly_expected_seconds
 from coci.analysis.simulation_results import METRICS, MetricSummary, SimulationResult, ratio_change
 from coci.analysis.trial_runner import _run
@@ -210,7 +213,12 @@ def simulate(
         raise ConfigError("plan.steps must be strictly increasing within [1, total_steps]")
 
     promote = _promoted(plan, steps, job_figures, model_failures, notes)
-    samples = _run(steps, job_figures, model_failures, trials, seed, stop_range, rate, promote)
+    if job_figures.has_peer_level:
+        copies = copied(plan, steps, promote, notes)
+        samples = run_levels(steps, job_figures, model_failures, trials, seed, stop_range, rate, promote, copies)
+    else:
+        copies = None
+        samples = _run(steps, job_figures, model_failures, trials, seed, stop_range, rate, promote)
     unfinished = int(samples.pop("unfinished").sum())
     if unfinished:
         notes.append(
@@ -228,6 +236,7 @@ def simulate(
         curve=curve_text,
         steps=[int(s) for s in steps],
         promote_steps=None if promote is None else [int(s) for s in promote],
+        peer_steps=None if copies is None else [int(s) for s in copies],
         replans=replans,
         unfinished=unfinished,
         metrics={name: MetricSummary.of(samples[name]) for name in METRICS},

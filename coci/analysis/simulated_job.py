@@ -34,10 +34,17 @@ class Job:
     upload_seconds: float | None = None
     upload_interference_seconds: float = 0.0
     remote_restart_seconds: float = 0.0
+    peer_seconds: float | None = None
+    peer_interference_seconds: float = 0.0
+    peer_restart_seconds: float = 0.0
 
     @property
     def has_remote_tier(self) -> bool:
         return self.upload_seconds is not None
+
+    @property
+    def has_peer_level(self) -> bool:
+        return self.peer_seconds is not None
 
     @classmethod
     def of(cls, inputs: PlanInputs) -> Job:
@@ -63,6 +70,10 @@ class Job:
             remote_restart_seconds=float(
                 inputs.restart_seconds if inputs.remote_restart_seconds is None else inputs.remote_restart_seconds
             ),
+            peer_seconds=inputs.peer_seconds,
+            peer_interference_seconds=float(inputs.peer_interference_seconds or 0.0),
+            peer_restart_seconds=float(inputs.restart_seconds + (inputs.peer_seconds or 0.0) if inputs.peer_restart_seconds is None
+                                       else inputs.peer_restart_seconds),
         )
 
     @property
@@ -106,10 +117,11 @@ class Timeline:
     promoted: np.ndarray
 
     @classmethod
-    def build(cls, steps: np.ndarray, job: Job, promote: np.ndarray | None = None) -> Timeline:
+    def build(cls, steps: np.ndarray, job: Job, promote: np.ndarray | None = None, copies: np.ndarray | None = None) -> Timeline:
         promoted = np.zeros(steps.size, dtype=bool) if promote is None else np.isin(steps, promote)
+        copied = np.zeros(steps.size, dtype=bool) if copies is None else np.isin(steps, copies)
         t, persist = job.step_seconds, job.persist_seconds
-        stall = job.stall_seconds + job.upload_interference_seconds * promoted  # per checkpoint
+        stall = job.stall_seconds + job.upload_interference_seconds * promoted + job.peer_interference_seconds * copied
         r, q = job.slowdown, job.window_progress
         horizon = job.run_seconds
         x = steps.astype(float) * t

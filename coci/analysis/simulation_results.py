@@ -32,6 +32,7 @@ METRICS: tuple[str, ...] = (
     "steps_lost",
     "run_seconds",
     "remote_restores",
+    "peer_restores",
 )
 
 
@@ -83,6 +84,7 @@ class SimulationResult(BaseModel):
     curve: str
     steps: list[int]
     promote_steps: list[int] | None = None
+    peer_steps: list[int] | None = None
     replans: int = 0
     unfinished: int = 0
     metrics: dict[str, MetricSummary]

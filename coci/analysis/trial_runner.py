@@ -255,5 +255,6 @@ def _metrics(state: _Trials, stop_x: np.ndarray) -> dict[str, np.ndarray]:
         "steps_lost": state.steps_lost,
         "run_seconds": run,
         "remote_restores": state.remote_restores,
+        "peer_restores": np.zeros_like(run),
         "unfinished": state.active.astype(float),
     }

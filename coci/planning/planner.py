@@ -75,6 +75,7 @@ if TYPE_CHECKING:
 from coci.planning.baselines import _plan_checkfreq, _plan_daly, _plan_young
 from coci.planning.problem import _finish, _Placement, _Problem, _problem, _remote_costs
 from coci.planning.records import Plan
+from coci.planning.three_levels import ThreeLevelCostModel, auto_three_level, peer_costs
 
 __all__ = ["POLICY_PLANNERS", "plan"]
 
@@ -102,6 +103,10 @@ def plan(
     upload_interference_seconds: float | str | None = None,
     remote_restart_seconds: float | str | None = None,
     last_promoted_step: int | None = None,
+    peer_seconds: float | str | None = None,
+    peer_interference_seconds: float | str | None = None,
+    peer_restart_seconds: float | str | None = None,
+    last_peer_step: int | None = None,
 ) -> Plan:
     """Plan checkpoint steps for a run of ``total_steps`` steps.
 
@@ -130,6 +135,13 @@ def plan(
             :mod:`coci.planning.levels`); None (the default) plans exactly as without a remote tier.
         last_promoted_step: for re-planning mid-run: the newest promoted checkpoint (default
             ``last_checkpoint_step``).
+        peer_seconds, peer_interference_seconds, peer_restart_seconds, last_peer_step: the peer
+            level's costs (a copy of each node's checkpoint on another node): seconds from a local
+            commit to the peer copy's commit, the training time one copy costs (default 0), the
+            restart from a peer's copy (default ``restart_seconds + peer_seconds``) and, re-planning,
+            the newest copied checkpoint (default ``last_checkpoint_step``). With ``peer_seconds``
+            and a class that destroys the local tier, ``auto`` plans three levels
+            (``Plan.peer_steps``, :mod:`coci.planning.three_levels`).
     """
     choices: dict[str, Any] = dict(
         policy=policy, failures=failures, total_steps=total_steps, restart_seconds=restart_seconds,
@@ -145,7 +157,10 @@ def plan(
         interference_seconds=interference_seconds, start_step=start_step,
         last_checkpoint_step=last_checkpoint_step, failure_origin_step=failure_origin_step,
         taken_steps=taken_steps,
-        remote=_remote_costs(upload_seconds, upload_interference_seconds, remote_restart_seconds, last_promoted_step),
+        remote={
+            **_remote_costs(upload_seconds, upload_interference_seconds, remote_restart_seconds, last_promoted_step),
+            **peer_costs(peer_seconds, peer_interference_seconds, peer_restart_seconds, last_peer_step),
+        },
     )
     return _finish(problem, POLICY_PLANNERS[config.policy](problem))
 
@@ -171,6 +186,8 @@ def _plan_auto(problem: _Problem) -> _Placement:
             problem.fallbacks.append("no curve given: planned for the time objective")
         objective = "time"
     min_steps = problem.inputs.min_interval_steps
+    if problem.three_level is not None:
+        return _plan_three_levels(problem, problem.three_level, objective)
     if problem.two_level is not None:
         return _plan_two_levels(problem, problem.two_level, objective)
     max_steps = max_interval_steps(model, min_steps)
@@ -208,6 +225,29 @@ def _plan_two_levels(problem: _Problem, model: TwoLevelCostModel, objective: str
         expected["budget_wall_seconds"] = result.budget_wall_seconds
     mu = result.mu if objective == "progress" else None
     return _Placement(result.steps, objective, mu, expected, promote=result.promote)
+
+
+def _plan_three_levels(problem: _Problem, model: ThreeLevelCostModel, objective: str) -> _Placement:
+    """``auto`` with a peer level: local steps, their copied subset and its uploaded subset
+    (:func:`coci.planning.three_levels.auto_three_level`). A re-plan measures the time budget
+    against the remaining steps' three-level time optimum."""
+    inputs, config = problem.inputs, problem.config
+    local_min = min_interval_steps(inputs.step_seconds, inputs.persist_seconds, inputs.checkpoint_seconds, config.max_overhead)
+    min_peer = min_promote_steps(inputs.step_seconds, float(inputs.peer_seconds or 0.0), local_min)
+    min_promote = min_promote_steps(inputs.step_seconds, float(inputs.upload_seconds or 0.0), local_min)
+    result = auto_three_level(
+        model, objective=objective, time_budget=config.time_budget, min_steps=local_min, min_peer=min_peer,
+        min_promote=min_promote,
+    )
+    problem.details.update(min_interval_steps=float(local_min), min_peer_steps=float(min_peer), min_promote_steps=float(min_promote))
+    problem.notes.append(
+        f"three levels: {len(result.peer)} of {len(result.steps)} checkpoints copied to a peer, {len(result.promote)} uploaded"
+    )
+    expected = {"time_optimal_wall_seconds": result.time_optimal_wall_seconds}
+    if result.budget_wall_seconds is not None:
+        expected["budget_wall_seconds"] = result.budget_wall_seconds
+    mu = result.mu if objective == "progress" else None
+    return _Placement(result.steps, objective, mu, expected, promote=result.promote, peer=result.peer)
 
 
 def _plan_rest_within_run_budget(problem: _Problem, time_budget: float, max_steps: int) -> AutoResult:

@@ -21,6 +21,7 @@ from coci.planning.fit import CurveFit
 from coci.planning.formulas import check_plan_size, min_interval_steps
 from coci.planning.levels import min_promote_steps
 from coci.planning.objective import CostModel, ExpectedFailures, TwoLevelCostModel, build_cost_model, expected_failures
+from coci.planning.three_levels import ThreeLevelCostModel, three_level_model
 from coci.units import parse_duration
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class _Problem:
     notes: list[str] = field(default_factory=list)
     taken_steps: tuple[int, ...] = ()  # checkpoints already taken, at or before start_step
     two_level: TwoLevelCostModel | None = None  # with a remote tier and a class that destroys the local one
+    three_level: ThreeLevelCostModel | None = None  # with a peer level and a class that destroys the local tier
 
     @property
     def failures(self) -> Failures:
@@ -74,6 +76,7 @@ class _Placement:
     mu: float | None = None
     expected: dict[str, float] = field(default_factory=dict)
     promote: np.ndarray | None = None  # the promoted subset of ``steps`` (None: single level)
+    peer: np.ndarray | None = None  # the subset of ``steps`` copied to a peer (None: no peer level planned)
 
 
 def _remote_costs(upload: Any, interference: Any, restart: Any, last_promoted: Any) -> dict[str, Any]:
@@ -120,8 +123,9 @@ def _problem(
     cost = stall + interference
     remote = remote or {}
     min_steps = min_interval_steps(step, persist, cost, config.max_overhead)
-    if remote:  # a single-level plan promotes every checkpoint: one upload in flight
-        min_steps = min_promote_steps(step, remote["upload_seconds"], min_steps)
+    for key in ("upload_seconds", "peer_seconds"):  # a single-level plan promotes and copies every checkpoint
+        if key in remote:  # one upload, one copy in flight
+            min_steps = min_promote_steps(step, remote[key], min_steps)
 
     fit, rate, raw, description, fallbacks = _resolve_curve(curve)
     details: dict[str, float] = {"min_interval_steps": float(min_steps)}
@@ -147,12 +151,14 @@ def _problem(
     )
     model = _cost_model(inputs, last_checkpoint, rate, mean_rate, fallbacks)
     weighted = rate if model is not None and model.has_progress else None
+    three = three_level_model(inputs, last_checkpoint, weighted, mean_rate, notes)
     return _Problem(
         config=config, inputs=inputs, last_checkpoint_step=last_checkpoint, curve_given=curve is not None,
         fit=fit, rate=rate, raw=raw, mean_rate=mean_rate, weight_origin=weight_origin, model=model,
         fallbacks=fallbacks, details=details, notes=notes,
         taken_steps=_taken(taken_steps, start, last_checkpoint),
-        two_level=_two_level_model(inputs, last_checkpoint, weighted, mean_rate, notes),
+        two_level=None if three is not None else _two_level_model(inputs, last_checkpoint, weighted, mean_rate, notes),
+        three_level=three,
     )
 
 
@@ -192,8 +198,9 @@ def _empirical(
 
 def _single_level_cost(inputs: PlanInputs) -> float:
     """What one checkpoint of a single-level plan costs training: with a remote tier every
-    checkpoint is promoted, so the upload's interference is added to the local cost."""
-    return inputs.checkpoint_seconds + float(inputs.upload_interference_seconds or 0.0)
+    checkpoint is promoted (and copied to a peer), so those interferences are added to the local cost."""
+    extra = float(inputs.upload_interference_seconds or 0.0) + float(inputs.peer_interference_seconds or 0.0)
+    return inputs.checkpoint_seconds + extra
 
 
 def _cost_model(
@@ -277,7 +284,15 @@ def _finish(problem: _Problem, placement: _Placement) -> Plan:
     is checked once more against the cap (:func:`coci.planning.formulas.check_plan_size`)."""
     steps = placement.steps
     check_plan_size(len(steps))
-    if problem.two_level is not None:
+    if problem.three_level is not None:
+        copies = steps if placement.peer is None else placement.peer
+        every = copies if problem.inputs.has_remote_tier else copies[:0]
+        promote = every if placement.promote is None else placement.promote
+        expected = problem.three_level.as_dict(steps, copies, promote)
+        expected.update(placement.expected)
+        local_only = {**expected, "failures": expected["local_failures"]}  # warnings spare local-tier failures only
+        expected.update(warned_expected(problem.inputs, local_only, problem.notes))
+    elif problem.two_level is not None:
         promote = steps if placement.promote is None else placement.promote
         expected = problem.two_level.as_dict(steps, promote)
         expected.update(placement.expected)
@@ -306,6 +321,7 @@ def _finish(problem: _Problem, placement: _Placement) -> Plan:
         details=problem.details,
         notes=problem.notes,
         promote_steps=None if placement.promote is None else [int(s) for s in placement.promote],
+        peer_steps=None if placement.peer is None else [int(s) for s in placement.peer],
     )
 
 

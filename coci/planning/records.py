@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit
+from coci.planning.levels import Level, level_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -70,11 +71,20 @@ class PlanInputs(BaseModel):
     upload_interference_seconds: float | None = None
     remote_restart_seconds: float | None = None
     last_promoted_step: int | None = None
+    peer_seconds: float | None = None
+    peer_interference_seconds: float | None = None
+    peer_restart_seconds: float | None = None
+    last_peer_step: int | None = None
 
     @property
     def has_remote_tier(self) -> bool:
         """True when the plan was given a remote tier's costs (``upload_seconds``)."""
         return self.upload_seconds is not None
+
+    @property
+    def has_peer_level(self) -> bool:
+        """True when the plan was given the peer level's costs (``peer_seconds``)."""
+        return self.peer_seconds is not None
 
     def planned_failures(self) -> Failures | None:
         """The failures periodic checkpoints must cover: those without a warning that a
@@ -113,6 +123,10 @@ class Plan(BaseModel):
     COCI's thetas and P_e); ``notes`` what a reader should know that is not a fallback.
     ``promote_steps`` is the subset of ``steps`` whose checkpoints are also promoted to the remote
     tier; None (a single-level plan) promotes every checkpoint when a remote tier is configured.
+    ``peer_steps`` is the subset of ``steps`` whose checkpoints are also copied to a peer node (a
+    superset of ``promote_steps``); None (no peer level planned) copies every checkpoint where the
+    job keeps peer copies. :meth:`level` reads one step's :class:`~coci.planning.levels.Level`,
+    :meth:`copies_to_peer` and :meth:`promotes` whether the session sends it on.
     """
 
     model_config = ConfigDict(frozen=True, defer_build=True)
@@ -129,6 +143,20 @@ class Plan(BaseModel):
     details: dict[str, float] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
     promote_steps: list[int] | None = None
+    peer_steps: list[int] | None = None
+
+    def level(self, step: int) -> Level | None:
+        """Where the plan keeps the checkpoint of ``step`` (None: not planned); see
+        :func:`coci.planning.levels.level_of`."""
+        return level_of(step, self.steps, self.peer_steps, self.promote_steps)
+
+    def copies_to_peer(self, step: int) -> bool:
+        """Whether the checkpoint of ``step`` is copied to a peer node (every one when ``peer_steps`` is None)."""
+        return self.peer_steps is None or step in self.peer_steps
+
+    def promotes(self, step: int) -> bool:
+        """Whether the checkpoint of ``step`` is uploaded to the remote tier (every one when ``promote_steps`` is None)."""
+        return self.promote_steps is None or step in self.promote_steps
 
     @field_validator("steps")
     @classmethod

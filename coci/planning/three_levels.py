@@ -32,17 +32,25 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from coci import knobs
+from coci import checks, knobs
 from coci.errors import ConfigError
+from coci.planning.failures import Failures
 from coci.planning.formulas import _periodic_candidates, max_interval_steps, place
 from coci.planning.levels import local_around
-from coci.planning.objective import CostModel, Overhead, mu_from_alpha
+from coci.planning.objective import CostModel, ExpectedFailures, Overhead, build_cost_model, expected_failures, mu_from_alpha
+from coci.units import parse_duration
 
-__all__ = ["ThreeLevelCostModel", "ThreeLevelResult", "auto_three_level", "three_level_candidates"]
+if TYPE_CHECKING:
+    from coci.planning.records import PlanInputs
+
+__all__ = [
+    "ThreeLevelCostModel", "ThreeLevelResult", "auto_three_level", "peer_costs", "three_level_candidates",
+    "three_level_model",
+]
 
 ThreeLevelPlan = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -151,11 +159,10 @@ def _uploads(model: ThreeLevelCostModel, alpha: float, min_promote: int, refined
     """Candidate upload sets: the single-level placement on the charged remote chain and on the
     chain of every level (``m - 1``, ``m``, ``m + 1`` uploads; at ``alpha = 0`` the Young intervals)."""
     local, peer, remote = model.chains()
-    uploads: list[np.ndarray] = []
+    uploads: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+    if not np.any(remote.hazard > 0):  # no class destroys the peer copies (or no remote tier): no uploads
+        return uploads
     for chain in (_charged(remote, local.checkpoint_seconds + peer.checkpoint_seconds), _everything(model)):
-        if not np.any(chain.hazard > 0):
-            uploads.append(np.zeros(0, dtype=np.int64))
-            continue
         uploads += place(chain, alpha, min_promote, (-1, 0, 1), max_interval_steps(chain, min_promote), refined)
         if alpha == 0.0:
             uploads += _periodic_candidates(chain, min_promote)
@@ -243,3 +250,76 @@ def auto_three_level(
         consider(low)
     _, weight, plan = min(feasible, key=lambda item: (item[0], -item[1]))
     return ThreeLevelResult(*plan, weight, time_wall, budget)
+
+
+# --- from a plan's inputs --------------------------------------------------------------------------
+
+
+def peer_costs(copy: Any, interference: Any, restart: Any, last_copied: Any) -> dict[str, Any]:
+    """The peer level's costs as :class:`coci.planning.planner.PlanInputs` fields, validated (empty
+    without a peer level: ``copy`` None)."""
+    if copy is None:
+        if interference is not None or restart is not None or last_copied is not None:
+            raise ConfigError("peer_seconds is required with peer_interference_seconds, peer_restart_seconds or last_peer_step")
+        return {}
+    return {
+        "peer_seconds": parse_duration(copy, field="peer_seconds", positive=True),
+        "peer_interference_seconds": 0.0 if interference is None else parse_duration(
+            interference, field="peer_interference_seconds", positive=False),
+        "peer_restart_seconds": None if restart is None else parse_duration(
+            restart, field="peer_restart_seconds", positive=False),
+        "last_peer_step": checks.optional_integer(last_copied, "last_peer_step", minimum=0),
+    }
+
+
+def three_level_model(
+    inputs: PlanInputs, last_checkpoint_step: int, rate: Any, mean_rate: float | None, notes: list[str],
+) -> ThreeLevelCostModel | None:
+    """The three-level cost model of a plan's inputs, or None without a peer level, a failure model
+    or a class that destroys the local tier (then a note). Without a remote tier the classes that
+    destroy the peer copies are planned as if a peer's copy survived them (a note), as the two-level
+    planner plans without a remote tier; a warning protects only the classes that spare the local
+    tier (a checkpoint taken on a notice is local)."""
+    failures = inputs.planned_failures()
+    if failures is None or inputs.peer_seconds is None:
+        return None
+    assert inputs.failures is not None
+    unwarned = inputs.failures.model_copy(update={"warned_fraction": 0.0, "warning_seconds": None})
+    if unwarned.destroying("local") is None:
+        notes.append("no failure class destroys the local tier: no peer level planned (every checkpoint copied)")
+        return None
+    multi = unwarned.destroying("peer") if inputs.has_remote_tier else None
+    node = _spare(unwarned, "peer") if inputs.has_remote_tier else unwarned.destroying("local")
+    if not inputs.has_remote_tier and unwarned.destroying("peer") is not None:
+        notes.append("failure classes destroy the peer copies but no remote tier is given: planned as if a peer's copy restored them")
+    restart = inputs.restart_seconds
+    peer_restart = restart + inputs.peer_seconds if inputs.peer_restart_seconds is None else inputs.peer_restart_seconds
+    remote_restart = restart if inputs.remote_restart_seconds is None else inputs.remote_restart_seconds
+    copied = last_checkpoint_step if inputs.last_peer_step is None else min(inputs.last_peer_step, last_checkpoint_step)
+    promoted = copied if inputs.last_promoted_step is None else min(inputs.last_promoted_step, copied)
+    step, persist = inputs.step_seconds, inputs.persist_seconds
+    origin = inputs.failure_origin_step * step
+
+    def build(group: Failures | None, cost: float, delay: float, restart: float, last: int) -> CostModel:
+        span = inputs.total_steps * step - origin
+        hazard = ExpectedFailures.none(origin) if group is None else expected_failures(group, span, origin)
+        return build_cost_model(
+            total_steps=inputs.total_steps, step_seconds=step, checkpoint_seconds=cost, persist_seconds=persist + delay,
+            restart_seconds=restart, failures=hazard, progress_rate=rate, start_step=inputs.start_step,
+            last_checkpoint_step=last, mean_rate=mean_rate if rate is not None else None,
+        )
+
+    return ThreeLevelCostModel(
+        local=build(failures.sparing("local"), inputs.checkpoint_seconds, 0.0, restart, last_checkpoint_step),
+        peer=build(node, float(inputs.peer_interference_seconds or 0.0), inputs.peer_seconds, peer_restart, copied),
+        remote=build(multi, float(inputs.upload_interference_seconds or 0.0), float(inputs.upload_seconds or 0.0),
+                     remote_restart, promoted),
+    )
+
+
+def _spare(failures: Failures, tier: str) -> Failures | None:
+    """The classes that destroy the local tier but spare ``tier``."""
+    group = [c for c in failures.failure_classes if "local" in c.destroys and tier not in c.destroys]
+    if not group:
+        return None
+    return group[0].failures if len(group) == 1 else Failures.compose(*group)

@@ -1,0 +1,263 @@
+"""The Monte Carlo replay with a peer level: a node loss restores from another node's copy.
+
+:func:`coci.analysis.simulate.simulate` plays a plan here when the job keeps peer copies (its
+``peer_seconds``); the job, the timeline, the failure draws (common random numbers) and the metrics
+are those of :mod:`coci.analysis.simulate`, with one level more.
+
+The peer level
+--------------
+The copied checkpoints (``plan.peer_steps``; None copies every checkpoint) are sent to the peer
+after their local commit, one at a time, each taking ``peer_seconds`` and committing on the peer at
+its end; each costs training ``peer_interference_seconds``, charged as extra stall at its snapshot
+(as an upload's interference is). A copy in flight at a failure (of any class) is lost and not
+retried, as an upload is. Each failure restores from the level its class leaves:
+
+* a class that destroys nothing: the newest local commit (the notice rules of the module above);
+* one that destroys the local tier only (one node lost): the newest commit on the peer level (or on
+  the remote tier when that is newer), in ``peer_restart_seconds``;
+* one that destroys the peer copies too (several nodes at once): the newest remote commit, in
+  ``remote_restart_seconds``; the peer level then holds nothing newer than that checkpoint.
+
+A job without a remote tier restores the last kind from the peer level too (planned so; noted by
+the planner), a job with neither from the local tier (as without classes). A warning saves only the
+first kind (a checkpoint taken on a notice is local). Failures during a restart roll back further
+when their class destroys more. Approximation: the copies a lost node held for its neighbour are
+taken to be restored with the restore (each node's own local files survive a single node loss, and
+every node resumes from the restored checkpoint); a second node loss hitting that very neighbour
+before its next copy commits is not played.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from coci import knobs
+from coci.analysis.simulated_job import Job, Timeline, _remote_commits
+from coci.analysis.trial_runner import _metrics, _stop_steps, _Trials, _weight_function
+from coci.planning.failures import Failures
+from coci.planning.records import Plan
+
+__all__ = ["copied", "restore_levels", "run_levels"]
+
+RateFunction = Callable[[np.ndarray], np.ndarray]
+
+#: Where a failure restores from (:func:`restore_levels`).
+LOCAL, PEER, REMOTE = 0, 1, 2
+
+
+def copied(plan: Plan | None, steps: np.ndarray, promote: np.ndarray | None, notes: list[str]) -> np.ndarray:
+    """The copied steps: the plan's ``peer_steps`` where it chose them for these steps (and they
+    hold every promoted one), else every checkpoint."""
+    chosen = None if plan is None or plan.peer_steps is None else np.asarray(plan.peer_steps, dtype=np.int64)
+    nested = chosen is not None and np.all(np.isin(chosen, steps)) and (promote is None or np.all(np.isin(promote, chosen)))
+    if chosen is None or not nested:
+        notes.append("every checkpoint copied to a peer")
+        return steps
+    return chosen
+
+
+def restore_levels(failures: Failures, job: Job) -> np.ndarray:
+    """Per class index (as :meth:`Failures.sample_classes` returns it): the level a failure of that
+    class restores from (``LOCAL``, ``PEER`` or ``REMOTE``), given the levels the job has (module docstring)."""
+    local, peer = failures.destroys_mask("local"), failures.destroys_mask("peer")
+    lost_local = np.where(job.has_peer_level, PEER, np.where(job.has_remote_tier, REMOTE, LOCAL))
+    lost_peer = np.where(job.has_remote_tier, REMOTE, np.where(job.has_peer_level, PEER, LOCAL))
+    return np.where(~local, LOCAL, np.where(peer, lost_peer, lost_local)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class _Levels:
+    """What a rollback needs: the timeline, the peer commits, the job, each class's restore level
+    and the cumulative progress weight."""
+
+    timeline: Timeline
+    peer_commit: np.ndarray  # per checkpoint index: when its copy commits on the peer (inf: not copied)
+    copied: np.ndarray  # the indices copied, in order
+    job: Job
+    source: np.ndarray
+    weight: Callable[[np.ndarray], np.ndarray]
+
+    def newest_peer(self, at: np.ndarray, after: np.ndarray, floor: np.ndarray) -> np.ndarray:
+        """Newest checkpoint on the peer level at (timeline) wall time ``at``: copied in this life
+        (index above ``after``) or ``floor`` (committed earlier)."""
+        if self.copied.size == 0:
+            return floor
+        done = np.searchsorted(self.peer_commit[self.copied], at, side="right") - 1
+        newest = np.where(done >= 0, self.copied[np.maximum(done, 0)], 0)
+        return np.where(newest > after, np.maximum(newest, floor), floor)
+
+
+@dataclass
+class _PeerState:
+    """Per-trial peer-level figures next to :class:`coci.analysis.simulate._Trials`."""
+
+    back: np.ndarray  # index of the newest checkpoint committed on the peer level
+    restores: np.ndarray
+
+
+def run_levels(
+    steps: np.ndarray,
+    job: Job,
+    failures: Failures,
+    trials: int,
+    seed: int,
+    stop_range: tuple[float, float] | None,
+    rate: RateFunction | None,
+    promote: np.ndarray | None,
+    copies: np.ndarray | None,
+) -> dict[str, np.ndarray]:
+    """The vectorised event loop with a peer level (the draws of :func:`coci.analysis.simulate._run`)."""
+    timeline = Timeline.build(steps, job, promote, copies)
+    copy_mask = np.concatenate([[False], np.zeros(steps.size, bool) if copies is None else np.isin(steps, copies)])
+    peer_commit = _remote_commits(timeline.commit, copy_mask, job.peer_seconds)
+    levels = _Levels(
+        timeline, peer_commit, np.flatnonzero(np.isfinite(peer_commit[1:])) + 1, job, restore_levels(failures, job),
+        _weight_function(rate, job),
+    )
+    streams = np.random.SeedSequence(seed).spawn(4)
+    run_stream, restart_stream, stop_stream, warn_stream = (np.random.default_rng(s) for s in streams)
+    notice = failures.warning_fits(job.stall_seconds + job.persist_seconds)
+    stop_steps = _stop_steps(stop_range, job, trials, stop_stream)
+    stop_x = stop_steps * job.step_seconds
+    last_checkpoint = np.searchsorted(timeline.steps[1:], stop_steps, side="left")
+    state = _Trials.start(trials)
+    peers = _PeerState(np.zeros(trials, dtype=np.int64), np.zeros(trials))
+    iterations = 0
+    while state.active.any():
+        iterations += 1
+        if iterations > knobs.SIMULATE_MAX_FAILURES:
+            break
+        index = np.flatnonzero(state.active)
+        drawn, which = failures.sample_classes(run_stream, trials)
+        life, source = drawn[index], levels.source[which[index]]
+        source = _restart_phase(state, peers, index, life, source, levels, failures, restart_stream)
+        warned = failures.sample_warned(warn_stream, trials)[index] if notice else np.zeros(index.size, dtype=bool)
+        _run_phase(state, peers, index, life, source, levels, stop_x, last_checkpoint, warned & (source == LOCAL))
+    return {**_metrics(state, stop_x), "peer_restores": peers.restores}
+
+
+def _restart_phase(
+    state: _Trials, peers: _PeerState, index: np.ndarray, life: np.ndarray, source: np.ndarray, levels: _Levels,
+    failures: Failures, stream: np.random.Generator,
+) -> np.ndarray:
+    """As :func:`coci.analysis.simulate._restart_phase`: a failure during a restart starts it over,
+    from further back when its class destroys more (:func:`_roll_back`)."""
+    again = state.restarting[index]
+    source = source.copy()
+    if not again.any():
+        return source
+    who = index[again]
+    left, left_source = life[again], source[again]
+    failing = left < state.restart_cost[who]
+    while failing.any():
+        hit = who[failing]
+        state.wall[hit] += left[failing]
+        state.restart_paid[hit] += left[failing]
+        state.failure_count[hit] += 1
+        for level in (PEER, REMOTE):
+            _roll_back(state, peers, hit[left_source[failing] == level], level, levels)
+        drawn, which = failures.sample_classes(stream, len(state.active))
+        left[failing], left_source[failing] = drawn[hit], levels.source[which[hit]]
+        failing = left < state.restart_cost[who]
+    state.wall[who] += state.restart_cost[who]
+    state.restart_paid[who] += state.restart_cost[who]
+    life[again] = left - state.restart_cost[who]
+    source[again] = left_source
+    return source
+
+
+def _roll_back(state: _Trials, peers: _PeerState, hit: np.ndarray, level: int, levels: _Levels) -> None:
+    """Trials that lost ``level`` while restarting: roll back further, to the newest commit that
+    survived (never newer than the restore under way: every level's commits follow the local
+    ones), and restore from there."""
+    if hit.size == 0:
+        return
+    timeline, job = levels.timeline, levels.job
+    back = _surviving(state, peers, hit, level)
+    target = timeline.x[back]
+    state.lost[hit] += state.rollback_x[hit] - target
+    state.lost_weighted[hit] += levels.weight(state.rollback_x[hit]) - levels.weight(target)
+    state.steps_lost[hit] += np.floor(state.rollback_x[hit] / job.step_seconds + 1e-9) - np.floor(target / job.step_seconds + 1e-9)
+    state.resume[hit] = back
+    state.rollback_x[hit] = target
+    state.floor_x[hit] = 0.0
+    state.start_at[hit] = timeline.offset[back]
+    _restore_cost(state, peers, hit, level, job)
+
+
+def _surviving(state: _Trials, peers: _PeerState, hit: np.ndarray, level: int) -> np.ndarray:
+    """The newest checkpoint index on ``level`` (the peer level: or the remote, when newer)."""
+    if level == REMOTE:
+        return state.remote_back[hit]
+    return np.maximum(peers.back[hit], state.remote_back[hit])
+
+
+def _restore_cost(state: _Trials, peers: _PeerState, hit: np.ndarray, level: int, job: Job) -> None:
+    """Trials restoring from ``level``: its restart cost and count; a remote restore leaves nothing
+    newer on the peer level."""
+    if level == REMOTE:
+        state.restart_cost[hit] = job.remote_restart_seconds
+        state.remote_restores[hit] += 1
+        peers.back[hit] = np.minimum(peers.back[hit], state.remote_back[hit])
+    else:
+        state.restart_cost[hit] = job.peer_restart_seconds
+        peers.restores[hit] += 1
+
+
+def _run_phase(
+    state: _Trials, peers: _PeerState, index: np.ndarray, life: np.ndarray, source: np.ndarray, levels: _Levels,
+    stop_x: np.ndarray, last_checkpoint: np.ndarray, warned: np.ndarray,
+) -> None:
+    """As :func:`coci.analysis.simulate._run_phase`, each failure rolling back to the newest
+    checkpoint committed on the level its class leaves."""
+    timeline, job = levels.timeline, levels.job
+    j = state.resume[index]
+    start = state.start_at[index]
+    counted = np.searchsorted(timeline.snap_end[1:], start, side="right")
+    end = timeline.run_end(j, stop_x[index])
+    at = start + life
+    done = at >= end
+    finished = index[done]
+    state.wall[finished] += (end - start)[done]
+    state.snapshots[finished] += last_checkpoint[finished] - counted[done]
+    state.active[finished] = False
+
+    fail = ~done
+    hit, j_hit, at_hit = index[fail], j[fail], at[fail]
+    state.wall[hit] += life[fail]
+    state.failure_count[hit] += 1
+    state.snapshots[hit] += np.searchsorted(timeline.snap_end[1:], at_hit, side="right") - counted[fail]
+    state.restarting[hit] = True
+    state.restart_cost[hit] = job.restart_seconds
+    state.remote_back[hit] = timeline.newest_remote(at_hit, j_hit, state.remote_back[hit])
+    peers.back[hit] = levels.newest_peer(at_hit, j_hit, peers.back[hit])
+    progress = timeline.progress_at(at_hit, j_hit)
+
+    notice = warned[fail]
+    noticed = hit[notice]
+    state.wall[noticed] += job.stall_seconds + job.persist_seconds
+    state.snapshots[noticed] += 1
+    state.floor_x[noticed] = progress[notice]
+    state.rollback_x[noticed] = progress[notice]
+    state.start_at[noticed] = at_hit[notice]
+
+    lose = ~notice
+    hit, j_hit, at_hit, progress, level = hit[lose], j_hit[lose], at_hit[lose], progress[lose], source[fail][lose]
+    committed = np.searchsorted(timeline.commit, at_hit, side="right") - 1
+    local_back = np.maximum(committed, j_hit)
+    back = np.where(level == REMOTE, state.remote_back[hit], np.where(level == PEER, _surviving(state, peers, hit, PEER), local_back))
+    floor = np.where(level == LOCAL, state.floor_x[hit], 0.0)
+    to_floor = floor > timeline.x[back]
+    rollback = np.where(to_floor, floor, timeline.x[back])
+    state.lost[hit] += progress - rollback
+    state.lost_weighted[hit] += levels.weight(progress) - levels.weight(rollback)
+    state.steps_lost[hit] += np.floor(progress / job.step_seconds + 1e-9) - np.floor(rollback / job.step_seconds + 1e-9)
+    state.resume[hit] = back
+    state.rollback_x[hit] = rollback
+    state.floor_x[hit[level != LOCAL]] = 0.0
+    for restored in (PEER, REMOTE):
+        _restore_cost(state, peers, hit[level == restored], restored, job)
+    state.start_at[hit] = np.where(to_floor, timeline.wall_at(floor, back), timeline.offset[back])
