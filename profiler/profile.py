@@ -110,6 +110,14 @@ class Profile(BaseModel):
     remote_restore_seconds: Estimate = Field(
         default_factory=Estimate, description="time to restore from the remote tier (download, verify, load)"
     )
+    peer_seconds: Estimate = Field(default_factory=Estimate, description="copy of this node's checkpoint to a peer node, wall time")
+    peer_bytes: Estimate = Field(default_factory=Estimate, description="bytes sent per peer copy")
+    peer_interference: Estimate = Field(
+        default_factory=Estimate, description="median step time during a peer copy (no persist, no promotion) / median clean step time"
+    )
+    peer_restore_seconds: Estimate = Field(
+        default_factory=Estimate, description="time to restore from a peer's copy (fetch, verify, load)"
+    )
     loss_points: int = Field(default=0, ge=0, description="finite losses recorded")
     dropped_losses: int = Field(default=0, ge=0, description="NaN/inf losses dropped")
 
@@ -124,6 +132,12 @@ class Profile(BaseModel):
     def upload_interference_seconds(self) -> float:
         """Extra wall time one promotion costs training: ``U * (1 - 1/r)``, 0 if unknown."""
         return interference_cost(self.upload_seconds.value, self.upload_interference.value)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def peer_interference_seconds(self) -> float:
+        """Extra wall time one peer copy costs training: ``D * (1 - 1/r)``, 0 if unknown."""
+        return interference_cost(self.peer_seconds.value, self.peer_interference.value)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

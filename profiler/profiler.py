@@ -73,6 +73,9 @@ _COST_SERIES = (
     "upload_seconds",
     "upload_bytes",
     "remote_restore_seconds",
+    "peer_seconds",
+    "peer_bytes",
+    "peer_restore_seconds",
 )
 _STEP_SERIES = (
     "clean_step_seconds",
@@ -80,10 +83,12 @@ _STEP_SERIES = (
     "stall_step_seconds",
     "stall_adjusted_step_seconds",
     "upload_step_seconds",
+    "peer_step_seconds",
 )
 #: Series added after STATE_FORMAT 1 was first written: absent in older checkpoints, loaded as empty.
 _OPTIONAL_SERIES = frozenset(
-    {"stall_adjusted_step_seconds", "restart_seconds", "upload_seconds", "upload_bytes", "remote_restore_seconds", "upload_step_seconds"}
+    {"stall_adjusted_step_seconds", "restart_seconds", "upload_seconds", "upload_bytes", "remote_restore_seconds", "upload_step_seconds",
+     "peer_seconds", "peer_bytes", "peer_restore_seconds", "peer_step_seconds"}
 )
 
 
@@ -116,6 +121,7 @@ class Profiler:
         self._stall_steps: deque[float] = deque(maxlen=step_window)
         self._stall_adjusted: deque[float] = deque(maxlen=step_window)  # stall steps minus their stall
         self._upload_steps: deque[float] = deque(maxlen=step_window)  # overlapped a promotion, not a persist
+        self._peer_steps: deque[float] = deque(maxlen=step_window)  # overlapped a peer copy, neither of those
         self._since_clean = 0  # timed intervals since the last clean one (stale clean times)
         self._interval_stall_seconds = 0.0
         self._interval_busy = 0.0  # seconds of the open interval the caller spent outside training
@@ -129,6 +135,8 @@ class Profiler:
         self._persists_in_flight = 0
         self._uploads_in_flight = 0
         self._interval_uploading = False
+        self._copies_in_flight = 0
+        self._interval_copying = False
         self._state_bytes: int | None = None
         self._bandwidth: Bandwidth | None = None
         self._startup_seconds: float | None = None
@@ -152,6 +160,7 @@ class Profiler:
         self._interval_busy = 0.0
         self._interval_overlapped = self._persists_in_flight > 0
         self._interval_uploading = self._uploads_in_flight > 0
+        self._interval_copying = self._copies_in_flight > 0
         if loss is not None:
             self._trace.add(self._steps, loss)
 
@@ -167,6 +176,7 @@ class Profiler:
         self._interval_busy = 0.0
         self._interval_overlapped = self._persists_in_flight > 0
         self._interval_uploading = self._uploads_in_flight > 0
+        self._interval_copying = self._copies_in_flight > 0
 
     def record_busy(self, start: float, end: float) -> None:
         """The caller was busy outside the training step from ``start`` to ``end`` (clock seconds:
@@ -206,6 +216,7 @@ class Profiler:
         self._interval_stall = False
         self._interval_overlapped = self._persists_in_flight > 0
         self._interval_uploading = self._uploads_in_flight > 0
+        self._interval_copying = self._copies_in_flight > 0
         if values is not None:
             self._trace.extend(np.arange(first_step, first_step + n, dtype=np.int64), values)
 
@@ -234,6 +245,8 @@ class Profiler:
             self._overlapped.append(training)
         elif self._interval_uploading:
             self._upload_steps.append(training)
+        elif self._interval_copying:
+            self._peer_steps.append(training)
         else:
             self._clean.append(training)
             self._since_clean = 0
@@ -296,6 +309,34 @@ class Profiler:
         """The promotion begun by ``upload_started`` failed: no sample (any thread)."""
         with self._lock:
             self._uploads_in_flight = max(self._uploads_in_flight - 1, 0)
+
+    def peer_copy_started(self) -> None:
+        """A copy of this node's checkpoint to a peer node began: steps overlapping it (and no
+        persist or promotion) are timed apart."""
+        with self._lock:
+            self._copies_in_flight += 1
+            self._interval_copying = True
+
+    def peer_copy_finished(self, seconds: float, nbytes: int | None = None) -> None:
+        """The copy begun by ``peer_copy_started`` committed on the peer after ``seconds`` (any thread)."""
+        seconds = non_negative_number(seconds, "seconds")
+        nbytes = optional_integer(nbytes, "nbytes")
+        with self._lock:
+            self._copies_in_flight = max(self._copies_in_flight - 1, 0)
+            self._costs["peer_seconds"].append(seconds)
+            if nbytes is not None:
+                self._costs["peer_bytes"].append(float(nbytes))
+
+    def peer_copy_aborted(self) -> None:
+        """The copy begun by ``peer_copy_started`` failed: no sample (any thread)."""
+        with self._lock:
+            self._copies_in_flight = max(self._copies_in_flight - 1, 0)
+
+    def record_peer_restore(self, seconds: float) -> None:
+        """A restore that took this node's files from a peer's copy took ``seconds`` (fetch, verify, load)."""
+        seconds = non_negative_number(seconds, "seconds")
+        with self._lock:
+            self._costs["peer_restore_seconds"].append(seconds)
 
     def record_remote_restore(self, seconds: float) -> None:
         """A restore from the remote tier (download, verification and load) took ``seconds``."""
@@ -405,6 +446,7 @@ class Profiler:
             step, source = self._step_estimate()
             overlapped = robust_estimate(recent_regime(list(self._overlapped)))
             uploading = robust_estimate(recent_regime(list(self._upload_steps)))
+            copying = robust_estimate(recent_regime(list(self._peer_steps)))
             stall_steps = robust_estimate(list(self._stall_steps))
             stall_adjusted = robust_estimate(recent_regime(list(self._stall_adjusted)))
             costs = {name: robust_estimate(list(series)) for name, series in self._costs.items()}
@@ -436,6 +478,10 @@ class Profiler:
             upload_bytes=costs["upload_bytes"],
             upload_interference=ratio_estimate(uploading, step) if source != "overlapped" else Estimate(),
             remote_restore_seconds=costs["remote_restore_seconds"],
+            peer_seconds=costs["peer_seconds"],
+            peer_bytes=costs["peer_bytes"],
+            peer_interference=ratio_estimate(copying, step) if source != "overlapped" else Estimate(),
+            peer_restore_seconds=costs["peer_restore_seconds"],
             loss_points=self._trace.points,
             dropped_losses=self._trace.dropped,
         )
@@ -474,6 +520,7 @@ class Profiler:
                 "stall_step_seconds": np.asarray(self._stall_steps, dtype=np.float64),
                 "stall_adjusted_step_seconds": np.asarray(self._stall_adjusted, dtype=np.float64),
                 "upload_step_seconds": np.asarray(self._upload_steps, dtype=np.float64),
+                "peer_step_seconds": np.asarray(self._peer_steps, dtype=np.float64),
                 "steps_since_clean": int(self._since_clean),
             }
             for name, series in self._costs.items():
@@ -508,11 +555,12 @@ class Profiler:
             self._interval_stall = False
             self._interval_overlapped = self._persists_in_flight > 0
             self._interval_uploading = self._uploads_in_flight > 0
+            self._interval_copying = self._copies_in_flight > 0
             self._state_bytes = state_bytes
             self._bandwidth = bandwidth
             self._since_clean = since_clean
             self._interval_stall_seconds = 0.0
-            step_series = (self._clean, self._overlapped, self._stall_steps, self._stall_adjusted, self._upload_steps)
+            step_series = (self._clean, self._overlapped, self._stall_steps, self._stall_adjusted, self._upload_steps, self._peer_steps)
             for target, name in zip(step_series, _STEP_SERIES):
                 target.clear()
                 target.extend(series[name].tolist())

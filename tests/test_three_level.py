@@ -292,3 +292,36 @@ def test_simulated_three_level_overhead_matches_the_first_order_expectation() ->
     assert summary.ci_low - 0.1 * plan.expected["wall_seconds"] <= plan.expected["wall_seconds"] <= summary.ci_high
     assert result.mean("peer_restores") == pytest.approx(plan.expected["peer_failures"], rel=0.15)
     assert result.mean("remote_restores") == pytest.approx(plan.expected["remote_failures"], rel=0.2)
+
+
+# --- online: the policy plans three levels once a peer copy is measured ------------------------------
+
+
+def test_the_policy_plans_a_peer_level_from_the_measured_copies() -> None:
+    from coci.planning.online import make_policy
+    from coci.planning.policy import Observation
+    from coci.profiler import Estimate, Profile
+
+    def observe(step: int, **peer: Estimate) -> coci.Plan:
+        profile = Profile(
+            steps=step, step_seconds=Estimate(value=2.0, count=50), stall_seconds=Estimate(value=0.3, count=3),
+            persist_seconds=Estimate(value=3.0, count=3), restore_seconds=Estimate(value=30.0, count=1),
+            upload_seconds=Estimate(value=120.0, count=2), **peer,
+        )
+        policy.observe(Observation(
+            step=step, profile=profile, loss_steps=np.arange(1.0, step + 1), losses=LOSSES[:step],
+            checkpoint_steps=(100,), last_promoted_step=100, last_peer_step=100,
+        ))
+        assert policy.plan is not None
+        return policy.plan
+
+    policy = make_policy("auto", failures=large_job(), total_steps=3000, restart_seconds=None, objective="time")
+    unmeasured = observe(200)
+    assert unmeasured.peer_steps is None and unmeasured.inputs.peer_seconds is None  # every checkpoint copied
+    measured = observe(300, peer_seconds=Estimate(value=10.0, count=2), peer_interference=Estimate(value=1.2, count=40))
+    assert measured.peer_steps is not None and measured.inputs.peer_seconds == 10.0
+    assert measured.inputs.peer_interference_seconds == pytest.approx(10.0 * (1 - 1 / 1.2))
+    assert measured.inputs.peer_restart_seconds == pytest.approx(30.0 + 10.0)  # no peer restore measured: one copy's time
+    assert any("peer's copy not measured" in f for f in measured.fallbacks)
+    assert measured.inputs.last_peer_step == 100
+    assert set(measured.promote_steps or []) <= set(measured.peer_steps) <= set(measured.steps)

@@ -28,6 +28,7 @@ from coci.planning.baselines import CheckFreqAdaptation
 from coci.planning.planner import plan
 from coci.planning.progress import _mean_rate
 from coci.planning.records import PRIOR_PROGRESS_RATE, Plan, ProgressCurve
+from coci.planning.three_levels import measured_peer_costs
 
 __all__ = ["PlanningPolicy", "make_policy"]
 
@@ -147,8 +148,8 @@ class PlanningPolicy:
         fallbacks: list[str] = []
         stall, persist, interference, restart = self._costs(profile, step_seconds, fallbacks)
         cost = stall + interference
-        remote = self._remote_costs(observation, restart, fallbacks)
-        basis = (step_seconds, cost, persist, float(remote.get("upload_seconds") or 0.0))
+        remote = {**self._remote_costs(observation, restart, fallbacks), **measured_peer_costs(observation, restart, fallbacks)}
+        basis = (step_seconds, cost, persist, float(remote.get("upload_seconds") or 0.0), float(remote.get("peer_seconds") or 0.0))
         last_checkpoint = max((s for s in observation.checkpoint_steps if s <= now), default=0)
         grew = self._checkfreq is not None and self._checkfreq.observe(observation.checkpoint_steps, cost, step_seconds)
         curve = self._curve(observation, fallbacks)
@@ -355,7 +356,7 @@ class PlanningPolicy:
         if grew and self._checkfreq is not None:
             reasons.append(f"checkfreq interval grew to {self._checkfreq.interval}")
         if self.policy != "checkfreq":
-            for name, new, old in zip(("step time", "checkpoint cost", "persist", "upload"), basis, self._basis):
+            for name, new, old in zip(("step time", "checkpoint cost", "persist", "upload", "peer copy"), basis, self._basis):
                 if abs(new - old) > knobs.PLAN_REPLAN_COST_CHANGE * max(abs(old), 1e-12):
                     reasons.append(f"{name} {old:.3g} -> {new:.3g} s")
             reasons.extend(self._fit_moved(fit, now, horizon))

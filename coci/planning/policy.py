@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Observation:
     """What a policy may use to (re-)plan: the live profile and the loss trace so far.
-    ``last_promoted_step`` is the newest checkpoint committed to the remote tier (None: no remote tier)."""
+    ``last_promoted_step`` is the newest checkpoint committed to the remote tier (None: no remote tier),
+    ``last_peer_step`` the newest one committed on the peer level (None: no peer copies)."""
 
     step: int
     profile: Profile
@@ -36,6 +37,7 @@ class Observation:
     losses: np.ndarray = field(default_factory=lambda: np.empty(0))
     checkpoint_steps: tuple[int, ...] = ()
     last_promoted_step: int | None = None
+    last_peer_step: int | None = None
 
 
 @runtime_checkable

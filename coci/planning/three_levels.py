@@ -45,11 +45,12 @@ from coci.planning.objective import CostModel, ExpectedFailures, Overhead, build
 from coci.units import parse_duration
 
 if TYPE_CHECKING:
+    from coci.planning.policy import Observation
     from coci.planning.records import PlanInputs
 
 __all__ = [
-    "ThreeLevelCostModel", "ThreeLevelResult", "auto_three_level", "peer_costs", "three_level_candidates",
-    "three_level_model",
+    "ThreeLevelCostModel", "ThreeLevelResult", "auto_three_level", "measured_peer_costs", "peer_costs",
+    "three_level_candidates", "three_level_model",
 ]
 
 ThreeLevelPlan = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -269,6 +270,32 @@ def peer_costs(copy: Any, interference: Any, restart: Any, last_copied: Any) -> 
         "peer_restart_seconds": None if restart is None else parse_duration(
             restart, field="peer_restart_seconds", positive=False),
         "last_peer_step": checks.optional_integer(last_copied, "last_peer_step", minimum=0),
+    }
+
+
+def measured_peer_costs(observation: Observation, restart: float, fallbacks: list[str]) -> dict[str, Any]:
+    """The peer level's measured costs (``observation.profile``) as :func:`coci.plan` keywords;
+    empty (every checkpoint copied, as a plan without a peer level does) without peer copies or
+    before the first copy is measured. Unmeasured, a copy's interference is 0 (as an upload's) and
+    a restart from a peer's copy costs the local restart plus one copy's time (fetching the same
+    bytes back), recorded as a fallback; measured, the local restart plus what a peer restore took
+    over a local one."""
+    profile = observation.profile
+    measured = getattr(profile, "peer_seconds", None)
+    if observation.last_peer_step is None or measured is None or not measured.known:
+        return {}
+    copy = float(measured.value)
+    peer_restore = profile.peer_restore_seconds.value
+    if peer_restore is None:
+        extra = copy
+        fallbacks.append(f"restore from a peer's copy not measured yet: assumed one copy's time ({copy:.3g} s)")
+    else:
+        extra = max(float(peer_restore) - float(profile.restore_seconds.value or 0.0), 0.0)
+    return {
+        "peer_seconds": copy,
+        "peer_interference_seconds": float(profile.peer_interference_seconds),
+        "peer_restart_seconds": restart + extra,
+        "last_peer_step": observation.last_peer_step,
     }
 
 

@@ -439,3 +439,32 @@ def test_real_clock_training_loop_with_background_persist(tmp_path) -> None:
     assert p.checkpoint_seconds >= p.stall_seconds.value
     assert p.loss_points == 60 and p.dropped_losses == 0
     assert p.stall_step_seconds.count == 2  # the last stall's interval is still open
+
+
+def test_peer_copies_are_timed_and_their_steps_kept_apart() -> None:
+    clock = FakeClock()
+    prof = Profiler(clock=clock, warmup_steps=0)
+    run_steps(prof, clock, [0.1] * 50)
+    for _ in range(5):  # a copy spans 10 steps slowed to 0.15 s; no persist, no promotion
+        prof.peer_copy_started()
+        run_steps(prof, clock, [0.15] * 10)
+        prof.peer_copy_finished(1.5, nbytes=4096)
+        run_steps(prof, clock, [0.1] * 20)
+    prof.peer_copy_started()
+    prof.peer_copy_aborted()  # no sample, no longer in flight: the next steps are clean
+    run_steps(prof, clock, [0.1] * 20)
+    prof.record_peer_restore(7.0)
+    p = prof.profile
+    assert p.step_seconds.value == pytest.approx(0.1)
+    assert p.peer_seconds.value == pytest.approx(1.5) and p.peer_seconds.count == 5
+    assert p.peer_bytes.value == 4096
+    assert p.peer_interference.value == pytest.approx(1.5)
+    assert p.peer_interference_seconds == pytest.approx(1.5 * (1 - 1 / 1.5))
+    assert p.peer_restore_seconds.value == 7.0
+    assert p.interference.count == 0 and p.upload_interference.count == 0  # not mistaken for a persist or an upload
+    resumed = Profiler(clock=clock, warmup_steps=0)
+    resumed.load_state_dict(prof.state_dict())
+    assert resumed.profile == p
+    old = {k: v for k, v in prof.state_dict().items() if not k.startswith("peer_")}  # written before the peer level
+    resumed.load_state_dict(old)
+    assert resumed.profile.peer_seconds.count == 0
