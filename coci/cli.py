@@ -62,7 +62,11 @@ def _failures(args: argparse.Namespace) -> Failures | None:
         failures = Failures.weibull(args.weibull_shape, args.mtbf, nodes=args.nodes)
     else:
         failures = Failures.exponential(mtbf=args.mtbf, nodes=args.nodes)
-    return failures if args.node_share is None else failures.with_node_share(args.node_share)
+    if args.node_share is None:
+        if args.multi_node_share is not None:
+            raise ConfigError("--multi-node-share needs --node-share (the share of failures that lose nodes)")
+        return failures
+    return failures.with_node_share(args.node_share, args.multi_node_share or 0.0)
 
 
 def _time_budget(value: str) -> float | None:
@@ -111,6 +115,9 @@ def _make_plans(args: argparse.Namespace) -> list[Plan]:
                 upload_seconds=args.upload_seconds,
                 upload_interference_seconds=args.upload_interference_seconds,
                 remote_restart_seconds=args.remote_restart_seconds,
+                peer_seconds=args.peer_seconds,
+                peer_interference_seconds=args.peer_interference_seconds,
+                peer_restart_seconds=args.peer_restart_seconds,
             )
         )
     return plans
@@ -151,6 +158,7 @@ def _describe_plan(plan: Plan) -> str:
         f"policy {plan.policy} (objective {plan.objective}"
         + ("" if plan.mu is None else f", mu {plan.mu:.3g}")
         + f"): {len(plan.steps)} checkpoints over {inputs.total_steps} steps"
+        + ("" if plan.peer_steps is None else f", {len(plan.peer_steps)} copied to a peer")
         + ("" if plan.promote_steps is None else f", {len(plan.promote_steps)} promoted to the remote tier"),
         f"  failure model: {inputs.failures.describe() if inputs.failures else 'none'}",
         f"  checkpoint cost C {format_seconds(inputs.checkpoint_seconds)}, persist {format_seconds(inputs.persist_seconds)}, "
@@ -392,6 +400,10 @@ def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--upload-seconds", help="remote tier: seconds from a local commit to the remote commit (with --node-share: a two-level plan)")
     group.add_argument("--upload-interference-seconds", help="remote tier: extra training time one upload costs (default 0)")
     group.add_argument("--remote-restart-seconds", help="remote tier: cost of a restart from the remote (default --restart-seconds)")
+    group.add_argument("--multi-node-share", type=float, help="share of failures that lose several nodes at once, peer copies included (part of --node-share)")
+    group.add_argument("--peer-seconds", help="peer copies: seconds from a local commit to the copy's commit on another node (a three-level plan)")
+    group.add_argument("--peer-interference-seconds", help="peer copies: extra training time one copy costs (default 0)")
+    group.add_argument("--peer-restart-seconds", help="peer copies: cost of a restart from a peer's copy (default --restart-seconds + --peer-seconds)")
     group.add_argument("--curve", help="CSV of losses (one column, or step + loss columns) for the progress objective")
     group.add_argument("--curve-run", help="which run of a multi-run curve file (its run_id / curve_id)")
     group.add_argument("--curve-from", help="warm start: an earlier run's directory (or curve file); its curve rescaled to --total-steps")

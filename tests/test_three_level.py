@@ -325,3 +325,39 @@ def test_the_policy_plans_a_peer_level_from_the_measured_copies() -> None:
     assert any("peer's copy not measured" in f for f in measured.fallbacks)
     assert measured.inputs.last_peer_step == 100
     assert set(measured.promote_steps or []) <= set(measured.peer_steps) <= set(measured.steps)
+
+
+def test_with_node_share_takes_a_multi_node_class_out_of_the_node_class() -> None:
+    weibull = Failures.weibull(0.8, "100h", nodes=4)
+    split = weibull.with_node_share(0.7, multi_node_share=0.1)
+    assert [c.name for c in split.classes] == ["process", "node", "multi_node"]
+    tau = np.array([10.0, 1000.0, 1e5])
+    np.testing.assert_allclose(split.hazard(tau), weibull.hazard(tau))
+    lost_peer, lost_local = split.destroying("peer"), split.destroying("local")
+    assert lost_peer is not None and lost_local is not None
+    np.testing.assert_allclose(lost_peer.hazard(tau), 0.1 * weibull.hazard(tau))
+    np.testing.assert_allclose(lost_local.hazard(tau), 0.7 * weibull.hazard(tau))
+    assert [c.name for c in weibull.with_node_share(0.7).classes] == ["process", "node"]
+    with pytest.raises(ConfigError, match="multi_node_share"):
+        weibull.with_node_share(0.3, multi_node_share=0.3)
+
+
+def test_plan_command_plans_three_levels(capsys: pytest.CaptureFixture[str]) -> None:
+    from coci.cli import main
+
+    args = ["plan", "--mtbf", "50700h", "--nodes", "4096", "--node-share", "0.78", "--multi-node-share", "0.05",
+            "--step-seconds", "2", "--stall-seconds", "0.3", "--persist-seconds", "4", "--restart-seconds", "120",
+            "--total-steps", "20000", "--upload-seconds", "600", "--upload-interference-seconds", "10",
+            "--remote-restart-seconds", "900", "--peer-seconds", "20", "--peer-interference-seconds", "1",
+            "--peer-restart-seconds", "180", "--objective", "time"]
+    assert main([*args, "--json"]) == 0
+    plan = coci.Plan.model_validate_json(capsys.readouterr().out)
+    assert plan.peer_steps is not None and plan.promote_steps is not None
+    assert set(plan.promote_steps) <= set(plan.peer_steps) <= set(plan.steps)
+    assert plan.inputs.failures is not None
+    assert [c.name for c in plan.inputs.failures.classes] == ["process", "node", "multi_node"]
+    assert plan.inputs.peer_seconds == 20.0 and plan.inputs.peer_restart_seconds == 180.0
+    assert main(args) == 0
+    assert f"{len(plan.peer_steps)} copied to a peer" in capsys.readouterr().out
+    assert main([a for a in args if a not in ("--node-share", "0.78")]) != 0  # a multi-node share needs the node share
+    assert "--multi-node-share needs --node-share" in capsys.readouterr().err

@@ -315,17 +315,22 @@ class Failures(BaseModel):
         per_gpu = parse_duration(mtbf_per_gpu, field="mtbf_per_gpu", positive=True)
         return cls.exponential(per_gpu, nodes=_check_nodes(gpus)).with_node_share(node_share)
 
-    def with_node_share(self, node_share: float) -> Failures:
-        """This plain model's failures as two classes: ``node`` (``node_share`` of them, hazard
-        scaled by it; destroys the local tier) and ``process`` (the rest; destroys nothing)."""
+    def with_node_share(self, node_share: float, multi_node_share: float = 0.0) -> Failures:
+        """This plain model's failures as classes: ``node`` (``node_share`` of them, hazard scaled by
+        it; destroys the local tier) and ``process`` (the rest; destroys nothing); with
+        ``multi_node_share`` (of all failures, below ``node_share``) a ``multi_node`` class of it
+        taken out of ``node`` that destroys the peer copies too."""
         if self.classes:
             raise ConfigError("with_node_share splits a plain model, not composed classes")
         if not checks.is_number(node_share) or not 0.0 < float(node_share) < 1.0:
             raise ConfigError(f"node_share must lie in (0, 1), got {node_share!r}")
-        share = float(node_share)
+        if not checks.is_number(multi_node_share) or not 0.0 <= float(multi_node_share) < float(node_share):
+            raise ConfigError(f"multi_node_share must lie in [0, node_share), got {multi_node_share!r}")
+        share, multi = float(node_share), float(multi_node_share)
+        several = (FailureClass(name="multi_node", failures=self.unwarned_by(multi), destroys=("local", "peer")),) if multi else ()
         composed = Failures.compose(
             FailureClass(name="process", failures=self.unwarned_by(1.0 - share)),
-            FailureClass(name="node", failures=self.unwarned_by(share), destroys=("local",)),
+            FailureClass(name="node", failures=self.unwarned_by(share - multi), destroys=("local",)), *several,
         )
         if self.warned_fraction == 0 or self.warning_seconds is None:
             return composed
