@@ -31,6 +31,7 @@ from coci.planning.arguments import CurveLike, FailuresLike, PolicyLike, PriorLi
 from coci.planning.config import PlanConfig
 from coci.planning.failures import FailureClass, Failures
 from coci.planning.fit import CurveFit, fit_curve
+from coci.planning.levels import Level
 from coci.planning.planner import plan
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from coci.planning.records import Plan
@@ -86,6 +87,7 @@ __all__ = [
     "KeepEvery",
     "KeepLast",
     "Failures",
+    "Level",
     "Observation",
     "PendingCheckpoint",
     "Plan",

@@ -17,7 +17,7 @@ from coci.analysis.simulated_job import Job
 from coci.analysis.trial_runner import _run
 from coci.errors import ConfigError
 from coci.planning.failures import FailureClass, Failures
-from coci.planning.levels import Level, level_of
+from coci.planning.levels import Level, level_of, levels_of
 from coci.planning.objective import ExpectedFailures, build_cost_model
 from coci.planning.three_levels import ThreeLevelCostModel, auto_three_level
 
@@ -60,6 +60,8 @@ def test_level_of_reads_the_nested_lists() -> None:
     assert level_of(10, steps, None, promote) == Level.PEER  # no peer level planned: every checkpoint is copied
     assert level_of(10, steps, peer, None) == Level.REMOTE  # single-level: every checkpoint goes everywhere
     assert Level.LOCAL < Level.PEER < Level.REMOTE
+    assert levels_of(steps, peer, promote) == [Level.LOCAL, Level.PEER, Level.LOCAL, Level.REMOTE]
+    assert coci.Level is Level
 
 
 # --- the three-level objective and its exact optimum ---------------------------------------------
@@ -177,6 +179,9 @@ def test_plan_copies_a_subset_to_peers_and_uploads_a_subset_of_those() -> None:
     if local_only:
         assert plan.level(local_only[0]) == Level.LOCAL and not plan.copies_to_peer(local_only[0])
     assert coci.Plan.model_validate_json(plan.model_dump_json()) == plan
+    frame = plan.to_frame()
+    assert frame["level"].tolist() == [plan.level(s).name for s in plan.steps]  # type: ignore[union-attr]
+    assert (frame["level"] == "REMOTE").sum() == len(plan.promote_steps)
     two = coci.plan(failures=large_job(), curve=LOSSES, objective="time", **REMOTE, **COSTS)
     assert two.peer_steps is None and two.copies_to_peer(two.steps[0])  # a two-level plan copies every checkpoint
     assert plan.expected["wall_seconds"] < two.expected["wall_seconds"]

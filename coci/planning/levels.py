@@ -53,7 +53,7 @@ from coci.planning.formulas import (
 from coci.planning.objective import CostModel, TwoLevelCostModel, mu_from_alpha
 
 __all__ = [
-    "Level", "TwoLevelResult", "auto_two_level", "level_of", "local_around", "min_promote_steps", "two_level_candidates",
+    "Level", "TwoLevelResult", "auto_two_level", "level_of", "levels_of", "local_around", "min_promote_steps", "two_level_candidates",
 ]
 
 TwoLevelPlan = tuple[np.ndarray, np.ndarray]
@@ -75,9 +75,16 @@ def level_of(
     ``promote_steps`` None promotes every checkpoint where it has a remote tier."""
     if step not in steps:
         return None
-    if promote_steps is None or step in promote_steps:
-        return Level.REMOTE
-    return Level.PEER if peer_steps is None or step in peer_steps else Level.LOCAL
+    return levels_of([step], peer_steps, promote_steps)[0]
+
+
+def levels_of(steps: Sequence[int], peer_steps: Sequence[int] | None, promote_steps: Sequence[int] | None) -> list[Level]:
+    """:func:`level_of` of every planned step at once."""
+    planned = np.asarray(steps, dtype=np.int64)
+    uploaded = np.ones(planned.size, bool) if promote_steps is None else np.isin(planned, np.asarray(promote_steps, dtype=np.int64))
+    copied = np.ones(planned.size, bool) if peer_steps is None else np.isin(planned, np.asarray(peer_steps, dtype=np.int64))
+    codes = np.where(uploaded, Level.REMOTE, np.where(copied, Level.PEER, Level.LOCAL))
+    return [Level(int(code)) for code in codes]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit
-from coci.planning.levels import Level, level_of
+from coci.planning.levels import Level, level_of, levels_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -172,7 +172,8 @@ class Plan(BaseModel):
         return [b - a for a, b in zip(previous, self.steps)]
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per planned checkpoint: step, interval (steps and seconds), progress time."""
+        """One row per planned checkpoint: step, interval (steps and seconds), progress time and
+        level (:meth:`level`'s name: ``LOCAL``, ``PEER``, ``REMOTE``)."""
         import pandas as pd  # here, not at import: ``import coci`` stays light
 
         steps = np.asarray(self.steps, dtype=np.int64)
@@ -184,5 +185,6 @@ class Plan(BaseModel):
                 "interval_steps": intervals,
                 "interval_seconds": intervals * t,
                 "progress_seconds": steps * t,
+                "level": [level.name for level in levels_of(self.steps, self.peer_steps, self.promote_steps)],
             }
         )
