@@ -48,7 +48,7 @@ def test_every_policy_plans_and_round_trips_through_json(policy: str) -> None:
     assert again == p
     assert json.loads(p.model_dump_json())["inputs"]["failures"]["kind"] == "exponential"
     frame = p.to_frame()
-    assert list(frame.columns) == ["step", "interval_steps", "interval_seconds", "progress_seconds"]
+    assert list(frame.columns) == ["step", "interval_steps", "interval_seconds", "progress_seconds", "level"]
     assert frame["step"].tolist() == p.steps
     assert frame["interval_steps"].sum() == p.steps[-1]
     assert p.expected["checkpoints"] == len(p.steps)
