@@ -15,15 +15,17 @@ first-order objective is a sum of single-level objectives on the same weight,
 ``C_p`` the training time one peer copy costs (its interference), ``R_p`` the restart from a peer's
 copy. Nesting keeps the sum exact to first order: every uploaded checkpoint also has a peer copy,
 so a node loss never has a newer remote commit than peer commit to restore from (while ``D <=
-U``; the simulator plays the other case too). A job with only two of the levels is this model with
-the missing class group empty.
+U``; the simulator plays the other case too). Without a remote tier the classes that destroy
+the peer copies are planned on the peer chain (:func:`three_level_model`, with a note); without a
+peer level the two-level model of :mod:`coci.planning.levels` applies.
 
 The planner (:func:`auto_three_level`) extends :mod:`coci.planning.levels` by one level: the
 uploads ``y`` are placed as the two-level promotions are (each charged ``C_u + C_p + C``, and on the
 model of every checkpoint at every level), the peer copies around them (in each gap between
 uploads, :func:`coci.planning.levels.local_around` on the peer chain, each copy charged ``C_p +
 C``, uploads held in place), the local steps around the peer copies, and every candidate (each
-level also collapsed onto the one above it) is scored by the exact three-level objective. The
+level also collapsed onto the one above it; with no uploads, the copies also placed as the
+two-level promotions are) is scored by the exact three-level objective. The
 mixture weight and the time budget are handled as :func:`coci.planning.levels.auto_two_level` does.
 Peer copies are at least ``ceil(D / t)`` steps apart (one copy in flight), uploads ``ceil(U / t)``.
 """
