@@ -12,9 +12,10 @@ from test_simulate import ScriptedFailures
 
 import coci
 from coci.analysis.simulate import simulate
-from coci.analysis.simulate_levels import run_levels
+from coci.analysis.simulate_levels import LOCAL, restore_levels
+from coci.analysis.simulate_levels import PEER as PEER_LEVEL
+from coci.analysis.simulate_levels import REMOTE as REMOTE_LEVEL
 from coci.analysis.simulated_job import Job
-from coci.analysis.trial_runner import _run
 from coci.errors import ConfigError
 from coci.planning.failures import FailureClass, Failures
 from coci.planning.levels import Level, level_of, levels_of
@@ -266,17 +267,17 @@ def test_peer_interference_is_paid_per_copy() -> None:
     assert one.values("checkpoint_seconds")[0] == pytest.approx(plain + 2.0)
 
 
-def test_without_peers_the_replay_with_levels_is_the_two_level_replay() -> None:
-    plan = coci.plan(failures=large_job(2048), curve=LOSSES, objective="time", **REMOTE, **COSTS)
-    job = Job.of(plan.inputs)
-    assert not job.has_peer_level
-    steps = np.asarray(plan.steps, dtype=np.int64)
-    promote = np.asarray(plan.promote_steps, dtype=np.int64)
-    failures = large_job(2048).warned(0.3, "60s")
-    two = _run(steps, job, failures, 300, 5, None, None, promote)
-    three = run_levels(steps, job, failures, 300, 5, None, None, promote, None)
-    for name in ("wall_seconds", "lost_seconds", "restart_seconds", "remote_restores", "checkpoints", "failures"):
-        np.testing.assert_array_equal(three[name], two[name])
+def test_restore_levels_follow_the_levels_the_job_has() -> None:
+    plan = coci.plan(failures=large_job(2048), curve=LOSSES, objective="time", **REMOTE, **PEER, **COSTS)
+    both = Job.of(plan.inputs)
+    no_peer = Job.of(plan.inputs.model_copy(update={"peer_seconds": None}))
+    no_remote = Job.of(plan.inputs.model_copy(update={"upload_seconds": None}))
+    neither = Job.of(plan.inputs.model_copy(update={"upload_seconds": None, "peer_seconds": None}))
+    failures = large_job(2048)  # process, node, multi_node
+    assert restore_levels(failures, both).tolist() == [LOCAL, PEER_LEVEL, REMOTE_LEVEL]
+    assert restore_levels(failures, no_peer).tolist() == [LOCAL, REMOTE_LEVEL, REMOTE_LEVEL]  # the two-level replay
+    assert restore_levels(failures, no_remote).tolist() == [LOCAL, PEER_LEVEL, PEER_LEVEL]  # planned so, noted
+    assert restore_levels(failures, neither).tolist() == [LOCAL, LOCAL, LOCAL]  # as without classes
 
 
 def test_simulated_three_level_overhead_matches_the_first_order_expectation() -> None:

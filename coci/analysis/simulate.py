@@ -117,7 +117,6 @@ from coci.analysis.online_replay import _online_policy, _online_trace, online_sc
 from coci.analysis.simulate_levels import copied, run_levels
 from coci.analysis.simulated_job import Job, RateFunction, _failures, daly_expected_seconds
 from coci.analysis.simulation_results import METRICS, MetricSummary, SimulationResult, ratio_change
-from coci.analysis.trial_runner import _run
 from coci.errors import ConfigError
 from coci.planning.arguments import CurveLike, FailuresLike
 from coci.planning.empirical import curve_pair, empirical_progress_rate
@@ -213,12 +212,8 @@ def simulate(
         raise ConfigError("plan.steps must be strictly increasing within [1, total_steps]")
 
     promote = _promoted(plan, steps, job_figures, model_failures, notes)
-    if job_figures.has_peer_level:
-        copies = copied(plan, steps, promote, notes)
-        samples = run_levels(steps, job_figures, model_failures, trials, seed, stop_range, rate, promote, copies)
-    else:
-        copies = None
-        samples = _run(steps, job_figures, model_failures, trials, seed, stop_range, rate, promote)
+    copies = copied(plan, steps, promote, notes) if job_figures.has_peer_level else None
+    samples = run_levels(steps, job_figures, model_failures, trials, seed, stop_range, rate, promote, copies)
     unfinished = int(samples.pop("unfinished").sum())
     if unfinished:
         notes.append(

@@ -1,8 +1,10 @@
-"""The Monte Carlo replay with a peer level: a node loss restores from another node's copy.
+"""The simulator's event loop, every level: a node loss restores from another node's copy.
 
-:func:`coci.analysis.simulate.simulate` plays a plan here when the job keeps peer copies (its
-``peer_seconds``); the job, the timeline, the failure draws (common random numbers) and the metrics
-are those of :mod:`coci.analysis.simulate`, with one level more.
+:func:`coci.analysis.simulate.simulate` plays every plan here (:func:`run_levels`): all trials
+advance together, one failure per iteration, through restarts and the levels the job has (the
+local tier, the peer copies when the plan has ``peer_seconds``, the remote tier when it has
+``upload_seconds``); the job, the timeline, the failure draws (common random numbers) and the
+metrics are those of :mod:`coci.analysis.simulate`.
 
 The peer level
 --------------
@@ -29,6 +31,7 @@ before its next copy commits is not played.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +46,8 @@ from coci.planning.records import Plan
 __all__ = ["copied", "restore_levels", "run_levels"]
 
 RateFunction = Callable[[np.ndarray], np.ndarray]
+
+logger = logging.getLogger(__name__)
 
 #: Where a failure restores from (:func:`restore_levels`).
 LOCAL, PEER, REMOTE = 0, 1, 2
@@ -109,7 +114,8 @@ def run_levels(
     promote: np.ndarray | None,
     copies: np.ndarray | None,
 ) -> dict[str, np.ndarray]:
-    """The vectorised event loop with a peer level (the draws of :func:`coci.analysis.simulate._run`)."""
+    """The vectorised event loop: one failure per trial per iteration (module docstring); ``copies``
+    None without a peer level."""
     timeline = Timeline.build(steps, job, promote, copies)
     copy_mask = np.concatenate([[False], np.zeros(steps.size, bool) if copies is None else np.isin(steps, copies)])
     peer_commit = _remote_commits(timeline.commit, copy_mask, job.peer_seconds)
@@ -117,7 +123,7 @@ def run_levels(
         timeline, peer_commit, np.flatnonzero(np.isfinite(peer_commit[1:])) + 1, job, restore_levels(failures, job),
         _weight_function(rate, job),
     )
-    streams = np.random.SeedSequence(seed).spawn(4)
+    streams = np.random.SeedSequence(seed).spawn(4)  # the first three as before a fourth was added
     run_stream, restart_stream, stop_stream, warn_stream = (np.random.default_rng(s) for s in streams)
     notice = failures.warning_fits(job.stall_seconds + job.persist_seconds)
     stop_steps = _stop_steps(stop_range, job, trials, stop_stream)
@@ -129,9 +135,10 @@ def run_levels(
     while state.active.any():
         iterations += 1
         if iterations > knobs.SIMULATE_MAX_FAILURES:
+            logger.warning("%d trials did not finish within %d failures", int(state.active.sum()), knobs.SIMULATE_MAX_FAILURES)
             break
         index = np.flatnonzero(state.active)
-        drawn, which = failures.sample_classes(run_stream, trials)
+        drawn, which = failures.sample_classes(run_stream, trials)  # a full column: common random numbers
         life, source = drawn[index], levels.source[which[index]]
         source = _restart_phase(state, peers, index, life, source, levels, failures, restart_stream)
         warned = failures.sample_warned(warn_stream, trials)[index] if notice else np.zeros(index.size, dtype=bool)
@@ -143,8 +150,10 @@ def _restart_phase(
     state: _Trials, peers: _PeerState, index: np.ndarray, life: np.ndarray, source: np.ndarray, levels: _Levels,
     failures: Failures, stream: np.random.Generator,
 ) -> np.ndarray:
-    """As :func:`coci.analysis.simulate._restart_phase`: a failure during a restart starts it over,
-    from further back when its class destroys more (:func:`_roll_back`)."""
+    """Trials that are restarting pay the restart first; a lifetime shorter than it fails the
+    restart, which starts over with a fresh lifetime, from further back when its class destroys
+    more (:func:`_roll_back`). ``life`` is left with what remains; returns the restore levels of the
+    lifetimes the run phase goes on with."""
     again = state.restarting[index]
     source = source.copy()
     if not again.any():
@@ -211,8 +220,9 @@ def _run_phase(
     state: _Trials, peers: _PeerState, index: np.ndarray, life: np.ndarray, source: np.ndarray, levels: _Levels,
     stop_x: np.ndarray, last_checkpoint: np.ndarray, warned: np.ndarray,
 ) -> None:
-    """As :func:`coci.analysis.simulate._run_phase`, each failure rolling back to the newest
-    checkpoint committed on the level its class leaves."""
+    """Run each trial from where it resumes: it finishes, or fails and rolls back to the newest
+    checkpoint committed on the level its class leaves (``LOCAL``: the newest local commit); a
+    warned failure checkpoints on its notice instead."""
     timeline, job = levels.timeline, levels.job
     j = state.resume[index]
     start = state.start_at[index]
