@@ -32,7 +32,7 @@ Schedules:
   every ``m``-th step's one uploaded.
 
 First, the planner against the exact optimum over every (step, level) assignment with nested levels
-(``tests/exact_optimum.py``, a cubic DP) on small grids: 200 steps of 1 s, five cost and rate mixes,
+(``tests/helpers/exact_optimum.py``, a cubic DP) on small grids: 200 steps of 1 s, five cost and rate mixes,
 the time objective and two progress weights on a decaying curve.
 
 Run: ``.venv/bin/python benchmarks/three_level.py`` (``--trials`` to change 1000).
@@ -112,7 +112,7 @@ def grid_model(
 
 def exact_gaps() -> None:
     """The planner's objective against the exact (step, level) optimum on the small grids."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "helpers"))
     from exact_optimum import optimal_three_level
 
     print("| grid | alpha | exact optimum | three-level planner | gap | local / peer / remote (exact) | (planner) |")

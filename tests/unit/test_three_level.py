@@ -95,11 +95,14 @@ def test_dp_equals_brute_force_over_every_step_and_level(alpha: float, min_steps
     def scores(chain, spacing: int) -> dict[tuple[int, ...], float]:
         return {c: chain.objective(np.asarray(c, dtype=np.int64), alpha) for c in chains(spacing)}
 
+    def subsets(chain: tuple[int, ...]) -> itertools.chain[tuple[int, ...]]:
+        return itertools.chain.from_iterable(itertools.combinations(chain, n) for n in range(len(chain) + 1))
+
     local, peer, remote = scores(model.local, min_steps), scores(model.peer, min_peer), scores(model.remote, min_promote)
-    best = min(  # every (step, level) plan with nested levels
-        local[x] + peer[p] + remote[y]
-        for x in local for p in peer if set(p) <= set(x) for y in remote if set(y) <= set(p)
-    )
+    # every (step, level) plan with nested levels: the best uploads within each set of copies, then
+    # the best copies within each set of local steps
+    upper = {p: peer[p] + min(remote[y] for y in subsets(p) if y in remote) for p in peer}
+    best = min(local[x] + min(upper[p] for p in subsets(x) if p in upper) for x in local)
     steps, copies, uploads, value = optimal_three_level(
         model, alpha=alpha, min_steps=min_steps, min_peer=min_peer, min_promote=min_promote,
     )
