@@ -45,8 +45,9 @@ tier (also during a restart) rolls back to the newest *remote* commit and restar
 upload in flight at a failure (of any class: the uploading process dies) is lost and not retried,
 and a checkpoint taken on a notice lives on the local tier only, so a warned failure of a class
 that destroys the local tier strikes as an unwarned one (the planner plans for it so). Without a remote tier every
-failure restores locally, as without classes. With a peer level (the plan's ``peer_seconds``) the
-replay is :mod:`coci.analysis.simulate_levels`: a node loss restores from a peer's copy.
+failure restores locally, as without classes. With a peer level (the plan's ``peer_seconds``) a
+node loss restores from a peer's copy (:mod:`coci.analysis.simulate_levels`, the event loop of
+every replay).
 
 Metrics, per trial
 ------------------
