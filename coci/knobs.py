@@ -374,3 +374,22 @@ HISTORY_CLOSE_SECONDS: float = 15.0
 #: and the checkpoint is never restored from the remote), and how often it lists meanwhile.
 REMOTE_NODES_WAIT_SECONDS: float = 600.0
 REMOTE_NODES_POLL_SECONDS: float = 0.2
+
+# --- peer copies (coci.checkpoint.peers) -------------------------------------------------------
+
+#: ``Session(peer_copies=1)``: each node keeps the newest this many peer copies of every node it
+#: holds copies for (``run_dir/peer/node<K>/``), apart from its own checkpoints' ``keep_last``.
+PEER_KEEP_LAST: int = 2
+#: The address a node's peer server listens on and advertises; None: this host's address on the
+#: route to ``MASTER_ADDR`` (torchrun's rendezvous host), 127.0.0.1 without one.
+PEER_HOST: str | None = None
+#: A peer connection fails once a read or write waits this long (a peer that died mid-transfer).
+PEER_SOCKET_TIMEOUT_SECONDS: float = 60.0
+#: Bytes received per ``recv_into`` (and checksummed, written) at a time.
+PEER_CHUNK_BYTES: int = 4 << 20
+#: Largest request or reply header a peer may send (its commit record is bounded by
+#: ``MAX_MANIFEST_BYTES``); a listing of more than ``PEER_MAX_FILES`` files is refused.
+PEER_HEADER_MAX_BYTES: int = 1 << 20
+PEER_MAX_FILES: int = 100_000
+#: How long ``close()`` waits for this node's last peer transfer.
+PEER_CLOSE_SECONDS: float = 120.0

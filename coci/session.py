@@ -50,6 +50,7 @@ from coci.checkpoint.checkpointer import (
 )
 from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir, step_dirname
 from coci.checkpoint.records import LoadedCheckpoint
+from coci.checkpoint.peers import PeerCopies, check_peer_copies, peer_copy_wanted
 from coci.checkpoint.remote import RemoteTier, open_store
 from coci.checkpoint.remote.fetch import UNAVAILABLE
 from coci.checkpoint.remote.history import HistoryMirror, history_offset, merge_history
@@ -172,6 +173,12 @@ class Session:
             (:func:`coci.checkpoint.checkpointer.writer_for`: its own format in one process, DCP's
             under ``torch.distributed``); a writer of a format of its own registers that format's
             reader (:func:`coci.register_reader`) so that ``restore()`` can load it.
+        peer_copies: on node-local run directories, 1 keeps a copy of each node's part of every
+            committed checkpoint (those the plan chooses: :func:`coci.checkpoint.peers.peer_copy_wanted`)
+            on the next node too, sent in the background over a side-channel socket; a node whose
+            own part is gone restores from that copy before the remote tier
+            (:mod:`coci.checkpoint.peers`). 0 (default) keeps none. Ignored, with a
+            ``peer_copies`` event saying why, in one process or one shared run directory.
     """
 
     def __init__(
@@ -203,6 +210,7 @@ class Session:
         writer: WriterFactory | None = None,
         retention: RetentionPolicy | None = None,
         remote_retention: RetentionPolicy | None = None,
+        peer_copies: int = 0,
     ) -> None:
         constructed = time.perf_counter()  # the construction is coci's time too (the ledger's setup)
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
@@ -216,6 +224,7 @@ class Session:
             raise ConfigError(f"on_error must be 'raise' or 'log', got {on_error!r}")
         if run_dir_layout not in distributed.RUN_DIR_LAYOUTS:
             raise ConfigError(f"run_dir_layout must be one of {', '.join(distributed.RUN_DIR_LAYOUTS)}, got {run_dir_layout!r}")
+        peer_copies = check_peer_copies(peer_copies)
         if save_last is not None and not isinstance(save_last, bool):
             raise ConfigError(f"save_last must be True, False or None, got {save_last!r}")
         self._save_last = save_last
@@ -266,6 +275,7 @@ class Session:
             role=_node_role(self._dist),
         )
         self._claim_remote(remote_owner)
+        self._peers = self._start_peers(peer_copies)
         self._history = self._mirror_history(events_start)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
@@ -509,12 +519,13 @@ class Session:
 
     def _restore_across_nodes(self, root: Path, strict: bool) -> RestoreResult | None:
         """:meth:`restore` on node-local run directories (collective): the newest step every node
-        holds a verified part of, a node lacking its part fetching it from the remote tier; the
-        ranks skip a step together. CorruptCheckpointError naming each step's missing pieces when
+        holds a verified part of, a node lacking its part fetching it from the peer that holds its
+        copy (``peer_copies``), else from the remote tier; the ranks skip a step together. CorruptCheckpointError naming each step's missing pieces when
         no step loads (never a silent restart from step 0)."""
         assert self._dist is not None
         remote_steps = set(self._with_remote([])) if self._remote is not None else set()
-        steps = sorted(set(nodes.local_steps(root, self._dist)) | {step for step, _ in remote_steps}, reverse=True)
+        held = set(self._peers.held_steps()) if self._peers is not None else set()
+        steps = sorted(set(nodes.local_steps(root, self._dist)) | {step for step, _ in remote_steps} | held, reverse=True)
         targets = self._sharded.load_targets() if steps else None
         skipped: list[Path] = []
         problems: list[str] = []
@@ -547,15 +558,30 @@ class Session:
         lacking = {part.node for part in parts if part.problem is not None}
         if not lacking:
             return "local", None
+        peer_problem = self._from_peers(root, step, lacking, ids)
+        if peer_problem is None:
+            return ("peer" if self._dist.node in lacking else "local"), None
         if self._remote is None or step not in remote_steps:
             where = " (and the remote tier does not hold it)" if self._remote is not None else " (no remote tier)"
-            return "", nodes.missing_pieces(step, parts, self._dist) + where
+            peers = "" if self._peers is None else f"; its peer copies: {peer_problem}"
+            return "", nodes.missing_pieces(step, parts, self._dist) + where + peers
         fetching = self._dist.node in lacking
         try:
             self._remote.fetch_node_parts(step, root, self._dist, fetching)
         except CheckpointError as exc:
             return "", f"{nodes.missing_pieces(step, parts, self._dist)}; its remote copy: {exc}"
         return ("remote" if fetching else "local"), None
+
+    def _from_peers(self, root: Path, step: int, lacking: set[int], ids: list[str]) -> str | None:
+        """None once the ``lacking`` nodes fetched their parts of ``step`` from the nodes holding
+        their peer copies (all of one commit), else why not (collective)."""
+        if self._peers is None:
+            return "no peer copies"
+        problem = self._peers.fetch_lacking(step, root, lacking, ids[0] if ids else None)
+        if problem is None and not ids:  # no node had its own part: the copies must be of one commit
+            fetched = {str(part.commit_id) for part in nodes.check_parts(root, step, self._dist) if part.problem is None}  # type: ignore[arg-type]
+            problem = None if len(fetched) == 1 else f"step_{step}: the peer copies are of different checkpoints ({sorted(fetched)})"
+        return problem
 
     def _with_remote(self, local: list[tuple[int, Path]]) -> list[tuple[int, Path | None]]:
         """Restore candidates of both tiers, newest step first; a step in both is tried locally
@@ -647,6 +673,21 @@ class Session:
         if self._remote is not None and wanted and self._uploads():  # node-local: each node its own part
             self._promoted_steps.add(step)
             self._remote.promote(step, path)
+        if self._peers is not None and (peer_copy_wanted(plan, step) or step in self._must_promote):
+            self._peers.send(step, path)  # node leaders only; training never waits for it
+
+    def _start_peers(self, copies: int) -> PeerCopies | None:
+        """Peer copies for this job (collective), or None, recorded either way."""
+        try:
+            peers = PeerCopies.start(self.run_dir, self._dist, copies, self.events)
+        except ConfigError:
+            if self._lock is not None:
+                self._lock.release()
+            raise
+        if copies and peers is None:
+            self.events.emit("peer_copies", step=0, copies=0, requested=copies,
+                             reason="peer copies need node-local run directories on two or more nodes")
+        return peers
 
     def _uploads(self) -> bool:
         """This process promotes: rank 0 (one shared run directory), each node's leader (node-local)."""
@@ -719,6 +760,8 @@ class Session:
                 self._promote_always(self._steps)
             if self._remote is not None:  # the last promotion finishes before the run ends
                 self._remote.wait()
+            if self._peers is not None:  # the last peer copy too (collective: no server stops first)
+                self._peers.close(knobs.PEER_CLOSE_SECONDS)
         finally:
             for hook in self._hooks:
                 hook.remove()

@@ -1,0 +1,183 @@
+"""The wire format of peer copies (:mod:`coci.checkpoint.peers`): framed headers and one node's
+part of a checkpoint sent over a TCP socket, received, verified and committed.
+
+A header is a 4-byte big-endian length and a JSON object (at most
+``knobs.PEER_HEADER_MAX_BYTES``). A part is a listing (``[[name, size], ...]``, ``manifest.json``
+first) followed by the files' bytes in that order: the sender streams each file with
+``socket.sendfile`` (no copy through Python), the receiver writes each chunk as it arrives and
+checksums it on the way. What a peer sends is untrusted input, as any checkpoint: the record is
+parsed and checked like a local one (:func:`coci.checkpoint.dcp.read_dcp_manifest`), the listing
+must name exactly the files the record says this part holds, at their recorded sizes, each file's
+checksum must match, DCP's ``.metadata`` is checked before anything loads it, nothing is written
+outside the ``*.tmp`` directory the caller names, and a part larger than the free disk is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+from coci import knobs
+from coci.checkpoint import format
+from coci.checkpoint.dcp import read_dcp_manifest, read_dcp_metadata
+from coci.checkpoint.dcp_manifest import DcpManifest
+from coci.checkpoint.fileio import ChunkChecksum
+from coci.errors import CorruptCheckpointError
+
+__all__ = ["PeerProtocolError", "open_part", "receive_part", "recv_header", "send_header", "send_part"]
+
+_LENGTH_BYTES = 4
+
+
+class PeerProtocolError(CorruptCheckpointError):
+    """A peer sent something that is not a well-formed header or part (or closed mid-way)."""
+
+
+def send_header(sock: socket.socket, header: dict[str, Any]) -> None:
+    """One framed JSON header."""
+    data = json.dumps(header, separators=(",", ":")).encode()
+    sock.sendall(len(data).to_bytes(_LENGTH_BYTES, "big") + data)
+
+
+def recv_header(sock: socket.socket) -> dict[str, Any]:
+    """The next framed header: a JSON object of at most ``knobs.PEER_HEADER_MAX_BYTES``."""
+    length = int.from_bytes(recv_exact(sock, _LENGTH_BYTES), "big")
+    if length > knobs.PEER_HEADER_MAX_BYTES:
+        raise PeerProtocolError(f"peer header of {length} bytes (at most {knobs.PEER_HEADER_MAX_BYTES})")
+    try:
+        header = json.loads(recv_exact(sock, length))
+    except ValueError as exc:
+        raise PeerProtocolError(f"peer header is not JSON ({type(exc).__name__})") from exc
+    if not isinstance(header, dict):
+        raise PeerProtocolError("peer header is not a JSON object")
+    return header
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    """Exactly ``size`` bytes (a small frame); PeerProtocolError when the peer closes first."""
+    data = bytearray(size)
+    view = memoryview(data)
+    got = 0
+    while got < size:
+        count = sock.recv_into(view[got:], size - got)
+        if count == 0:
+            raise PeerProtocolError(f"peer closed the connection after {got} of {size} bytes")
+        got += count
+    return bytes(data)
+
+
+# --- sending -----------------------------------------------------------------------------------
+
+
+def open_part(path: Path, record: DcpManifest) -> list[tuple[str, int, int]]:
+    """``(name, size, fd)`` of the record and every file of the part in ``path``, opened without
+    following links and at their recorded sizes (a later deletion by retention does not matter)."""
+    entries = [(format.MANIFEST_FILENAME, None), *((e.name, e.size) for e in record.present_files())]
+    opened: list[tuple[str, int, int]] = []
+    try:
+        for name, size in entries:
+            fd = format.open_no_follow(path / name, os.O_RDONLY)
+            opened.append((name, os.fstat(fd).st_size, fd))
+            if size is not None and opened[-1][1] != size:
+                raise CorruptCheckpointError(f"{path / name}: size {opened[-1][1]} != manifest size {size}")
+    except BaseException:
+        for _, _, fd in opened:
+            os.close(fd)
+        raise
+    return opened
+
+
+def send_part(sock: socket.socket, header: dict[str, Any], opened: list[tuple[str, int, int]]) -> int:
+    """``header`` with the part's listing, then every file's bytes (closed once sent); the bytes sent."""
+    try:
+        send_header(sock, {**header, "files": [[name, size] for name, size, _ in opened]})
+        for _, size, fd in opened:
+            with os.fdopen(os.dup(fd), "rb") as handle:
+                sent = sock.sendfile(handle, 0, size)
+            if sent != size:
+                raise OSError(f"sent {sent} of {size} bytes: the file shrank while being sent")
+    finally:
+        for _, _, fd in opened:
+            os.close(fd)
+    return sum(size for _, size, _ in opened)
+
+
+# --- receiving ---------------------------------------------------------------------------------
+
+
+def receive_part(sock: socket.socket, listing: Any, tmp: Path, node: int, step: int) -> DcpManifest:
+    """Receive node ``node``'s part of ``step`` into the fresh directory ``tmp``: every file
+    checked against the record as it arrives, fsynced, and the directory fsynced; its record.
+    CorruptCheckpointError (``tmp`` left for the caller to remove) on anything off."""
+    files = _checked_listing(listing, tmp)
+    need = sum(size for _, size in files)
+    free = shutil.disk_usage(tmp.parent).free
+    if need > free:
+        raise CorruptCheckpointError(f"{tmp}: a peer part of {need} bytes does not fit ({free} bytes free)")
+    format.fresh_dir(tmp)
+    format.write_durably(tmp / format.MANIFEST_FILENAME, recv_exact(sock, files[0][1]))
+    record = read_dcp_manifest(tmp)
+    _check_part(record, files, tmp, node, step)
+    entries = {entry.name: entry for entry in record.present_files()}
+    buffer = bytearray(min(knobs.PEER_CHUNK_BYTES, max((size for _, size in files[1:]), default=1)) or 1)
+    for name, _ in files[1:]:
+        _receive_file(sock, tmp / name, entries[name], buffer)
+    read_dcp_metadata(tmp, record)  # DCP's pickled metadata checked before anything may load it
+    format.fsync_dir(tmp)
+    return record
+
+
+def _checked_listing(listing: Any, tmp: Path) -> list[tuple[str, int]]:
+    """The listing as ``(name, size)`` pairs: bounded, plain names, the record first."""
+    if not isinstance(listing, list) or not listing or len(listing) > knobs.PEER_MAX_FILES:
+        raise PeerProtocolError(f"{tmp}: a peer part's listing must hold 1 to {knobs.PEER_MAX_FILES} files")
+    files: list[tuple[str, int]] = []
+    for item in listing:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and type(item[1]) is int and item[1] >= 0):
+            raise PeerProtocolError(f"{tmp}: a peer part's listing holds {str(item)[:80]!r}, not [name, size]")
+        files.append((item[0], item[1]))
+    if files[0][0] != format.MANIFEST_FILENAME or files[0][1] > knobs.MAX_MANIFEST_BYTES:
+        raise PeerProtocolError(f"{tmp}: a peer part must begin with its {format.MANIFEST_FILENAME} (at most {knobs.MAX_MANIFEST_BYTES} bytes)")
+    return files
+
+
+def _check_part(record: DcpManifest, files: list[tuple[str, int]], tmp: Path, node: int, step: int) -> None:
+    """The record is node ``node``'s part of ``step`` and the listing names exactly its files."""
+    if record.step != step or record.node != node or record.nodes is None:
+        raise CorruptCheckpointError(f"{tmp}: holds step {record.step} of node {record.node}, expected step {step} of node {node}")
+    expected = {entry.name: entry.size for entry in record.present_files()}
+    listed = dict(files[1:])
+    if len(listed) != len(files) - 1 or listed != expected:
+        raise CorruptCheckpointError(f"{tmp}: the peer sent files {sorted(listed.items())}, its record lists {sorted(expected.items())}")
+
+
+def _receive_file(sock: socket.socket, path: Path, entry: format.FileEntry, buffer: bytearray) -> None:
+    """Write ``entry.size`` bytes from ``sock`` into the new file ``path``, checksummed; fsynced."""
+    checksum = ChunkChecksum(entry.algorithm, threaded=False)
+    view = memoryview(buffer)
+    fd = format.open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        left = entry.size
+        while left:
+            count = sock.recv_into(view, min(left, len(view)))
+            if count == 0:
+                raise PeerProtocolError(f"{path}: the peer closed the connection {left} bytes short")
+            piece = view[:count]
+            checksum.submit(piece)
+            _write_fully(fd, piece)
+            left -= count
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    crc = checksum.result()
+    if crc != entry.checksum:
+        raise CorruptCheckpointError(f"{path}: checksum mismatch ({entry.algorithm} {crc:#010x} != {entry.checksum:#010x})")
+
+
+def _write_fully(fd: int, piece: memoryview) -> None:
+    while piece:
+        piece = piece[os.write(fd, piece) :]

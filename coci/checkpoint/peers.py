@@ -1,0 +1,409 @@
+"""Peer copies: each node's part of a local checkpoint also kept on the next node of a ring.
+
+``Session(peer_copies=1)`` on node-local run directories (:mod:`coci.checkpoint.nodes`): once a
+checkpoint is committed on a node, that node's leader sends its part (its ranks' files,
+``.metadata`` and its record) to node ``(K + 1) % N`` in a background thread; training never
+waits for it. The receiving node keeps it under ``run_dir/peer/node<K>/step_<n>``, committed like
+a local checkpoint (written into ``step_<n>.tmp``, every file checked against the record and
+fsynced, then renamed), with a retention of its own (``knobs.PEER_KEEP_LAST`` per source node).
+On restore, a node whose own part of a step is missing or damaged takes it from the node that
+holds its copy (verified again on both sides) before the remote tier is asked
+(:meth:`PeerCopies.fetch_lacking`).
+
+Transport: a side-channel TCP connection between the nodes' leaders, not the job's process group.
+A transfer then never interleaves collectives with the training thread's or coci's own groups (a
+background send sharing a gloo group with the training loop's barrier deadlocks, see
+:mod:`coci.distributed`), a node that dies mid-transfer costs its peer a socket error instead of
+a collective timeout on every rank, and the files stream with ``sendfile`` without being pickled
+into a tensor first. Each leader listens on its own port (``knobs.PEER_HOST``), the addresses and
+a random job token are exchanged once on the control group when the session starts; a request
+without the token is refused.
+
+Which checkpoints get a peer copy (the interface a plan sets): :func:`peer_copy_wanted`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import os
+import secrets
+import shutil
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coci import distributed, knobs
+from coci.checkpoint import format
+from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
+from coci.checkpoint.peer_wire import open_part, receive_part, recv_header, send_header, send_part
+from coci.distributed import DistributedContext
+from coci.errors import CheckpointError, ConfigError, CorruptCheckpointError
+from coci.events import EventLog
+
+__all__ = ["PEER_COPIES", "PEER_DIRNAME", "PeerCopies", "check_peer_copies", "peer_copy_wanted", "peer_dir"]
+
+logger = logging.getLogger(__name__)
+
+#: ``Session(peer_copies=...)``: the number of other nodes that hold a copy of each node's part.
+PEER_COPIES: tuple[int, ...] = (0, 1)
+PEER_DIRNAME = "peer"
+_FETCH_TMP = ".peer" + format.TMP_SUFFIX
+
+
+def check_peer_copies(value: Any) -> int:
+    """``peer_copies`` validated; ConfigError naming the field otherwise."""
+    if type(value) is not int or value not in PEER_COPIES:
+        raise ConfigError(f"peer_copies must be one of {', '.join(map(str, PEER_COPIES))}, got {value!r}")
+    return value
+
+
+def peer_copy_wanted(plan: Any, step: int) -> bool:
+    """Whether the committed local checkpoint of ``step`` is copied to a peer node.
+
+    The plan's choice: a plan with a ``peer_steps`` attribute (a collection of steps, the subset
+    of ``plan.steps`` a three-level plan copies to a peer, as ``promote_steps`` is the subset it
+    uploads) copies exactly those; no plan, or ``peer_steps`` None, copies every committed local
+    checkpoint. The final and the preemption checkpoints are copied whatever the plan says
+    (:class:`coci.Session` asks for those itself).
+    """
+    steps = getattr(plan, "peer_steps", None)
+    return steps is None or step in steps
+
+
+def peer_dir(run_dir: Path, node: int) -> Path:
+    """Where a node keeps its copies of node ``node``'s parts."""
+    return run_dir / PEER_DIRNAME / f"node{int(node)}"
+
+
+def holders(node: int, count: int, copies: int) -> list[int]:
+    """The nodes that hold copies of node ``node``'s parts, in the order a restore asks them."""
+    return [(node + offset) % count for offset in range(1, copies + 1) if (node + offset) % count != node]
+
+
+@dataclass(frozen=True)
+class _Transfer:
+    """What one node sent to one peer: for the events and the report."""
+
+    step: int
+    to_node: int
+    nbytes: int
+    seconds: float
+
+
+# --- receiving side: one server per node leader --------------------------------------------------
+
+
+class PeerServer:
+    """A node leader's listening socket: it stores the parts its ring predecessors send
+    (``put``) and serves them back on restore (``get``), one connection at a time, in a daemon
+    thread. Everything a connection sends is checked (:mod:`coci.checkpoint.peer_wire`)."""
+
+    def __init__(self, run_dir: Path, node: int, sources: frozenset[int], token: str, events: EventLog, host: str) -> None:
+        self.run_dir = run_dir
+        self.node = node
+        self.sources = sources
+        self._token = token
+        self._events = events
+        self._received: dict[int, set[int]] = {source: set() for source in sources}
+        for source in sources:  # interrupted receipts of an earlier process are never copies
+            format.remove_stale_tmp(peer_dir(run_dir, source))
+        self._listener = socket.create_server((host, 0))
+        self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
+        self._thread = threading.Thread(target=self._serve, name="coci-peer-server", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop listening (a connection in progress finishes or times out)."""
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._thread.join(knobs.PEER_SOCKET_TIMEOUT_SECONDS)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                conn.settimeout(knobs.PEER_SOCKET_TIMEOUT_SECONDS)
+                self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        """Handle one request; a failure is replied (when the peer still listens) and recorded."""
+        try:
+            header = recv_header(conn)
+            if not hmac.compare_digest(str(header.get("token", "")), self._token):
+                raise CorruptCheckpointError("a peer request without this job's token was refused")
+            node, step = _node_and_step(header, self.sources)
+            if header.get("op") == "put":
+                self._store(conn, header, node, step)
+            elif header.get("op") == "get":
+                self._serve_copy(conn, node, step)
+            else:
+                raise CorruptCheckpointError(f"unknown peer request {str(header.get('op'))[:40]!r}")
+        except Exception as exc:
+            logger.warning("peer request refused on node %d: %s", self.node, exc)
+            self._events.emit("error", step=0, phase="peer_server", message=f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(OSError):
+                send_header(conn, {"error": f"{type(exc).__name__}: {exc}"})
+
+    def _store(self, conn: socket.socket, header: dict[str, Any], node: int, step: int) -> None:
+        """Receive node ``node``'s part of ``step`` and commit it as its peer copy; retention."""
+        began = time.perf_counter()
+        root = peer_dir(self.run_dir, node)
+        format.make_root(root.parent)  # each level checked: never written through a planted link
+        format.make_root(root)
+        tmp = format.tmp_dir(root, step)
+        try:
+            record = receive_part(conn, header.get("files"), tmp, node, step)
+            format.rename_into_place(root, tmp, root / format.step_dirname(step))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._received[node].add(step)
+        deleted = format.apply_retention(root, knobs.PEER_KEEP_LAST, self._received[node])
+        nbytes = sum(entry.size for entry in record.present_files())
+        send_header(conn, {"ok": True})
+        self._events.emit("peer_receive", step=step, from_node=node, node=self.node, bytes=nbytes,
+                          seconds=time.perf_counter() - began, deleted=deleted)
+
+    def _serve_copy(self, conn: socket.socket, node: int, step: int) -> None:
+        """Send back node ``node``'s part of ``step``, verified here first (a tampered copy is
+        refused with its problem, never sent)."""
+        path = peer_dir(self.run_dir, node) / format.step_dirname(step)
+        if not format.has_root(peer_dir(self.run_dir, node)) or not format.has_root(path):
+            raise CorruptCheckpointError(f"{path} is missing")
+        record = verify_dcp_checkpoint(path)
+        if record.node != node or record.step != step:
+            raise CorruptCheckpointError(f"{path}: holds step {record.step} of node {record.node}")
+        send_part(conn, {"ok": True}, open_part(path, record))
+
+
+def _node_and_step(header: dict[str, Any], sources: frozenset[int]) -> tuple[int, int]:
+    node, step = header.get("node"), header.get("step")
+    if type(node) is not int or node not in sources:
+        raise CorruptCheckpointError(f"a peer request names node {str(node)[:20]!r}, not one this node holds copies for")
+    if type(step) is not int or step < 0:
+        raise CorruptCheckpointError(f"a peer request names step {str(step)[:20]!r}")
+    return node, step
+
+
+# --- sending side: a background thread per node leader -------------------------------------------
+
+
+class PeerSender:
+    """Sends committed parts to the holders in a daemon thread; only the newest waiting part is
+    kept (a newer commit replaces one not yet sent). A failure is an event, never the run's."""
+
+    def __init__(self, node: int, addresses: dict[int, tuple[str, int]], token: str, events: EventLog) -> None:
+        self.node = node
+        self._addresses = addresses
+        self._token = token
+        self._events = events
+        self._lock = threading.Condition()
+        self._waiting: tuple[int, Path] | None = None
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self.transfers: list[_Transfer] = []
+
+    def submit(self, step: int, path: Path) -> None:
+        with self._lock:
+            self._waiting = (step, path)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._drain, name="coci-peer-send", daemon=True)
+                self._thread.start()
+            self._lock.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Block until nothing is waiting or in flight, at most ``timeout`` seconds; True when idle."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._waiting is not None or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                while self._waiting is None:
+                    self._lock.wait()
+                (step, path), self._waiting, self._busy = self._waiting, None, True
+            try:
+                for holder in self._addresses:
+                    self._send(step, path, holder)
+            finally:
+                with self._lock:
+                    self._busy = False
+                    self._lock.notify_all()
+
+    def _send(self, step: int, path: Path, holder: int) -> None:
+        began = time.perf_counter()
+        try:
+            record = read_dcp_manifest(path)
+            opened = open_part(path, record)
+            with socket.create_connection(self._addresses[holder], timeout=knobs.PEER_SOCKET_TIMEOUT_SECONDS) as conn:
+                nbytes = send_part(conn, {"token": self._token, "op": "put", "node": self.node, "step": step}, opened)
+                reply = recv_header(conn)
+            if not reply.get("ok"):
+                raise CorruptCheckpointError(f"node {holder} refused the copy: {str(reply.get('error'))[:500]}")
+        except (OSError, CheckpointError) as exc:
+            logger.warning("peer copy of step %d to node %d failed: %s", step, holder, exc)
+            self._events.emit("error", step=step, phase="peer_send", to_node=holder, message=f"{type(exc).__name__}: {exc}")
+            return
+        seconds = time.perf_counter() - began
+        self.transfers.append(_Transfer(step, holder, nbytes, seconds))
+        self._events.emit("peer_send", step=step, node=self.node, to_node=holder, bytes=nbytes, seconds=seconds,
+                          bytes_per_second=nbytes / seconds if seconds > 0 else None)
+
+
+# --- restore side: fetching a node's part back from its holder -----------------------------------
+
+
+def fetch_copy(address: tuple[str, int], token: str, node: int, step: int, root: Path, commit_id: str | None) -> int:
+    """Node ``node``'s part of ``step`` fetched from the holder at ``address`` and committed as
+    ``root/step_<n>`` (replacing a damaged one), checked on receipt and against ``commit_id``
+    (the other nodes' parts' id; None when no node holds one); its bytes."""
+    tmp = root / (format.step_dirname(step) + _FETCH_TMP)
+    try:
+        with socket.create_connection(address, timeout=knobs.PEER_SOCKET_TIMEOUT_SECONDS) as conn:
+            send_header(conn, {"token": token, "op": "get", "node": node, "step": step})
+            reply = recv_header(conn)
+            if not reply.get("ok"):
+                raise CorruptCheckpointError(str(reply.get("error"))[:1000])
+            format.make_root(root)
+            record = receive_part(conn, reply.get("files"), tmp, node, step)
+        if commit_id is not None and record.commit_id != commit_id:
+            raise CorruptCheckpointError(f"commit id {record.commit_id}, the other nodes' parts have {commit_id}")
+        format.rename_into_place(root, tmp, root / format.step_dirname(step))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sum(entry.size for entry in record.present_files())
+
+
+# --- the Session's handle -----------------------------------------------------------------------
+
+
+class PeerCopies:
+    """One process's part in peer copies: every rank knows the leaders' addresses; each node's
+    leader runs a :class:`PeerServer` and a :class:`PeerSender`. Build with :meth:`start`."""
+
+    def __init__(self, run_dir: Path, context: DistributedContext, copies: int, token: str, events: EventLog) -> None:
+        self.run_dir = run_dir
+        self.context = context
+        self.copies = copies
+        self._token = token
+        self._events = events
+        self._count = len(context.nodes or ())
+        self.addresses: dict[int, tuple[str, int]] = {}
+        self.server: PeerServer | None = None
+        self.sender: PeerSender | None = None
+
+    @classmethod
+    def start(cls, run_dir: Path, context: DistributedContext | None, copies: int, events: EventLog) -> PeerCopies | None:
+        """Peer copies for this job (collective on the control group), or None when there is
+        nothing to copy to: ``copies`` 0, one process, or one run directory for every node."""
+        if copies == 0 or context is None or not context.node_local or len(context.nodes or ()) < 2:
+            return None
+        token = distributed.broadcast_object(secrets.token_hex(16) if context.is_coordinator else None, context.control_group)
+        peers = cls(run_dir, context, copies, token, events)
+        sources = frozenset(n for n in range(peers._count) if context.node in holders(n, peers._count, copies))
+        problem, address = None, None
+        if context.is_node_leader:
+            try:
+                peers.server = PeerServer(run_dir, context.node, sources, token, events, _advertised_host())
+                address = peers.server.address
+            except (OSError, CheckpointError) as exc:
+                problem = f"node {context.node}: no peer server ({type(exc).__name__}: {exc})"
+        gathered = distributed.gather_objects((address, problem), context.control_group)
+        problems = [p for _, p in gathered if p]
+        if problems:
+            peers.close_server()
+            raise ConfigError("peer_copies: " + "; ".join(problems))
+        peers.addresses = {n: tuple(gathered[ranks[0]][0]) for n, ranks in enumerate(context.nodes or ())}
+        if context.is_node_leader:
+            targets = {n: peers.addresses[n] for n in holders(context.node, peers._count, copies)}
+            peers.sender = PeerSender(context.node, targets, token, events)
+        events.emit("peer_copies", step=0, copies=copies, node=context.node,
+                    holders=holders(context.node, peers._count, copies), holds_for=sorted(sources))
+        return peers
+
+    def send(self, step: int, path: Path) -> None:
+        """Hand this node's committed part of ``step`` to the sender (leaders; others ignore it)."""
+        if self.sender is not None:
+            self.sender.submit(step, path)
+
+    def held_steps(self) -> list[int]:
+        """Every step some node holds a peer copy of (collective)."""
+        mine: list[int] = []
+        if self.server is not None:
+            for source in sorted(self.server.sources):
+                with contextlib.suppress(CheckpointError, OSError):
+                    mine += [step for step, _ in format.committed_steps(peer_dir(self.run_dir, source))]
+        return sorted({s for steps in distributed.gather_objects(mine, self.context.control_group) for s in steps})
+
+    def fetch_lacking(self, step: int, root: Path, lacking: set[int], commit_id: str | None) -> str | None:
+        """The leaders of the ``lacking`` nodes fetch their part of ``step`` from the nodes that hold
+        a copy (the first that serves a verified one); None when every one did, else what failed
+        (every rank gets the same answer: collective). A refused copy is a ``peer_skip`` event."""
+        problem = None
+        if self.context.node in lacking and self.context.is_node_leader:
+            problem = self._fetch_own(step, root, commit_id)
+        return distributed.agree(problem, self.context)
+
+    def _fetch_own(self, step: int, root: Path, commit_id: str | None) -> str | None:
+        problems = []
+        for holder in holders(self.context.node, self._count, self.copies):
+            began = time.perf_counter()
+            try:
+                nbytes = fetch_copy(self.addresses[holder], self._token, self.context.node, step, root, commit_id)
+            except (OSError, CheckpointError) as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                self._events.emit("peer_skip", step=step, node=self.context.node, holder=holder, message=message,
+                                  reason="unreachable" if isinstance(exc, OSError) else "corrupt")
+                problems.append(f"node {self.context.node}'s peer copy on node {holder}: {message}")
+                continue
+            self._events.emit("peer_fetch", step=step, node=self.context.node, holder=holder, bytes=nbytes,
+                              seconds=time.perf_counter() - began)
+            return None
+        return "; ".join(problems) or f"node {self.context.node} has no peer holding its copies"
+
+    def close(self, timeout: float) -> None:
+        """Wait at most ``timeout`` for this node's last transfer, then (once every node's leader
+        is done sending: collective) stop the server."""
+        idle = self.sender is None or self.sender.wait(timeout)
+        if not idle:
+            logger.warning("the last peer copy of node %d did not finish within %.0f s", self.context.node, timeout)
+        try:
+            distributed.agree(None, self.context)
+        finally:
+            self.close_server()
+
+    def close_server(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+def _advertised_host() -> str:
+    """``knobs.PEER_HOST``, else this host's address on the route to ``MASTER_ADDR``."""
+    if knobs.PEER_HOST:
+        return knobs.PEER_HOST
+    master = os.environ.get("MASTER_ADDR")
+    if not master:
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))  # no packet is sent
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
