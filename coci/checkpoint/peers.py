@@ -168,7 +168,7 @@ class PeerServer:
             raise
         self._received[node].add(step)
         deleted = format.apply_retention(root, knobs.PEER_KEEP_LAST, self._received[node])
-        nbytes = sum(entry.size for entry in record.present_files())
+        nbytes = sum(size for _, size in header["files"])  # the record included, as the sender counts
         send_header(conn, {"ok": True})
         self._events.emit("peer_receive", step=step, from_node=node, node=self.node, bytes=nbytes,
                           seconds=time.perf_counter() - began, deleted=deleted)

@@ -146,6 +146,7 @@ def main() -> None:
     parser.add_argument("--check-views", action="store_true")
     parser.add_argument("--remote", default=None)  # the remote tier (promotes every checkpoint)
     parser.add_argument("--run-dir-layout", default="auto")
+    parser.add_argument("--peer-copies", type=int, default=0)
     args = parser.parse_args()
 
     rank = init_job(60, args.coci_timeout)
@@ -168,6 +169,7 @@ def main() -> None:
         keep_last=2,
         remote=args.remote,
         run_dir_layout=args.run_dir_layout,
+        peer_copies=args.peer_copies,
     )
     views = ShardedState.detect({"model": stateful_model, "optimizer": optimizer}) if args.check_views else None
     if views is not None:
