@@ -1,0 +1,83 @@
+"""Peer copies (``Session(peer_copies=1)``): each node's part of a checkpoint also kept on the next
+node, over a side-channel socket. Two ``torchrun`` agents on this machine, each with its own run
+directory (the multi-node set-up of tests/test_multinode.py), killed and restarted as whole nodes:
+
+a lost node's checkpoints come back from its peer's copy, bitwise; with the peer copies lost too
+(two nodes lost) from the remote tier (a real SeaweedFS); a tampered peer copy is refused by its
+holder and skipped for an older one. The one-process checks are in tests/test_peer_server.py.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from coci.checkpoint import format
+from coci.checkpoint.peers import peer_dir
+from tests import torchrun_helpers
+from tests.test_multinode import (  # noqa: F401 (the reference fixture)
+    STEPS,
+    assert_bitwise,
+    assert_clean,
+    assert_ok,
+    node_dir,
+    node_events,
+    reference,
+    restored,
+    run_nodes,
+)
+from tests.test_remote import s3_remote, s3_server  # noqa: F401 (fixtures)
+
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, torchrun_helpers.needs_gloo]
+
+def peer_copy(base: Path, holder: int, node: int, step: int) -> Path:
+    return peer_dir(node_dir(base, holder), node) / format.step_dirname(step)
+
+
+def test_a_lost_node_is_recovered_from_its_peer_copy_bitwise(tmp_path: Path, reference: Path) -> None:  # noqa: F811
+    kill_at = random.Random(3).randint(9, STEPS - 1)  # step 4's checkpoint (and its copy) is long done
+    outcomes = run_nodes(tmp_path, "--peer-copies", "1", "--kill-at", str(kill_at), survivor_grace=10.0)
+    assert all(o.code != 0 for o in outcomes)
+    sent = [(e["step"], e["to_node"]) for e in node_events(tmp_path, 1, "peer_send")]
+    assert (4, 0) in sent and all(e["bytes"] > 0 for e in node_events(tmp_path, 1, "peer_send"))
+    assert peer_copy(tmp_path, 0, 1, 4).is_dir()  # node 0 holds node 1's part
+    shutil.rmtree(format.checkpoints_dir(node_dir(tmp_path, 1)))  # node 1's checkpoints are gone
+    assert_ok(run_nodes(tmp_path, "--peer-copies", "1"))
+    (step, tier0), = restored(tmp_path)[0]
+    assert step in (4, 8) and tier0 == "local" and restored(tmp_path)[1] == [(step, "peer")]
+    fetched = node_events(tmp_path, 1, "peer_fetch")
+    assert [(e["step"], e["holder"]) for e in fetched] == [(step, 0)] and fetched[0]["bytes"] > 0
+    assert_bitwise(tmp_path, reference)
+    assert_clean(tmp_path)
+
+
+def test_a_tampered_peer_copy_is_refused_and_an_older_copy_restores(tmp_path: Path, reference: Path) -> None:  # noqa: F811
+    assert_ok(run_nodes(tmp_path, "--peer-copies", "1", "--stop-at", "8"))  # close() waits for the last copy
+    shutil.rmtree(format.checkpoints_dir(node_dir(tmp_path, 1)))
+    shard = peer_copy(tmp_path, 0, 1, 8) / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one byte flipped
+    shard.write_bytes(bytes(data))
+    assert_ok(run_nodes(tmp_path, "--peer-copies", "1"))
+    assert restored(tmp_path) == [[(4, "local")], [(4, "peer")]]
+    skips = node_events(tmp_path, 1, "peer_skip")
+    assert [(e["step"], e["holder"], e["reason"]) for e in skips] == [(8, 0, "corrupt")]
+    assert "checksum mismatch" in skips[0]["message"] and "__1_0.distcp" in skips[0]["message"]
+    assert [e["step"] for e in node_events(tmp_path, 0, "restore_skip")] == [8]  # every rank skipped step 8 together
+    assert_bitwise(tmp_path, reference)
+
+
+def test_the_peer_copies_lost_too_the_node_is_recovered_from_s3(tmp_path: Path, reference: Path, s3_remote: str) -> None:  # noqa: F811
+    assert_ok(run_nodes(tmp_path, "--peer-copies", "1", "--remote", s3_remote, "--stop-at", "8"))
+    assert peer_copy(tmp_path, 0, 1, 8).is_dir()
+    shutil.rmtree(node_dir(tmp_path, 1))  # node 1's disk is gone (with the copies of node 0 it held)
+    shutil.rmtree(node_dir(tmp_path, 0) / "peer")  # and node 0's copies of node 1: two nodes lost
+    assert_ok(run_nodes(tmp_path, "--peer-copies", "1", "--remote", s3_remote))
+    assert restored(tmp_path) == [[(8, "local")], [(8, "remote")]]
+    assert [(e["step"], e["holder"]) for e in node_events(tmp_path, 1, "peer_skip")] == [(8, 0)]  # asked first
+    assert [e["step"] for e in node_events(tmp_path, 1, "remote_fetch")] == [8]
+    assert_bitwise(tmp_path, reference)
+    assert_clean(tmp_path)

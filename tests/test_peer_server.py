@@ -1,0 +1,76 @@
+"""Peer copies in one process: ``Session(peer_copies=...)`` validated naming the field, recorded as
+a fallback where there is no other node, and a real peer server (:class:`coci.checkpoint.peers.PeerServer`)
+on a real socket refusing hostile requests without writing anything outside its directory.
+The transfers between nodes are tested in tests/test_peer_copies.py (two agents).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+import coci
+from coci.checkpoint import format
+from coci.checkpoint.peer_wire import recv_header, send_header
+from coci.checkpoint.peers import PeerServer, peer_dir
+from coci.events import EventLog
+
+
+@pytest.mark.parametrize("value", [2, -1, True, "1", 1.0])
+def test_peer_copies_is_validated_naming_the_field(tmp_path: Path, value: object) -> None:
+    with pytest.raises(coci.ConfigError, match="peer_copies"):
+        coci.Session(tmp_path, {"t": torch.zeros(2)}, policy=coci.EveryN(1), peer_copies=value)  # type: ignore[arg-type]
+
+
+def test_peer_copies_without_nodes_is_a_recorded_fallback(tmp_path: Path) -> None:
+    with coci.Session(tmp_path, {"t": torch.zeros(2)}, policy=coci.EveryN(1), peer_copies=1) as session:
+        session.step()
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    (fallback,) = [e for e in events if e["event"] == "peer_copies"]
+    assert fallback["copies"] == 0 and fallback["requested"] == 1 and "node-local" in fallback["reason"]
+    assert not (tmp_path / "peer").exists()
+
+
+def ask(server: PeerServer, header: dict, payload: bytes = b"") -> dict:
+    """One request to a real peer server over a real socket; its reply."""
+    with socket.create_connection(server.address, timeout=30) as conn:
+        send_header(conn, header)
+        conn.sendall(payload)
+        return recv_header(conn)
+
+
+def test_the_peer_server_refuses_hostile_requests_and_writes_nothing_outside(tmp_path: Path) -> None:
+    run_dir, outside = tmp_path / "run", tmp_path / "outside"
+    run_dir.mkdir()
+    outside.mkdir()
+    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1")
+    try:
+        put = {"token": "secret", "op": "put", "node": 1, "step": 4}
+        assert "token" in ask(server, {**put, "token": "guess"})["error"]
+        assert "not one this node holds copies for" in ask(server, {**put, "node": 0})["error"]
+        assert "names step" in ask(server, {**put, "step": "../x"})["error"]
+        assert "must begin with its manifest.json" in ask(server, {**put, "files": [["../../outside/x", 3]]}, b"abc")["error"]
+        record = b'{"format": "dcp", "step": 4, "files": [{"name": "../../outside/x", "size": 3}]}'
+        reply = ask(server, {**put, "files": [["manifest.json", len(record)], ["../../outside/x", 3]]}, record + b"abc")
+        assert "CorruptCheckpointError" in reply["error"]
+        huge = ask(server, {**put, "files": [["manifest.json", 10], ["__1_0.distcp", 1 << 60]]})
+        assert "does not fit" in huge["error"]
+        assert "is missing" in ask(server, {**put, "op": "get", "step": 8})["error"]
+        with socket.create_connection(server.address, timeout=30) as conn:  # a header claiming 2 GiB
+            conn.sendall((2**31).to_bytes(4, "big"))
+            assert "peer header of" in recv_header(conn)["error"]
+        (run_dir / "peer").mkdir(exist_ok=True)
+        shutil.rmtree(peer_dir(run_dir, 1), ignore_errors=True)
+        peer_dir(run_dir, 1).symlink_to(outside)  # a planted link in the copies' place
+        assert "symbolic link" in ask(server, {**put, "files": [["manifest.json", 3]]}, b"abc")["error"]
+    finally:
+        server.close()
+    assert list(outside.iterdir()) == []
+    assert not any(p.name.endswith(format.TMP_SUFFIX) for p in (run_dir / "peer").rglob("*") if not p.is_symlink())
+    errors = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert errors and all(e["event"] == "error" and e["phase"] == "peer_server" for e in errors)
