@@ -161,7 +161,7 @@ class PeerServer:
         format.make_root(root)
         tmp = format.tmp_dir(root, step)
         try:
-            record = receive_part(conn, header.get("files"), tmp, node, step)
+            receive_part(conn, header.get("files"), tmp, node, step)
             format.rename_into_place(root, tmp, root / format.step_dirname(step))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

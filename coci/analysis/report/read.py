@@ -37,11 +37,12 @@ from pydantic import BaseModel, Field
 from coci import knobs
 from coci.analysis.report.restores import RestoreRow, _event_step, _lost_seconds, _number, _Restores
 from coci.checkpoint.checkpointer import load_entry
-from coci.checkpoint.layout import SESSION_KEY, checkpoints_dir, committed_steps
+from coci.checkpoint.layout import SESSION_KEY, checkpoints_dir, committed_steps, has_root
+from coci.checkpoint.peers import PEER_DIRNAME
 from coci.checks import is_int
 from coci.curves import loss_trace as _loss_trace
 from coci.curves import run_loss_trace
-from coci.errors import CociError, ConfigError
+from coci.errors import CociError, ConfigError, CorruptCheckpointError
 from coci.events import (
     CHECKPOINT_REASONS,
     EVENT_NUMBER_MAX,
@@ -126,6 +127,14 @@ class ObservedCosts(BaseModel):
     promotions: int = 0
     upload_seconds: float = 0.0
     remote_bytes: int = 0
+    # peer copies (node-local run directories): this node's parts sent to the next node, the
+    # copies it received for other nodes, those it holds now, and copies a restore refused
+    peer_sent: int = 0
+    peer_bytes: int = 0
+    peer_seconds: float = 0.0
+    peer_received: int = 0
+    peer_held: int = 0
+    peer_refused: int = 0
 
 
 class PolicyRow(BaseModel):
@@ -203,6 +212,8 @@ def read_run(run_dir: Path) -> ReportData:
         "promotions": len(promoted),
         "upload_seconds": sum(row.upload_seconds or 0.0 for row in promoted),
         "remote_bytes": sum(row.remote_bytes or 0 for row in promoted),
+        **{key: type(getattr(observed, key))(value) for key, value in events.peers.items()},
+        "peer_held": _peer_copies_held(run_dir),
     })
     loss_steps, losses, loss_source = _loss_trace(run_dir, notes)
     return ReportData(
@@ -280,6 +291,7 @@ class _EventDigest:
         self.preemptions: list[PreemptionRow] = []
         self.reached: int | None = None  # the furthest step a close, progress, stall, snapshot or step mark names
         self.ledger = _Ledger()
+        self.peers: dict[str, float] = {"peer_sent": 0, "peer_bytes": 0, "peer_seconds": 0.0, "peer_received": 0, "peer_refused": 0}
 
     def add(self, event: dict[str, Any]) -> None:
         kind, step = event.get("event"), _event_step(event)
@@ -294,6 +306,17 @@ class _EventDigest:
         self.restores.add(event, kind, step)
         self.ledger.add(event, kind)
         self._preemption(event, kind, step)
+        self._peer(event, kind)
+
+    def _peer(self, event: dict[str, Any], kind: Any) -> None:
+        """The totals of the ``peer_send``, ``peer_receive`` and ``peer_skip`` events."""
+        peers = self.peers
+        if kind == "peer_send":
+            peers["peer_sent"] += 1
+            peers["peer_bytes"] += _number(event.get("bytes")) or 0
+            peers["peer_seconds"] += _number(event.get("seconds")) or 0.0
+        peers["peer_received"] += kind == "peer_receive"
+        peers["peer_refused"] += kind == "peer_skip"
 
     def _preemption(self, event: dict[str, Any], kind: Any, step: int | None) -> None:
         """Each ``preempted`` event, with the ``restart_seconds`` of the restore that followed it."""
@@ -568,3 +591,13 @@ def _stall_total(taken: list[CheckpointRow], profile: Profile | None, notes: lis
         f"({profile.stall_seconds.value:.3g} s)"
     )
     return (stall or 0.0) + missing * float(profile.stall_seconds.value), True
+
+
+def _peer_copies_held(run_dir: Path) -> int:
+    """Committed peer copies under ``run_dir/peer/node<K>/`` (no link followed)."""
+    root = run_dir / PEER_DIRNAME
+    try:
+        nodes = [entry for entry in root.iterdir() if entry.is_dir() and not entry.is_symlink()] if has_root(root) else []
+        return sum(len(committed_steps(entry)) for entry in nodes)
+    except (OSError, CorruptCheckpointError):
+        return 0

@@ -33,7 +33,7 @@ class RestoreRow(BaseModel):
     lost_steps: int | None = None
     lost_seconds: float | None = None
     lost_exact: bool = False
-    tier: str | None = None  # where it came from: "local", "remote" (downloaded first); None: not logged
+    tier: str | None = None  # where it came from: "local", "peer" (a peer node's copy), "remote"; None: not logged
     preempted: bool = False  # the process before it stopped on a preemption notice
 
 
@@ -135,7 +135,7 @@ class _Restores:
                 lost_steps=lost,
                 lost_seconds=None if lost is None or per_step is None else lost * per_step,
                 lost_exact=failure and self.marked,
-                tier=event.get("tier") if event.get("tier") in ("local", "remote") else None,
+                tier=event.get("tier") if event.get("tier") in ("local", "peer", "remote") else None,
                 preempted=self.preempted,
             )
         )

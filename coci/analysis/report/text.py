@@ -6,6 +6,7 @@ import base64
 import html
 import json
 import math
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -182,11 +183,14 @@ def _restore_lines(data: ReportData) -> list[str]:
         text = f"  step {row.step} ({why}"
         if row.lost_steps is not None:
             text += f", {'' if row.lost_exact else 'at least '}{row.lost_steps} steps lost"
-        text += {"local": "; local tier", "remote": "; from the remote tier"}.get(row.tier or "", "")
+        text += {"local": "; local tier", "peer": "; from a peer node's copy", "remote": "; from the remote tier"}.get(row.tier or "", "")
         text += f"): restore {format_seconds(row.seconds)}"
         if row.restart_seconds is not None:
             text += f", restart {format_seconds(row.restart_seconds)} (process start to first step)"
         lines.append(text)
+    sources = Counter(row.tier for row in data.restores if row.tier is not None)
+    if sources:
+        lines.append("  by source: " + ", ".join(f"{tier} {sources[tier]}" for tier in ("local", "peer", "remote") if sources[tier]))
     return lines
 
 
@@ -201,6 +205,13 @@ def _checkpoint_lines(data: ReportData) -> list[str]:
             f"remote tier: {obs.promotions} promoted, {format_bytes(obs.remote_bytes)} uploaded in "
             f"{format_seconds(obs.upload_seconds)} (in the background), "
             f"{sum(row.in_remote for row in data.checkpoints)} there now"
+        )
+    if obs.peer_sent or obs.peer_received or obs.peer_held:
+        rate = f", {format_bytes(int(obs.peer_bytes / obs.peer_seconds))}/s" if obs.peer_seconds > 0 else ""
+        lines.append(
+            f"peer copies: {obs.peer_sent} of this node's parts sent, {format_bytes(obs.peer_bytes)} in "
+            f"{format_seconds(obs.peer_seconds)}{rate} (in the background); {obs.peer_received} received "
+            f"for other nodes, {obs.peer_held} held now; {obs.peer_refused} refused on restore"
         )
     if plan is not None:
         lines += _plan_against_taken_lines(data, plan)
