@@ -13,10 +13,15 @@ node 1's part (its DCP file, ``.metadata`` and record) is what is sent. Then, in
 * ``socket``: the same number of bytes sent with ``sendall`` from memory to a thread that
   ``recv_into``s them into one buffer and discards them, then replies one byte. Time: connect to
   reply.
+* ``socket+file``: the same, the receiving thread writing each chunk into a new file in the
+  receiver's directory (no checksum, no fsync; removed after the timing): the least a copy kept
+  on the other node costs.
 
-The ratio is ``socket`` seconds / ``peer`` seconds (medians): the share of loopback throughput a
-peer copy keeps (goal >= 0.8). ``--recv-dir`` picks the receiver's disk: the default is a
-temporary directory on the run's disk; ``/dev/shm`` gives a run directory in host memory.
+The ratios are ``socket`` seconds / ``peer`` seconds and ``socket+file`` seconds / ``peer``
+seconds (medians): the share of loopback throughput a peer copy keeps (goal >= 0.8), after one untimed warm-up copy.
+``--recv-dir`` picks the receiver's disk: the default is a temporary directory on the run's disk;
+``/dev/shm`` gives a run directory in host memory. ``--buffers`` sets ``knobs.PEER_BUFFERS``
+(1: the receiving thread waits for each chunk's write).
 
     python benchmarks/peer_transfer.py --mb 256 --repeats 5
     python benchmarks/peer_transfer.py --mb 256 --repeats 5 --recv-dir /dev/shm
@@ -93,18 +98,25 @@ def time_peer(part: Path, recv_root: Path) -> tuple[float, int]:
     return seconds, nbytes
 
 
-def time_socket(payload: memoryview) -> float:
-    """Seconds of a plain loopback send of ``payload`` to a thread that receives and discards it."""
+def time_socket(payload: memoryview, into: Path | None) -> float:
+    """Seconds of a plain loopback send of ``payload`` to a thread that receives it and discards
+    it, or writes it into the file ``into``."""
     listener = socket.create_server(("127.0.0.1", 0))
 
     def receive() -> None:
         conn, _ = listener.accept()
+        fd = os.open(into, os.O_WRONLY | os.O_CREAT | os.O_EXCL) if into is not None else None
         with conn:
             buffer = memoryview(bytearray(4 << 20))
             left = len(payload)
             while left:
-                left -= conn.recv_into(buffer, min(left, len(buffer)))
+                count = conn.recv_into(buffer, min(left, len(buffer)))
+                if fd is not None:
+                    os.write(fd, buffer[:count])
+                left -= count
             conn.sendall(b"k")
+        if fd is not None:
+            os.close(fd)
 
     thread = threading.Thread(target=receive)
     thread.start()
@@ -115,6 +127,8 @@ def time_socket(payload: memoryview) -> float:
     seconds = time.perf_counter() - began
     thread.join()
     listener.close()
+    if into is not None:
+        into.unlink()  # after the timing, as the peer copy's directory is removed after its own
     return seconds
 
 
@@ -123,20 +137,30 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--recv-dir", default=None, help="where the receiving node's run directory is made")
+    parser.add_argument("--buffers", type=int, default=None, help="knobs.PEER_BUFFERS")
     args = parser.parse_args()
+    from coci import knobs
+
+    knobs.PEER_BUFFERS = args.buffers or knobs.PEER_BUFFERS
     with tempfile.TemporaryDirectory() as base:
         part = make_part(Path(base), args.mb)
         recv_root = Path(args.recv_dir or base)
-        peer, plain, nbytes = [], [], 0
+        times: dict[str, list[float]] = {"peer copy": [], "socket": [], "socket+file": []}
+        time_peer(part, recv_root)  # warm-up, untimed: the part's pages read once, the threads started
+        nbytes = 0
         for _ in range(args.repeats):
             seconds, nbytes = time_peer(part, recv_root)
-            peer.append(seconds)
-            plain.append(time_socket(memoryview(bytearray(nbytes))))
-        peer_s, plain_s = statistics.median(peer), statistics.median(plain)
-        print(f"part: {nbytes / 1e6:.1f} MB (node 1's DCP file, .metadata, record); receiver's run directory under {recv_root}")
-        print(f"peer copy:   median {peer_s:.3f} s  ({nbytes / peer_s / 1e6:.0f} MB/s)  runs {[round(s, 3) for s in peer]}")
-        print(f"plain socket: median {plain_s:.3f} s  ({nbytes / plain_s / 1e6:.0f} MB/s)  runs {[round(s, 3) for s in plain]}")
-        print(f"ratio (plain seconds / peer seconds, goal >= 0.8): {plain_s / peer_s:.2f}")
+            times["peer copy"].append(seconds)
+            payload = memoryview(bytearray(nbytes))
+            times["socket"].append(time_socket(payload, None))
+            times["socket+file"].append(time_socket(payload, recv_root / "plain.bin"))
+        print(f"part: {nbytes / 1e6:.1f} MB (node 1's DCP file, .metadata, record); receiver's directory under {recv_root}; "
+              f"PEER_BUFFERS {knobs.PEER_BUFFERS}")
+        medians = {arm: statistics.median(runs) for arm, runs in times.items()}
+        for arm, runs in times.items():
+            print(f"{arm:12s} median {medians[arm]:.3f} s ({nbytes / medians[arm] / 1e6:.0f} MB/s)  runs {[round(s, 3) for s in runs]}")
+        for arm in ("socket", "socket+file"):
+            print(f"ratio {arm} seconds / peer copy seconds (goal >= 0.8): {medians[arm] / medians['peer copy']:.2f}")
 
 
 if __name__ == "__main__":

@@ -385,8 +385,10 @@ PEER_KEEP_LAST: int = 2
 PEER_HOST: str | None = None
 #: A peer connection fails once a read or write waits this long (a peer that died mid-transfer).
 PEER_SOCKET_TIMEOUT_SECONDS: float = 60.0
-#: Bytes received per ``recv_into`` (and checksummed, written) at a time.
+#: Bytes received per ``recv_into`` (and checksummed, written) at a time, and the number of such
+#: buffers rotating between the receiving thread and the writing one.
 PEER_CHUNK_BYTES: int = 4 << 20
+PEER_BUFFERS: int = 4
 #: Largest request or reply header a peer may send (its commit record is bounded by
 #: ``MAX_MANIFEST_BYTES``); a listing of more than ``PEER_MAX_FILES`` files is refused.
 PEER_HEADER_MAX_BYTES: int = 1 << 20

@@ -281,6 +281,7 @@ class Session:
         self._checkpoint_steps: list[int] = []
         self._must_promote: set[int] = set()  # promoted whatever the plan says (preemption, final)
         self._promoted_steps: set[int] = set()
+        self._peer_steps: set[int] = set()  # handed to the peer sender
         self._last_commit: tuple[int, Path] | None = None
         self._error: BaseException | None = None
         self._run_file_error: CociError | None = None  # a run file not written (raised by _raise_error)
@@ -673,7 +674,8 @@ class Session:
         if self._remote is not None and wanted and self._uploads():  # node-local: each node its own part
             self._promoted_steps.add(step)
             self._remote.promote(step, path)
-        if self._peers is not None and (peer_copy_wanted(plan, step) or step in self._must_promote):
+        if self._peers is not None and step not in self._peer_steps and (peer_copy_wanted(plan, step) or step in self._must_promote):
+            self._peer_steps.add(step)
             self._peers.send(step, path)  # node leaders only; training never waits for it
 
     def _start_peers(self, copies: int) -> PeerCopies | None:

@@ -74,3 +74,32 @@ def test_the_peer_server_refuses_hostile_requests_and_writes_nothing_outside(tmp
     assert not any(p.name.endswith(format.TMP_SUFFIX) for p in (run_dir / "peer").rglob("*") if not p.is_symlink())
     errors = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert errors and all(e["event"] == "error" and e["phase"] == "peer_server" for e in errors)
+
+
+def test_the_report_counts_peer_copies_and_restores_by_source(tmp_path: Path) -> None:
+    from coci.analysis.report.read import read_run
+    from coci.analysis.report.text import summary
+
+    events = [
+        {"event": "session", "step": 0, "pid": 1},
+        {"event": "commit", "step": 4, "seconds": 0.1, "bytes": 1000},
+        {"event": "peer_send", "step": 4, "node": 0, "to_node": 1, "bytes": 2_000_000, "seconds": 0.5},
+        {"event": "peer_receive", "step": 4, "from_node": 1, "node": 0, "bytes": 2_000_000, "seconds": 0.4},
+        {"event": "commit", "step": 8, "seconds": 0.1, "bytes": 1000},
+        {"event": "peer_send", "step": 8, "node": 0, "to_node": 1, "bytes": 2_000_000, "seconds": 0.5},
+        {"event": "reached", "step": 9},
+        {"event": "peer_skip", "step": 8, "node": 0, "holder": 1, "message": "checksum mismatch", "reason": "corrupt"},
+        {"event": "restore", "step": 4, "seconds": 0.2, "tier": "peer"},
+        {"event": "close", "step": 12},
+    ]
+    tmp_path.joinpath("events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    held = peer_dir(tmp_path, 1) / "step_4"
+    held.mkdir(parents=True)
+    (held / format.MANIFEST_FILENAME).write_text("{}")
+    data = read_run(tmp_path)
+    assert (data.observed.peer_sent, data.observed.peer_bytes, data.observed.peer_received) == (2, 4_000_000, 1)
+    assert (data.observed.peer_held, data.observed.peer_refused) == (1, 1)
+    assert [row.tier for row in data.restores] == ["peer"]
+    text = summary(data, {})
+    assert "peer copies: 2 of this node's parts sent, 4 MB in" in text and "1 held now; 1 refused on restore" in text
+    assert "from a peer node's copy" in text and "by source: peer 1" in text

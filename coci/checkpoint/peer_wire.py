@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +125,10 @@ def receive_part(sock: socket.socket, listing: Any, tmp: Path, node: int, step: 
     record = read_dcp_manifest(tmp)
     _check_part(record, files, tmp, node, step)
     entries = {entry.name: entry for entry in record.present_files()}
-    buffer = bytearray(min(knobs.PEER_CHUNK_BYTES, max((size for _, size in files[1:]), default=1)) or 1)
+    chunk = min(knobs.PEER_CHUNK_BYTES, max((size for _, size in files[1:]), default=1)) or 1
+    buffers = [memoryview(bytearray(chunk)) for _ in range(knobs.PEER_BUFFERS)]
     for name, _ in files[1:]:
-        _receive_file(sock, tmp / name, entries[name], buffer)
+        _receive_file(sock, tmp / name, entries[name], buffers)
     read_dcp_metadata(tmp, record)  # DCP's pickled metadata checked before anything may load it
     format.fsync_dir(tmp)
     return record
@@ -155,27 +158,82 @@ def _check_part(record: DcpManifest, files: list[tuple[str, int]], tmp: Path, no
         raise CorruptCheckpointError(f"{tmp}: the peer sent files {sorted(listed.items())}, its record lists {sorted(expected.items())}")
 
 
-def _receive_file(sock: socket.socket, path: Path, entry: format.FileEntry, buffer: bytearray) -> None:
-    """Write ``entry.size`` bytes from ``sock`` into the new file ``path``, checksummed; fsynced."""
+def _receive_file(sock: socket.socket, path: Path, entry: format.FileEntry, buffers: list[memoryview]) -> None:
+    """Write ``entry.size`` bytes from ``sock`` into the new file ``path``, checksummed; fsynced.
+
+    The socket is read on this thread while a writer thread checksums and writes the chunks
+    already received (``buffers`` rotate between the two), so receiving overlaps writing."""
     checksum = ChunkChecksum(entry.algorithm, threaded=False)
-    view = memoryview(buffer)
     fd = format.open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    writer = _ChunkWriter(fd, checksum, buffers)
     try:
         left = entry.size
         while left:
+            view = writer.free_buffer()
             count = sock.recv_into(view, min(left, len(view)))
             if count == 0:
                 raise PeerProtocolError(f"{path}: the peer closed the connection {left} bytes short")
-            piece = view[:count]
-            checksum.submit(piece)
-            _write_fully(fd, piece)
+            writer.put(view, count)
             left -= count
+        writer.finish()
         os.fsync(fd)
     finally:
+        writer.stop()
         os.close(fd)
     crc = checksum.result()
     if crc != entry.checksum:
         raise CorruptCheckpointError(f"{path}: checksum mismatch ({entry.algorithm} {crc:#010x} != {entry.checksum:#010x})")
+
+
+class _ChunkWriter:
+    """A thread that checksums and writes the chunks handed to it, in order, and hands their
+    buffers back; its first error is raised on the receiving thread."""
+
+    def __init__(self, fd: int, checksum: ChunkChecksum, buffers: list[memoryview]) -> None:
+        self._fd = fd
+        self._checksum = checksum
+        self._free: queue.Queue[memoryview] = queue.Queue()
+        for buffer in buffers:
+            self._free.put(buffer)
+        self._full: queue.Queue[tuple[memoryview, int] | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._drain, name="coci-peer-write", daemon=True)
+        self._thread.start()
+
+    def free_buffer(self) -> memoryview:
+        buffer = self._free.get()
+        self._raise()
+        return buffer
+
+    def put(self, buffer: memoryview, count: int) -> None:
+        """Write the first ``count`` bytes of ``buffer`` (a buffer of :meth:`free_buffer`)."""
+        self._full.put((buffer, count))
+
+    def finish(self) -> None:
+        """Wait until every chunk is written."""
+        self._full.put(None)
+        self._thread.join()
+        self._raise()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._full.put(None)
+            self._thread.join()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _drain(self) -> None:
+        while (item := self._full.get()) is not None:
+            buffer, count = item
+            try:
+                if self._error is None:
+                    self._checksum.submit(buffer[:count])
+                    _write_fully(self._fd, buffer[:count])
+            except BaseException as exc:
+                self._error = exc
+            self._free.put(buffer)
 
 
 def _write_fully(fd: int, piece: memoryview) -> None:

@@ -45,6 +45,7 @@ VALUES: dict[str, Any] = {
     "writer": writer_for,  # coci's default writer, given explicitly
     "retention": coci.KeepAny(coci.KeepEvery(10), coci.KeepLast(1)),
     "remote_retention": coci.KeepLast(4),
+    "peer_copies": 1,
 }
 FRAMEWORKS = [("lightning", "lightning"), ("transformers", "transformers")]
 
