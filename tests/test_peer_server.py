@@ -103,3 +103,13 @@ def test_the_report_counts_peer_copies_and_restores_by_source(tmp_path: Path) ->
     text = summary(data, {})
     assert "peer copies: 2 of this node's parts sent, 4 MB in" in text and "1 held now; 1 refused on restore" in text
     assert "from a peer node's copy" in text and "by source: peer 1" in text
+
+
+def test_a_link_in_place_of_the_peer_directory_is_refused_naming_it(tmp_path: Path) -> None:
+    run_dir, outside = tmp_path / "run", tmp_path / "outside"
+    (outside / "node1" / "step_4.tmp").mkdir(parents=True)  # what a clean-up through the link would delete
+    run_dir.mkdir()
+    (run_dir / "peer").symlink_to(outside)
+    with pytest.raises(coci.CorruptCheckpointError, match="symbolic link"):
+        PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1")
+    assert (outside / "node1" / "step_4.tmp").is_dir()

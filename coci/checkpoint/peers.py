@@ -76,7 +76,10 @@ def peer_copy_wanted(plan: Any, step: int) -> bool:
 
 
 def peer_dir(run_dir: Path, node: int) -> Path:
-    """Where a node keeps its copies of node ``node``'s parts."""
+    """Where a node keeps its copies of node ``node``'s parts; CorruptCheckpointError when a link
+    or a file is in the place of ``run_dir/peer`` (nothing is ever read or written through one;
+    the ``node<K>`` level is checked where it is used, as a checkpoints directory is)."""
+    format.has_root(run_dir / PEER_DIRNAME)
     return run_dir / PEER_DIRNAME / f"node{int(node)}"
 
 
@@ -109,9 +112,10 @@ class PeerServer:
         self.sources = sources
         self._token = token
         self._events = events
-        self._received: dict[int, set[int]] = {source: set() for source in sources}
+        self._received: dict[int, set[int]] = {}  # the copies retention counts: those of earlier processes too
         for source in sources:  # interrupted receipts of an earlier process are never copies
             format.remove_stale_tmp(peer_dir(run_dir, source))
+            self._received[source] = {step for step, _ in format.committed_steps(peer_dir(run_dir, source))}
         self._listener = socket.create_server((host, 0))
         self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
         self._thread = threading.Thread(target=self._serve, name="coci-peer-server", daemon=True)
@@ -158,7 +162,7 @@ class PeerServer:
         began = time.perf_counter()
         root = peer_dir(self.run_dir, node)
         format.make_root(root.parent)  # each level checked: never written through a planted link
-        format.make_root(root)
+        format.make_root(peer_dir(self.run_dir, node))
         tmp = format.tmp_dir(root, step)
         try:
             receive_part(conn, header.get("files"), tmp, node, step)
