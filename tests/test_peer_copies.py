@@ -38,18 +38,18 @@ def peer_copy(base: Path, holder: int, node: int, step: int) -> Path:
 
 
 def test_a_lost_node_is_recovered_from_its_peer_copy_bitwise(tmp_path: Path, reference: Path) -> None:  # noqa: F811
-    kill_at = random.Random(3).randint(9, STEPS - 1)  # step 4's checkpoint (and its copy) is long done
+    assert_ok(run_nodes(tmp_path, "--peer-copies", "1", "--stop-at", "8"))  # close() waits for the last copy
+    sent = node_events(tmp_path, 1, "peer_send")
+    assert [(e["step"], e["to_node"]) for e in sent] == [(4, 0), (8, 0)] and all(e["bytes"] > 0 for e in sent)
+    kill_at = random.Random(3).randint(9, STEPS - 1)  # before step 12's checkpoint
     outcomes = run_nodes(tmp_path, "--peer-copies", "1", "--kill-at", str(kill_at), survivor_grace=10.0)
-    assert all(o.code != 0 for o in outcomes)
-    sent = [(e["step"], e["to_node"]) for e in node_events(tmp_path, 1, "peer_send")]
-    assert (4, 0) in sent and all(e["bytes"] > 0 for e in node_events(tmp_path, 1, "peer_send"))
-    assert peer_copy(tmp_path, 0, 1, 4).is_dir()  # node 0 holds node 1's part
+    assert all(o.code != 0 for o in outcomes)  # both nodes SIGKILLed
+    assert peer_copy(tmp_path, 0, 1, 8).is_dir()  # node 0 still holds node 1's part of step 8
     shutil.rmtree(format.checkpoints_dir(node_dir(tmp_path, 1)))  # node 1's checkpoints are gone
     assert_ok(run_nodes(tmp_path, "--peer-copies", "1"))
-    (step, tier0), = restored(tmp_path)[0]
-    assert step in (4, 8) and tier0 == "local" and restored(tmp_path)[1] == [(step, "peer")]
+    assert restored(tmp_path) == [[(8, "local"), (8, "local")], [(8, "local"), (8, "peer")]]  # the killed run, this one
     fetched = node_events(tmp_path, 1, "peer_fetch")
-    assert [(e["step"], e["holder"]) for e in fetched] == [(step, 0)] and fetched[0]["bytes"] > 0
+    assert [(e["step"], e["holder"]) for e in fetched] == [(8, 0)] and fetched[0]["bytes"] > 0
     assert_bitwise(tmp_path, reference)
     assert_clean(tmp_path)
 
