@@ -282,6 +282,7 @@ class Session:
         self._must_promote: set[int] = set()  # promoted whatever the plan says (preemption, final)
         self._promoted_steps: set[int] = set()
         self._peer_steps: set[int] = set()  # handed to the peer sender
+        self._failed_close = False  # close() reached through an exception (__exit__)
         self._last_commit: tuple[int, Path] | None = None
         self._error: BaseException | None = None
         self._run_file_error: CociError | None = None  # a run file not written (raised by _raise_error)
@@ -762,8 +763,8 @@ class Session:
                 self._promote_always(self._steps)
             if self._remote is not None:  # the last promotion finishes before the run ends
                 self._remote.wait()
-            if self._peers is not None:  # the last peer copy too (collective: no server stops first)
-                self._peers.close(knobs.PEER_CLOSE_SECONDS)
+            if self._peers is not None:  # the last peer copy too (collective unless failing: no server stops first)
+                self._peers.close(knobs.PEER_CLOSE_SECONDS, collective=not self._failed_close)
         finally:
             for hook in self._hooks:
                 hook.remove()
@@ -796,6 +797,7 @@ class Session:
             self.close()
             return
         self._save_last = False  # the state may be mid-step: never a final checkpoint of it
+        self._failed_close = True  # the other ranks may be gone: no collective on the way out
         try:
             self.close()
         except Exception:  # never mask the exception that is already propagating

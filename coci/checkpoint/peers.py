@@ -381,14 +381,16 @@ class PeerCopies:
             return None
         return "; ".join(problems) or f"node {self.context.node} has no peer holding its copies"
 
-    def close(self, timeout: float) -> None:
-        """Wait at most ``timeout`` for this node's last transfer, then (once every node's leader
-        is done sending: collective) stop the server."""
+    def close(self, timeout: float, collective: bool = True) -> None:
+        """Wait at most ``timeout`` for this node's last transfer, then stop the server: once
+        every node's leader is done sending (``collective``: on the control group), or at once
+        (a close on the way out of a failure, when the other ranks may be gone)."""
         idle = self.sender is None or self.sender.wait(timeout)
         if not idle:
             logger.warning("the last peer copy of node %d did not finish within %.0f s", self.context.node, timeout)
         try:
-            distributed.agree(None, self.context)
+            if collective:
+                distributed.agree(None, self.context)
         finally:
             self.close_server()
 
