@@ -49,8 +49,8 @@ from coci.checkpoint.checkpointer import (
     writer_for,
 )
 from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir, step_dirname
-from coci.checkpoint.records import LoadedCheckpoint
 from coci.checkpoint.peers import PeerCopies, check_peer_copies, peer_copy_wanted
+from coci.checkpoint.records import LoadedCheckpoint
 from coci.checkpoint.remote import RemoteTier, open_store
 from coci.checkpoint.remote.fetch import UNAVAILABLE
 from coci.checkpoint.remote.history import HistoryMirror, history_offset, merge_history

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.peers import peer_dir
 from tests import torchrun_helpers
 from tests.test_multinode import (  # noqa: F401 (the reference fixture)
@@ -34,7 +34,7 @@ from tests.test_remote import s3_remote, s3_server  # noqa: F401 (fixtures)
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, torchrun_helpers.needs_gloo]
 
 def peer_copy(base: Path, holder: int, node: int, step: int) -> Path:
-    return peer_dir(node_dir(base, holder), node) / format.step_dirname(step)
+    return peer_dir(node_dir(base, holder), node) / layout.step_dirname(step)
 
 
 def test_a_lost_node_is_recovered_from_its_peer_copy_bitwise(tmp_path: Path, reference: Path) -> None:  # noqa: F811
@@ -45,7 +45,7 @@ def test_a_lost_node_is_recovered_from_its_peer_copy_bitwise(tmp_path: Path, ref
     outcomes = run_nodes(tmp_path, "--peer-copies", "1", "--kill-at", str(kill_at), survivor_grace=10.0)
     assert all(o.code != 0 for o in outcomes)  # both nodes SIGKILLed
     assert peer_copy(tmp_path, 0, 1, 8).is_dir()  # node 0 still holds node 1's part of step 8
-    shutil.rmtree(format.checkpoints_dir(node_dir(tmp_path, 1)))  # node 1's checkpoints are gone
+    shutil.rmtree(layout.checkpoints_dir(node_dir(tmp_path, 1)))  # node 1's checkpoints are gone
     assert_ok(run_nodes(tmp_path, "--peer-copies", "1"))
     assert restored(tmp_path) == [[(8, "local"), (8, "local")], [(8, "local"), (8, "peer")]]  # the killed run, this one
     fetched = node_events(tmp_path, 1, "peer_fetch")
@@ -56,7 +56,7 @@ def test_a_lost_node_is_recovered_from_its_peer_copy_bitwise(tmp_path: Path, ref
 
 def test_a_tampered_peer_copy_is_refused_and_an_older_copy_restores(tmp_path: Path, reference: Path) -> None:  # noqa: F811
     assert_ok(run_nodes(tmp_path, "--peer-copies", "1", "--stop-at", "8"))  # close() waits for the last copy
-    shutil.rmtree(format.checkpoints_dir(node_dir(tmp_path, 1)))
+    shutil.rmtree(layout.checkpoints_dir(node_dir(tmp_path, 1)))
     shard = peer_copy(tmp_path, 0, 1, 8) / "__1_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, one byte flipped

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import coci
-from coci.checkpoint import format
+from coci.checkpoint import layout
 from coci.checkpoint.peer_wire import recv_header, send_header
 from coci.checkpoint.peers import PeerServer, peer_dir
 from coci.events import EventLog
@@ -71,7 +71,7 @@ def test_the_peer_server_refuses_hostile_requests_and_writes_nothing_outside(tmp
     finally:
         server.close()
     assert list(outside.iterdir()) == []
-    assert not any(p.name.endswith(format.TMP_SUFFIX) for p in (run_dir / "peer").rglob("*") if not p.is_symlink())
+    assert not any(p.name.endswith(layout.TMP_SUFFIX) for p in (run_dir / "peer").rglob("*") if not p.is_symlink())
     errors = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert errors and all(e["event"] == "error" and e["phase"] == "peer_server" for e in errors)
 
@@ -95,7 +95,7 @@ def test_the_report_counts_peer_copies_and_restores_by_source(tmp_path: Path) ->
     tmp_path.joinpath("events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     held = peer_dir(tmp_path, 1) / "step_4"
     held.mkdir(parents=True)
-    (held / format.MANIFEST_FILENAME).write_text("{}")
+    (held / layout.MANIFEST_FILENAME).write_text("{}")
     data = read_run(tmp_path)
     assert (data.observed.peer_sent, data.observed.peer_bytes, data.observed.peer_received) == (2, 4_000_000, 1)
     assert (data.observed.peer_held, data.observed.peer_refused) == (1, 1)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from coci import knobs
-from coci.checkpoint import format
+from coci.checkpoint import commit, layout, record_reads, records
 from coci.checkpoint.dcp import read_dcp_manifest, read_dcp_metadata
 from coci.checkpoint.dcp_manifest import DcpManifest
 from coci.checkpoint.fileio import ChunkChecksum
@@ -78,11 +78,11 @@ def recv_exact(sock: socket.socket, size: int) -> bytes:
 def open_part(path: Path, record: DcpManifest) -> list[tuple[str, int, int]]:
     """``(name, size, fd)`` of the record and every file of the part in ``path``, opened without
     following links and at their recorded sizes (a later deletion by retention does not matter)."""
-    entries = [(format.MANIFEST_FILENAME, None), *((e.name, e.size) for e in record.present_files())]
+    entries = [(layout.MANIFEST_FILENAME, None), *((e.name, e.size) for e in record.present_files())]
     opened: list[tuple[str, int, int]] = []
     try:
         for name, size in entries:
-            fd = format.open_no_follow(path / name, os.O_RDONLY)
+            fd = record_reads.open_no_follow(path / name, os.O_RDONLY)
             opened.append((name, os.fstat(fd).st_size, fd))
             if size is not None and opened[-1][1] != size:
                 raise CorruptCheckpointError(f"{path / name}: size {opened[-1][1]} != manifest size {size}")
@@ -120,8 +120,8 @@ def receive_part(sock: socket.socket, listing: Any, tmp: Path, node: int, step: 
     free = shutil.disk_usage(tmp.parent).free
     if need > free:
         raise CorruptCheckpointError(f"{tmp}: a peer part of {need} bytes does not fit ({free} bytes free)")
-    format.fresh_dir(tmp)
-    format.write_durably(tmp / format.MANIFEST_FILENAME, recv_exact(sock, files[0][1]))
+    layout.fresh_dir(tmp)
+    commit.write_durably(tmp / layout.MANIFEST_FILENAME, recv_exact(sock, files[0][1]))
     record = read_dcp_manifest(tmp)
     _check_part(record, files, tmp, node, step)
     entries = {entry.name: entry for entry in record.present_files()}
@@ -130,7 +130,7 @@ def receive_part(sock: socket.socket, listing: Any, tmp: Path, node: int, step: 
     for name, _ in files[1:]:
         _receive_file(sock, tmp / name, entries[name], buffers)
     read_dcp_metadata(tmp, record)  # DCP's pickled metadata checked before anything may load it
-    format.fsync_dir(tmp)
+    commit.fsync_dir(tmp)
     return record
 
 
@@ -143,8 +143,8 @@ def _checked_listing(listing: Any, tmp: Path) -> list[tuple[str, int]]:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and type(item[1]) is int and item[1] >= 0):
             raise PeerProtocolError(f"{tmp}: a peer part's listing holds {str(item)[:80]!r}, not [name, size]")
         files.append((item[0], item[1]))
-    if files[0][0] != format.MANIFEST_FILENAME or files[0][1] > knobs.MAX_MANIFEST_BYTES:
-        raise PeerProtocolError(f"{tmp}: a peer part must begin with its {format.MANIFEST_FILENAME} (at most {knobs.MAX_MANIFEST_BYTES} bytes)")
+    if files[0][0] != layout.MANIFEST_FILENAME or files[0][1] > knobs.MAX_MANIFEST_BYTES:
+        raise PeerProtocolError(f"{tmp}: a peer part must begin with its {layout.MANIFEST_FILENAME} (at most {knobs.MAX_MANIFEST_BYTES} bytes)")
     return files
 
 
@@ -158,13 +158,13 @@ def _check_part(record: DcpManifest, files: list[tuple[str, int]], tmp: Path, no
         raise CorruptCheckpointError(f"{tmp}: the peer sent files {sorted(listed.items())}, its record lists {sorted(expected.items())}")
 
 
-def _receive_file(sock: socket.socket, path: Path, entry: format.FileEntry, buffers: list[memoryview]) -> None:
+def _receive_file(sock: socket.socket, path: Path, entry: records.FileEntry, buffers: list[memoryview]) -> None:
     """Write ``entry.size`` bytes from ``sock`` into the new file ``path``, checksummed; fsynced.
 
     The socket is read on this thread while a writer thread checksums and writes the chunks
     already received (``buffers`` rotate between the two), so receiving overlaps writing."""
     checksum = ChunkChecksum(entry.algorithm, threaded=False)
-    fd = format.open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    fd = record_reads.open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     writer = _ChunkWriter(fd, checksum, buffers)
     try:
         left = entry.size

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from coci import distributed, knobs
-from coci.checkpoint import format
+from coci.checkpoint import commit, layout, retention
 from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
 from coci.checkpoint.peer_wire import open_part, receive_part, recv_header, send_header, send_part
 from coci.distributed import DistributedContext
@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 #: ``Session(peer_copies=...)``: the number of other nodes that hold a copy of each node's part.
 PEER_COPIES: tuple[int, ...] = (0, 1)
 PEER_DIRNAME = "peer"
-_FETCH_TMP = ".peer" + format.TMP_SUFFIX
+_FETCH_TMP = ".peer" + layout.TMP_SUFFIX
 
 
 def check_peer_copies(value: Any) -> int:
@@ -79,7 +79,7 @@ def peer_dir(run_dir: Path, node: int) -> Path:
     """Where a node keeps its copies of node ``node``'s parts; CorruptCheckpointError when a link
     or a file is in the place of ``run_dir/peer`` (nothing is ever read or written through one;
     the ``node<K>`` level is checked where it is used, as a checkpoints directory is)."""
-    format.has_root(run_dir / PEER_DIRNAME)
+    layout.has_root(run_dir / PEER_DIRNAME)
     return run_dir / PEER_DIRNAME / f"node{int(node)}"
 
 
@@ -114,8 +114,8 @@ class PeerServer:
         self._events = events
         self._received: dict[int, set[int]] = {}  # the copies retention counts: those of earlier processes too
         for source in sources:  # interrupted receipts of an earlier process are never copies
-            format.remove_stale_tmp(peer_dir(run_dir, source))
-            self._received[source] = {step for step, _ in format.committed_steps(peer_dir(run_dir, source))}
+            layout.remove_stale_tmp(peer_dir(run_dir, source))
+            self._received[source] = {step for step, _ in layout.committed_steps(peer_dir(run_dir, source))}
         self._listener = socket.create_server((host, 0))
         self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
         self._thread = threading.Thread(target=self._serve, name="coci-peer-server", daemon=True)
@@ -161,17 +161,17 @@ class PeerServer:
         """Receive node ``node``'s part of ``step`` and commit it as its peer copy; retention."""
         began = time.perf_counter()
         root = peer_dir(self.run_dir, node)
-        format.make_root(root.parent)  # each level checked: never written through a planted link
-        format.make_root(peer_dir(self.run_dir, node))
-        tmp = format.tmp_dir(root, step)
+        layout.make_root(root.parent)  # each level checked: never written through a planted link
+        layout.make_root(peer_dir(self.run_dir, node))
+        tmp = layout.tmp_dir(root, step)
         try:
             receive_part(conn, header.get("files"), tmp, node, step)
-            format.rename_into_place(root, tmp, root / format.step_dirname(step))
+            commit.rename_into_place(root, tmp, root / layout.step_dirname(step))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self._received[node].add(step)
-        deleted = format.apply_retention(root, knobs.PEER_KEEP_LAST, self._received[node])
+        deleted = retention.apply_retention(root, knobs.PEER_KEEP_LAST, self._received[node])
         nbytes = sum(size for _, size in header["files"])  # the record included, as the sender counts
         send_header(conn, {"ok": True})
         self._events.emit("peer_receive", step=step, from_node=node, node=self.node, bytes=nbytes,
@@ -180,8 +180,8 @@ class PeerServer:
     def _serve_copy(self, conn: socket.socket, node: int, step: int) -> None:
         """Send back node ``node``'s part of ``step``, verified here first (a tampered copy is
         refused with its problem, never sent)."""
-        path = peer_dir(self.run_dir, node) / format.step_dirname(step)
-        if not format.has_root(peer_dir(self.run_dir, node)) or not format.has_root(path):
+        path = peer_dir(self.run_dir, node) / layout.step_dirname(step)
+        if not layout.has_root(peer_dir(self.run_dir, node)) or not layout.has_root(path):
             raise CorruptCheckpointError(f"{path} is missing")
         record = verify_dcp_checkpoint(path)
         if record.node != node or record.step != step:
@@ -276,18 +276,18 @@ def fetch_copy(address: tuple[str, int], token: str, node: int, step: int, root:
     """Node ``node``'s part of ``step`` fetched from the holder at ``address`` and committed as
     ``root/step_<n>`` (replacing a damaged one), checked on receipt and against ``commit_id``
     (the other nodes' parts' id; None when no node holds one); its bytes."""
-    tmp = root / (format.step_dirname(step) + _FETCH_TMP)
+    tmp = root / (layout.step_dirname(step) + _FETCH_TMP)
     try:
         with socket.create_connection(address, timeout=knobs.PEER_SOCKET_TIMEOUT_SECONDS) as conn:
             send_header(conn, {"token": token, "op": "get", "node": node, "step": step})
             reply = recv_header(conn)
             if not reply.get("ok"):
                 raise CorruptCheckpointError(str(reply.get("error"))[:1000])
-            format.make_root(root)
+            layout.make_root(root)
             record = receive_part(conn, reply.get("files"), tmp, node, step)
         if commit_id is not None and record.commit_id != commit_id:
             raise CorruptCheckpointError(f"commit id {record.commit_id}, the other nodes' parts have {commit_id}")
-        format.rename_into_place(root, tmp, root / format.step_dirname(step))
+        commit.rename_into_place(root, tmp, root / layout.step_dirname(step))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -352,7 +352,7 @@ class PeerCopies:
         if self.server is not None:
             for source in sorted(self.server.sources):
                 with contextlib.suppress(CheckpointError, OSError):
-                    mine += [step for step, _ in format.committed_steps(peer_dir(self.run_dir, source))]
+                    mine += [step for step, _ in layout.committed_steps(peer_dir(self.run_dir, source))]
         return sorted({s for steps in distributed.gather_objects(mine, self.context.control_group) for s in steps})
 
     def fetch_lacking(self, step: int, root: Path, lacking: set[int], commit_id: str | None) -> str | None:
