@@ -1,10 +1,10 @@
 """Peer copies (``Session(peer_copies=1)``): each node's part of a checkpoint also kept on the next
 node, over a side-channel socket. Two ``torchrun`` agents on this machine, each with its own run
-directory (the multi-node set-up of tests/test_multinode.py), killed and restarted as whole nodes:
+directory (the multi-node set-up of tests/distributed/test_multinode.py), killed and restarted as whole nodes:
 
 a lost node's checkpoints come back from its peer's copy, bitwise; with the peer copies lost too
 (two nodes lost) from the remote tier (a real SeaweedFS); a tampered peer copy is refused by its
-holder and skipped for an older one. The one-process checks are in tests/test_peer_server.py.
+holder and skipped for an older one. The one-process checks are in tests/unit/test_peer_server.py.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torchrun_helpers
 
 from coci.checkpoint import layout
 from coci.checkpoint.peers import peer_dir
-from tests import torchrun_helpers
-from tests.test_multinode import (  # noqa: F401 (the reference fixture)
+from tests.distributed.test_multinode import (  # noqa: F401 (the reference fixture)
     STEPS,
     assert_bitwise,
     assert_clean,
@@ -29,7 +29,7 @@ from tests.test_multinode import (  # noqa: F401 (the reference fixture)
     restored,
     run_nodes,
 )
-from tests.test_remote import s3_remote, s3_server  # noqa: F401 (fixtures)
+from tests.integration.test_remote import s3_remote, s3_server  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, torchrun_helpers.needs_gloo]
 

@@ -1,7 +1,7 @@
 """Peer copies in one process: ``Session(peer_copies=...)`` validated naming the field, recorded as
 a fallback where there is no other node, and a real peer server (:class:`coci.checkpoint.peers.PeerServer`)
 on a real socket refusing hostile requests without writing anything outside its directory.
-The transfers between nodes are tested in tests/test_peer_copies.py (two agents).
+The transfers between nodes are tested in tests/distributed/test_peer_copies.py (two agents).
 """
 
 from __future__ import annotations
