@@ -682,7 +682,7 @@ class Session:
     def _start_peers(self, copies: int) -> PeerCopies | None:
         """Peer copies for this job (collective), or None, recorded either way."""
         try:
-            peers = PeerCopies.start(self.run_dir, self._dist, copies, self.events)
+            peers = PeerCopies.start(self.run_dir, self._dist, copies, self.events, self._profiler.peer_copy_finished)
         except ConfigError:
             if self._lock is not None:
                 self._lock.release()

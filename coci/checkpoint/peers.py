@@ -33,6 +33,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ logger = logging.getLogger(__name__)
 #: ``Session(peer_copies=...)``: the number of other nodes that hold a copy of each node's part.
 PEER_COPIES: tuple[int, ...] = (0, 1)
 PEER_DIRNAME = "peer"
+#: Told the seconds and bytes of each peer copy that reached its holder (from the sender's thread).
+CopiedHook = Callable[[float, int], None]
 _FETCH_TMP = ".peer" + layout.TMP_SUFFIX
 
 
@@ -171,7 +174,7 @@ class PeerServer:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self._received[node].add(step)
-        deleted = retention.apply_retention(root, knobs.PEER_KEEP_LAST, self._received[node])
+        deleted = retention.apply_retention(root, retention.KeepLast(knobs.PEER_KEEP_LAST), self._received[node])
         nbytes = sum(size for _, size in header["files"])  # the record included, as the sender counts
         send_header(conn, {"ok": True})
         self._events.emit("peer_receive", step=step, from_node=node, node=self.node, bytes=nbytes,
@@ -205,8 +208,11 @@ class PeerSender:
     """Sends committed parts to the holders in a daemon thread; only the newest waiting part is
     kept (a newer commit replaces one not yet sent). A failure is an event, never the run's."""
 
-    def __init__(self, node: int, addresses: dict[int, tuple[str, int]], token: str, events: EventLog) -> None:
+    def __init__(
+        self, node: int, addresses: dict[int, tuple[str, int]], token: str, events: EventLog, on_copied: CopiedHook | None = None
+    ) -> None:
         self.node = node
+        self._on_copied = on_copied
         self._addresses = addresses
         self._token = token
         self._events = events
@@ -265,6 +271,8 @@ class PeerSender:
             return
         seconds = time.perf_counter() - began
         self.transfers.append(_Transfer(step, holder, nbytes, seconds))
+        if self._on_copied is not None:
+            self._on_copied(seconds, nbytes)
         self._events.emit("peer_send", step=step, node=self.node, to_node=holder, bytes=nbytes, seconds=seconds,
                           bytes_per_second=nbytes / seconds if seconds > 0 else None)
 
@@ -313,9 +321,13 @@ class PeerCopies:
         self.sender: PeerSender | None = None
 
     @classmethod
-    def start(cls, run_dir: Path, context: DistributedContext | None, copies: int, events: EventLog) -> PeerCopies | None:
+    def start(
+        cls, run_dir: Path, context: DistributedContext | None, copies: int, events: EventLog, on_copied: CopiedHook | None = None
+    ) -> PeerCopies | None:
         """Peer copies for this job (collective on the control group), or None when there is
-        nothing to copy to: ``copies`` 0, one process, or one run directory for every node."""
+        nothing to copy to: ``copies`` 0, one process, or one run directory for every node.
+        ``on_copied(seconds, bytes)`` is told each copy that reached its holder (the profile's
+        ``peer_seconds`` and ``peer_bytes``)."""
         if copies == 0 or context is None or not context.node_local or len(context.nodes or ()) < 2:
             return None
         token = distributed.broadcast_object(secrets.token_hex(16) if context.is_coordinator else None, context.control_group)
@@ -336,7 +348,7 @@ class PeerCopies:
         peers.addresses = {n: tuple(gathered[ranks[0]][0]) for n, ranks in enumerate(context.nodes or ())}
         if context.is_node_leader:
             targets = {n: peers.addresses[n] for n in holders(context.node, peers._count, copies)}
-            peers.sender = PeerSender(context.node, targets, token, events)
+            peers.sender = PeerSender(context.node, targets, token, events, on_copied)
         events.emit("peer_copies", step=0, copies=copies, node=context.node,
                     holders=holders(context.node, peers._count, copies), holds_for=sorted(sources))
         return peers

@@ -113,3 +113,14 @@ def test_a_link_in_place_of_the_peer_directory_is_refused_naming_it(tmp_path: Pa
     with pytest.raises(coci.CorruptCheckpointError, match="symbolic link"):
         PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1")
     assert (outside / "node1" / "step_4.tmp").is_dir()
+
+
+def test_a_holder_that_never_replies_fails_the_fetch_within_the_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from coci import knobs
+    from coci.checkpoint.peers import fetch_copy
+
+    monkeypatch.setattr(knobs, "PEER_SOCKET_TIMEOUT_SECONDS", 0.5)
+    root = tmp_path / "checkpoints"
+    with socket.create_server(("127.0.0.1", 0)) as silent, pytest.raises(OSError):  # accepts (the backlog), never answers
+        fetch_copy(silent.getsockname(), "secret", 1, 8, root, None)
+    assert not root.exists() or list(root.iterdir()) == []
