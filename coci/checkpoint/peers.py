@@ -34,7 +34,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,16 +88,6 @@ def peer_dir(run_dir: Path, node: int) -> Path:
 def holders(node: int, count: int, copies: int) -> list[int]:
     """The nodes that hold copies of node ``node``'s parts, in the order a restore asks them."""
     return [(node + offset) % count for offset in range(1, copies + 1) if (node + offset) % count != node]
-
-
-@dataclass(frozen=True)
-class _Transfer:
-    """What one node sent to one peer: for the events and the report."""
-
-    step: int
-    to_node: int
-    nbytes: int
-    seconds: float
 
 
 # --- receiving side: one server per node leader --------------------------------------------------
@@ -220,7 +209,6 @@ class PeerSender:
         self._waiting: tuple[int, Path] | None = None
         self._busy = False
         self._thread: threading.Thread | None = None
-        self.transfers: list[_Transfer] = []
 
     def submit(self, step: int, path: Path) -> None:
         with self._lock:
@@ -270,7 +258,6 @@ class PeerSender:
             self._events.emit("error", step=step, phase="peer_send", to_node=holder, message=f"{type(exc).__name__}: {exc}")
             return
         seconds = time.perf_counter() - began
-        self.transfers.append(_Transfer(step, holder, nbytes, seconds))
         if self._on_copied is not None:
             self._on_copied(seconds, nbytes)
         self._events.emit("peer_send", step=step, node=self.node, to_node=holder, bytes=nbytes, seconds=seconds,
