@@ -511,6 +511,8 @@ class Session:
         if tier == "remote" and self._remote is not None:
             self._remote.trust(loaded.step)
             self._profiler.record_remote_restore(seconds)
+        if tier == "peer":
+            self._profiler.record_peer_restore(seconds)
         self.events.emit(
             "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path), tier=tier,
             **self._ledger_fields(),
@@ -682,7 +684,7 @@ class Session:
     def _start_peers(self, copies: int) -> PeerCopies | None:
         """Peer copies for this job (collective), or None, recorded either way."""
         try:
-            peers = PeerCopies.start(self.run_dir, self._dist, copies, self.events, self._profiler.peer_copy_finished)
+            peers = PeerCopies.start(self.run_dir, self._dist, copies, self.events, self._profiler)
         except ConfigError:
             if self._lock is not None:
                 self._lock.release()
@@ -1079,6 +1081,7 @@ class Session:
             losses=losses,
             checkpoint_steps=tuple(self._checkpoint_steps),
             last_promoted_step=None if self._remote is None else self._remote.last_promoted_step,
+            last_peer_step=None if self._peers is None else self._peers.last_copied_step,
         )
         if self._dist is None and knobs.PLAN_IN_BACKGROUND and isinstance(self.policy, PlanningPolicy):
             self._planner.submit(self.policy, observation)  # applies at a step fixed by the observation

@@ -33,9 +33,8 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from coci import distributed, knobs
 from coci.checkpoint import commit, layout, retention
@@ -52,8 +51,17 @@ logger = logging.getLogger(__name__)
 #: ``Session(peer_copies=...)``: the number of other nodes that hold a copy of each node's part.
 PEER_COPIES: tuple[int, ...] = (0, 1)
 PEER_DIRNAME = "peer"
-#: Told the seconds and bytes of each peer copy that reached its holder (from the sender's thread).
-CopiedHook = Callable[[float, int], None]
+
+
+class CopyListener(Protocol):
+    """Told of each copy of this node's part, from the sender's thread (:class:`coci.profiler.Profiler`
+    measures ``peer_seconds``, ``peer_bytes`` and the steps that overlap a copy, ``peer_interference``)."""
+
+    def peer_copy_started(self) -> None: ...
+
+    def peer_copy_finished(self, seconds: float, nbytes: int | None = None) -> None: ...
+
+    def peer_copy_aborted(self) -> None: ...
 _FETCH_TMP = ".peer" + layout.TMP_SUFFIX
 
 
@@ -198,10 +206,12 @@ class PeerSender:
     kept (a newer commit replaces one not yet sent). A failure is an event, never the run's."""
 
     def __init__(
-        self, node: int, addresses: dict[int, tuple[str, int]], token: str, events: EventLog, on_copied: CopiedHook | None = None
+        self, node: int, addresses: dict[int, tuple[str, int]], token: str, events: EventLog, listener: CopyListener | None = None
     ) -> None:
         self.node = node
-        self._on_copied = on_copied
+        self._listener = listener
+        #: The newest step whose copy reached every holder (None: none yet): the plan's ``last_peer_step``.
+        self.last_copied_step: int | None = None
         self._addresses = addresses
         self._token = token
         self._events = events
@@ -236,15 +246,18 @@ class PeerSender:
                     self._lock.wait()
                 (step, path), self._waiting, self._busy = self._waiting, None, True
             try:
-                for holder in self._addresses:
-                    self._send(step, path, holder)
+                if all([self._send(step, path, holder) for holder in self._addresses]):
+                    self.last_copied_step = max(step, self.last_copied_step or 0)
             finally:
                 with self._lock:
                     self._busy = False
                     self._lock.notify_all()
 
-    def _send(self, step: int, path: Path, holder: int) -> None:
+    def _send(self, step: int, path: Path, holder: int) -> bool:
+        """Send the part of ``step`` in ``path`` to ``holder``; True once it is committed there."""
         began = time.perf_counter()
+        if self._listener is not None:
+            self._listener.peer_copy_started()
         try:
             record = read_dcp_manifest(path)
             opened = open_part(path, record)
@@ -256,12 +269,15 @@ class PeerSender:
         except (OSError, CheckpointError) as exc:
             logger.warning("peer copy of step %d to node %d failed: %s", step, holder, exc)
             self._events.emit("error", step=step, phase="peer_send", to_node=holder, message=f"{type(exc).__name__}: {exc}")
-            return
+            if self._listener is not None:
+                self._listener.peer_copy_aborted()
+            return False
         seconds = time.perf_counter() - began
-        if self._on_copied is not None:
-            self._on_copied(seconds, nbytes)
+        if self._listener is not None:
+            self._listener.peer_copy_finished(seconds, nbytes)
         self._events.emit("peer_send", step=step, node=self.node, to_node=holder, bytes=nbytes, seconds=seconds,
                           bytes_per_second=nbytes / seconds if seconds > 0 else None)
+        return True
 
 
 # --- restore side: fetching a node's part back from its holder -----------------------------------
@@ -309,12 +325,11 @@ class PeerCopies:
 
     @classmethod
     def start(
-        cls, run_dir: Path, context: DistributedContext | None, copies: int, events: EventLog, on_copied: CopiedHook | None = None
+        cls, run_dir: Path, context: DistributedContext | None, copies: int, events: EventLog, listener: CopyListener | None = None
     ) -> PeerCopies | None:
         """Peer copies for this job (collective on the control group), or None when there is
         nothing to copy to: ``copies`` 0, one process, or one run directory for every node.
-        ``on_copied(seconds, bytes)`` is told each copy that reached its holder (the profile's
-        ``peer_seconds`` and ``peer_bytes``)."""
+        ``listener`` is told of each copy this node sends (:class:`CopyListener`)."""
         if copies == 0 or context is None or not context.node_local or len(context.nodes or ()) < 2:
             return None
         token = distributed.broadcast_object(secrets.token_hex(16) if context.is_coordinator else None, context.control_group)
@@ -335,7 +350,7 @@ class PeerCopies:
         peers.addresses = {n: tuple(gathered[ranks[0]][0]) for n, ranks in enumerate(context.nodes or ())}
         if context.is_node_leader:
             targets = {n: peers.addresses[n] for n in holders(context.node, peers._count, copies)}
-            peers.sender = PeerSender(context.node, targets, token, events, on_copied)
+            peers.sender = PeerSender(context.node, targets, token, events, listener)
         events.emit("peer_copies", step=0, copies=copies, node=context.node,
                     holders=holders(context.node, peers._count, copies), holds_for=sorted(sources))
         return peers
@@ -344,6 +359,11 @@ class PeerCopies:
         """Hand this node's committed part of ``step`` to the sender (leaders; others ignore it)."""
         if self.sender is not None:
             self.sender.submit(step, path)
+
+    @property
+    def last_copied_step(self) -> int | None:
+        """The newest step of this node whose copy reached its holders (None: none yet, or not a leader)."""
+        return None if self.sender is None else self.sender.last_copied_step
 
     def held_steps(self) -> list[int]:
         """Every step some node holds a peer copy of (collective)."""
