@@ -75,9 +75,9 @@ def check_peer_copies(value: Any) -> int:
 def peer_copy_wanted(plan: Any, step: int) -> bool:
     """Whether the committed local checkpoint of ``step`` is copied to a peer node.
 
-    The plan's choice: a plan with a ``peer_steps`` attribute (a collection of steps, the subset
-    of ``plan.steps`` a three-level plan copies to a peer, as ``promote_steps`` is the subset it
-    uploads) copies exactly those; no plan, or ``peer_steps`` None, copies every committed local
+    The plan's choice: ``Plan.peer_steps`` (the subset of ``plan.steps`` a three-level plan copies
+    to a peer, as ``promote_steps`` is the subset it uploads; :meth:`coci.Plan.copies_to_peer`)
+    copies exactly those; no plan, or ``peer_steps`` None, copies every committed local
     checkpoint. The final and the preemption checkpoints are copied whatever the plan says
     (:class:`coci.Session` asks for those itself).
     """
