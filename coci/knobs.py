@@ -44,6 +44,19 @@ WRITE_CHUNK_BYTES: int = 16 << 20
 #: while the page cache was filled and written back; O_DIRECT ~1.1x, and the persist was faster.
 WRITE_DIRECT: bool = True
 
+#: Where the persist runs when ``Session(persist=...)`` is not given: ``"thread"`` (a background
+#: thread of the training process) or ``"process"`` (a helper process reading a shared-memory
+#: arena, :mod:`coci.checkpoint.persist_process`). Thread by default: on the 2-core machine the
+#: project is measured on, the helper competes for the same cores and its training-side cost was
+#: not lower on either loop (benchmarks/README.md, "Persist in a thread or a process").
+PERSIST_MODE: str = "thread"
+
+#: How often a training process waiting for its persist process checks that the helper is alive.
+PERSIST_PROCESS_POLL_SECONDS: float = 1.0
+
+#: How long ``close()`` waits for the persist process to exit before killing it.
+PERSIST_PROCESS_EXIT_SECONDS: float = 30.0
+
 #: Block alignment O_DIRECT needs for buffer addresses, file offsets and lengths (4096 covers
 #: every common logical block size). The staging arena is allocated at this alignment.
 DIRECT_IO_ALIGN_BYTES: int = 4096

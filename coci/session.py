@@ -94,6 +94,9 @@ _POLICY_ENTRY = SESSION_KEY + "policy"
 #: How a restore problem that is a state mismatch (not damage) starts.
 _MISMATCH = "state mismatch: "
 
+#: ``Session(persist=...)``'s choices.
+PERSIST_MODES = ("thread", "process")
+
 
 @dataclass(frozen=True)
 class RestoreResult:
@@ -179,6 +182,13 @@ class Session:
             own part is gone restores from that copy before the remote tier
             (:mod:`coci.checkpoint.peers`). 0 (default) keeps none. Ignored, with a
             ``peer_copies`` event saying why, in one process or one shared run directory.
+        persist: where checkpoint files are written: ``"thread"`` (a background thread) or
+            ``"process"`` (a helper process started with the session, reading the staging arena
+            from shared memory, so none of the persist's Python holds the training loop's
+            interpreter lock; :mod:`coci.checkpoint.persist_process`). None (default):
+            ``coci.knobs.PERSIST_MODE``. Under ``torch.distributed`` the persist stays a thread
+            (DCP's save is collective on the training process's groups); recorded as a
+            ``persist_mode`` event.
     """
 
     def __init__(
@@ -211,6 +221,7 @@ class Session:
         retention: RetentionPolicy | None = None,
         remote_retention: RetentionPolicy | None = None,
         peer_copies: int = 0,
+        persist: str | None = None,
     ) -> None:
         constructed = time.perf_counter()  # the construction is coci's time too (the ledger's setup)
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
@@ -225,6 +236,9 @@ class Session:
         if run_dir_layout not in distributed.RUN_DIR_LAYOUTS:
             raise ConfigError(f"run_dir_layout must be one of {', '.join(distributed.RUN_DIR_LAYOUTS)}, got {run_dir_layout!r}")
         peer_copies = check_peer_copies(peer_copies)
+        persist = knobs.PERSIST_MODE if persist is None else persist
+        if persist not in PERSIST_MODES:
+            raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {persist!r}")
         if save_last is not None and not isinstance(save_last, bool):
             raise ConfigError(f"save_last must be True, False or None, got {save_last!r}")
         self._save_last = save_last
@@ -266,7 +280,7 @@ class Session:
         events_start = history_offset(self.events.path)  # where this process's events begin
         self._mark = self._open_step_mark()
         checkpoint_writer = (writer or writer_for)(checkpoints_dir(self.run_dir), self._dist)
-        self._checkpointer = Checkpointer(checkpoint_writer, self.events, local_retention, self._clock)
+        self._checkpointer = Checkpointer(checkpoint_writer, self.events, local_retention, self._clock, persist)
         self._remote = None if remote is None else RemoteTier(
             open_store(remote, storage_options),
             retention_policy(keep_last_remote, remote_retention, remote=True),

@@ -8,9 +8,13 @@ fenced tensors (overlapping the next forward/backward), resolves ``staging_compl
 :class:`CheckpointWriter` write and commit the files, applies retention and resolves
 ``upload_completion`` (the futures mirror DCP's ``async_save``).
 
-Persist runs in a thread, not a process: ``os.write``, ``crc32c``, ``os.fsync`` and
-``Tensor.copy_`` all release the GIL, so the thread contends for cores, not for the interpreter;
-a process would add a shared-memory hand-off for the same syscalls (see benchmarks/README.md).
+The worker is a thread; with ``persist="process"`` its writer is a
+:class:`coci.checkpoint.persist_process.ProcessWriter`, which hands the write and the commit to a
+helper process reading the (then shared-memory) arena, and the thread only waits for its answer.
+``os.write``, ``crc32c``, ``os.fsync`` and ``Tensor.copy_`` release the GIL either way; what the
+process takes off the training interpreter is the persist's Python (the manifest and its JSON).
+Under ``torch.distributed`` the writer's DCP save is collective on the training process's groups,
+so the persist stays in the thread there (recorded as the ``persist_mode`` event).
 A failure in the worker is logged, written to ``events.jsonl`` and set on the futures; the
 previous committed checkpoint is untouched because nothing becomes visible before its commit.
 
@@ -36,6 +40,7 @@ from coci.checkpoint import layout, record_reads, records
 from coci.checkpoint.dcp import DCP_FORMAT, DcpReader, DcpWriter
 from coci.checkpoint.dcp_manifest import checkpoint_id
 from coci.checkpoint.local import LocalReader, LocalWriter
+from coci.checkpoint.persist_process import ProcessWriter
 from coci.checkpoint.records import CommitRecord, LoadedCheckpoint
 from coci.checkpoint.retention import RetentionPolicy
 from coci.checkpoint.sharded import local_shards
@@ -271,16 +276,29 @@ class Checkpointer:
         events: EventLog,
         retention: RetentionPolicy | None,
         clock: Callable[[], float],
+        persist: str = "thread",
     ) -> None:
-        self.writer = writer
         self.events = events
         self.retention = retention
         self.clock = clock
-        self.arena = StagingArena()
+        self.persist = persist if isinstance(writer, LocalWriter) else "thread"
+        self.arena = StagingArena(shared=self.persist == "process")
+        self.writer: CheckpointWriter = writer
+        if self.persist == "process":
+            assert isinstance(writer, LocalWriter)
+            self.writer = process_writer = ProcessWriter(writer.root, self.arena)
+            process_writer.start()  # now: its imports overlap training, not the first checkpoint
+        if persist != "thread":  # where the persist runs, and the helper's id (or why it stayed a thread)
+            events.emit("persist_mode", step=0, requested=persist, mode=self.persist, pid=self.persist_pid)
         self._executor: ThreadPoolExecutor | None = None
         self.pending: PendingCheckpoint | None = None
         self._trusted: set[int] = set()  # steps known to load: committed here or restored from
         self._shard_specs: dict[int, tuple[Any, ...]] = {}  # the last checkpoint's, for local_shards
+
+    @property
+    def persist_pid(self) -> int | None:
+        """The persist process's id (``persist="process"``; None with the thread)."""
+        return self.writer.pid if isinstance(self.writer, ProcessWriter) else None
 
     def trust(self, step: int) -> None:
         """Count ``step`` (the checkpoint a restore loaded) as good for retention."""
@@ -392,6 +410,9 @@ class Checkpointer:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        if isinstance(self.writer, ProcessWriter):
+            self.writer.close()
+        self.arena.close()
 
     def __del__(self) -> None:  # best effort: never leave the worker thread behind
         executor = getattr(self, "_executor", None)

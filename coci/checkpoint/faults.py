@@ -15,6 +15,11 @@ def set_fault_hook(hook: FaultHook | None) -> None:
     _fault_hook = hook
 
 
+def fault_hook_installed() -> bool:
+    """True while a fault hook is installed (a persist process then forwards its fault points)."""
+    return _fault_hook is not None
+
+
 def fault(point: str) -> None:
     """Reach the named fault point (calls the installed hook, if any)."""
     if _fault_hook is not None:

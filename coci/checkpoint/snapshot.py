@@ -16,9 +16,11 @@ without spinning.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import mmap
 import operator
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -98,15 +100,18 @@ class StagingArena:
     """A host buffer allocated once and reused for every snapshot.
 
     ``allocations`` counts real allocations; a stable state reuses the same memory forever
-    (tested through data pointers and RSS).
+    (tested through data pointers and RSS). A ``shared`` arena lies in an anonymous shared-memory
+    file (:class:`SharedBuffer`) that a persist process maps too (``Session(persist="process")``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, shared: bool = False) -> None:
         self._buffer: torch.Tensor | None = None
         self._nbytes = 0
         self._slots: list[TensorSlot] = []
         self._views: list[torch.Tensor] = []
         self.allocations = 0
+        self.shared = shared
+        self.shared_buffer: SharedBuffer | None = None  # the shared arena's memory file (shared only)
 
     @property
     def capacity(self) -> int:
@@ -135,7 +140,7 @@ class StagingArena:
         pin = any(t.is_cuda for t in tensors) and torch.cuda.is_available()
         buffer = self._buffer
         if buffer is None or buffer.numel() < needed or (pin and not buffer.is_pinned()):
-            buffer = aligned_empty(arena_bytes(needed, pin), pin)
+            buffer = self._allocate(arena_bytes(needed, pin), pin)
             buffer.fill_(0)  # fault the pages in now, not during the first snapshot's copy
             self.allocations += 1
             logger.debug("staging arena allocated: %d bytes (pinned=%s)", needed, pin)
@@ -145,6 +150,19 @@ class StagingArena:
         self._slots = slots
         self._nbytes = needed
         return self._views
+
+    def _allocate(self, size: int, pin: bool) -> torch.Tensor:
+        if not self.shared:
+            return aligned_empty(size, pin)
+        if self.shared_buffer is not None:
+            self.shared_buffer.close()  # the old views keep their mapping; only the file handle goes
+        self.shared_buffer = SharedBuffer(size, pin)
+        return self.shared_buffer.tensor
+
+    def close(self) -> None:
+        """Release the shared memory file's handle (the buffer lives on while views of it do)."""
+        if self.shared_buffer is not None:
+            self.shared_buffer.close()
 
     @property
     def nbytes(self) -> int:
@@ -212,6 +230,44 @@ def huge_page_empty(size: int) -> torch.Tensor:
     raw = torch.frombuffer(mapping, dtype=torch.uint8)  # holds a reference to the mapping
     start = -raw.data_ptr() % page
     return raw[start : start + size]
+
+
+class SharedBuffer:
+    """A host buffer in an anonymous shared-memory file (``memfd_create``) that another process can
+    map from the file descriptor (sent over a Unix socket): no name in ``/dev/shm``, so nothing is
+    left behind when both processes die. Page-aligned, so O_DIRECT writes can read it directly.
+    With ``pin`` (CUDA state) the mapping is registered with CUDA as page-locked memory, so
+    device-to-host copies into it stay asynchronous."""
+
+    def __init__(self, size: int, pin: bool = False) -> None:
+        self.size = max(size, 1)
+        self.fd: int | None = os.memfd_create("coci-arena", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, self.size)
+            mapping = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED)
+        except OSError:
+            os.close(self.fd)
+            raise
+        self.tensor = torch.frombuffer(mapping, dtype=torch.uint8)[:size]  # holds a reference to the mapping
+        if pin and size:
+            _register_pinned(self.tensor)
+        self.generation = next(_GENERATIONS)  # tells a persist process that holds an older one to remap
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+_GENERATIONS = itertools.count(1)
+
+
+def _register_pinned(buffer: torch.Tensor) -> None:
+    """Page-lock ``buffer`` for CUDA (``cudaHostRegister``); where CUDA refuses, copies into it are
+    synchronous, which is logged."""
+    code = torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel(), 0)
+    if int(code) != 0:
+        logger.warning("cudaHostRegister of the shared staging arena failed (%s): device copies into it block", code)
 
 
 def _reused(view: torch.Tensor | None, buffer: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
