@@ -171,10 +171,22 @@ class ProcessWriter:
             answer = self._receive(what)
             if "fault" not in answer:
                 break
-            self._serve_fault(str(answer["fault"]))
+            try:
+                self._serve_fault(str(answer["fault"]))
+            except OSError as exc:  # the helper died at its fault point
+                raise self._died(what) from exc
+            except BaseException:
+                self._drain(what)  # the helper's own answer to the failed request
+                raise
         if "error" in answer:
             raise _rebuilt_error(answer)
         return answer
+
+    def _drain(self, what: str) -> None:
+        """Read the helper's answers to a request that failed here, until its final one."""
+        assert self._socket is not None
+        while "fault" in self._receive(what):
+            _send(self._socket, pickle.dumps({"op": "raise", "message": "an earlier fault point failed"}), [])
 
     def _serve_fault(self, point: str) -> None:
         assert self._socket is not None

@@ -49,25 +49,36 @@ def reference(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     return path, extra
 
 
+PERSIST_MODES = ["thread", "process"]  # Session(persist=...): the same kills, the same result
+
+
+@pytest.mark.parametrize("persist", PERSIST_MODES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_kill_at_random_step(tmp_path: Path, reference: tuple[Path, tuple[str, ...]], seed: int) -> None:
+def test_kill_at_random_step(tmp_path: Path, reference: tuple[Path, tuple[str, ...]], seed: int, persist: str) -> None:
     ref, extra = reference
+    extra = (*extra, "--persist", persist)
     die_at = random.Random(seed).randint(3, STEPS - 2)
     assert run(tmp_path, *extra, "--die-at", str(die_at)) == -signal.SIGKILL
     finish(tmp_path, *extra)
     assert_same_as_reference(tmp_path, ref)
 
 
+@pytest.mark.parametrize("persist", PERSIST_MODES)
 @pytest.mark.parametrize("point", ["mid_write", "before_rename", "after_rename", "retention"])
-def test_kill_inside_persist(tmp_path: Path, reference: tuple[Path, tuple[str, ...]], point: str) -> None:
+def test_kill_inside_persist(tmp_path: Path, reference: tuple[Path, tuple[str, ...]], point: str, persist: str) -> None:
+    """With ``persist="process"`` the helper stops at the fault point and the training process dies
+    there (the helper with it)."""
     ref, extra = reference
+    extra = (*extra, "--persist", persist)
     assert run(tmp_path, *extra, "--die-in-persist", point) == -signal.SIGKILL
     finish(tmp_path, *extra)
     assert_same_as_reference(tmp_path, ref)
 
 
-def test_kill_at_a_checkpoint_step_while_persist_in_flight(tmp_path: Path, reference: tuple[Path, tuple[str, ...]]) -> None:
+@pytest.mark.parametrize("persist", PERSIST_MODES)
+def test_kill_at_a_checkpoint_step_while_persist_in_flight(tmp_path: Path, reference: tuple[Path, tuple[str, ...]], persist: str) -> None:
     ref, extra = reference
+    extra = (*extra, "--persist", persist)
     assert run(tmp_path, *extra, "--die-at", "15", "--state-mb", "0") == -signal.SIGKILL
     finish(tmp_path, *extra)
     assert_same_as_reference(tmp_path, ref)

@@ -2,6 +2,7 @@
 
 Usage: python tests/jobs/train_job.py RUN_DIR --steps N --every K [--die-at STEP]
        [--die-in-persist POINT[:K]] [--loader] [--state-mb MB] [--remote URL --keep-last-remote N]
+       [--persist thread|process]
 
 Trains a small MLP with dropout (consumes RNG), Adam and a LambdaLR schedule, checkpointing every
 K steps through coci.Session. Each process appends "step loss_hex" lines to losses_<pid>.txt and,
@@ -60,6 +61,7 @@ def main() -> None:
     parser.add_argument("--state-mb", type=float, default=0.0)
     parser.add_argument("--remote", default=None)
     parser.add_argument("--keep-last-remote", type=int, default=2)
+    parser.add_argument("--persist", default="thread")  # Session(persist=...)
     args = parser.parse_args()
 
     torch.use_deterministic_algorithms(True)
@@ -86,7 +88,8 @@ def main() -> None:
 
         faults.set_fault_hook(hook)
     session = coci.Session(
-        args.run_dir, state=state, policy=coci.EveryN(args.every), keep_last=2, remote=args.remote, keep_last_remote=args.keep_last_remote
+        args.run_dir, state=state, policy=coci.EveryN(args.every), keep_last=2, remote=args.remote, keep_last_remote=args.keep_last_remote,
+        persist=args.persist,
     )
     session.restore()
     log = open(os.path.join(args.run_dir, f"losses_{os.getpid()}.txt"), "a")  # noqa: SIM115 -- open until the process ends or is killed

@@ -18,10 +18,11 @@ from coci.checkpoint import layout
 from coci.checkpoint.verify import CheckpointStatus, verify_run
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, dict[str, torch.Tensor]]]:
+@pytest.fixture(scope="module", params=["thread", "process"])
+def pristine(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> tuple[Path, dict[int, dict[str, torch.Tensor]]]:
+    """Checkpoints written by the persist thread or by the persist process (``Session(persist=...)``)."""
     run_dir = tmp_path_factory.mktemp("pristine")
-    weights = make_run(run_dir, steps=6, every=2)  # checkpoints 2, 4, 6
+    weights = make_run(run_dir, steps=6, every=2, persist=request.param)  # checkpoints 2, 4, 6
     return run_dir, weights
 
 
