@@ -175,6 +175,11 @@ class Preemption:
         self._installed = True
         return True
 
+    @property
+    def installed(self) -> bool:
+        """True while the signals are listened for."""
+        return self._installed
+
     def uninstall(self) -> None:
         """Stop listening; the last listener puts back the handler found before (main thread only)."""
         if not self._installed or threading.current_thread() is not threading.main_thread():

@@ -316,7 +316,7 @@ class Session:
         self._write_plan()  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
         state_bytes = _tensor_bytes(self.state)
         self._profiler.set_state_bytes(state_bytes)
-        self._profiler.probe(self.run_dir, state_bytes)  # once, milliseconds: estimates before any checkpoint
+        self._probe_due = True  # the bandwidth probe starts at the first step(), off the training thread
         self._preemption = preemption.start(self._profiler.profile, self._dist, preemption_signals, grace, previous_end)
         startup = process_age_seconds()
         if startup is not None:
@@ -386,6 +386,8 @@ class Session:
             else:
                 pending = self.checkpoint(reason="policy")
         self._account_step_work(entered, resumed, planning_before, pending is not None)
+        if self._probe_due:
+            self._start_probe()
         if self._preemption.due(self._steps):  # distributed: collective at agreed steps
             raise self._stop_for_preemption()
         self._raise_error()  # last, so a caller that catches it has a consistent session
@@ -1066,6 +1068,20 @@ class Session:
         if self._dist is None or not warming_up:
             return skip
         return distributed.agree("skip" if skip else None, self._dist) is not None
+
+    def _start_probe(self) -> None:
+        """The one-time bandwidth probe (the cost priors before any checkpoint), on a background
+        thread from the first ``step()``: not inside ``Session(...)``, and not at all when
+        ``restore()`` brought the measured bandwidth back. The grace check is repeated with it."""
+        self._probe_due = False
+        notice = self._preemption
+        profiler = self._profiler
+
+        def check_grace() -> None:
+            if notice.installed:
+                preemption.warn_if_grace_too_short(notice, profiler.profile)
+
+        profiler.probe_in_background(self.run_dir, on_done=check_grace)
 
     def _should_observe(self) -> bool:
         warming_up = isinstance(self.policy, WarmsUp) and self.policy.warming_up

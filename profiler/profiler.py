@@ -139,6 +139,7 @@ class Profiler:
         self._interval_copying = False
         self._state_bytes: int | None = None
         self._bandwidth: Bandwidth | None = None
+        self._probe_thread: threading.Thread | None = None  # probe_in_background's
         self._startup_seconds: float | None = None
 
     # ------------------------------------------------------------------ per step (hot path)
@@ -386,6 +387,7 @@ class Profiler:
         ``nbytes`` defaults to the state size; it also sets the state size when none was set. A second
         call returns the first result unless ``force``.
         """
+        self.wait_for_probe()
         if self._bandwidth is not None and not force:
             return self._bandwidth
         if nbytes is None:
@@ -398,6 +400,50 @@ class Profiler:
             if self._state_bytes is None:
                 self._state_bytes = int(nbytes)
         return result
+
+    def probe_in_background(
+        self,
+        directory: str | os.PathLike[str],
+        nbytes: int | None = None,
+        *,
+        device: str | torch.device = "cpu",
+        on_done: Callable[[], None] | None = None,
+    ) -> bool:
+        """Start the one-time probe (:meth:`probe`) on a background thread, so that nobody waits
+        for it unless they need its result: :attr:`profile` and :meth:`probe` wait for it to
+        finish (the planner's first look at the profile comes ``PLAN_WARMUP_STEPS`` steps later).
+        Its result never replaces a bandwidth known by then (restored or set). A probe that fails
+        is logged and leaves the priors to the planner's assumptions until a checkpoint is measured.
+        ``on_done`` runs on the probe's thread once its result is in. False (nothing started) when a
+        bandwidth is known or a probe was already started."""
+        with self._lock:
+            if self._bandwidth is not None or self._probe_thread is not None:
+                return False
+            size = self._state_bytes if nbytes is None else integer(nbytes, "nbytes")
+            if size is None:
+                raise ValueError("nbytes must be given when set_state_bytes was not called")
+            thread = threading.Thread(target=self._probe_now, args=(directory, size, device, on_done), name="coci-probe", daemon=True)
+            self._probe_thread = thread
+        thread.start()
+        return True
+
+    def _probe_now(self, directory: str | os.PathLike[str], nbytes: int, device: str | torch.device, on_done: Callable[[], None] | None) -> None:
+        try:
+            result = probe_bandwidth(directory, nbytes, device=device)
+        except (OSError, RuntimeError) as exc:
+            logger.warning("coci: the bandwidth probe failed (%s): cost priors are assumed until a checkpoint is measured", exc)
+            return
+        with self._lock:
+            if self._bandwidth is None:
+                self._bandwidth = result
+        if on_done is not None:
+            on_done()
+
+    def wait_for_probe(self) -> None:
+        """Wait for a background probe still running (never from the probe's own thread)."""
+        thread = self._probe_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     def set_bandwidth(self, bandwidth: Bandwidth) -> None:
         """Use a known bandwidth (e.g. from an earlier probe) instead of probing."""
@@ -440,8 +486,9 @@ class Profiler:
 
         Never synchronises with a device: loss tensors still pending (at most
         ``knobs.LOSS_TENSOR_BATCH``) are counted in ``loss_points``/``dropped_losses`` once
-        materialised.
+        materialised. Waits for a background probe still running (:meth:`probe_in_background`).
         """
+        self.wait_for_probe()
         with self._lock:
             step, source = self._step_estimate()
             overlapped = robust_estimate(recent_regime(list(self._overlapped)))

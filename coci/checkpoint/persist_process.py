@@ -28,6 +28,7 @@ training process never unpickles anything.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import mmap
@@ -132,10 +133,8 @@ class ProcessWriter:
         if child is None:
             return
         if sock is not None and child.poll() is None:
-            try:
+            with contextlib.suppress(OSError):  # it died meanwhile: waited for below all the same
                 _send(sock, pickle.dumps({"op": "exit"}), [])
-            except OSError:
-                pass
         try:
             child.wait(timeout=knobs.PERSIST_PROCESS_EXIT_SECONDS)
         except subprocess.TimeoutExpired:

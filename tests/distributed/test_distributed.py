@@ -112,11 +112,17 @@ def test_uninterrupted_run_persists_balanced_deduplicated_dcp_checkpoints(refere
     assert load_entry(layout.checkpoints_dir(reference) / "step_16", (layout.SESSION_KEY, "no such key")) is None
 
 
-def test_resume_after_sigkill_of_the_whole_job_is_bitwise(tmp_path: Path, reference: Path) -> None:
-    assert launch(tmp_path, 2, "--kill-at", "10") == [-signal.SIGKILL] * 2
+@pytest.mark.parametrize("persist", ["thread", "process"])
+def test_resume_after_sigkill_of_the_whole_job_is_bitwise(tmp_path: Path, reference: Path, persist: str) -> None:
+    """``persist="process"`` stays a thread under torch.distributed (DCP's save is collective on
+    the ranks' groups), recorded as a ``persist_mode`` event, and the job resumes the same."""
+    assert launch(tmp_path, 2, "--kill-at", "10", "--persist", persist) == [-signal.SIGKILL] * 2
     assert committed(tmp_path) in ([4, 8], [4])  # step 8's persist may not have finished
-    assert launch(tmp_path, 2) == [0, 0]
+    assert launch(tmp_path, 2, "--persist", persist) == [0, 0]
     assert_same_as_reference(tmp_path, reference)
+    modes = [e for e in map(json.loads, (tmp_path / "events.jsonl").read_text().splitlines()) if e["event"] == "persist_mode"]
+    assert [(e["requested"], e["mode"], e["pid"]) for e in modes] == ([] if persist == "thread" else [("process", "thread", None)] * len(modes))
+    assert bool(modes) == (persist == "process")
 
 
 def test_a_resumable_sampler_in_place_of_distributed_sampler_resumes_exactly_after_sigkill(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ Usage (under torchrun, or with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by th
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/jobs/dist_job.py RUN_DIR
         [--epochs E] [--every K] [--stop-at STEP] [--kill-at STEP]
-        [--fault RANK:POINT:NTH] [--coci-timeout SECONDS] [--ballast-mb MB]
+        [--fault RANK:POINT:NTH] [--coci-timeout SECONDS] [--ballast-mb MB] [--persist MODE]
         [--policy young --mtbf SECONDS --total-steps N] [--step-sleep SECONDS] [--remote URL]
         [--warmup-steps N] [--warmup-stall-fraction RANK:FRACTION] [--sampler]
 
@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--warmup-stall-fraction", default=None)
     parser.add_argument("--sampler", action="store_true")
+    parser.add_argument("--persist", default="thread")  # Session(persist=...): a thread under torch.distributed
     args = parser.parse_args()
 
     rank = init_job(300, args.coci_timeout)  # ranks start minutes apart under load
@@ -104,6 +105,7 @@ def main() -> None:
         total_steps=args.total_steps,
         keep_last=2,
         remote=args.remote,
+        persist=args.persist,
     )
     session.restore()
     log = open(os.path.join(args.run_dir, f"samples_rank{rank}.txt"), "a")  # noqa: SIM115 (closed at exit)

@@ -295,6 +295,37 @@ def test_probe_measures_real_bandwidth_once_and_leaves_no_file(tmp_path) -> None
     assert p.stall_seconds.count == 0 and p.persist_seconds.count == 0
 
 
+def test_background_probe_is_what_profile_reads_and_leaves_no_file(tmp_path) -> None:
+    prof = Profiler(clock=FakeClock())
+    prof.set_state_bytes(4 << 20)
+    finished = []
+    assert prof.probe_in_background(tmp_path / "run", on_done=lambda: finished.append(prof.profile.bandwidth))
+    assert not prof.probe_in_background(tmp_path / "run")  # one probe
+    bandwidth = prof.profile.bandwidth  # waits for it
+    assert bandwidth is not None and bandwidth.write_bytes == 4 << 20 and bandwidth.write_bytes_per_second > 0
+    prof.wait_for_probe()
+    assert finished == [bandwidth]  # on_done ran on the probe's thread, reading the profile without a deadlock
+    assert os.listdir(tmp_path / "run") == []
+    assert prof.probe(tmp_path / "run") is bandwidth
+
+
+def test_no_background_probe_when_a_bandwidth_is_known(tmp_path) -> None:
+    known = Bandwidth(copy_bytes_per_second=3e9, write_bytes_per_second=2e8, copy_bytes=7, write_bytes=9)
+    prof = Profiler(clock=FakeClock())
+    prof.set_bandwidth(known)
+    assert not prof.probe_in_background(tmp_path, 4 << 20)
+    assert prof.profile.bandwidth == known and not (tmp_path).joinpath("run").exists()
+
+
+def test_a_failed_background_probe_leaves_assumed_priors(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    prof = Profiler(clock=FakeClock())
+    assert prof.probe_in_background(blocker / "run", 1 << 20)
+    assert prof.profile.bandwidth is None and prof.profile.persist_seconds.value is None
+    assert "bandwidth probe failed" in caplog.text
+
+
 def build_busy_profiler() -> tuple[Profiler, FakeClock]:
     clock = FakeClock()
     prof = Profiler(clock=clock, warmup_steps=3, step_window=4096)

@@ -513,3 +513,24 @@ def test_adopt_or_clone_clones_views_and_a_storage_met_twice() -> None:
     assert second is not owned and second.untyped_storage().data_ptr() != owned.untyped_storage().data_ptr()
     assert torch.equal(second, owned) and torch.equal(view, base[6:]) and _owns_its_storage(view)
     assert _owns_its_storage(adopted["c"][0]) and torch.equal(adopted["c"][0], base[:6])
+
+
+def test_the_bandwidth_probe_runs_after_the_first_step_and_not_after_a_restore(tmp_path: Path) -> None:
+    """``Session(...)`` probes nothing (its start is not the probe's); the first ``step()`` starts
+    the probe in the background and the profile has its result; a restored run keeps the bandwidth
+    its checkpoint carries and never probes."""
+    model, opt, sched = make()
+    session = coci.Session(tmp_path, state={"model": model, "opt": opt}, policy=coci.EveryN(2))
+    assert session.profile.bandwidth is None
+    train(model, opt, sched, 1, session)
+    saved = session.profile.bandwidth  # waits for the probe the step started
+    assert saved is not None and saved.write_bytes_per_second > 0
+    train(model, opt, sched, 1, session)  # a checkpoint at step 2: it carries the profiler's bandwidth
+    session.close()
+    model, opt, sched = make(seed=1)
+    with coci.Session(tmp_path, state={"model": model, "opt": opt}, policy=coci.EveryN(100)) as again:
+        assert again.restore() is not None
+        train(model, opt, sched, 1, again)
+        assert again.profile.bandwidth == saved  # bitwise the saved figures: no new probe replaced them
+        assert again._profiler._probe_thread is None
+    assert not list(tmp_path.glob(".profiler-probe-*"))
