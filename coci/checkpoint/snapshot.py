@@ -223,10 +223,7 @@ def huge_page_empty(size: int) -> torch.Tensor:
     the last view is freed). Where the kernel declines the advice the pages are simply small ones."""
     page = knobs.HUGE_PAGE_BYTES
     mapping = mmap.mmap(-1, size + page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        mapping.madvise(mmap.MADV_HUGEPAGE)
-    except OSError as exc:  # a kernel without transparent huge pages: small pages
-        logger.debug("MADV_HUGEPAGE refused (%s); the arena uses small pages", exc)
+    _advise_huge_pages(mapping)
     raw = torch.frombuffer(mapping, dtype=torch.uint8)  # holds a reference to the mapping
     start = -raw.data_ptr() % page
     return raw[start : start + size]
@@ -248,6 +245,8 @@ class SharedBuffer:
         except OSError:
             os.close(self.fd)
             raise
+        if knobs.ARENA_HUGE_PAGES and size >= knobs.HUGE_PAGE_MIN_BYTES and _HUGE_PAGES_ADVISABLE:
+            _advise_huge_pages(mapping)  # taken where shmem huge pages are "advise" (often "never")
         self.tensor = torch.frombuffer(mapping, dtype=torch.uint8)[:size]  # holds a reference to the mapping
         if pin and size:
             _register_pinned(self.tensor)
@@ -268,6 +267,13 @@ def _register_pinned(buffer: torch.Tensor) -> None:
     code = torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), buffer.numel(), 0)
     if int(code) != 0:
         logger.warning("cudaHostRegister of the shared staging arena failed (%s): device copies into it block", code)
+
+
+def _advise_huge_pages(mapping: mmap.mmap) -> None:
+    try:
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    except OSError as exc:  # a kernel without transparent huge pages: small pages
+        logger.debug("MADV_HUGEPAGE refused (%s); the arena uses small pages", exc)
 
 
 def _reused(view: torch.Tensor | None, buffer: torch.Tensor, slot: TensorSlot) -> torch.Tensor:

@@ -46,6 +46,7 @@ VALUES: dict[str, Any] = {
     "retention": coci.KeepAny(coci.KeepEvery(10), coci.KeepLast(1)),
     "remote_retention": coci.KeepLast(4),
     "peer_copies": 1,
+    "persist": "process",
 }
 FRAMEWORKS = [("lightning", "lightning"), ("transformers", "transformers")]
 
