@@ -12,14 +12,15 @@ Two loops, each in a fresh child process per run (arms alternate, order flipped 
   few large tensors), almost no Python per step.
 
 Per checkpoint: training-side cost = the wall time of the ``every`` steps from the checkpoint step,
-less ``every`` clean steps (median of the steps before the first timed checkpoint): what the
-checkpoint took from the loop, stall and interference with its background writer included.
+less that of the ``every`` clean steps just before them (and the persist is waited for before the
+next clean interval): what the checkpoint took from the loop, stall and interference with its
+background writer included; pairing each checkpoint with its neighbour cancels the machine's drift.
 Durable = from the ``session.step()`` that started the checkpoint to its commit (the callback of
 ``upload_completion``). An untimed checkpoint first warms the arena (and, for ``process``, makes sure
 the helper finished starting: its imports are not what this measures; they overlap training).
 The figure for each loop is the median over pairs of process / thread ratios.
 
-    .venv/bin/python benchmarks/persist_modes.py [--pairs 3] [--every 10] [--checkpoints 6]
+    .venv/bin/python benchmarks/persist_modes.py [--pairs 3] [--every 10] [--checkpoints 8]
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class PythonHeavy:
 
 class TensorHeavy:
     def __init__(self, mb: float) -> None:
-        self.stack = adam_stack(mb=mb, width=1024, batch=32)
+        self.stack = adam_stack(mb=mb, width=2048, batch=8)
 
     def step(self) -> torch.Tensor:
         return self.stack.train_step()
@@ -103,14 +104,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(args.run_dir)
     session = coci.Session(run_dir, state=loop.state(), policy=coci.EveryN(10**9), keep_last=2, persist=args.mode)
     session.checkpoint().upload_completion.result()  # untimed: arena, helper ready
-    clean = []
-    for _ in range(args.every * 2):
-        began = time.perf_counter()
-        session.step(loop.step())
-        clean.append(time.perf_counter() - began)
-    costs, durable = [], []
-    base = median(clean)
+    costs, durable, clean = [], [], []
     for _ in range(args.checkpoints):
+        began = time.perf_counter()
+        for _ in range(args.every):  # a clean interval, then one with a checkpoint: the machine's drift cancels
+            session.step(loop.step())
+        clean.append(time.perf_counter() - began)
         committed: list[float] = []
         began = time.perf_counter()
         session.step(loop.step())
@@ -119,11 +118,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.every - 1):
             session.step(loop.step())
         ended = time.perf_counter()
-        pending.upload_completion.result()
-        costs.append(ended - began - args.every * base)
+        pending.upload_completion.result()  # the next clean interval is clean
+        costs.append(ended - began - clean[-1])
         durable.append(committed[0] - began if committed else float("nan"))
     session.close()
-    return {"clean_step": base, "costs": costs, "durable": durable, "state_mb": sum(t.nbytes for t in tensors_of(loop)) / MB}
+    return {"clean_step": median(clean) / args.every, "costs": costs, "durable": durable, "state_mb": sum(t.nbytes for t in tensors_of(loop)) / MB}
 
 
 def tensors_of(loop: PythonHeavy | TensorHeavy) -> list[torch.Tensor]:
@@ -175,11 +174,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--loops", default=",".join(LOOPS))
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--every", type=int, default=10)
-    parser.add_argument("--checkpoints", type=int, default=6)
+    parser.add_argument("--checkpoints", type=int, default=8)
     parser.add_argument("--python-mb", type=float, default=64.0)
-    parser.add_argument("--python-tensors", type=int, default=2000)
+    parser.add_argument("--python-tensors", type=int, default=10000)
     parser.add_argument("--python-items", type=int, default=64)
-    parser.add_argument("--tensor-mb", type=float, default=300.0)
+    parser.add_argument("--tensor-mb", type=float, default=200.0)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--loop", choices=LOOPS, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
