@@ -18,7 +18,7 @@ from coci.checkpoint import layout
 from coci.checkpoint.verify import CheckpointStatus, verify_run
 
 
-@pytest.fixture(scope="module", params=["thread", "process"])
+@pytest.fixture(scope="module", params=["thread", pytest.param("process", marks=pytest.mark.slow)])  # process: starts a helper
 def pristine(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> tuple[Path, dict[int, dict[str, torch.Tensor]]]:
     """Checkpoints written by the persist thread or by the persist process (``Session(persist=...)``)."""
     run_dir = tmp_path_factory.mktemp("pristine")

@@ -3,7 +3,7 @@
 Its checkpoints are the thread's, byte for byte; a helper SIGKILLed inside a persist fails that
 checkpoint with PersistError (nothing committed) and the next checkpoint starts a new helper; a
 helper never outlives its SIGKILLed training process. (The kill-and-resume and corruption tests
-run in both modes too: tests/test_resume_kill.py, tests/test_corruption.py.)
+run in both modes too: tests/integration/test_resume_kill.py, tests/unit/test_corruption.py.)
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ import torch
 from ckpt_helpers import build_state, events_of, restore_fresh, step_dir, train
 
 import coci
-from coci.checkpoint import format
+from coci.checkpoint import faults
 from coci.checkpoint.checkpointer import load_entry
 
-JOB = Path(__file__).with_name("train_job.py")
+JOB = Path(__file__).resolve().parents[1] / "jobs" / "train_job.py"
 
 
 @pytest.fixture(autouse=True)
 def no_fault_hook() -> Iterator[None]:
     yield
-    format.set_fault_hook(None)
+    faults.set_fault_hook(None)
 
 
 def helper_pid(session: coci.Session) -> int:
@@ -99,10 +99,10 @@ def test_a_helper_killed_inside_a_persist_fails_that_checkpoint_and_the_next_sta
             assert wait_gone(first)
 
     train(session, state, 2)
-    format.set_fault_hook(kill_helper)
+    faults.set_fault_hook(kill_helper)
     failed = session.checkpoint()
     assert isinstance(failed.upload_completion.exception(), coci.PersistError)
-    format.set_fault_hook(None)
+    faults.set_fault_hook(None)
     assert not step_dir(tmp_path, 2).exists()  # never committed
     weights = train(session, state, 1)
     done = session.checkpoint().upload_completion.result()
@@ -125,11 +125,11 @@ def test_a_failing_fault_hook_fails_the_checkpoint_and_keeps_the_helper(tmp_path
         if point == "before_rename":
             raise RuntimeError("injected before the rename")
 
-    format.set_fault_hook(refuse)
+    faults.set_fault_hook(refuse)
     train(session, state, 1)
     error = session.checkpoint().upload_completion.exception()
     assert isinstance(error, RuntimeError) and "injected" in str(error)
-    format.set_fault_hook(None)
+    faults.set_fault_hook(None)
     assert not step_dir(tmp_path, 1).exists()
     train(session, state, 1)
     assert session.checkpoint().upload_completion.result().step == 2
