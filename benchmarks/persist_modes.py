@@ -121,8 +121,16 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         pending.upload_completion.result()  # the next clean interval is clean
         costs.append(ended - began - clean[-1])
         durable.append(committed[0] - began if committed else float("nan"))
+    helper = session._checkpointer.persist_pid
+    helper_mb = helper_rss_mb(helper) if helper is not None else 0.0
     session.close()
-    return {"clean_step": median(clean) / args.every, "costs": costs, "durable": durable, "state_mb": sum(t.nbytes for t in tensors_of(loop)) / MB}
+    return {"helper_mb": helper_mb, "clean_step": median(clean) / args.every, "costs": costs, "durable": durable, "state_mb": sum(t.nbytes for t in tensors_of(loop)) / MB}
+
+
+def helper_rss_mb(pid: int) -> float:
+    """The persist process's resident memory high-water mark less the shared arena it maps."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return (int(fields["VmHWM"].split()[0]) - int(fields.get("RssShmem", "0 kB").split()[0])) / 1024
 
 
 def tensors_of(loop: PythonHeavy | TensorHeavy) -> list[torch.Tensor]:
@@ -163,6 +171,7 @@ def measure(loop: str, args: argparse.Namespace) -> None:
             f"  {mode:8s} cost/checkpoint {1e3 * median(cost[mode]):7.1f} ms ({spread([1e3 * c for c in cost[mode]])})"
             f"   durable {1e3 * median(durable[mode]):7.1f} ms ({spread([1e3 * d for d in durable[mode]])})"
         )
+    print(f"  persist process's own memory (peak RSS less the shared arena): {median([r['helper_mb'] for r in runs['process']]):.0f} MB")
     print(
         f"  process / thread: cost {median(pair_ratios(cost['process'], cost['thread'])):.2f}x,"
         f" durable {median(pair_ratios(durable['process'], durable['thread'])):.2f}x  (median of {args.pairs} pairs)"
