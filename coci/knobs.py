@@ -47,8 +47,9 @@ WRITE_DIRECT: bool = True
 #: Where the persist runs when ``Session(persist=...)`` is not given: ``"thread"`` (a background
 #: thread of the training process) or ``"process"`` (a helper process reading a shared-memory
 #: arena, :mod:`coci.checkpoint.persist_process`). Thread by default: on the 2-core machine the
-#: project is measured on, the helper competes for the same cores and its training-side cost was
-#: not lower on either loop (benchmarks/README.md, "Persist in a thread or a process").
+#: project is measured on, the helper competes for the same cores; its training-side cost was not
+#: lower beyond the noise and its checkpoints were durable later (benchmarks/README.md, "Persist in
+#: a thread or a process").
 PERSIST_MODE: str = "thread"
 
 #: How often a training process waiting for its persist process checks that the helper is alive.

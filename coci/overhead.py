@@ -3,7 +3,7 @@
 :class:`OverheadLedger` holds the wall seconds the session spent on the training thread, by kind:
 per-step work (``session.step`` minus its checkpoint and planning), planning (re-plans on the
 training thread), stalls (training blocked by a snapshot), restore, the final wait at ``close()``,
-and the set-up (``Session(...)`` itself: the run-directory lock, the I/O probe, the event log). The
+and the set-up (``Session(...)`` itself: the run-directory lock, the event log). The
 session writes the totals into every ``progress``, ``stall``, ``restore`` and ``close`` event, so a
 killed process leaves its last totals behind; the report sums the last totals of every process
 (``pid``) and adds what is not spent on the training thread (interference of background persists).

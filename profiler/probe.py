@@ -5,6 +5,8 @@ time. This probe times, once, (1) a ``copy_`` into a preallocated host tensor, t
 snapshot performs, and (2) writing and ``fsync``-ing a small file in the run directory, what the
 persist performs. ``state_bytes / bandwidth`` then gives priors (``count == 0``) that measured values
 replace as checkpoints happen.
+A session runs it on a background thread from its first ``step()``
+(:meth:`coci.profiler.Profiler.probe_in_background`), not inside ``Session(...)``.
 
 The probe measures physical time with :func:`time.perf_counter`, not the profiler's injectable clock
 (a fake clock would make every bandwidth infinite). Buffers are clamped to
