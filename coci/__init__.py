@@ -1,7 +1,7 @@
 """coci: decide when a PyTorch job should checkpoint; make each checkpoint cheap, safe, resumable.
 
 The public surface is the handful of names below; the subpackages ``planning``, ``checkpoint`` and
-``analysis`` hold the implementation (the README's Architecture section draws how they connect).
+``analysis`` hold the implementation (docs/concepts/architecture.md draws how they connect).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from coci.analysis.simulate import SimulationResult, simulate
 
 #: Names loaded on first use (module ``__getattr__``): what a training loop does not need, and
-#: what pulls in pandas, scipy.stats and matplotlib. ``import coci`` stays light (README, Performance II).
+#: what pulls in pandas, scipy.stats and matplotlib. ``import coci`` stays light (docs/evidence/performance.md, lazy imports).
 _LAZY = {
     "Report": "coci.analysis.report",
     "report": "coci.analysis.report",

@@ -643,7 +643,7 @@ def _weibull_profile_loglik(shape: float, t: np.ndarray, failed: np.ndarray) -> 
     d = failed.sum()
     log_t = np.log(t)
     # sum(t^k) computed stably in log space
-    from scipy import special  # here, not at import: ``import coci`` stays light (README, Performance II)
+    from scipy import special  # here, not at import: ``import coci`` stays light (docs/evidence/performance.md, lazy imports)
 
     log_sum_tk = special.logsumexp(shape * log_t)
     log_lam = (log_sum_tk - math.log(d)) / shape

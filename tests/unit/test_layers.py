@@ -1,8 +1,8 @@
 """coci's imports point down a fixed order of layers, and no import cycle joins coci's modules.
 
 Read from the source with ``ast`` (nothing is imported), every import counts: at module level,
-inside a function (lazy), and under ``if TYPE_CHECKING``. The layers, lowest first (the README's
-Architecture section draws the same order):
+inside a function (lazy), and under ``if TYPE_CHECKING``. The layers, lowest first (docs/concepts/architecture.md
+draws the same order):
 
 0. measurement: ``coci.profiler`` (the repository's ``profiler/`` folder; it imports nothing else of coci)
 1. foundation: ``coci._version``, ``coci.errors``, ``coci.knobs``, ``coci.checks`` (built on the
@@ -100,7 +100,7 @@ def _layer(module: str) -> int:
     for index, prefixes in enumerate(LAYERS):
         if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
             return index
-    raise AssertionError(f"{module} has no layer: add it to tests/unit/test_layers.py's LAYERS (and the README's Architecture)")
+    raise AssertionError(f"{module} has no layer: add it to tests/unit/test_layers.py's LAYERS (and docs/concepts/architecture.md)")
 
 
 def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
