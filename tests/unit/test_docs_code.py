@@ -161,6 +161,7 @@ def _close_sessions(names: dict[str, Any]) -> None:
             value.close()
 
 
+@pytest.mark.slow  # sessions, plans and simulations: seconds per file, out of the quick tier
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda path: str(path.relative_to(ROOT)))
 def test_every_python_block_runs(path: Path, tmp_path: Path) -> None:
     blocks = list(python_blocks(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import torchrun_helpers
 
-from tests import torchrun_helpers
-from tests.test_remote import BUCKET, s3_server  # noqa: F401 (fixture)
+from tests.integration.test_remote import BUCKET, s3_server  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, torchrun_helpers.needs_gloo]
 
