@@ -31,48 +31,34 @@ import signal
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
 from coci import checks, distributed, knobs, preemption, safe_files
-from coci.checkpoint import nodes, restore_checks, rng_state
+from coci.checkpoint import format, rng_state
 from coci.checkpoint.checkpointer import (
     Checkpointer,
     PendingCheckpoint,
     PersistResult,
-    WriterFactory,
-    load_committed,
-    restore_candidates,
     writer_for,
 )
-from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir, step_dirname
-from coci.checkpoint.peers import PeerCopies, check_peer_copies, peer_copy_wanted
-from coci.checkpoint.records import LoadedCheckpoint
+from coci.checkpoint.format import RNG_KEY, SESSION_KEY
 from coci.checkpoint.remote import RemoteTier, open_store
-from coci.checkpoint.remote.fetch import UNAVAILABLE
 from coci.checkpoint.remote.history import HistoryMirror, history_offset, merge_history
 from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES, claim, claim_for_job
-from coci.checkpoint.remote.refused import REFUSED_BEFORE, RemoteGate
-from coci.checkpoint.remote.schemes import RemoteLike
 from coci.checkpoint.remote.tier import NodeRole
-from coci.checkpoint.retention import RetentionPolicy, retention_policy
+from coci.checkpoint.restore import Found, Restorer, RestoreResult, apply_checkpoint
 from coci.checkpoint.run_lock import RunLock
 from coci.checkpoint.sharded import ShardedState, local_data_ptr, local_nbytes
-from coci.checkpoint.stateful import is_stateful, restore_in_place, validate_state
-from coci.checkpoint.tree import adopt_or_clone
+from coci.checkpoint.stateful import is_stateful, validate_state
 from coci.errors import (
-    CheckpointError,
     CociError,
     ConfigError,
-    CorruptCheckpointError,
     PersistError,
-    RemoteUnavailableError,
     RunDirLockedError,
     StateError,
-    StateMismatchError,
 )
 from coci.events import CHECKPOINT_REASONS, STEP_MARK_FILENAME, CheckpointReason, EventLog, StepMark, read_step_mark, write_run_file
 from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
@@ -96,19 +82,6 @@ _MISMATCH = "state mismatch: "
 
 #: ``Session(persist=...)``'s choices.
 PERSIST_MODES = ("thread", "process")
-
-
-@dataclass(frozen=True)
-class RestoreResult:
-    """What ``Session.restore()`` loaded."""
-
-    step: int
-    epoch: int | None
-    path: Path
-    seconds: float
-    nbytes: int
-    skipped: tuple[Path, ...] = ()
-    tier: str = "local"  # "remote": downloaded from the remote tier first
 
 
 class Session:
@@ -469,42 +442,18 @@ class Session:
         self._planner.discard()  # a plan of the run before the restore never applies
         if self._history is not None:  # a fresh run directory: the history of the run from the remote
             self._merge_history(self._history)
-        root = checkpoints_dir(self.run_dir)
-        if self._dist is not None and self._dist.node_local:
-            return self._restore_across_nodes(root, strict)
-        candidates = self._with_remote(restore_candidates(root, self._dist))  # newest first; damaged ones too
-        skipped: list[Path] = []
-        last_error = ""
-        targets = self._sharded.load_targets() if candidates else None
-        gate = self._remote_gate()
-        for step, local_path in candidates:
-            began = self._clock()
-            if local_path is None:
-                path, loaded, problem = self._from_remote(gate, step, root, strict, targets)
-            else:
-                path = local_path
-                loaded, problem = self._load_and_apply(path, strict, targets)
-            if loaded is None or path is None:
-                where = str(path) if local_path is not None else f"{self._remote.store.url}/step_{step}"  # type: ignore[union-attr]
-                self._record_skip(step, where, problem)
-                skipped.append(Path(where))
-                last_error = problem
-                continue
-            tier = "local" if local_path is not None else "remote"
-            return self._restored(loaded, path, tier, began, skipped)
-        if candidates:
-            raise _restore_error(last_error)(
-                f"none of the {len(candidates)} committed checkpoints in {root} loads: "
-                + ", ".join(p.name for p in skipped)
-                + f" (last error: {last_error})"
-            )
-        return None
-
-    def _record_skip(self, step: int, where: str, problem: str) -> None:
-        """A checkpoint restore passed over: a warning and a ``restore_skip`` event with its reason."""
-        reason = _skip_reason(problem)
-        logger.warning("skipping checkpoint %s (%s): %s", where, reason, problem)
-        self.events.emit("restore_skip", step=step, path=where, message=problem, reason=reason)
+        found = Restorer(
+            self.run_dir,
+            lambda loaded: apply_checkpoint(loaded, strict, self.state, self._sharded, self.policy, self._apply_own_entry),
+            sharded=self._sharded,
+            strict=strict,
+            dist=self._dist,
+            remote=self._remote,
+            events=self.events,
+            clock=self._clock,
+            step=self._steps,
+        ).run()
+        return None if found is None else self._restored(found)
 
     def _merge_history(self, mirror: HistoryMirror) -> None:
         try:
@@ -516,9 +465,10 @@ class Session:
         if added:
             self.events.emit("remote_history", step=self._steps, events=added, remote=mirror.store.url)
 
-    def _restored(self, loaded: LoadedCheckpoint, path: Path, tier: str, began: float, skipped: list[Path]) -> RestoreResult:
-        """Book a restore that loaded ``loaded`` from ``tier`` (profile, retention, events)."""
-        seconds = self._clock() - began
+    def _restored(self, found: Found) -> RestoreResult:
+        """Book a restore that loaded ``found`` (profile, retention, events)."""
+        loaded, path, tier = found.loaded, found.path, found.tier
+        seconds = self._clock() - found.began
         restart = self._preemption.restart_seconds(seconds)  # from the previous process's last event
         self._overhead.restore += seconds
         self._restored_at_age = process_age_seconds()
@@ -535,120 +485,7 @@ class Session:
         )
         self._cadence.restart()
         self._profiler.mark()
-        return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, tuple(skipped), tier)
-
-    def _restore_across_nodes(self, root: Path, strict: bool) -> RestoreResult | None:
-        """:meth:`restore` on node-local run directories (collective): the newest step every node
-        holds a verified part of, a node lacking its part fetching it from the peer that holds its
-        copy (``peer_copies``), else from the remote tier; the ranks skip a step together. CorruptCheckpointError naming each step's missing pieces when
-        no step loads (never a silent restart from step 0)."""
-        assert self._dist is not None
-        remote_steps = set(self._with_remote([])) if self._remote is not None else set()
-        held = set(self._peers.held_steps()) if self._peers is not None else set()
-        steps = sorted(set(nodes.local_steps(root, self._dist)) | {step for step, _ in remote_steps} | held, reverse=True)
-        targets = self._sharded.load_targets() if steps else None
-        skipped: list[Path] = []
-        problems: list[str] = []
-        for step in steps:
-            began = self._clock()
-            tier, problem = self._node_parts_ready(root, step, {s for s, _ in remote_steps})
-            path = root / step_dirname(step)
-            loaded, problem = self._load_and_apply(path, strict, targets) if problem is None else (None, problem)
-            if loaded is None:
-                self._record_skip(step, str(path), problem)
-                skipped.append(path)
-                problems.append(problem)
-                continue
-            return self._restored(loaded, path, tier, began, skipped)
-        if steps:
-            remote = "" if self._remote is None else f" or in the remote tier {self._remote.store.url}"
-            raise CorruptCheckpointError(
-                f"no checkpoint is complete on every node{remote} ({len(steps)} steps tried): " + " | ".join(problems)
-            )
-        return None
-
-    def _node_parts_ready(self, root: Path, step: int, remote_steps: set[int]) -> tuple[str, str | None]:
-        """(this rank's tier, None) once every node holds a verified part of ``step`` (the nodes
-        lacking theirs fetched it from the remote); else ('', what is missing). Collective."""
-        assert self._dist is not None
-        parts = nodes.check_parts(root, step, self._dist)
-        ids = sorted({str(part.commit_id) for part in parts if part.problem is None})
-        if len(ids) > 1:
-            return "", f"step_{step}: the nodes hold parts of different checkpoints (commit ids {ids})"
-        lacking = {part.node for part in parts if part.problem is not None}
-        if not lacking:
-            return "local", None
-        peer_problem = self._from_peers(root, step, lacking, ids)
-        if peer_problem is None:
-            return ("peer" if self._dist.node in lacking else "local"), None
-        if self._remote is None or step not in remote_steps:
-            where = " (and the remote tier does not hold it)" if self._remote is not None else " (no remote tier)"
-            peers = "" if self._peers is None else f"; its peer copies: {peer_problem}"
-            return "", nodes.missing_pieces(step, parts, self._dist) + where + peers
-        fetching = self._dist.node in lacking
-        try:
-            self._remote.fetch_node_parts(step, root, self._dist, fetching)
-        except CheckpointError as exc:
-            return "", f"{nodes.missing_pieces(step, parts, self._dist)}; its remote copy: {exc}"
-        return ("remote" if fetching else "local"), None
-
-    def _from_peers(self, root: Path, step: int, lacking: set[int], ids: list[str]) -> str | None:
-        """None once the ``lacking`` nodes fetched their parts of ``step`` from the nodes holding
-        their peer copies (all of one commit), else why not (collective)."""
-        if self._peers is None:
-            return "no peer copies"
-        problem = self._peers.fetch_lacking(step, root, lacking, ids[0] if ids else None)
-        if problem is None and not ids:  # no node had its own part: the copies must be of one commit
-            fetched = {str(part.commit_id) for part in nodes.check_parts(root, step, self._dist) if part.problem is None}  # type: ignore[arg-type]
-            problem = None if len(fetched) == 1 else f"step_{step}: the peer copies are of different checkpoints ({sorted(fetched)})"
-        return problem
-
-    def _with_remote(self, local: list[tuple[int, Path]]) -> list[tuple[int, Path | None]]:
-        """Restore candidates of both tiers, newest step first; a step in both is tried locally
-        first, then from the remote (path None: to be fetched). Listed by rank 0 (collective)."""
-        remote = self._remote
-        if remote is None:
-            return list(local)
-
-        def remote_steps() -> list[int]:
-            try:
-                return remote.committed_steps()
-            except Exception as exc:  # an unreachable remote leaves the local tier
-                logger.warning("cannot list the remote tier %s: %s", remote.store.url, exc)
-                self.events.emit("error", step=self._steps, phase="remote_list", message=f"{type(exc).__name__}: {exc}")
-                return []
-
-        merged: list[tuple[int, Path | None]] = [*local, *((step, None) for step in distributed.from_coordinator(remote_steps, self._dist))]
-        return sorted(merged, key=lambda candidate: (candidate[0], candidate[1] is not None), reverse=True)
-
-    def _remote_gate(self) -> RemoteGate | None:
-        """What decides which remote candidates this restore tries (rank 0 holds it)."""
-        if self._remote is None or (self._dist is not None and not self._dist.is_coordinator):
-            return None
-        return RemoteGate(self._remote.store, self.run_dir)
-
-    def _from_remote(
-        self, gate: RemoteGate | None, step: int, root: Path, strict: bool, targets: Mapping[str, Any] | None
-    ) -> tuple[Path | None, LoadedCheckpoint | None, str]:
-        """Fetch remote ``step`` and load it, unless ``gate`` passes over it; a failure is told to
-        ``gate`` (collective: rank 0 decides, every rank skips or fetches together)."""
-        problem = distributed.from_coordinator(lambda: gate.skip(step) if gate is not None else None, self._dist)
-        if problem is not None:
-            return None, None, problem
-        path, problem = self._fetched(step, root)
-        loaded, problem = self._load_and_apply(path, strict, targets) if path is not None else (None, problem)
-        if loaded is None and gate is not None:
-            gate.failed(step, problem, fetched=path is not None, mismatch=problem.startswith(_MISMATCH))
-        return path, loaded, problem
-
-    def _fetched(self, step: int, root: Path) -> tuple[Path | None, str]:
-        """Download remote ``step`` into the run directory, each rank its own files (collective:
-        the ranks take or skip it together)."""
-        assert self._remote is not None
-        try:
-            return self._remote.fetch(step, root, self._dist), ""
-        except CheckpointError as exc:
-            return None, str(exc)
+        return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, found.skipped, tier)
 
     def _claim_remote(self, mode: str) -> None:
         """The remote prefix is this run's (``remote_owner``): claimed, or refused with the run
@@ -732,28 +569,6 @@ class Session:
         self._promote_always(step)
         remote.wait(max(seconds_left, 0.0))
         return remote.last_promoted_step >= step
-
-    def _load_and_apply(self, path: Path, strict: bool, targets: Mapping[str, Any] | None = None) -> tuple[LoadedCheckpoint | None, str]:
-        """Load ``path`` into ``state``; (None, what went wrong) when any rank failed to.
-
-        A checkpoint that verifies but does not load (a structure altered on disk, a tensor of the
-        wrong shape) is skipped like a corrupt one, nothing of it applied (:meth:`_apply`).
-        """
-        problem = None
-        loaded = None
-        try:
-            loaded = load_committed(path, self._dist, targets)
-            self._apply(loaded, strict)
-        except StateMismatchError as exc:  # strict=False: an older checkpoint may match
-            if strict:
-                raise
-            problem = f"{_MISMATCH}{exc}"
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:  # whatever a hostile checkpoint raises (MemoryError, DCP's CheckpointException...)
-            problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
-        problem = distributed.agree(problem, self._dist)
-        return (None, problem) if problem is not None else (loaded, "")
 
     def close(self) -> None:
         """Checkpoint the final state when ``save_last`` says so, wait for the last persist, write
@@ -962,68 +777,11 @@ class Session:
         tree[RNG_KEY] = rng_state.capture()
         return tree
 
-    def _apply(self, loaded: LoadedCheckpoint, strict: bool) -> None:
-        """Put a loaded checkpoint into ``state`` and the session; the RNG streams last.
-
-        All or nothing: everything checkable is checked before the first object is touched; the
-        objects only their own ``load_state_dict`` can check (the policy's state first, then a
-        scheduler's, a loader's...) are applied next and put back when any later one fails."""
-        tree = loaded.tree
-        keys = self._keys_to_restore(loaded, strict)
-        own = self._checked_entries(tree, keys, loaded.step)
-        objects, saved = self._restore_targets(tree, keys, own)
-        restore_checks.apply_all_or_nothing(objects, list(saved), lambda key: self._restore_value(key, objects[key], saved[key]))
+    def _apply_own_entry(self, own: Mapping[str, Any]) -> None:
+        """The session's own saved entry, applied by a restore (:func:`apply_checkpoint`)."""
         self._steps = int(own["steps"])
         self._checkpoint_steps = [int(s) for s in own["checkpoint_steps"]]
         self._profiler.load_state_dict(own["profiler"])
-        if RNG_KEY in tree:  # distributed: absent for a rank the checkpoint did not have
-            rng_state.restore(tree[RNG_KEY])  # last: nothing above may consume random draws after it
-
-    def _checked_entries(self, tree: Mapping[str, Any], keys: list[str], step: int) -> dict[str, Any]:
-        """The session's own entry (its step count that of the checkpoint, ``step``), once ``tree``
-        passed every check that touches nothing."""
-        restore_checks.check_restorable(self.state, tree, keys)
-        own = restore_checks.check_session_entry(tree.get(SESSION_KEY), step)
-        Profiler().load_state_dict(own["profiler"])  # a trial load: refuses before anything is applied
-        if RNG_KEY in tree:
-            rng_state.check(tree[RNG_KEY])
-        return own
-
-    def _restore_targets(self, tree: Mapping[str, Any], keys: list[str], own: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(object, saved entry) by key, in the order they are applied: the policy's state first
-        (under a reserved key), so a policy that refuses its state leaves everything untouched."""
-        objects: dict[str, Any] = {}
-        saved: dict[str, Any] = {}
-        if "policy" in own and isinstance(self.policy, SavesPolicyState):
-            objects[_POLICY_ENTRY], saved[_POLICY_ENTRY] = self.policy, own["policy"]
-        for key in keys:
-            objects[key], saved[key] = self.state[key], tree[key]
-        return objects, saved
-
-    def _keys_to_restore(self, loaded: LoadedCheckpoint, strict: bool) -> list[str]:
-        saved = set(loaded.state_keys)
-        current = set(self.state)
-        if saved != current:
-            missing, unexpected = sorted(current - saved), sorted(saved - current)
-            if strict:
-                raise StateMismatchError(
-                    f"checkpoint step_{loaded.step} state keys differ: missing from checkpoint "
-                    f"{missing}, unexpected in checkpoint {unexpected}; restore(strict=False) loads "
-                    "the keys both have"
-                )
-            logger.warning("restoring only shared keys; missing %s, unexpected %s", missing, unexpected)
-        return sorted(saved & current)
-
-    def _restore_value(self, key: str, value: Any, saved: Any) -> None:
-        if key in self._sharded.keys:
-            self._sharded.load(key, saved)
-        elif is_stateful(value):  # modules copy into their parameters; others keep what they get
-            if isinstance(value, torch.nn.Module):  # a torch.compile'd module's entries on one side only: renamed
-                value.load_state_dict(restore_checks.module_entries(value.state_dict(), saved))
-            else:
-                value.load_state_dict(adopt_or_clone(saved))
-        else:  # the caller's own tensor, array, dict or list, never replaced (see checkpoint/stateful.py)
-            restore_in_place(key, value, saved if isinstance(value, torch.Tensor) else adopt_or_clone(saved))
 
     def _poll_persist(self) -> None:
         pending = self._checkpointer.pending
@@ -1163,22 +921,6 @@ class Session:
             checkpoints=len(steps),
             steps=steps[: knobs.PLAN_EVENT_MAX_STEPS],  # plan.json holds them all
         )
-
-
-def _skip_reason(problem: str) -> str:
-    """The ``reason`` of a ``restore_skip`` event, from the problem's text."""
-    if problem.startswith(_MISMATCH):
-        return "state_mismatch"
-    if problem.startswith(REFUSED_BEFORE):
-        return "refused_before"
-    return "remote_unavailable" if UNAVAILABLE in problem else "corrupt"
-
-
-def _restore_error(last_error: str) -> type[CheckpointError]:
-    """What ``restore()`` raises when no checkpoint loads, by the last one's problem."""
-    return {"state_mismatch": StateMismatchError, "remote_unavailable": RemoteUnavailableError}.get(
-        _skip_reason(last_error), CorruptCheckpointError
-    )
 
 
 def _with_layout(context: distributed.DistributedContext | None, run_dir: Path, setting: str) -> distributed.DistributedContext | None:

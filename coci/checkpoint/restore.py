@@ -1,0 +1,356 @@
+"""What ``Session.restore()`` does: pick the newest committed checkpoint that loads, and apply it.
+
+:class:`Restorer` walks the candidates newest first (a run directory's own checkpoints, then the
+remote tier's, or on node-local run directories the steps every node holds a part of) and hands
+each to a loader; a checkpoint that fails (corrupt, refused by an object of the state, remote
+unavailable) is recorded as a ``restore_skip`` event and passed over. :func:`apply_checkpoint`
+puts a loaded checkpoint into the state, all or nothing, the RNG streams last. The session books
+what was loaded (profile, retention, events); this module touches none of it.
+
+Under ``torch.distributed`` every rank walks the same candidates (rank 0 lists the remote tier
+and decides which remote candidates are tried) and the ranks skip a checkpoint together.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from coci import distributed
+from coci.checkpoint import format, nodes, restore_checks, rng_state
+from coci.checkpoint.checkpointer import load_committed, restore_candidates
+from coci.checkpoint.format import RNG_KEY, SESSION_KEY, LoadedCheckpoint
+from coci.checkpoint.remote import RemoteTier
+from coci.checkpoint.remote.fetch import UNAVAILABLE
+from coci.checkpoint.remote.refused import REFUSED_BEFORE, RemoteGate
+from coci.checkpoint.sharded import ShardedState
+from coci.checkpoint.stateful import is_stateful, restore_in_place
+from coci.checkpoint.tree import adopt_or_clone
+from coci.errors import CheckpointError, CorruptCheckpointError, RemoteUnavailableError, StateMismatchError
+from coci.events import EventLog
+from coci.profiler import Profiler
+
+__all__ = ["Found", "RestoreResult", "Restorer", "apply_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+#: The policy's saved state among the objects a restore applies (reserved: no state key starts with ``__coci``).
+_POLICY_ENTRY = SESSION_KEY + "policy"
+#: How a restore problem that is a state mismatch (not damage) starts.
+_MISMATCH = "state mismatch: "
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What ``Session.restore()`` loaded."""
+
+    step: int
+    epoch: int | None
+    path: Path
+    seconds: float
+    nbytes: int
+    skipped: tuple[Path, ...] = ()
+    tier: str = "local"  # "remote": downloaded from the remote tier first
+
+
+@dataclass(frozen=True)
+class Found:
+    """The checkpoint a :class:`Restorer` loaded and applied."""
+
+    loaded: LoadedCheckpoint
+    path: Path
+    tier: str  # "local", or "remote": downloaded from the remote tier first
+    began: float  # the clock when this candidate's load began
+    skipped: tuple[Path, ...]  # candidates passed over before it, newest first
+
+
+class Restorer:
+    """One restore of a run directory: the candidates of every tier, newest first, each loaded by
+    ``apply`` (which loads a checkpoint into the state or raises) until one succeeds.
+
+    Args:
+        run_dir: the run directory (its ``checkpoints/`` and the remote refusal record).
+        apply: puts a loaded checkpoint into the state (:func:`apply_checkpoint`); raises on refusal.
+        sharded: the state's DCP-sharded part (its load targets).
+        strict: a :class:`coci.StateMismatchError` is raised rather than skipped.
+        dist / remote / events / clock: the session's collaborators.
+        step: the session's step, for error events.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        apply: Callable[[LoadedCheckpoint], None],
+        *,
+        sharded: ShardedState,
+        strict: bool,
+        dist: distributed.DistributedContext | None,
+        remote: RemoteTier | None,
+        events: EventLog,
+        clock: Callable[[], float],
+        step: int,
+    ) -> None:
+        self.run_dir = run_dir
+        self.root = format.checkpoints_dir(run_dir)
+        self._apply = apply
+        self._sharded = sharded
+        self._strict = strict
+        self._dist = dist
+        self._remote = remote
+        self._events = events
+        self._clock = clock
+        self._step = step
+
+    def run(self) -> Found | None:
+        """The checkpoint loaded, None on a fresh run; raises when candidates exist and none loads
+        (:class:`coci.CorruptCheckpointError`, or the class of the last one's problem)."""
+        if self._dist is not None and self._dist.node_local:
+            return self._across_nodes()
+        candidates = self._with_remote(restore_candidates(self.root, self._dist))  # newest first; damaged ones too
+        skipped: list[Path] = []
+        last_error = ""
+        targets = self._sharded.load_targets() if candidates else None
+        gate = self._remote_gate()
+        for step, local_path in candidates:
+            began = self._clock()
+            if local_path is None:
+                path, loaded, problem = self._from_remote(gate, step, targets)
+            else:
+                path = local_path
+                loaded, problem = self._load_and_apply(path, targets)
+            if loaded is None or path is None:
+                where = str(path) if local_path is not None else f"{self._remote.store.url}/step_{step}"  # type: ignore[union-attr]
+                self._record_skip(step, where, problem)
+                skipped.append(Path(where))
+                last_error = problem
+                continue
+            return Found(loaded, path, "local" if local_path is not None else "remote", began, tuple(skipped))
+        if candidates:
+            raise _restore_error(last_error)(
+                f"none of the {len(candidates)} committed checkpoints in {self.root} loads: "
+                + ", ".join(p.name for p in skipped)
+                + f" (last error: {last_error})"
+            )
+        return None
+
+    def _record_skip(self, step: int, where: str, problem: str) -> None:
+        """A checkpoint passed over: a warning and a ``restore_skip`` event with its reason."""
+        reason = _skip_reason(problem)
+        logger.warning("skipping checkpoint %s (%s): %s", where, reason, problem)
+        self._events.emit("restore_skip", step=step, path=where, message=problem, reason=reason)
+
+    def _across_nodes(self) -> Found | None:
+        """:meth:`run` on node-local run directories (collective): the newest step every node
+        holds a verified part of, a node lacking its part fetching it from the remote tier; the
+        ranks skip a step together. CorruptCheckpointError naming each step's missing pieces when
+        no step loads (never a silent restart from step 0)."""
+        assert self._dist is not None
+        remote_steps = {step for step, _ in self._with_remote([])} if self._remote is not None else set()
+        steps = sorted(set(nodes.local_steps(self.root, self._dist)) | remote_steps, reverse=True)
+        targets = self._sharded.load_targets() if steps else None
+        skipped: list[Path] = []
+        problems: list[str] = []
+        for step in steps:
+            began = self._clock()
+            tier, problem = self._node_parts_ready(step, remote_steps)
+            path = self.root / format.step_dirname(step)
+            loaded, problem = self._load_and_apply(path, targets) if problem is None else (None, problem)
+            if loaded is None:
+                self._record_skip(step, str(path), problem)
+                skipped.append(path)
+                problems.append(problem)
+                continue
+            return Found(loaded, path, tier, began, tuple(skipped))
+        if steps:
+            remote = "" if self._remote is None else f" or in the remote tier {self._remote.store.url}"
+            raise CorruptCheckpointError(
+                f"no checkpoint is complete on every node{remote} ({len(steps)} steps tried): " + " | ".join(problems)
+            )
+        return None
+
+    def _node_parts_ready(self, step: int, remote_steps: set[int]) -> tuple[str, str | None]:
+        """(this rank's tier, None) once every node holds a verified part of ``step`` (the nodes
+        lacking theirs fetched it from the remote); else ('', what is missing). Collective."""
+        assert self._dist is not None
+        parts = nodes.check_parts(self.root, step, self._dist)
+        ids = sorted({str(part.commit_id) for part in parts if part.problem is None})
+        if len(ids) > 1:
+            return "", f"step_{step}: the nodes hold parts of different checkpoints (commit ids {ids})"
+        lacking = {part.node for part in parts if part.problem is not None}
+        if not lacking:
+            return "local", None
+        if self._remote is None or step not in remote_steps:
+            where = " (and the remote tier does not hold it)" if self._remote is not None else " (no remote tier)"
+            return "", nodes.missing_pieces(step, parts, self._dist) + where
+        fetching = self._dist.node in lacking
+        try:
+            self._remote.fetch_node_parts(step, self.root, self._dist, fetching)
+        except CheckpointError as exc:
+            return "", f"{nodes.missing_pieces(step, parts, self._dist)}; its remote copy: {exc}"
+        return ("remote" if fetching else "local"), None
+
+    def _with_remote(self, local: list[tuple[int, Path]]) -> list[tuple[int, Path | None]]:
+        """Candidates of both tiers, newest step first; a step in both is tried locally first,
+        then from the remote (path None: to be fetched). Listed by rank 0 (collective)."""
+        remote = self._remote
+        if remote is None:
+            return list(local)
+
+        def remote_steps() -> list[int]:
+            try:
+                return remote.committed_steps()
+            except Exception as exc:  # an unreachable remote leaves the local tier
+                logger.warning("cannot list the remote tier %s: %s", remote.store.url, exc)
+                self._events.emit("error", step=self._step, phase="remote_list", message=f"{type(exc).__name__}: {exc}")
+                return []
+
+        merged: list[tuple[int, Path | None]] = [*local, *((step, None) for step in distributed.from_coordinator(remote_steps, self._dist))]
+        return sorted(merged, key=lambda candidate: (candidate[0], candidate[1] is not None), reverse=True)
+
+    def _remote_gate(self) -> RemoteGate | None:
+        """What decides which remote candidates this restore tries (rank 0 holds it)."""
+        if self._remote is None or (self._dist is not None and not self._dist.is_coordinator):
+            return None
+        return RemoteGate(self._remote.store, self.run_dir)
+
+    def _from_remote(
+        self, gate: RemoteGate | None, step: int, targets: Mapping[str, Any] | None
+    ) -> tuple[Path | None, LoadedCheckpoint | None, str]:
+        """Fetch remote ``step`` and load it, unless ``gate`` passes over it; a failure is told to
+        ``gate`` (collective: rank 0 decides, every rank skips or fetches together)."""
+        problem = distributed.from_coordinator(lambda: gate.skip(step) if gate is not None else None, self._dist)
+        if problem is not None:
+            return None, None, problem
+        path, problem = self._fetched(step)
+        loaded, problem = self._load_and_apply(path, targets) if path is not None else (None, problem)
+        if loaded is None and gate is not None:
+            gate.failed(step, problem, fetched=path is not None, mismatch=problem.startswith(_MISMATCH))
+        return path, loaded, problem
+
+    def _fetched(self, step: int) -> tuple[Path | None, str]:
+        """Download remote ``step`` into the run directory, each rank its own files (collective:
+        the ranks take or skip it together)."""
+        assert self._remote is not None
+        try:
+            return self._remote.fetch(step, self.root, self._dist), ""
+        except CheckpointError as exc:
+            return None, str(exc)
+
+    def _load_and_apply(self, path: Path, targets: Mapping[str, Any] | None) -> tuple[LoadedCheckpoint | None, str]:
+        """Load ``path`` into the state; (None, what went wrong) when any rank failed to.
+
+        A checkpoint that verifies but does not load (a structure altered on disk, a tensor of the
+        wrong shape) is skipped like a corrupt one, nothing of it applied (:func:`apply_checkpoint`).
+        """
+        problem = None
+        loaded = None
+        try:
+            loaded = load_committed(path, self._dist, targets)
+            self._apply(loaded)
+        except StateMismatchError as exc:  # strict=False: an older checkpoint may match
+            if self._strict:
+                raise
+            problem = f"{_MISMATCH}{exc}"
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # whatever a hostile checkpoint raises (MemoryError, DCP's CheckpointException...)
+            problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
+        problem = distributed.agree(problem, self._dist)
+        return (None, problem) if problem is not None else (loaded, "")
+
+
+def apply_checkpoint(
+    loaded: LoadedCheckpoint,
+    strict: bool,
+    state: Mapping[str, Any],
+    sharded: ShardedState,
+    policy: object,
+    session_entry: Callable[[Mapping[str, Any]], None],
+) -> None:
+    """Put a loaded checkpoint into ``state``, ``policy`` and (through ``session_entry``, given the
+    session's own saved entry) the session; the RNG streams last.
+
+    All or nothing: everything checkable is checked before the first object is touched; the
+    objects only their own ``load_state_dict`` can check (the policy's state first, then a
+    scheduler's, a loader's...) are applied next and put back when any later one fails."""
+    tree = loaded.tree
+    keys = _keys_to_restore(loaded, state, strict)
+    own = _checked_entries(tree, state, keys, loaded.step)
+    objects, saved = _restore_targets(tree, state, keys, own, policy)
+    restore_checks.apply_all_or_nothing(objects, list(saved), lambda key: _restore_value(sharded, key, objects[key], saved[key]))
+    session_entry(own)
+    if RNG_KEY in tree:  # distributed: absent for a rank the checkpoint did not have
+        rng_state.restore(tree[RNG_KEY])  # last: nothing above may consume random draws after it
+
+
+def _checked_entries(tree: Mapping[str, Any], state: Mapping[str, Any], keys: list[str], step: int) -> dict[str, Any]:
+    """The session's own entry (its step count that of the checkpoint, ``step``), once ``tree``
+    passed every check that touches nothing."""
+    restore_checks.check_restorable(state, tree, keys)
+    own = restore_checks.check_session_entry(tree.get(SESSION_KEY), step)
+    Profiler().load_state_dict(own["profiler"])  # a trial load: refuses before anything is applied
+    if RNG_KEY in tree:
+        rng_state.check(tree[RNG_KEY])
+    return own
+
+
+def _restore_targets(
+    tree: Mapping[str, Any], state: Mapping[str, Any], keys: list[str], own: Mapping[str, Any], policy: object
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(object, saved entry) by key, in the order they are applied: the policy's state first
+    (under a reserved key), so a policy that refuses its state leaves everything untouched."""
+    objects: dict[str, Any] = {}
+    saved: dict[str, Any] = {}
+    if "policy" in own and is_stateful(policy):
+        objects[_POLICY_ENTRY], saved[_POLICY_ENTRY] = policy, own["policy"]
+    for key in keys:
+        objects[key], saved[key] = state[key], tree[key]
+    return objects, saved
+
+
+def _keys_to_restore(loaded: LoadedCheckpoint, state: Mapping[str, Any], strict: bool) -> list[str]:
+    saved = set(loaded.state_keys)
+    current = set(state)
+    if saved != current:
+        missing, unexpected = sorted(current - saved), sorted(saved - current)
+        if strict:
+            raise StateMismatchError(
+                f"checkpoint step_{loaded.step} state keys differ: missing from checkpoint "
+                f"{missing}, unexpected in checkpoint {unexpected}; restore(strict=False) loads "
+                "the keys both have"
+            )
+        logger.warning("restoring only shared keys; missing %s, unexpected %s", missing, unexpected)
+    return sorted(saved & current)
+
+
+def _restore_value(sharded: ShardedState, key: str, value: Any, saved: Any) -> None:
+    if key in sharded.keys:
+        sharded.load(key, saved)
+    elif is_stateful(value):  # modules copy into their parameters; others keep what they get
+        if isinstance(value, torch.nn.Module):  # a torch.compile'd module's entries on one side only: renamed
+            value.load_state_dict(restore_checks.module_entries(value.state_dict(), saved))
+        else:
+            value.load_state_dict(adopt_or_clone(saved))
+    else:  # the caller's own tensor, array, dict or list, never replaced (see checkpoint/stateful.py)
+        restore_in_place(key, value, saved if isinstance(value, torch.Tensor) else adopt_or_clone(saved))
+
+
+def _skip_reason(problem: str) -> str:
+    """The ``reason`` of a ``restore_skip`` event, from the problem's text."""
+    if problem.startswith(_MISMATCH):
+        return "state_mismatch"
+    if problem.startswith(REFUSED_BEFORE):
+        return "refused_before"
+    return "remote_unavailable" if UNAVAILABLE in problem else "corrupt"
+
+
+def _restore_error(last_error: str) -> type[CheckpointError]:
+    """What a restore raises when no checkpoint loads, by the last one's problem."""
+    return {"state_mismatch": StateMismatchError, "remote_unavailable": RemoteUnavailableError}.get(
+        _skip_reason(last_error), CorruptCheckpointError
+    )
