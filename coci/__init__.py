@@ -15,6 +15,7 @@ from coci.checkpoint.remote import RemoteStore, register_remote_scheme
 from coci.checkpoint.retention import KeepAny, KeepEvery, KeepLast, RetentionPolicy
 from coci.checkpoint.stateful import Stateful
 from coci.checkpoint.verify import CheckpointStatus, verify_run
+from coci.config import IOConfig, PreemptionConfig, RemoteConfig, RetentionConfig, SessionConfig
 from coci.errors import (
     CheckpointError,
     CociError,
@@ -82,10 +83,7 @@ __all__ = [
     "Estimate",
     "EveryN",
     "FailureClass",
-    "FailuresLike",
-    "KeepAny",
-    "KeepEvery",
-    "KeepLast",
+    "IOConfig",
     "Failures",
     "Level",
     "Observation",
@@ -96,17 +94,18 @@ __all__ = [
     "PersistError",
     "PersistResult",
     "Preempted",
-    "PriorLike",
+    "PreemptionConfig",
     "Profile",
-    "RemoteStore",
+    "RemoteConfig",
     "RemoteUnavailableError",
     "Report",
     "RestoreResult",
-    "RetentionPolicy",
+    "RetentionConfig",
     "RunDirLockedError",
     "ResumableLoader",
     "ResumableSampler",
     "Session",
+    "SessionConfig",
     "SimulationResult",
     "StateError",
     "StateMismatchError",

@@ -84,52 +84,67 @@ def _policies(name: str) -> list[str]:
     return list(POLICIES) if name == "all" else [name]
 
 
-def _make_plans(args: argparse.Namespace) -> list[Plan]:
+#: The plan options the flags give (the file's option names); a flag left out is absent from ``args``.
+_PLAN_FLAGS = ("total_steps", "restart_seconds", "objective", "time_budget", "max_overhead")
+
+
+def _plan_config(args: argparse.Namespace, policy: str | None) -> Any:
+    """The :class:`coci.PlanConfig` of ``--config FILE`` (``coci.Session``'s options), the flags and
+    ``policy`` (None: the file's, else ``auto``), through the option path every integration takes;
+    ConfigError naming an option set both in the file and by a flag."""
+    from coci.config import build_config
+    from coci.integrations._options import read_options
+
+    options = read_options(args.config) if args.config is not None else {}
+    flags: dict[str, Any] = {name: getattr(args, name) for name in _PLAN_FLAGS if hasattr(args, name)}
+    failures = _failures(args)
+    if failures is not None:
+        flags["failures"] = failures
+    if policy is not None:
+        flags["policy"] = policy
+    clashes = sorted(name for name in options if name in flags or (name == "mtbf" and "failures" in flags))
+    if clashes:
+        raise ConfigError(f"{', '.join(clashes)} set both in --config {args.config} and by a flag: give it once")
+    config = build_config("coci plan --config", None, {**options, **flags}).plan
+    if config is None:
+        raise ConfigError(f"--config {args.config}: policy must name a planning policy ({', '.join(_policies('all'))})")
+    if config.total_steps is None:
+        raise ConfigError("total_steps is required: give --total-steps (or total_steps in --config)")
+    return config
+
+
+def _make_plans(args: argparse.Namespace) -> list[Any]:
     """One plan per policy asked for (``--policy all``: every policy), from the same options."""
-    from coci.planning.config import PlanConfig
     from coci.planning.planner import plan
 
-    curve: CurveLike | None = read_curve(args.curve, args.curve_run) if args.curve is not None else None
+    asked = getattr(args, "policy", None)
+    configs = [_plan_config(args, name) for name in (_policies("all") if asked == "all" else [asked])]
+    curve = read_curve(args.curve, args.curve_run) if args.curve is not None else None
     if args.curve_from is not None:
-        curve = _prior_curve(args)
-    failures = _failures(args)
-    plans = []
-    for name in _policies(args.policy):
-        config = PlanConfig(
-            policy=name,
-            failures=failures,
-            total_steps=args.total_steps,
-            objective=args.objective,
-            time_budget=args.time_budget,
-            max_overhead=args.max_overhead,
-            restart_seconds=args.restart_seconds,
+        curve = _prior_curve(args, configs[0].total_steps)
+    return [
+        plan(
+            config=config,
+            curve=curve,
+            step_seconds=args.step_seconds,
+            stall_seconds=args.stall_seconds,
+            persist_seconds=args.persist_seconds,
+            interference_seconds=args.interference_seconds,
+            upload_seconds=args.upload_seconds,
+            upload_interference_seconds=args.upload_interference_seconds,
+            remote_restart_seconds=args.remote_restart_seconds,
         )
-        plans.append(
-            plan(
-                config=config,
-                curve=curve,
-                step_seconds=args.step_seconds,
-                stall_seconds=args.stall_seconds,
-                persist_seconds=args.persist_seconds,
-                interference_seconds=args.interference_seconds,
-                upload_seconds=args.upload_seconds,
-                upload_interference_seconds=args.upload_interference_seconds,
-                remote_restart_seconds=args.remote_restart_seconds,
-                peer_seconds=args.peer_seconds,
-                peer_interference_seconds=args.peer_interference_seconds,
-                peer_restart_seconds=args.peer_restart_seconds,
-            )
-        )
-    return plans
+        for config in configs
+    ]
 
 
-def _prior_curve(args: argparse.Namespace) -> CorrectedRate:
-    """``--curve-from``: an earlier run's curve rescaled to ``--total-steps`` (a warm start)."""
+def _prior_curve(args: argparse.Namespace, total_steps: int) -> Any:
+    """``--curve-from``: an earlier run's curve rescaled to the horizon (a warm start)."""
     from coci.planning.prior import WarmStart, load_prior
 
     if args.curve is not None:
         raise ConfigError("pass either --curve or --curve-from, not both")
-    return WarmStart(load_prior(args.curve_from), args.total_steps).rate(np.empty(0), np.empty(0))
+    return WarmStart(load_prior(args.curve_from), total_steps).rate(np.empty(0), np.empty(0))
 
 
 # --- sub-commands ------------------------------------------------------------------------------
@@ -394,8 +409,8 @@ def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--stall-seconds", required=True, help="training blocked per checkpoint (snapshot), e.g. 0.4")
     group.add_argument("--persist-seconds", required=True, help="background write + commit time per checkpoint, e.g. 6")
     group.add_argument("--interference-seconds", default="0", help="extra training time one background persist costs (default 0)")
-    group.add_argument("--restart-seconds", default="0", help="cost of one restart: relaunch + restore (default 0)")
-    group.add_argument("--total-steps", type=int, required=True, help="training steps in the whole run")
+    group.add_argument("--restart-seconds", default=argparse.SUPPRESS, help="cost of one restart: relaunch + restore (default 0)")
+    group.add_argument("--total-steps", type=int, default=argparse.SUPPRESS, help="training steps in the whole run (required, here or in --config)")
     group.add_argument("--node-share", type=float, help="share of failures that lose the node's local checkpoints (failure classes)")
     group.add_argument("--upload-seconds", help="remote tier: seconds from a local commit to the remote commit (with --node-share: a two-level plan)")
     group.add_argument("--upload-interference-seconds", help="remote tier: extra training time one upload costs (default 0)")
@@ -408,10 +423,11 @@ def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--curve-run", help="which run of a multi-run curve file (its run_id / curve_id)")
     group.add_argument("--curve-from", help="warm start: an earlier run's directory (or curve file); its curve rescaled to --total-steps")
     pol = parser.add_argument_group("policy")
-    pol.add_argument("--policy", default="auto", choices=[*POLICIES, "all"], help="policy, or 'all' to compare every one (default auto)")
-    pol.add_argument("--objective", default="progress", choices=list(OBJECTIVES), help="auto's objective (default progress)")
-    pol.add_argument("--time-budget", type=_time_budget, default=0.05, help="auto: allowed extra wall-clock overhead over the time optimum, e.g. 0.05, or 'none' (default 0.05)")
-    pol.add_argument("--max-overhead", type=float, default=None, help="cap on checkpoint cost as a share of run time, e.g. 0.05")
+    pol.add_argument("--policy", default=argparse.SUPPRESS, choices=[*POLICIES, "all"], help="policy, or 'all' to compare every one (default auto)")
+    pol.add_argument("--objective", default=argparse.SUPPRESS, choices=list(OBJECTIVES), help="auto's objective (default progress)")
+    pol.add_argument("--time-budget", type=_time_budget, default=argparse.SUPPRESS, help="auto: allowed extra wall-clock overhead over the time optimum, e.g. 0.05, or 'none' (default 0.05)")
+    pol.add_argument("--max-overhead", type=float, default=argparse.SUPPRESS, help="cap on checkpoint cost as a share of run time, e.g. 0.05")
+    parser.add_argument("--config", help="JSON file of coci.Session options (as a SessionConfig; its plan's options: policy, mtbf, total_steps, objective, ...); a flag may not set one again")
     parser.add_argument("--json", action="store_true", help="machine-readable JSON on stdout")
 
 

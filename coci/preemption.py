@@ -136,6 +136,17 @@ def last_event_time(events_path: Path, tail_bytes: int = 1 << 16) -> float | Non
     return None
 
 
+def catchable_signals(signals: Iterable[Any]) -> tuple[signal.Signals, ...]:
+    """``signals`` as signal numbers that can be caught; ConfigError naming ``preemption_signals``."""
+    try:
+        checked = tuple(signal.Signals(s) for s in signals)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"preemption_signals must be signal numbers such as signal.SIGTERM: {exc}") from None
+    if signal.SIGKILL in checked or signal.SIGSTOP in checked:
+        raise ConfigError("preemption_signals cannot include SIGKILL or SIGSTOP (they cannot be caught)")
+    return checked
+
+
 class Preemption:
     """The notice handler and the agreement cadence of one session.
 
@@ -144,12 +155,7 @@ class Preemption:
     """
 
     def __init__(self, signals: Iterable[int] = (signal.SIGTERM,), grace: str | float = "30s") -> None:
-        try:
-            self.signals = tuple(signal.Signals(s) for s in signals)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"preemption_signals must be signal numbers such as signal.SIGTERM: {exc}") from None
-        if signal.SIGKILL in self.signals or signal.SIGSTOP in self.signals:
-            raise ConfigError("preemption_signals cannot include SIGKILL or SIGSTOP (they cannot be caught)")
+        self.signals = catchable_signals(signals)
         self.grace_seconds = parse_duration(grace, field="grace", positive=True)
         self.notice: Notice | None = None
         self._installed = False

@@ -27,16 +27,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Unpack
 
 import torch
 
-from coci import checks, distributed, knobs, preemption, safe_files
+from coci import distributed, knobs, preemption, safe_files
 from coci.checkpoint import format, rng_state
 from coci.checkpoint.checkpointer import (
     Checkpointer,
@@ -47,12 +46,13 @@ from coci.checkpoint.checkpointer import (
 from coci.checkpoint.format import RNG_KEY, SESSION_KEY
 from coci.checkpoint.remote import RemoteTier, open_store
 from coci.checkpoint.remote.history import HistoryMirror, history_offset, merge_history
-from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES, claim, claim_for_job
+from coci.checkpoint.remote.identity import claim, claim_for_job
 from coci.checkpoint.remote.tier import NodeRole
 from coci.checkpoint.restore import Found, Restorer, RestoreResult, apply_checkpoint
 from coci.checkpoint.run_lock import RunLock
 from coci.checkpoint.sharded import ShardedState, local_data_ptr, local_nbytes
 from coci.checkpoint.stateful import is_stateful, validate_state
+from coci.config import RemoteConfig, SessionConfig, SessionOptions, build_config
 from coci.errors import (
     CociError,
     ConfigError,
@@ -65,9 +65,7 @@ from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
 from coci.planning.arguments import FailuresLike, PlansAhead, PolicyLike, PriorLike, SavesPolicyState, TakesPrior, WarmsUp
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
-from coci.planning.config import PlanConfig, changed_arguments
-from coci.planning.failures import Failures
-from coci.planning.online import PlanningPolicy, make_policy
+from coci.planning.planner import Plan, PlanningPolicy, make_policy
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from coci.planning.records import Plan
 from coci.preemption import Preempted
@@ -92,76 +90,26 @@ class Session:
         state: name -> object with ``state_dict``/``load_state_dict``, tensor or plain value. An
             Accelerate-wrapped optimizer or scheduler (``accelerator.prepare``'s) stands for the
             torch object it wraps, which is fenced, saved and restored.
-        policy: ``"auto"``, ``"coci"``, ``"young"``, ``"daly"``, ``"checkfreq"``, a
-            :class:`coci.EveryN`, a collection of steps, a :class:`coci.Plan`, or any
-            :class:`coci.CheckpointPolicy`.
-        plan_config: a :class:`coci.PlanConfig` holding the policy name and every planning
-            choice, instead of ``policy`` and the planning keywords below (which build one).
-        mtbf / failures: the failure model (one of them) for planning policies.
-        total_steps: planning horizon in steps.
-        restart_seconds: cost of a restart; measured restore time is used when None.
-        objective, time_budget, max_overhead: as in :class:`coci.PlanConfig`.
-        keep_last: committed checkpoints to keep (None keeps all; never fewer than one): sugar for
-            ``retention=coci.KeepLast(keep_last)``.
-        retention: a :class:`coci.RetentionPolicy` deciding which committed checkpoints stay
-            (:class:`coci.KeepLast`, :class:`coci.KeepEvery`, :class:`coci.KeepAny`, or your own);
-            when given it replaces ``keep_last``. It only ever sees checkpoints this run committed
-            or restored from, and the newest of them is kept whatever it says
-            (:mod:`coci.checkpoint.retention`).
-        on_error: ``"raise"`` (default) raises a background persist failure at the next
-            ``step``/``close``; ``"log"`` only logs it (it is always in ``events.jsonl``).
-        preemption_signals / grace: a notice (SIGTERM by default; ``()`` turns it off) makes the
-            next ``step()`` checkpoint, wait for the commit and raise :class:`coci.Preempted`;
-            ``grace`` is the time the scheduler allows (see :mod:`coci.preemption`).
-        save_last: checkpoint the final state at ``close()`` (after the last step, unless a
-            checkpoint of that step exists). None (default) saves when the run reached
-            ``total_steps``; a ``close()`` reached through an exception never saves.
-        clock: seconds clock, injectable for tests.
-        prior: warm start for ``auto``: an earlier run's loss curve (its run directory, a curve file,
-            losses or ``(steps, losses)``), planned with from step 0, rescaled to ``total_steps`` and
-            corrected by this run's losses (:mod:`coci.planning.prior`); one that cannot be used is
-            recorded in the plan's fallbacks.
-        remote: the remote tier, ``"s3://bucket/prefix"`` (endpoint and credentials from the AWS
-            environment variables), a shared directory, a URL of a scheme registered with
-            :func:`coci.register_remote_scheme`, or a :class:`coci.RemoteStore` instance (used as it is). Committed checkpoints the plan promotes
-            (``Plan.promote_steps``; None: every one) are uploaded in the background, and
-            ``restore()`` falls back to it (:mod:`coci.checkpoint.remote`).
-        storage_options: extra S3 client options (obstore's S3 config keys) for an ``s3://`` remote
-            (for another scheme: handed to its factory).
-        keep_last_remote: remote checkpoints to keep (None keeps all; never fewer than one).
-        remote_retention: the remote tier's :class:`coci.RetentionPolicy`, replacing
-            ``keep_last_remote`` when given (the same rules as ``retention``).
-        remote_owner: a remote prefix belongs to one run (:mod:`coci.checkpoint.remote.identity`):
-            ``"refuse"`` (default) raises :class:`coci.ConfigError` naming the prefix and its owner
-            when another run (another run directory, or another run's id in this one) owns it;
-            ``"adopt"`` takes the prefix over to continue from that run's checkpoints, which this
-            run restores but never deletes. The same run directory path on a fresh disk (a lost
-            node) continues its own run without it.
-        run_dir_layout: under ``torch.distributed``, whether the nodes share ``run_dir``:
-            ``"auto"`` (default) probes it (each rank writes a token file and reports which
-            tokens it sees), ``"shared"`` (NFS, Lustre: one directory for every rank) or
-            ``"node-local"`` (each host its own directory, e.g. a local NVMe disk). On node-local
-            directories each node commits, uploads and restores its own ranks' files
-            (:mod:`coci.checkpoint.nodes`); the answer is recorded as a ``run_dir_layout`` event.
-        writer: builds the :class:`coci.CheckpointWriter` that writes and commits each checkpoint,
-            called as ``writer(checkpoints_root, context)`` (``context`` None in one process; see
-            :data:`coci.checkpoint.checkpointer.WriterFactory`). None (default) is coci's choice
-            (:func:`coci.checkpoint.checkpointer.writer_for`: its own format in one process, DCP's
-            under ``torch.distributed``); a writer of a format of its own registers that format's
-            reader (:func:`coci.register_reader`) so that ``restore()`` can load it.
-        peer_copies: on node-local run directories, 1 keeps a copy of each node's part of every
-            committed checkpoint (those the plan chooses: :func:`coci.checkpoint.peers.peer_copy_wanted`)
-            on the next node too, sent in the background over a side-channel socket; a node whose
-            own part is gone restores from that copy before the remote tier
-            (:mod:`coci.checkpoint.peers`). 0 (default) keeps none. Ignored, with a
-            ``peer_copies`` event saying why, in one process or one shared run directory.
-        persist: where checkpoint files are written: ``"thread"`` (a background thread) or
-            ``"process"`` (a helper process started with the session, reading the staging arena
-            from shared memory, so none of the persist's Python holds the training loop's
-            interpreter lock; :mod:`coci.checkpoint.persist_process`). None (default):
-            ``coci.knobs.PERSIST_MODE``. Under ``torch.distributed`` the persist stays a thread
-            (DCP's save is collective on the training process's groups); recorded as a
-            ``persist_mode`` event.
+        config: every choice of the session, a :class:`coci.SessionConfig` (its parts document
+            each field): the plan, retention, the remote tier, preemption, I/O.
+        options: instead of ``config``, :class:`coci.SessionConfig`'s fields as keywords
+            (:class:`coci.config.SessionOptions`; a ConfigError names one passed next to ``config``):
+            ``policy`` (``"auto"``, ``"coci"``, ``"young"``, ``"daly"``, ``"checkfreq"``, a
+            :class:`coci.EveryN`, a collection of steps, a :class:`coci.Plan`, a
+            :class:`coci.CheckpointPolicy`), ``plan_config`` (a :class:`coci.PlanConfig`),
+            ``mtbf`` / ``failures``, ``total_steps``, ``restart_seconds``, ``objective``,
+            ``time_budget``, ``max_overhead`` (the plan); ``keep_last``, ``keep_last_remote``,
+            ``save_last`` (retention); ``remote``, ``storage_options``, ``remote_owner`` (the
+            remote tier); ``preemption_signals``, ``grace``; ``on_error``, ``run_dir_layout``;
+            ``prior``; ``clock``.
+
+    A persist that fails in the background raises at the next ``step``/``close`` (``on_error``);
+    a preemption notice makes the next ``step()`` checkpoint, wait for the commit and raise
+    :class:`coci.Preempted` (:mod:`coci.preemption`); the remote tier receives the committed
+    checkpoints the plan promotes and ``restore()`` falls back to it
+    (:mod:`coci.checkpoint.remote`); a remote prefix belongs to one run
+    (:mod:`coci.checkpoint.remote.identity`); on node-local run directories each node commits,
+    uploads and restores its own ranks' files (:mod:`coci.checkpoint.nodes`).
     """
 
     def __init__(
@@ -169,100 +117,45 @@ class Session:
         run_dir: str | os.PathLike[str],
         state: Mapping[str, Any],
         *,
-        policy: PolicyLike = "auto",
-        plan_config: PlanConfig | None = None,
-        mtbf: str | float | None = None,
-        failures: FailuresLike | None = None,
-        total_steps: int | None = None,
-        restart_seconds: float | None = None,
-        keep_last: int | None = 2,
-        objective: str = "progress",
-        time_budget: float | None = 0.05,
-        max_overhead: float | None = None,
-        on_error: str = "raise",
-        save_last: bool | None = None,
-        clock: Callable[[], float] | None = None,
-        preemption_signals: Iterable[int] = (signal.SIGTERM,),
-        grace: str | float = "30s",
-        prior: PriorLike | None = None,
-        remote: RemoteLike | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        keep_last_remote: int | None = 2,
-        remote_owner: str = "refuse",
-        run_dir_layout: str = "auto",
-        writer: WriterFactory | None = None,
-        retention: RetentionPolicy | None = None,
-        remote_retention: RetentionPolicy | None = None,
-        peer_copies: int = 0,
-        persist: str | None = None,
+        config: SessionConfig | None = None,
+        **options: Unpack[SessionOptions],
     ) -> None:
         constructed = time.perf_counter()  # the construction is coci's time too (the ledger's setup)
         if not isinstance(run_dir, (str, os.PathLike)) or not str(run_dir):
             raise ConfigError(f"run_dir must be a path to a directory, got {run_dir!r}")
         self.state = validate_state(state)
         self._sharded = ShardedState.detect(self.state)  # FSDP2 / DTensor state: through DCP's state_dict API
-        local_retention = retention_policy(keep_last, retention)
-        if total_steps is not None and (not checks.is_int(total_steps) or total_steps < 1):
-            raise ConfigError(f"total_steps must be a positive integer or None, got {total_steps!r}")
-        if on_error not in ("raise", "log"):
-            raise ConfigError(f"on_error must be 'raise' or 'log', got {on_error!r}")
-        if run_dir_layout not in distributed.RUN_DIR_LAYOUTS:
-            raise ConfigError(f"run_dir_layout must be one of {', '.join(distributed.RUN_DIR_LAYOUTS)}, got {run_dir_layout!r}")
-        peer_copies = check_peer_copies(peer_copies)
-        persist = knobs.PERSIST_MODE if persist is None else persist
-        if persist not in PERSIST_MODES:
-            raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {persist!r}")
-        if save_last is not None and not isinstance(save_last, bool):
-            raise ConfigError(f"save_last must be True, False or None, got {save_last!r}")
-        self._save_last = save_last
-        self._total_steps = total_steps if plan_config is None else plan_config.total_steps
+        self.config = build_config("Session", config, options)
+        self._save_last = self.config.retention.save_last
         self.run_dir = Path(run_dir)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             safe_files.check_writable(self.run_dir)
         except OSError as exc:
             raise ConfigError(f"run_dir {str(self.run_dir)!r} is not a writable directory: {exc}") from exc
-        self._clock = clock or time.perf_counter
-        self._on_error = on_error
+        self._clock = self.config.clock or time.perf_counter
         self.events = EventLog(self.run_dir)
-        self.policy = _resolve_policy(
-            policy,
-            plan_config,
-            mtbf=mtbf,
-            failures=failures,
-            total_steps=total_steps,
-            restart_seconds=restart_seconds,
-            objective=objective,
-            time_budget=time_budget,
-            max_overhead=max_overhead,
-        )
-        if prior is not None:
-            _use_prior(self.policy, prior)
+        self.policy = _resolve_policy(self.config)
+        if self.config.prior is not None:
+            _use_prior(self.policy, self.config.prior)
         self._profiler = Profiler(clock=self._clock)
         # distributed: coci's gloo groups (collective), per-rank event logs
-        self._dist = _with_layout(distributed.DistributedContext.detect(), self.run_dir, run_dir_layout)
+        self._dist = _with_layout(distributed.DistributedContext.detect(), self.run_dir, self.config.io.run_dir_layout)
         self._lock = _lock_run_dir(self.run_dir, self._dist)  # one session per run directory
         if self._dist is not None and not self._dist.is_coordinator:
             self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
         if self._dist is not None:
             nodes_seen = [list(ranks) for ranks in self._dist.nodes or ()]
             layout = "node-local" if self._dist.node_local else "shared"
-            self.events.emit("run_dir_layout", step=0, layout=layout, setting=run_dir_layout, nodes=nodes_seen, node=self._dist.node)
+            self.events.emit("run_dir_layout", step=0, layout=layout, setting=self.config.io.run_dir_layout, nodes=nodes_seen, node=self._dist.node)
         # the previous process's last event, read before this one writes any (the step mark's `reached` included)
         previous_end = preemption.last_event_time(self.events.path)
         events_start = history_offset(self.events.path)  # where this process's events begin
         self._mark = self._open_step_mark()
-        checkpoint_writer = (writer or writer_for)(checkpoints_dir(self.run_dir), self._dist)
-        self._checkpointer = Checkpointer(checkpoint_writer, self.events, local_retention, self._clock, persist)
-        self._remote = None if remote is None else RemoteTier(
-            open_store(remote, storage_options),
-            retention_policy(keep_last_remote, remote_retention, remote=True),
-            self.events,
-            self._profiler,
-            role=_node_role(self._dist),
-        )
-        self._claim_remote(remote_owner)
-        self._peers = self._start_peers(peer_copies)
+        writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
+        self._checkpointer = Checkpointer(writer, self.events, self.config.retention.keep_last, self._clock)
+        self._remote = self._remote_tier(self.config.remote, self.config.retention.keep_last_remote)
+        self._claim_remote(self.config.remote.owner)
         self._history = self._mirror_history(events_start)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
@@ -289,8 +182,8 @@ class Session:
         self._write_plan()  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
         state_bytes = _tensor_bytes(self.state)
         self._profiler.set_state_bytes(state_bytes)
-        self._probe_due = True  # the bandwidth probe starts at the first step(), off the training thread
-        self._preemption = preemption.start(self._profiler.profile, self._dist, preemption_signals, grace, previous_end)
+        self._profiler.probe(self.run_dir, state_bytes)  # once, milliseconds: estimates before any checkpoint
+        self._preemption = preemption.start(self._profiler.profile, self._dist, self.config.preemption.signals, self.config.preemption.grace, previous_end)
         startup = process_age_seconds()
         if startup is not None:
             self._profiler.set_startup_seconds(startup)  # the restart cost's prior
@@ -487,11 +380,16 @@ class Session:
         self._profiler.mark()
         return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, found.skipped, tier)
 
+    def _remote_tier(self, remote: RemoteConfig, keep_last: int | None) -> RemoteTier | None:
+        """The remote tier ``remote`` names (None without one)."""
+        if remote.url is None:
+            return None
+        store = open_store(remote.url, remote.storage_options)
+        return RemoteTier(store, keep_last, self.events, self._profiler, role=_node_role(self._dist))
+
     def _claim_remote(self, mode: str) -> None:
         """The remote prefix is this run's (``remote_owner``): claimed, or refused with the run
         directory's lock released (collective)."""
-        if mode not in REMOTE_OWNER_MODES:
-            raise ConfigError(f"remote_owner must be one of {', '.join(map(repr, REMOTE_OWNER_MODES))}, got {mode!r}")
         remote = self._remote
         if remote is None:
             return
@@ -647,7 +545,7 @@ class Session:
         """``save_last`` asked for the final state (or the run reached ``total_steps``)."""
         wanted = self._save_last
         if wanted is None:
-            wanted = self._total_steps is not None and self._steps >= self._total_steps
+            wanted = self.config.total_steps is not None and self._steps >= self.config.total_steps
         return wanted and self._steps > 0
 
     def _account_step_work(self, entered: float, resumed: float, planning_before: float, checkpointed: bool) -> None:
@@ -791,7 +689,7 @@ class Session:
         error = pending.upload_completion.exception()
         if error is not None:
             self._profiler.persist_aborted()
-            if self._on_error == "raise":
+            if self.config.io.on_error == "raise":
                 self._error = error
             return
         result = pending.upload_completion.result()
@@ -967,21 +865,15 @@ def _tensor_bytes(state: Mapping[str, Any]) -> int:
     return total
 
 
-def _resolve_policy(policy: PolicyLike, plan_config: PlanConfig | None, **planning: Any) -> CheckpointPolicy:
-    """Turn the ``policy`` argument, or ``plan_config``, into a CheckpointPolicy (policy names and
-    plan configs go to the planner). ``planning`` holds the session's planning keywords."""
-    if plan_config is not None or isinstance(policy, str):
-        return make_policy(_plan_config(policy, plan_config, **planning))
-    if isinstance(policy, (EveryN, AtSteps, CheckpointPolicy)):
-        return policy
-    if isinstance(policy, Plan):  # a precomputed plan, followed as is
+def _resolve_policy(config: SessionConfig) -> CheckpointPolicy:
+    """The checkpoint policy ``config`` names: the planner's for a plan, a precomputed
+    :class:`coci.Plan` followed as is, or the policy object given."""
+    if config.plan is not None:
+        return make_policy(config.plan)
+    policy = config.policy
+    if not isinstance(policy, (EveryN, AtSteps, CheckpointPolicy)) and hasattr(policy, "model_dump_json"):
         return _PlanPolicy(AtSteps.of(policy.steps), policy)
-    if isinstance(policy, Iterable):
-        return AtSteps.of(policy)
-    raise ConfigError(
-        "policy must be 'auto', 'coci', 'young', 'daly', 'checkfreq', coci.EveryN(k), a collection of "
-        f"steps, a coci.Plan or a CheckpointPolicy; got {policy!r}"
-    )
+    return policy
 
 
 def _use_prior(policy: CheckpointPolicy, prior: PriorLike) -> None:
@@ -1003,25 +895,3 @@ class _PlanPolicy:
 
     def observe(self, observation: Observation) -> None:
         return None
-
-
-def _plan_config(policy: PolicyLike, plan_config: PlanConfig | None, **planning: Any) -> PlanConfig:
-    """``plan_config`` as given (the other planning arguments left unset), or the config that the
-    policy name and the planning keywords describe."""
-    if plan_config is None:
-        assert isinstance(policy, str)  # _resolve_policy's only other case
-        failures = _failures(planning.pop("mtbf"), planning.pop("failures"))
-        return PlanConfig(policy=policy, failures=cast(Failures | None, failures), **planning)  # it models an MTBF itself
-    if not isinstance(plan_config, PlanConfig):
-        raise ConfigError(f"plan_config must be a coci.PlanConfig or None, got {plan_config!r}")
-    given = changed_arguments(Session.__init__, planning)
-    if given or not (isinstance(policy, str) and policy in ("auto", plan_config.policy)):
-        raise ConfigError(f"pass either plan_config= or the planning arguments ({', '.join(given or ['policy'])}), not both")
-    return plan_config
-
-
-def _failures(mtbf: str | float | None, failures: FailuresLike | None) -> FailuresLike | None:
-    """The failure model from ``mtbf=`` (an exponential model) or ``failures=``, never both."""
-    if mtbf is not None and failures is not None:
-        raise ConfigError("pass either mtbf= or failures=, not both")
-    return failures if mtbf is None else Failures.exponential(mtbf=mtbf)

@@ -1,63 +1,48 @@
-"""The options of every integration's callback: :class:`coci.Session`'s keyword arguments, one path.
+"""The options of every integration's callback and of the command line: one path to a :class:`coci.SessionConfig`.
 
-A callback takes ``run_dir`` and ``**options``; :func:`session_options` checks the names against
-``Session``'s signature (read once, here) and fills in ``Session``'s own defaults, so a callback
-accepts exactly what ``Session`` accepts, with the same defaults, and cannot drift from it when
-``Session`` gains an option. The values themselves are checked by ``Session`` when the callback
-builds it (at the start of training); ``save_last``, which the callbacks interpret themselves, is
-checked here.
+A callback takes ``run_dir`` and either ``config=`` (a :class:`coci.SessionConfig`) or
+``**options`` (:class:`coci.Session`'s keyword arguments); :func:`callback_config` builds the
+config through :func:`coci.config.build_config`, as ``Session`` does, so a callback accepts exactly
+what ``Session`` accepts, with the same defaults, and every value is checked when the callback is
+made. ``coci plan --config FILE`` reads the same options from a JSON file (:func:`read_options`).
 """
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
+import json
 from collections.abc import Mapping
-from types import MappingProxyType
+from pathlib import Path
 from typing import Any
 
+from coci.config import SessionConfig, build_config
 from coci.errors import ConfigError
-from coci.planning.config import PlanConfig
-from coci.session import Session
-
-#: ``Session``'s keyword options (all but ``run_dir`` and ``state``) and their defaults.
-SESSION_OPTIONS: Mapping[str, Any] = MappingProxyType(
-    {
-        name: parameter.default
-        for name, parameter in inspect.signature(Session).parameters.items()
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
-    }
-)
 
 
-def session_options(owner: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with ``Session``'s defaults for the rest; ConfigError naming any unknown one."""
-    unknown = sorted(set(options) - set(SESSION_OPTIONS))
-    if unknown:
-        raise ConfigError(
-            f"{owner} got unknown option(s) {', '.join(unknown)}; it takes coci.Session's keyword "
-            f"arguments: {', '.join(SESSION_OPTIONS)}"
-        )
-    save_last = options.get("save_last")
-    if save_last is not None and not isinstance(save_last, bool):
-        raise ConfigError(f"save_last must be True, False or None, got {save_last!r}")
-    return {**SESSION_OPTIONS, **options}
+def callback_config(owner: str, config: SessionConfig | None, options: Mapping[str, Any]) -> SessionConfig:
+    """The :class:`coci.SessionConfig` a callback was given (``config``, or built from ``options``)."""
+    return build_config(owner, config, options)
 
 
-def with_horizon(options: Mapping[str, Any], steps: int | None) -> dict[str, Any]:
-    """``options`` whose planning horizon, when neither ``total_steps`` nor the ``plan_config``'s
-    is set, is the trainer's ``steps`` (None or < 1: left open)."""
-    filled = dict(options)
-    if steps is None or steps < 1:
-        return filled
-    config = filled.get("plan_config")
-    if isinstance(config, PlanConfig) and config.total_steps is None:
-        filled["plan_config"] = config.replace(total_steps=int(steps))
-    elif config is None and filled.get("total_steps") is None:
-        filled["total_steps"] = int(steps)
-    return filled
+def for_trainer(config: SessionConfig, steps: int | None) -> SessionConfig:
+    """The config of a callback's Session: the horizon, when unset, is the trainer's ``steps``
+    (None or < 1: left open), and ``save_last`` is off (the callback takes the final checkpoint)."""
+    return config.with_horizon(steps).replace(retention=dataclasses.replace(config.retention, save_last=False))
 
 
 def final_checkpoint_wanted(save_last: bool | None, reached_end: bool) -> bool:
     """``save_last`` as ``Session`` reads it, for a callback that takes the final checkpoint itself:
     True always, None when the run reached its horizon (not when stopped early), False never."""
     return reached_end if save_last is None else save_last
+
+
+def read_options(path: str | Path) -> dict[str, Any]:
+    """``coci.Session``'s keyword options from a JSON file holding one object (``{"mtbf": "8h",
+    "keep_last": 3}``); ConfigError naming the file when it is not one."""
+    try:
+        options = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ConfigError(f"config file {str(path)!r} is not readable JSON: {exc}") from None
+    if not isinstance(options, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold one JSON object of coci.Session options, got {type(options).__name__}")
+    return options

@@ -89,9 +89,9 @@ import torch
 
 from coci import checks
 from coci.checkpoint import rng_state
+from coci.config import SessionConfig
 from coci.errors import ConfigError
-from coci.integrations._options import final_checkpoint_wanted, session_options, with_horizon
-from coci.planning.config import PlanConfig
+from coci.integrations._options import callback_config, final_checkpoint_wanted, for_trainer
 from coci.session import RestoreResult, Session
 
 __all__ = ["CociCallback"]
@@ -105,23 +105,26 @@ class CociCallback(Callback):
     Args:
         run_dir: directory for ``checkpoints/``, ``events.jsonl``, ``plan.json`` (as in Session).
         resume: restore the newest committed checkpoint in ``run_dir`` at ``on_fit_start``.
-        options: every keyword argument of :class:`coci.Session` (``mtbf``, ``policy``,
-            ``keep_last``, ``remote``, ``prior``, ...), with Session's defaults; an unknown name is a
-            ConfigError. Two are read for the trainer: ``total_steps`` (and a ``plan_config``'s),
-            when None, is ``Trainer(max_steps)`` when that is set (otherwise the horizon is open);
-            ``save_last`` checkpoints the final training step: None (default) when the run reached
+        config: the session's :class:`coci.SessionConfig`; or, instead, ``options``: every keyword
+            argument of :class:`coci.Session` (``mtbf``, ``policy``, ``keep_last``, ``remote``,
+            ``prior``, ...), with Session's defaults (an unknown name, or one next to ``config``, is a
+            ConfigError). Two are read for the trainer: the horizon (``total_steps``), when None, is
+            ``Trainer(max_steps)`` when that is set (otherwise it stays open); ``save_last``
+            checkpoints the final training step: None (default) when the run reached
             ``max_steps`` or ``max_epochs``, True also when it stopped early, False never.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], *, resume: bool = True, **options: Any) -> None:
+    def __init__(
+        self, run_dir: str | os.PathLike[str], *, resume: bool = True, config: SessionConfig | None = None, **options: Any
+    ) -> None:
         if not isinstance(run_dir, (str, os.PathLike)):
             raise ConfigError(f"run_dir must be a path, got {run_dir!r}")
         if not isinstance(resume, bool):
             raise ConfigError(f"resume must be True or False, got {resume!r}")
         self.run_dir = run_dir
         self.resume = resume
-        self._session_options = session_options("CociCallback", options)
-        self.save_last: bool | None = self._session_options["save_last"]
+        self.config = callback_config("CociCallback", config, options)
+        self.save_last: bool | None = self.config.retention.save_last
         self._session: Session | None = None
         self._restored: RestoreResult | None = None
         self._pending_rng: dict[str, Any] | None = None
@@ -152,7 +155,7 @@ class CociCallback(Callback):
             )
         self._close_session()
         self._session = Session(
-            self.run_dir, state=_lightning_state(trainer, pl_module, self), **self._options_for(trainer)
+            self.run_dir, state=_lightning_state(trainer, pl_module, self), config=self._config_for(trainer)
         )
         self._restored = self._session.restore() if self.resume else None
         if self._restored is not None:
@@ -198,7 +201,7 @@ class CociCallback(Callback):
             logger.warning(
                 "coci: training_step's output holds no loss (under manual optimization it returns nothing "
                 "unless you return it), so policy=%r plans without the loss curve (for time); return the loss "
-                "to plan on, a tensor or {'loss': tensor}", self._policy_name()
+                "to plan on, a tensor or {'loss': tensor}", self.config.policy_name
             )
         pending = session.step(loss)
         if pending is None and _is_final_batch(trainer) and final_checkpoint_wanted(self.save_last, reached_end=True):
@@ -221,19 +224,14 @@ class CociCallback(Callback):
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _policy_name(self) -> Any:
-        config = self._session_options["plan_config"]
-        return config.policy if isinstance(config, PlanConfig) else self._session_options["policy"]
-
     def _plans_on_loss(self) -> bool:
         """Whether the policy fits the loss curve ("auto", "coci"): without losses it plans for time."""
-        return self._policy_name() in ("auto", "coci")
+        return self.config.policy_name in ("auto", "coci")
 
-    def _options_for(self, trainer: pl.Trainer) -> dict[str, Any]:
-        """The Session's arguments; an unset planning horizon becomes ``Trainer(max_steps)``."""
-        options = with_horizon(self._session_options, trainer.max_steps)
-        options["save_last"] = False  # the callback's own save_last checkpoints the final step (on_train_batch_end)
-        return options
+    def _config_for(self, trainer: pl.Trainer) -> SessionConfig:
+        """The Session's config: an unset horizon becomes ``Trainer(max_steps)``; ``save_last`` off
+        (the callback's own ``save_last`` checkpoints the final step, in ``on_train_batch_end``)."""
+        return for_trainer(self.config, trainer.max_steps)
 
     def _close_session(self) -> None:
         session, self._session = self._session, None

@@ -85,8 +85,9 @@ import torch
 
 from coci import checks
 from coci.checkpoint import rng_state
+from coci.config import SessionConfig
 from coci.errors import ConfigError, StateError
-from coci.integrations._options import final_checkpoint_wanted, session_options, with_horizon
+from coci.integrations._options import callback_config, final_checkpoint_wanted, for_trainer
 from coci.session import RestoreResult, Session
 
 __all__ = ["CociCallback", "attach"]
@@ -101,11 +102,19 @@ _RUN_EPOCH_ARGUMENTS = frozenset(
 _LOGGING_COUNTERS = ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged", "current_flos")
 
 
-def attach(trainer: Trainer, run_dir: str | os.PathLike[str], *, resume: bool = True, **options: Any) -> CociCallback:
+def attach(
+    trainer: Trainer,
+    run_dir: str | os.PathLike[str],
+    *,
+    resume: bool = True,
+    config: SessionConfig | None = None,
+    **options: Any,
+) -> CociCallback:
     """Checkpoint ``trainer``'s runs in ``run_dir`` when coci's plan says, and resume them exactly.
 
-    Call once, before ``trainer.train()``. ``options`` are :class:`coci.Session`'s keyword arguments
-    (``mtbf``, ``policy``, ``keep_last``, ``remote``, ...); ``resume=False`` starts afresh.
+    Call once, before ``trainer.train()``. ``config`` is the session's :class:`coci.SessionConfig`;
+    or, instead, ``options`` are :class:`coci.Session`'s keyword arguments (``mtbf``, ``policy``,
+    ``keep_last``, ``remote``, ...); ``resume=False`` starts afresh.
     Returns the :class:`CociCallback` (its ``session`` and ``restored`` while training runs).
     """
     if not isinstance(trainer, Trainer):
@@ -115,7 +124,7 @@ def attach(trainer: Trainer, run_dir: str | os.PathLike[str], *, resume: bool = 
     run_epoch = getattr(trainer, "_run_epoch", None)
     if run_epoch is None or not _RUN_EPOCH_ARGUMENTS.issubset(inspect.signature(run_epoch).parameters):
         raise ConfigError(_unsupported("Trainer._run_epoch with keyword arguments " + ", ".join(sorted(_RUN_EPOCH_ARGUMENTS))))
-    callback = CociCallback(run_dir, resume=resume, **options)
+    callback = CociCallback(run_dir, resume=resume, config=config, **options)
     callback._trainer = trainer
     trainer.callback_handler.callbacks.insert(0, callback)  # first: restores before, snapshots before the others
     trainer._run_epoch = _skipping_trained_epochs(callback, run_epoch)  # type: ignore[method-assign]
@@ -129,20 +138,23 @@ class CociCallback(TrainerCallback):
     Args:
         run_dir: directory for ``checkpoints/``, ``events.jsonl``, ``plan.json`` (as in Session).
         resume: restore the newest committed checkpoint in ``run_dir`` when training starts.
-        options: every keyword argument of :class:`coci.Session`, with its defaults; ``total_steps``
-            (and a ``plan_config``'s), when None, is the Trainer's ``max_steps``; ``save_last``:
+        config: the session's :class:`coci.SessionConfig`; or, instead, ``options``: every keyword
+            argument of :class:`coci.Session`, with its defaults; the horizon (``total_steps``),
+            when None, is the Trainer's ``max_steps``; ``save_last``:
             None (default) checkpoints the final step when ``max_steps`` was reached, True also
             after an early stop, False never.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], *, resume: bool = True, **options: Any) -> None:
+    def __init__(
+        self, run_dir: str | os.PathLike[str], *, resume: bool = True, config: SessionConfig | None = None, **options: Any
+    ) -> None:
         if not isinstance(run_dir, (str, os.PathLike)):
             raise ConfigError(f"run_dir must be a path, got {run_dir!r}")
         if not isinstance(resume, bool):
             raise ConfigError(f"resume must be True or False, got {resume!r}")
         self.run_dir = run_dir
         self.resume = resume
-        self._session_options = session_options("CociCallback", options)
+        self.config = callback_config("CociCallback", config, options)
         self._trainer: Trainer | None = None
         self._session: Session | None = None
         self._restored: RestoreResult | None = None
@@ -177,7 +189,7 @@ class CociCallback(TrainerCallback):
         self._close_session()
         self._resume_step, self._pending_rng, self._loss_before, self._loss = None, None, None, None
         self._progress = _TrainerProgress(trainer, self)
-        self._session = Session(self.run_dir, state=_trainer_state(trainer, self._progress), **self._options_for(state.max_steps))
+        self._session = Session(self.run_dir, state=_trainer_state(trainer, self._progress), config=self._config_for(state.max_steps))
         self._restored = self._session.restore() if self.resume else None
         if self._restored is not None:
             self._resume_step = state.global_step
@@ -206,18 +218,17 @@ class CociCallback(TrainerCallback):
             self._record_step(state)
         reached_end = state.global_step >= state.max_steps
         last = session.checkpoint_steps[-1] if session.checkpoint_steps else None
-        if session.steps > 0 and last != session.steps and final_checkpoint_wanted(self._session_options["save_last"], reached_end):
+        if session.steps > 0 and last != session.steps and final_checkpoint_wanted(self.config.retention.save_last, reached_end):
             session.checkpoint(reason="close")
         self._session = None
         session.close()  # waits for the last persist; surfaces a background failure
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _options_for(self, max_steps: int) -> dict[str, Any]:
-        """The Session's arguments; an unset planning horizon becomes the Trainer's ``max_steps``."""
-        options = with_horizon(self._session_options, max_steps)
-        options["save_last"] = False  # the final checkpoint is taken at on_train_end (see save_last)
-        return options
+    def _config_for(self, max_steps: int) -> SessionConfig:
+        """The Session's config: an unset horizon becomes the Trainer's ``max_steps``; ``save_last``
+        off (the final checkpoint is taken at ``on_train_end``)."""
+        return for_trainer(self.config, max_steps)
 
     def _record_step(self, state: TrainerState) -> None:
         """coci's ``step()`` for the optimizer steps done since the last call (one, in a Trainer)."""

@@ -1,0 +1,352 @@
+"""``SessionConfig``: every choice a :class:`coci.Session` takes, one frozen object in five parts.
+
+``SessionConfig(plan=PlanConfig(...), retention=RetentionConfig(...), remote=RemoteConfig(...),
+preemption=PreemptionConfig(...), io=IOConfig(...))`` is validated on construction (a
+:class:`coci.ConfigError` names the field) and accepted by ``Session(run_dir, state,
+config=...)``, by both framework callbacks and by ``coci plan --config``. ``Session``'s keyword
+arguments (``mtbf=``, ``keep_last=``, ``remote=``, ...) are sugar: :func:`build_config` turns them
+into the same object, and is the one path every entry point takes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, TypedDict
+
+from coci import checks, distributed
+from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES
+from coci.errors import ConfigError
+from coci.planning.config import PlanConfig
+from coci.planning.failures import Failures
+from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN
+from coci.preemption import catchable_signals
+from coci.units import parse_duration
+
+__all__ = [
+    "OPTION_DEFAULTS",
+    "IOConfig",
+    "PreemptionConfig",
+    "RemoteConfig",
+    "RetentionConfig",
+    "SessionConfig",
+    "SessionOptions",
+    "build_config",
+]
+
+#: What ``on_error`` accepts.
+ON_ERROR: tuple[str, ...] = ("raise", "log")
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """Which committed checkpoints are kept, and whether the final state is saved."""
+
+    keep_last: int | None = 2
+    """Committed local checkpoints to keep (>= 1; None keeps all); a restored one is kept until a newer one commits."""
+
+    keep_last_remote: int | None = 2
+    """Committed remote checkpoints to keep (>= 1; None keeps all); only this run's trusted ones count."""
+
+    save_last: bool | None = None
+    """Checkpoint the final state at ``close()``: None when the run reached ``total_steps``, True always, False never."""
+
+    def __post_init__(self) -> None:
+        _positive_or_none(self.keep_last, "keep_last")
+        _positive_or_none(self.keep_last_remote, "keep_last_remote")
+        if self.save_last is not None and not isinstance(self.save_last, bool):
+            raise ConfigError(f"save_last must be True, False or None, got {self.save_last!r}")
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """The remote tier committed checkpoints are promoted to and restored from."""
+
+    url: str | os.PathLike[str] | None = None
+    """``"s3://bucket/prefix"`` (endpoint and credentials from the AWS environment) or a shared directory; None: no remote tier."""
+
+    storage_options: Mapping[str, Any] | None = None
+    """Extra S3 client options (obstore's S3 config keys) for an ``s3://`` remote."""
+
+    owner: str = "refuse"
+    """Another run's prefix: ``"refuse"`` (ConfigError naming its owner) or ``"adopt"`` (continue from its checkpoints, never deleting them)."""
+
+    def __post_init__(self) -> None:
+        if self.url is not None and (not isinstance(self.url, (str, os.PathLike)) or not os.fspath(self.url)):
+            raise ConfigError(f"remote must be 's3://bucket/prefix' or a directory path, got {self.url!r}")
+        if self.storage_options is not None:
+            if not isinstance(self.storage_options, Mapping):
+                raise ConfigError(f"storage_options must be a mapping of S3 options, got {self.storage_options!r}")
+            object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
+        if self.owner not in REMOTE_OWNER_MODES:
+            raise ConfigError(f"remote_owner must be one of {', '.join(map(repr, REMOTE_OWNER_MODES))}, got {self.owner!r}")
+
+
+@dataclass(frozen=True)
+class PreemptionConfig:
+    """What counts as a preemption notice, and how long the scheduler waits before the kill."""
+
+    signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)
+    """Signals that count as a notice (the next ``step()`` checkpoints and raises ``coci.Preempted``); ``()`` turns it off."""
+
+    grace: float = 30.0
+    """Seconds from the notice to the kill (a duration such as ``"30s"`` is accepted)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "signals", catchable_signals(self.signals))
+        object.__setattr__(self, "grace", parse_duration(self.grace, field="grace", positive=True))
+
+
+@dataclass(frozen=True)
+class IOConfig:
+    """How the run directory is shared and what a failed background write does."""
+
+    on_error: str = "raise"
+    """A failed background persist: ``"raise"`` (PersistError at the next ``step``/``close``) or ``"log"`` (always in ``events.jsonl``)."""
+
+    run_dir_layout: str = "auto"
+    """Under ``torch.distributed``: ``"auto"`` (probed), ``"shared"`` (one directory for every rank) or ``"node-local"`` (each host its own)."""
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(f"on_error must be 'raise' or 'log', got {self.on_error!r}")
+        if self.run_dir_layout not in distributed.RUN_DIR_LAYOUTS:
+            layouts = ", ".join(distributed.RUN_DIR_LAYOUTS)
+            raise ConfigError(f"run_dir_layout must be one of {layouts}, got {self.run_dir_layout!r}")
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Every choice of a :class:`coci.Session`, validated on construction (a ConfigError names the field).
+
+    Exactly one of ``plan`` (a named planning policy and its choices) and ``policy`` (a policy
+    object) says when to checkpoint. :meth:`from_options` builds one from ``Session``'s keywords.
+    """
+
+    plan: PlanConfig | None = None
+    """A named policy (``"auto"``, ``"young"``, ...) and its planning choices; None when ``policy`` is given."""
+
+    policy: Any = None
+    """Instead of ``plan``: a :class:`coci.EveryN`, a collection of steps, a precomputed :class:`coci.Plan` or a :class:`coci.CheckpointPolicy`."""
+
+    total_steps: int | None = None
+    """The run's horizon in steps (>= 1): ``save_last``'s end of the run, and the plan's horizon (``plan.total_steps``)."""
+
+    prior: Any = None
+    """Warm start of a planning policy: an earlier run's directory, curve file, losses or ``(steps, losses)``."""
+
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    """Checkpoints kept locally and remotely, and the final checkpoint."""
+
+    remote: RemoteConfig = field(default_factory=RemoteConfig)
+    """The remote tier (none by default)."""
+
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    """Preemption notices and the grace period."""
+
+    io: IOConfig = field(default_factory=IOConfig)
+    """Background failures and the run directory's layout."""
+
+    clock: Callable[[], float] | None = None
+    """Seconds clock (``time.perf_counter`` when None), injectable for tests."""
+
+    def __post_init__(self) -> None:
+        _check_part(self.retention, RetentionConfig, "retention")
+        _check_part(self.remote, RemoteConfig, "remote")
+        _check_part(self.preemption, PreemptionConfig, "preemption")
+        _check_part(self.io, IOConfig, "io")
+        if self.clock is not None and not callable(self.clock):
+            raise ConfigError(f"clock must be a callable returning seconds, got {self.clock!r}")
+        _positive_or_none(self.total_steps, "total_steps")
+        total_steps = None if self.total_steps is None else int(self.total_steps)
+        if self.plan is None:
+            if self.policy is None:
+                raise ConfigError("SessionConfig needs plan= (a coci.PlanConfig) or policy= (e.g. coci.EveryN(100))")
+            object.__setattr__(self, "policy", policy_object(self.policy))
+        else:
+            _check_part(self.plan, PlanConfig, "plan")
+            if self.policy is not None:
+                raise ConfigError(f"SessionConfig takes either plan= or policy=, not both (policy={self.policy!r})")
+            total_steps = self._plan_horizon(self.plan, total_steps)
+        object.__setattr__(self, "total_steps", total_steps)
+
+    def _plan_horizon(self, plan: PlanConfig, total_steps: int | None) -> int | None:
+        """The horizon ``total_steps`` and ``plan.total_steps`` agree on (the one set, when one is)."""
+        if total_steps is None or plan.total_steps == total_steps:
+            return plan.total_steps
+        if plan.total_steps is not None:
+            raise ConfigError(f"total_steps={total_steps} differs from plan.total_steps={plan.total_steps}: set one")
+        object.__setattr__(self, "plan", plan.replace(total_steps=total_steps))
+        return total_steps
+
+    def replace(self, **changes: Any) -> SessionConfig:
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def with_horizon(self, steps: int | None) -> SessionConfig:
+        """This config, whose horizon when unset is ``steps`` (a trainer's ``max_steps``; None or < 1: left open)."""
+        if self.total_steps is not None or steps is None or steps < 1:
+            return self
+        plan = None if self.plan is None else self.plan.replace(total_steps=int(steps))
+        return self.replace(plan=plan, total_steps=int(steps))
+
+    @property
+    def policy_name(self) -> str | None:
+        """The planning policy's name (``plan.policy``); None for a policy object."""
+        return None if self.plan is None else self.plan.policy
+
+    @classmethod
+    def from_options(cls, **options: Any) -> SessionConfig:
+        """The config ``Session``'s keyword arguments describe (:class:`SessionOptions`; the
+        defaults in :data:`OPTION_DEFAULTS`); ConfigError naming an unknown one."""
+        _refuse_unknown("SessionConfig.from_options", options)
+        given = {**OPTION_DEFAULTS, **options}
+        return cls(
+            **_policy_fields(given),
+            total_steps=given["total_steps"],
+            prior=given["prior"],
+            retention=RetentionConfig(given["keep_last"], given["keep_last_remote"], given["save_last"]),
+            remote=RemoteConfig(given["remote"], given["storage_options"], given["remote_owner"]),
+            preemption=PreemptionConfig(_signals_tuple(given["preemption_signals"]), given["grace"]),
+            io=IOConfig(given["on_error"], given["run_dir_layout"]),
+            clock=given["clock"],
+        )
+
+
+class SessionOptions(TypedDict, total=False):
+    """``Session``'s keyword arguments, each a field of :class:`SessionConfig` (defaults: :data:`OPTION_DEFAULTS`)."""
+
+    policy: Any  # a policy name builds the plan; a policy object is SessionConfig.policy
+    plan_config: PlanConfig | None  # SessionConfig.plan
+    mtbf: str | float | None  # plan.failures = Failures.exponential(mtbf)
+    failures: Failures | str | float | None  # plan.failures
+    total_steps: int | None  # total_steps
+    restart_seconds: float | None  # plan.restart_seconds
+    keep_last: int | None  # retention.keep_last
+    objective: str  # plan.objective
+    time_budget: float | None  # plan.time_budget
+    max_overhead: float | None  # plan.max_overhead
+    on_error: str  # io.on_error
+    save_last: bool | None  # retention.save_last
+    clock: Callable[[], float] | None  # clock
+    preemption_signals: Iterable[int]  # preemption.signals
+    grace: str | float  # preemption.grace
+    prior: Any  # prior
+    remote: str | os.PathLike[str] | None  # remote.url
+    storage_options: Mapping[str, Any] | None  # remote.storage_options
+    keep_last_remote: int | None  # retention.keep_last_remote
+    remote_owner: str  # remote.owner
+    run_dir_layout: str  # io.run_dir_layout
+
+
+#: The default of each of ``Session``'s keyword arguments (the one table of them).
+OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        "policy": "auto",
+        "plan_config": None,
+        "mtbf": None,
+        "failures": None,
+        "total_steps": None,
+        "restart_seconds": None,
+        "keep_last": 2,
+        "objective": "progress",
+        "time_budget": 0.05,
+        "max_overhead": None,
+        "on_error": "raise",
+        "save_last": None,
+        "clock": None,
+        "preemption_signals": (signal.SIGTERM,),
+        "grace": "30s",
+        "prior": None,
+        "remote": None,
+        "storage_options": None,
+        "keep_last_remote": 2,
+        "remote_owner": "refuse",
+        "run_dir_layout": "auto",
+    }
+)
+#: The keywords that describe the plan (with ``policy``): a ``plan_config`` holds them all.
+_PLANNING = ("mtbf", "failures", "total_steps", "restart_seconds", "objective", "time_budget", "max_overhead")
+
+
+def build_config(owner: str, config: SessionConfig | None, options: Mapping[str, Any]) -> SessionConfig:
+    """What ``owner`` (``Session``, a callback, the command line) was given: ``config``, or the
+    config the keyword ``options`` describe. ConfigError naming an unknown option, or the options
+    passed next to ``config=`` (each has its place in the config)."""
+    _refuse_unknown(owner, options)
+    if config is None:
+        return SessionConfig.from_options(**options)
+    if not isinstance(config, SessionConfig):
+        raise ConfigError(f"config must be a coci.SessionConfig or None, got {config!r}")
+    if options:
+        names = ", ".join(sorted(options))
+        raise ConfigError(f"{owner} got config= and the option(s) {names}: set them in the SessionConfig instead, not both")
+    return config
+
+
+def policy_object(policy: Any) -> Any:
+    """``policy`` as a checkpoint policy object (a collection of steps becomes :class:`coci.planning.policy.AtSteps`)."""
+    if isinstance(policy, (EveryN, AtSteps, CheckpointPolicy)) or _is_plan(policy):
+        return policy
+    if isinstance(policy, Iterable) and not isinstance(policy, (str, bytes, Mapping)):
+        return AtSteps.of(policy)
+    raise ConfigError(
+        "policy must be 'auto', 'coci', 'young', 'daly', 'checkfreq', coci.EveryN(k), a collection of "
+        f"steps, a coci.Plan or a CheckpointPolicy; got {policy!r}"
+    )
+
+
+def _is_plan(policy: Any) -> bool:
+    """A precomputed :class:`coci.Plan` (its steps and its JSON record)."""
+    return getattr(policy, "steps", None) is not None and hasattr(policy, "model_dump_json")
+
+
+def _policy_fields(given: Mapping[str, Any]) -> dict[str, Any]:
+    """``plan`` (a policy name or ``plan_config``, with the planning keywords) or ``policy`` (an object)."""
+    policy, plan_config = given["policy"], given["plan_config"]
+    if plan_config is None and not isinstance(policy, str):
+        return {"policy": policy}  # the planning keywords have nothing to plan (as before: ignored)
+    if plan_config is None:
+        planning = {name: given[name] for name in _PLANNING if name not in ("mtbf", "failures")}
+        return {"plan": PlanConfig(policy=policy, failures=_failures(given["mtbf"], given["failures"]), **planning)}
+    if not isinstance(plan_config, PlanConfig):
+        raise ConfigError(f"plan_config must be a coci.PlanConfig or None, got {plan_config!r}")
+    changed = [name for name in _PLANNING if given[name] != OPTION_DEFAULTS[name]]
+    if changed or not (isinstance(policy, str) and policy in ("auto", plan_config.policy)):
+        raise ConfigError(f"pass either plan_config= or the planning arguments ({', '.join(changed or ['policy'])}), not both")
+    return {"plan": plan_config}
+
+
+def _failures(mtbf: Any, failures: Any) -> Any:
+    """The failure model from ``mtbf=`` (an exponential model) or ``failures=``, never both."""
+    if mtbf is not None and failures is not None:
+        raise ConfigError("pass either mtbf= or failures=, not both")
+    return failures if mtbf is None else Failures.exponential(mtbf=mtbf)
+
+
+def _signals_tuple(signals: Any) -> Any:
+    """A collection of signals as a tuple (anything else is left for the check to name)."""
+    return tuple(signals) if isinstance(signals, Iterable) and not isinstance(signals, (str, bytes)) else signals
+
+
+def _refuse_unknown(owner: str, options: Mapping[str, Any]) -> None:
+    unknown = sorted(set(options) - set(OPTION_DEFAULTS))
+    if unknown:
+        raise ConfigError(
+            f"{owner} got unknown option(s) {', '.join(unknown)}; it takes coci.Session's keyword "
+            f"arguments: {', '.join(OPTION_DEFAULTS)}"
+        )
+
+
+def _positive_or_none(value: Any, name: str) -> None:
+    if value is not None and (not checks.is_int(value) or value < 1):
+        raise ConfigError(f"{name} must be a positive integer or None, got {value!r}")
+
+
+def _check_part(part: Any, kind: type, name: str) -> None:
+    if not isinstance(part, kind):
+        raise ConfigError(f"{name} must be a coci.{kind.__name__}, got {part!r}")
