@@ -151,9 +151,10 @@ def test_callback_takes_a_plan_config_and_fills_its_horizon_from_max_steps(tmp_p
     from coci.integrations.lightning import CociCallback
 
     config = PlanConfig(policy="young", failures=Failures.exponential("8h"))
-    options = CociCallback(tmp_path, plan_config=config)._options_for(SimpleNamespace(max_steps=300))
-    assert options["plan_config"] == config.replace(total_steps=300) and options["total_steps"] is None
-    options = CociCallback(tmp_path, mtbf="8h")._options_for(SimpleNamespace(max_steps=-1))
-    assert options["plan_config"] is None and options["total_steps"] is None
-    options = CociCallback(tmp_path, mtbf="8h")._options_for(SimpleNamespace(max_steps=300))
-    assert options["total_steps"] == 300
+    session_config = CociCallback(tmp_path, plan_config=config)._config_for(SimpleNamespace(max_steps=300))
+    assert session_config.plan == config.replace(total_steps=300) and session_config.total_steps == 300
+    assert session_config.retention.save_last is False  # the callback takes the final checkpoint itself
+    session_config = CociCallback(tmp_path, mtbf="8h")._config_for(SimpleNamespace(max_steps=-1))
+    assert session_config.total_steps is None and session_config.plan is not None and session_config.plan.total_steps is None
+    session_config = CociCallback(tmp_path, mtbf="8h", total_steps=50)._config_for(SimpleNamespace(max_steps=300))
+    assert session_config.total_steps == 50  # a horizon given is kept

@@ -185,7 +185,7 @@ def test_a_callback_not_attached_says_how_to_attach(tmp_path: Path) -> None:
     from coci import ConfigError
     from coci.integrations.transformers import CociCallback
 
-    trainer = small_trainer(tmp_path, callbacks=[CociCallback(tmp_path / "coci")])
+    trainer = small_trainer(tmp_path, callbacks=[CociCallback(tmp_path / "coci", mtbf="8h")])
     with pytest.raises(ConfigError, match=r"attach\(trainer"):
         trainer.train()
 
@@ -201,9 +201,11 @@ def test_bad_arguments_name_the_field(tmp_path: Path) -> None:
         attach(trainer, tmp_path / "coci", save_last="yes")
     with pytest.raises(ConfigError, match="transformers.Trainer"):
         attach(object(), tmp_path / "coci")  # type: ignore[arg-type]
-    attach(trainer, tmp_path / "coci")
-    with pytest.raises(ConfigError, match="once"):
+    with pytest.raises(ConfigError, match="failures is required"):  # checked when attached, not at train()
         attach(trainer, tmp_path / "coci")
+    attach(trainer, tmp_path / "coci", mtbf="8h")
+    with pytest.raises(ConfigError, match="once"):
+        attach(trainer, tmp_path / "coci", mtbf="8h")
 
 
 def test_hf_resume_from_checkpoint_and_a_coci_checkpoint_together_are_refused(tmp_path: Path) -> None:

@@ -1,0 +1,109 @@
+"""``coci.SessionConfig``: one frozen object in parts, validated on construction (a ConfigError
+naming the field), built from ``Session``'s keywords by one function, documented field by field."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import signal
+import textwrap
+from typing import Any
+
+import pytest
+
+import coci
+from coci import ConfigError, Failures, IOConfig, PlanConfig, PreemptionConfig, RemoteConfig, RetentionConfig, SessionConfig
+from coci.config import build_config
+
+PLAN = PlanConfig(policy="young", failures=Failures.exponential("8h"))
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: RetentionConfig(keep_last=0), "keep_last"),
+        (lambda: RetentionConfig(keep_last_remote=-1), "keep_last_remote"),
+        (lambda: RetentionConfig(save_last="yes"), "save_last"),
+        (lambda: RemoteConfig(url=""), "remote"),
+        (lambda: RemoteConfig(url="/r", storage_options=3), "storage_options"),  # type: ignore[arg-type]
+        (lambda: RemoteConfig(owner="steal"), "remote_owner"),
+        (lambda: PreemptionConfig(signals=(signal.SIGKILL,)), "preemption_signals"),
+        (lambda: PreemptionConfig(signals=("TERM",)), "preemption_signals"),  # type: ignore[arg-type]
+        (lambda: PreemptionConfig(grace=-1), "grace"),
+        (lambda: IOConfig(on_error="ignore"), "on_error"),
+        (lambda: IOConfig(run_dir_layout="nfs"), "run_dir_layout"),
+        (lambda: SessionConfig(), "plan"),
+        (lambda: SessionConfig(plan=PLAN, policy=coci.EveryN(2)), "policy"),
+        (lambda: SessionConfig(policy=3.5), "policy"),
+        (lambda: SessionConfig(policy=[1, -2]), "policy steps"),
+        (lambda: SessionConfig(policy=coci.EveryN(2), total_steps=0), "total_steps"),
+        (lambda: SessionConfig(plan=PLAN.replace(total_steps=10), total_steps=20), "total_steps"),
+        (lambda: SessionConfig(policy=coci.EveryN(2), retention=3), "retention"),  # type: ignore[arg-type]
+        (lambda: SessionConfig(policy=coci.EveryN(2), clock=3), "clock"),  # type: ignore[arg-type]
+        (lambda: SessionConfig.from_options(policy="auto"), "failures"),
+        (lambda: SessionConfig.from_options(mtbf="8h", failures=Failures.exponential("4h")), "mtbf"),
+        (lambda: SessionConfig.from_options(plan_config=PLAN, mtbf="8h"), "mtbf"),
+        (lambda: SessionConfig.from_options(plan_config="young"), "plan_config"),
+        (lambda: SessionConfig.from_options(mtbf="8h", keep_lats=2), "keep_lats"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_the_field(make: Any, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        make()
+
+
+def test_keywords_land_in_their_parts() -> None:
+    config = SessionConfig.from_options(
+        mtbf="8h", total_steps=100, keep_last=3, keep_last_remote=None, save_last=True, remote="/shared/run",
+        remote_owner="adopt", preemption_signals=[signal.SIGUSR1], grace="1m", on_error="log", run_dir_layout="shared",
+    )
+    assert config.plan == PlanConfig(policy="auto", failures=Failures.exponential("8h"), total_steps=100)
+    assert config.total_steps == 100 and config.policy is None and config.policy_name == "auto"
+    assert config.retention == RetentionConfig(keep_last=3, keep_last_remote=None, save_last=True)
+    assert config.remote == RemoteConfig(url="/shared/run", owner="adopt")
+    assert config.preemption == PreemptionConfig(signals=(signal.SIGUSR1,), grace=60.0)
+    assert config.io == IOConfig(on_error="log", run_dir_layout="shared")
+    assert SessionConfig.from_options(policy=[4, 2]).policy == coci.AtSteps(frozenset({2, 4}))
+
+
+def test_the_horizon_is_one_value_for_the_plan_and_save_last() -> None:
+    assert SessionConfig(plan=PLAN, total_steps=40).plan == PLAN.replace(total_steps=40)
+    assert SessionConfig(plan=PLAN.replace(total_steps=40)).total_steps == 40
+    filled = SessionConfig(plan=PLAN).with_horizon(300)
+    assert filled.total_steps == 300 and filled.plan == PLAN.replace(total_steps=300)
+    assert SessionConfig(plan=PLAN, total_steps=5).with_horizon(300).total_steps == 5
+    assert SessionConfig(policy=coci.EveryN(2)).with_horizon(-1).total_steps is None
+
+
+def test_the_config_is_frozen_and_replace_validates() -> None:
+    config = SessionConfig(policy=coci.EveryN(2))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.total_steps = 3  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="keep_last"):
+        config.replace(retention=dataclasses.replace(config.retention, keep_last=0))
+    options = RemoteConfig(url="s3://b/p", storage_options={"region": "x"}).storage_options
+    with pytest.raises(TypeError):
+        options["region"] = "y"  # type: ignore[index]
+
+
+def test_config_and_an_option_together_are_refused_naming_the_option() -> None:
+    config = SessionConfig(policy=coci.EveryN(2))
+    assert build_config("Session", config, {}) is config
+    with pytest.raises(ConfigError, match=r"config= and the option\(s\) grace, keep_last"):
+        build_config("Session", config, {"keep_last": 2, "grace": "5s"})
+    with pytest.raises(ConfigError, match="config must be a coci.SessionConfig"):
+        build_config("Session", {"keep_last": 2}, {})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("part", [SessionConfig, RetentionConfig, RemoteConfig, PreemptionConfig, IOConfig, PlanConfig])
+def test_every_field_has_a_docstring_line(part: type) -> None:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(part)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    documented = {
+        node.target.id
+        for node, after in zip(body, body[1:], strict=False)
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+        and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)
+    }
+    assert documented == {field.name for field in dataclasses.fields(part)}
