@@ -1,24 +1,27 @@
-"""Tunable constants of coci: checkpoint I/O, the session, the loader, fitting, planning, the report.
+"""coci's process-global tunables: those read by several modules, or set by a test or benchmark.
 
-One module, documented defaults, no scattered literals. Values are plain module attributes so a
-user or a benchmark can override one (``coci.knobs.WRITE_CHUNK_BYTES = 8 << 20``) before building
-a :class:`coci.Session`. Sections are owned by the module named in their heading.
+A tunable read by one module only is that module's private constant (``_NAME``, documented where
+it is used). Values here are plain module attributes with documented defaults; a user or a
+benchmark may set one (``coci.knobs.WRITE_CHUNK_BYTES = 8 << 20``) before building a
+:class:`coci.Session`, and a test sets some for a ``with`` block only with :func:`override`.
+Sections are owned by the module named in their heading.
 """
 
 from __future__ import annotations
 
+import sys
+from contextlib import AbstractContextManager
+from typing import Any
+
+from coci.profiler.knobs import override_in
+
 # --- snapshot / persist (coci.checkpoint.snapshot, coci.checkpoint.fileio, coci.checkpoint.checkpointer) --------------------------
 
-#: Byte alignment of every tensor inside the staging arena and the data file. 64 covers every
-#: dtype's alignment and a cache line.
-ARENA_ALIGN_BYTES: int = 64
-
 #: When the arena must grow (the state grew: an optimizer created its state, a trace lengthened),
-#: it grows to ``needed * (1 + ARENA_GROWTH_FRACTION) + ARENA_GROWTH_BYTES`` so small metadata
+#: it grows to ``needed * (1 + ARENA_GROWTH_FRACTION)`` plus a fixed margin (``coci.checkpoint.snapshot``) so small metadata
 #: that lengthens from checkpoint to checkpoint does not force a new allocation each time, while
 #: staging memory stays within 1.1x the state's bytes for large states.
 ARENA_GROWTH_FRACTION: float = 0.05
-ARENA_GROWTH_BYTES: int = 1 << 20
 
 #: Back large host staging arenas and restore buffers with transparent huge pages (an anonymous
 #: mapping advised ``MADV_HUGEPAGE``; Linux, ignored elsewhere): O_DIRECT transfers then pin 2 MB
@@ -86,18 +89,7 @@ MAX_STEPS: int = 2**53
 #: records are checked, before torch reads any, to expand to at most the chunk's own bytes plus this.
 DCP_ITEM_OVERHEAD_BYTES: int = 64 << 10
 
-#: Most records one DCP storage item may hold (``torch.save`` writes 7).
-DCP_ITEM_MAX_RECORDS: int = 64
-
-#: Most cells of the grid that a DCP tensor's chunk boundaries cut it into (the chunks must tile the
-#: tensor exactly; a real sharded layout has as many cells as chunks). Bounds the check's memory.
-DCP_MAX_CHUNK_GRID_CELLS: int = 1 << 22
-
 # --- session (coci.session) ------------------------------------------------------------------------
-
-#: The session writes a ``progress`` event (just the step) at most this often, so the report can
-#: tell how far a killed process got (the work a failure lost) to within this many seconds.
-PROGRESS_EVENT_SECONDS: float = 10.0
 
 #: A ``plan`` event in events.jsonl lists at most this many planned steps (plan.json has all).
 PLAN_EVENT_MAX_STEPS: int = 10_000
@@ -117,11 +109,10 @@ PLANNING_TIME_FRACTION: float = 0.01
 PLAN_IN_BACKGROUND: bool = True
 
 #: A plan made on the planner thread from the observation at step ``s`` takes effect at step
-#: ``s + max(PLAN_APPLY_MIN_STEPS, ceil(PLAN_APPLY_SECONDS / step seconds))``: a step fixed by the
+#: ``s + max(1, ceil(PLAN_APPLY_SECONDS / step seconds))`` (``coci.planning.background``): a step fixed by the
 #: observation, so checkpoint steps never depend on the worker's speed; the training thread waits
 #: there only if the plan is not ready (planning takes 0.1-0.6 s on 2 busy cores).
 PLAN_APPLY_SECONDS: float = 1.0
-PLAN_APPLY_MIN_STEPS: int = 1
 
 #: A planning policy is observed again this many steps after its last observation (besides after
 #: each commit), never every step.
@@ -145,12 +136,6 @@ PREEMPTED_EXIT_CODE: int = 143
 #: notice costs at most this long plus a step before every rank checkpoints the same step.
 PREEMPTION_AGREE_SECONDS: float = 1.0
 
-# --- loader (coci.loader) --------------------------------------------------------------------------
-
-#: Indices converted from the epoch's order tensor to Python ints per chunk while iterating; the
-#: order is never turned into one big list, so resuming near an epoch's end costs what starting does.
-LOADER_INDEX_CHUNK: int = 4096
-
 # --- fit (coci.planning.fit) --------------------------------------------------------------------------------
 
 #: Fewest finite loss points a convergence fit is attempted on (fewer: fallback "too few points").
@@ -165,54 +150,14 @@ FIT_HOLDOUT_FRACTION: float = 0.2
 #: The held-back tail has at least this many points (taken from the end when the fraction has fewer).
 FIT_MIN_HOLDOUT_POINTS: int = 2
 
-#: Drift is declared when the global law's residuals on the held-back tail (data minus forecast)
-#: average below zero by more than this many standard errors: the loss falls faster than the law.
-FIT_DRIFT_SIGMA: float = 2.0
-
-#: Recent windows tried when the global fit drifts, as fractions of the step range (from the end).
-FIT_WINDOW_FRACTIONS: tuple[float, ...] = (0.6, 0.45, 0.3)
-
-#: Least-squares polishes started from the best grid points of each family.
-FIT_STARTS: int = 3
-
-#: A curve counts as falling when its first fifth's median exceeds its last fifth's by more than
-#: this many noise standard deviations ...
-FIT_MIN_DROP_SIGMA: float = 3.0
-
-#: ... and by more than this fraction of the loss level.
-FIT_MIN_DROP_RELATIVE: float = 1e-3
-
 # --- planner (coci.planning.objective, coci.planning.formulas, coci.planning.planner) ----------------------------
-
-#: Horizons up to this many steps are modelled with one cost cell per step (exact per-step hazard
-#: and weight); longer ones with a linear + log-spaced grid of integer-step cells.
-PLAN_PER_STEP_CELLS_MAX: int = 4096
-
-#: Linearly spaced cells of the long-horizon grid (resolution late in the run).
-PLAN_LINEAR_CELLS: int = 2048
-
-#: Log-spaced cells of the long-horizon grid (resolution early, where the loss moves fast).
-PLAN_LOG_CELLS: int = 1024
-
-#: Grid points of the renewal-equation solve for restarting (non-memoryless) hazards.
-RENEWAL_GRID_POINTS: int = 1024
-
-#: The renewal grid spans at most this many MTBFs; beyond, failures arrive at the long-run rate.
-RENEWAL_MAX_MEANS: float = 20.0
 
 #: Plans with at most this many checkpoints get an exact local refinement (each checkpoint moved
 #: to its best step between its neighbours); with more, the first-order density is accurate.
 PLAN_REFINE_MAX_CHECKPOINTS: int = 256
 
-#: Sweeps (even then odd checkpoints) of that refinement at most.
-PLAN_REFINE_SWEEPS: int = 6
-
 #: Bisection steps on mu (as alpha = 1/(1+mu) in [0, 1]) for the time budget of "auto".
 PLAN_BISECTION_STEPS: int = 24
-
-#: Longest interval "auto" plans, as a fraction of the MTBF over the plan's span (never below
-#: Young's interval): the first-order model is within 4% of the exact expected time up to MTBF / 2.
-PLAN_MAX_INTERVAL_MTBF: float = 0.5
 
 #: A plan notes that its expected costs understate the wall time when the restart takes more than
 #: this fraction of the job's MTBF (failures during restarts and re-done work are not counted).
@@ -228,15 +173,6 @@ PLAN_DEFAULT_HORIZON_STEPS: int = 100_000
 #: Most checkpoints one plan may place: bounds the planner's memory (a few arrays of this length)
 #: against a huge horizon; a longer run is planned over a horizon and re-planned as it goes.
 PLAN_MAX_CHECKPOINTS: int = 10_000_000
-
-#: Failure-model ranges: a scale beyond ~3e10 years or a Weibull shape outside these bounds
-#: overflows the planner's arithmetic (gamma(1 + 1/shape), failure probabilities) and means nothing.
-MAX_FAILURE_SCALE_SECONDS: float = 1e18
-WEIBULL_SHAPE_RANGE: tuple[float, float] = (0.05, 20.0)
-
-#: Most nodes a failure model may combine (``Failures(nodes=)``): far beyond any cluster, and small
-#: enough that ``nodes ** (1 / shape)`` stays a float (a larger count is a typo or a hostile plan.json).
-MAX_FAILURE_NODES: int = 10**9
 
 #: Fraction of the default horizon after which an open-ended run re-plans over a longer one.
 PLAN_HORIZON_EXTEND_AT: float = 0.9
@@ -262,14 +198,6 @@ PLAN_MIN_COST_SECONDS: float = 1e-6
 #: checkpoints before the first plan.
 PLAN_WARMUP_CHECKPOINT_STEPS: tuple[int, ...] = (1, 2, 4, 8, 16)
 
-#: Warm start (``prior=``): this run's loss may fall at most this many times faster or slower than
-#: the earlier run's (rescaled) over the recent half of its trace; beyond it the prior is dropped.
-PRIOR_MISMATCH_FACTOR: float = 4.0
-
-#: Warm start: the recent half of the trace must span this many steps before it corrects the prior's
-#: future rate (or contradicts it); shorter, the prior is used as recorded.
-PRIOR_MIN_CORRECTION_STEPS: int = 100
-
 #: Stall assumed, in step times, before any stall has been measured or probed (recorded as a
 #: fallback in the plan); the first checkpoint then measures it.
 PLAN_ASSUMED_STALL_STEPS: float = 1.0
@@ -277,18 +205,11 @@ PLAN_ASSUMED_STALL_STEPS: float = 1.0
 #: Persist time assumed, in step times, before any persist has been measured or probed.
 PLAN_ASSUMED_PERSIST_STEPS: float = 10.0
 
-#: A recent window is fitted only when it holds at least (family parameters + this) points.
-FIT_WINDOW_EXTRA_POINTS: int = 2
-
 # --- report (coci.analysis.report, coci.cli) ------------------------------------------------------
 
 #: Fewest steps a failed process's own timed events must span for the report to time its lost
 #: steps at that process's pace (wall seconds per step) rather than the run's final step time
 REPORT_PACE_MIN_STEPS: int = 5
-
-#: Monte Carlo trials per policy for the report's overhead confidence intervals
-#: (coci.analysis.simulate); 0 shows the planner's expected values only.
-REPORT_SIMULATE_TRIALS: int = 1000
 
 #: Most different problems with ``events.jsonl`` records the report lists (each with its count);
 #: the rest are counted in one note, so a hostile log cannot grow the notes with its length.
@@ -300,15 +221,6 @@ REPORT_MAX_EVENT_PROBLEMS: int = 100
 #: millions of checkpoints. A real run's comparison plans hold hundreds to thousands.
 REPORT_MAX_PLAN_CHECKPOINTS: int = 100_000
 
-#: The report says why in one line (coci.analysis.report.small_cut) when no schedule can cut the
-#: progress-weighted overhead by this share of Young's (first order): the loss falls too slowly early.
-REPORT_SMALL_CUT: float = 0.10
-
-#: Size (inches) and resolution (dots per inch) of the report's PNG figures: 8 x 4.5 in at 110 dpi
-#: is 880 x 495 px, readable in a browser and in the README without zooming.
-REPORT_FIGURE_SIZE: tuple[float, float] = (8.0, 4.5)
-REPORT_FIGURE_DPI: int = 110
-
 # --- distributed (coci.distributed) ----------------------------------------------------------------
 
 #: Timeout (seconds) of coci's own gloo groups (checkpoint coordination, never the training group):
@@ -318,10 +230,6 @@ REPORT_FIGURE_DPI: int = 110
 DIST_TIMEOUT_SECONDS: float = 600.0
 
 # --- simulate (coci.analysis.simulate) --------------------------------------------------------------
-
-#: The simulator's "true" progress rate of a raw loss trace is the slope of an isotonic
-#: (non-increasing) fit to at most this many bins of the trace (half log-, half linearly spaced).
-SIMULATE_TRUTH_POINTS: int = 200
 
 #: Online replay: wall seconds charged per observation (a curve refit and a solve, 0.1-0.5 s on 2
 #: busy cores) against PLANNING_TIME_FRACTION of the job's wall time. The replay charges this
@@ -338,15 +246,10 @@ SIMULATE_MAX_FAILURES: int = 10_000
 #: Part size of a multipart upload (and the read size of uploads and downloads): S3's minimum part
 #: is 5 MiB; 8 MiB parts keep the request count low while bounding memory (benchmarks/README.md, "Remote tier").
 UPLOAD_PART_BYTES: int = 8 << 20
-#: Parts of one object in flight at once: memory is about this many parts.
-UPLOAD_CONCURRENCY: int = 4
 #: Attempts per promotion (the first one included); a failed attempt is logged and retried after
 #: ``UPLOAD_RETRY_SECONDS * 2**attempt``. The local copy is never touched.
 UPLOAD_ATTEMPTS: int = 3
 UPLOAD_RETRY_SECONDS: float = 1.0
-#: Remote keys coci never writes (not plain names, see ``coci.checkpoint.remote.store.check_key``)
-#: are left alone by retention; a ``remote_ignored`` event names at most this many of them.
-REMOTE_IGNORED_KEYS_RECORDED: int = 20
 
 #: Limits on every request to an S3 remote (obstore's client and retry settings), so a remote that
 #: accepts connections and never answers costs a bounded time: restore falls back to the local tier
@@ -366,46 +269,16 @@ REMOTE_READ_TIMEOUT_SECONDS: float = 15.0
 REMOTE_REQUEST_TIMEOUT_SECONDS: float = 3600.0
 REMOTE_RETRIES: int = 3
 REMOTE_RETRY_TIMEOUT_SECONDS: float = 30.0
-#: ``remote_refused.json`` (remote checkpoints this run directory refused: not downloaded again
-#: while unchanged) keeps the newest this many refusals, each message cut to this many characters;
-#: a record larger than ``REMOTE_REFUSED_FILE_BYTES`` is not coci's and is ignored.
-REMOTE_REFUSED_MAX: int = 100
-REMOTE_REFUSED_MESSAGE_CHARS: int = 500
-REMOTE_REFUSED_FILE_BYTES: int = 1 << 20
 #: The run's history on the remote tier (:mod:`coci.checkpoint.remote.history`): the process's
 #: segment of ``events.jsonl`` and its step are mirrored after each promotion, at ``close()``, and
 #: every this many seconds when they changed (one small put; the bound on what a lost node's
 #: report misses of a process that was not promoting).
 HISTORY_MIRROR_SECONDS: float = 30.0
-#: Largest segment of one process mirrored (its first bytes; about a week of ``progress`` events),
-#: and largest history merged back on restore (the oldest segments are left out first).
+#: Largest segment of one process mirrored (its first bytes; about a week of ``progress`` events).
 HISTORY_SEGMENT_MAX_BYTES: int = 16 << 20
-HISTORY_MERGE_MAX_BYTES: int = 64 << 20
-#: How long ``close()`` waits for the last mirror of the history.
-HISTORY_CLOSE_SECONDS: float = 15.0
-#: Node-local run directories: how long rank 0 waits for the other nodes' objects of a promoted
-#: checkpoint to be listed remotely before it writes the commit marker (else the promotion fails
-#: and the checkpoint is never restored from the remote), and how often it lists meanwhile.
-REMOTE_NODES_WAIT_SECONDS: float = 600.0
-REMOTE_NODES_POLL_SECONDS: float = 0.2
 
-# --- peer copies (coci.checkpoint.peers) -------------------------------------------------------
 
-#: ``Session(peer_copies=1)``: each node keeps the newest this many peer copies of every node it
-#: holds copies for (``run_dir/peer/node<K>/``), apart from its own checkpoints' ``keep_last``.
-PEER_KEEP_LAST: int = 2
-#: The address a node's peer server listens on and advertises; None: this host's address on the
-#: route to ``MASTER_ADDR`` (torchrun's rendezvous host), 127.0.0.1 without one.
-PEER_HOST: str | None = None
-#: A peer connection fails once a read or write waits this long (a peer that died mid-transfer).
-PEER_SOCKET_TIMEOUT_SECONDS: float = 60.0
-#: Bytes received per ``recv_into`` (and checksummed, written) at a time, and the number of such
-#: buffers rotating between the receiving thread and the writing one.
-PEER_CHUNK_BYTES: int = 4 << 20
-PEER_BUFFERS: int = 4
-#: Largest request or reply header a peer may send (its commit record is bounded by
-#: ``MAX_MANIFEST_BYTES``); a listing of more than ``PEER_MAX_FILES`` files is refused.
-PEER_HEADER_MAX_BYTES: int = 1 << 20
-PEER_MAX_FILES: int = 100_000
-#: How long ``close()`` waits for this node's last peer transfer.
-PEER_CLOSE_SECONDS: float = 120.0
+def override(**values: Any) -> AbstractContextManager[None]:
+    """Set knobs (``override(WRITE_CHUNK_BYTES=4096)``) for a ``with`` block, then put the previous
+    values back, also when the block raises; a name that is not a knob is a ValueError naming it."""
+    return override_in(sys.modules[__name__], values)

@@ -73,7 +73,6 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
-from coci import knobs
 from coci.checkpoint import rng_state
 from coci.checks import integer, is_int
 from coci.errors import ConfigError, StateMismatchError
@@ -89,6 +88,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Indices converted from the epoch's order tensor to Python ints per chunk while iterating; the
+#: order is never turned into one big list, so resuming near an epoch's end costs what starting does.
+_LOADER_INDEX_CHUNK: int = 4096
 
 #: Version of the state_dict layout; bumped when a field changes meaning.
 STATE_VERSION = 1
@@ -181,7 +184,7 @@ def partition_stream(
 
 def _iterate_ints(indices: torch.Tensor) -> Iterator[int]:
     """Python ints of a 1-D tensor, converted chunk by chunk (no up-front list of the epoch)."""
-    chunk = knobs.LOADER_INDEX_CHUNK
+    chunk = _LOADER_INDEX_CHUNK
     for start in range(0, len(indices), chunk):
         yield from indices[start : start + chunk].tolist()
 

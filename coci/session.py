@@ -73,6 +73,13 @@ from coci.profiler import Profile, Profiler
 
 logger = logging.getLogger(__name__)
 
+#: The session writes a ``progress`` event (just the step) at most this often, so the report can
+#: tell how far a killed process got (the work a failure lost) to within this many seconds.
+_PROGRESS_EVENT_SECONDS: float = 10.0
+
+#: How long ``close()`` waits for the last mirror of the history.
+_HISTORY_CLOSE_SECONDS: float = 15.0
+
 #: The policy's saved state among the objects a restore applies (reserved: no state key starts with ``__coci``).
 _POLICY_ENTRY = SESSION_KEY + "policy"
 #: How a restore problem that is a state mismatch (not damage) starts.
@@ -236,7 +243,7 @@ class Session:
         if self._mark is not None:
             self._mark.set(self._steps)
         now = self._clock()
-        if now - self._progress_at >= knobs.PROGRESS_EVENT_SECONDS:  # bounds what a crash loses
+        if now - self._progress_at >= _PROGRESS_EVENT_SECONDS:  # bounds what a crash loses
             self._progress_at = now
             self.events.emit("progress", step=self._steps, **self._ledger_fields())
         due = self.policy.should_checkpoint(self._steps)  # asked before any re-plan made at this step
@@ -511,7 +518,7 @@ class Session:
             "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._overhead.as_event()
         )
         if self._history is not None:  # the close event included: this process closed, it did not fail
-            self._history.close(knobs.HISTORY_CLOSE_SECONDS)
+            self._history.close(_HISTORY_CLOSE_SECONDS)
         self.events.close()
         if self._mark is not None:
             self._mark.close()
@@ -580,7 +587,7 @@ class Session:
     def _ledger_fields(self) -> dict[str, Any]:
         """This process's overhead totals so far, for the ``progress``, ``stall`` and ``restore``
         events: a process killed before its first ``progress`` event (a restart that failed again
-        within ``knobs.PROGRESS_EVENT_SECONDS``) still leaves the report what it spent."""
+        within ``_PROGRESS_EVENT_SECONDS``) still leaves the report what it spent."""
         return {"pid": os.getpid(), **self._overhead.as_event()}
 
     def _booked_wait(self, seconds: float) -> float:

@@ -7,11 +7,11 @@ log-spaced series. This module sits between them and keeps three things:
   ``.item()``/``.cpu()`` per step; every ``knobs.LOSS_TENSOR_BATCH`` tensors (or when the trace is
   read) they are materialised together with one ``torch.stack(...).cpu()``, i.e. one host
   synchronisation per batch instead of one per step.
-* a **recent** window: the last ``knobs.LOSS_RECENT_POINTS`` finite losses at full resolution.
+* a **recent** window: the last ``_LOSS_RECENT_POINTS`` finite losses at full resolution.
 * a decimated **history** of everything older: log-spaced buckets of (sum of steps, sum of losses,
   count). A loss at step ``s`` goes to bucket ``floor(ln s / ln(1 + r)) >> level`` with ``r =
-  knobs.LOSS_HISTORY_RESOLUTION``: one step wide while ``s < 1/r``, then about ``r * s`` steps wide.
-  When more than ``knobs.LOSS_HISTORY_MAX_BUCKETS`` buckets exist, ``level`` grows by one and
+  _LOSS_HISTORY_RESOLUTION``: one step wide while ``s < 1/r``, then about ``r * s`` steps wide.
+  When more than ``_LOSS_HISTORY_MAX_BUCKETS`` buckets exist, ``level`` grows by one and
   adjacent buckets merge pairwise (the grids are nested, so merging is exact). Memory is therefore
   bounded for any run length, while early steps (where the loss falls fastest) keep fine resolution.
 
@@ -33,6 +33,24 @@ from .checks import integer, is_number
 
 logger = logging.getLogger(__name__)
 
+#: Python float losses buffered before they are moved into the trace arrays.
+_LOSS_FLOAT_BATCH: int = 1024
+
+#: Most recent finite losses kept at full (per-step) resolution.
+_LOSS_RECENT_POINTS: int = 4096
+
+#: Relative width of a history bucket at level 0: a loss recorded at step s lands in a bucket about
+#: ``s * _LOSS_HISTORY_RESOLUTION`` steps wide (one step wide while that is below 1), i.e. the
+#: history is log-spaced in the step number.
+_LOSS_HISTORY_RESOLUTION: float = 1.0 / 256.0
+
+#: Most buckets the decimated history keeps; beyond it adjacent buckets merge pairwise (the
+#: relative width doubles), so the memory is bounded for any run length.
+_LOSS_HISTORY_MAX_BUCKETS: int = 2048
+
+#: Default most points returned by ``loss_curve()`` (log-spaced bucket means) for the curve fitter.
+_LOSS_CURVE_POINTS: int = 512
+
 _EMPTY_STEPS = np.empty(0, dtype=np.int64)
 _EMPTY_VALUES = np.empty(0, dtype=np.float64)
 
@@ -49,11 +67,11 @@ class LossTrace:
         tensor_batch: int | None = None,
         float_batch: int | None = None,
     ) -> None:
-        self._recent_points = integer(knobs.LOSS_RECENT_POINTS if recent_points is None else recent_points, "recent_points", positive=True)
-        self._max_buckets = integer(knobs.LOSS_HISTORY_MAX_BUCKETS if max_buckets is None else max_buckets, "max_buckets", positive=True)
+        self._recent_points = integer(_LOSS_RECENT_POINTS if recent_points is None else recent_points, "recent_points", positive=True)
+        self._max_buckets = integer(_LOSS_HISTORY_MAX_BUCKETS if max_buckets is None else max_buckets, "max_buckets", positive=True)
         self._tensor_batch = integer(knobs.LOSS_TENSOR_BATCH if tensor_batch is None else tensor_batch, "tensor_batch", positive=True)
-        self._float_batch = integer(knobs.LOSS_FLOAT_BATCH if float_batch is None else float_batch, "float_batch", positive=True)
-        self._set_resolution(knobs.LOSS_HISTORY_RESOLUTION if resolution is None else resolution)
+        self._float_batch = integer(_LOSS_FLOAT_BATCH if float_batch is None else float_batch, "float_batch", positive=True)
+        self._set_resolution(_LOSS_HISTORY_RESOLUTION if resolution is None else resolution)
         self._pending_float_steps: list[int] = []
         self._pending_floats: list[float] = []
         self._pending_tensor_steps: list[int] = []
@@ -154,10 +172,10 @@ class LossTrace:
         """Smoothed, log-spaced series for a curve fitter: ``(mean step, mean loss)`` per bucket.
 
         The whole trace (history and recent window) on the history's log grid, coarsened further
-        until at most ``max_points`` (default ``knobs.LOSS_CURVE_POINTS``) buckets remain. Steps are
+        until at most ``max_points`` (default ``_LOSS_CURVE_POINTS``) buckets remain. Steps are
         increasing floats (bucket centroids); empty arrays when nothing was recorded.
         """
-        limit = integer(knobs.LOSS_CURVE_POINTS if max_points is None else max_points, "max_points", positive=True)
+        limit = integer(_LOSS_CURVE_POINTS if max_points is None else max_points, "max_points", positive=True)
         self.flush()
         keys = np.concatenate([self._keys, self._key(self._recent_steps)])
         step_sum = np.concatenate([self._step_sum, self._recent_steps.astype(np.float64)])

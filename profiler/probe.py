@@ -10,7 +10,7 @@ A session runs it on a background thread from its first ``step()``
 
 The probe measures physical time with :func:`time.perf_counter`, not the profiler's injectable clock
 (a fake clock would make every bandwidth infinite). Buffers are clamped to
-``[knobs.PROBE_MIN_BYTES, knobs.PROBE_COPY_MAX_BYTES]`` / ``knobs.PROBE_WRITE_MAX_BYTES``, so the probe
+``[_PROBE_MIN_BYTES, _PROBE_COPY_MAX_BYTES]`` / ``_PROBE_WRITE_MAX_BYTES``, so the probe
 takes milliseconds; small writes are dominated by fsync latency, which makes the write prior
 pessimistic rather than optimistic.
 """
@@ -25,11 +25,23 @@ from pathlib import Path
 
 import torch
 
-from . import knobs
 from .checks import integer
 from .profile import Bandwidth
 
 logger = logging.getLogger(__name__)
+
+#: Smallest buffer the probe copies and writes (below it, call overhead dominates the timing).
+_PROBE_MIN_BYTES: int = 1 << 20
+
+#: Largest buffer the host-copy probe allocates (twice: source and destination).
+_PROBE_COPY_MAX_BYTES: int = 64 << 20
+
+#: Largest file the write probe writes and fsyncs.
+_PROBE_WRITE_MAX_BYTES: int = 16 << 20
+
+#: Timed repetitions of the host copy (the fastest one is kept; the first untimed copy faults the
+#: pages in).
+_PROBE_COPY_REPEATS: int = 3
 
 
 def probe_bandwidth(directory: str | os.PathLike[str], nbytes: int, *, device: str | torch.device = "cpu") -> Bandwidth:
@@ -40,8 +52,8 @@ def probe_bandwidth(directory: str | os.PathLike[str], nbytes: int, *, device: s
     removed afterwards.
     """
     nbytes = integer(nbytes, "nbytes")
-    copy_bytes = min(max(nbytes, knobs.PROBE_MIN_BYTES), knobs.PROBE_COPY_MAX_BYTES)
-    write_bytes = min(max(nbytes, knobs.PROBE_MIN_BYTES), knobs.PROBE_WRITE_MAX_BYTES)
+    copy_bytes = min(max(nbytes, _PROBE_MIN_BYTES), _PROBE_COPY_MAX_BYTES)
+    write_bytes = min(max(nbytes, _PROBE_MIN_BYTES), _PROBE_WRITE_MAX_BYTES)
     copy_seconds = _time_copy(copy_bytes, torch.device(device))
     write_seconds = _time_write(Path(directory), write_bytes)
     result = Bandwidth(
@@ -61,12 +73,12 @@ def probe_bandwidth(directory: str | os.PathLike[str], nbytes: int, *, device: s
 
 
 def _time_copy(nbytes: int, device: torch.device) -> float:
-    """Fastest of ``knobs.PROBE_COPY_REPEATS`` copies of ``nbytes`` into a preallocated host buffer."""
+    """Fastest of ``_PROBE_COPY_REPEATS`` copies of ``nbytes`` into a preallocated host buffer."""
     source = torch.ones(nbytes, dtype=torch.uint8, device=device)
     destination = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
     destination.copy_(source)  # fault the pages in, untimed
     best = float("inf")
-    for _ in range(max(knobs.PROBE_COPY_REPEATS, 1)):
+    for _ in range(max(_PROBE_COPY_REPEATS, 1)):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()

@@ -9,7 +9,7 @@ Step time
 A step's time is the interval between two consecutive ``step()`` calls on the injectable ``clock``
 (the first ``step()`` of a process has no interval unless :meth:`Profiler.mark` started one). The
 first ``warmup_steps`` steps of every process (restored ones included: a resumed process is cold too)
-are excluded. Every other interval goes into exactly one bounded window (``knobs.STEP_WINDOW``):
+are excluded. Every other interval goes into exactly one bounded window (``_STEP_WINDOW``):
 
 * **stall** if ``record_stall`` was called while it was open (the interval contains the snapshot
   stall, so its length is not a training step's);
@@ -24,7 +24,7 @@ fence wait) is taken off the interval it falls in; a stall interval minus that t
 a *stall-adjusted* step. Estimates are medians with a MAD spread (:mod:`coci.profiler.stats`) of each
 series cut back to its recent regime (:func:`coci.profiler.stats.recent_regime`: a job that speeds up or
 slows down is followed within ``knobs.DRIFT_SAMPLES`` steps). ``step_seconds`` comes from the clean
-intervals while they are current, from the stall-adjusted ones once ``knobs.STALE_CLEAN_STEPS`` timed
+intervals while they are current, from the stall-adjusted ones once ``_STALE_CLEAN_STEPS`` timed
 steps in a row were not clean (a job that checkpoints every step), and from the overlapped ones only
 when nothing else was measured (``interference`` is then unknown); ``Profile.step_seconds_source``
 says which. ``interference`` is the median overlapped step time over ``step_seconds``.
@@ -58,6 +58,17 @@ from .profile import Bandwidth, Estimate, Profile
 from .stats import prior, ratio_estimate, recent_regime, robust_estimate
 
 logger = logging.getLogger(__name__)
+
+#: Recent step intervals kept per class (clean, persist-overlapped, stall) for median and spread.
+_STEP_WINDOW: int = 1024
+
+#: Recent samples kept per checkpoint cost (stall, persist, restore seconds and bytes).
+_COST_WINDOW: int = 64
+
+#: Clean step times are stale once this many timed steps in a row contained a stall or overlapped
+#: a persist (a job that checkpoints every step): the step time then comes from the stall-adjusted
+#: steps (each one's duration minus the stall inside it).
+_STALE_CLEAN_STEPS: int = 8
 
 #: Version of the dict returned by :meth:`Profiler.state_dict`.
 STATE_FORMAT = 1
@@ -96,8 +107,8 @@ class Profiler:
     """Measures step time, checkpoint stall, persist, interference, restore and the loss trace.
 
     ``clock`` returns seconds (monotonic; inject a fake one in tests). ``warmup_steps`` defaults to
-    ``knobs.WARMUP_STEPS``; ``step_window`` / ``cost_window`` to ``knobs.STEP_WINDOW`` /
-    ``knobs.COST_WINDOW``. Bad arguments raise :class:`ValueError` naming the field.
+    ``knobs.WARMUP_STEPS``; ``step_window`` / ``cost_window`` to ``_STEP_WINDOW`` /
+    ``_COST_WINDOW``. Bad arguments raise :class:`ValueError` naming the field.
     """
 
     def __init__(
@@ -113,8 +124,8 @@ class Profiler:
             raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
         self._clock = clock
         self._warmup_steps = integer(knobs.WARMUP_STEPS if warmup_steps is None else warmup_steps, "warmup_steps")
-        step_window = integer(knobs.STEP_WINDOW if step_window is None else step_window, "step_window", positive=True)
-        cost_window = integer(knobs.COST_WINDOW if cost_window is None else cost_window, "cost_window", positive=True)
+        step_window = integer(_STEP_WINDOW if step_window is None else step_window, "step_window", positive=True)
+        cost_window = integer(_COST_WINDOW if cost_window is None else cost_window, "cost_window", positive=True)
         self._lock = threading.Lock()
         self._clean: deque[float] = deque(maxlen=step_window)
         self._overlapped: deque[float] = deque(maxlen=step_window)
@@ -536,14 +547,14 @@ class Profiler:
     def _step_estimate(self) -> tuple[Estimate, str]:
         """The training step time and where it came from ("clean", "stall-adjusted", "overlapped").
 
-        Clean steps while they are current; once ``knobs.STALE_CLEAN_STEPS`` timed steps in a row
+        Clean steps while they are current; once ``_STALE_CLEAN_STEPS`` timed steps in a row
         held a stall or overlapped a persist (a job that checkpoints every step), the stall-adjusted
         steps since then; overlapped steps only when nothing else was measured. Each series is cut
         back to its recent regime first (:func:`coci.profiler.stats.recent_regime`), so drift is followed.
         Called under the lock.
         """
         clean, adjusted = list(self._clean), list(self._stall_adjusted)
-        if clean and (self._since_clean < knobs.STALE_CLEAN_STEPS or not adjusted):
+        if clean and (self._since_clean < _STALE_CLEAN_STEPS or not adjusted):
             return robust_estimate(recent_regime(clean)), "clean"
         if adjusted:
             since = adjusted[-min(self._since_clean, len(adjusted)) :] if clean else adjusted

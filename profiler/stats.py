@@ -15,16 +15,20 @@ import numpy as np
 from . import knobs
 from .profile import Estimate
 
+#: Scale that turns a median absolute deviation into a standard-deviation-like spread
+#: (1.4826 makes MAD consistent with the standard deviation of a normal distribution).
+_MAD_TO_SIGMA: float = 1.4826
+
 
 def robust_estimate(samples: Iterable[float]) -> Estimate:
-    """Median and scaled MAD (``knobs.MAD_TO_SIGMA``) of ``samples``; an empty Estimate if none."""
+    """Median and scaled MAD (``_MAD_TO_SIGMA``) of ``samples``; an empty Estimate if none."""
     values = np.fromiter(samples, dtype=np.float64)
     if values.size == 0:
         return Estimate()
     median = float(np.median(values))
     spread = None
     if values.size >= 2:
-        spread = float(knobs.MAD_TO_SIGMA * np.median(np.abs(values - median)))
+        spread = float(_MAD_TO_SIGMA * np.median(np.abs(values - median)))
     return Estimate(value=median, spread=spread, count=int(values.size))
 
 

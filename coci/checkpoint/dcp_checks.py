@@ -25,6 +25,10 @@ from coci.checkpoint.local import element_count, torch_dtype
 from coci.checkpoint.tree import tensor_refs
 from coci.errors import CorruptCheckpointError
 
+#: Most cells of the grid that a DCP tensor's chunk boundaries cut it into (the chunks must tile the
+#: tensor exactly; a real sharded layout has as many cells as chunks). Bounds the check's memory.
+_DCP_MAX_CHUNK_GRID_CELLS: int = 1 << 22
+
 #: DCP's own file in a checkpoint directory (never a storage file of a tensor).
 DCP_METADATA = ".metadata"
 
@@ -128,7 +132,7 @@ def _dims(path: Path, key: str, value: Any) -> tuple[int, ...]:
 def check_chunks(path: Path, key: str, shape: list[int], chunks: Any, itemsize: int) -> dict[StorageKey, int]:
     """The chunks of tensor ``key`` lie inside it and tile it exactly (no gap, no overlap); returns
     each chunk's bytes by its offsets."""
-    if not isinstance(chunks, list) or len(chunks) > knobs.DCP_MAX_CHUNK_GRID_CELLS:
+    if not isinstance(chunks, list) or len(chunks) > _DCP_MAX_CHUNK_GRID_CELLS:
         raise CorruptCheckpointError(f"{path}: DCP metadata entry {key!r} has no list of chunks, or too many")
     boxes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     found: dict[StorageKey, int] = {}
@@ -152,8 +156,8 @@ def _check_tiling(path: Path, key: str, shape: list[int], boxes: list[tuple[tupl
     boundaries cut the tensor into (one cell per chunk for a real sharded layout)."""
     cuts = [sorted({0, dim, *(o[d] for o, _ in boxes), *(o[d] + s[d] for o, s in boxes)}) for d, dim in enumerate(shape)]
     grid = [len(c) - 1 for c in cuts]
-    if math.prod(grid) > knobs.DCP_MAX_CHUNK_GRID_CELLS:
-        raise CorruptCheckpointError(f"{path}: DCP metadata entry {key!r} is cut into over knobs.DCP_MAX_CHUNK_GRID_CELLS pieces")
+    if math.prod(grid) > _DCP_MAX_CHUNK_GRID_CELLS:
+        raise CorruptCheckpointError(f"{path}: DCP metadata entry {key!r} is cut into over _DCP_MAX_CHUNK_GRID_CELLS pieces")
     position = [{cut: i for i, cut in enumerate(c)} for c in cuts]
     spans = [tuple(slice(position[d][o[d]], position[d][o[d] + s[d]]) for d in range(len(shape))) for o, s in boxes]
     if sum(math.prod(span.stop - span.start for span in box) for box in spans) > math.prod(grid):

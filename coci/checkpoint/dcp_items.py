@@ -20,6 +20,9 @@ import zipfile
 from coci import knobs
 from coci.errors import CorruptCheckpointError
 
+#: Most records one DCP storage item may hold (``torch.save`` writes 7).
+_DCP_ITEM_MAX_RECORDS: int = 64
+
 _END = struct.Struct("<4sHHHHIIH")  # end of central directory record
 _LOCATOR = struct.Struct("<4sIQI")  # zip64 end of central directory locator
 _END64 = struct.Struct("<4sQHHIIQQQQ")  # zip64 end of central directory record (no extensible data)
@@ -64,8 +67,8 @@ def check_item(view: ItemView, length: int, chunk_bytes: int, where: str) -> Non
     """Refuse (CorruptCheckpointError naming ``where``) an item whose records could expand past
     ``chunk_bytes`` plus the overhead knob, or whose zip directory readers could see differently."""
     records = _records(view, length, where)
-    if len(records) > knobs.DCP_ITEM_MAX_RECORDS:
-        raise CorruptCheckpointError(f"{where}: holds {len(records)} records, over knobs.DCP_ITEM_MAX_RECORDS")
+    if len(records) > _DCP_ITEM_MAX_RECORDS:
+        raise CorruptCheckpointError(f"{where}: holds {len(records)} records, over _DCP_ITEM_MAX_RECORDS")
     for record in records:
         if record.compress_type != zipfile.ZIP_STORED or record.compress_size != record.file_size:
             raise CorruptCheckpointError(f"{where}: record {record.filename!r} is compressed (torch.save stores records as they are)")

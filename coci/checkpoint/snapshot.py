@@ -33,6 +33,15 @@ from coci.checkpoint.sharded import ShardSpec
 
 logger = logging.getLogger(__name__)
 
+#: The fixed part of an arena's growth, next to ``knobs.ARENA_GROWTH_FRACTION`` of the bytes needed:
+#: small metadata that lengthens from checkpoint to checkpoint does not force a new allocation each time.
+_ARENA_GROWTH_BYTES: int = 1 << 20
+
+
+#: Byte alignment of every tensor inside the staging arena and the data file. 64 covers every
+#: dtype's alignment and a cache line.
+_ARENA_ALIGN_BYTES: int = 64
+
 
 @dataclass(frozen=True)
 class TensorSlot:
@@ -61,9 +70,9 @@ class StagedCheckpoint:
 
 
 def plan_layout(tensors: Sequence[torch.Tensor], align: int | None = None) -> list[TensorSlot]:
-    """Assign each tensor an offset aligned to ``align`` (default ``knobs.ARENA_ALIGN_BYTES``, read
+    """Assign each tensor an offset aligned to ``align`` (default ``_ARENA_ALIGN_BYTES``, read
     at call time); a pure function of dtypes and shapes."""
-    align = knobs.ARENA_ALIGN_BYTES if align is None else align
+    align = _ARENA_ALIGN_BYTES if align is None else align
     slots: list[TensorSlot] = []
     offset = 0
     for tensor in tensors:
@@ -81,7 +90,7 @@ def layout_bytes(slots: Sequence[TensorSlot]) -> int:
 def _replan(previous: list[TensorSlot], tensors: Sequence[torch.Tensor]) -> list[TensorSlot]:
     """:func:`plan_layout` of ``tensors``, reusing each slot of ``previous`` that is unchanged (the
     same object, so a caller can keep its view); ``previous`` itself when every slot is."""
-    align = knobs.ARENA_ALIGN_BYTES
+    align = _ARENA_ALIGN_BYTES
     slots: list[TensorSlot] = []
     offset = 0
     for index, tensor in enumerate(tensors):
@@ -178,13 +187,13 @@ class StagingArena:
 
 def arena_bytes(needed: int, pin: bool = False) -> int:
     """Bytes to allocate for a layout of ``needed`` bytes, with room to grow
-    (``knobs.ARENA_GROWTH_FRACTION`` plus ``knobs.ARENA_GROWTH_BYTES``). Where that size puts the
+    (``knobs.ARENA_GROWTH_FRACTION`` plus ``_ARENA_GROWTH_BYTES``). Where that size puts the
     arena on huge pages (:func:`aligned_empty`'s rule), it is resident in whole huge pages, so the
     room is rounded to them instead: every huge-page arena is a whole number of huge pages, and its
     staging memory stays within 1.1x of ``needed`` (``tests/unit/test_perf_paths.py``)."""
     grown = int(needed * (1 + knobs.ARENA_GROWTH_FRACTION))
-    if not _uses_huge_pages(grown + knobs.ARENA_GROWTH_BYTES, pin):
-        return grown + knobs.ARENA_GROWTH_BYTES
+    if not _uses_huge_pages(grown + _ARENA_GROWTH_BYTES, pin):
+        return grown + _ARENA_GROWTH_BYTES
     return max(_whole_huge_pages(grown), _whole_huge_pages(knobs.HUGE_PAGE_MIN_BYTES))
 
 

@@ -24,11 +24,16 @@ from typing import Any
 from coci import knobs
 from coci.planning.policy import Observation
 
+#: Fewest steps between the observation a plan was made from and the step it applies at
+#: (``knobs.PLAN_APPLY_SECONDS`` of training at the observed step time, when that is more).
+_PLAN_APPLY_MIN_STEPS: int = 1
+
+
 
 def apply_lag_steps(step_seconds: float | None) -> int:
     """Steps between an observation and the step its plan takes effect: ``knobs.PLAN_APPLY_SECONDS``
-    of training at the observed step time, at least ``knobs.PLAN_APPLY_MIN_STEPS``."""
-    floor = max(int(knobs.PLAN_APPLY_MIN_STEPS), 1)
+    of training at the observed step time, at least ``_PLAN_APPLY_MIN_STEPS``."""
+    floor = max(int(_PLAN_APPLY_MIN_STEPS), 1)
     if step_seconds is None or not math.isfinite(step_seconds) or step_seconds <= 0:
         return floor
     return max(floor, math.ceil(knobs.PLAN_APPLY_SECONDS / step_seconds - 1e-9))

@@ -25,6 +25,10 @@ from coci.planning.fit import CurveFit, bin_trace, fit_curve
 
 __all__ = ["EXTENSIONS", "EmpiricalCurve", "curve_pair", "empirical_curve", "empirical_progress_rate", "smoothed_trace"]
 
+#: The simulator's "true" progress rate of a raw loss trace is the slope of an isotonic
+#: (non-increasing) fit to at most this many bins of the trace (half log-, half linearly spaced).
+_SIMULATE_TRUTH_POINTS: int = 200
+
 RateFunction = Callable[[np.ndarray], np.ndarray]
 
 #: How an empirical curve continues past its last point, in the order tried.
@@ -46,7 +50,7 @@ def curve_pair(steps: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def smoothed_trace(steps: Any, losses: Any = None, *, max_points: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(steps, levels)``: the trace binned (half log-, half linearly-spaced bins, the median loss of
-    each; at most ``max_points`` bins, default ``knobs.SIMULATE_TRUTH_POINTS``) and made
+    each; at most ``max_points`` bins, default ``_SIMULATE_TRUTH_POINTS``) and made
     non-increasing by isotonic regression (pool-adjacent-violators weighted by bin counts), one
     point per pooled block. Raises :class:`ConfigError` (field ``curve``) for fewer than two finite
     points at distinct steps or a trace that does not fall."""
@@ -57,7 +61,7 @@ def smoothed_trace(steps: Any, losses: Any = None, *, max_points: int | None = N
     s, y = s[order], y[order]
     if s.size < 2 or s[-1] <= s[0]:
         raise ConfigError("curve: the true curve needs at least two finite points at distinct steps")
-    centres, levels, counts = _binned(s, y, knobs.SIMULATE_TRUTH_POINTS if max_points is None else max_points)
+    centres, levels, counts = _binned(s, y, _SIMULATE_TRUTH_POINTS if max_points is None else max_points)
     centres, levels = _isotonic_decreasing(centres, levels, counts)
     if centres.size < 2 or levels[0] <= levels[-1]:
         raise ConfigError("curve: the true curve does not fall (no progress to weight)")

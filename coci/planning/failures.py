@@ -96,11 +96,20 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from coci import checks, knobs
+from coci import checks
 from coci.errors import ConfigError
 from coci.units import parse_duration
 
 __all__ = ["TIERS", "FailureClass", "Failures", "LogFit"]
+
+#: Failure-model ranges: a scale beyond ~3e10 years or a Weibull shape outside these bounds
+#: overflows the planner's arithmetic (gamma(1 + 1/shape), failure probabilities) and means nothing.
+_MAX_FAILURE_SCALE_SECONDS: float = 1e18
+_WEIBULL_SHAPE_RANGE: tuple[float, float] = (0.05, 20.0)
+
+#: Most nodes a failure model may combine (``Failures(nodes=)``): far beyond any cluster, and small
+#: enough that ``nodes ** (1 / shape)`` stays a float (a larger count is a typo or a hostile plan.json).
+_MAX_FAILURE_NODES: int = 10**9
 
 _TRUE = {"1", "true", "t", "yes", "y"}
 _FALSE = {"0", "false", "f", "no", "n", ""}
@@ -145,8 +154,8 @@ def _positive_finite(value: Any, field: str) -> float:
 def _check_nodes(nodes: Any) -> int:
     if not checks.is_int(nodes) or nodes < 1:
         raise ConfigError(f"nodes must be a positive integer, got {nodes!r}")
-    if nodes > knobs.MAX_FAILURE_NODES:
-        raise ConfigError(f"nodes must be at most {knobs.MAX_FAILURE_NODES}, got {nodes!r}")
+    if nodes > _MAX_FAILURE_NODES:
+        raise ConfigError(f"nodes must be at most {_MAX_FAILURE_NODES}, got {nodes!r}")
     return int(nodes)
 
 
@@ -218,17 +227,17 @@ class Failures(BaseModel):
     @classmethod
     def _scale_is_duration(cls, value: Any) -> float:
         seconds = parse_duration(value, field="scale_seconds", positive=True)
-        if seconds > knobs.MAX_FAILURE_SCALE_SECONDS:
-            raise ConfigError(f"the failure scale (MTBF) must be at most {knobs.MAX_FAILURE_SCALE_SECONDS:g} seconds, got {value!r}")
+        if seconds > _MAX_FAILURE_SCALE_SECONDS:
+            raise ConfigError(f"the failure scale (MTBF) must be at most {_MAX_FAILURE_SCALE_SECONDS:g} seconds, got {value!r}")
         return seconds
 
     @field_validator("shape", mode="before")
     @classmethod
     def _shape_positive(cls, value: Any) -> float:
         shape = _positive_finite(value, "shape")
-        low, high = knobs.WEIBULL_SHAPE_RANGE
+        low, high = _WEIBULL_SHAPE_RANGE
         if not low <= shape <= high:
-            raise ConfigError(f"shape must lie in [{low}, {high}] (knobs.WEIBULL_SHAPE_RANGE), got {value!r}")
+            raise ConfigError(f"shape must lie in [{low}, {high}] (_WEIBULL_SHAPE_RANGE), got {value!r}")
         return shape
 
     @field_validator("nodes", mode="before")

@@ -33,8 +33,8 @@ How a fit is made
 4. Drift and the recent window: learning-rate decay makes the last stretch fall faster (or, after a
    schedule change, slower) than any global diminishing-returns law. ``drift`` is the mean residual
    (data minus forecast) of the best global law on the held-back tail in standard errors. When
-   ``|drift| > knobs.FIT_DRIFT_SIGMA`` the global law is stale, and "fit the last ``f`` of the
-   trace" for ``f`` in ``knobs.FIT_WINDOW_FRACTIONS`` is backtested the same way (fitted on the
+   ``|drift| > _FIT_DRIFT_SIGMA`` the global law is stale, and "fit the last ``f`` of the
+   trace" for ``f`` in ``_FIT_WINDOW_FRACTIONS`` is backtested the same way (fitted on the
    last ``f`` of the trace as it was at the holdout start, scored on the tail) for the families
    with a floor (``power``, ``exp_floor``; ``coci_exp`` only when it is the one family asked
    for); the best (family, ``f``) wins. The chosen family is then refitted on the last ``f`` of the
@@ -68,6 +68,26 @@ Losses: TypeAlias = Sequence[float] | np.ndarray
 LossCurve: TypeAlias = Losses | tuple[Losses, Losses]
 
 logger = logging.getLogger(__name__)
+
+#: Drift is declared when the global law's residuals on the held-back tail (data minus forecast)
+#: average below zero by more than this many standard errors: the loss falls faster than the law.
+_FIT_DRIFT_SIGMA: float = 2.0
+
+#: Recent windows tried when the global fit drifts, as fractions of the step range (from the end).
+_FIT_WINDOW_FRACTIONS: tuple[float, ...] = (0.6, 0.45, 0.3)
+
+#: Least-squares polishes started from the best grid points of each family.
+_FIT_STARTS: int = 3
+
+#: A curve counts as falling when its first fifth's median exceeds its last fifth's by more than
+#: this many noise standard deviations ...
+_FIT_MIN_DROP_SIGMA: float = 3.0
+
+#: ... and by more than this fraction of the loss level.
+_FIT_MIN_DROP_RELATIVE: float = 1e-3
+
+#: A recent window is fitted only when it holds at least (family parameters + this) points.
+_FIT_WINDOW_EXTRA_POINTS: int = 2
 
 Family = Literal["power", "exp_floor", "coci_exp", "none"]
 #: The fitted families, in the order they are tried.
@@ -206,7 +226,7 @@ def _fit_power(x: np.ndarray, y: np.ndarray) -> dict[str, float] | None:
 
     Variable projection: for fixed (b, x0) the best (a, c) is a linear least-squares solve, so the
     search is two-dimensional: a grid over (log b, log(x0 - x0_low)), then Nelder-Mead from the
-    best ``knobs.FIT_STARTS`` grid points. Overflow in the search only makes a probe unusable, so
+    best ``_FIT_STARTS`` grid points. Overflow in the search only makes a probe unusable, so
     floating-point warnings are silenced for the whole search (once, not per probe).
     """
     with np.errstate(all="ignore"):
@@ -235,7 +255,7 @@ def _fit_power_quietly(x: np.ndarray, target: _Target) -> dict[str, float] | Non
         return math.inf if solved is None else solved[2]
 
     best: tuple[float, np.ndarray] | None = None
-    for sse, log_b, log_shift in grid[: knobs.FIT_STARTS]:
+    for sse, log_b, log_shift in grid[: _FIT_STARTS]:
         x_best, f_best = nelder_mead(
             objective, np.array([log_b, log_shift]), xatol=1e-4, fatol=1e-12 + 1e-9 * sse, maxiter=300
         )
@@ -480,7 +500,7 @@ def fit_curve(
         return unusable("no family could be fitted to the trace")
     holdout_error, family, fraction = best
     chosen = _window_mask(s, float(s[-1]), fraction)
-    extra = 1 if fraction == 1.0 else knobs.FIT_WINDOW_EXTRA_POINTS
+    extra = 1 if fraction == 1.0 else _FIT_WINDOW_EXTRA_POINTS
     params = _fit_on(family, s, y, chosen, backtest.scale, extra)
     if params is None:  # cannot happen in practice: the final window has more points than the backtest
         return unusable(f"refitting {family} on the whole window failed")
@@ -516,7 +536,7 @@ def _not_falling(y: np.ndarray, noise: float) -> str | None:
     its last fifth must lie below that of its first fifth by more than the noise and a margin."""
     head = float(np.median(y[: max(2, y.size // 5)]))
     tail = float(np.median(y[-max(2, y.size // 5):]))
-    required = max(knobs.FIT_MIN_DROP_SIGMA * noise, knobs.FIT_MIN_DROP_RELATIVE * abs(head))
+    required = max(_FIT_MIN_DROP_SIGMA * noise, _FIT_MIN_DROP_RELATIVE * abs(head))
     if head - tail > required:
         return None
     verb = "rising" if tail - head > required else "not falling"
@@ -590,12 +610,12 @@ def _choose_law(
         if math.isfinite(err) and (best is None or err < best[0]):
             best = (err, family, 1.0)
     drift = backtest.drift(best[1], noise) if best is not None and window else None
-    if drift is None or abs(drift) <= knobs.FIT_DRIFT_SIGMA:
+    if drift is None or abs(drift) <= _FIT_DRIFT_SIGMA:
         return best, candidates, drift
     windowed: Choice | None = None
     for family in [f for f in tried if f != "coci_exp"] or list(tried):
-        for fraction in knobs.FIT_WINDOW_FRACTIONS:
-            err = backtest.error(family, fraction, knobs.FIT_WINDOW_EXTRA_POINTS)
+        for fraction in _FIT_WINDOW_FRACTIONS:
+            err = backtest.error(family, fraction, _FIT_WINDOW_EXTRA_POINTS)
             if math.isfinite(err) and (windowed is None or err < windowed[0]):
                 windowed = (err, family, fraction)
             candidates[family] = min(candidates.get(family, math.inf), err)

@@ -31,7 +31,7 @@ cap covers the whole of C, stall plus interference). Steps are integers, strictl
 ``(start_step, total_steps)``.
 
 ``auto`` alone also has a longest interval (:func:`max_interval_steps`): at most
-``knobs.PLAN_MAX_INTERVAL_MTBF`` (0.5) of the MTBF over the plan's span (expected failures per
+``_PLAN_MAX_INTERVAL_MTBF`` (0.5) of the MTBF over the plan's span (expected failures per
 second of progress, inverted), and never shorter than Young's interval (so the time optimum is never
 constrained). Reason: the first-order model counts a segment of length ``a`` as losing ``a^2 / 2M``
 in expectation, while the exact expected time is ``M (e^(a/M) - 1) - a``; the two agree within 4%
@@ -75,6 +75,13 @@ __all__ = [
     "young_interval_seconds",
 ]
 
+#: Sweeps (even then odd checkpoints) of that refinement at most.
+_PLAN_REFINE_SWEEPS: int = 6
+
+#: Longest interval "auto" plans, as a fraction of the MTBF over the plan's span (never below
+#: Young's interval): the first-order model is within 4% of the exact expected time up to MTBF / 2.
+_PLAN_MAX_INTERVAL_MTBF: float = 0.5
+
 
 # --- classical intervals ---------------------------------------------------------------------------
 
@@ -106,14 +113,14 @@ def min_interval_steps(
 
 
 def max_interval_steps(model: CostModel, min_steps: int = 1) -> int:
-    """Longest interval ``auto`` allows (steps): ``knobs.PLAN_MAX_INTERVAL_MTBF`` of the MTBF over
+    """Longest interval ``auto`` allows (steps): ``_PLAN_MAX_INTERVAL_MTBF`` of the MTBF over
     the plan's span, but never below Young's interval nor ``min_steps`` (see the module docstring)."""
     span = model.horizon_seconds - model.start_seconds
     failures = float(model.cum_failures[-1])
     if not (failures > 0 and span > 0):
         return max(min_steps, model.total_steps - model.start_step)
     mtbf = span / failures
-    cap = max(knobs.PLAN_MAX_INTERVAL_MTBF * mtbf, young_interval_seconds(model.checkpoint_seconds, 1.0 / mtbf))
+    cap = max(_PLAN_MAX_INTERVAL_MTBF * mtbf, young_interval_seconds(model.checkpoint_seconds, 1.0 / mtbf))
     whole = max(min_steps, model.total_steps - model.start_step)  # no interval is longer: also no overflow
     steps = cap / model.step_seconds + 1e-9
     return whole if not steps < whole else max(min_steps, int(math.floor(steps)))
@@ -365,7 +372,7 @@ def refine(
     n = steps.size
     t, p, horizon = model.step_seconds, model.persist_seconds, model.horizon_seconds
     first_allowed = max(model.start_step, model.last_checkpoint_step) + min_steps
-    for _ in range(knobs.PLAN_REFINE_SWEEPS):
+    for _ in range(_PLAN_REFINE_SWEEPS):
         moved = False
         for parity in (0, 1):
             index = np.arange(parity, n, 2)

@@ -68,8 +68,8 @@ Restarting hazards
 For a Weibull (or any non-memoryless) model whose clock restarts at each (re)start, the plan uses the
 *expected* hazard at progress position ``x``: the renewal density ``m(x) = E[h(age at x)]`` of the
 failure process started at the plan's origin (the latest (re)start), solved from the renewal
-equation ``M = F + M * dF`` on a grid (:data:`coci.knobs.RENEWAL_GRID_POINTS` points over at most
-:data:`coci.knobs.RENEWAL_MAX_MEANS` MTBFs; beyond that ``M`` grows at the long-run rate ``1/MTBF``).
+equation ``M = F + M * dF`` on a grid (:data:`coci._RENEWAL_GRID_POINTS` points over at most
+:data:`coci._RENEWAL_MAX_MEANS` MTBFs; beyond that ``M`` grows at the long-run rate ``1/MTBF``).
 Approximation: as in the first-order model the renewal clock runs on progress time (overheads and
 re-executed work ignored). With shape < 1 this front-loads the hazard (short intervals right after a
 (re)start); with shape > 1 it defers it.
@@ -84,7 +84,7 @@ from typing import Any
 
 import numpy as np
 
-from coci import checks, knobs
+from coci import checks
 from coci.errors import ConfigError
 
 __all__ = [
@@ -98,6 +98,22 @@ __all__ = [
     "progress_weight",
     "whole_run_mean_rate",
 ]
+
+#: Horizons up to this many steps are modelled with one cost cell per step (exact per-step hazard
+#: and weight); longer ones with a linear + log-spaced grid of integer-step cells.
+_PLAN_PER_STEP_CELLS_MAX: int = 4096
+
+#: Linearly spaced cells of the long-horizon grid (resolution late in the run).
+_PLAN_LINEAR_CELLS: int = 2048
+
+#: Log-spaced cells of the long-horizon grid (resolution early, where the loss moves fast).
+_PLAN_LOG_CELLS: int = 1024
+
+#: Grid points of the renewal-equation solve for restarting (non-memoryless) hazards.
+_RENEWAL_GRID_POINTS: int = 1024
+
+#: The renewal grid spans at most this many MTBFs; beyond, failures arrive at the long-run rate.
+_RENEWAL_MAX_MEANS: float = 20.0
 
 RateFunction = Callable[[np.ndarray], np.ndarray]
 
@@ -224,8 +240,8 @@ class ExpectedFailures:
         origin_seconds: float = 0.0,
     ) -> ExpectedFailures:
         """Renewal function of a hazard that restarts at each failure (see the module docstring)."""
-        span = min(max(horizon_seconds, mean_seconds), knobs.RENEWAL_MAX_MEANS * mean_seconds)
-        points = knobs.RENEWAL_GRID_POINTS
+        span = min(max(horizon_seconds, mean_seconds), _RENEWAL_MAX_MEANS * mean_seconds)
+        points = _RENEWAL_GRID_POINTS
         grid = np.linspace(0.0, span, points + 1)
         cdf = -np.expm1(-np.asarray(cumulative_hazard(grid), dtype=float))
         values = _solve_renewal(cdf) - cdf
@@ -240,7 +256,7 @@ class ExpectedFailures:
         cls, hazard: RateFunction, horizon_seconds: float, origin_seconds: float = 0.0
     ) -> ExpectedFailures:
         """Integrate a plain hazard callable ``h(x)`` (1/s, x seconds after the origin; no restarts)."""
-        points = knobs.RENEWAL_GRID_POINTS
+        points = _RENEWAL_GRID_POINTS
         span = max(horizon_seconds, 1e-9)
         grid = np.unique(np.concatenate([np.linspace(0, span, points + 1), np.geomspace(span * 1e-6, span, points)]))
         mids = 0.5 * (grid[1:] + grid[:-1])  # midpoints avoid a singular h(0)
@@ -538,10 +554,10 @@ def cell_edges(start_step: int, total_steps: int, per_step: bool | None = None) 
     """Integer cell edges over ``[start_step, total_steps]``: every step for short spans (or when
     ``per_step``), else a union of a linear and a log-spaced grid (detail early and late)."""
     span = total_steps - start_step
-    if per_step or (per_step is None and span <= knobs.PLAN_PER_STEP_CELLS_MAX):
+    if per_step or (per_step is None and span <= _PLAN_PER_STEP_CELLS_MAX):
         return np.arange(start_step, total_steps + 1, dtype=float)
-    linear = np.linspace(start_step, total_steps, knobs.PLAN_LINEAR_CELLS + 1)
-    log = start_step + np.geomspace(1.0, span, knobs.PLAN_LOG_CELLS)
+    linear = np.linspace(start_step, total_steps, _PLAN_LINEAR_CELLS + 1)
+    log = start_step + np.geomspace(1.0, span, _PLAN_LOG_CELLS)
     return np.unique(np.rint(np.concatenate([[start_step, total_steps], linear, log])))
 
 

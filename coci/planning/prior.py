@@ -9,7 +9,7 @@ loss it is this run's own smoothed curve; after it the prior's shape, scaled by 
 loss fell against the prior over the recent half of the trace (:meth:`WarmStart.rate`). A prior that
 cannot be read or used is refused with a :class:`coci.ConfigError` naming ``prior`` (the policy
 then plans cold and records why); one whose shape this run's losses contradict (they fell more than
-``knobs.PRIOR_MISMATCH_FACTOR`` times faster or slower) is dropped the same way.
+``_PRIOR_MISMATCH_FACTOR`` times faster or slower) is dropped the same way.
 """
 
 from __future__ import annotations
@@ -31,6 +31,14 @@ from coci.planning.empirical import smoothed_trace
 from coci.planning.fit import LossCurve
 
 __all__ = ["PriorCurve", "PriorLike", "WarmStart", "load_prior"]
+
+#: Warm start (``prior=``): this run's loss may fall at most this many times faster or slower than
+#: the earlier run's (rescaled) over the recent half of its trace; beyond it the prior is dropped.
+_PRIOR_MISMATCH_FACTOR: float = 4.0
+
+#: Warm start: the recent half of the trace must span this many steps before it corrects the prior's
+#: future rate (or contradicts it); shorter, the prior is used as recorded.
+_PRIOR_MIN_CORRECTION_STEPS: int = 100
 
 
 @dataclass(frozen=True)
@@ -161,8 +169,8 @@ class WarmStart:
         own = float(np.diff(-np.interp(recent, centres, levels))[0])
         expected = float(np.diff(-self.loss(recent))[0])
         factor = own / expected if expected > 0 else math.inf
-        limit = knobs.PRIOR_MISMATCH_FACTOR
-        if recent[1] - recent[0] >= knobs.PRIOR_MIN_CORRECTION_STEPS and not (1.0 / limit <= factor <= limit):
+        limit = _PRIOR_MISMATCH_FACTOR
+        if recent[1] - recent[0] >= _PRIOR_MIN_CORRECTION_STEPS and not (1.0 / limit <= factor <= limit):
             raise ConfigError(
                 f"prior: this run's loss fell {factor:.3g}x as fast as the prior's over steps "
                 f"{recent[0]:.0f}-{recent[1]:.0f} (outside 1/{limit:g}..{limit:g}x): prior dropped"

@@ -87,12 +87,12 @@ def test_a_slow_planner_changes_nothing_but_wall_time(tmp_path: Path) -> None:
     assert len({id(plan) for _, plan in fast_plans if plan is not None}) >= 2  # it re-planned too
 
 
-def test_inline_mode_plans_on_the_training_thread_at_the_observed_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(knobs, "PLAN_IN_BACKGROUND", False)
-    session, plans = _run(tmp_path, delay=0.0, steps=40)
-    first_applied, first_plan = next((step, plan) for step, plan in plans if plan is not None)
-    assert first_applied == first_plan.inputs.start_step  # inline: followed from the step it was observed at
-    assert session.policy.threads[0] == threading.main_thread().name
+def test_inline_mode_plans_on_the_training_thread_at_the_observed_step(tmp_path: Path) -> None:
+    with knobs.override(PLAN_IN_BACKGROUND=False):
+        session, plans = _run(tmp_path, delay=0.0, steps=40)
+        first_applied, first_plan = next((step, plan) for step, plan in plans if plan is not None)
+        assert first_applied == first_plan.inputs.start_step  # inline: followed from the step it was observed at
+        assert session.policy.threads[0] == threading.main_thread().name
 
 
 def test_a_restore_drops_the_plan_in_flight(tmp_path: Path) -> None:

@@ -84,26 +84,25 @@ class BurningPlanner(PlanningPolicy):
 
 
 @pytest.mark.slow  # plans on a background thread for seconds
-def test_the_planner_threads_cpu_seconds_are_booked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_planner_threads_cpu_seconds_are_booked(tmp_path: Path) -> None:
     """Every CPU second the planner thread spends is booked at least once (times the contention,
     which is >= 1), and the report's overhead includes it."""
-    monkeypatch.setattr(coci.knobs, "PLANNING_TIME_FRACTION", 1e9)  # the injected clock: no cap
-    monkeypatch.setattr(coci.knobs, "OBSERVE_EVERY_STEPS", 50)
-    now = [0.0]
-    policy = BurningPlanner("auto", failures=Failures.exponential(mtbf="2h"), total_steps=1000)
-    session = coci.Session(tmp_path, {"w": torch.zeros(4)}, policy=policy, clock=lambda: now[0])
-    for step in range(1, 301):
-        now[0] += 0.05
-        session.step(5.0 / step**0.5)
-    session.close()
-    closes = [e for e in read_events(tmp_path) if e["event"] == "close"]
-    observations = sum(1 for e in read_events(tmp_path) if e["event"] == "plan")
-    assert observations >= 2
-    booked = closes[-1]["overhead_planner_thread"]
-    assert booked >= observations * BurningPlanner.BURN_SECONDS  # the injected clock never waited
-    observed = read_run(tmp_path).observed
-    assert observed.planner_thread_seconds == pytest.approx(booked)
-    assert observed.overhead_seconds >= booked
+    with coci.knobs.override(PLANNING_TIME_FRACTION=1e9, OBSERVE_EVERY_STEPS=50):
+        now = [0.0]
+        policy = BurningPlanner("auto", failures=Failures.exponential(mtbf="2h"), total_steps=1000)
+        session = coci.Session(tmp_path, {"w": torch.zeros(4)}, policy=policy, clock=lambda: now[0])
+        for step in range(1, 301):
+            now[0] += 0.05
+            session.step(5.0 / step**0.5)
+        session.close()
+        closes = [e for e in read_events(tmp_path) if e["event"] == "close"]
+        observations = sum(1 for e in read_events(tmp_path) if e["event"] == "plan")
+        assert observations >= 2
+        booked = closes[-1]["overhead_planner_thread"]
+        assert booked >= observations * BurningPlanner.BURN_SECONDS  # the injected clock never waited
+        observed = read_run(tmp_path).observed
+        assert observed.planner_thread_seconds == pytest.approx(booked)
+        assert observed.overhead_seconds >= booked
 
 
 def test_planner_thread_booking_subtracts_the_wait_already_booked() -> None:

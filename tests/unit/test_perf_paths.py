@@ -96,17 +96,17 @@ def test_a_huge_page_arena_is_whole_huge_pages_within_the_staging_bound(mb: floa
 
 
 @pytest.mark.parametrize("numel", [(3 << 20) // 4 + 7, (2 << 20) // 4])  # ragged tail, block multiple
-def test_direct_write_round_trips_with_the_payloads_crc32c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, numel: int) -> None:
-    monkeypatch.setattr(knobs, "WRITE_CHUNK_BYTES", 1 << 20)
-    _, payload = _arena_payload(numel)
-    assert len(payload) >= knobs.DIRECT_IO_MIN_BYTES
-    path = tmp_path / "data.bin"
-    fd, direct = fileio.open_for_write(path, payload)
-    os.close(fd)
-    assert fileio.write_file(path, payload) == _written(path, payload)
-    assert path.read_bytes() == bytes(payload)
-    if not direct:
-        pytest.skip("this filesystem refuses O_DIRECT: only the fallback was exercised")
+def test_direct_write_round_trips_with_the_payloads_crc32c(tmp_path: Path, numel: int) -> None:
+    with knobs.override(WRITE_CHUNK_BYTES=1 << 20):
+        _, payload = _arena_payload(numel)
+        assert len(payload) >= knobs.DIRECT_IO_MIN_BYTES
+        path = tmp_path / "data.bin"
+        fd, direct = fileio.open_for_write(path, payload)
+        os.close(fd)
+        assert fileio.write_file(path, payload) == _written(path, payload)
+        assert path.read_bytes() == bytes(payload)
+        if not direct:
+            pytest.skip("this filesystem refuses O_DIRECT: only the fallback was exercised")
 
 
 def test_direct_write_falls_back_to_the_page_cache_when_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,50 +138,49 @@ def test_unaligned_or_small_payloads_never_ask_for_o_direct(tmp_path: Path) -> N
     assert path.read_bytes() == bytes(payload[1:])
 
 
-def test_mid_write_fault_fires_once_after_the_first_direct_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(knobs, "WRITE_CHUNK_BYTES", 256 << 10)
-    _, payload = _arena_payload((1 << 20) // 4 + 100)
-    path = tmp_path / "data.bin"
-    seen: list[tuple[str, int]] = []
-    faults.set_fault_hook(lambda point: seen.append((point, path.stat().st_size)))
-    try:
-        fileio.write_file(path, payload, fault_point="mid_write")
-    finally:
-        faults.set_fault_hook(None)
-    assert seen == [("mid_write", 256 << 10)]
+def test_mid_write_fault_fires_once_after_the_first_direct_chunk(tmp_path: Path) -> None:
+    with knobs.override(WRITE_CHUNK_BYTES=256 << 10):
+        _, payload = _arena_payload((1 << 20) // 4 + 100)
+        path = tmp_path / "data.bin"
+        seen: list[tuple[str, int]] = []
+        format.set_fault_hook(lambda point: seen.append((point, path.stat().st_size)))
+        try:
+            fileio.write_file(path, payload, fault_point="mid_write")
+        finally:
+            format.set_fault_hook(None)
+        assert seen == [("mid_write", 256 << 10)]
 
 
 @pytest.mark.parametrize("threaded", [True, False])
 @pytest.mark.parametrize("chunk", [4096, 1000003, 32 << 20])
-def test_verified_read_matches_for_any_chunking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threaded: bool, chunk: int) -> None:
-    monkeypatch.setattr(knobs, "WRITE_CHECKSUM_THREAD", threaded)
-    monkeypatch.setattr(knobs, "READ_CHUNK_BYTES", chunk)
-    _, payload = _arena_payload((1 << 20) // 4 + 999)
-    path = tmp_path / "data.bin"
-    entry = fileio.write_file(path, payload)
-    loaded = fileio.read_verified(path, entry)
-    assert loaded.numel() == entry.size and bytes(loaded.numpy()) == bytes(payload)
-    fileio.read_verified(path, entry, keep=False)  # verifies without keeping: no error
+def test_verified_read_matches_for_any_chunking(tmp_path: Path, threaded: bool, chunk: int) -> None:
+    with knobs.override(WRITE_CHECKSUM_THREAD=threaded, READ_CHUNK_BYTES=chunk):
+        _, payload = _arena_payload((1 << 20) // 4 + 999)
+        path = tmp_path / "data.bin"
+        entry = fileio.write_file(path, payload)
+        loaded = fileio.read_verified(path, entry)
+        assert loaded.numel() == entry.size and bytes(loaded.numpy()) == bytes(payload)
+        fileio.read_verified(path, entry, keep=False)  # verifies without keeping: no error
 
 
 @pytest.mark.parametrize("algorithm", ["crc32c", "crc32"])
-def test_verified_read_detects_a_flipped_byte_in_the_middle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algorithm: str) -> None:
+def test_verified_read_detects_a_flipped_byte_in_the_middle(tmp_path: Path, algorithm: str) -> None:
     """crc32c (what coci writes) and crc32 (what records before format 2 name) both catch one flipped byte."""
-    monkeypatch.setattr(knobs, "READ_CHUNK_BYTES", 256 << 10)
-    _, payload = _arena_payload((2 << 20) // 4)
-    path = tmp_path / "data.bin"
-    size = fileio.write_file(path, payload).size
-    recorded = crc32c.crc32c(payload) if algorithm == "crc32c" else zlib.crc32(payload)
-    entry = records.FileEntry.model_validate({"name": path.name, "size": size, algorithm: recorded})
-    fileio.read_verified(path, entry)  # intact: verifies
-    with open(path, "r+b") as handle:
-        handle.seek(size // 2 + 1)
-        byte = handle.read(1)
-        handle.seek(size // 2 + 1)
-        handle.write(bytes([byte[0] ^ 0xFF]))
-    for keep in (True, False):
-        with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
-            fileio.read_verified(path, entry, keep=keep)
+    with knobs.override(READ_CHUNK_BYTES=256 << 10):
+        _, payload = _arena_payload((2 << 20) // 4)
+        path = tmp_path / "data.bin"
+        size = fileio.write_file(path, payload).size
+        recorded = crc32c.crc32c(payload) if algorithm == "crc32c" else zlib.crc32(payload)
+        entry = format.FileEntry.model_validate({"name": path.name, "size": size, algorithm: recorded})
+        fileio.read_verified(path, entry)  # intact: verifies
+        with open(path, "r+b") as handle:
+            handle.seek(size // 2 + 1)
+            byte = handle.read(1)
+            handle.seek(size // 2 + 1)
+            handle.write(bytes([byte[0] ^ 0xFF]))
+        for keep in (True, False):
+            with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+                fileio.read_verified(path, entry, keep=keep)
 
 
 def test_threaded_checksum_equals_sequential_crc_in_chunk_order() -> None:
@@ -336,23 +335,22 @@ def _scattered_pieces(size: int) -> list[tuple[int, memoryview]]:
 
 @pytest.mark.parametrize("threaded", [True, False])
 @pytest.mark.parametrize("chunk", [4096, 1000003])
-def test_read_into_fills_each_piece_and_checksums_the_gaps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threaded: bool, chunk: int) -> None:
-    monkeypatch.setattr(knobs, "WRITE_CHECKSUM_THREAD", threaded)
-    monkeypatch.setattr(knobs, "READ_CHUNK_BYTES", chunk)
-    _, payload = _arena_payload((2 << 20) // 4 + 999)
-    path = tmp_path / "data.bin"
-    entry = fileio.write_file(path, payload)
-    pieces = _scattered_pieces(entry.size)
-    fileio.read_verified_into(path, entry, lambda: pieces)
-    for offset, target in pieces:
-        assert bytes(target) == bytes(payload[offset : offset + len(target)])
-    with open(path, "r+b") as handle:  # a byte no piece keeps (a gap) still fails the checksum
-        handle.seek(50)
-        byte = handle.read(1)
-        handle.seek(50)
-        handle.write(bytes([byte[0] ^ 0xFF]))
-    with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
-        fileio.read_verified_into(path, entry, lambda: _scattered_pieces(entry.size))
+def test_read_into_fills_each_piece_and_checksums_the_gaps(tmp_path: Path, threaded: bool, chunk: int) -> None:
+    with knobs.override(WRITE_CHECKSUM_THREAD=threaded, READ_CHUNK_BYTES=chunk):
+        _, payload = _arena_payload((2 << 20) // 4 + 999)
+        path = tmp_path / "data.bin"
+        entry = fileio.write_file(path, payload)
+        pieces = _scattered_pieces(entry.size)
+        fileio.read_verified_into(path, entry, lambda: pieces)
+        for offset, target in pieces:
+            assert bytes(target) == bytes(payload[offset : offset + len(target)])
+        with open(path, "r+b") as handle:  # a byte no piece keeps (a gap) still fails the checksum
+            handle.seek(50)
+            byte = handle.read(1)
+            handle.seek(50)
+            handle.write(bytes([byte[0] ^ 0xFF]))
+        with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+            fileio.read_verified_into(path, entry, lambda: _scattered_pieces(entry.size))
 
 
 def test_read_into_refuses_a_short_file_and_overlapping_pieces(tmp_path: Path) -> None:

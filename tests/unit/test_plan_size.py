@@ -33,10 +33,9 @@ JOB = dict(
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_every_policy_refuses_a_plan_over_the_cap(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_policy_refuses_a_plan_over_the_cap(policy: str) -> None:
     """Finding 10: checkfreq (and young, daly, coci) built plans of any size."""
-    monkeypatch.setattr(knobs, "PLAN_MAX_CHECKPOINTS", 1000)
-    with pytest.raises(coci.ConfigError, match=r"over the cap of 1000 \(knobs\.PLAN_MAX_CHECKPOINTS\)"):
+    with knobs.override(PLAN_MAX_CHECKPOINTS=1000), pytest.raises(coci.ConfigError, match=r"over the cap of 1000 \(knobs\.PLAN_MAX_CHECKPOINTS\)"):
         coci.plan(policy, **JOB)
 
 

@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from coci import knobs
-
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -21,6 +19,11 @@ if TYPE_CHECKING:
     from coci.planning.fit import CurveFit
 
 __all__ = ["FIGURES", "FIGURE_BUILDERS", "render_figures"]
+
+#: Size (inches) and resolution (dots per inch) of the report's PNG figures: 8 x 4.5 in at 110 dpi
+#: is 880 x 495 px, readable in a browser and in the README without zooming.
+_REPORT_FIGURE_SIZE: tuple[float, float] = (8.0, 4.5)
+_REPORT_FIGURE_DPI: int = 110
 
 #: Figure file names, in display order.
 FIGURES: dict[str, str] = {
@@ -38,11 +41,11 @@ def render_figures(data: ReportData) -> dict[str, bytes]:
 
     result = {}
     for name, build in FIGURE_BUILDERS.items():
-        figure = Figure(figsize=knobs.REPORT_FIGURE_SIZE, layout="constrained")
+        figure = Figure(figsize=_REPORT_FIGURE_SIZE, layout="constrained")
         FigureCanvasAgg(figure)
         build(figure, data)
         buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=knobs.REPORT_FIGURE_DPI)
+        figure.savefig(buffer, format="png", dpi=_REPORT_FIGURE_DPI)
         result[name] = buffer.getvalue()
     return result
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from coci import knobs, safe_files
+from coci import safe_files
 from coci.analysis.report import text
 from coci.analysis.report.compare import compare_policies
 from coci.analysis.report.figures import FIGURES, render_figures
@@ -16,6 +16,10 @@ from coci.analysis.report.read import PolicyRow, ReportData, read_run
 from coci.planning.records import Plan
 
 __all__ = ["REPORT_HTML_FILENAME", "REPORT_JSON_FILENAME", "Report", "report"]
+
+#: Monte Carlo trials per policy for the report's overhead confidence intervals
+#: (coci.analysis.simulate); 0 shows the planner's expected values only.
+_REPORT_SIMULATE_TRIALS: int = 1000
 
 REPORT_JSON_FILENAME = "report.json"
 REPORT_HTML_FILENAME = "report.html"
@@ -34,12 +38,12 @@ def report(
         run_dir: a directory written by :class:`coci.Session`.
         compare: re-plan every policy with the run's measured inputs for the comparison.
         simulate_trials: Monte Carlo trials per policy for the comparison's confidence intervals
-            (default ``knobs.REPORT_SIMULATE_TRIALS``; 0 uses expected values only).
+            (default ``_REPORT_SIMULATE_TRIALS``; 0 uses expected values only).
         seed: seed of the simulation.
     """
     result = Report(read_run(Path(run_dir)))
     if compare:
-        trials = knobs.REPORT_SIMULATE_TRIALS if simulate_trials is None else simulate_trials
+        trials = _REPORT_SIMULATE_TRIALS if simulate_trials is None else simulate_trials
         result.compare(trials=trials, seed=seed)
     return result
 

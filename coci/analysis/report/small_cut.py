@@ -16,13 +16,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from coci import knobs
 from coci.errors import ConfigError
 from coci.planning.empirical import empirical_progress_rate
 from coci.planning.progress import fit_progress_weight
 from coci.planning.records import Plan
 
 __all__ = ["attainable_cut", "early_weight", "small_cut_reason", "trace_weight"]
+
+#: The report says why in one line (coci.analysis.report.small_cut) when no schedule can cut the
+#: progress-weighted overhead by this share of Young's (first order): the loss falls too slowly early.
+_REPORT_SMALL_CUT: float = 0.10
 
 Weight = Callable[[np.ndarray], np.ndarray]
 
@@ -89,7 +92,7 @@ def early_weight(weight: Weight, young_steps: float) -> float:
 
 def small_cut_reason(plan: Plan, trace: tuple[np.ndarray, np.ndarray] | None = None) -> str | None:
     """One sentence saying why the progress objective cuts little against Young on this run, or
-    None when it can cut at least ``knobs.REPORT_SMALL_CUT`` (or there is no curve or failure model).
+    None when it can cut at least ``_REPORT_SMALL_CUT`` (or there is no curve or failure model).
 
     From the plan's recorded costs, time budget and progress weight: the weight of the plan's
     recorded fit and, when given, the one the run's loss ``trace`` ``(steps, losses)`` shows. Two
@@ -113,7 +116,7 @@ def small_cut_reason(plan: Plan, trace: tuple[np.ndarray, np.ndarray] | None = N
     if weight is None:
         return None
     cut = cut_of(weight)
-    if cut < knobs.REPORT_SMALL_CUT:
+    if cut < _REPORT_SMALL_CUT:
         return (
             f"progress weighting can save little here: over the first Young interval ({young:.0f} steps) the loss "
             f"fell only {early_weight(weight, young):.2g}x as fast as its run average, too slowly for what a "
@@ -124,7 +127,7 @@ def small_cut_reason(plan: Plan, trace: tuple[np.ndarray, np.ndarray] | None = N
     if shown is None or fitted is None or plan.fit is None:
         return None
     fit_cut = cut_of(fitted)
-    if fit_cut >= knobs.REPORT_SMALL_CUT:
+    if fit_cut >= _REPORT_SMALL_CUT:
         return None
     return (
         f"plans from this fit save little though the trace allows more: the fit ({plan.fit.family}, window from "

@@ -44,6 +44,10 @@ __all__ = ["HISTORY_PREFIX", "HistoryMirror", "history_offset", "merge_history"]
 
 logger = logging.getLogger(__name__)
 
+#: Largest history merged back on restore (the oldest segments are left out first).
+_HISTORY_MERGE_MAX_BYTES: int = 64 << 20
+
+
 HISTORY_PREFIX = "history/"
 RUN_FILES = ("plan.json", "profile.json")
 _SEGMENT = re.compile(r"^history/events-(\d{1,20})-(\d{1,10})\.jsonl$")
@@ -185,7 +189,7 @@ def _remote_segments(mirror: HistoryMirror) -> list[tuple[str, list[bytes]]]:
         (key for key in listing if _SEGMENT.match(key) and key != mirror.events_key),
         key=lambda key: int(_SEGMENT.match(key).group(1)),  # type: ignore[union-attr]
     )
-    budget, chosen = knobs.HISTORY_MERGE_MAX_BYTES, []
+    budget, chosen = _HISTORY_MERGE_MAX_BYTES, []
     for key in reversed(keys):
         size = listing[key]
         if size > knobs.HISTORY_SEGMENT_MAX_BYTES or size > budget:

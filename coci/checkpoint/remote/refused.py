@@ -30,6 +30,13 @@ __all__ = ["REFUSED_BEFORE", "REFUSED_FILENAME", "RemoteGate", "RefusedRemote", 
 
 logger = logging.getLogger(__name__)
 
+#: ``remote_refused.json`` (remote checkpoints this run directory refused: not downloaded again
+#: while unchanged) keeps the newest this many refusals, each message cut to this many characters;
+#: a record larger than ``_REMOTE_REFUSED_FILE_BYTES`` is not coci's and is ignored.
+_REMOTE_REFUSED_MAX: int = 100
+_REMOTE_REFUSED_MESSAGE_CHARS: int = 500
+_REMOTE_REFUSED_FILE_BYTES: int = 1 << 20
+
 #: The run file that names the remote checkpoints this run directory refused.
 REFUSED_FILENAME = "remote_refused.json"
 #: How the reason a refused checkpoint is passed over starts.
@@ -48,7 +55,7 @@ def identity(store: RemoteStore, step: int) -> str:
 
 class RefusedRemote:
     """The refusals recorded in ``run_dir`` for the remote at ``url`` (the newest
-    ``knobs.REMOTE_REFUSED_MAX`` of them are kept)."""
+    ``_REMOTE_REFUSED_MAX`` of them are kept)."""
 
     def __init__(self, run_dir: Path, url: str) -> None:
         self.path = run_dir / REFUSED_FILENAME
@@ -68,9 +75,9 @@ class RefusedRemote:
 
     def add(self, step: int, digest: str, message: str) -> None:
         """Record that remote ``step`` (``digest``) failed with ``message``."""
-        entry = {"remote": self.url, "step": step, "identity": digest, "message": message[: knobs.REMOTE_REFUSED_MESSAGE_CHARS]}
+        entry = {"remote": self.url, "step": step, "identity": digest, "message": message[: _REMOTE_REFUSED_MESSAGE_CHARS]}
         kept = [e for e in self._entries if (e["remote"], e["step"]) != (self.url, step)]
-        self._entries = [*kept, entry][-knobs.REMOTE_REFUSED_MAX :]
+        self._entries = [*kept, entry][-_REMOTE_REFUSED_MAX :]
         try:
             write_run_file(self.path, json.dumps({"refused": self._entries}, indent=1))
         except (OSError, ConfigError) as exc:  # the refusal still holds for this process
@@ -80,7 +87,7 @@ class RefusedRemote:
 def _read_entries(path: Path) -> list[dict[str, Any]]:
     """The well-formed entries of the record at ``path``; [] when there is none or it is not coci's."""
     try:
-        raw = json.loads(read_run_file(path, max_bytes=knobs.REMOTE_REFUSED_FILE_BYTES))
+        raw = json.loads(read_run_file(path, max_bytes=_REMOTE_REFUSED_FILE_BYTES))
     except FileNotFoundError:
         return []
     except (OSError, ConfigError, ValueError, RecursionError) as exc:

@@ -21,6 +21,9 @@ from coci import knobs
 from coci.checkpoint.remote.store import bounded_chunks, check_key, download_to, read_chunks
 from coci.errors import ConfigError, CorruptCheckpointError
 
+#: Parts of one object in flight at once: memory is about this many parts.
+_UPLOAD_CONCURRENCY: int = 4
+
 
 class S3Store:
     """:class:`coci.checkpoint.remote.RemoteStore` on ``s3://bucket/prefix``."""
@@ -54,7 +57,7 @@ class S3Store:
         chunks = read_chunks(source, size, part, crc)
         self._obstore.put(
             self._store, check_key(key), chunks if size > part else b"".join(chunks),
-            chunk_size=part, max_concurrency=knobs.UPLOAD_CONCURRENCY,
+            chunk_size=part, max_concurrency=_UPLOAD_CONCURRENCY,
         )
         return crc[0]
 

@@ -49,6 +49,16 @@ __all__ = ["NodeRole", "RemoteTier", "open_store"]
 
 logger = logging.getLogger(__name__)
 
+#: Remote keys coci never writes (not plain names, see ``coci.checkpoint.remote.store.check_key``)
+#: are left alone by retention; a ``remote_ignored`` event names at most this many of them.
+_REMOTE_IGNORED_KEYS_RECORDED: int = 20
+
+#: Node-local run directories: how long rank 0 waits for the other nodes' objects of a promoted
+#: checkpoint to be listed remotely before it writes the commit marker (else the promotion fails
+#: and the checkpoint is never restored from the remote), and how often it lists meanwhile.
+_REMOTE_NODES_WAIT_SECONDS: float = 600.0
+_REMOTE_NODES_POLL_SECONDS: float = 0.2
+
 _STEP_KEY = re.compile(r"^step_(\d+)/")
 
 
@@ -243,12 +253,12 @@ class RemoteTier:
 
     def _await_nodes(self, job: _Job) -> None:
         """Wait until every node's objects of ``job`` are listed at their recorded sizes
-        (``knobs.REMOTE_NODES_WAIT_SECONDS``); _NodesMissing naming the absent ones otherwise, or
+        (``_REMOTE_NODES_WAIT_SECONDS``); _NodesMissing naming the absent ones otherwise, or
         when a newer promotion is waiting and no other node has begun this one (they may have
         skipped it for the newer one)."""
         prefix = f"{layout.step_dirname(job.step)}/"
         mine = {entry.name for entry in job.files}
-        deadline = time.monotonic() + knobs.REMOTE_NODES_WAIT_SECONDS
+        deadline = time.monotonic() + _REMOTE_NODES_WAIT_SECONDS
         while True:
             listed = self.store.list_objects(prefix)
             absent = [e.name for e in job.record.files if listed.get(prefix + e.name) != e.size]
@@ -259,7 +269,7 @@ class RemoteTier:
             if superseded or time.monotonic() > deadline:
                 why = "superseded by a newer promotion" if superseded else "not uploaded in time"
                 raise _NodesMissing(f"remote {prefix}: the other nodes' objects {absent[:8]} are missing ({why}): not committed")
-            time.sleep(knobs.REMOTE_NODES_POLL_SECONDS)
+            time.sleep(_REMOTE_NODES_POLL_SECONDS)
 
     # -- retention ---------------------------------------------------------------------------------
 
@@ -307,7 +317,7 @@ class RemoteTier:
         if new:
             self._ignored.update(new)
             logger.warning("remote %s: %d object(s) coci did not write are ignored, e.g. %r", self.store.url, len(new), new[0])
-            self.events.emit("remote_ignored", step=self.last_promoted_step, keys=new[: knobs.REMOTE_IGNORED_KEYS_RECORDED], count=len(new))
+            self.events.emit("remote_ignored", step=self.last_promoted_step, keys=new[: _REMOTE_IGNORED_KEYS_RECORDED], count=len(new))
         return {key: size for key, size in listing.items() if key not in self._ignored}
 
     # -- listing and fetching --------------------------------------------------------------------
