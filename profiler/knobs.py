@@ -30,9 +30,8 @@ LOSS_TENSOR_BATCH: int = 256
 
 #: Drift: the step time is re-estimated from the most recent ``DRIFT_SAMPLES`` steps (and the run
 #: of earlier ones that agree with them) when their median differs from the window's by more than
-#: ``DRIFT_RATIO`` (either way): a job that speeds up or slows down is followed within that many steps.
+#: a ratio (``profiler.stats``, either way): a job that speeds up or slows down is followed within that many steps.
 DRIFT_SAMPLES: int = 8
-DRIFT_RATIO: float = 1.25
 
 
 def override(**values: Any) -> AbstractContextManager[None]:

@@ -15,6 +15,9 @@ import numpy as np
 from . import knobs
 from .profile import Estimate
 
+#: How much the recent steps' median must differ from the window's (either way) to count as drift.
+_DRIFT_RATIO: float = 1.25
+
 #: Scale that turns a median absolute deviation into a standard-deviation-like spread
 #: (1.4826 makes MAD consistent with the standard deviation of a normal distribution).
 _MAD_TO_SIGMA: float = 1.4826
@@ -61,7 +64,7 @@ def recent_regime(samples: list[float]) -> list[float]:
     """The samples since the job's speed last changed (oldest first in, oldest first out).
 
     The job changed speed when the median of the last ``knobs.DRIFT_SAMPLES`` differs by more than
-    ``knobs.DRIFT_RATIO`` (either way) from the median of the window's older half. The window is
+    ``_DRIFT_RATIO`` (either way) from the median of the window's older half. The window is
     then cut after the newest pair of consecutive samples on the old side of the two medians'
     geometric mean (one outlier does not cut); otherwise all samples are kept.
     """
@@ -70,7 +73,7 @@ def recent_regime(samples: list[float]) -> list[float]:
         return samples
     tail = float(np.median(samples[-recent:]))
     old = float(np.median(samples[: max((len(samples) - recent) // 2, 1)]))
-    if tail <= 0.0 or old <= 0.0 or max(tail / old, old / tail) <= knobs.DRIFT_RATIO:
+    if tail <= 0.0 or old <= 0.0 or max(tail / old, old / tail) <= _DRIFT_RATIO:
         return samples
     boundary = math.sqrt(tail * old)
     on_old_side = [(value > boundary) == (old > boundary) for value in samples]
