@@ -205,16 +205,13 @@ class SessionConfig:
         defaults in :data:`OPTION_DEFAULTS`); ConfigError naming an unknown one."""
         _refuse_unknown("SessionConfig.from_options", options)
         given = {**OPTION_DEFAULTS, **options}
-        return cls(
-            **_policy_fields(given),
-            total_steps=given["total_steps"],
-            prior=given["prior"],
-            retention=RetentionConfig(given["keep_last"], given["keep_last_remote"], given["save_last"]),
-            remote=RemoteConfig(given["remote"], given["storage_options"], given["remote_owner"]),
-            preemption=PreemptionConfig(_signals_tuple(given["preemption_signals"]), given["grace"]),
-            io=IOConfig(given["on_error"], given["run_dir_layout"]),
-            clock=given["clock"],
-        )
+        parts = {  # built (and checked) before the plan, whose failure model "auto" requires
+            "retention": RetentionConfig(given["keep_last"], given["keep_last_remote"], given["save_last"]),
+            "remote": RemoteConfig(given["remote"], given["storage_options"], given["remote_owner"]),
+            "preemption": PreemptionConfig(_signals_tuple(given["preemption_signals"]), given["grace"]),
+            "io": IOConfig(given["on_error"], given["run_dir_layout"]),
+        }
+        return cls(**_policy_fields(given), total_steps=given["total_steps"], prior=given["prior"], clock=given["clock"], **parts)
 
 
 class SessionOptions(TypedDict, total=False):
