@@ -23,7 +23,8 @@ from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES
 from coci.errors import ConfigError
 from coci.planning.config import PlanConfig
 from coci.planning.failures import Failures
-from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN
+from coci.planning.planner import make_policy
+from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from coci.preemption import catchable_signals
 from coci.units import parse_duration
 
@@ -205,7 +206,7 @@ class SessionConfig:
         defaults in :data:`OPTION_DEFAULTS`); ConfigError naming an unknown one."""
         _refuse_unknown("SessionConfig.from_options", options)
         given = {**OPTION_DEFAULTS, **options}
-        parts = {  # built (and checked) before the plan, whose failure model "auto" requires
+        parts: dict[str, Any] = {  # built (and checked) before the plan, whose failure model "auto" requires
             "retention": RetentionConfig(given["keep_last"], given["keep_last_remote"], given["save_last"]),
             "remote": RemoteConfig(given["remote"], given["storage_options"], given["remote_owner"]),
             "preemption": PreemptionConfig(_signals_tuple(given["preemption_signals"]), given["grace"]),
@@ -347,3 +348,44 @@ def _positive_or_none(value: Any, name: str) -> None:
 def _check_part(part: Any, kind: type, name: str) -> None:
     if not isinstance(part, kind):
         raise ConfigError(f"{name} must be a coci.{kind.__name__}, got {part!r}")
+
+
+def session_policy(config: SessionConfig) -> CheckpointPolicy:
+    """The checkpoint policy ``config`` names, for one session: the planner's for a plan (given
+    ``config.prior``), a precomputed :class:`coci.Plan` followed as is, or the policy object given."""
+    policy = _policy_of(config)
+    if config.prior is not None:
+        _use_prior(policy, config.prior)
+    return policy
+
+
+def _policy_of(config: SessionConfig) -> CheckpointPolicy:
+    """The policy object of ``config`` (a fresh planning policy for a plan)."""
+    if config.plan is not None:
+        return make_policy(config.plan)
+    policy = config.policy
+    if not isinstance(policy, (EveryN, AtSteps, CheckpointPolicy)) and hasattr(policy, "model_dump_json"):
+        return _PlanPolicy(AtSteps.of(policy.steps), policy)
+    return policy
+
+
+def _use_prior(policy: CheckpointPolicy, prior: Any) -> None:
+    """Hand ``prior`` to a planning policy (one that cannot take it is a configuration error)."""
+    use = getattr(policy, "use_prior", None)
+    if not callable(use):
+        raise ConfigError(f"prior= needs a planning policy such as 'auto', got {type(policy).__name__}")
+    use(prior)
+
+
+class _PlanPolicy:
+    """A precomputed :class:`coci.Plan` followed as is."""
+
+    def __init__(self, steps: AtSteps, plan: Any) -> None:
+        self._steps = steps
+        self.plan = plan
+
+    def should_checkpoint(self, step: int) -> bool:
+        return self._steps.should_checkpoint(step)
+
+    def observe(self, observation: Observation) -> None:
+        return None

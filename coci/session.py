@@ -49,15 +49,14 @@ from coci.checkpoint.remote.history import HistoryMirror, history_offset, merge_
 from coci.checkpoint.remote.identity import claim, claim_for_job
 from coci.checkpoint.remote.tier import NodeRole
 from coci.checkpoint.restore import Found, Restorer, RestoreResult, apply_checkpoint
-from coci.checkpoint.run_lock import RunLock
-from coci.checkpoint.sharded import ShardedState, local_data_ptr, local_nbytes
+from coci.checkpoint.run_lock import lock_for_job
+from coci.checkpoint.sharded import ShardedState, local_data_ptr, state_tensor_bytes
 from coci.checkpoint.stateful import is_stateful, validate_state
-from coci.config import RemoteConfig, SessionConfig, SessionOptions, build_config
+from coci.config import RemoteConfig, SessionConfig, SessionOptions, build_config, session_policy
 from coci.errors import (
     CociError,
     ConfigError,
     PersistError,
-    RunDirLockedError,
     StateError,
 )
 from coci.events import CHECKPOINT_REASONS, STEP_MARK_FILENAME, CheckpointReason, EventLog, StepMark, read_step_mark, write_run_file
@@ -65,9 +64,8 @@ from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
 from coci.planning.arguments import FailuresLike, PlansAhead, PolicyLike, PriorLike, SavesPolicyState, TakesPrior, WarmsUp
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
-from coci.planning.planner import Plan, PlanningPolicy, make_policy
-from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
-from coci.planning.records import Plan
+from coci.planning.planner import Plan, PlanningPolicy
+from coci.planning.policy import Observation
 from coci.preemption import Preempted
 from coci.profiler import Profile, Profiler
 
@@ -142,13 +140,11 @@ class Session:
             raise ConfigError(f"run_dir {str(self.run_dir)!r} is not a writable directory: {exc}") from exc
         self._clock = self.config.clock or time.perf_counter
         self.events = EventLog(self.run_dir)
-        self.policy = _resolve_policy(self.config)
-        if self.config.prior is not None:
-            _use_prior(self.policy, self.config.prior)
+        self.policy = session_policy(self.config)
         self._profiler = Profiler(clock=self._clock)
         # distributed: coci's gloo groups (collective), per-rank event logs
         self._dist = _with_layout(distributed.DistributedContext.detect(), self.run_dir, self.config.io.run_dir_layout)
-        self._lock = _lock_run_dir(self.run_dir, self._dist)  # one session per run directory
+        self._lock = lock_for_job(self.run_dir, self._dist)  # one session per run directory
         if self._dist is not None and not self._dist.is_coordinator:
             self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
         if self._dist is not None:
@@ -187,7 +183,7 @@ class Session:
         self._restored_at_age: float | None = None  # process age when restore() finished; None: no restart
         self._hooks = [opt.register_step_pre_hook(self._fence_hook) for opt in self._optimizers()]
         self._write_plan()  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
-        state_bytes = _tensor_bytes(self.state)
+        state_bytes = state_tensor_bytes(self.state)
         self._profiler.set_state_bytes(state_bytes)
         self._profiler.probe(self.run_dir, state_bytes)  # once, milliseconds: estimates before any checkpoint
         self._preemption = preemption.start(self._profiler.profile, self._dist, self.config.preemption.signals, self.config.preemption.grace, previous_end)
@@ -392,7 +388,7 @@ class Session:
         if remote.url is None:
             return None
         store = open_store(remote.url, remote.storage_options)
-        return RemoteTier(store, keep_last, self.events, self._profiler, role=_node_role(self._dist))
+        return RemoteTier(store, keep_last, self.events, self._profiler, role=NodeRole.of(self._dist))
 
     def _claim_remote(self, mode: str) -> None:
         """The remote prefix is this run's (``remote_owner``): claimed, or refused with the run
@@ -838,67 +834,3 @@ def _node_role(context: distributed.DistributedContext | None) -> NodeRole | Non
     if context is None or not context.node_local:
         return None
     return NodeRole(context.node, context.is_coordinator)
-
-
-def _lock_run_dir(run_dir: Path, context: distributed.DistributedContext | None) -> RunLock | None:
-    """The run directory's lock (:mod:`coci.checkpoint.run_lock`), held by rank 0 for a whole
-    distributed job (each node's leader for its own node-local directory); every rank raises when
-    one is taken (collective)."""
-    lock, problem = None, None
-    if context is None or context.is_node_leader:
-        try:
-            lock = RunLock.acquire(run_dir)
-        except ConfigError as exc:
-            problem = str(exc)
-    problem = distributed.agree(problem, context)
-    if problem is not None:
-        if lock is not None:
-            lock.release()
-        raise RunDirLockedError(problem)
-    return lock
-
-
-def _tensor_bytes(state: Mapping[str, Any]) -> int:
-    """The state's tensor bytes as known before its first checkpoint (the planner's prior): modules,
-    tensors and the optimizer state that exists yet; each checkpoint then sets its real size."""
-    total = 0
-    for value in state.values():
-        if isinstance(value, torch.nn.Module):
-            total += sum(local_nbytes(t) for t in value.state_dict().values())
-        elif isinstance(value, torch.Tensor):
-            total += local_nbytes(value)
-        elif isinstance(value, torch.optim.Optimizer):
-            total += sum(local_nbytes(v) for s in value.state.values() for v in s.values() if isinstance(v, torch.Tensor))
-    return total
-
-
-def _resolve_policy(config: SessionConfig) -> CheckpointPolicy:
-    """The checkpoint policy ``config`` names: the planner's for a plan, a precomputed
-    :class:`coci.Plan` followed as is, or the policy object given."""
-    if config.plan is not None:
-        return make_policy(config.plan)
-    policy = config.policy
-    if not isinstance(policy, (EveryN, AtSteps, CheckpointPolicy)) and hasattr(policy, "model_dump_json"):
-        return _PlanPolicy(AtSteps.of(policy.steps), policy)
-    return policy
-
-
-def _use_prior(policy: CheckpointPolicy, prior: PriorLike) -> None:
-    """Hand ``prior`` to a planning policy (one that cannot take it is a configuration error)."""
-    if not isinstance(policy, TakesPrior):
-        raise ConfigError(f"prior= needs a planning policy such as 'auto', got {type(policy).__name__}")
-    policy.use_prior(prior)
-
-
-class _PlanPolicy:
-    """A precomputed :class:`coci.Plan` followed as is."""
-
-    def __init__(self, steps: AtSteps, plan: Plan) -> None:
-        self._steps = steps
-        self.plan = plan
-
-    def should_checkpoint(self, step: int) -> bool:
-        return self._steps.should_checkpoint(step)
-
-    def observe(self, observation: Observation) -> None:
-        return None

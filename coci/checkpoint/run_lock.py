@@ -22,7 +22,7 @@ import os
 import socket
 from pathlib import Path
 
-from coci import safe_files
+from coci import distributed, safe_files
 from coci.errors import ConfigError, RunDirLockedError
 
 #: The lock file inside a run directory.
@@ -128,3 +128,21 @@ def _read_holder(fd: int) -> str:
     except OSError:
         text = ""
     return text or "holder unknown"
+
+
+def lock_for_job(run_dir: Path, context: distributed.DistributedContext | None) -> RunLock | None:
+    """The run directory's lock (:mod:`coci.checkpoint.run_lock`), held by rank 0 for a whole
+    distributed job (each node's leader for its own node-local directory); every rank raises when
+    one is taken (collective)."""
+    lock, problem = None, None
+    if context is None or context.is_node_leader:
+        try:
+            lock = RunLock.acquire(run_dir)
+        except ConfigError as exc:
+            problem = str(exc)
+    problem = distributed.agree(problem, context)
+    if problem is not None:
+        if lock is not None:
+            lock.release()
+        raise RunDirLockedError(problem)
+    return lock

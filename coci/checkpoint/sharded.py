@@ -458,3 +458,17 @@ def _dsd_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Opt
         optimizer.state.clear()
         tree["state"] = {}
     return tree
+
+
+def state_tensor_bytes(state: Mapping[str, Any]) -> int:
+    """The state's tensor bytes as known before its first checkpoint (the planner's prior): modules,
+    tensors and the optimizer state that exists yet; each checkpoint then sets its real size."""
+    total = 0
+    for value in state.values():
+        if isinstance(value, torch.nn.Module):
+            total += sum(local_nbytes(t) for t in value.state_dict().values())
+        elif isinstance(value, torch.Tensor):
+            total += local_nbytes(value)
+        elif isinstance(value, torch.optim.Optimizer):
+            total += sum(local_nbytes(v) for s in value.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+    return total

@@ -82,6 +82,13 @@ class NodeRole:
     node: int
     commits: bool
 
+    @classmethod
+    def of(cls, context: DistributedContext | None) -> NodeRole | None:
+        """This process's share of promotions on node-local run directories (None otherwise)."""
+        if context is None or not context.node_local:
+            return None
+        return cls(context.node, context.is_coordinator)
+
 
 class _NodesMissing(Exception):
     """Another node's objects of a promotion did not arrive (or a newer promotion superseded it)."""
