@@ -44,15 +44,14 @@ from coci.checkpoint.checkpointer import (
     writer_for,
 )
 from coci.checkpoint.format import RNG_KEY, SESSION_KEY
-from coci.checkpoint.remote import RemoteTier, open_store
-from coci.checkpoint.remote.history import HistoryMirror, history_offset, merge_history
-from coci.checkpoint.remote.identity import claim, claim_for_job
+from coci.checkpoint.remote.history import history_offset
+from coci.checkpoint.remote.promotion import Promotion
 from coci.checkpoint.remote.tier import NodeRole
 from coci.checkpoint.restore import Found, Restorer, RestoreResult, apply_checkpoint
 from coci.checkpoint.run_lock import lock_for_job
 from coci.checkpoint.sharded import ShardedState, local_data_ptr, state_tensor_bytes
 from coci.checkpoint.stateful import is_stateful, validate_state
-from coci.config import RemoteConfig, SessionConfig, SessionOptions, build_config, session_policy
+from coci.config import SessionConfig, SessionOptions, build_config, session_policy
 from coci.errors import (
     CociError,
     ConfigError,
@@ -157,16 +156,9 @@ class Session:
         self._mark = self._open_step_mark()
         writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
         self._checkpointer = Checkpointer(writer, self.events, self.config.retention.keep_last, self._clock)
-        self._remote = self._remote_tier(self.config.remote, self.config.retention.keep_last_remote)
-        self._claim_remote(self.config.remote.owner)
-        self._history = self._mirror_history(events_start)
+        self._remote = self._open_remote(events_start)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
-        self._must_promote: set[int] = set()  # promoted whatever the plan says (preemption, final)
-        self._promoted_steps: set[int] = set()
-        self._peer_steps: set[int] = set()  # handed to the peer sender
-        self._failed_close = False  # close() reached through an exception (__exit__)
-        self._last_commit: tuple[int, Path] | None = None
         self._error: BaseException | None = None
         self._run_file_error: CociError | None = None  # a run file not written (raised by _raise_error)
         self._stall_pending: PendingCheckpoint | None = None
@@ -273,7 +265,8 @@ class Session:
         result = self.wait()
         path = str(result.path) if result is not None else None
         seconds = self._preemption.seconds_since_notice()
-        promoted = None if result is None else self.promote_preempted(step, self._preemption.grace_seconds - seconds)
+        left = self._preemption.grace_seconds - seconds
+        promoted = None if result is None or self._remote is None else self._remote.promote_within(step, left)
         stopped = preemption.record_stop(self.events, self._preemption, step, path, self.profile, seconds, promoted)
         self.close()
         return stopped
@@ -336,30 +329,20 @@ class Session:
         """
         self._check_open()
         self._planner.discard()  # a plan of the run before the restore never applies
-        if self._history is not None:  # a fresh run directory: the history of the run from the remote
-            self._merge_history(self._history)
+        if self._remote is not None:  # a fresh run directory: the history of the run from the remote
+            self._remote.merge_history(self._steps)
         found = Restorer(
             self.run_dir,
             lambda loaded: apply_checkpoint(loaded, strict, self.state, self._sharded, self.policy, self._apply_own_entry),
             sharded=self._sharded,
             strict=strict,
             dist=self._dist,
-            remote=self._remote,
+            remote=None if self._remote is None else self._remote.tier,
             events=self.events,
             clock=self._clock,
             step=self._steps,
         ).run()
         return None if found is None else self._restored(found)
-
-    def _merge_history(self, mirror: HistoryMirror) -> None:
-        try:
-            added = merge_history(mirror)
-        except Exception as exc:  # the report then misses the earlier history; training goes on
-            logger.warning("remote history not merged from %s: %s", mirror.store.url, exc)
-            self.events.emit("error", step=self._steps, phase="remote_history", message=f"{type(exc).__name__}: {exc}")
-            return
-        if added:
-            self.events.emit("remote_history", step=self._steps, events=added, remote=mirror.store.url)
 
     def _restored(self, found: Found) -> RestoreResult:
         """Book a restore that loaded ``found`` (profile, retention, events)."""
@@ -371,7 +354,7 @@ class Session:
         self._profiler.record_restore(seconds, loaded.nbytes)
         self._checkpointer.trust(loaded.step)  # retention keeps it until a newer one commits
         if tier == "remote" and self._remote is not None:
-            self._remote.trust(loaded.step)
+            self._remote.tier.trust(loaded.step)
             self._profiler.record_remote_restore(seconds)
         if tier == "peer":
             self._profiler.record_peer_restore(seconds)
@@ -383,32 +366,11 @@ class Session:
         self._profiler.mark()
         return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, found.skipped, tier)
 
-    def _remote_tier(self, remote: RemoteConfig, keep_last: int | None) -> RemoteTier | None:
-        """The remote tier ``remote`` names (None without one)."""
+    def _open_remote(self, history_from: int) -> Promotion | None:
+        """The remote tier (None without one), its prefix claimed for this run, or refused with the
+        run directory's lock released (collective); rank 0 mirrors the history from ``history_from``."""
+        remote = self.config.remote
         if remote.url is None:
-            return None
-        store = open_store(remote.url, remote.storage_options)
-        return RemoteTier(store, keep_last, self.events, self._profiler, role=NodeRole.of(self._dist))
-
-    def _claim_remote(self, mode: str) -> None:
-        """The remote prefix is this run's (``remote_owner``): claimed, or refused with the run
-        directory's lock released (collective)."""
-        remote = self._remote
-        if remote is None:
-            return
-        try:
-            remote.identity = claim_for_job(remote.store, self.run_dir, mode, self.events, self._dist)
-        except ConfigError:
-            if self._lock is not None:
-                self._lock.release()
-            raise
-        if remote.identity is None:
-            remote.claim = lambda: claim(remote.store, self.run_dir, mode, self.events)
-
-    def _mirror_history(self, offset: int) -> HistoryMirror | None:
-        """Rank 0's event log, step and run files mirrored to the remote tier (:mod:`coci.checkpoint.remote.history`)."""
-        remote = self._remote
-        if remote is None or not (self._dist is None or self._dist.is_coordinator):
             return None
         session = weakref.ref(self)  # the mirror thread never keeps a dropped session alive
 
@@ -416,60 +378,16 @@ class Session:
             alive = session()
             return None if alive is None else getattr(alive, "_steps", 0)  # 0 until __init__ sets it
 
-        mirror = HistoryMirror(remote.store, self.events, steps, offset)
-        remote.after_promotion = mirror.request
-        mirror.start()
-        return mirror
-
-    def _promote(self, step: int, path: Path) -> None:
-        """Hand a committed checkpoint to the remote tier when the plan promotes it, or when it must
-        be promoted whatever the plan says (a preemption's, the final one: :meth:`_promote_always`)
-        (rank 0)."""
-        self._last_commit = (step, path)
-        plan = self.plan
-        wanted = plan is None or plan.promote_steps is None or step in plan.promote_steps or step in self._must_promote
-        if self._remote is not None and wanted and self._uploads():  # node-local: each node its own part
-            self._promoted_steps.add(step)
-            self._remote.promote(step, path)
-        if self._peers is not None and step not in self._peer_steps and (peer_copy_wanted(plan, step) or step in self._must_promote):
-            self._peer_steps.add(step)
-            self._peers.send(step, path)  # node leaders only; training never waits for it
-
-    def _start_peers(self, copies: int) -> PeerCopies | None:
-        """Peer copies for this job (collective), or None, recorded either way."""
         try:
-            peers = PeerCopies.start(self.run_dir, self._dist, copies, self.events, self._profiler)
+            return Promotion.open(
+                remote.url, remote.storage_options, keep_last=self.config.retention.keep_last_remote, owner=remote.owner,
+                run_dir=self.run_dir, events=self.events, listener=self._profiler, dist=self._dist, steps=steps,
+                history_from=history_from,
+            )
         except ConfigError:
             if self._lock is not None:
                 self._lock.release()
             raise
-        if copies and peers is None:
-            self.events.emit("peer_copies", step=0, copies=0, requested=copies,
-                             reason="peer copies need node-local run directories on two or more nodes")
-        return peers
-
-    def _uploads(self) -> bool:
-        """This process promotes: rank 0 (one shared run directory), each node's leader (node-local)."""
-        return self._dist is None or (self._dist.is_node_leader if self._dist.node_local else self._dist.is_coordinator)
-
-    def _promote_always(self, step: int) -> None:
-        """Checkpoint ``step`` goes to the remote tier whatever a two-level plan promotes: the
-        preemption checkpoint (a reclaimed node resumes from it) and the final one (the run's
-        result must not live on one local disk only). Handed over now when it already committed."""
-        self._must_promote.add(step)
-        if self._last_commit is not None and self._last_commit[0] == step and step not in self._promoted_steps:
-            self._promote(*self._last_commit)
-
-    def promote_preempted(self, step: int, seconds_left: float) -> bool | None:
-        """Promote the committed preemption checkpoint of ``step`` and wait for its upload at most
-        ``seconds_left`` (the grace left): True when it is in the remote tier by then, False when
-        not (still uploading, or failed), None without a remote tier or on a rank that does not upload."""
-        remote = self._remote
-        if remote is None or not self._uploads():
-            return None
-        self._promote_always(step)
-        remote.wait(max(seconds_left, 0.0))
-        return remote.last_promoted_step >= step
 
     def close(self) -> None:
         """Checkpoint the final state when ``save_last`` says so, wait for the last persist, write
@@ -482,8 +400,8 @@ class Session:
         if self._final_checkpoint_due():
             self.checkpoint(reason="close")
             waited_from += self._stall_seconds
-        if final:
-            self._must_promote.add(self._steps)
+        if final and self._remote is not None:  # promoted whatever the plan says, once committed
+            self._remote.promote_always(self._steps)
         self._record_pending_stall(block=True)  # the last checkpoint's stall has no next step to record it
         self._closed = True
         try:
@@ -493,12 +411,10 @@ class Session:
             self._overhead.book_planner_thread(dropped, self._clock() - closing, self._contention.factor())
             self._checkpointer.close()
             self._poll_persist()
-            if final:
-                self._promote_always(self._steps)
             if self._remote is not None:  # the last promotion finishes before the run ends
-                self._remote.wait()
-            if self._peers is not None:  # the last peer copy too (collective unless failing: no server stops first)
-                self._peers.close(knobs.PEER_CLOSE_SECONDS, collective=not self._failed_close)
+                if final:
+                    self._remote.promote_always(self._steps)
+                self._remote.tier.wait()
         finally:
             for hook in self._hooks:
                 hook.remove()
@@ -513,8 +429,8 @@ class Session:
         self.events.emit(
             "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._overhead.as_event()
         )
-        if self._history is not None:  # the close event included: this process closed, it did not fail
-            self._history.close(_HISTORY_CLOSE_SECONDS)
+        if self._remote is not None and self._remote.history is not None:  # the close event included: this process closed
+            self._remote.history.close(_HISTORY_CLOSE_SECONDS)
         self.events.close()
         if self._mark is not None:
             self._mark.close()
@@ -704,7 +620,10 @@ class Session:
             staging_seconds=result.staging_seconds,
             bytes=result.nbytes,
         )
-        self._promote(result.step, result.path)
+        if self._remote is not None:
+            plan = self.plan
+            planned = plan is None or plan.promote_steps is None or result.step in plan.promote_steps
+            self._remote.committed(result.step, result.path, planned)
         if self._cadence.observe_after_commit(self._elapsed):  # distributed: ranks commit at different
             self._observe()  # steps, so they observe at the (collective) step cadence only
 
@@ -769,8 +688,7 @@ class Session:
             loss_steps=loss_steps,
             losses=losses,
             checkpoint_steps=tuple(self._checkpoint_steps),
-            last_promoted_step=None if self._remote is None else self._remote.last_promoted_step,
-            last_peer_step=None if self._peers is None else self._peers.last_copied_step,
+            last_promoted_step=None if self._remote is None else self._remote.tier.last_promoted_step,
         )
         if self._dist is None and knobs.PLAN_IN_BACKGROUND and isinstance(self.policy, PlanningPolicy):
             self._planner.submit(self.policy, observation)  # applies at a step fixed by the observation

@@ -141,7 +141,7 @@ def _train(session: coci.Session, model: torch.nn.Module, optimizer: torch.optim
         if session.step(loss.detach()) is not None:
             session.wait()  # the commit hands the checkpoint to the remote tier
             if session._remote is not None:
-                session._remote.wait()
+                session._remote.tier.wait()
 
 
 def _small_state() -> tuple[torch.nn.Module, torch.optim.Optimizer]:

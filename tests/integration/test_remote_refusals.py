@@ -38,7 +38,7 @@ def run_with_remote(run_dir: Path, remote: str, steps: int, *, restore: bool = T
             if session.steps % 2 == 0:
                 session.wait()
                 assert session._remote is not None
-                session._remote.wait()
+                session._remote.tier.wait()
     return session
 
 

@@ -1,0 +1,116 @@
+"""A session's side of the remote tier: the run's claim on the prefix, which committed checkpoints
+are promoted, and the mirror of the run's history.
+
+:meth:`Promotion.open` claims the prefix for this run (:mod:`coci.checkpoint.remote.identity`) and
+starts rank 0's history mirror (:mod:`coci.checkpoint.remote.history`). A committed checkpoint is
+handed to the tier when the plan promotes it, or when it must be promoted whatever the plan says
+(a preemption's, the final one); only the processes that upload do (rank 0 on one shared run
+directory, each node's leader on node-local ones).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from coci.checkpoint.remote.history import HistoryMirror, merge_history
+from coci.checkpoint.remote.identity import claim, claim_for_job
+from coci.checkpoint.remote.tier import NodeRole, RemoteTier, UploadListener, open_store
+from coci.distributed import DistributedContext
+from coci.events import EventLog
+
+__all__ = ["Promotion"]
+
+logger = logging.getLogger(__name__)
+
+
+class Promotion:
+    """The remote tier of one session (rank 0's or a node leader's uploads, every rank's restores)."""
+
+    def __init__(self, tier: RemoteTier, events: EventLog, dist: DistributedContext | None) -> None:
+        self.tier = tier
+        self.history: HistoryMirror | None = None  # rank 0's mirror of the run's history
+        self._events = events
+        self._dist = dist
+        self._must_promote: set[int] = set()  # promoted whatever the plan says (preemption, final)
+        self._promoted: set[int] = set()
+        self._last_commit: tuple[int, Path] | None = None
+
+    @classmethod
+    def open(
+        cls,
+        url: str | os.PathLike[str],
+        storage_options: Mapping[str, Any] | None,
+        *,
+        keep_last: int | None,
+        owner: str,
+        run_dir: Path,
+        events: EventLog,
+        listener: UploadListener,
+        dist: DistributedContext | None,
+        steps: Callable[[], int | None],
+        history_from: int,
+    ) -> Promotion:
+        """The tier at ``url``, its prefix claimed for this run (``owner``: ``"refuse"`` or
+        ``"adopt"``; ConfigError naming the owner, collective) and, on rank 0, the history mirror
+        (from ``history_from``, this process's first event; ``steps`` reads the session's step)."""
+        tier = RemoteTier(open_store(url, storage_options), keep_last, events, listener, role=NodeRole.of(dist))
+        tier.identity = claim_for_job(tier.store, run_dir, owner, events, dist)
+        if tier.identity is None:  # the store did not answer: claimed before the first upload
+            tier.claim = lambda: claim(tier.store, run_dir, owner, events)
+        promotion = cls(tier, events, dist)
+        if dist is None or dist.is_coordinator:
+            promotion.history = HistoryMirror(tier.store, events, steps, history_from)
+            tier.after_promotion = promotion.history.request
+            promotion.history.start()
+        return promotion
+
+    @property
+    def uploads(self) -> bool:
+        """This process promotes: rank 0 (one shared run directory), each node's leader (node-local)."""
+        dist = self._dist
+        return dist is None or (dist.is_node_leader if dist.node_local else dist.is_coordinator)
+
+    def committed(self, step: int, path: Path, planned: bool) -> None:
+        """Checkpoint ``step`` committed at ``path``: handed to the tier when ``planned`` (the plan
+        promotes it) or when it must be promoted (:meth:`promote_always`)."""
+        self._last_commit = (step, path)
+        if (planned or step in self._must_promote) and self.uploads:  # node-local: each node its own part
+            self._promoted.add(step)
+            self.tier.promote(step, path)
+
+    def promote_always(self, step: int) -> None:
+        """Checkpoint ``step`` goes to the remote tier whatever a two-level plan promotes: the
+        preemption checkpoint (a reclaimed node resumes from it) and the final one (the run's
+        result must not live on one local disk only). Handed over now when it already committed."""
+        self._must_promote.add(step)
+        if self._last_commit is not None and self._last_commit[0] == step and step not in self._promoted:
+            self.committed(*self._last_commit, planned=True)
+
+    def promote_within(self, step: int, seconds: float) -> bool | None:
+        """Promote the committed checkpoint of ``step`` and wait for its upload at most ``seconds``:
+        True when it is in the remote tier by then, False when not (still uploading, or failed),
+        None on a process that does not upload."""
+        if not self.uploads:
+            return None
+        self.promote_always(step)
+        self.tier.wait(max(seconds, 0.0))
+        return self.tier.last_promoted_step >= step
+
+    def merge_history(self, step: int) -> None:
+        """A fresh run directory takes the run's history from the remote (rank 0); a failure only
+        costs the report that history (logged, an ``error`` event)."""
+        mirror = self.history
+        if mirror is None:
+            return
+        try:
+            added = merge_history(mirror)
+        except Exception as exc:  # the report then misses the earlier history; training goes on
+            logger.warning("remote history not merged from %s: %s", mirror.store.url, exc)
+            self._events.emit("error", step=step, phase="remote_history", message=f"{type(exc).__name__}: {exc}")
+            return
+        if added:
+            self._events.emit("remote_history", step=step, events=added, remote=mirror.store.url)
