@@ -234,3 +234,19 @@ def open_run_file(path: Path) -> BinaryIO:
     symbolic link (never followed out of the run directory) or not a regular file (a planted FIFO
     would block)."""
     return os.fdopen(safe_files.open_file(path, os.O_RDONLY, follow_dir=True), "rb")
+
+
+def open_step_mark(run_dir: Path, events: EventLog) -> StepMark | None:
+    """This process's step mark in ``run_dir``, after recording the step the previous process
+    reached (a ``reached`` event: the report's work lost to a kill). A mark that cannot be made (a
+    file system without ``mmap``, a planted link) is logged and skipped: the report then counts
+    lost work up to the last event, as a lower bound."""
+    path = run_dir / STEP_MARK_FILENAME
+    previous = read_step_mark(path)
+    if previous is not None and previous[1] > 0:
+        events.emit("reached", step=previous[1], pid=previous[0])
+    try:
+        return StepMark(path)
+    except (OSError, ValueError, ConfigError) as exc:
+        logger.warning("no step mark at %s (%s): lost work will be counted up to the last event", path, exc)
+        return None

@@ -49,8 +49,8 @@ from coci.checkpoint.remote.promotion import Promotion
 from coci.checkpoint.remote.tier import NodeRole
 from coci.checkpoint.restore import Found, Restorer, RestoreResult, apply_checkpoint
 from coci.checkpoint.run_lock import lock_for_job
-from coci.checkpoint.sharded import ShardedState, local_data_ptr, state_tensor_bytes
-from coci.checkpoint.stateful import is_stateful, validate_state
+from coci.checkpoint.sharded import ShardedState, fenced_ptrs, state_tensor_bytes
+from coci.checkpoint.stateful import is_stateful, state_epoch, validate_state
 from coci.config import SessionConfig, SessionOptions, build_config, session_policy
 from coci.errors import (
     CociError,
@@ -58,7 +58,7 @@ from coci.errors import (
     PersistError,
     StateError,
 )
-from coci.events import CHECKPOINT_REASONS, STEP_MARK_FILENAME, CheckpointReason, EventLog, StepMark, read_step_mark, write_run_file
+from coci.events import CHECKPOINT_REASONS, CheckpointReason, EventLog, open_step_mark, write_run_file
 from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
 from coci.planning.arguments import FailuresLike, PlansAhead, PolicyLike, PriorLike, SavesPolicyState, TakesPrior, WarmsUp
 from coci.planning.background import BackgroundPlanner
@@ -77,10 +77,6 @@ _PROGRESS_EVENT_SECONDS: float = 10.0
 #: How long ``close()`` waits for the last mirror of the history.
 _HISTORY_CLOSE_SECONDS: float = 15.0
 
-#: The policy's saved state among the objects a restore applies (reserved: no state key starts with ``__coci``).
-_POLICY_ENTRY = SESSION_KEY + "policy"
-#: How a restore problem that is a state mismatch (not damage) starts.
-_MISMATCH = "state mismatch: "
 
 #: ``Session(persist=...)``'s choices.
 PERSIST_MODES = ("thread", "process")
@@ -96,16 +92,9 @@ class Session:
             torch object it wraps, which is fenced, saved and restored.
         config: every choice of the session, a :class:`coci.SessionConfig` (its parts document
             each field): the plan, retention, the remote tier, preemption, I/O.
-        options: instead of ``config``, :class:`coci.SessionConfig`'s fields as keywords
-            (:class:`coci.config.SessionOptions`; a ConfigError names one passed next to ``config``):
-            ``policy`` (``"auto"``, ``"coci"``, ``"young"``, ``"daly"``, ``"checkfreq"``, a
-            :class:`coci.EveryN`, a collection of steps, a :class:`coci.Plan`, a
-            :class:`coci.CheckpointPolicy`), ``plan_config`` (a :class:`coci.PlanConfig`),
-            ``mtbf`` / ``failures``, ``total_steps``, ``restart_seconds``, ``objective``,
-            ``time_budget``, ``max_overhead`` (the plan); ``keep_last``, ``keep_last_remote``,
-            ``save_last`` (retention); ``remote``, ``storage_options``, ``remote_owner`` (the
-            remote tier); ``preemption_signals``, ``grace``; ``on_error``, ``run_dir_layout``;
-            ``prior``; ``clock``.
+        options: instead of ``config``, its fields as keywords (``policy="auto"``, ``mtbf="8h"``,
+            ``keep_last=2``, ``remote=...``; :class:`coci.config.SessionOptions` lists each and
+            its place in the config); one passed next to ``config`` is a ConfigError naming it.
 
     A persist that fails in the background raises at the next ``step``/``close`` (``on_error``);
     a preemption notice makes the next ``step()`` checkpoint, wait for the commit and raise
@@ -153,7 +142,7 @@ class Session:
         # the previous process's last event, read before this one writes any (the step mark's `reached` included)
         previous_end = preemption.last_event_time(self.events.path)
         events_start = history_offset(self.events.path)  # where this process's events begin
-        self._mark = self._open_step_mark()
+        self._mark = open_step_mark(self.run_dir, self.events) if self._dist is None or self._dist.is_coordinator else None
         writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
         self._checkpointer = Checkpointer(writer, self.events, self.config.retention.keep_last, self._clock)
         self._remote = self._open_remote(events_start)
@@ -289,7 +278,7 @@ class Session:
             self._poll_persist()
         tree = self._collect_tree()
         pending = self._checkpointer.start(
-            self._steps, tree, self._fenced_ptrs(), epoch=self._epoch(), state_keys=sorted(self.state), reason=reason
+            self._steps, tree, fenced_ptrs(self._optimizers()), epoch=state_epoch(self.state), state_keys=sorted(self.state), reason=reason
         )
         self._checkpoint_steps.append(self._steps)
         self._profiler.set_state_bytes(pending.nbytes)  # what a checkpoint holds (optimizer state appears at its first step)
@@ -508,23 +497,6 @@ class Session:
         self._profiler.record_busy(now - seconds, now)
         return seconds
 
-    def _open_step_mark(self) -> StepMark | None:
-        """This process's step mark (rank 0's under ``torch.distributed``), after recording the step
-        the previous process reached (a ``reached`` event: the report's work lost to a kill). A mark
-        that cannot be made (a file system without ``mmap``, a planted link) is logged and skipped:
-        the report then counts lost work up to the last event, as a lower bound."""
-        if self._dist is not None and not self._dist.is_coordinator:
-            return None
-        path = self.run_dir / STEP_MARK_FILENAME
-        previous = read_step_mark(path)
-        if previous is not None and previous[1] > 0:
-            self.events.emit("reached", step=previous[1], pid=previous[0])
-        try:
-            return StepMark(path)
-        except (OSError, ValueError, ConfigError) as exc:
-            logger.warning("no step mark at %s (%s): lost work will be counted up to the last event", path, exc)
-            return None
-
     def _record_restart(self) -> None:
         """The first ``step()`` after a restore: the restart cost is the process's age now, less
         this first step's own training time (the profile's step time), never less than the age
@@ -559,22 +531,6 @@ class Session:
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:
         return [value for value in self.state.values() if isinstance(value, torch.optim.Optimizer)]
-
-    def _fenced_ptrs(self) -> set[int]:
-        ptrs: set[int] = set()
-        for optimizer in self._optimizers():
-            for group in optimizer.param_groups:
-                ptrs.update(local_data_ptr(p) for p in group["params"])
-            for per_param in optimizer.state.values():
-                ptrs.update(local_data_ptr(v) for v in per_param.values() if isinstance(v, torch.Tensor))
-        return ptrs
-
-    def _epoch(self) -> int | None:
-        for value in self.state.values():
-            epoch = getattr(value, "epoch", None)
-            if isinstance(epoch, int) and not isinstance(epoch, bool):
-                return epoch
-        return None
 
     def _collect_tree(self) -> dict[str, Any]:
         tree: dict[str, Any] = {

@@ -472,3 +472,15 @@ def state_tensor_bytes(state: Mapping[str, Any]) -> int:
         elif isinstance(value, torch.optim.Optimizer):
             total += sum(local_nbytes(v) for s in value.state.values() for v in s.values() if isinstance(v, torch.Tensor))
     return total
+
+
+def fenced_ptrs(optimizers: Sequence[torch.optim.Optimizer]) -> set[int]:
+    """The storage of every parameter and state tensor of ``optimizers`` (their local shards):
+    what their step pre-hook fences while a snapshot is copied."""
+    ptrs: set[int] = set()
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            ptrs.update(local_data_ptr(p) for p in group["params"])
+        for per_param in optimizer.state.values():
+            ptrs.update(local_data_ptr(v) for v in per_param.values() if isinstance(v, torch.Tensor))
+    return ptrs

@@ -148,3 +148,12 @@ def _describe(saved: Any) -> str:
     if isinstance(saved, (torch.Tensor, np.ndarray)):
         return f"a {type(saved).__name__} of shape {tuple(saved.shape)} and dtype {saved.dtype}"
     return f"a {type(saved).__name__}"
+
+
+def state_epoch(state: Mapping[str, Any]) -> int | None:
+    """The epoch of the first object of ``state`` that has one (a loader's), recorded with a checkpoint."""
+    for value in state.values():
+        epoch = getattr(value, "epoch", None)
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            return epoch
+    return None
