@@ -23,7 +23,7 @@ from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES
 from coci.errors import ConfigError
 from coci.planning.config import PlanConfig
 from coci.planning.failures import Failures
-from coci.planning.planner import make_policy
+from coci.planning.online import make_policy
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from coci.preemption import catchable_signals
 from coci.units import parse_duration

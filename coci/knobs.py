@@ -159,13 +159,6 @@ PLAN_REFINE_MAX_CHECKPOINTS: int = 256
 #: Bisection steps on mu (as alpha = 1/(1+mu) in [0, 1]) for the time budget of "auto".
 PLAN_BISECTION_STEPS: int = 24
 
-#: A plan notes that its expected costs understate the wall time when the restart takes more than
-#: this fraction of the job's MTBF (failures during restarts and re-done work are not counted).
-PLAN_RESTART_MTBF_NOTE: float = 0.1
-
-#: CheckFreq's overhead threshold (its authors' 5%) when max_overhead is not given.
-CHECKFREQ_MAX_OVERHEAD: float = 0.05
-
 #: Horizon (steps) planned over when total_steps is unknown; it is doubled (at least to twice the
 #: current step) whenever the run passes PLAN_HORIZON_EXTEND_AT of it.
 PLAN_DEFAULT_HORIZON_STEPS: int = 100_000
@@ -177,18 +170,6 @@ PLAN_MAX_CHECKPOINTS: int = 10_000_000
 #: Fraction of the default horizon after which an open-ended run re-plans over a longer one.
 PLAN_HORIZON_EXTEND_AT: float = 0.9
 
-#: A planning policy re-plans when a measured cost (step time, C, P) moved by more than this
-#: fraction since the last plan ...
-PLAN_REPLAN_COST_CHANGE: float = 0.25
-
-#: ... or when the planned checkpoint density sqrt(w_alpha) over the remaining steps (old fit
-#: against new, on a coarse grid) moved by more than this fraction, or the fit's family or
-#: usability changed.
-PLAN_REPLAN_FIT_CHANGE: float = 0.25
-
-#: Floor (seconds) applied to measured stall / persist times that read as 0 (coarse clocks).
-PLAN_MIN_COST_SECONDS: float = 1e-6
-
 #: ``auto`` with the progress objective checkpoints at these steps before its first plan (the
 #: warm-up, while step time and costs are still being measured and no curve is fitted). Training
 #: from scratch loses loss fastest in its first steps, and under the planner's prior progress rate
@@ -198,22 +179,7 @@ PLAN_MIN_COST_SECONDS: float = 1e-6
 #: checkpoints before the first plan.
 PLAN_WARMUP_CHECKPOINT_STEPS: tuple[int, ...] = (1, 2, 4, 8, 16)
 
-#: Stall assumed, in step times, before any stall has been measured or probed (recorded as a
-#: fallback in the plan); the first checkpoint then measures it.
-PLAN_ASSUMED_STALL_STEPS: float = 1.0
-
-#: Persist time assumed, in step times, before any persist has been measured or probed.
-PLAN_ASSUMED_PERSIST_STEPS: float = 10.0
-
 # --- report (coci.analysis.report, coci.cli) ------------------------------------------------------
-
-#: Fewest steps a failed process's own timed events must span for the report to time its lost
-#: steps at that process's pace (wall seconds per step) rather than the run's final step time
-REPORT_PACE_MIN_STEPS: int = 5
-
-#: Most different problems with ``events.jsonl`` records the report lists (each with its count);
-#: the rest are counted in one note, so a hostile log cannot grow the notes with its length.
-REPORT_MAX_EVENT_PROBLEMS: int = 100
 
 #: Most checkpoints a policy's plan may hold in the report's comparison (re-planned over the
 #: whole run from plan.json's inputs, then simulated): a larger plan is listed as an error, so a
@@ -276,7 +242,6 @@ REMOTE_RETRY_TIMEOUT_SECONDS: float = 30.0
 HISTORY_MIRROR_SECONDS: float = 30.0
 #: Largest segment of one process mirrored (its first bytes; about a week of ``progress`` events).
 HISTORY_SEGMENT_MAX_BYTES: int = 16 << 20
-
 
 def override(**values: Any) -> AbstractContextManager[None]:
     """Set knobs (``override(WRITE_CHUNK_BYTES=4096)``) for a ``with`` block, then put the previous

@@ -36,14 +36,14 @@ from typing import Any, Unpack
 import torch
 
 from coci import distributed, knobs, preemption, safe_files
-from coci.checkpoint import format, rng_state
+from coci.checkpoint import rng_state
 from coci.checkpoint.checkpointer import (
     Checkpointer,
     PendingCheckpoint,
     PersistResult,
     writer_for,
 )
-from coci.checkpoint.format import RNG_KEY, SESSION_KEY
+from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir
 from coci.checkpoint.remote.history import history_offset
 from coci.checkpoint.remote.promotion import Promotion
 from coci.checkpoint.remote.tier import NodeRole
@@ -63,8 +63,9 @@ from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
 from coci.planning.arguments import FailuresLike, PlansAhead, PolicyLike, PriorLike, SavesPolicyState, TakesPrior, WarmsUp
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
-from coci.planning.planner import Plan, PlanningPolicy
+from coci.planning.online import PlanningPolicy
 from coci.planning.policy import Observation
+from coci.planning.records import Plan
 from coci.preemption import Preempted
 from coci.profiler import Profile, Profiler
 
@@ -143,7 +144,7 @@ class Session:
         previous_end = preemption.last_event_time(self.events.path)
         events_start = history_offset(self.events.path)  # where this process's events begin
         self._mark = open_step_mark(self.run_dir, self.events) if self._dist is None or self._dist.is_coordinator else None
-        writer = writer_for(format.checkpoints_dir(self.run_dir), self._dist)
+        writer = writer_for(checkpoints_dir(self.run_dir), self._dist)
         self._checkpointer = Checkpointer(writer, self.events, self.config.retention.keep_last, self._clock)
         self._remote = self._open_remote(events_start)
         self._steps = 0

@@ -33,12 +33,10 @@ LOSS_TENSOR_BATCH: int = 256
 #: a ratio (``profiler.stats``, either way): a job that speeds up or slows down is followed within that many steps.
 DRIFT_SAMPLES: int = 8
 
-
 def override(**values: Any) -> AbstractContextManager[None]:
     """Set knobs for a ``with`` block, then put the previous values back, also when the block
     raises; a name that is not a knob is a ValueError naming it."""
     return override_in(sys.modules[__name__], values)
-
 
 @contextmanager
 def override_in(module: ModuleType, values: Mapping[str, Any]) -> Iterator[None]:

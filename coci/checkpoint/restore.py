@@ -22,9 +22,10 @@ from typing import Any
 import torch
 
 from coci import distributed
-from coci.checkpoint import format, nodes, restore_checks, rng_state
+from coci.checkpoint import nodes, restore_checks, rng_state
 from coci.checkpoint.checkpointer import load_committed, restore_candidates
-from coci.checkpoint.format import RNG_KEY, SESSION_KEY, LoadedCheckpoint
+from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir, step_dirname
+from coci.checkpoint.records import LoadedCheckpoint
 from coci.checkpoint.remote import RemoteTier
 from coci.checkpoint.remote.fetch import UNAVAILABLE
 from coci.checkpoint.remote.refused import REFUSED_BEFORE, RemoteGate
@@ -96,7 +97,7 @@ class Restorer:
         step: int,
     ) -> None:
         self.run_dir = run_dir
-        self.root = format.checkpoints_dir(run_dir)
+        self.root = checkpoints_dir(run_dir)
         self._apply = apply
         self._sharded = sharded
         self._strict = strict
@@ -158,7 +159,7 @@ class Restorer:
         for step in steps:
             began = self._clock()
             tier, problem = self._node_parts_ready(step, remote_steps)
-            path = self.root / format.step_dirname(step)
+            path = self.root / step_dirname(step)
             loaded, problem = self._load_and_apply(path, targets) if problem is None else (None, problem)
             if loaded is None:
                 self._record_skip(step, str(path), problem)

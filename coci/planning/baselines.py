@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from coci import knobs
 from coci.planning.failures import Failures
 from coci.planning.formulas import checkfreq_interval, checkfreq_steps, daly_interval_seconds, periodic_steps, young_interval_seconds
 from coci.planning.objective import build_cost_model, expected_failures
@@ -19,6 +18,9 @@ from coci.planning.problem import _Placement, _Problem, _single_level_cost, warn
 from coci.planning.records import Plan
 
 __all__ = ["CheckFreqAdaptation"]
+
+#: CheckFreq's overhead threshold (its authors' 5%) when max_overhead is not given.
+_CHECKFREQ_MAX_OVERHEAD: float = 0.05
 
 
 def _plan_young(problem: _Problem) -> _Placement:
@@ -49,7 +51,7 @@ def _periodic(problem: _Problem, seconds: float) -> _Placement:
 
 
 def _checkfreq_threshold(max_overhead: float | None) -> float:
-    return knobs.CHECKFREQ_MAX_OVERHEAD if max_overhead is None else max_overhead
+    return _CHECKFREQ_MAX_OVERHEAD if max_overhead is None else max_overhead
 
 
 def _plan_checkfreq(problem: _Problem) -> _Placement:

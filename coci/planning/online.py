@@ -34,6 +34,25 @@ __all__ = ["PlanningPolicy", "make_policy"]
 
 logger = logging.getLogger(__name__)
 
+#: A planning policy re-plans when a measured cost (step time, C, P) moved by more than this
+#: fraction since the last plan ...
+_PLAN_REPLAN_COST_CHANGE: float = 0.25
+
+#: ... or when the planned checkpoint density sqrt(w_alpha) over the remaining steps (old fit
+#: against new, on a coarse grid) moved by more than this fraction, or the fit's family or
+#: usability changed.
+_PLAN_REPLAN_FIT_CHANGE: float = 0.25
+
+#: Floor (seconds) applied to measured stall / persist times that read as 0 (coarse clocks).
+_PLAN_MIN_COST_SECONDS: float = 1e-6
+
+#: Stall assumed, in step times, before any stall has been measured or probed (recorded as a
+#: fallback in the plan); the first checkpoint then measures it.
+_PLAN_ASSUMED_STALL_STEPS: float = 1.0
+
+#: Persist time assumed, in step times, before any persist has been measured or probed.
+_PLAN_ASSUMED_PERSIST_STEPS: float = 10.0
+
 
 def make_policy(config: PlanConfig | str = "auto", *, prior: PriorLike | None = None, **choices: Any) -> PlanningPolicy:
     """The :class:`coci.planning.policy.CheckpointPolicy` the session uses: a :class:`PlanningPolicy`
@@ -53,8 +72,8 @@ class PlanningPolicy:
     for a persist in flight); the other policies wait. Each ``observe`` reads the
     profile (step time, stall, persist, interference, restore) and the loss trace; it re-plans
     from the current step when there is no plan yet, when a cost moved by more than
-    ``knobs.PLAN_REPLAN_COST_CHANGE``, when the fitted progress weight moved by more than
-    ``knobs.PLAN_REPLAN_FIT_CHANGE`` (the relative change of the planned checkpoint density
+    ``_PLAN_REPLAN_COST_CHANGE``, when the fitted progress weight moved by more than
+    ``_PLAN_REPLAN_FIT_CHANGE`` (the relative change of the planned checkpoint density
     ``sqrt(w_alpha)`` on the remaining steps, old fit against new; or the fit's family changed),
     when an open-ended horizon needs extending, or (``checkfreq``) when its interval grew
     (:class:`CheckFreqAdaptation`). :meth:`should_checkpoint` is a set lookup. ``state_dict`` keeps
@@ -222,14 +241,14 @@ class PlanningPolicy:
         return max(horizon, now + 1)
 
     def _costs(self, profile: Any, step_seconds: float, fallbacks: list[str]) -> tuple[float, float, float, float]:
-        floor = knobs.PLAN_MIN_COST_SECONDS
+        floor = _PLAN_MIN_COST_SECONDS
         stall = profile.stall_seconds.value
         if stall is None:
-            stall = knobs.PLAN_ASSUMED_STALL_STEPS * step_seconds
+            stall = _PLAN_ASSUMED_STALL_STEPS * step_seconds
             fallbacks.append(f"stall not measured yet: assumed {stall:.3g} s")
         persist = profile.persist_seconds.value
         if persist is None:
-            persist = knobs.PLAN_ASSUMED_PERSIST_STEPS * step_seconds
+            persist = _PLAN_ASSUMED_PERSIST_STEPS * step_seconds
             fallbacks.append(f"persist not measured yet: assumed {persist:.3g} s")
         interference = float(getattr(profile, "interference_seconds", 0.0) or 0.0)
         restart = self.config.restart_seconds
@@ -356,8 +375,8 @@ class PlanningPolicy:
         if grew and self._checkfreq is not None:
             reasons.append(f"checkfreq interval grew to {self._checkfreq.interval}")
         if self.policy != "checkfreq":
-            for name, new, old in zip(("step time", "checkpoint cost", "persist", "upload", "peer copy"), basis, self._basis):
-                if abs(new - old) > knobs.PLAN_REPLAN_COST_CHANGE * max(abs(old), 1e-12):
+            for name, new, old in zip(("step time", "checkpoint cost", "persist", "upload"), basis, self._basis):
+                if abs(new - old) > _PLAN_REPLAN_COST_CHANGE * max(abs(old), 1e-12):
                     reasons.append(f"{name} {old:.3g} -> {new:.3g} s")
             reasons.extend(self._fit_moved(fit, now, horizon))
         return reasons
@@ -379,7 +398,7 @@ class PlanningPolicy:
         new_density = np.sqrt(alpha * probe + 1.0 - alpha)
         old_density = np.sqrt(alpha * planned + 1.0 - alpha)
         change = float(np.max(np.abs(new_density - old_density) / np.maximum(old_density, 1e-12)))
-        return [f"progress weight moved by {change:.0%}"] if change > knobs.PLAN_REPLAN_FIT_CHANGE else []
+        return [f"progress weight moved by {change:.0%}"] if change > _PLAN_REPLAN_FIT_CHANGE else []
 
     def _install(self, new_plan: Plan, basis: tuple[float, ...], fit: ProgressCurve | None, horizon: int) -> None:
         self.plan = new_plan

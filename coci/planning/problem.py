@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from coci import checks, knobs
+from coci import checks
 from coci.errors import ConfigError
 from coci.planning.arguments import CurveLike
 from coci.planning.config import PlanConfig
@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     pass
 from coci.planning.progress import _mean_rate, _observed_past_rate, _resolve_curve
 from coci.planning.records import Plan, PlanInputs, RateFunction
+
+#: A plan notes that its expected costs understate the wall time when the restart takes more than
+#: this fraction of the job's MTBF (failures during restarts and re-done work are not counted).
+_PLAN_RESTART_MTBF_NOTE: float = 0.1
 
 
 @dataclass
@@ -331,13 +335,13 @@ def _restart_note(inputs: PlanInputs) -> str | None:
     The expected costs count failures over the run's progress only (first order: each failure
     costs one restart and the work since the last commit). Failures during a restart or during the
     re-done work are left out, which is negligible while the restart is short against the MTBF
-    and not beyond ``knobs.PLAN_RESTART_MTBF_NOTE`` of it (a toy MTBF of seconds, for example)."""
+    and not beyond ``_PLAN_RESTART_MTBF_NOTE`` of it (a toy MTBF of seconds, for example)."""
     failures = inputs.failures
     restart = inputs.restart_seconds
     if failures is None or restart <= 0:
         return None
     mtbf = float(failures.mean_seconds)
-    if not math.isfinite(mtbf) or mtbf <= 0 or restart <= knobs.PLAN_RESTART_MTBF_NOTE * mtbf:
+    if not math.isfinite(mtbf) or mtbf <= 0 or restart <= _PLAN_RESTART_MTBF_NOTE * mtbf:
         return None
     exponent = restart / mtbf
     memoryless = math.expm1(exponent) * mtbf if exponent < 700 else math.inf

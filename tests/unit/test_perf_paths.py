@@ -143,11 +143,11 @@ def test_mid_write_fault_fires_once_after_the_first_direct_chunk(tmp_path: Path)
         _, payload = _arena_payload((1 << 20) // 4 + 100)
         path = tmp_path / "data.bin"
         seen: list[tuple[str, int]] = []
-        format.set_fault_hook(lambda point: seen.append((point, path.stat().st_size)))
+        faults.set_fault_hook(lambda point: seen.append((point, path.stat().st_size)))
         try:
             fileio.write_file(path, payload, fault_point="mid_write")
         finally:
-            format.set_fault_hook(None)
+            faults.set_fault_hook(None)
         assert seen == [("mid_write", 256 << 10)]
 
 
@@ -171,7 +171,7 @@ def test_verified_read_detects_a_flipped_byte_in_the_middle(tmp_path: Path, algo
         path = tmp_path / "data.bin"
         size = fileio.write_file(path, payload).size
         recorded = crc32c.crc32c(payload) if algorithm == "crc32c" else zlib.crc32(payload)
-        entry = format.FileEntry.model_validate({"name": path.name, "size": size, algorithm: recorded})
+        entry = records.FileEntry.model_validate({"name": path.name, "size": size, algorithm: recorded})
         fileio.read_verified(path, entry)  # intact: verifies
         with open(path, "r+b") as handle:
             handle.seek(size // 2 + 1)

@@ -59,6 +59,10 @@ __all__ = ["CheckpointRow", "ObservedCosts", "PolicyRow", "ReportData", "read_ru
 
 logger = logging.getLogger(__name__)
 
+#: Most different problems with ``events.jsonl`` records the report lists (each with its count);
+#: the rest are counted in one note, so a hostile log cannot grow the notes with its length.
+_REPORT_MAX_EVENT_PROBLEMS: int = 100
+
 
 PLAN_FILENAME = "plan.json"
 PROFILE_FILENAME = "profile.json"
@@ -256,7 +260,7 @@ def sane_events(records: Iterable[Any], notes: list[str]) -> Iterator[dict[str, 
     """The events the report can use, one at a time: a record that is not a JSON object is skipped;
     a field that is a number outside [0, EVENT_NUMBER_MAX] (negative, NaN, infinite, huge) or of
     the wrong type is dropped; each is logged and said once in ``notes`` (once exhausted), naming
-    the field; at most ``knobs.REPORT_MAX_EVENT_PROBLEMS`` different ones, then a count."""
+    the field; at most ``_REPORT_MAX_EVENT_PROBLEMS`` different ones, then a count."""
     problems: dict[str, int] = {}
     others = 0
     for line, record in enumerate(records, start=1):
@@ -264,7 +268,7 @@ def sane_events(records: Iterable[Any], notes: list[str]) -> Iterator[dict[str, 
         bad = [key for key, value in record.items() if _bad_event_field(key, value)] if not found else []
         found += [f"{record.get('event', '?')}.{key} = {_short(record[key])} is not a valid value; ignored" for key in bad]
         for problem in found:
-            if problem in problems or len(problems) < knobs.REPORT_MAX_EVENT_PROBLEMS:
+            if problem in problems or len(problems) < _REPORT_MAX_EVENT_PROBLEMS:
                 problems[problem] = problems.get(problem, 0) + 1
                 logger.warning("events.jsonl line %d: %s", line, problem)
             else:
@@ -274,7 +278,7 @@ def sane_events(records: Iterable[Any], notes: list[str]) -> Iterator[dict[str, 
     for problem, count in problems.items():
         notes.append(f"events.jsonl: {problem}" + (f" ({count} records)" if count > 1 else ""))
     if others:
-        notes.append(f"events.jsonl: {others} more invalid records or fields (knobs.REPORT_MAX_EVENT_PROBLEMS); ignored")
+        notes.append(f"events.jsonl: {others} more invalid records or fields (_REPORT_MAX_EVENT_PROBLEMS); ignored")
 
 
 class _EventDigest:

@@ -14,10 +14,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from coci import knobs
 from coci.checks import is_int
 
 __all__ = ["RestoreRow"]
+
+#: Fewest steps a failed process's own timed events must span for the report to time its lost
+#: steps at that process's pace (wall seconds per step) rather than the run's final step time
+_REPORT_PACE_MIN_STEPS: int = 5
 
 
 class RestoreRow(BaseModel):
@@ -64,13 +67,13 @@ class _Pace:
 
     def seconds_per_step(self) -> float | None:
         """None when neither the events nor the span to the next start cover
-        ``knobs.REPORT_PACE_MIN_STEPS`` steps with time."""
+        ``_REPORT_PACE_MIN_STEPS`` steps with time."""
         return _per_step(self.first, self.last) or _per_step(self.first, self.end)
 
 
 def _per_step(first: tuple[float, int] | None, last: tuple[float, int] | None) -> float | None:
-    """Wall seconds per step between two (time, step) points at least ``REPORT_PACE_MIN_STEPS`` apart."""
-    if first is None or last is None or last[1] - first[1] < knobs.REPORT_PACE_MIN_STEPS:
+    """Wall seconds per step between two (time, step) points at least ``_REPORT_PACE_MIN_STEPS`` apart."""
+    if first is None or last is None or last[1] - first[1] < _REPORT_PACE_MIN_STEPS:
         return None
     pace = (last[0] - first[0]) / (last[1] - first[1])
     return pace if math.isfinite(pace) and pace > 0 else None
