@@ -11,7 +11,7 @@ import pytest
 from coci import knobs
 from coci.profiler import knobs as profiler_knobs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _knob_names(path: Path) -> list[str]:
