@@ -297,22 +297,22 @@ def test_failed_upload_is_retried_logged_and_leaves_the_local_tier_alone(tmp_pat
     assert blocker.read_text() == ""
 
 
-def test_auto_plans_two_levels_from_the_measured_upload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_plans_two_levels_from_the_measured_upload(tmp_path: Path) -> None:
     """With a remote tier and a failure class that loses the node, ``auto`` re-plans from the
     measured upload: the plan records the upload and the remote restart, and lists the steps it
     promotes (a two-level plan); before the first upload every checkpoint is promoted."""
-    monkeypatch.setattr(coci.knobs, "PLAN_IN_BACKGROUND", False)  # plans apply at the step they are made
-    failures = coci.Failures.exponential(mtbf="1m").with_node_share(0.5)
-    model, optimizer = _small_state()
-    with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy="auto", failures=failures,
-                      total_steps=400, restart_seconds=1.0, remote=str(tmp_path / "shared")) as session:
-        _train(session, model, optimizer, 400)
-        plan = session.plan
-    assert plan is not None and plan.promote_steps is not None
-    assert set(plan.promote_steps) <= set(plan.steps)
-    inputs = plan.inputs
-    assert inputs.upload_seconds is not None and inputs.upload_seconds > 0  # measured: the plan may predate the last upload
-    assert session.profile.upload_seconds.measured
-    assert inputs.remote_restart_seconds is not None and inputs.remote_restart_seconds >= inputs.restart_seconds
-    promoted = [event["step"] for event in events(tmp_path / "run", "promoted")]
-    assert promoted and inputs.last_promoted_step in promoted
+    with coci.knobs.override(PLAN_IN_BACKGROUND=False):  # plans apply at the step they are made
+        failures = coci.Failures.exponential(mtbf="1m").with_node_share(0.5)
+        model, optimizer = _small_state()
+        with coci.Session(tmp_path / "run", {"model": model, "optimizer": optimizer}, policy="auto", failures=failures,
+                          total_steps=400, restart_seconds=1.0, remote=str(tmp_path / "shared")) as session:
+            _train(session, model, optimizer, 400)
+            plan = session.plan
+        assert plan is not None and plan.promote_steps is not None
+        assert set(plan.promote_steps) <= set(plan.steps)
+        inputs = plan.inputs
+        assert inputs.upload_seconds is not None and inputs.upload_seconds > 0  # measured: the plan may predate the last upload
+        assert session.profile.upload_seconds.measured
+        assert inputs.remote_restart_seconds is not None and inputs.remote_restart_seconds >= inputs.restart_seconds
+        promoted = [event["step"] for event in events(tmp_path / "run", "promoted")]
+        assert promoted and inputs.last_promoted_step in promoted

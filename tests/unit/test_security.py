@@ -542,12 +542,12 @@ def test_verify_and_ls_report_a_deeply_nested_manifest(run: Path, capsys: pytest
     assert "CORRUPT" in out and "step_4" in out or "4" in out
 
 
-def test_oversized_manifest_is_refused_before_parsing(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(coci.knobs, "MAX_MANIFEST_BYTES", 4096)
-    manifest = step_dir(run, 4) / layout.MANIFEST_FILENAME
-    manifest.write_text(manifest.read_text()[:-1] + ', "padding": "' + "x" * 8192 + '"}')
-    status = {Path(s.path).name: s for s in verify_run(run)}["step_4"]
-    assert not status.ok and "MAX_MANIFEST_BYTES" in str(status.error)
+def test_oversized_manifest_is_refused_before_parsing(run: Path) -> None:
+    with coci.knobs.override(MAX_MANIFEST_BYTES=4096):
+        manifest = step_dir(run, 4) / layout.MANIFEST_FILENAME
+        manifest.write_text(manifest.read_text()[:-1] + ', "padding": "' + "x" * 8192 + '"}')
+        status = {Path(s.path).name: s for s in verify_run(run)}["step_4"]
+        assert not status.ok and "MAX_MANIFEST_BYTES" in str(status.error)
 
 
 def test_session_refuses_huge_mtbf_meta_loss_and_sparse_state_up_front(tmp_path: Path) -> None:
@@ -560,18 +560,18 @@ def test_session_refuses_huge_mtbf_meta_loss_and_sparse_state_up_front(tmp_path:
 
 
 @pytest.mark.parametrize("name", ["profile.json", "events.jsonl", "plan.json"])
-def test_run_files_are_not_written_through_symlinks(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(coci.knobs, "PLAN_IN_BACKGROUND", False)  # the plan is written at step 25, not a second of training later
-    outside = tmp_path / "outside.txt"
-    outside.write_text("untouched")
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / name).symlink_to(outside)
-    with pytest.raises(coci.ConfigError, match="symbolic link"):
-        state = build_state()
-        with coci.Session(run_dir, state=state, policy="young", mtbf="1h", total_steps=100) as session:
-            train(session, state, 25)  # past the warm-up: a plan is written
-    assert outside.read_text() == "untouched"
+def test_run_files_are_not_written_through_symlinks(tmp_path: Path, name: str) -> None:
+    with coci.knobs.override(PLAN_IN_BACKGROUND=False):  # the plan is written at step 25, not a second of training later
+        outside = tmp_path / "outside.txt"
+        outside.write_text("untouched")
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        (run_dir / name).symlink_to(outside)
+        with pytest.raises(coci.ConfigError, match="symbolic link"):
+            state = build_state()
+            with coci.Session(run_dir, state=state, policy="young", mtbf="1h", total_steps=100) as session:
+                train(session, state, 25)  # past the warm-up: a plan is written
+        assert outside.read_text() == "untouched"
 
 
 def test_symlinked_stale_tmp_is_unlinked_not_followed(run: Path, tmp_path: Path) -> None:

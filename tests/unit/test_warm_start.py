@@ -128,21 +128,21 @@ def test_a_prior_from_a_run_of_another_length_is_rescaled(tmp_path: Path) -> Non
     assert "rescaled x4" in rate.description
 
 
-def test_a_session_plans_from_step_zero_with_the_rescaled_prior(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_session_plans_from_step_zero_with_the_rescaled_prior(tmp_path: Path) -> None:
     # Inline planning: a background plan applies a second of training after its observation,
     # later than these 60 microsecond steps; this test is about the plan's content.
-    monkeypatch.setattr(coci.knobs, "PLAN_IN_BACKGROUND", False)
-    s, y = curve(1000)
-    run0 = write_run(tmp_path / "exp0", s, y, 1000)
-    own_s, own_y = curve(4000, seed=1)
-    state = {"w": torch.zeros(4)}
-    session = coci.Session(tmp_path / "exp1", state, policy="auto", mtbf="30m", total_steps=4000, prior=str(run0))
-    for step in range(60):
-        session.step(loss=float(own_y[step]))
-    session.close()
-    assert session.plan is not None
-    assert "rescaled x4" in session.plan.inputs.curve
-    assert not any("prior" in fallback for fallback in session.plan.fallbacks)
+    with coci.knobs.override(PLAN_IN_BACKGROUND=False):
+        s, y = curve(1000)
+        run0 = write_run(tmp_path / "exp0", s, y, 1000)
+        own_s, own_y = curve(4000, seed=1)
+        state = {"w": torch.zeros(4)}
+        session = coci.Session(tmp_path / "exp1", state, policy="auto", mtbf="30m", total_steps=4000, prior=str(run0))
+        for step in range(60):
+            session.step(loss=float(own_y[step]))
+        session.close()
+        assert session.plan is not None
+        assert "rescaled x4" in session.plan.inputs.curve
+        assert not any("prior" in fallback for fallback in session.plan.fallbacks)
 
 
 def test_coci_plan_curve_from_an_earlier_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
