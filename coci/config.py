@@ -168,15 +168,14 @@ class SessionConfig:
             if self.policy is None:
                 raise ConfigError("SessionConfig needs plan= (a coci.PlanConfig) or policy= (e.g. coci.EveryN(100))")
             object.__setattr__(self, "policy", policy_object(self.policy))
-        else:
-            _check_part(self.plan, PlanConfig, "plan")
-            if self.policy is not None:
-                raise ConfigError(f"SessionConfig takes either plan= or policy=, not both (policy={self.policy!r})")
-            total_steps = self._plan_horizon(self.plan, total_steps)
-        object.__setattr__(self, "total_steps", total_steps)
+        object.__setattr__(self, "total_steps", total_steps if self.plan is None else self._plan_horizon(self.plan, total_steps))
 
     def _plan_horizon(self, plan: PlanConfig, total_steps: int | None) -> int | None:
-        """The horizon ``total_steps`` and ``plan.total_steps`` agree on (the one set, when one is)."""
+        """The horizon ``total_steps`` and ``plan.total_steps`` agree on (the one set, when one is);
+        ``plan`` is checked, and exclusive with ``policy``."""
+        _check_part(plan, PlanConfig, "plan")
+        if self.policy is not None:
+            raise ConfigError(f"SessionConfig takes either plan= or policy=, not both (policy={self.policy!r})")
         if total_steps is None or plan.total_steps == total_steps:
             return plan.total_steps
         if plan.total_steps is not None:
