@@ -31,6 +31,7 @@ from coci.errors import CociError, ConfigError, CorruptCheckpointError
 
 if TYPE_CHECKING:
     from coci.planning.arguments import CurveLike
+    from coci.planning.config import PlanConfig
     from coci.planning.failures import Failures
     from coci.planning.prior import CorrectedRate
     from coci.planning.records import Plan
@@ -88,7 +89,7 @@ def _policies(name: str) -> list[str]:
 _PLAN_FLAGS = ("total_steps", "restart_seconds", "objective", "time_budget", "max_overhead")
 
 
-def _plan_config(args: argparse.Namespace, policy: str | None) -> Any:
+def _plan_config(args: argparse.Namespace, policy: str | None) -> PlanConfig:
     """The :class:`coci.PlanConfig` of ``--config FILE`` (``coci.Session``'s options), the flags and
     ``policy`` (None: the file's, else ``auto``), through the option path every integration takes;
     ConfigError naming an option set both in the file and by a flag."""
@@ -113,15 +114,17 @@ def _plan_config(args: argparse.Namespace, policy: str | None) -> Any:
     return config
 
 
-def _make_plans(args: argparse.Namespace) -> list[Any]:
+def _make_plans(args: argparse.Namespace) -> list[Plan]:
     """One plan per policy asked for (``--policy all``: every policy), from the same options."""
     from coci.planning.planner import plan
 
     asked = getattr(args, "policy", None)
     configs = [_plan_config(args, name) for name in (_policies("all") if asked == "all" else [asked])]
-    curve = read_curve(args.curve, args.curve_run) if args.curve is not None else None
+    curve: CurveLike | None = read_curve(args.curve, args.curve_run) if args.curve is not None else None
     if args.curve_from is not None:
-        curve = _prior_curve(args, configs[0].total_steps)
+        horizon = configs[0].total_steps
+        assert horizon is not None  # _plan_config refuses a config without one
+        curve = _prior_curve(args, horizon)
     return [
         plan(
             config=config,
@@ -133,12 +136,15 @@ def _make_plans(args: argparse.Namespace) -> list[Any]:
             upload_seconds=args.upload_seconds,
             upload_interference_seconds=args.upload_interference_seconds,
             remote_restart_seconds=args.remote_restart_seconds,
+            peer_seconds=args.peer_seconds,
+            peer_interference_seconds=args.peer_interference_seconds,
+            peer_restart_seconds=args.peer_restart_seconds,
         )
         for config in configs
     ]
 
 
-def _prior_curve(args: argparse.Namespace, total_steps: int) -> Any:
+def _prior_curve(args: argparse.Namespace, total_steps: int) -> CorrectedRate:
     """``--curve-from``: an earlier run's curve rescaled to the horizon (a warm start)."""
     from coci.planning.prior import WarmStart, load_prior
 

@@ -16,15 +16,21 @@ import signal
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from coci import checks, distributed
+from coci.checkpoint.checkpointer import WriterFactory
 from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES
+from coci.checkpoint.remote.schemes import RemoteLike
+from coci.checkpoint.remote.store import RemoteStore
+from coci.checkpoint.retention import RetentionPolicy, retention_policy
 from coci.errors import ConfigError
+from coci.planning.arguments import FailuresLike, PolicyLike, PriorLike, TakesPrior
 from coci.planning.config import PlanConfig
 from coci.planning.failures import Failures
 from coci.planning.online import make_policy
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
+from coci.planning.records import Plan
 from coci.preemption import catchable_signals
 from coci.units import parse_duration
 
@@ -56,29 +62,48 @@ class RetentionConfig:
     save_last: bool | None = None
     """Checkpoint the final state at ``close()``: None when the run reached ``total_steps``, True always, False never."""
 
+    policy: RetentionPolicy | None = None
+    """Which local checkpoints stay (:class:`coci.KeepLast`, ``KeepEvery``, ``KeepAny`` or your own), replacing ``keep_last``."""
+
+    remote_policy: RetentionPolicy | None = None
+    """Which remote checkpoints stay, replacing ``keep_last_remote`` (the same rules as ``policy``)."""
+
     def __post_init__(self) -> None:
         _positive_or_none(self.keep_last, "keep_last")
         _positive_or_none(self.keep_last_remote, "keep_last_remote")
         if self.save_last is not None and not isinstance(self.save_last, bool):
             raise ConfigError(f"save_last must be True, False or None, got {self.save_last!r}")
+        self.local_policy()  # a ConfigError naming retention / remote_retention
+        self.remote_tier_policy()
+
+    def local_policy(self) -> RetentionPolicy | None:
+        """The local tier's policy: ``policy``, else ``KeepLast(keep_last)``; None keeps all
+        (:mod:`coci.checkpoint.retention`: only trusted checkpoints count, the newest always stays)."""
+        return retention_policy(self.keep_last, self.policy)
+
+    def remote_tier_policy(self) -> RetentionPolicy | None:
+        """The remote tier's policy: ``remote_policy``, else ``KeepLast(keep_last_remote)``; None keeps all."""
+        return retention_policy(self.keep_last_remote, self.remote_policy, remote=True)
 
 
 @dataclass(frozen=True)
 class RemoteConfig:
     """The remote tier committed checkpoints are promoted to and restored from."""
 
-    url: str | os.PathLike[str] | None = None
-    """``"s3://bucket/prefix"`` (endpoint and credentials from the AWS environment) or a shared directory; None: no remote tier."""
+    store: RemoteLike | None = None
+    """A :class:`coci.RemoteStore` (used as it is), a URL (``s3://``, or a scheme of :func:`coci.register_remote_scheme`) or a shared directory; None: no remote tier."""
 
     storage_options: Mapping[str, Any] | None = None
-    """Extra S3 client options (obstore's S3 config keys) for an ``s3://`` remote."""
+    """Extra client options for a URL remote (obstore's S3 config keys; another scheme's factory gets them)."""
 
     owner: str = "refuse"
     """Another run's prefix: ``"refuse"`` (ConfigError naming its owner) or ``"adopt"`` (continue from its checkpoints, never deleting them)."""
 
     def __post_init__(self) -> None:
-        if self.url is not None and (not isinstance(self.url, (str, os.PathLike)) or not os.fspath(self.url)):
-            raise ConfigError(f"remote must be 's3://bucket/prefix' or a directory path, got {self.url!r}")
+        if self.store is not None and not _is_store(self.store) and not (isinstance(self.store, (str, os.PathLike)) and os.fspath(self.store)):
+            raise ConfigError(f"remote must be a coci.RemoteStore, a URL or a directory path, got {self.store!r}")
+        if self.storage_options and _is_store(self.store):
+            raise ConfigError("storage_options= configures a store coci opens from a URL; the remote store given is already open")
         if self.storage_options is not None:
             if not isinstance(self.storage_options, Mapping):
                 raise ConfigError(f"storage_options must be a mapping of S3 options, got {self.storage_options!r}")
@@ -112,7 +137,12 @@ class IOConfig:
     run_dir_layout: str = "auto"
     """Under ``torch.distributed``: ``"auto"`` (probed), ``"shared"`` (one directory for every rank) or ``"node-local"`` (each host its own)."""
 
+    writer: WriterFactory | None = None
+    """Builds each checkpoint's :class:`coci.CheckpointWriter` as ``writer(checkpoints_root, context)``; None: coci's (its format, DCP under ``torch.distributed``)."""
+
     def __post_init__(self) -> None:
+        if self.writer is not None and not callable(self.writer):
+            raise ConfigError(f"writer must be a callable (root, context) -> CheckpointWriter, got {self.writer!r}")
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be 'raise' or 'log', got {self.on_error!r}")
         if self.run_dir_layout not in distributed.RUN_DIR_LAYOUTS:
@@ -131,13 +161,13 @@ class SessionConfig:
     plan: PlanConfig | None = None
     """A named policy (``"auto"``, ``"young"``, ...) and its planning choices; None when ``policy`` is given."""
 
-    policy: Any = None
+    policy: PolicyLike | None = None
     """Instead of ``plan``: a :class:`coci.EveryN`, a collection of steps, a precomputed :class:`coci.Plan` or a :class:`coci.CheckpointPolicy`."""
 
     total_steps: int | None = None
     """The run's horizon in steps (>= 1): ``save_last``'s end of the run, and the plan's horizon (``plan.total_steps``)."""
 
-    prior: Any = None
+    prior: PriorLike | None = None
     """Warm start of a planning policy: an earlier run's directory, curve file, losses or ``(steps, losses)``."""
 
     retention: RetentionConfig = field(default_factory=RetentionConfig)
@@ -206,10 +236,12 @@ class SessionConfig:
         _refuse_unknown("SessionConfig.from_options", options)
         given = {**OPTION_DEFAULTS, **options}
         parts: dict[str, Any] = {  # built (and checked) before the plan, whose failure model "auto" requires
-            "retention": RetentionConfig(given["keep_last"], given["keep_last_remote"], given["save_last"]),
+            "retention": RetentionConfig(
+                given["keep_last"], given["keep_last_remote"], given["save_last"], given["retention"], given["remote_retention"]
+            ),
             "remote": RemoteConfig(given["remote"], given["storage_options"], given["remote_owner"]),
             "preemption": PreemptionConfig(_signals_tuple(given["preemption_signals"]), given["grace"]),
-            "io": IOConfig(given["on_error"], given["run_dir_layout"]),
+            "io": IOConfig(given["on_error"], given["run_dir_layout"], given["writer"]),
         }
         return cls(**_policy_fields(given), total_steps=given["total_steps"], prior=given["prior"], clock=given["clock"], **parts)
 
@@ -217,10 +249,10 @@ class SessionConfig:
 class SessionOptions(TypedDict, total=False):
     """``Session``'s keyword arguments, each a field of :class:`SessionConfig` (defaults: :data:`OPTION_DEFAULTS`)."""
 
-    policy: Any  # a policy name builds the plan; a policy object is SessionConfig.policy
+    policy: PolicyLike  # a policy name builds the plan; a policy object is SessionConfig.policy
     plan_config: PlanConfig | None  # SessionConfig.plan
     mtbf: str | float | None  # plan.failures = Failures.exponential(mtbf)
-    failures: Failures | str | float | None  # plan.failures
+    failures: FailuresLike | None  # plan.failures
     total_steps: int | None  # total_steps
     restart_seconds: float | None  # plan.restart_seconds
     keep_last: int | None  # retention.keep_last
@@ -232,12 +264,15 @@ class SessionOptions(TypedDict, total=False):
     clock: Callable[[], float] | None  # clock
     preemption_signals: Iterable[int]  # preemption.signals
     grace: str | float  # preemption.grace
-    prior: Any  # prior
-    remote: str | os.PathLike[str] | None  # remote.url
+    prior: PriorLike | None  # prior
+    remote: RemoteLike | None  # remote.store
     storage_options: Mapping[str, Any] | None  # remote.storage_options
     keep_last_remote: int | None  # retention.keep_last_remote
     remote_owner: str  # remote.owner
     run_dir_layout: str  # io.run_dir_layout
+    writer: WriterFactory | None  # io.writer
+    retention: RetentionPolicy | None  # retention.policy
+    remote_retention: RetentionPolicy | None  # retention.remote_policy
 
 
 #: The default of each of ``Session``'s keyword arguments (the one table of them).
@@ -264,6 +299,9 @@ OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "keep_last_remote": 2,
         "remote_owner": "refuse",
         "run_dir_layout": "auto",
+        "writer": None,
+        "retention": None,
+        "remote_retention": None,
     }
 )
 #: The keywords that describe the plan (with ``policy``): a ``plan_config`` holds them all.
@@ -285,9 +323,9 @@ def build_config(owner: str, config: SessionConfig | None, options: Mapping[str,
     return config
 
 
-def policy_object(policy: Any) -> Any:
+def policy_object(policy: PolicyLike) -> PolicyLike:
     """``policy`` as a checkpoint policy object (a collection of steps becomes :class:`coci.planning.policy.AtSteps`)."""
-    if isinstance(policy, (EveryN, AtSteps, CheckpointPolicy)) or _is_plan(policy):
+    if isinstance(policy, (EveryN, AtSteps, CheckpointPolicy, Plan)):
         return policy
     if isinstance(policy, Iterable) and not isinstance(policy, (str, bytes, Mapping)):
         return AtSteps.of(policy)
@@ -297,9 +335,9 @@ def policy_object(policy: Any) -> Any:
     )
 
 
-def _is_plan(policy: Any) -> bool:
-    """A precomputed :class:`coci.Plan` (its steps and its JSON record)."""
-    return getattr(policy, "steps", None) is not None and hasattr(policy, "model_dump_json")
+def _is_store(remote: object) -> bool:
+    """A :class:`coci.RemoteStore` instance (a path or URL string is not one)."""
+    return isinstance(remote, RemoteStore) and not isinstance(remote, (str, os.PathLike))
 
 
 def _policy_fields(given: Mapping[str, Any]) -> dict[str, Any]:
@@ -309,7 +347,8 @@ def _policy_fields(given: Mapping[str, Any]) -> dict[str, Any]:
         return {"policy": policy}  # the planning keywords have nothing to plan (as before: ignored)
     if plan_config is None:
         planning = {name: given[name] for name in _PLANNING if name not in ("mtbf", "failures")}
-        return {"plan": PlanConfig(policy=policy, failures=_failures(given["mtbf"], given["failures"]), **planning)}
+        failures = cast(Failures | None, _failures(given["mtbf"], given["failures"]))  # PlanConfig models an MTBF itself
+        return {"plan": PlanConfig(policy=policy, failures=failures, **planning)}
     if not isinstance(plan_config, PlanConfig):
         raise ConfigError(f"plan_config must be a coci.PlanConfig or None, got {plan_config!r}")
     changed = [name for name in _PLANNING if given[name] != OPTION_DEFAULTS[name]]
@@ -318,7 +357,7 @@ def _policy_fields(given: Mapping[str, Any]) -> dict[str, Any]:
     return {"plan": plan_config}
 
 
-def _failures(mtbf: Any, failures: Any) -> Any:
+def _failures(mtbf: str | float | None, failures: FailuresLike | None) -> FailuresLike | None:
     """The failure model from ``mtbf=`` (an exponential model) or ``failures=``, never both."""
     if mtbf is not None and failures is not None:
         raise ConfigError("pass either mtbf= or failures=, not both")
@@ -363,23 +402,24 @@ def _policy_of(config: SessionConfig) -> CheckpointPolicy:
     if config.plan is not None:
         return make_policy(config.plan)
     policy = config.policy
-    if not isinstance(policy, (EveryN, AtSteps, CheckpointPolicy)) and hasattr(policy, "model_dump_json"):
+    if isinstance(policy, (EveryN, AtSteps, CheckpointPolicy)):
+        return policy
+    if isinstance(policy, Plan):  # a precomputed plan, followed as is
         return _PlanPolicy(AtSteps.of(policy.steps), policy)
-    return policy
+    raise ConfigError(f"policy must be a checkpoint policy or a coci.Plan, got {policy!r}")  # policy_object's other cases
 
 
-def _use_prior(policy: CheckpointPolicy, prior: Any) -> None:
+def _use_prior(policy: CheckpointPolicy, prior: PriorLike) -> None:
     """Hand ``prior`` to a planning policy (one that cannot take it is a configuration error)."""
-    use = getattr(policy, "use_prior", None)
-    if not callable(use):
+    if not isinstance(policy, TakesPrior):
         raise ConfigError(f"prior= needs a planning policy such as 'auto', got {type(policy).__name__}")
-    use(prior)
+    policy.use_prior(prior)
 
 
 class _PlanPolicy:
     """A precomputed :class:`coci.Plan` followed as is."""
 
-    def __init__(self, steps: AtSteps, plan: Any) -> None:
+    def __init__(self, steps: AtSteps, plan: Plan) -> None:
         self._steps = steps
         self.plan = plan
 

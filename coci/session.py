@@ -60,7 +60,7 @@ from coci.errors import (
 )
 from coci.events import CHECKPOINT_REASONS, CheckpointReason, EventLog, open_step_mark, write_run_file
 from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
-from coci.planning.arguments import FailuresLike, PlansAhead, PolicyLike, PriorLike, SavesPolicyState, TakesPrior, WarmsUp
+from coci.planning.arguments import PlansAhead, SavesPolicyState, WarmsUp
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
 from coci.planning.online import PlanningPolicy
@@ -144,8 +144,8 @@ class Session:
         previous_end = preemption.last_event_time(self.events.path)
         events_start = history_offset(self.events.path)  # where this process's events begin
         self._mark = open_step_mark(self.run_dir, self.events) if self._dist is None or self._dist.is_coordinator else None
-        writer = writer_for(checkpoints_dir(self.run_dir), self._dist)
-        self._checkpointer = Checkpointer(writer, self.events, self.config.retention.keep_last, self._clock)
+        writer = (self.config.io.writer or writer_for)(checkpoints_dir(self.run_dir), self._dist)
+        self._checkpointer = Checkpointer(writer, self.events, self.config.retention.local_policy(), self._clock)
         self._remote = self._open_remote(events_start)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
@@ -323,7 +323,7 @@ class Session:
             self._remote.merge_history(self._steps)
         found = Restorer(
             self.run_dir,
-            lambda loaded: apply_checkpoint(loaded, strict, self.state, self._sharded, self.policy, self._apply_own_entry),
+            lambda loaded: apply_checkpoint(loaded, strict, self.state, self._sharded, self._stateful_policy(), self._apply_own_entry),
             sharded=self._sharded,
             strict=strict,
             dist=self._dist,
@@ -360,7 +360,7 @@ class Session:
         """The remote tier (None without one), its prefix claimed for this run, or refused with the
         run directory's lock released (collective); rank 0 mirrors the history from ``history_from``."""
         remote = self.config.remote
-        if remote.url is None:
+        if remote.store is None:
             return None
         session = weakref.ref(self)  # the mirror thread never keeps a dropped session alive
 
@@ -370,7 +370,7 @@ class Session:
 
         try:
             return Promotion.open(
-                remote.url, remote.storage_options, keep_last=self.config.retention.keep_last_remote, owner=remote.owner,
+                remote.store, remote.storage_options, retention=self.config.retention.remote_tier_policy(), owner=remote.owner,
                 run_dir=self.run_dir, events=self.events, listener=self._profiler, dist=self._dist, steps=steps,
                 history_from=history_from,
             )
@@ -550,6 +550,10 @@ class Session:
         tree[SESSION_KEY] = own
         tree[RNG_KEY] = rng_state.capture()
         return tree
+
+    def _stateful_policy(self) -> SavesPolicyState | None:
+        """The policy, when it saves its state in every checkpoint (restored with it)."""
+        return self.policy if isinstance(self.policy, SavesPolicyState) else None
 
     def _apply_own_entry(self, own: Mapping[str, Any]) -> None:
         """The session's own saved entry, applied by a restore (:func:`apply_checkpoint`)."""

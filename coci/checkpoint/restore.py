@@ -30,7 +30,7 @@ from coci.checkpoint.remote import RemoteTier
 from coci.checkpoint.remote.fetch import UNAVAILABLE
 from coci.checkpoint.remote.refused import REFUSED_BEFORE, RemoteGate
 from coci.checkpoint.sharded import ShardedState
-from coci.checkpoint.stateful import is_stateful, restore_in_place
+from coci.checkpoint.stateful import Stateful, is_stateful, restore_in_place
 from coci.checkpoint.tree import adopt_or_clone
 from coci.errors import CheckpointError, CorruptCheckpointError, RemoteUnavailableError, StateMismatchError
 from coci.events import EventLog
@@ -270,11 +270,12 @@ def apply_checkpoint(
     strict: bool,
     state: Mapping[str, Any],
     sharded: ShardedState,
-    policy: object,
+    policy: Stateful | None,
     session_entry: Callable[[Mapping[str, Any]], None],
 ) -> None:
-    """Put a loaded checkpoint into ``state``, ``policy`` and (through ``session_entry``, given the
-    session's own saved entry) the session; the RNG streams last.
+    """Put a loaded checkpoint into ``state``, ``policy`` (a policy that saves its state; None
+    otherwise) and (through ``session_entry``, given the session's own saved entry) the session;
+    the RNG streams last.
 
     All or nothing: everything checkable is checked before the first object is touched; the
     objects only their own ``load_state_dict`` can check (the policy's state first, then a
@@ -301,13 +302,13 @@ def _checked_entries(tree: Mapping[str, Any], state: Mapping[str, Any], keys: li
 
 
 def _restore_targets(
-    tree: Mapping[str, Any], state: Mapping[str, Any], keys: list[str], own: Mapping[str, Any], policy: object
+    tree: Mapping[str, Any], state: Mapping[str, Any], keys: list[str], own: Mapping[str, Any], policy: Stateful | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(object, saved entry) by key, in the order they are applied: the policy's state first
     (under a reserved key), so a policy that refuses its state leaves everything untouched."""
     objects: dict[str, Any] = {}
     saved: dict[str, Any] = {}
-    if "policy" in own and is_stateful(policy):
+    if "policy" in own and policy is not None:
         objects[_POLICY_ENTRY], saved[_POLICY_ENTRY] = policy, own["policy"]
     for key in keys:
         objects[key], saved[key] = state[key], tree[key]

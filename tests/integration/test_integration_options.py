@@ -18,6 +18,7 @@ import torch
 
 import coci
 from coci import ConfigError, Failures, PlanConfig, SessionConfig
+from coci.checkpoint.checkpointer import writer_for
 from coci.cli import main
 from coci.config import OPTION_DEFAULTS, SessionOptions
 

@@ -8,12 +8,15 @@ import dataclasses
 import inspect
 import signal
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import coci
 from coci import ConfigError, Failures, IOConfig, PlanConfig, PreemptionConfig, RemoteConfig, RetentionConfig, SessionConfig
+from coci.checkpoint.checkpointer import writer_for
+from coci.checkpoint.remote.filesystem import DirectoryStore
 from coci.config import build_config
 
 PLAN = PlanConfig(policy="young", failures=Failures.exponential("8h"))
@@ -25,8 +28,8 @@ PLAN = PlanConfig(policy="young", failures=Failures.exponential("8h"))
         (lambda: RetentionConfig(keep_last=0), "keep_last"),
         (lambda: RetentionConfig(keep_last_remote=-1), "keep_last_remote"),
         (lambda: RetentionConfig(save_last="yes"), "save_last"),
-        (lambda: RemoteConfig(url=""), "remote"),
-        (lambda: RemoteConfig(url="/r", storage_options=3), "storage_options"),  # type: ignore[arg-type]
+        (lambda: RemoteConfig(store=""), "remote"),
+        (lambda: RemoteConfig(store="/r", storage_options=3), "storage_options"),  # type: ignore[arg-type]
         (lambda: RemoteConfig(owner="steal"), "remote_owner"),
         (lambda: PreemptionConfig(signals=(signal.SIGKILL,)), "preemption_signals"),
         (lambda: PreemptionConfig(signals=("TERM",)), "preemption_signals"),  # type: ignore[arg-type]
@@ -46,6 +49,11 @@ PLAN = PlanConfig(policy="young", failures=Failures.exponential("8h"))
         (lambda: SessionConfig.from_options(plan_config=PLAN, mtbf="8h"), "mtbf"),
         (lambda: SessionConfig.from_options(plan_config="young"), "plan_config"),
         (lambda: SessionConfig.from_options(mtbf="8h", keep_lats=2), "keep_lats"),
+        (lambda: RetentionConfig(policy=3), "retention"),  # type: ignore[arg-type]
+        (lambda: RetentionConfig(remote_policy="newest"), "remote_retention"),  # type: ignore[arg-type]
+        (lambda: RemoteConfig(store=DirectoryStore(Path("/r")), storage_options={"region": "x"}), "storage_options"),
+        (lambda: RemoteConfig(store=3), "remote"),  # type: ignore[arg-type]
+        (lambda: IOConfig(writer="local"), "writer"),  # type: ignore[arg-type]
     ],
 )
 def test_a_bad_value_is_refused_naming_the_field(make: Any, field: str) -> None:
@@ -61,10 +69,22 @@ def test_keywords_land_in_their_parts() -> None:
     assert config.plan == PlanConfig(policy="auto", failures=Failures.exponential("8h"), total_steps=100)
     assert config.total_steps == 100 and config.policy is None and config.policy_name == "auto"
     assert config.retention == RetentionConfig(keep_last=3, keep_last_remote=None, save_last=True)
-    assert config.remote == RemoteConfig(url="/shared/run", owner="adopt")
+    assert config.remote == RemoteConfig(store="/shared/run", owner="adopt")
     assert config.preemption == PreemptionConfig(signals=(signal.SIGUSR1,), grace=60.0)
     assert config.io == IOConfig(on_error="log", run_dir_layout="shared")
     assert SessionConfig.from_options(policy=[4, 2]).policy == coci.AtSteps(frozenset({2, 4}))
+
+
+def test_retention_policies_and_a_store_instance_are_fields_of_their_parts(tmp_path: Path) -> None:
+    store = DirectoryStore(tmp_path / "remote")
+    milestones = coci.KeepAny(coci.KeepEvery(10), coci.KeepLast(1))
+    config = SessionConfig.from_options(
+        policy=coci.EveryN(2), keep_last=5, retention=milestones, remote=store, remote_retention=coci.KeepLast(4), writer=writer_for,
+    )
+    assert config.retention.local_policy() is milestones  # retention= replaces keep_last
+    assert config.retention.remote_tier_policy() == coci.KeepLast(4)
+    assert RetentionConfig(keep_last=3).local_policy() == coci.KeepLast(3) and RetentionConfig(keep_last=None).local_policy() is None
+    assert config.remote.store is store and config.io.writer is writer_for
 
 
 def test_the_horizon_is_one_value_for_the_plan_and_save_last() -> None:
@@ -82,7 +102,7 @@ def test_the_config_is_frozen_and_replace_validates() -> None:
         config.total_steps = 3  # type: ignore[misc]
     with pytest.raises(ConfigError, match="keep_last"):
         config.replace(retention=dataclasses.replace(config.retention, keep_last=0))
-    options = RemoteConfig(url="s3://b/p", storage_options={"region": "x"}).storage_options
+    options = RemoteConfig(store="s3://b/p", storage_options={"region": "x"}).storage_options
     with pytest.raises(TypeError):
         options["region"] = "y"  # type: ignore[index]
 

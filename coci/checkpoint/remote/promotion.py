@@ -11,14 +11,15 @@ directory, each node's leader on node-local ones).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from coci.checkpoint.remote.history import HistoryMirror, merge_history
 from coci.checkpoint.remote.identity import claim, claim_for_job
-from coci.checkpoint.remote.tier import NodeRole, RemoteTier, UploadListener, open_store
+from coci.checkpoint.remote.schemes import RemoteLike, open_store
+from coci.checkpoint.remote.tier import NodeRole, RemoteTier, UploadListener
+from coci.checkpoint.retention import RetentionPolicy
 from coci.distributed import DistributedContext
 from coci.events import EventLog
 
@@ -42,10 +43,10 @@ class Promotion:
     @classmethod
     def open(
         cls,
-        url: str | os.PathLike[str],
+        remote: RemoteLike,
         storage_options: Mapping[str, Any] | None,
         *,
-        keep_last: int | None,
+        retention: RetentionPolicy | None,
         owner: str,
         run_dir: Path,
         events: EventLog,
@@ -54,10 +55,11 @@ class Promotion:
         steps: Callable[[], int | None],
         history_from: int,
     ) -> Promotion:
-        """The tier at ``url``, its prefix claimed for this run (``owner``: ``"refuse"`` or
+        """The tier ``remote`` names (:func:`coci.checkpoint.remote.schemes.open_store`), kept by
+        ``retention``, its prefix claimed for this run (``owner``: ``"refuse"`` or
         ``"adopt"``; ConfigError naming the owner, collective) and, on rank 0, the history mirror
         (from ``history_from``, this process's first event; ``steps`` reads the session's step)."""
-        tier = RemoteTier(open_store(url, storage_options), keep_last, events, listener, role=NodeRole.of(dist))
+        tier = RemoteTier(open_store(remote, storage_options), retention, events, listener, role=NodeRole.of(dist))
         tier.identity = claim_for_job(tier.store, run_dir, owner, events, dist)
         if tier.identity is None:  # the store did not answer: claimed before the first upload
             tier.claim = lambda: claim(tier.store, run_dir, owner, events)
