@@ -43,6 +43,8 @@ __all__ = [
     "SessionConfig",
     "SessionOptions",
     "build_config",
+    "policy_object",
+    "session_policy",
 ]
 
 #: What ``on_error`` accepts.

@@ -51,7 +51,7 @@ def train_to(session: coci.Session, model: torch.nn.Module, optimizer: torch.opt
         if session.step() is not None:
             session.wait()
             if session._remote is not None:
-                session._remote.wait()
+                session._remote.tier.wait()
 
 
 def uninterrupted(run_dir: Path, steps: int) -> torch.Tensor:

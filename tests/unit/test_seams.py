@@ -15,7 +15,7 @@ import typing
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import pytest
 import torch
@@ -29,6 +29,7 @@ from coci.checkpoint.remote import schemes as remote_schemes
 from coci.checkpoint.remote.tier import committed_steps
 from coci.checkpoint.retention import retention_policy
 from coci.checkpoint.snapshot import StagedCheckpoint
+from coci.config import SessionOptions
 from coci.planning.arguments import PlansAhead, SavesPolicyState, TakesPrior, WarmsUp
 from coci.planning.online import make_policy
 
@@ -294,8 +295,9 @@ def _events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow  # imports coci.simulate (pandas, scipy)
 def test_public_parameters_name_their_types() -> None:
-    hints = typing.get_type_hints(coci.Session.__init__)
+    hints = typing.get_type_hints(SessionOptions)  # Session's keywords (**options: Unpack[SessionOptions])
     assert (hints["policy"], hints["failures"], hints["prior"]) == (coci.PolicyLike, coci.FailuresLike | None, coci.PriorLike | None)
+    assert typing.get_type_hints(coci.Session.__init__)["options"] == Unpack[SessionOptions]
     assert typing.get_type_hints(coci.plan)["curve"] == coci.CurveLike | None
     assert typing.get_type_hints(make_policy)["prior"] == coci.PriorLike | None
     simulate_hints = typing.get_type_hints(coci.simulate)
