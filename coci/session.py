@@ -322,8 +322,8 @@ class Session:
         if self._remote is not None:  # a fresh run directory: the history of the run from the remote
             self._remote.merge_history(self._steps)
         found = Restorer(
-            self.run_dir,
-            lambda loaded: apply_checkpoint(loaded, strict, self.state, self._sharded, self._stateful_policy(), self._apply_own_entry),
+            run_dir=self.run_dir,
+            apply=lambda loaded: apply_checkpoint(loaded, strict, self.state, self._sharded, self._stateful_policy(), self._apply_own_entry),
             sharded=self._sharded,
             strict=strict,
             dist=self._dist,

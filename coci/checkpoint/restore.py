@@ -70,62 +70,45 @@ class Found:
     skipped: tuple[Path, ...]  # candidates passed over before it, newest first
 
 
+@dataclass(frozen=True)
 class Restorer:
     """One restore of a run directory: the candidates of every tier, newest first, each loaded by
-    ``apply`` (which loads a checkpoint into the state or raises) until one succeeds.
+    ``apply`` (which loads a checkpoint into the state or raises) until one succeeds."""
 
-    Args:
-        run_dir: the run directory (its ``checkpoints/`` and the remote refusal record).
-        apply: puts a loaded checkpoint into the state (:func:`apply_checkpoint`); raises on refusal.
-        sharded: the state's DCP-sharded part (its load targets).
-        strict: a :class:`coci.StateMismatchError` is raised rather than skipped.
-        dist / remote / events / clock: the session's collaborators.
-        step: the session's step, for error events.
-    """
+    run_dir: Path  # the run directory (its ``checkpoints/`` and the remote refusal record)
+    apply: Callable[[LoadedCheckpoint], None]  # puts a loaded checkpoint into the state (apply_checkpoint); raises on refusal
+    sharded: ShardedState  # the state's DCP-sharded part (its load targets)
+    strict: bool  # a StateMismatchError is raised rather than skipped
+    dist: distributed.DistributedContext | None
+    remote: RemoteTier | None
+    events: EventLog
+    clock: Callable[[], float]
+    step: int  # the session's step, for error events
 
-    def __init__(
-        self,
-        run_dir: Path,
-        apply: Callable[[LoadedCheckpoint], None],
-        *,
-        sharded: ShardedState,
-        strict: bool,
-        dist: distributed.DistributedContext | None,
-        remote: RemoteTier | None,
-        events: EventLog,
-        clock: Callable[[], float],
-        step: int,
-    ) -> None:
-        self.run_dir = run_dir
-        self.root = checkpoints_dir(run_dir)
-        self._apply = apply
-        self._sharded = sharded
-        self._strict = strict
-        self._dist = dist
-        self._remote = remote
-        self._events = events
-        self._clock = clock
-        self._step = step
+    @property
+    def root(self) -> Path:
+        """The run directory's ``checkpoints/``."""
+        return checkpoints_dir(self.run_dir)
 
     def run(self) -> Found | None:
         """The checkpoint loaded, None on a fresh run; raises when candidates exist and none loads
         (:class:`coci.CorruptCheckpointError`, or the class of the last one's problem)."""
-        if self._dist is not None and self._dist.node_local:
+        if self.dist is not None and self.dist.node_local:
             return self._across_nodes()
-        candidates = self._with_remote(restore_candidates(self.root, self._dist))  # newest first; damaged ones too
+        candidates = self._with_remote(restore_candidates(self.root, self.dist))  # newest first; damaged ones too
         skipped: list[Path] = []
         last_error = ""
-        targets = self._sharded.load_targets() if candidates else None
+        targets = self.sharded.load_targets() if candidates else None
         gate = self._remote_gate()
         for step, local_path in candidates:
-            began = self._clock()
+            began = self.clock()
             if local_path is None:
                 path, loaded, problem = self._from_remote(gate, step, targets)
             else:
                 path = local_path
                 loaded, problem = self._load_and_apply(path, targets)
             if loaded is None or path is None:
-                where = str(path) if local_path is not None else f"{self._remote.store.url}/step_{step}"  # type: ignore[union-attr]
+                where = str(path) if local_path is not None else f"{self.remote.store.url}/step_{step}"  # type: ignore[union-attr]
                 self._record_skip(step, where, problem)
                 skipped.append(Path(where))
                 last_error = problem
@@ -143,21 +126,21 @@ class Restorer:
         """A checkpoint passed over: a warning and a ``restore_skip`` event with its reason."""
         reason = _skip_reason(problem)
         logger.warning("skipping checkpoint %s (%s): %s", where, reason, problem)
-        self._events.emit("restore_skip", step=step, path=where, message=problem, reason=reason)
+        self.events.emit("restore_skip", step=step, path=where, message=problem, reason=reason)
 
     def _across_nodes(self) -> Found | None:
         """:meth:`run` on node-local run directories (collective): the newest step every node
         holds a verified part of, a node lacking its part fetching it from the remote tier; the
         ranks skip a step together. CorruptCheckpointError naming each step's missing pieces when
         no step loads (never a silent restart from step 0)."""
-        assert self._dist is not None
-        remote_steps = {step for step, _ in self._with_remote([])} if self._remote is not None else set()
-        steps = sorted(set(nodes.local_steps(self.root, self._dist)) | remote_steps, reverse=True)
-        targets = self._sharded.load_targets() if steps else None
+        assert self.dist is not None
+        remote_steps = {step for step, _ in self._with_remote([])} if self.remote is not None else set()
+        steps = sorted(set(nodes.local_steps(self.root, self.dist)) | remote_steps, reverse=True)
+        targets = self.sharded.load_targets() if steps else None
         skipped: list[Path] = []
         problems: list[str] = []
         for step in steps:
-            began = self._clock()
+            began = self.clock()
             tier, problem = self._node_parts_ready(step, remote_steps)
             path = self.root / step_dirname(step)
             loaded, problem = self._load_and_apply(path, targets) if problem is None else (None, problem)
@@ -168,7 +151,7 @@ class Restorer:
                 continue
             return Found(loaded, path, tier, began, tuple(skipped))
         if steps:
-            remote = "" if self._remote is None else f" or in the remote tier {self._remote.store.url}"
+            remote = "" if self.remote is None else f" or in the remote tier {self.remote.store.url}"
             raise CorruptCheckpointError(
                 f"no checkpoint is complete on every node{remote} ({len(steps)} steps tried): " + " | ".join(problems)
             )
@@ -177,28 +160,28 @@ class Restorer:
     def _node_parts_ready(self, step: int, remote_steps: set[int]) -> tuple[str, str | None]:
         """(this rank's tier, None) once every node holds a verified part of ``step`` (the nodes
         lacking theirs fetched it from the remote); else ('', what is missing). Collective."""
-        assert self._dist is not None
-        parts = nodes.check_parts(self.root, step, self._dist)
+        assert self.dist is not None
+        parts = nodes.check_parts(self.root, step, self.dist)
         ids = sorted({str(part.commit_id) for part in parts if part.problem is None})
         if len(ids) > 1:
             return "", f"step_{step}: the nodes hold parts of different checkpoints (commit ids {ids})"
         lacking = {part.node for part in parts if part.problem is not None}
         if not lacking:
             return "local", None
-        if self._remote is None or step not in remote_steps:
-            where = " (and the remote tier does not hold it)" if self._remote is not None else " (no remote tier)"
-            return "", nodes.missing_pieces(step, parts, self._dist) + where
-        fetching = self._dist.node in lacking
+        if self.remote is None or step not in remote_steps:
+            where = " (and the remote tier does not hold it)" if self.remote is not None else " (no remote tier)"
+            return "", nodes.missing_pieces(step, parts, self.dist) + where
+        fetching = self.dist.node in lacking
         try:
-            self._remote.fetch_node_parts(step, self.root, self._dist, fetching)
+            self.remote.fetch_node_parts(step, self.root, self.dist, fetching)
         except CheckpointError as exc:
-            return "", f"{nodes.missing_pieces(step, parts, self._dist)}; its remote copy: {exc}"
+            return "", f"{nodes.missing_pieces(step, parts, self.dist)}; its remote copy: {exc}"
         return ("remote" if fetching else "local"), None
 
     def _with_remote(self, local: list[tuple[int, Path]]) -> list[tuple[int, Path | None]]:
         """Candidates of both tiers, newest step first; a step in both is tried locally first,
         then from the remote (path None: to be fetched). Listed by rank 0 (collective)."""
-        remote = self._remote
+        remote = self.remote
         if remote is None:
             return list(local)
 
@@ -207,24 +190,24 @@ class Restorer:
                 return remote.committed_steps()
             except Exception as exc:  # an unreachable remote leaves the local tier
                 logger.warning("cannot list the remote tier %s: %s", remote.store.url, exc)
-                self._events.emit("error", step=self._step, phase="remote_list", message=f"{type(exc).__name__}: {exc}")
+                self.events.emit("error", step=self.step, phase="remote_list", message=f"{type(exc).__name__}: {exc}")
                 return []
 
-        merged: list[tuple[int, Path | None]] = [*local, *((step, None) for step in distributed.from_coordinator(remote_steps, self._dist))]
+        merged: list[tuple[int, Path | None]] = [*local, *((step, None) for step in distributed.from_coordinator(remote_steps, self.dist))]
         return sorted(merged, key=lambda candidate: (candidate[0], candidate[1] is not None), reverse=True)
 
     def _remote_gate(self) -> RemoteGate | None:
         """What decides which remote candidates this restore tries (rank 0 holds it)."""
-        if self._remote is None or (self._dist is not None and not self._dist.is_coordinator):
+        if self.remote is None or (self.dist is not None and not self.dist.is_coordinator):
             return None
-        return RemoteGate(self._remote.store, self.run_dir)
+        return RemoteGate(self.remote.store, self.run_dir)
 
     def _from_remote(
         self, gate: RemoteGate | None, step: int, targets: Mapping[str, Any] | None
     ) -> tuple[Path | None, LoadedCheckpoint | None, str]:
         """Fetch remote ``step`` and load it, unless ``gate`` passes over it; a failure is told to
         ``gate`` (collective: rank 0 decides, every rank skips or fetches together)."""
-        problem = distributed.from_coordinator(lambda: gate.skip(step) if gate is not None else None, self._dist)
+        problem = distributed.from_coordinator(lambda: gate.skip(step) if gate is not None else None, self.dist)
         if problem is not None:
             return None, None, problem
         path, problem = self._fetched(step)
@@ -236,9 +219,9 @@ class Restorer:
     def _fetched(self, step: int) -> tuple[Path | None, str]:
         """Download remote ``step`` into the run directory, each rank its own files (collective:
         the ranks take or skip it together)."""
-        assert self._remote is not None
+        assert self.remote is not None
         try:
-            return self._remote.fetch(step, self.root, self._dist), ""
+            return self.remote.fetch(step, self.root, self.dist), ""
         except CheckpointError as exc:
             return None, str(exc)
 
@@ -251,17 +234,17 @@ class Restorer:
         problem = None
         loaded = None
         try:
-            loaded = load_committed(path, self._dist, targets)
-            self._apply(loaded)
+            loaded = load_committed(path, self.dist, targets)
+            self.apply(loaded)
         except StateMismatchError as exc:  # strict=False: an older checkpoint may match
-            if self._strict:
+            if self.strict:
                 raise
             problem = f"{_MISMATCH}{exc}"
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # whatever a hostile checkpoint raises (MemoryError, DCP's CheckpointException...)
             problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
-        problem = distributed.agree(problem, self._dist)
+        problem = distributed.agree(problem, self.dist)
         return (None, problem) if problem is not None else (loaded, "")
 
 
