@@ -20,6 +20,7 @@ from typing import Any, TypedDict, cast
 
 from coci import checks, distributed
 from coci.checkpoint.checkpointer import WriterFactory
+from coci.checkpoint.peers import check_peer_copies
 from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES
 from coci.checkpoint.remote.schemes import RemoteLike
 from coci.checkpoint.remote.store import RemoteStore
@@ -70,11 +71,15 @@ class RetentionConfig:
     remote_policy: RetentionPolicy | None = None
     """Which remote checkpoints stay, replacing ``keep_last_remote`` (the same rules as ``policy``)."""
 
+    peer_copies: int = 0
+    """Node-local run directories: 1 keeps a copy of each node's part (those the plan copies) on the next node; 0 none."""
+
     def __post_init__(self) -> None:
         _positive_or_none(self.keep_last, "keep_last")
         _positive_or_none(self.keep_last_remote, "keep_last_remote")
         if self.save_last is not None and not isinstance(self.save_last, bool):
             raise ConfigError(f"save_last must be True, False or None, got {self.save_last!r}")
+        object.__setattr__(self, "peer_copies", check_peer_copies(self.peer_copies))
         self.local_policy()  # a ConfigError naming retention / remote_retention
         self.remote_tier_policy()
 
@@ -239,7 +244,8 @@ class SessionConfig:
         given = {**OPTION_DEFAULTS, **options}
         parts: dict[str, Any] = {  # built (and checked) before the plan, whose failure model "auto" requires
             "retention": RetentionConfig(
-                given["keep_last"], given["keep_last_remote"], given["save_last"], given["retention"], given["remote_retention"]
+                given["keep_last"], given["keep_last_remote"], given["save_last"], given["retention"], given["remote_retention"],
+                given["peer_copies"],
             ),
             "remote": RemoteConfig(given["remote"], given["storage_options"], given["remote_owner"]),
             "preemption": PreemptionConfig(_signals_tuple(given["preemption_signals"]), given["grace"]),
@@ -275,6 +281,7 @@ class SessionOptions(TypedDict, total=False):
     writer: WriterFactory | None  # io.writer
     retention: RetentionPolicy | None  # retention.policy
     remote_retention: RetentionPolicy | None  # retention.remote_policy
+    peer_copies: int  # retention.peer_copies
 
 
 #: The default of each of ``Session``'s keyword arguments (the one table of them).
@@ -304,6 +311,7 @@ OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "writer": None,
         "retention": None,
         "remote_retention": None,
+        "peer_copies": 0,
     }
 )
 #: The keywords that describe the plan (with ``policy``): a ``plan_config`` holds them all.

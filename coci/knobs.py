@@ -243,6 +243,14 @@ HISTORY_MIRROR_SECONDS: float = 30.0
 #: Largest segment of one process mirrored (its first bytes; about a week of ``progress`` events).
 HISTORY_SEGMENT_MAX_BYTES: int = 16 << 20
 
+# --- peer copies (coci.checkpoint.peers) -------------------------------------------------------
+
+#: A peer connection fails once a read or write waits this long (a peer that died mid-transfer).
+PEER_SOCKET_TIMEOUT_SECONDS: float = 60.0
+#: Buffers rotating between a peer copy's receiving thread and its writing one (each
+#: ``coci.checkpoint.peer_wire._PEER_CHUNK_BYTES``).
+PEER_BUFFERS: int = 4
+
 def override(**values: Any) -> AbstractContextManager[None]:
     """Set knobs (``override(WRITE_CHUNK_BYTES=4096)``) for a ``with`` block, then put the previous
     values back, also when the block raises; a name that is not a knob is a ValueError naming it."""

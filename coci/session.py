@@ -44,6 +44,7 @@ from coci.checkpoint.checkpointer import (
     writer_for,
 )
 from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir
+from coci.checkpoint.peers import PeerCopies, peer_copy_wanted
 from coci.checkpoint.remote.history import history_offset
 from coci.checkpoint.remote.promotion import Promotion
 from coci.checkpoint.remote.tier import NodeRole
@@ -70,6 +71,9 @@ from coci.preemption import Preempted
 from coci.profiler import Profile, Profiler
 
 logger = logging.getLogger(__name__)
+
+#: How long ``close()`` waits for this node's last peer transfer.
+_PEER_CLOSE_SECONDS: float = 120.0
 
 #: The session writes a ``progress`` event (just the step) at most this often, so the report can
 #: tell how far a killed process got (the work a failure lost) to within this many seconds.
@@ -147,6 +151,11 @@ class Session:
         writer = (self.config.io.writer or writer_for)(checkpoints_dir(self.run_dir), self._dist)
         self._checkpointer = Checkpointer(writer, self.events, self.config.retention.local_policy(), self._clock)
         self._remote = self._open_remote(events_start)
+        self._peers = self._start_peers(self.config.retention.peer_copies)
+        self._peer_steps: set[int] = set()  # handed to the peer sender
+        self._must_copy: set[int] = set()  # copied to a peer whatever the plan says (preemption, final)
+        self._last_commit: tuple[int, Path] | None = None
+        self._failed_close = False  # close() reached through an exception (__exit__)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
         self._error: BaseException | None = None
@@ -256,6 +265,8 @@ class Session:
         path = str(result.path) if result is not None else None
         seconds = self._preemption.seconds_since_notice()
         left = self._preemption.grace_seconds - seconds
+        if result is not None and self._remote is not None and self._remote.uploads:
+            self._copy_always(step)
         promoted = None if result is None or self._remote is None else self._remote.promote_within(step, left)
         stopped = preemption.record_stop(self.events, self._preemption, step, path, self.profile, seconds, promoted)
         self.close()
@@ -328,6 +339,7 @@ class Session:
             strict=strict,
             dist=self._dist,
             remote=None if self._remote is None else self._remote.tier,
+            peers=self._peers,
             events=self.events,
             clock=self._clock,
             step=self._steps,
@@ -390,8 +402,10 @@ class Session:
         if self._final_checkpoint_due():
             self.checkpoint(reason="close")
             waited_from += self._stall_seconds
-        if final and self._remote is not None:  # promoted whatever the plan says, once committed
-            self._remote.promote_always(self._steps)
+        if final:  # copied and promoted whatever the plan says, once committed
+            self._copy_always(self._steps)
+            if self._remote is not None:
+                self._remote.promote_always(self._steps)
         self._record_pending_stall(block=True)  # the last checkpoint's stall has no next step to record it
         self._closed = True
         try:
@@ -405,6 +419,8 @@ class Session:
                 if final:
                     self._remote.promote_always(self._steps)
                 self._remote.tier.wait()
+            if self._peers is not None:  # the last peer copy too (collective unless failing: no server stops first)
+                self._peers.close(_PEER_CLOSE_SECONDS, collective=not self._failed_close)
         finally:
             for hook in self._hooks:
                 hook.remove()
@@ -581,12 +597,44 @@ class Session:
             staging_seconds=result.staging_seconds,
             bytes=result.nbytes,
         )
-        if self._remote is not None:
-            plan = self.plan
-            planned = plan is None or plan.promote_steps is None or result.step in plan.promote_steps
-            self._remote.committed(result.step, result.path, planned)
+        self._committed(result.step, result.path)
         if self._cadence.observe_after_commit(self._elapsed):  # distributed: ranks commit at different
             self._observe()  # steps, so they observe at the (collective) step cadence only
+
+    def _committed(self, step: int, path: Path) -> None:
+        """A committed checkpoint: to the remote tier when the plan promotes it, to a peer when the
+        plan copies it (each also when it must be: :meth:`_copy_always`, ``Promotion.promote_always``)."""
+        self._last_commit = (step, path)
+        plan = self.plan
+        if self._remote is not None:
+            self._remote.committed(step, path, plan is None or plan.promote_steps is None or step in plan.promote_steps)
+        self._copy_to_peers(step, path)
+
+    def _copy_to_peers(self, step: int, path: Path) -> None:
+        """Send committed ``step`` to the peer holding this node's copies, once, when the plan copies it or it must be."""
+        if self._peers is not None and step not in self._peer_steps and (peer_copy_wanted(self.plan, step) or step in self._must_copy):
+            self._peer_steps.add(step)
+            self._peers.send(step, path)  # node leaders only; training never waits for it
+
+    def _copy_always(self, step: int) -> None:
+        """Checkpoint ``step`` goes to a peer whatever the plan copies (a preemption's, the final
+        one); handed over now when it already committed."""
+        self._must_copy.add(step)
+        if self._last_commit is not None and self._last_commit[0] == step:
+            self._copy_to_peers(*self._last_commit)
+
+    def _start_peers(self, copies: int) -> PeerCopies | None:
+        """Peer copies for this job (collective), or None, recorded either way."""
+        try:
+            peers = PeerCopies.start(self.run_dir, self._dist, copies, self.events, self._profiler)
+        except ConfigError:
+            if self._lock is not None:
+                self._lock.release()
+            raise
+        if copies and peers is None:
+            self.events.emit("peer_copies", step=0, copies=0, requested=copies,
+                             reason="peer copies need node-local run directories on two or more nodes")
+        return peers
 
     def _warmup_skipped(self) -> bool:
         """Skip this due checkpoint? Only a planning policy's warm-up checkpoint (before its first
@@ -650,6 +698,7 @@ class Session:
             losses=losses,
             checkpoint_steps=tuple(self._checkpoint_steps),
             last_promoted_step=None if self._remote is None else self._remote.tier.last_promoted_step,
+            last_peer_step=None if self._peers is None else self._peers.last_copied_step,
         )
         if self._dist is None and knobs.PLAN_IN_BACKGROUND and isinstance(self.policy, PlanningPolicy):
             self._planner.submit(self.policy, observation)  # applies at a step fixed by the observation

@@ -2,7 +2,7 @@
 part of a checkpoint sent over a TCP socket, received, verified and committed.
 
 A header is a 4-byte big-endian length and a JSON object (at most
-``knobs.PEER_HEADER_MAX_BYTES``). A part is a listing (``[[name, size], ...]``, ``manifest.json``
+``_PEER_HEADER_MAX_BYTES``). A part is a listing (``[[name, size], ...]``, ``manifest.json``
 first) followed by the files' bytes in that order: the sender streams each file with
 ``socket.sendfile`` (no copy through Python), the receiver writes each chunk as it arrives and
 checksums it on the way. What a peer sends is untrusted input, as any checkpoint: the record is
@@ -32,6 +32,14 @@ from coci.errors import CorruptCheckpointError
 
 __all__ = ["PeerProtocolError", "open_part", "receive_part", "recv_header", "send_header", "send_part"]
 
+#: Largest request or reply header a peer may send (its commit record is bounded by
+#: ``MAX_MANIFEST_BYTES``); a listing of more than ``_PEER_MAX_FILES`` files is refused.
+_PEER_HEADER_MAX_BYTES: int = 1 << 20
+_PEER_MAX_FILES: int = 100_000
+
+#: Bytes received per ``recv_into`` (and checksummed, written) at a time (``knobs.PEER_BUFFERS`` of them rotate).
+_PEER_CHUNK_BYTES: int = 4 << 20
+
 _LENGTH_BYTES = 4
 
 
@@ -46,10 +54,10 @@ def send_header(sock: socket.socket, header: dict[str, Any]) -> None:
 
 
 def recv_header(sock: socket.socket) -> dict[str, Any]:
-    """The next framed header: a JSON object of at most ``knobs.PEER_HEADER_MAX_BYTES``."""
+    """The next framed header: a JSON object of at most ``_PEER_HEADER_MAX_BYTES``."""
     length = int.from_bytes(recv_exact(sock, _LENGTH_BYTES), "big")
-    if length > knobs.PEER_HEADER_MAX_BYTES:
-        raise PeerProtocolError(f"peer header of {length} bytes (at most {knobs.PEER_HEADER_MAX_BYTES})")
+    if length > _PEER_HEADER_MAX_BYTES:
+        raise PeerProtocolError(f"peer header of {length} bytes (at most {_PEER_HEADER_MAX_BYTES})")
     try:
         header = json.loads(recv_exact(sock, length))
     except ValueError as exc:
@@ -125,7 +133,7 @@ def receive_part(sock: socket.socket, listing: Any, tmp: Path, node: int, step: 
     record = read_dcp_manifest(tmp)
     _check_part(record, files, tmp, node, step)
     entries = {entry.name: entry for entry in record.present_files()}
-    chunk = min(knobs.PEER_CHUNK_BYTES, max((size for _, size in files[1:]), default=1)) or 1
+    chunk = min(_PEER_CHUNK_BYTES, max((size for _, size in files[1:]), default=1)) or 1
     buffers = [memoryview(bytearray(chunk)) for _ in range(knobs.PEER_BUFFERS)]
     for name, _ in files[1:]:
         _receive_file(sock, tmp / name, entries[name], buffers)
@@ -136,8 +144,8 @@ def receive_part(sock: socket.socket, listing: Any, tmp: Path, node: int, step: 
 
 def _checked_listing(listing: Any, tmp: Path) -> list[tuple[str, int]]:
     """The listing as ``(name, size)`` pairs: bounded, plain names, the record first."""
-    if not isinstance(listing, list) or not listing or len(listing) > knobs.PEER_MAX_FILES:
-        raise PeerProtocolError(f"{tmp}: a peer part's listing must hold 1 to {knobs.PEER_MAX_FILES} files")
+    if not isinstance(listing, list) or not listing or len(listing) > _PEER_MAX_FILES:
+        raise PeerProtocolError(f"{tmp}: a peer part's listing must hold 1 to {_PEER_MAX_FILES} files")
     files: list[tuple[str, int]] = []
     for item in listing:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and type(item[1]) is int and item[1] >= 0):

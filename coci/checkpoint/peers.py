@@ -5,7 +5,7 @@ checkpoint is committed on a node, that node's leader sends its part (its ranks'
 ``.metadata`` and its record) to node ``(K + 1) % N`` in a background thread; training never
 waits for it. The receiving node keeps it under ``run_dir/peer/node<K>/step_<n>``, committed like
 a local checkpoint (written into ``step_<n>.tmp``, every file checked against the record and
-fsynced, then renamed), with a retention of its own (``knobs.PEER_KEEP_LAST`` per source node).
+fsynced, then renamed), with a retention of its own (``_PEER_KEEP_LAST`` per source node).
 On restore, a node whose own part of a step is missing or damaged takes it from the node that
 holds its copy (verified again on both sides) before the remote tier is asked
 (:meth:`PeerCopies.fetch_lacking`).
@@ -15,7 +15,7 @@ A transfer then never interleaves collectives with the training thread's or coci
 background send sharing a gloo group with the training loop's barrier deadlocks, see
 :mod:`coci.distributed`), a node that dies mid-transfer costs its peer a socket error instead of
 a collective timeout on every rank, and the files stream with ``sendfile`` without being pickled
-into a tensor first. Each leader listens on its own port (``knobs.PEER_HOST``), the addresses and
+into a tensor first. Each leader listens on its own port (``_PEER_HOST``), the addresses and
 a random job token are exchanged once on the control group when the session starts; a request
 without the token is refused.
 
@@ -47,6 +47,14 @@ from coci.events import EventLog
 __all__ = ["PEER_COPIES", "PEER_DIRNAME", "PeerCopies", "check_peer_copies", "peer_copy_wanted", "peer_dir"]
 
 logger = logging.getLogger(__name__)
+
+#: ``Session(peer_copies=1)``: each node keeps the newest this many peer copies of every node it
+#: holds copies for (``run_dir/peer/node<K>/``), apart from its own checkpoints' ``keep_last``.
+_PEER_KEEP_LAST: int = 2
+
+#: The address a node's peer server listens on and advertises; None: this host's address on the
+#: route to ``MASTER_ADDR`` (torchrun's rendezvous host), 127.0.0.1 without one.
+_PEER_HOST: str | None = None
 
 #: ``Session(peer_copies=...)``: the number of other nodes that hold a copy of each node's part.
 PEER_COPIES: tuple[int, ...] = (0, 1)
@@ -171,7 +179,7 @@ class PeerServer:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self._received[node].add(step)
-        deleted = retention.apply_retention(root, retention.KeepLast(knobs.PEER_KEEP_LAST), self._received[node])
+        deleted = retention.apply_retention(root, retention.KeepLast(_PEER_KEEP_LAST), self._received[node])
         nbytes = sum(size for _, size in header["files"])  # the record included, as the sender counts
         send_header(conn, {"ok": True})
         self._events.emit("peer_receive", step=step, from_node=node, node=self.node, bytes=nbytes,
@@ -420,9 +428,9 @@ class PeerCopies:
 
 
 def _advertised_host() -> str:
-    """``knobs.PEER_HOST``, else this host's address on the route to ``MASTER_ADDR``."""
-    if knobs.PEER_HOST:
-        return knobs.PEER_HOST
+    """``_PEER_HOST``, else this host's address on the route to ``MASTER_ADDR``."""
+    if _PEER_HOST:
+        return _PEER_HOST
     master = os.environ.get("MASTER_ADDR")
     if not master:
         return "127.0.0.1"

@@ -25,6 +25,7 @@ from coci import distributed
 from coci.checkpoint import nodes, restore_checks, rng_state
 from coci.checkpoint.checkpointer import load_committed, restore_candidates
 from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir, step_dirname
+from coci.checkpoint.peers import PeerCopies
 from coci.checkpoint.records import LoadedCheckpoint
 from coci.checkpoint.remote import RemoteTier
 from coci.checkpoint.remote.fetch import UNAVAILABLE
@@ -65,7 +66,7 @@ class Found:
 
     loaded: LoadedCheckpoint
     path: Path
-    tier: str  # "local", or "remote": downloaded from the remote tier first
+    tier: str  # "local"; "remote" or "peer": fetched from the remote tier or a peer's copy first
     began: float  # the clock when this candidate's load began
     skipped: tuple[Path, ...]  # candidates passed over before it, newest first
 
@@ -81,6 +82,7 @@ class Restorer:
     strict: bool  # a StateMismatchError is raised rather than skipped
     dist: distributed.DistributedContext | None
     remote: RemoteTier | None
+    peers: PeerCopies | None  # the nodes' copies of each other's parts (peer_copies), on node-local run directories
     events: EventLog
     clock: Callable[[], float]
     step: int  # the session's step, for error events
@@ -130,12 +132,13 @@ class Restorer:
 
     def _across_nodes(self) -> Found | None:
         """:meth:`run` on node-local run directories (collective): the newest step every node
-        holds a verified part of, a node lacking its part fetching it from the remote tier; the
-        ranks skip a step together. CorruptCheckpointError naming each step's missing pieces when
+        holds a verified part of, a node lacking its part fetching it from the peer that holds its
+        copy (``peer_copies``), else from the remote tier; the ranks skip a step together. CorruptCheckpointError naming each step's missing pieces when
         no step loads (never a silent restart from step 0)."""
         assert self.dist is not None
         remote_steps = {step for step, _ in self._with_remote([])} if self.remote is not None else set()
-        steps = sorted(set(nodes.local_steps(self.root, self.dist)) | remote_steps, reverse=True)
+        held = set(self.peers.held_steps()) if self.peers is not None else set()
+        steps = sorted(set(nodes.local_steps(self.root, self.dist)) | remote_steps | held, reverse=True)
         targets = self.sharded.load_targets() if steps else None
         skipped: list[Path] = []
         problems: list[str] = []
@@ -168,15 +171,31 @@ class Restorer:
         lacking = {part.node for part in parts if part.problem is not None}
         if not lacking:
             return "local", None
+        peer_problem = self._from_peers(step, lacking, ids)
+        if peer_problem is None:
+            return ("peer" if self.dist.node in lacking else "local"), None
         if self.remote is None or step not in remote_steps:
             where = " (and the remote tier does not hold it)" if self.remote is not None else " (no remote tier)"
-            return "", nodes.missing_pieces(step, parts, self.dist) + where
+            peers = "" if self.peers is None else f"; its peer copies: {peer_problem}"
+            return "", nodes.missing_pieces(step, parts, self.dist) + where + peers
         fetching = self.dist.node in lacking
         try:
             self.remote.fetch_node_parts(step, self.root, self.dist, fetching)
         except CheckpointError as exc:
             return "", f"{nodes.missing_pieces(step, parts, self.dist)}; its remote copy: {exc}"
         return ("remote" if fetching else "local"), None
+
+    def _from_peers(self, step: int, lacking: set[int], ids: list[str]) -> str | None:
+        """None once the ``lacking`` nodes fetched their parts of ``step`` from the nodes holding
+        their peer copies (all of one commit), else why not (collective)."""
+        if self.peers is None:
+            return "no peer copies"
+        assert self.dist is not None
+        problem = self.peers.fetch_lacking(step, self.root, lacking, ids[0] if ids else None)
+        if problem is None and not ids:  # no node had its own part: the copies must be of one commit
+            fetched = {str(part.commit_id) for part in nodes.check_parts(self.root, step, self.dist) if part.problem is None}
+            problem = None if len(fetched) == 1 else f"step_{step}: the peer copies are of different checkpoints ({sorted(fetched)})"
+        return problem
 
     def _with_remote(self, local: list[tuple[int, Path]]) -> list[tuple[int, Path | None]]:
         """Candidates of both tiers, newest step first; a step in both is tried locally first,
