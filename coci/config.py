@@ -50,6 +50,8 @@ __all__ = [
 
 #: What ``on_error`` accepts.
 ON_ERROR: tuple[str, ...] = ("raise", "log")
+#: Where a persist may run (``IOConfig.persist``).
+PERSIST_MODES: tuple[str, ...] = ("thread", "process")
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,12 @@ class IOConfig:
     writer: WriterFactory | None = None
     """Builds each checkpoint's :class:`coci.CheckpointWriter` as ``writer(checkpoints_root, context)``; None: coci's (its format, DCP under ``torch.distributed``)."""
 
+    persist: str | None = None
+    """Where checkpoint files are written: ``"thread"`` (a background thread) or ``"process"`` (a helper process, :mod:`coci.checkpoint.persist_process`); None: ``knobs.PERSIST_MODE``."""
+
     def __post_init__(self) -> None:
+        if self.persist is not None and self.persist not in PERSIST_MODES:
+            raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {self.persist!r}")
         if self.writer is not None and not callable(self.writer):
             raise ConfigError(f"writer must be a callable (root, context) -> CheckpointWriter, got {self.writer!r}")
         if self.on_error not in ON_ERROR:
@@ -249,7 +256,7 @@ class SessionConfig:
             ),
             "remote": RemoteConfig(given["remote"], given["storage_options"], given["remote_owner"]),
             "preemption": PreemptionConfig(_signals_tuple(given["preemption_signals"]), given["grace"]),
-            "io": IOConfig(given["on_error"], given["run_dir_layout"], given["writer"]),
+            "io": IOConfig(given["on_error"], given["run_dir_layout"], given["writer"], given["persist"]),
         }
         return cls(**_policy_fields(given), total_steps=given["total_steps"], prior=given["prior"], clock=given["clock"], **parts)
 
@@ -282,6 +289,7 @@ class SessionOptions(TypedDict, total=False):
     retention: RetentionPolicy | None  # retention.policy
     remote_retention: RetentionPolicy | None  # retention.remote_policy
     peer_copies: int  # retention.peer_copies
+    persist: str | None  # io.persist
 
 
 #: The default of each of ``Session``'s keyword arguments (the one table of them).
@@ -312,6 +320,7 @@ OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "retention": None,
         "remote_retention": None,
         "peer_copies": 0,
+        "persist": None,
     }
 )
 #: The keywords that describe the plan (with ``policy``): a ``plan_config`` holds them all.

@@ -52,7 +52,7 @@ from coci.checkpoint.restore import Found, Restorer, RestoreResult, apply_checkp
 from coci.checkpoint.run_lock import lock_for_job
 from coci.checkpoint.sharded import ShardedState, fenced_ptrs, state_tensor_bytes
 from coci.checkpoint.stateful import is_stateful, state_epoch, validate_state
-from coci.config import SessionConfig, SessionOptions, build_config, session_policy
+from coci.config import PERSIST_MODES, SessionConfig, SessionOptions, build_config, session_policy
 from coci.errors import (
     CociError,
     ConfigError,
@@ -83,8 +83,6 @@ _PROGRESS_EVENT_SECONDS: float = 10.0
 _HISTORY_CLOSE_SECONDS: float = 15.0
 
 
-#: ``Session(persist=...)``'s choices.
-PERSIST_MODES = ("thread", "process")
 
 
 class Session:
@@ -149,7 +147,10 @@ class Session:
         events_start = history_offset(self.events.path)  # where this process's events begin
         self._mark = open_step_mark(self.run_dir, self.events) if self._dist is None or self._dist.is_coordinator else None
         writer = (self.config.io.writer or writer_for)(checkpoints_dir(self.run_dir), self._dist)
-        self._checkpointer = Checkpointer(writer, self.events, self.config.retention.local_policy(), self._clock)
+        persist = self.config.io.persist or knobs.PERSIST_MODE
+        if persist not in PERSIST_MODES:
+            raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {persist!r} (coci.knobs.PERSIST_MODE)")
+        self._checkpointer = Checkpointer(writer, self.events, self.config.retention.local_policy(), self._clock, persist)
         self._remote = self._open_remote(events_start)
         self._peers = self._start_peers(self.config.retention.peer_copies)
         self._peer_steps: set[int] = set()  # handed to the peer sender
@@ -176,7 +177,7 @@ class Session:
         self._write_plan()  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
         state_bytes = state_tensor_bytes(self.state)
         self._profiler.set_state_bytes(state_bytes)
-        self._profiler.probe(self.run_dir, state_bytes)  # once, milliseconds: estimates before any checkpoint
+        self._probe_due = True  # the bandwidth probe starts at the first step(), off the training thread
         self._preemption = preemption.start(self._profiler.profile, self._dist, self.config.preemption.signals, self.config.preemption.grace, previous_end)
         startup = process_age_seconds()
         if startup is not None:
