@@ -55,12 +55,6 @@ WRITE_DIRECT: bool = True
 #: a thread or a process").
 PERSIST_MODE: str = "thread"
 
-#: How often a training process waiting for its persist process checks that the helper is alive.
-PERSIST_PROCESS_POLL_SECONDS: float = 1.0
-
-#: How long ``close()`` waits for the persist process to exit before killing it.
-PERSIST_PROCESS_EXIT_SECONDS: float = 30.0
-
 #: Block alignment O_DIRECT needs for buffer addresses, file offsets and lengths (4096 covers
 #: every common logical block size). The staging arena is allocated at this alignment.
 DIRECT_IO_ALIGN_BYTES: int = 4096

@@ -42,13 +42,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from coci import errors, knobs
+from coci import errors
 from coci.checkpoint import faults
 from coci.checkpoint.local import LocalWriter
 from coci.checkpoint.retention import RetentionPolicy
 from coci.checkpoint.snapshot import StagedCheckpoint, StagingArena, TensorSlot
 
 logger = logging.getLogger(__name__)
+
+#: How often a training process waiting for its persist process checks that the helper is alive.
+_PERSIST_PROCESS_POLL_SECONDS: float = 1.0
+
+#: How long ``close()`` waits for the persist process to exit before killing it.
+_PERSIST_PROCESS_EXIT_SECONDS: float = 30.0
 
 _HEADER = struct.Struct("!Q")
 
@@ -128,7 +134,7 @@ class ProcessWriter:
         return self._local.retain(policy, trusted)
 
     def close(self) -> None:
-        """Ask the helper to exit and wait for it (killed after ``knobs.PERSIST_PROCESS_EXIT_SECONDS``)."""
+        """Ask the helper to exit and wait for it (killed after ``_PERSIST_PROCESS_EXIT_SECONDS``)."""
         child, sock = self._child, self._socket
         if child is None:
             return
@@ -136,7 +142,7 @@ class ProcessWriter:
             with contextlib.suppress(OSError):  # it died meanwhile: waited for below all the same
                 _send(sock, pickle.dumps({"op": "exit"}), [])
         try:
-            child.wait(timeout=knobs.PERSIST_PROCESS_EXIT_SECONDS)
+            child.wait(timeout=_PERSIST_PROCESS_EXIT_SECONDS)
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
@@ -261,7 +267,7 @@ def _send(sock: socket.socket, data: bytes, fds: list[int]) -> None:
 
 def _receive(sock: socket.socket, alive: Any = None, fds: list[int] | None = None) -> bytes | None:
     """One framed message (None at end of stream); file descriptors sent with it go to ``fds``.
-    While nothing arrives, ``alive()`` is asked every ``knobs.PERSIST_PROCESS_POLL_SECONDS``."""
+    While nothing arrives, ``alive()`` is asked every ``_PERSIST_PROCESS_POLL_SECONDS``."""
     header = _exactly(sock, _HEADER.size, alive, fds)
     if header is None:
         return None
@@ -271,7 +277,7 @@ def _receive(sock: socket.socket, alive: Any = None, fds: list[int] | None = Non
 def _exactly(sock: socket.socket, size: int, alive: Any, fds: list[int] | None) -> bytes | None:
     chunks: list[bytes] = []
     remaining = size
-    sock.settimeout(None if alive is None else knobs.PERSIST_PROCESS_POLL_SECONDS)
+    sock.settimeout(None if alive is None else _PERSIST_PROCESS_POLL_SECONDS)
     while remaining:
         try:
             if fds is not None and not chunks:
