@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, get_args
 
-from coci import safe_files
-from coci.errors import ConfigError
+from coci import knobs, safe_files
+from coci.errors import CociError, ConfigError, PersistError
 
 #: Name of the events log in the run directory.
 EVENTS_FILENAME = "events.jsonl"
@@ -199,6 +199,49 @@ def write_run_file(path: Path, text: str) -> None:
     """Replace a file of the run directory (``profile.json``, ``plan.json``...) without following
     a symbolic link planted in its place: run files are written inside the run directory only."""
     safe_files.replace_file(path, text.encode("utf-8"), follow_dir=True)
+
+
+class RunFiles:
+    """The run files a session replaces as it goes (``plan.json``, ``profile.json``,
+    ``loss_curve.json``). A file not written is logged and recorded as an ``error`` event, and kept
+    for :meth:`take_error` to raise at the end of the step or close: a refusal of the file system (a
+    full disk) as :class:`coci.PersistError`, a planted link or FIFO as the ConfigError naming it.
+    ``writes`` is False on every rank but the coordinator's (distributed: rank 0 writes them)."""
+
+    def __init__(self, run_dir: Path, events: EventLog, writes: bool) -> None:
+        self.run_dir = run_dir
+        self.events = events
+        self.writes = writes
+        self._error: CociError | None = None
+        self._written_plan: Any = None
+
+    def write(self, name: str, text: str, step: int) -> None:
+        """Replace run file ``name`` with ``text`` (a failure kept for :meth:`take_error`)."""
+        path = self.run_dir / name
+        try:
+            write_run_file(path, text)
+        except (OSError, ConfigError) as exc:
+            logger.error("cannot write %s: %s", path, exc)
+            self.events.emit("error", step=step, phase="run_file", message=f"{type(exc).__name__}: {exc}")
+            error = exc if isinstance(exc, ConfigError) else PersistError(f"cannot write {path}: {exc}")
+            self._error = self._error or error
+
+    def write_plan(self, plan: Any, step: int) -> None:
+        """``plan.json`` and a ``plan`` event for ``plan`` (a :class:`coci.Plan`), once per plan."""
+        if plan is None or plan is self._written_plan:
+            return
+        self._written_plan = plan
+        if not self.writes:
+            return
+        self.write("plan.json", plan.model_dump_json(indent=2), step)
+        steps = [int(s) for s in plan.steps]
+        policy = getattr(plan, "policy", None)
+        self.events.emit("plan", step=step, policy=policy, checkpoints=len(steps), steps=steps[: knobs.PLAN_EVENT_MAX_STEPS])
+
+    def take_error(self) -> CociError | None:
+        """The first run file not written since the last call, or None."""
+        error, self._error = self._error, None
+        return error
 
 
 def read_run_file(path: Path, max_bytes: int = MAX_RUN_FILE_BYTES) -> bytes:

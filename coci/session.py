@@ -37,29 +37,18 @@ import torch
 
 from coci import distributed, knobs, preemption, safe_files
 from coci.checkpoint import rng_state
-from coci.checkpoint.checkpointer import (
-    Checkpointer,
-    PendingCheckpoint,
-    PersistResult,
-    writer_for,
-)
+from coci.checkpoint.checkpointer import Checkpointer, PendingCheckpoint, PersistResult, writer_for
 from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir
-from coci.checkpoint.peers import PeerCopies, peer_copy_wanted
+from coci.checkpoint.peers import PeerCopying
 from coci.checkpoint.remote.history import history_offset
 from coci.checkpoint.remote.promotion import Promotion
-from coci.checkpoint.remote.tier import NodeRole
 from coci.checkpoint.restore import Found, Restorer, RestoreResult, apply_checkpoint
 from coci.checkpoint.run_lock import lock_for_job
 from coci.checkpoint.sharded import ShardedState, fenced_ptrs, state_tensor_bytes
 from coci.checkpoint.stateful import is_stateful, state_epoch, validate_state
 from coci.config import PERSIST_MODES, SessionConfig, SessionOptions, build_config, session_policy
-from coci.errors import (
-    CociError,
-    ConfigError,
-    PersistError,
-    StateError,
-)
-from coci.events import CHECKPOINT_REASONS, CheckpointReason, EventLog, open_step_mark, write_run_file
+from coci.errors import ConfigError, PersistError, StateError
+from coci.events import CHECKPOINT_REASONS, CheckpointReason, EventLog, RunFiles, open_step_mark
 from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
 from coci.planning.arguments import PlansAhead, SavesPolicyState, WarmsUp
 from coci.planning.background import BackgroundPlanner
@@ -81,8 +70,6 @@ _PROGRESS_EVENT_SECONDS: float = 10.0
 
 #: How long ``close()`` waits for the last mirror of the history.
 _HISTORY_CLOSE_SECONDS: float = 15.0
-
-
 
 
 class Session:
@@ -153,20 +140,16 @@ class Session:
         self._checkpointer = Checkpointer(writer, self.events, self.config.retention.local_policy(), self._clock, persist)
         self._remote = self._open_remote(events_start)
         self._peers = self._start_peers(self.config.retention.peer_copies)
-        self._peer_steps: set[int] = set()  # handed to the peer sender
-        self._must_copy: set[int] = set()  # copied to a peer whatever the plan says (preemption, final)
-        self._last_commit: tuple[int, Path] | None = None
         self._failed_close = False  # close() reached through an exception (__exit__)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
         self._error: BaseException | None = None
-        self._run_file_error: CociError | None = None  # a run file not written (raised by _raise_error)
+        self._run_files = RunFiles(self.run_dir, self.events, self._dist is None or self._dist.is_coordinator)
         self._stall_pending: PendingCheckpoint | None = None
         self._stall_seconds = 0.0
         self._stalled_total = 0.0  # every stall of this process (the warm-up bet's budget)
         self._cadence = Cadence(collective=self._dist is not None)  # when the policy observes
         self._planner = BackgroundPlanner()  # coci's planning policies observe off the training thread
-        self._written_plan: Any = None
         self._closed = False
         self._started = self._clock()
         self._progress_at = self._started
@@ -174,7 +157,7 @@ class Session:
         self._contention = CpuContention()  # on the training thread: what a planner CPU second costs it
         self._restored_at_age: float | None = None  # process age when restore() finished; None: no restart
         self._hooks = [opt.register_step_pre_hook(self._fence_hook) for opt in self._optimizers()]
-        self._write_plan()  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
+        self._run_files.write_plan(self.plan, self._steps)  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
         state_bytes = state_tensor_bytes(self.state)
         self._profiler.set_state_bytes(state_bytes)
         self._probe_due = True  # the bandwidth probe starts at the first step(), off the training thread
@@ -340,7 +323,7 @@ class Session:
             strict=strict,
             dist=self._dist,
             remote=None if self._remote is None else self._remote.tier,
-            peers=self._peers,
+            peers=None if self._peers is None else self._peers.copies,
             events=self.events,
             clock=self._clock,
             step=self._steps,
@@ -421,17 +404,17 @@ class Session:
                     self._remote.promote_always(self._steps)
                 self._remote.tier.wait()
             if self._peers is not None:  # the last peer copy too (collective unless failing: no server stops first)
-                self._peers.close(_PEER_CLOSE_SECONDS, collective=not self._failed_close)
+                self._peers.copies.close(_PEER_CLOSE_SECONDS, collective=not self._failed_close)
         finally:
             for hook in self._hooks:
                 hook.remove()
             self._hooks = []
             self._preemption.uninstall()
-        if self._dist is None or self._dist.is_coordinator:  # distributed: rank 0 writes run files
-            self._write_run_file("profile.json", self._profiler.profile.model_dump_json(indent=2))
+        if self._run_files.writes:  # distributed: rank 0 writes run files
+            self._run_files.write("profile.json", self._profiler.profile.model_dump_json(indent=2), self._steps)
             loss_steps, losses = self._profiler.loss_curve()
-            self._write_run_file("loss_curve.json", json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()}))
-        self._write_plan()
+            self._run_files.write("loss_curve.json", json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()}), self._steps)
+        self._run_files.write_plan(self.plan, self._steps)
         self._overhead.close_wait += self._clock() - waited_from
         self.events.emit(
             "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._overhead.as_event()
@@ -536,7 +519,7 @@ class Session:
         error, self._error = self._error, None
         if error is not None:
             raise PersistError(f"background checkpoint failed: {type(error).__name__}: {error}") from error
-        run_file_error, self._run_file_error = self._run_file_error, None
+        run_file_error = self._run_files.take_error()
         if run_file_error is not None:
             raise run_file_error
         refused = self.events.take_failure()  # a full disk: the log dropped lines (once per streak)
@@ -605,37 +588,25 @@ class Session:
     def _committed(self, step: int, path: Path) -> None:
         """A committed checkpoint: to the remote tier when the plan promotes it, to a peer when the
         plan copies it (each also when it must be: :meth:`_copy_always`, ``Promotion.promote_always``)."""
-        self._last_commit = (step, path)
         plan = self.plan
         if self._remote is not None:
             self._remote.committed(step, path, plan is None or plan.promote_steps is None or step in plan.promote_steps)
-        self._copy_to_peers(step, path)
-
-    def _copy_to_peers(self, step: int, path: Path) -> None:
-        """Send committed ``step`` to the peer holding this node's copies, once, when the plan copies it or it must be."""
-        if self._peers is not None and step not in self._peer_steps and (peer_copy_wanted(self.plan, step) or step in self._must_copy):
-            self._peer_steps.add(step)
-            self._peers.send(step, path)  # node leaders only; training never waits for it
+        if self._peers is not None:
+            self._peers.committed(step, path, plan)
 
     def _copy_always(self, step: int) -> None:
-        """Checkpoint ``step`` goes to a peer whatever the plan copies (a preemption's, the final
-        one); handed over now when it already committed."""
-        self._must_copy.add(step)
-        if self._last_commit is not None and self._last_commit[0] == step:
-            self._copy_to_peers(*self._last_commit)
+        """Checkpoint ``step`` goes to a peer whatever the plan copies (a preemption's, the final one)."""
+        if self._peers is not None:
+            self._peers.copy_always(step, self.plan)
 
-    def _start_peers(self, copies: int) -> PeerCopies | None:
+    def _start_peers(self, copies: int) -> PeerCopying | None:
         """Peer copies for this job (collective), or None, recorded either way."""
         try:
-            peers = PeerCopies.start(self.run_dir, self._dist, copies, self.events, self._profiler)
+            return PeerCopying.start(self.run_dir, self._dist, copies, self.events, self._profiler)
         except ConfigError:
             if self._lock is not None:
                 self._lock.release()
             raise
-        if copies and peers is None:
-            self.events.emit("peer_copies", step=0, copies=0, requested=copies,
-                             reason="peer copies need node-local run directories on two or more nodes")
-        return peers
 
     def _warmup_skipped(self) -> bool:
         """Skip this due checkpoint? Only a planning policy's warm-up checkpoint (before its first
@@ -699,7 +670,7 @@ class Session:
             losses=losses,
             checkpoint_steps=tuple(self._checkpoint_steps),
             last_promoted_step=None if self._remote is None else self._remote.tier.last_promoted_step,
-            last_peer_step=None if self._peers is None else self._peers.last_copied_step,
+            last_peer_step=None if self._peers is None else self._peers.copies.last_copied_step,
         )
         if self._dist is None and knobs.PLAN_IN_BACKGROUND and isinstance(self.policy, PlanningPolicy):
             self._planner.submit(self.policy, observation)  # applies at a step fixed by the observation
@@ -707,8 +678,7 @@ class Session:
             self.policy.observe(observation)
         else:  # distributed: slowest rank's costs; rank 0 plans, every rank gets its plan
             distributed.observe_policy(self.policy, observation, self._dist)
-        if self.plan is not self._written_plan:
-            self._write_plan()
+        self._run_files.write_plan(self.plan, self._steps)
         self._profiler.mark()  # planning time is coci's, not the training step's
 
     def _apply_background_plan(self) -> None:
@@ -718,48 +688,11 @@ class Session:
         waited = self._clock() - began  # inside step(): booked as per-step work
         self._cadence.charge(worker_seconds + waited)
         self._overhead.book_planner_thread(self._planner.drain_cpu_seconds(), waited, self._contention.factor())
-        self._write_plan()
+        self._run_files.write_plan(self.plan, self._steps)
         self._profiler.mark()  # a wait for the planner is coci's time, not the training step's
-
-    def _write_run_file(self, name: str, text: str) -> None:
-        """Replace a run file. A failure is raised at the end of this ``step()`` or ``close()``
-        (the step counted, the run directory released): a refusal of the file system (a full disk)
-        as :class:`coci.PersistError`, a planted link or FIFO as the ConfigError naming it."""
-        path = self.run_dir / name
-        try:
-            write_run_file(path, text)
-        except (OSError, ConfigError) as exc:
-            logger.error("cannot write %s: %s", path, exc)
-            self.events.emit("error", step=self._steps, phase="run_file", message=f"{type(exc).__name__}: {exc}")
-            error = exc if isinstance(exc, ConfigError) else PersistError(f"cannot write {path}: {exc}")
-            self._run_file_error = self._run_file_error or error
-
-    def _write_plan(self) -> None:
-        plan = self.plan
-        if plan is None or plan is self._written_plan:
-            return
-        if self._dist is not None and not self._dist.is_coordinator:  # distributed: rank 0 writes it
-            self._written_plan = plan
-            return
-        self._written_plan = plan
-        self._write_run_file("plan.json", plan.model_dump_json(indent=2))
-        steps = [int(s) for s in plan.steps]
-        self.events.emit(
-            "plan",
-            step=self._steps,
-            policy=getattr(plan, "policy", None),
-            checkpoints=len(steps),
-            steps=steps[: knobs.PLAN_EVENT_MAX_STEPS],  # plan.json holds them all
-        )
 
 
 def _with_layout(context: distributed.DistributedContext | None, run_dir: Path, setting: str) -> distributed.DistributedContext | None:
     """The context with its run directory layout (:func:`coci.distributed.with_run_dir_layout`)."""
     return None if context is None else distributed.with_run_dir_layout(context, run_dir, setting)
 
-
-def _node_role(context: distributed.DistributedContext | None) -> NodeRole | None:
-    """This process's share of promotions on node-local run directories (None otherwise)."""
-    if context is None or not context.node_local:
-        return None
-    return NodeRole(context.node, context.is_coordinator)

@@ -440,3 +440,43 @@ def _advertised_host() -> str:
             return str(probe.getsockname()[0])
     except OSError:
         return "127.0.0.1"
+
+
+class PeerCopying:
+    """The session's half of peer copies, as :class:`~coci.checkpoint.remote.promotion.Promotion`
+    is the remote tier's: which committed checkpoints this node hands to its peer. Those the plan
+    copies (:func:`peer_copy_wanted`) and those that must be (a preemption's, the final one), each once.
+    """
+
+    def __init__(self, copies: PeerCopies) -> None:
+        self.copies = copies
+        self._sent: set[int] = set()  # handed to the peer sender
+        self._must: set[int] = set()  # copied whatever the plan says
+        self._last_commit: tuple[int, Path] | None = None
+
+    @classmethod
+    def start(
+        cls, run_dir: Path, context: DistributedContext | None, copies: int, events: EventLog, listener: CopyListener | None = None
+    ) -> PeerCopying | None:
+        """:meth:`PeerCopies.start` (collective), with an event when copies were asked for and none run."""
+        peers = PeerCopies.start(run_dir, context, copies, events, listener)
+        if copies and peers is None:
+            events.emit("peer_copies", step=0, copies=0, requested=copies,
+                        reason="peer copies need node-local run directories on two or more nodes")
+        return None if peers is None else cls(peers)
+
+    def committed(self, step: int, path: Path, plan: Any) -> None:
+        """Local checkpoint ``step`` committed at ``path``: sent when ``plan`` copies it or it must be."""
+        self._last_commit = (step, path)
+        self._send(step, path, plan)
+
+    def copy_always(self, step: int, plan: Any) -> None:
+        """Checkpoint ``step`` goes to a peer whatever ``plan`` copies; sent now if it already committed."""
+        self._must.add(step)
+        if self._last_commit is not None and self._last_commit[0] == step:
+            self._send(*self._last_commit, plan)
+
+    def _send(self, step: int, path: Path, plan: Any) -> None:
+        if step not in self._sent and (peer_copy_wanted(plan, step) or step in self._must):
+            self._sent.add(step)
+            self.copies.send(step, path)  # node leaders only; training never waits for it
