@@ -10,29 +10,24 @@ start the epoch loop at ``sampler.epoch``. A restart on another number of ranks 
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
 
 import torch
 import torch.distributed as dist
+import toy
 from torch.nn.parallel import DistributedDataParallel
 
 import coci
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--kill-at", type=int, default=None, help="every rank SIGKILLs itself after this step (try a resume)")
+    parser = toy.run_parser(__doc__, "epochs", 2, kill_help="every rank SIGKILLs itself after this step (try a resume)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")  # "nccl" on GPUs
     torch.manual_seed(0)  # the same initial weights and data on every rank
-    x = torch.randn(256, 8)
-    dataset = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
-    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+    dataset = toy.sum_of_inputs(256)
+    model = DistributedDataParallel(toy.mlp())
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sampler = coci.ResumableSampler(dataset, shuffle=True, seed=0)
     loader = torch.utils.data.DataLoader(dataset, batch_size=16, sampler=sampler)
@@ -42,15 +37,10 @@ def main() -> None:
         session.restore()
         for _epoch in range(sampler.epoch, args.epochs):
             for xb, yb in loader:
-                loss = torch.nn.functional.mse_loss(model(xb), yb)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                session.step(loss)
-                if session.steps == args.kill_at:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                session.step(toy.train_step(model, opt, xb, yb))
+                toy.kill_at(session.steps, args.kill_at)
     if dist.get_rank() == 0:
-        torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, os.path.join(args.run_dir, "final.pt"))
+        toy.save_final(os.path.join(args.run_dir, "final.pt"), model.module, opt)
     dist.destroy_process_group()
 
 

@@ -11,12 +11,11 @@ directory (``--run-dir`` on the node's disk) and a ``--remote`` both can reach (
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
 
 import torch
 import torch.distributed as dist
+import toy
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -24,19 +23,15 @@ import coci
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir")
-    parser.add_argument("--epochs", type=int, default=2)
+    parser = toy.run_parser(__doc__, "epochs", 2, kill_help="every rank SIGKILLs itself after this step (try a resume)")
     parser.add_argument("--remote", default=None, help="s3://bucket/prefix or a shared directory (the remote tier)")
-    parser.add_argument("--kill-at", type=int, default=None, help="every rank SIGKILLs itself after this step (try a resume)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")  # "nccl" and init_device_mesh("cuda", ...) on GPUs
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     torch.manual_seed(0)
-    x = torch.randn(256, 8)
-    dataset = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    dataset = toy.sum_of_inputs(256)
+    model = toy.mlp()
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
@@ -50,13 +45,8 @@ def main() -> None:
         session.restore()  # loads and reshards to this job's mesh
         for _epoch in range(sampler.epoch, args.epochs):
             for xb, yb in loader:
-                loss = torch.nn.functional.mse_loss(model(xb), yb)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                session.step(loss)
-                if session.steps == args.kill_at:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                session.step(toy.train_step(model, opt, xb, yb))
+                toy.kill_at(session.steps, args.kill_at)
     shards = {name: param.to_local().clone() for name, param in model.named_parameters()}
     torch.save(shards, os.path.join(args.run_dir, f"final_rank{dist.get_rank()}.pt"))
     dist.destroy_process_group()

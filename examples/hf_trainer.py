@@ -9,13 +9,12 @@ resumes from the newest committed checkpoint. Needs ``pip install 'coci[transfor
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
 import torch
+import toy
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from coci.integrations.transformers import attach
@@ -44,16 +43,11 @@ class KillAt(TrainerCallback):
         self.step = step
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
+        toy.kill_at(state.global_step, self.step)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--kill-at", type=int, default=None, help="SIGKILL this process after this step (try a resume)")
-    args = parser.parse_args()
+    args = toy.run_parser(__doc__, "steps", 20).parse_args()
 
     set_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=256, n_positions=64))
@@ -66,7 +60,7 @@ def main() -> None:
     trainer = Trainer(model=model, args=training_args, train_dataset=train, callbacks=[KillAt(args.kill_at)])
     attach(trainer, args.run_dir, mtbf="8h")  # once, before train(): resumes from the newest checkpoint
     trainer.train()
-    torch.save({"model": model.state_dict()}, os.path.join(args.run_dir, "final.pt"))
+    toy.save_final(os.path.join(args.run_dir, "final.pt"), model)
 
 
 if __name__ == "__main__":

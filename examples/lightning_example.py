@@ -9,12 +9,11 @@ mid-epoch too. Needs ``pip install 'coci[lightning]' torchdata``.
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
 
 import lightning.pytorch as pl
 import torch
+import toy
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from coci.integrations.lightning import CociCallback
@@ -23,7 +22,7 @@ from coci.integrations.lightning import CociCallback
 class Regressor(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1))
+        self.net = toy.mlp(dropout=0.2)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -40,16 +39,11 @@ class KillAt(pl.Callback):
         self.step = step
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
+        toy.kill_at(trainer.global_step, self.step)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--kill-at", type=int, default=None, help="SIGKILL this process after this step (try a resume)")
-    args = parser.parse_args()
+    args = toy.run_parser(__doc__, "steps", 30).parse_args()
 
     pl.seed_everything(0, verbose=False)
     generator = torch.Generator().manual_seed(1234)
@@ -62,7 +56,7 @@ def main() -> None:
         callbacks=[CociCallback(args.run_dir, mtbf="8h", keep_last=2), KillAt(args.kill_at)],
     )
     trainer.fit(model, train_dataloaders=StatefulDataLoader(data, batch_size=16, shuffle=True))
-    torch.save({"model": model.state_dict(), "optimizer": trainer.optimizers[0].state_dict()}, os.path.join(args.run_dir, "final.pt"))
+    toy.save_final(os.path.join(args.run_dir, "final.pt"), model, trainer.optimizers[0])
 
 
 if __name__ == "__main__":

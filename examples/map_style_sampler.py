@@ -9,11 +9,10 @@ the same order. It replaces a ``RandomSampler`` (or, under torchrun, a ``Distrib
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
 
 import torch
+import toy
 
 import coci
 
@@ -30,11 +29,7 @@ class Squares(torch.utils.data.Dataset):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--kill-at", type=int, default=None, help="SIGKILL this process after this step (try a resume)")
-    args = parser.parse_args()
+    args = toy.run_parser(__doc__, "epochs", 2).parse_args()
 
     torch.manual_seed(0)
     dataset = Squares()
@@ -48,14 +43,9 @@ def main() -> None:
         session.restore()
         for _epoch in range(sampler.epoch, args.epochs):
             for x, y in loader:
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                session.step(loss)
-                if session.steps == args.kill_at:
-                    os.kill(os.getpid(), signal.SIGKILL)
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, os.path.join(args.run_dir, "final.pt"))
+                session.step(toy.train_step(model, opt, x, y))
+                toy.kill_at(session.steps, args.kill_at)
+    toy.save_final(os.path.join(args.run_dir, "final.pt"), model, opt)
 
 
 if __name__ == "__main__":

@@ -9,26 +9,22 @@ Whatever the crash, the final weights (``final.pt``) are bitwise those of a run 
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
 
 import torch
+import toy
 
 import coci
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir")
-    parser.add_argument("--epochs", type=int, default=3)
+    parser = toy.run_parser(__doc__, "epochs", 3)
     parser.add_argument("--mtbf", default="8h", help="the job's mean time between failures (plans the checkpoints)")
-    parser.add_argument("--kill-at", type=int, default=None, help="SIGKILL this process after this step (try a resume)")
     args = parser.parse_args()
 
     torch.manual_seed(0)  # what is built before restore() (here: the data) must not differ between restarts
     dataset = torch.utils.data.TensorDataset(torch.randn(512, 8), torch.randn(512, 1))
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 1))
+    model = toy.mlp(dropout=0.1)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)
     loader = coci.ResumableLoader(dataset, batch_size=64, shuffle=True, seed=0)
@@ -38,15 +34,11 @@ def main() -> None:
         session.restore()  # the newest committed checkpoint, if any
         for _epoch in range(loader.epoch, args.epochs):
             for x, y in loader:
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+                loss = toy.train_step(model, opt, x, y)
                 sched.step()
                 session.step(loss)
-                if session.steps == args.kill_at:
-                    os.kill(os.getpid(), signal.SIGKILL)
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, os.path.join(args.run_dir, "final.pt"))
+                toy.kill_at(session.steps, args.kill_at)
+    toy.save_final(os.path.join(args.run_dir, "final.pt"), model, opt)
 
 
 if __name__ == "__main__":

@@ -11,24 +11,22 @@ SIGTERM after that step, as a scheduler would.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 
 import torch
+import toy
 
 import coci
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir")
-    parser.add_argument("--steps", type=int, default=60)
+    parser = toy.run_parser(__doc__, "steps", 60, kill_help=None)
     parser.add_argument("--notice-at", type=int, default=None, help="send this process SIGTERM after this step")
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 1))
+    model = toy.mlp(dropout=0.1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     progress = {"step": 0}  # a counter in a dict: restored in place
     session = coci.Session(args.run_dir, state={"model": model, "optimizer": opt, "progress": progress},
@@ -36,16 +34,12 @@ def main() -> None:
     session.restore()
     while progress["step"] < args.steps:
         x = torch.randn(32, 8)  # drawn from torch's generator, which the checkpoint restores
-        loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = toy.train_step(model, opt, x, x.sum(dim=1, keepdim=True))
         progress["step"] += 1
         session.step(loss)  # after a SIGTERM: checkpoint, commit, raise coci.Preempted (exit 143)
-        if progress["step"] == args.notice_at:
-            os.kill(os.getpid(), signal.SIGTERM)
+        toy.kill_at(progress["step"], args.notice_at, signal.SIGTERM)
     session.close()
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, os.path.join(args.run_dir, "final.pt"))
+    toy.save_final(os.path.join(args.run_dir, "final.pt"), model, opt)
 
 
 if __name__ == "__main__":
