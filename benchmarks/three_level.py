@@ -40,15 +40,14 @@ Run: ``.venv/bin/python benchmarks/three_level.py`` (``--trials`` to change 1000
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from two_level import change_cell, run_mixes, simulate_schedules  # benchmarks/, the script's own folder
 
 import coci
-from coci.analysis.simulate import MetricSummary, SimulationResult, simulate
 from coci.planning.failures import LARGE_JOB_MTBF_PER_GPU, LARGE_JOB_NODE_SHARE, FailureClass, Failures
 from coci.planning.formulas import periodic_steps
 from coci.planning.objective import ExpectedFailures, build_cost_model
@@ -164,10 +163,7 @@ def run(name: str, failures: Failures, trials: int) -> None:
         f"{len(three.promote_steps or [])} uploaded (planned in {planned:.1f} s); expected wall overhead "
         f"{three.expected['wall_seconds']:.0f} s (two-level plan: {two.expected['wall_seconds']:.0f} s)"
     )
-    results: dict[str, SimulationResult] = {
-        label: simulate(candidate, failures=failures, trials=trials, seed=7)
-        for label, candidate in schedules(three, two).items()
-    }
+    results = simulate_schedules(schedules(three, two), failures, trials)
     ours = results["three-level"]
     print(
         "\n| schedule | local | peer | remote | wall overhead (s), mean [95% CI] | peer / remote restores "
@@ -177,7 +173,7 @@ def run(name: str, failures: Failures, trials: int) -> None:
     for label, result in results.items():
         summary = result.metrics["wall_seconds"]
         copies = "-" if result.peer_steps is None else str(len(result.peer_steps))
-        change = "" if label == "three-level" else _change(ours.compare(result, "wall_seconds"))
+        change = "" if label == "three-level" else change_cell(ours.compare(result, "wall_seconds"))
         print(
             f"| {label} | {len(result.steps)} | {copies} | {len(result.promote_steps or [])} | {summary.mean:.0f} "
             f"[{summary.ci_low:.0f}, {summary.ci_high:.0f}] | {result.mean('peer_restores'):.2f} / "
@@ -185,22 +181,11 @@ def run(name: str, failures: Failures, trials: int) -> None:
         )
 
 
-def _change(summary: MetricSummary) -> str:
-    better = "**" if summary.ci_high < 0 else ""
-    return f"{better}{100 * summary.mean:+.1f}% [{100 * summary.ci_low:+.1f}, {100 * summary.ci_high:+.1f}]{better}"
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=int, default=1000)
-    args = parser.parse_args()
-    np.seterr(all="ignore")
-    exact_gaps()
-    for name, failures in MIXES.items():
-        run(name, failures, args.trials)
+    trials = run_mixes(__doc__, exact_gaps, run, MIXES)
     mtbf = next(iter(MIXES.values())).mean_seconds / 3600
     print(
-        f"\ntrials {args.trials} per schedule, seed 7 (the same draws for every schedule); bold: the three-level "
+        f"\ntrials {trials} per schedule, seed 7 (the same draws for every schedule); bold: the three-level "
         f"plan's overhead is lower with the whole interval below 0 (job MTBF {mtbf:.1f} h, run "
         f"{JOB['total_steps'] * JOB['step_seconds'] / 3600:.0f} h)"
     )

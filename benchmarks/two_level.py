@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -139,37 +140,47 @@ def run(name: str, failures: Failures, trials: int) -> None:
         f"two-level plan: {len(plan.steps)} local checkpoints, {len(plan.promote_steps or [])} promoted "
         f"(planned in {planned:.1f} s); expected wall overhead {plan.expected['wall_seconds']:.0f} s"
     )
-    results: dict[str, SimulationResult] = {
-        label: simulate(candidate, failures=failures, trials=trials, seed=7)
-        for label, candidate in schedules(plan, failures).items()
-    }
+    results = simulate_schedules(schedules(plan, failures), failures, trials)
     ours = results["two-level"]
     print("\n| schedule | local | promoted | wall overhead (s), mean [95% CI] | remote restores | two-level vs this, paired 95% CI |")
     print("| --- | --- | --- | --- | --- | --- |")
     for label, result in results.items():
         summary = result.metrics["wall_seconds"]
         promoted = len(result.promote_steps or [])
-        change = "" if label == "two-level" else _change(ours.compare(result, "wall_seconds"))
+        change = "" if label == "two-level" else change_cell(ours.compare(result, "wall_seconds"))
         print(
             f"| {label} | {len(result.steps)} | {promoted} | {summary.mean:.0f} [{summary.ci_low:.0f}, "
             f"{summary.ci_high:.0f}] | {result.mean('remote_restores'):.2f} | {change} |"
         )
 
 
-def _change(summary: coci.analysis.simulate.MetricSummary) -> str:
+def simulate_schedules(plans: dict[str, coci.Plan], failures: Failures, trials: int) -> dict[str, SimulationResult]:
+    """Each schedule replayed on the same failure draws (seed 7: common random numbers)."""
+    return {label: simulate(plan, failures=failures, trials=trials, seed=7) for label, plan in plans.items()}
+
+
+def change_cell(summary: coci.analysis.simulate.MetricSummary) -> str:
+    """A paired change as a table cell (percent and interval), bold where the whole interval is below 0."""
     better = "**" if summary.ci_high < 0 else ""
     return f"{better}{100 * summary.mean:+.1f}% [{100 * summary.ci_low:+.1f}, {100 * summary.ci_high:+.1f}]{better}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def run_mixes(doc: str, gaps: Callable[[], None], one_mix: Callable[[str, Failures, int], None], mixes: dict[str, Failures]) -> int:
+    """A level benchmark's run: ``--trials``, the gaps to the exact optimum, then a table per failure
+    mix; returns the trials."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--trials", type=int, default=1000)
-    args = parser.parse_args()
+    trials = parser.parse_args().trials
     np.seterr(all="ignore")
-    exact_gaps()
-    for name, failures in MIXES.items():
-        run(name, failures, args.trials)
-    print(f"\ntrials {args.trials} per schedule, seed 7 (the same draws for every schedule); bold: the "
+    gaps()
+    for name, failures in mixes.items():
+        one_mix(name, failures, trials)
+    return trials
+
+
+def main() -> None:
+    trials = run_mixes(__doc__, exact_gaps, run, MIXES)
+    print(f"\ntrials {trials} per schedule, seed 7 (the same draws for every schedule); bold: the "
           f"two-level plan's overhead is lower with the whole interval below 0 (job MTBF "
           f"{MIXES['llama3'].mean_seconds / 3600:.1f} h, run {JOB['total_steps'] * JOB['step_seconds'] / 3600:.0f} h"
           ")")
