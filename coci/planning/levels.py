@@ -35,8 +35,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -50,13 +51,14 @@ from coci.planning.formulas import (
     refine,
     snap_to_steps,
 )
-from coci.planning.objective import CostModel, TwoLevelCostModel, mu_from_alpha
+from coci.planning.objective import CostModel, Overhead, TwoLevelCostModel, mu_from_alpha
 
 __all__ = [
     "Level", "TwoLevelResult", "auto_two_level", "level_of", "levels_of", "local_around", "min_promote_steps", "two_level_candidates",
 ]
 
 TwoLevelPlan = tuple[np.ndarray, np.ndarray]
+Plan = TypeVar("Plan", bound=tuple[np.ndarray, ...])
 
 
 class Level(enum.IntEnum):
@@ -87,8 +89,19 @@ def levels_of(steps: Sequence[int], peer_steps: Sequence[int] | None, promote_st
     return [Level(int(code)) for code in codes]
 
 
+class MixtureChoice:
+    """What a multi-level ``auto`` chose at mixture weight ``alpha`` (:func:`auto_mixture`)."""
+
+    alpha: float
+
+    @property
+    def mu(self) -> float | None:
+        """The progress weight ``mu`` of ``alpha`` (:func:`coci.planning.objective.mu_from_alpha`)."""
+        return mu_from_alpha(self.alpha)
+
+
 @dataclass(frozen=True)
-class TwoLevelResult:
+class TwoLevelResult(MixtureChoice):
     """What :func:`auto_two_level` chose: local steps, promoted steps, the mixture and the budget."""
 
     steps: np.ndarray
@@ -96,10 +109,6 @@ class TwoLevelResult:
     alpha: float
     time_optimal_wall_seconds: float
     budget_wall_seconds: float | None
-
-    @property
-    def mu(self) -> float | None:
-        return mu_from_alpha(self.alpha)
 
 
 def min_promote_steps(step_seconds: float, upload_seconds: float, min_steps: int) -> int:
@@ -194,8 +203,53 @@ def _combined(model: TwoLevelCostModel) -> CostModel:
     )
 
 
-def _best(model: TwoLevelCostModel, candidates: list[TwoLevelPlan], alpha: float) -> TwoLevelPlan:
-    return min(candidates, key=lambda plan: model.objective(plan[0], plan[1], alpha))
+def auto_mixture(
+    candidates: Callable[[float, bool], list[Plan]],
+    objective_of: Callable[..., float],
+    expected_of: Callable[..., Overhead],
+    has_progress: bool,
+    *,
+    objective: str,
+    time_budget: float | None,
+    alpha: float | None,
+) -> tuple[Plan, float, float, float | None]:
+    """``auto`` over multi-level plans (module docstring): the chosen plan, its mixture weight, the
+    time optimum's expected wall seconds and the wall budget (None unless bisected).
+
+    ``candidates(weight, refined)`` lists the plans for one weight; ``objective_of(*plan, weight)``
+    and ``expected_of(*plan)`` score one (a cost model's ``objective`` and ``expected``)."""
+
+    def best(plans: list[Plan], weight: float) -> Plan:
+        return min(plans, key=lambda plan: objective_of(*plan, weight))
+
+    time_plan = best(candidates(0.0, True), 0.0)
+    time_wall = objective_of(*time_plan, 0.0)
+    if objective == "time" or not has_progress or (alpha is not None and alpha <= 0.0):
+        return time_plan, 0.0, time_wall, None
+    if alpha is not None:
+        return best([time_plan, *candidates(alpha, True)], alpha), float(alpha), time_wall, None
+    if time_budget is None:
+        return best(candidates(1.0, True), 1.0), 1.0, time_wall, None
+    budget = (1.0 + time_budget) * time_wall
+    feasible: list[tuple[float, float, Plan]] = [(objective_of(*time_plan, 1.0), 0.0, time_plan)]
+
+    def consider(weight: float, refined: bool = True) -> bool:
+        found = False
+        for plan in candidates(weight, refined):
+            overhead = expected_of(*plan)
+            if overhead.wall_seconds <= budget:
+                feasible.append((overhead.progress_seconds, weight, plan))
+                found = True
+        return found
+
+    if not consider(1.0):
+        low, high = 0.0, 1.0
+        for _ in range(knobs.PLAN_BISECTION_STEPS):
+            mid = 0.5 * (low + high)
+            low, high = (mid, high) if consider(mid, refined=False) else (low, mid)
+        consider(low)
+    _, weight, plan = min(feasible, key=lambda item: (item[0], -item[1]))
+    return plan, weight, time_wall, budget
 
 
 def auto_two_level(
@@ -211,35 +265,10 @@ def auto_two_level(
     promote)`` plans scored by the two-level objective (module docstring)."""
     max_steps = max_interval_steps(model.local, min_steps)
 
-    def candidates(weight: float, refined: bool = True) -> list[TwoLevelPlan]:
+    def candidates(weight: float, refined: bool) -> list[TwoLevelPlan]:
         return two_level_candidates(model, weight, min_steps, min_promote, max_steps, refined)
 
-    time_plan = _best(model, candidates(0.0), 0.0)
-    time_wall = model.objective(*time_plan, 0.0)
-    has_progress = model.local.has_progress
-    if objective == "time" or not has_progress or (alpha is not None and alpha <= 0.0):
-        return TwoLevelResult(*time_plan, 0.0, time_wall, None)
-    if alpha is not None:
-        return TwoLevelResult(*_best(model, [time_plan, *candidates(alpha)], alpha), float(alpha), time_wall, None)
-    if time_budget is None:
-        return TwoLevelResult(*_best(model, candidates(1.0), 1.0), 1.0, time_wall, None)
-    budget = (1.0 + time_budget) * time_wall
-    feasible: list[tuple[float, float, TwoLevelPlan]] = [(model.objective(*time_plan, 1.0), 0.0, time_plan)]
-
-    def consider(weight: float, refined: bool = True) -> bool:
-        found = False
-        for plan in candidates(weight, refined):
-            overhead = model.expected(*plan)
-            if overhead.wall_seconds <= budget:
-                feasible.append((overhead.progress_seconds, weight, plan))
-                found = True
-        return found
-
-    if not consider(1.0):
-        low, high = 0.0, 1.0
-        for _ in range(knobs.PLAN_BISECTION_STEPS):
-            mid = 0.5 * (low + high)
-            low, high = (mid, high) if consider(mid, refined=False) else (low, mid)
-        consider(low)
-    _, weight, plan = min(feasible, key=lambda item: (item[0], -item[1]))
-    return TwoLevelResult(plan[0], plan[1], weight, time_wall, budget)
+    plan, weight, time_wall, budget = auto_mixture(
+        candidates, model.objective, model.expected, model.local.has_progress,
+        objective=objective, time_budget=time_budget, alpha=alpha)
+    return TwoLevelResult(*plan, weight, time_wall, budget)

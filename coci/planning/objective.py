@@ -78,7 +78,7 @@ re-executed work ignored). With shape < 1 this front-loads the hazard (short int
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -495,6 +495,20 @@ class CostModel:
         return array.astype(np.int64, copy=False)
 
 
+def level_figures(local: Overhead, uppers: Sequence[tuple[str, str, str, Overhead]]) -> dict[str, float]:
+    """What a multi-level plan adds to :meth:`Overhead.as_dict`: each upper level's transfers and
+    their seconds, each level's failures, each upper level's restart and lost seconds. ``uppers``:
+    ``(level, transfers name, transfer seconds name, its part)`` from the lowest up."""
+    figures: dict[str, float] = {}
+    for _, transfers, seconds, part in uppers:
+        figures.update({transfers: float(part.checkpoints), seconds: part.checkpoint_seconds})
+    figures["local_failures"] = local.failures
+    figures.update({f"{level}_failures": part.failures for level, _, _, part in uppers})
+    for level, _, _, part in uppers:
+        figures.update({f"{level}_restart_seconds": part.restart_seconds, f"{level}_lost_seconds": part.lost_seconds})
+    return figures
+
+
 @dataclass(frozen=True)
 class TwoLevelCostModel:
     """The two-level objective (module docstring, "Two levels"): ``local`` scores the local steps
@@ -535,14 +549,7 @@ class TwoLevelCostModel:
         """:meth:`Overhead.as_dict` of the plan, with the promotions and each class group's part."""
         local, remote = self.parts(steps, promote)
         figures = self.expected(steps, promote).as_dict()
-        figures.update(
-            promotions=float(remote.checkpoints),
-            promotion_seconds=remote.checkpoint_seconds,
-            local_failures=local.failures,
-            remote_failures=remote.failures,
-            remote_restart_seconds=remote.restart_seconds,
-            remote_lost_seconds=remote.lost_seconds,
-        )
+        figures.update(level_figures(local, [("remote", "promotions", "promotion_seconds", remote)]))
         return figures
 
     def objective(self, steps: Any, promote: Any, alpha: float) -> float:

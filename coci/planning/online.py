@@ -28,7 +28,7 @@ from coci.planning.baselines import CheckFreqAdaptation
 from coci.planning.planner import plan
 from coci.planning.progress import _mean_rate
 from coci.planning.records import PRIOR_PROGRESS_RATE, Plan, ProgressCurve
-from coci.planning.three_levels import measured_peer_costs
+from coci.planning.three_levels import PEER_TIER, REMOTE_TIER, measured_tier_costs
 
 __all__ = ["PlanningPolicy", "make_policy"]
 
@@ -167,7 +167,7 @@ class PlanningPolicy:
         fallbacks: list[str] = []
         stall, persist, interference, restart = self._costs(profile, step_seconds, fallbacks)
         cost = stall + interference
-        remote = {**self._remote_costs(observation, restart, fallbacks), **measured_peer_costs(observation, restart, fallbacks)}
+        remote = {**measured_tier_costs(REMOTE_TIER, observation, restart, fallbacks), **measured_tier_costs(PEER_TIER, observation, restart, fallbacks)}
         basis = (step_seconds, cost, persist, float(remote.get("upload_seconds") or 0.0), float(remote.get("peer_seconds") or 0.0))
         last_checkpoint = max((s for s in observation.checkpoint_steps if s <= now), default=0)
         grew = self._checkfreq is not None and self._checkfreq.observe(observation.checkpoint_steps, cost, step_seconds)
@@ -259,32 +259,6 @@ class PlanningPolicy:
                 restart = 0.0
                 fallbacks.append("restart_seconds unknown: assumed 0 (changes expected costs, not the plan)")
         return max(float(stall), floor), max(float(persist), floor), max(interference, 0.0), max(float(restart), 0.0)
-
-    @staticmethod
-    def _remote_costs(observation: Observation, restart: float, fallbacks: list[str]) -> dict[str, Any]:
-        """The remote tier's measured costs as :func:`plan` keywords; empty (a single-level plan that
-        promotes every checkpoint) without a remote tier or before the first upload is measured.
-
-        A restart from the remote costs the local restart plus the extra time a remote restore took
-        over a local one; until a remote restore is measured, plus one upload's time (a download of
-        the same bytes), recorded as a fallback."""
-        profile = observation.profile
-        measured = getattr(profile, "upload_seconds", None)
-        if observation.last_promoted_step is None or measured is None or not measured.known:
-            return {}
-        upload = float(measured.value)
-        remote_restore = profile.remote_restore_seconds.value
-        if remote_restore is None:
-            extra = upload
-            fallbacks.append(f"remote restore not measured yet: assumed one upload's time ({upload:.3g} s)")
-        else:
-            extra = max(float(remote_restore) - float(profile.restore_seconds.value or 0.0), 0.0)
-        return {
-            "upload_seconds": upload,
-            "upload_interference_seconds": float(profile.upload_interference_seconds),
-            "remote_restart_seconds": restart + extra,
-            "last_promoted_step": observation.last_promoted_step,
-        }
 
     def _curve(self, observation: Observation, fallbacks: list[str]) -> ProgressCurve | None:
         """The fit of the loss trace so far, or (``auto``) the prior while the trace is too short.

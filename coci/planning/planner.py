@@ -73,9 +73,9 @@ from coci.planning.objective import CostModel, TwoLevelCostModel, build_cost_mod
 if TYPE_CHECKING:
     pass
 from coci.planning.baselines import _plan_checkfreq, _plan_daly, _plan_young
-from coci.planning.problem import _finish, _Placement, _Problem, _problem, _remote_costs
+from coci.planning.problem import _finish, _Placement, _Problem, _problem
 from coci.planning.records import Plan
-from coci.planning.three_levels import ThreeLevelCostModel, auto_three_level, peer_costs
+from coci.planning.three_levels import PEER_TIER, REMOTE_TIER, ThreeLevelCostModel, auto_three_level, tier_costs
 
 __all__ = ["POLICY_PLANNERS", "plan"]
 
@@ -158,8 +158,8 @@ def plan(
         last_checkpoint_step=last_checkpoint_step, failure_origin_step=failure_origin_step,
         taken_steps=taken_steps,
         remote={
-            **_remote_costs(upload_seconds, upload_interference_seconds, remote_restart_seconds, last_promoted_step),
-            **peer_costs(peer_seconds, peer_interference_seconds, peer_restart_seconds, last_peer_step),
+            **tier_costs(REMOTE_TIER, upload_seconds, upload_interference_seconds, remote_restart_seconds, last_promoted_step),
+            **tier_costs(PEER_TIER, peer_seconds, peer_interference_seconds, peer_restart_seconds, last_peer_step),
         },
     )
     return _finish(problem, POLICY_PLANNERS[config.policy](problem))

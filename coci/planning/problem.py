@@ -83,22 +83,6 @@ class _Placement:
     peer: np.ndarray | None = None  # the subset of ``steps`` copied to a peer (None: no peer level planned)
 
 
-def _remote_costs(upload: Any, interference: Any, restart: Any, last_promoted: Any) -> dict[str, Any]:
-    """The remote tier's costs, validated (all None without a remote tier)."""
-    if upload is None:
-        if interference is not None or restart is not None:
-            raise ConfigError("upload_seconds is required with upload_interference_seconds or remote_restart_seconds")
-        return {}
-    return {
-        "upload_seconds": parse_duration(upload, field="upload_seconds", positive=True),
-        "upload_interference_seconds": 0.0 if interference is None else parse_duration(
-            interference, field="upload_interference_seconds", positive=False),
-        "remote_restart_seconds": None if restart is None else parse_duration(
-            restart, field="remote_restart_seconds", positive=False),
-        "last_promoted_step": checks.optional_integer(last_promoted, "last_promoted_step", minimum=0),
-    }
-
-
 def _problem(
     config: PlanConfig,
     curve: CurveLike | None,

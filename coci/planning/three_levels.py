@@ -38,12 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from coci import checks, knobs
+from coci import checks
 from coci.errors import ConfigError
 from coci.planning.failures import Failures
 from coci.planning.formulas import _periodic_candidates, max_interval_steps, place
-from coci.planning.levels import local_around
-from coci.planning.objective import CostModel, ExpectedFailures, Overhead, build_cost_model, expected_failures, mu_from_alpha
+from coci.planning.levels import MixtureChoice, auto_mixture, local_around
+from coci.planning.objective import CostModel, ExpectedFailures, Overhead, build_cost_model, expected_failures, level_figures
 from coci.units import parse_duration
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from coci.planning.records import PlanInputs
 
 __all__ = [
-    "ThreeLevelCostModel", "ThreeLevelResult", "auto_three_level", "measured_peer_costs", "peer_costs",
+    "ThreeLevelCostModel", "ThreeLevelResult", "auto_three_level", "measured_tier_costs", "tier_costs",
     "three_level_candidates", "three_level_model",
 ]
 
@@ -99,19 +99,9 @@ class ThreeLevelCostModel:
         """:meth:`Overhead.as_dict` of the plan, with the copies, uploads and each class group's part."""
         local, copied, uploaded = self.parts(steps, peer, promote)
         figures = self.expected(steps, peer, promote).as_dict()
-        figures.update(
-            peer_copies=float(copied.checkpoints),
-            peer_copy_seconds=copied.checkpoint_seconds,
-            promotions=float(uploaded.checkpoints),
-            promotion_seconds=uploaded.checkpoint_seconds,
-            local_failures=local.failures,
-            peer_failures=copied.failures,
-            remote_failures=uploaded.failures,
-            peer_restart_seconds=copied.restart_seconds,
-            peer_lost_seconds=copied.lost_seconds,
-            remote_restart_seconds=uploaded.restart_seconds,
-            remote_lost_seconds=uploaded.lost_seconds,
-        )
+        figures.update(level_figures(local, [
+            ("peer", "peer_copies", "peer_copy_seconds", copied), ("remote", "promotions", "promotion_seconds", uploaded),
+        ]))
         return figures
 
     def objective(self, steps: Any, peer: Any, promote: Any, alpha: float) -> float:
@@ -120,7 +110,7 @@ class ThreeLevelCostModel:
 
 
 @dataclass(frozen=True)
-class ThreeLevelResult:
+class ThreeLevelResult(MixtureChoice):
     """What :func:`auto_three_level` chose: local steps, peer copies, uploads, the mixture and the budget."""
 
     steps: np.ndarray
@@ -129,10 +119,6 @@ class ThreeLevelResult:
     alpha: float
     time_optimal_wall_seconds: float
     budget_wall_seconds: float | None
-
-    @property
-    def mu(self) -> float | None:
-        return mu_from_alpha(self.alpha)
 
 
 def _charged(chain: CostModel, extra: float) -> CostModel:
@@ -205,10 +191,6 @@ def three_level_candidates(
     return candidates
 
 
-def _best(model: ThreeLevelCostModel, candidates: list[ThreeLevelPlan], alpha: float) -> ThreeLevelPlan:
-    return min(candidates, key=lambda plan: model.objective(plan[0], plan[1], plan[2], alpha))
-
-
 def auto_three_level(
     model: ThreeLevelCostModel,
     *,
@@ -219,85 +201,91 @@ def auto_three_level(
     min_promote: int = 1,
     alpha: float | None = None,
 ) -> ThreeLevelResult:
-    """``auto`` for three levels: as :func:`coci.planning.levels.auto_two_level`, over ``(steps,
-    peer, promote)`` plans scored by the three-level objective (module docstring)."""
+    """``auto`` for three levels: :func:`coci.planning.levels.auto_mixture` over ``(steps, peer,
+    promote)`` plans scored by the three-level objective (module docstring)."""
 
-    def candidates(weight: float, refined: bool = True) -> list[ThreeLevelPlan]:
+    def candidates(weight: float, refined: bool) -> list[ThreeLevelPlan]:
         return three_level_candidates(model, weight, min_steps, min_peer, min_promote, refined)
 
-    time_plan = _best(model, candidates(0.0), 0.0)
-    time_wall = model.objective(*time_plan, 0.0)
-    if objective == "time" or not model.local.has_progress or (alpha is not None and alpha <= 0.0):
-        return ThreeLevelResult(*time_plan, 0.0, time_wall, None)
-    if alpha is not None:
-        return ThreeLevelResult(*_best(model, [time_plan, *candidates(alpha)], alpha), float(alpha), time_wall, None)
-    if time_budget is None:
-        return ThreeLevelResult(*_best(model, candidates(1.0), 1.0), 1.0, time_wall, None)
-    budget = (1.0 + time_budget) * time_wall
-    feasible: list[tuple[float, float, ThreeLevelPlan]] = [(model.objective(*time_plan, 1.0), 0.0, time_plan)]
-
-    def consider(weight: float, refined: bool = True) -> bool:
-        found = False
-        for plan in candidates(weight, refined):
-            overhead = model.expected(*plan)
-            if overhead.wall_seconds <= budget:
-                feasible.append((overhead.progress_seconds, weight, plan))
-                found = True
-        return found
-
-    if not consider(1.0):
-        low, high = 0.0, 1.0
-        for _ in range(knobs.PLAN_BISECTION_STEPS):
-            mid = 0.5 * (low + high)
-            low, high = (mid, high) if consider(mid, refined=False) else (low, mid)
-        consider(low)
-    _, weight, plan = min(feasible, key=lambda item: (item[0], -item[1]))
+    plan, weight, time_wall, budget = auto_mixture(
+        candidates, model.objective, model.expected, model.local.has_progress,
+        objective=objective, time_budget=time_budget, alpha=alpha)
     return ThreeLevelResult(*plan, weight, time_wall, budget)
 
 
 # --- from a plan's inputs --------------------------------------------------------------------------
 
 
-def peer_costs(copy: Any, interference: Any, restart: Any, last_copied: Any) -> dict[str, Any]:
-    """The peer level's costs as :class:`coci.planning.planner.PlanInputs` fields, validated (empty
-    without a peer level: ``copy`` None)."""
-    if copy is None:
-        if interference is not None or restart is not None or last_copied is not None:
-            raise ConfigError("peer_seconds is required with peer_interference_seconds, peer_restart_seconds or last_peer_step")
+@dataclass(frozen=True)
+class UpperTier:
+    """The names of an upper level's costs: :class:`coci.planning.planner.PlanInputs` fields, which
+    are also the ``Profile`` estimates (``seconds``, ``interference``, ``restore``) and the
+    ``Observation`` step (``last_step``) they are measured as."""
+
+    seconds: str
+    interference: str
+    restart: str
+    last_step: str
+    restore: str
+    unmeasured_restore: str  # the fallback note, with ``{seconds:.3g}``: one transfer's time
+    last_step_needs_seconds: bool = True
+
+
+REMOTE_TIER = UpperTier(
+    "upload_seconds", "upload_interference_seconds", "remote_restart_seconds", "last_promoted_step",
+    "remote_restore_seconds", "remote restore not measured yet: assumed one upload's time ({seconds:.3g} s)",
+    last_step_needs_seconds=False,
+)
+PEER_TIER = UpperTier(
+    "peer_seconds", "peer_interference_seconds", "peer_restart_seconds", "last_peer_step",
+    "peer_restore_seconds", "restore from a peer's copy not measured yet: assumed one copy's time ({seconds:.3g} s)",
+)
+
+
+def tier_costs(tier: UpperTier, seconds: Any, interference: Any, restart: Any, last_step: Any) -> dict[str, Any]:
+    """An upper level's costs as :class:`coci.planning.planner.PlanInputs` fields, validated (empty
+    without that level: ``seconds`` None)."""
+    if seconds is None:
+        given = {tier.interference: interference, tier.restart: restart}
+        if tier.last_step_needs_seconds:
+            given[tier.last_step] = last_step
+        if any(value is not None for value in given.values()):
+            *names, last = given
+            raise ConfigError(f"{tier.seconds} is required with {', '.join(names)} or {last}")
         return {}
     return {
-        "peer_seconds": parse_duration(copy, field="peer_seconds", positive=True),
-        "peer_interference_seconds": 0.0 if interference is None else parse_duration(
-            interference, field="peer_interference_seconds", positive=False),
-        "peer_restart_seconds": None if restart is None else parse_duration(
-            restart, field="peer_restart_seconds", positive=False),
-        "last_peer_step": checks.optional_integer(last_copied, "last_peer_step", minimum=0),
+        tier.seconds: parse_duration(seconds, field=tier.seconds, positive=True),
+        tier.interference: 0.0 if interference is None else parse_duration(
+            interference, field=tier.interference, positive=False),
+        tier.restart: None if restart is None else parse_duration(restart, field=tier.restart, positive=False),
+        tier.last_step: checks.optional_integer(last_step, tier.last_step, minimum=0),
     }
 
 
-def measured_peer_costs(observation: Observation, restart: float, fallbacks: list[str]) -> dict[str, Any]:
-    """The peer level's measured costs (``observation.profile``) as :func:`coci.plan` keywords;
-    empty (every checkpoint copied, as a plan without a peer level does) without peer copies or
-    before the first copy is measured. Unmeasured, a copy's interference is 0 (as an upload's) and
-    a restart from a peer's copy costs the local restart plus one copy's time (fetching the same
-    bytes back), recorded as a fallback; measured, the local restart plus what a peer restore took
+def measured_tier_costs(tier: UpperTier, observation: Observation, restart: float, fallbacks: list[str]) -> dict[str, Any]:
+    """An upper level's measured costs (``observation.profile``) as :func:`coci.plan` keywords;
+    empty (every checkpoint at that level, as a plan without it has) without that level or before
+    its first transfer is measured. Unmeasured, a transfer's interference is 0 and a restart from
+    that level costs the local restart plus one transfer's time (fetching the same bytes back),
+    recorded as a fallback; measured, the local restart plus what a restore from that level took
     over a local one."""
     profile = observation.profile
-    measured = getattr(profile, "peer_seconds", None)
-    if observation.last_peer_step is None or measured is None or not measured.known:
+    measured = getattr(profile, tier.seconds, None)
+    last_step = getattr(observation, tier.last_step)
+    if last_step is None or measured is None or not measured.known:
         return {}
-    copy = float(measured.value)
-    peer_restore = profile.peer_restore_seconds.value
-    if peer_restore is None:
-        extra = copy
-        fallbacks.append(f"restore from a peer's copy not measured yet: assumed one copy's time ({copy:.3g} s)")
+    seconds = float(measured.value)
+    restore = getattr(profile, tier.restore).value
+    if restore is None:
+        extra = seconds
+        fallbacks.append(tier.unmeasured_restore.format(seconds=seconds))
     else:
-        extra = max(float(peer_restore) - float(profile.restore_seconds.value or 0.0), 0.0)
+        extra = max(float(restore) - float(profile.restore_seconds.value or 0.0), 0.0)
     return {
-        "peer_seconds": copy,
-        "peer_interference_seconds": float(profile.peer_interference_seconds),
-        "peer_restart_seconds": restart + extra,
-        "last_peer_step": observation.last_peer_step,
+        tier.seconds: seconds,
+        tier.interference: float(getattr(profile, tier.interference)),
+        tier.restart: restart + extra,
+        tier.last_step: last_step,
     }
 
 
