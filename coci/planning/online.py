@@ -349,7 +349,7 @@ class PlanningPolicy:
         if grew and self._checkfreq is not None:
             reasons.append(f"checkfreq interval grew to {self._checkfreq.interval}")
         if self.policy != "checkfreq":
-            for name, new, old in zip(("step time", "checkpoint cost", "persist", "upload"), basis, self._basis):
+            for name, new, old in zip(("step time", "checkpoint cost", "persist", "upload", "peer copy"), basis, self._basis):
                 if abs(new - old) > _PLAN_REPLAN_COST_CHANGE * max(abs(old), 1e-12):
                     reasons.append(f"{name} {old:.3g} -> {new:.3g} s")
             reasons.extend(self._fit_moved(fit, now, horizon))
