@@ -25,7 +25,7 @@ ARENA_GROWTH_FRACTION: float = 0.05
 
 #: Back large host staging arenas and restore buffers with transparent huge pages (an anonymous
 #: mapping advised ``MADV_HUGEPAGE``; Linux, ignored elsewhere): O_DIRECT transfers then pin 2 MB
-#: pages instead of 4 KB ones (benchmarks/README.md, Performance II). Pinned (CUDA) arenas keep
+#: pages instead of 4 KB ones (benchmarks/results/2026-11-23.md, Performance II). Pinned (CUDA) arenas keep
 #: torch's pinned allocator.
 ARENA_HUGE_PAGES: bool = True
 
@@ -43,7 +43,7 @@ WRITE_CHUNK_BYTES: int = 16 << 20
 
 #: Write large page-aligned data files (the staging arena) with ``O_DIRECT``, and read large data
 #: files back with it, when the filesystem allows it (falls back to the page cache where refused). Measured on a 2-core VM
-#: (benchmarks/README.md, Performance): buffered writes slowed concurrent training steps ~2-4x
+#: (benchmarks/results/2026-11-22.md, Performance): buffered writes slowed concurrent training steps ~2-4x
 #: while the page cache was filled and written back; O_DIRECT ~1.1x, and the persist was faster.
 WRITE_DIRECT: bool = True
 
@@ -51,7 +51,7 @@ WRITE_DIRECT: bool = True
 #: thread of the training process) or ``"process"`` (a helper process reading a shared-memory
 #: arena, :mod:`coci.checkpoint.persist_process`). Thread by default: on the 2-core machine the
 #: project is measured on, the helper competes for the same cores; its training-side cost was not
-#: lower beyond the noise and its checkpoints were durable later (benchmarks/README.md, "Persist in
+#: lower beyond the noise and its checkpoints were durable later (benchmarks/results/2026-11-27.md, "Persist in
 #: a thread or a process").
 PERSIST_MODE: str = "thread"
 
@@ -67,7 +67,7 @@ DIRECT_IO_MIN_BYTES: int = 1 << 20
 WRITE_CHECKSUM_THREAD: bool = True
 
 #: Size of one read when restoring and verifying a data file (cold O_DIRECT reads of 500 MB were
-#: faster with 32-64 MB requests than with 16 MB on the 2-core VM; benchmarks/README.md, P4).
+#: faster with 32-64 MB requests than with 16 MB on the 2-core VM; benchmarks/results/2026-11-23.md, P4).
 READ_CHUNK_BYTES: int = 32 << 20
 
 #: Largest ``manifest.json`` (and DCP ``.metadata``) a reader parses: bounds the memory a hostile
@@ -204,7 +204,7 @@ SIMULATE_MAX_FAILURES: int = 10_000
 # --- remote tier (coci.checkpoint.remote) ------------------------------------------------------------------
 
 #: Part size of a multipart upload (and the read size of uploads and downloads): S3's minimum part
-#: is 5 MiB; 8 MiB parts keep the request count low while bounding memory (benchmarks/README.md, "Remote tier").
+#: is 5 MiB; 8 MiB parts keep the request count low while bounding memory (benchmarks/results/2026-11-23.md, "Remote tier").
 UPLOAD_PART_BYTES: int = 8 << 20
 #: Attempts per promotion (the first one included); a failed attempt is logged and retried after
 #: ``UPLOAD_RETRY_SECONDS * 2**attempt``. The local copy is never touched.

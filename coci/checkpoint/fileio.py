@@ -3,7 +3,7 @@
 Large files are written and read in chunks with ``O_DIRECT`` where the filesystem allows it, and
 their checksum is computed on a helper thread while the next chunk moves, so checksumming costs no
 persist or restore time. New files get crc32c (hardware-accelerated by the ``crc32c`` package, about
-5x zlib's crc32 here: benchmarks/README.md, "Performance II"); files of older records are checked with
+5x zlib's crc32 here: benchmarks/results/2026-11-23.md, "Performance II"); files of older records are checked with
 the crc32 they name. A file read back is checked against its recorded size and checksum before any
 byte of it is used.
 """
@@ -48,7 +48,7 @@ def write_file(path: Path, payload: memoryview, fault_point: str | None = None) 
     Large page-aligned payloads (the staging arena) are written with ``O_DIRECT`` where the
     filesystem allows it: the device reads the arena itself, so the persist does not memcpy every
     byte into the page cache and leave the kernel to write it back, which on a 2-core machine costs
-    the training loop several times the write (benchmarks/README.md, P2/P3). The unaligned tail
+    the training loop several times the write (benchmarks/results/2026-11-23.md, P2/P3). The unaligned tail
     goes through the page cache. The checksum of each chunk is computed on a helper thread while
     the next chunk is written (both release the GIL), so it costs no persist time.
     """
@@ -182,7 +182,7 @@ def read_verified(path: Path, entry: records.FileEntry, keep: bool = True) -> to
     Large files are read with ``O_DIRECT`` into a block-aligned buffer where the filesystem allows
     it (the device fills the buffer; no page-cache copy), and the checksum of each chunk runs on the
     checksum thread while the next chunk is read, so a verified restore costs about what the read
-    costs (benchmarks/README.md, P4). With ``keep=False`` two chunk buffers alternate through the
+    costs (benchmarks/results/2026-11-23.md, P4). With ``keep=False`` two chunk buffers alternate through the
     page cache, each reused only once its checksum is done.
     """
     size = entry.size

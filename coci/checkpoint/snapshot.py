@@ -212,7 +212,7 @@ def aligned_empty(size: int, pin: bool = False) -> torch.Tensor:
     A host buffer of at least ``knobs.HUGE_PAGE_MIN_BYTES`` is an anonymous mapping advised to use
     transparent huge pages (``knobs.ARENA_HUGE_PAGES``): the kernel then pins 2 MB pages for each
     O_DIRECT transfer instead of 4 KB ones, which cut the persist's system CPU for 192 MB from
-    about 13 ms to 3 ms and the copy into the arena by a tenth (benchmarks/README.md, Performance II
+    about 13 ms to 3 ms and the copy into the arena by a tenth (benchmarks/results/2026-11-23.md, Performance II
     and Sharded training).
     """
     if _uses_huge_pages(size, pin):

@@ -35,7 +35,7 @@ revealed) is time-consistent with the offline plan:
 * before its first plan (warm-up) ``auto``'s progress objective checkpoints at
   ``knobs.PLAN_WARMUP_CHECKPOINT_STEPS`` (1, 2, 4, 8, 16): no costs or curve are known yet, but a
   run from scratch falls fastest there (measured on GPT-2 runs: nearly all of the online deficit
-  against the offline plan was these steps, see benchmarks/README.md, "Schedule quality");
+  against the offline plan was these steps, see benchmarks/results/2026-11-22.md, "Schedule quality");
 * while the loss trace holds fewer than ``knobs.FIT_MIN_POINTS`` points ``auto`` plans with the
   prior progress rate :data:`PRIOR_PROGRESS_RATE` (equal loss decrease per doubling of the step
   count); a trace the fitter finds flat or rising, or a run that records no loss, gets the

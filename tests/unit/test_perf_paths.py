@@ -1,7 +1,7 @@
 """The performance paths of snapshot and persist: O_DIRECT writes/reads with their fallbacks, the
 overlapped checksum, the aligned arena, and the work-shared fenced copy (CopyJob.finish_cpu_copies).
 
-These are the CPU logic the benchmarks (benchmarks/README.md, Performance) and the CUDA script rely on.
+These are the CPU logic the benchmarks (benchmarks/results/2026-11-22.md, Performance) and the CUDA script rely on.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def test_fence_copies_what_the_worker_has_not_reached_and_waits_for_its_copy_in_
 
 def test_a_worker_making_the_last_copy_lets_the_waiting_fence_resume_before_it_goes_on() -> None:
     """Otherwise the worker would go on to write holding the GIL and the woken fence would wait for
-    the interpreter's switch interval (benchmarks/README.md, Sharded training)."""
+    the interpreter's switch interval (benchmarks/results/2026-11-23.md, Sharded training)."""
     started, release = threading.Event(), threading.Event()
     order: list[str] = []
 

@@ -6,7 +6,7 @@ adds obstore's S3 config keys, and its ``client_options`` and ``retry_config`` o
 limits every request runs under (:func:`client_options`, :func:`retry_config`: ``knobs.REMOTE_*``).
 Files go up as multipart uploads of ``knobs.UPLOAD_PART_BYTES``
 parts, a few in flight (an object appears only once all its parts are complete). Why obstore:
-benchmarks/README.md, "Remote tier".
+benchmarks/results/2026-11-23.md, "Remote tier".
 """
 
 from __future__ import annotations
