@@ -67,7 +67,7 @@ DIRECT_IO_MIN_BYTES: int = 1 << 20
 WRITE_CHECKSUM_THREAD: bool = True
 
 #: Size of one read when restoring and verifying a data file (cold O_DIRECT reads of 500 MB were
-#: faster with 32-64 MB requests than with 16 MB on the 2-core VM; benchmarks/results/2026-11-23.md, P4).
+#: faster with 32-64 MB requests than with 16 MB on the 2-core VM; benchmarks/results/2026-11-22.md, P4).
 READ_CHUNK_BYTES: int = 32 << 20
 
 #: Largest ``manifest.json`` (and DCP ``.metadata``) a reader parses: bounds the memory a hostile

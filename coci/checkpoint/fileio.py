@@ -182,7 +182,7 @@ def read_verified(path: Path, entry: records.FileEntry, keep: bool = True) -> to
     Large files are read with ``O_DIRECT`` into a block-aligned buffer where the filesystem allows
     it (the device fills the buffer; no page-cache copy), and the checksum of each chunk runs on the
     checksum thread while the next chunk is read, so a verified restore costs about what the read
-    costs (benchmarks/results/2026-11-23.md, P4). With ``keep=False`` two chunk buffers alternate through the
+    costs (benchmarks/results/2026-11-22.md, P4). With ``keep=False`` two chunk buffers alternate through the
     page cache, each reused only once its checksum is done.
     """
     size = entry.size
