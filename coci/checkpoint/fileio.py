@@ -48,7 +48,7 @@ def write_file(path: Path, payload: memoryview, fault_point: str | None = None) 
     Large page-aligned payloads (the staging arena) are written with ``O_DIRECT`` where the
     filesystem allows it: the device reads the arena itself, so the persist does not memcpy every
     byte into the page cache and leave the kernel to write it back, which on a 2-core machine costs
-    the training loop several times the write (benchmarks/results/2026-11-23.md, P2/P3). The unaligned tail
+    the training loop several times the write (benchmarks/results/2026-11-22.md, P2/P3). The unaligned tail
     goes through the page cache. The checksum of each chunk is computed on a helper thread while
     the next chunk is written (both release the GIL), so it costs no persist time.
     """
