@@ -183,6 +183,8 @@ def test_real_full_disk(small_disk: Path) -> None:
     session = coci.Session(run_dir, state=state, policy=coci.EveryN(2), keep_last=1)
     one_step(session, state, generator)
     assert one_step(session, state, generator).upload_completion.result(timeout=30).step == 2
+    session._profiler.wait_for_probe()  # the background bandwidth probe's scratch file is gone before
+    # the disk is measured below (freed afterwards, it would make room for the next checkpoint)
     ballast = small_disk / "ballast"
     with open(ballast, "wb") as handle:  # another tenant fills the disk to ~0.2 MB free
         free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
