@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from coci import knobs
+from coci import knobs, safe_files
 from coci.checkpoint import commit, layout, record_reads, records
 from coci.checkpoint.dcp import read_dcp_manifest, read_dcp_metadata
 from coci.checkpoint.dcp_manifest import DcpManifest
@@ -238,12 +238,7 @@ class _ChunkWriter:
             try:
                 if self._error is None:
                     self._checksum.submit(buffer[:count])
-                    _write_fully(self._fd, buffer[:count])
+                    safe_files.write_all(self._fd, buffer[:count])
             except BaseException as exc:
                 self._error = exc
             self._free.put(buffer)
-
-
-def _write_fully(fd: int, piece: memoryview) -> None:
-    while piece:
-        piece = piece[os.write(fd, piece) :]
