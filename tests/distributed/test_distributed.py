@@ -22,6 +22,7 @@ import functools
 import json
 import signal
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -152,14 +153,20 @@ def test_a_resumable_sampler_in_place_of_distributed_sampler_resumes_exactly_aft
     assert final["steps"] == EPOCHS * SAMPLES // (2 * BATCH)
 
 
-def test_rank_killed_after_its_dcp_write_commits_nothing_and_survivor_exits(tmp_path: Path) -> None:
-    # rank 1 dies at the second checkpoint (step 8) after DCP wrote every file, before it voted
-    codes = launch(tmp_path, 2, "--fault", "1:dcp_after_save:2", "--coci-timeout", "20")
+def assert_killed_rank_commits_nothing(launch: Callable[..., list[int]], run_dir: Path) -> None:
+    """Rank 1 of a two-rank job (``launch``: the job's :func:`torchrun_helpers.launch`) dies at the
+    second checkpoint (step 8) after DCP wrote every file, before it voted: the survivor fails
+    instead of hanging, nothing of step 8 is committed and step 4 still verifies."""
+    codes = launch(run_dir, 2, "--fault", "1:dcp_after_save:2", "--coci-timeout", "20")
     assert codes[1] == -signal.SIGKILL and codes[0] not in (0, None)  # the survivor failed, not hung
-    assert committed(tmp_path) == [4]
-    root = layout.checkpoints_dir(tmp_path)
+    assert committed(run_dir) == [4]
+    root = layout.checkpoints_dir(run_dir)
     assert not (root / "step_8").exists()
     assert verify_dcp_checkpoint(root / "step_4").step == 4
+
+
+def test_rank_killed_after_its_dcp_write_commits_nothing_and_survivor_exits(tmp_path: Path) -> None:
+    assert_killed_rank_commits_nothing(launch, tmp_path)
 
 
 def test_rank0_killed_before_the_rename_commits_nothing(tmp_path: Path) -> None:

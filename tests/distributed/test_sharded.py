@@ -34,6 +34,7 @@ import torchrun_helpers
 
 from coci.checkpoint import layout
 from coci.checkpoint.dcp import verify_dcp_checkpoint
+from tests.distributed.test_distributed import assert_killed_rank_commits_nothing, committed
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "sharded_job.py"
 REPO = JOB.parents[2]
@@ -52,10 +53,6 @@ def step_log(run_dir: Path, rank: int) -> dict[int, tuple[str, str]]:
         step, _, indices, loss = line.split()
         assert rows.setdefault(int(step), (indices, loss)) == (indices, loss), (rank, step)
     return rows
-
-
-def committed(run_dir: Path) -> list[int]:
-    return [step for step, _ in layout.committed_steps(layout.checkpoints_dir(run_dir))]
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -125,13 +122,7 @@ def test_resume_after_sigkill_during_a_persist_is_bitwise(tmp_path: Path, refere
 
 
 def test_rank_killed_mid_persist_commits_nothing(tmp_path: Path) -> None:
-    # rank 1 dies at the second checkpoint (step 8) after writing its shards, before it voted
-    codes = launch(tmp_path, 2, "--fault", "1:dcp_after_save:2", "--coci-timeout", "20")
-    assert codes[1] == -signal.SIGKILL and codes[0] not in (0, None)  # the survivor failed, not hung
-    assert committed(tmp_path) == [4]
-    root = layout.checkpoints_dir(tmp_path)
-    assert not (root / "step_8").exists()
-    assert verify_dcp_checkpoint(root / "step_4").step == 4
+    assert_killed_rank_commits_nothing(launch, tmp_path)  # rank 1 dies after writing its shards, before it voted
 
 
 def test_reshard_2_to_1_to_2(tmp_path: Path) -> None:

@@ -13,15 +13,15 @@ from __future__ import annotations
 import io
 import math
 import pickle
-import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+import test_security
 import torch
-from ckpt_helpers import make_run, restore_fresh, step_dir
-from test_security import plant_dcp, reseal_dcp, rewrite_metadata, write_dcp_run
+from ckpt_helpers import restore_fresh
+from test_security import plant_dcp, reseal_dcp, rewrite_metadata
 
 from coci import cli
 from coci.analysis.report.read import run_loss_trace
@@ -31,19 +31,8 @@ from coci.checkpoint.verify import verify_run
 BOMB_BYTES = 64 << 20
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(a single-process run with checkpoints 2 and 4, a DCP checkpoint of the same state)."""
-    base = tmp_path_factory.mktemp("dcp_items")
-    make_run(base / "local", steps=4, every=2)
-    write_dcp_run(base / "dcp", base / "store")
-    return base / "local", step_dir(base / "dcp", 10)
-
-
-@pytest.fixture
-def run(pristine: tuple[Path, Path], tmp_path: Path) -> Path:
-    shutil.copytree(pristine[0], tmp_path / "run")
-    return tmp_path / "run"
+#: The fixtures: a single-process run with checkpoints 2 and 4 and a DCP checkpoint of the same state; a copy of that run.
+pristine, run = test_security.pristine, test_security.run
 
 
 def metadata_of(target: Path) -> Any:
