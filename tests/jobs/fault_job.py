@@ -47,10 +47,11 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from forked import run_forked
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -227,23 +228,15 @@ def serve() -> None:
     out = sys.stdout
     for line in sys.stdin:
         job = json.loads(line)
-        out.flush()
         began = time.perf_counter()
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                sys.stdin.close()
-                run_job(**job)
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-            finally:
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        out.write(json.dumps({"code": os.waitstatus_to_exitcode(status), "seconds": time.perf_counter() - began}) + "\n")
+        code = run_forked(lambda job=job: _run_in_child(job))
+        out.write(json.dumps({"code": code, "seconds": time.perf_counter() - began}) + "\n")
         out.flush()
+
+
+def _run_in_child(job: dict[str, Any]) -> None:
+    sys.stdin.close()  # the server's job lines are not the child's
+    run_job(**job)
 
 
 class ForkServer:

@@ -28,10 +28,11 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 import types
 from pathlib import Path
 from typing import Any
+
+from forked import run_forked
 
 HERE = Path(__file__).resolve().parent
 ENV = {
@@ -123,28 +124,18 @@ def load_job(path: Path, plain: bool) -> types.ModuleType:
 def run_child(job: types.ModuleType, out: Path, config: dict[str, Any], kill: str | None, result_name: str) -> int:
     """Fork a child that runs ``job.train``; its exit code (negative: the signal that killed it)."""
     out.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            import torch
 
-            signal.alarm(CHILD_ALARM_SECONDS)
-            torch.set_num_threads(1)
-            hooks = Hooks(out, kill)
-            hooks.arm_persist_kill()
-            result = job.train(out, hooks, **config)
-            torch.save(result, out / result_name)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    def child() -> None:
+        import torch
+
+        signal.alarm(CHILD_ALARM_SECONDS)
+        torch.set_num_threads(1)
+        hooks = Hooks(out, kill)
+        hooks.arm_persist_kill()
+        result = job.train(out, hooks, **config)
+        torch.save(result, out / result_name)
+
+    return run_forked(child)
 
 
 def run_trajectory(jobs: dict[str, types.ModuleType], out: Path, trajectory: dict[str, Any]) -> dict[str, int]:
