@@ -170,39 +170,48 @@ def optimal_two_level(
     local, remote = model.local, model.remote
     if local.total_steps - local.start_step > 400:
         raise ConfigError("the two-level DP is cubic: at most 400 steps")
-    local_link, local_end = _links(local, alpha, local.last_checkpoint_step)
-    remote_link, remote_end = _links(remote, alpha, remote.last_checkpoint_step)
-    steps = _chain_terms(local, alpha, local.last_checkpoint_step)[3]
-    steps = steps.copy()
+    steps, (local_link, remote_link), (local_end, remote_end) = _grid(
+        ((local, min_steps), (remote, min_promote)), alpha)
+    best_local, via = _best_chains(local_link)
+    local_tail, local_last = _tail(best_local, local_end)
+    promoted, parent = _top_chain(remote_link, best_local)
+    finals = promoted + remote_end + local_tail
+    last = int(np.argmin(finals))
+    restarts = sum(float(m.failures_until(m.horizon_seconds)) * m.restart_seconds for m in (local, remote))
+    promote_nodes = _walk(parent, last)
+    local_nodes = _stretches(via, [0, *promote_nodes], int(local_last[last]))
+    return steps[local_nodes], steps[promote_nodes], float(finals[last]) + restarts
+
+
+def _grid(
+    chains: tuple[tuple[CostModel, int], ...], alpha: float
+) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """The nodes' steps (node 0 at ``max(start_step, last_checkpoint_step)`` for the spacing) and,
+    per ``(chain, spacing)``, its link costs (``inf`` below the spacing) and end costs."""
+    local = chains[0][0]
+    steps = _chain_terms(local, alpha, local.last_checkpoint_step)[3].copy()
     steps[0] = max(local.start_step, local.last_checkpoint_step)
-    n = steps.size
     gap = steps[None, :] - steps[:, None]
-    local_link = np.where(gap >= min_steps, local_link, np.inf)
-    remote_link = np.where(gap >= min_promote, remote_link, np.inf)
-    best_local = np.full((n, n), np.inf)  # best_local[a, b]: local chain a -> b
-    np.fill_diagonal(best_local, 0.0)
-    via = np.full((n, n), -1, dtype=np.int64)
-    for b in range(1, n):
-        options = best_local[:, :b] + local_link[None, :b, b]  # [a, c]: a -> ... -> c -> b
-        via[:, b] = np.argmin(options, axis=1)
-        best_local[:b, b] = options[np.arange(b), via[:b, b]]
-    promoted = np.full(n, np.inf)
-    promoted[0] = 0.0
+    links, ends = [], []
+    for chain, spacing in chains:
+        link, end = _links(chain, alpha, chain.last_checkpoint_step)
+        links.append(np.where(gap >= spacing, link, np.inf))
+        ends.append(end)
+    return steps, links, ends
+
+
+def _top_chain(link: np.ndarray, inner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The top level's chain from node 0: per node ``b``, the cheapest chain ending at ``b`` (its
+    links ``a -> b`` cost ``link[a, b]`` plus ``inner[a, b]``) and the node before ``b``."""
+    n = link.shape[0]
+    cost = np.full(n, np.inf)
+    cost[0] = 0.0
     parent = np.full(n, -1, dtype=np.int64)
     for b in range(1, n):
-        options = promoted[:b] + remote_link[:b, b] + best_local[:b, b]
+        options = cost[:b] + link[:b, b] + inner[:b, b]
         parent[b] = int(np.argmin(options))
-        promoted[b] = options[parent[b]]
-    tails = best_local + local_end[None, :]  # [a, c]: local chain a -> c, then c -> horizon
-    tails[np.tril_indices(n, -1)] = np.inf
-    finals = promoted + remote_end + tails.min(axis=1)
-    last = int(np.argmin(finals))
-    restarts = float(local.failures_until(local.horizon_seconds)) * local.restart_seconds + float(
-        remote.failures_until(remote.horizon_seconds)
-    ) * remote.restart_seconds
-    promote_nodes = _walk(parent, last)
-    local_nodes = _local_nodes(via, [0, *promote_nodes], int(np.argmin(tails[last])))
-    return steps[local_nodes], steps[promote_nodes], float(finals[last]) + restarts
+        cost[b] = options[parent[b]]
+    return cost, parent
 
 
 def _walk(parent: np.ndarray, node: int) -> list[int]:
@@ -211,22 +220,6 @@ def _walk(parent: np.ndarray, node: int) -> list[int]:
         chain.append(node)
         node = int(parent[node])
     return chain[::-1]
-
-
-def _local_nodes(via: np.ndarray, promotions: list[int], last_local: int) -> list[int]:
-    """The local chain's nodes: each promotion-to-promotion stretch, then the last to ``last_local``."""
-    nodes: list[int] = []
-    for a, b in zip(promotions, [*promotions[1:], last_local]):
-        stretch = []
-        node = b
-        while node != a:
-            stretch.append(node)
-            node = int(via[a, node])
-        nodes.extend(stretch[::-1])
-    return nodes
-
-
-# --- three levels --------------------------------------------------------------------------------
 
 
 def _best_chains(link: np.ndarray, inner: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -265,6 +258,9 @@ def _stretches(via: np.ndarray, anchors: list[int], last: int) -> list[int]:
     return nodes
 
 
+# --- three levels --------------------------------------------------------------------------------
+
+
 def optimal_three_level(
     model: ThreeLevelCostModel, *, alpha: float = 0.0, min_steps: int = 1, min_peer: int = 1, min_promote: int = 1
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -279,25 +275,12 @@ def optimal_three_level(
     local, peer, remote = model.chains()
     if local.total_steps - local.start_step > 400:
         raise ConfigError("the three-level DP is cubic: at most 400 steps")
-    steps = _chain_terms(local, alpha, local.last_checkpoint_step)[3].copy()
-    steps[0] = max(local.start_step, local.last_checkpoint_step)
-    gap = steps[None, :] - steps[:, None]
-    links, ends = [], []
-    for chain, spacing in ((local, min_steps), (peer, min_peer), (remote, min_promote)):
-        link, end = _links(chain, alpha, chain.last_checkpoint_step)
-        links.append(np.where(gap >= spacing, link, np.inf))
-        ends.append(end)
+    steps, links, ends = _grid(((local, min_steps), (peer, min_peer), (remote, min_promote)), alpha)
     best_local, via_local = _best_chains(links[0])
     best_peer, via_peer = _best_chains(links[1], best_local)
     local_tail, local_last = _tail(best_local, ends[0])
     peer_tail, peer_last = _tail(best_peer, ends[1] + local_tail)
-    uploaded = np.full(steps.size, np.inf)
-    uploaded[0] = 0.0
-    parent = np.full(steps.size, -1, dtype=np.int64)
-    for b in range(1, steps.size):
-        options = uploaded[:b] + links[2][:b, b] + best_peer[:b, b]
-        parent[b] = int(np.argmin(options))
-        uploaded[b] = options[parent[b]]
+    uploaded, parent = _top_chain(links[2], best_peer)
     finals = uploaded + ends[2] + peer_tail
     last = int(np.argmin(finals))
     restarts = sum(float(m.failures_until(m.horizon_seconds)) * m.restart_seconds for m in model.chains())
