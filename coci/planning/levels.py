@@ -54,7 +54,7 @@ from coci.planning.formulas import (
 from coci.planning.objective import CostModel, Overhead, TwoLevelCostModel, mu_from_alpha
 
 __all__ = [
-    "Level", "TwoLevelResult", "auto_two_level", "level_of", "levels_of", "local_around", "min_promote_steps", "two_level_candidates",
+    "Level", "TwoLevelResult", "against_all", "auto_two_level", "charged", "level_of", "levels_of", "local_around", "min_promote_steps", "two_level_candidates",
 ]
 
 TwoLevelPlan = tuple[np.ndarray, np.ndarray]
@@ -171,11 +171,13 @@ def two_level_candidates(
     ``refined=False`` skips the exact refinements (enough to tell on which side of the budget a
     weight falls)."""
     promotions: list[np.ndarray] = []
-    for charged in (_charged(model), _combined(model)):
-        max_promote = max_interval_steps(charged, min_promote)
-        promotions += place(charged, alpha, min_promote, (-1, 0, 1), max_promote, refined)
+    # the promoted chain alone, each promotion charged its upload and the local checkpoint it needs;
+    # and every checkpoint promoted, against every failure
+    for chain in (charged(model.remote, model.local.checkpoint_seconds), against_all(model.remote, model.local)):
+        max_promote = max_interval_steps(chain, min_promote)
+        promotions += place(chain, alpha, min_promote, (-1, 0, 1), max_promote, refined)
         if alpha == 0.0:
-            promotions += _periodic_candidates(charged, min_promote)
+            promotions += _periodic_candidates(chain, min_promote)
     candidates: list[TwoLevelPlan] = []
     for promote in promotions:
         candidates.append((local_around(model.local, promote, alpha, min_steps, max_steps, refined), promote))
@@ -183,23 +185,21 @@ def two_level_candidates(
     return candidates
 
 
-def _charged(model: TwoLevelCostModel) -> CostModel:
-    """The promoted chain alone, each promotion charged its upload and the local checkpoint it needs."""
-    cost = model.remote.checkpoint_seconds + model.local.checkpoint_seconds
-    return dataclasses.replace(model.remote, checkpoint_seconds=cost)
+def charged(chain: CostModel, extra: float) -> CostModel:
+    """``chain`` with each of its checkpoints charged ``extra`` more (the lower levels it needs)."""
+    return dataclasses.replace(chain, checkpoint_seconds=chain.checkpoint_seconds + extra)
 
 
-def _combined(model: TwoLevelCostModel) -> CostModel:
-    """Every checkpoint promoted: one chain against every failure (the two hazards added; the cell
-    grids are the same and the tabulated integrals linear in the hazard), at the local plus the
-    upload cost and the remote commit delay."""
-    local, remote = model.local, model.remote
+def against_all(top: CostModel, *below: CostModel) -> CostModel:
+    """Every checkpoint at level ``top``: one chain against the failures of every level (the
+    hazards added; the cell grids are the same and the tabulated integrals linear in the hazard),
+    at the costs of every level and ``top``'s commit delay."""
     return dataclasses.replace(
-        _charged(model),
-        hazard=local.hazard + remote.hazard,
-        cum_failures=local.cum_failures + remote.cum_failures,
-        cum_time_integral=local.cum_time_integral + remote.cum_time_integral,
-        cum_progress_integral=local.cum_progress_integral + remote.cum_progress_integral,
+        charged(top, sum(chain.checkpoint_seconds for chain in below)),
+        hazard=sum((chain.hazard for chain in below), top.hazard),
+        cum_failures=sum((chain.cum_failures for chain in below), top.cum_failures),
+        cum_time_integral=sum((chain.cum_time_integral for chain in below), top.cum_time_integral),
+        cum_progress_integral=sum((chain.cum_progress_integral for chain in below), top.cum_progress_integral),
     )
 
 

@@ -32,7 +32,6 @@ Peer copies are at least ``ceil(D / t)`` steps apart (one copy in flight), uploa
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +41,7 @@ from coci import checks
 from coci.errors import ConfigError
 from coci.planning.failures import Failures
 from coci.planning.formulas import _periodic_candidates, max_interval_steps, place
-from coci.planning.levels import MixtureChoice, auto_mixture, local_around
+from coci.planning.levels import MixtureChoice, against_all, auto_mixture, charged, local_around
 from coci.planning.objective import CostModel, ExpectedFailures, Overhead, build_cost_model, expected_failures, level_figures
 from coci.units import parse_duration
 
@@ -121,27 +120,9 @@ class ThreeLevelResult(MixtureChoice):
     budget_wall_seconds: float | None
 
 
-def _charged(chain: CostModel, extra: float) -> CostModel:
-    """``chain`` with each of its checkpoints charged ``extra`` more (the lower levels it needs)."""
-    return dataclasses.replace(chain, checkpoint_seconds=chain.checkpoint_seconds + extra)
-
-
-def _against_all(top: CostModel, *below: CostModel) -> CostModel:
-    """Every checkpoint at level ``top``: one chain against the failures of every level (the
-    hazards added, as in :func:`coci.planning.levels._combined`; the cell grids are the same), at
-    the costs of every level and ``top``'s commit delay."""
-    return dataclasses.replace(
-        _charged(top, sum(chain.checkpoint_seconds for chain in below)),
-        hazard=sum((chain.hazard for chain in below), top.hazard),
-        cum_failures=sum((chain.cum_failures for chain in below), top.cum_failures),
-        cum_time_integral=sum((chain.cum_time_integral for chain in below), top.cum_time_integral),
-        cum_progress_integral=sum((chain.cum_progress_integral for chain in below), top.cum_progress_integral),
-    )
-
-
 def _everything(model: ThreeLevelCostModel) -> CostModel:
     """Every checkpoint at every level."""
-    return _against_all(model.remote, model.local, model.peer)
+    return against_all(model.remote, model.local, model.peer)
 
 
 def _uploads(model: ThreeLevelCostModel, alpha: float, min_promote: int, refined: bool) -> list[np.ndarray]:
@@ -151,7 +132,7 @@ def _uploads(model: ThreeLevelCostModel, alpha: float, min_promote: int, refined
     uploads: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     if not np.any(remote.hazard > 0):  # no class destroys the peer copies (or no remote tier): no uploads
         return uploads
-    for chain in (_charged(remote, local.checkpoint_seconds + peer.checkpoint_seconds), _everything(model)):
+    for chain in (charged(remote, local.checkpoint_seconds + peer.checkpoint_seconds), _everything(model)):
         uploads += place(chain, alpha, min_promote, (-1, 0, 1), max_interval_steps(chain, min_promote), refined)
         if alpha == 0.0:
             uploads += _periodic_candidates(chain, min_promote)
@@ -178,9 +159,9 @@ def three_level_candidates(
 ) -> list[ThreeLevelPlan]:
     """``(steps, peer, promote)`` candidates for one mixture weight (module docstring)."""
     local, peer, _ = model.chains()
-    peer_chain = _charged(peer, local.checkpoint_seconds)
+    peer_chain = charged(peer, local.checkpoint_seconds)
     candidates: list[ThreeLevelPlan] = []
-    placed = _placed(peer_chain, alpha, min_peer, refined) + _placed(_against_all(peer, local), alpha, min_peer, refined)
+    placed = _placed(peer_chain, alpha, min_peer, refined) + _placed(against_all(peer, local), alpha, min_peer, refined)
     for uploads in _uploads(model, alpha, min_promote, refined):
         copy_sets = [_around(peer_chain, uploads, alpha, min_peer, refined), uploads]
         if uploads.size == 0:  # the two-level problem one level down: place the copies as promotions
