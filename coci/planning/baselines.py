@@ -4,16 +4,13 @@ overhead-bounded interval, and :class:`CheckFreqAdaptation`, CheckFreq's online 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from coci.planning.failures import Failures
 from coci.planning.formulas import checkfreq_interval, checkfreq_steps, daly_interval_seconds, periodic_steps, young_interval_seconds
 from coci.planning.objective import build_cost_model, expected_failures
-
-if TYPE_CHECKING:
-    pass
 from coci.planning.problem import _Placement, _Problem, _single_level_cost, warned_expected
 from coci.planning.records import Plan
 

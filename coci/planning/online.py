@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from coci import knobs
 from coci.errors import ConfigError
+from coci.planning.baselines import CheckFreqAdaptation
 from coci.planning.config import PlanConfig
 from coci.planning.fit import CurveFit, fit_curve
+from coci.planning.planner import plan
 from coci.planning.policy import Observation
 from coci.planning.prior import CorrectedRate, PriorCurve, PriorLike, WarmStart, load_prior
-
-if TYPE_CHECKING:
-    pass
-from coci.planning.baselines import CheckFreqAdaptation
-from coci.planning.planner import plan
 from coci.planning.progress import _mean_rate
 from coci.planning.records import PRIOR_PROGRESS_RATE, Plan, ProgressCurve
 from coci.planning.three_levels import PEER_TIER, REMOTE_TIER, measured_tier_costs

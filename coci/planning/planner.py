@@ -48,12 +48,13 @@ revealed) is time-consistent with the offline plan:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from coci.errors import ConfigError
 from coci.planning.arguments import CurveLike
+from coci.planning.baselines import _plan_checkfreq, _plan_daly, _plan_young
 from coci.planning.config import PlanConfig, changed_arguments
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit, fit_coci_exponential
@@ -69,10 +70,6 @@ from coci.planning.formulas import (
 )
 from coci.planning.levels import auto_two_level, min_promote_steps
 from coci.planning.objective import CostModel, TwoLevelCostModel, build_cost_model, expected_failures
-
-if TYPE_CHECKING:
-    pass
-from coci.planning.baselines import _plan_checkfreq, _plan_daly, _plan_young
 from coci.planning.problem import _finish, _Placement, _Problem, _problem
 from coci.planning.records import Plan
 from coci.planning.three_levels import PEER_TIER, REMOTE_TIER, ThreeLevelCostModel, auto_three_level, tier_costs

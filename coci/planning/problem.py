@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -21,13 +21,10 @@ from coci.planning.fit import CurveFit
 from coci.planning.formulas import check_plan_size, min_interval_steps
 from coci.planning.levels import min_promote_steps
 from coci.planning.objective import CostModel, ExpectedFailures, TwoLevelCostModel, build_cost_model, expected_failures
-from coci.planning.three_levels import ThreeLevelCostModel, three_level_model
-from coci.units import parse_duration
-
-if TYPE_CHECKING:
-    pass
 from coci.planning.progress import _mean_rate, _observed_past_rate, _resolve_curve
 from coci.planning.records import Plan, PlanInputs, RateFunction
+from coci.planning.three_levels import ThreeLevelCostModel, three_level_model
+from coci.units import parse_duration
 
 #: A plan notes that its expected costs understate the wall time when the restart takes more than
 #: this fraction of the job's MTBF (failures during restarts and re-done work are not counted).

@@ -5,7 +5,7 @@ re-planning, see :mod:`coci.planning.planner`)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -13,9 +13,6 @@ from coci.errors import ConfigError
 from coci.planning.arguments import CurveLike
 from coci.planning.fit import CurveFit, fit_curve
 from coci.planning.objective import whole_run_mean_rate
-
-if TYPE_CHECKING:
-    pass
 from coci.planning.records import RateFunction
 
 __all__ = ["fit_progress_weight"]
