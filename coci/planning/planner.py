@@ -68,11 +68,11 @@ from coci.planning.formulas import (
     min_interval_steps,
     snap_to_steps,
 )
-from coci.planning.levels import auto_two_level, min_promote_steps
+from coci.planning.levels import TwoLevelResult, auto_two_level, min_promote_steps
 from coci.planning.objective import CostModel, TwoLevelCostModel, build_cost_model, expected_failures
 from coci.planning.problem import _finish, _Placement, _Problem, _problem
 from coci.planning.records import Plan
-from coci.planning.three_levels import PEER_TIER, REMOTE_TIER, ThreeLevelCostModel, auto_three_level, tier_costs
+from coci.planning.three_levels import PEER_TIER, REMOTE_TIER, ThreeLevelCostModel, ThreeLevelResult, auto_three_level, tier_costs
 
 __all__ = ["POLICY_PLANNERS", "plan"]
 
@@ -196,10 +196,19 @@ def _plan_auto(problem: _Problem) -> _Placement:
             model, objective=objective, time_budget=config.time_budget, min_steps=min_steps, max_steps=max_steps,
         )
     problem.notes.extend(result.notes)
+    return _mixture_placement(result, objective)
+
+
+def _mixture_placement(
+    result: AutoResult | TwoLevelResult | ThreeLevelResult, objective: str,
+    promote: np.ndarray | None = None, peer: np.ndarray | None = None,
+) -> _Placement:
+    """An ``auto`` result as a placement: its mixture weight (progress objective only), the time
+    optimum and, where bisected, the budget."""
     expected = {"time_optimal_wall_seconds": result.time_optimal_wall_seconds}
     if result.budget_wall_seconds is not None:
         expected["budget_wall_seconds"] = result.budget_wall_seconds
-    return _Placement(result.steps, objective, result.mu if objective == "progress" else None, expected)
+    return _Placement(result.steps, objective, result.mu if objective == "progress" else None, expected, promote, peer)
 
 
 def _plan_two_levels(problem: _Problem, model: TwoLevelCostModel, objective: str) -> _Placement:
@@ -217,11 +226,7 @@ def _plan_two_levels(problem: _Problem, model: TwoLevelCostModel, objective: str
     )
     if model.local.start_step > 0 and objective == "progress" and config.time_budget is not None:
         problem.notes.append("re-plan with a remote tier: the time budget is measured on the remaining steps")
-    expected = {"time_optimal_wall_seconds": result.time_optimal_wall_seconds}
-    if result.budget_wall_seconds is not None:
-        expected["budget_wall_seconds"] = result.budget_wall_seconds
-    mu = result.mu if objective == "progress" else None
-    return _Placement(result.steps, objective, mu, expected, promote=result.promote)
+    return _mixture_placement(result, objective, promote=result.promote)
 
 
 def _plan_three_levels(problem: _Problem, model: ThreeLevelCostModel, objective: str) -> _Placement:
@@ -240,11 +245,7 @@ def _plan_three_levels(problem: _Problem, model: ThreeLevelCostModel, objective:
     problem.notes.append(
         f"three levels: {len(result.peer)} of {len(result.steps)} checkpoints copied to a peer, {len(result.promote)} uploaded"
     )
-    expected = {"time_optimal_wall_seconds": result.time_optimal_wall_seconds}
-    if result.budget_wall_seconds is not None:
-        expected["budget_wall_seconds"] = result.budget_wall_seconds
-    mu = result.mu if objective == "progress" else None
-    return _Placement(result.steps, objective, mu, expected, promote=result.promote, peer=result.peer)
+    return _mixture_placement(result, objective, promote=result.promote, peer=result.peer)
 
 
 def _plan_rest_within_run_budget(problem: _Problem, time_budget: float, max_steps: int) -> AutoResult:
