@@ -38,14 +38,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from coci import knobs
-from coci.analysis.simulated_job import Job, Timeline, _remote_commits
+from coci.analysis.simulated_job import Job, RateFunction, Timeline
 from coci.analysis.trial_runner import _metrics, _stop_steps, _Trials, _weight_function
 from coci.planning.failures import Failures
 from coci.planning.records import Plan
 
 __all__ = ["copied", "restore_levels", "run_levels"]
-
-RateFunction = Callable[[np.ndarray], np.ndarray]
 
 logger = logging.getLogger(__name__)
 
@@ -75,29 +73,18 @@ def restore_levels(failures: Failures, job: Job) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Levels:
-    """What a rollback needs: the timeline, the peer commits, the job, each class's restore level
-    and the cumulative progress weight."""
+    """What a rollback needs: the timeline (the peer commits in it), the job, each class's restore
+    level and the cumulative progress weight."""
 
     timeline: Timeline
-    peer_commit: np.ndarray  # per checkpoint index: when its copy commits on the peer (inf: not copied)
-    copied: np.ndarray  # the indices copied, in order
     job: Job
     source: np.ndarray
     weight: Callable[[np.ndarray], np.ndarray]
 
-    def newest_peer(self, at: np.ndarray, after: np.ndarray, floor: np.ndarray) -> np.ndarray:
-        """Newest checkpoint on the peer level at (timeline) wall time ``at``: copied in this life
-        (index above ``after``) or ``floor`` (committed earlier)."""
-        if self.copied.size == 0:
-            return floor
-        done = np.searchsorted(self.peer_commit[self.copied], at, side="right") - 1
-        newest = np.where(done >= 0, self.copied[np.maximum(done, 0)], 0)
-        return np.where(newest > after, np.maximum(newest, floor), floor)
-
 
 @dataclass
 class _PeerState:
-    """Per-trial peer-level figures next to :class:`coci.analysis.simulate._Trials`."""
+    """Per-trial peer-level figures next to :class:`coci.analysis.trial_runner._Trials`."""
 
     back: np.ndarray  # index of the newest checkpoint committed on the peer level
     restores: np.ndarray
@@ -117,12 +104,7 @@ def run_levels(
     """The vectorised event loop: one failure per trial per iteration (module docstring); ``copies``
     None without a peer level."""
     timeline = Timeline.build(steps, job, promote, copies)
-    copy_mask = np.concatenate([[False], np.zeros(steps.size, bool) if copies is None else np.isin(steps, copies)])
-    peer_commit = _remote_commits(timeline.commit, copy_mask, job.peer_seconds)
-    levels = _Levels(
-        timeline, peer_commit, np.flatnonzero(np.isfinite(peer_commit[1:])) + 1, job, restore_levels(failures, job),
-        _weight_function(rate, job),
-    )
+    levels = _Levels(timeline, job, restore_levels(failures, job), _weight_function(rate, job))
     streams = np.random.SeedSequence(seed).spawn(4)  # the first three as before a fourth was added
     run_stream, restart_stream, stop_stream, warn_stream = (np.random.default_rng(s) for s in streams)
     notice = failures.warning_fits(job.stall_seconds + job.persist_seconds)
@@ -243,7 +225,7 @@ def _run_phase(
     state.restarting[hit] = True
     state.restart_cost[hit] = job.restart_seconds
     state.remote_back[hit] = timeline.newest_remote(at_hit, j_hit, state.remote_back[hit])
-    peers.back[hit] = levels.newest_peer(at_hit, j_hit, peers.back[hit])
+    peers.back[hit] = timeline.newest_peer(at_hit, j_hit, peers.back[hit])
     progress = timeline.progress_at(at_hit, j_hit)
 
     notice = warned[fail]

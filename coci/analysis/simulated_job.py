@@ -102,7 +102,8 @@ class Timeline:
     that first interval ends (checkpoint ``i + 1``'s step, or the end). ``wall_knots`` /
     ``progress_knots`` map wall time to progress (piecewise linear; flat during stalls and waits).
     ``remote_commit[i]`` is when checkpoint ``i`` commits on the remote tier (``inf``: not
-    promoted; ``-inf`` for the start); ``promoted`` the indices promoted, in order.
+    promoted; ``-inf`` for the start); ``promoted`` the indices promoted, in order; ``peer_commit``
+    and ``copied`` the same for the copies to a peer.
     """
 
     steps: np.ndarray
@@ -115,6 +116,8 @@ class Timeline:
     progress_knots: np.ndarray
     remote_commit: np.ndarray
     promoted: np.ndarray
+    peer_commit: np.ndarray
+    copied: np.ndarray
 
     @classmethod
     def build(cls, steps: np.ndarray, job: Job, promote: np.ndarray | None = None, copies: np.ndarray | None = None) -> Timeline:
@@ -157,6 +160,7 @@ class Timeline:
         wall.append(np.array([end]))
         progress.append(np.array([horizon]))
         remote = _remote_commits(commit, np.concatenate([[False], promoted]), job.upload_seconds)
+        peer = _remote_commits(commit, np.concatenate([[False], copied]), job.peer_seconds)
         return cls(
             steps=np.concatenate([[0], steps]).astype(np.int64),
             x=np.concatenate([[0.0], x]),
@@ -168,16 +172,18 @@ class Timeline:
             progress_knots=np.concatenate(progress),
             remote_commit=remote,
             promoted=np.flatnonzero(np.isfinite(remote[1:])) + 1,
+            peer_commit=peer,
+            copied=np.flatnonzero(np.isfinite(peer[1:])) + 1,
         )
 
     def newest_remote(self, at: np.ndarray, after: np.ndarray, floor: np.ndarray) -> np.ndarray:
         """Newest checkpoint on the remote tier at (timeline) wall time ``at``: uploaded in this life
         (index above ``after``, the checkpoint it resumed from) or ``floor`` (committed earlier)."""
-        if self.promoted.size == 0:
-            return floor
-        done = np.searchsorted(self.remote_commit[self.promoted], at, side="right") - 1
-        newest = np.where(done >= 0, self.promoted[np.maximum(done, 0)], 0)
-        return np.where(newest > after, np.maximum(newest, floor), floor)
+        return _newest(self.remote_commit, self.promoted, at, after, floor)
+
+    def newest_peer(self, at: np.ndarray, after: np.ndarray, floor: np.ndarray) -> np.ndarray:
+        """:meth:`newest_remote` on the peer level."""
+        return _newest(self.peer_commit, self.copied, at, after, floor)
 
     def progress_at(self, wall: np.ndarray, resumed_from: np.ndarray) -> np.ndarray:
         """Progress reached at (timeline) wall time ``wall`` by a run resumed from checkpoint ``j``."""
@@ -203,6 +209,16 @@ class Timeline:
         next_x = np.append(self.x, math.inf)[resumed_from + 1]
         clean = self.offset[resumed_from] + (stop - self.x[resumed_from])
         return np.where(stop <= next_x, clean, self.wall_to_reach(stop))
+
+
+def _newest(commits: np.ndarray, sent: np.ndarray, at: np.ndarray, after: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """Newest of the checkpoints ``sent`` (indices, in order) whose ``commits`` time is at or before
+    ``at``: where above ``after``, the larger of it and ``floor``; else ``floor``."""
+    if sent.size == 0:
+        return floor
+    done = np.searchsorted(commits[sent], at, side="right") - 1
+    newest = np.where(done >= 0, sent[np.maximum(done, 0)], 0)
+    return np.where(newest > after, np.maximum(newest, floor), floor)
 
 
 def _remote_commits(commit: np.ndarray, promoted: np.ndarray, upload: float | None) -> np.ndarray:
