@@ -89,10 +89,11 @@ def _policies(name: str) -> list[str]:
 _PLAN_FLAGS = ("total_steps", "restart_seconds", "objective", "time_budget", "max_overhead")
 
 
-def _plan_config(args: argparse.Namespace, policy: str | None) -> PlanConfig:
-    """The :class:`coci.PlanConfig` of ``--config FILE`` (``coci.Session``'s options), the flags and
-    ``policy`` (None: the file's, else ``auto``), through the option path every integration takes;
-    ConfigError naming an option set both in the file and by a flag."""
+def _plan_configs(args: argparse.Namespace, policies: Sequence[str | None]) -> list[PlanConfig]:
+    """The :class:`coci.PlanConfig` of each of ``policies`` (None: the file's, else ``auto``) from
+    ``--config FILE`` (``coci.Session``'s options) and the flags, through the option path every
+    integration takes (the file and the failure model read once); ConfigError naming an option set
+    both in the file and by a flag."""
     from coci.config import build_config
     from coci.integrations._options import read_options
 
@@ -101,17 +102,19 @@ def _plan_config(args: argparse.Namespace, policy: str | None) -> PlanConfig:
     failures = _failures(args)
     if failures is not None:
         flags["failures"] = failures
-    if policy is not None:
-        flags["policy"] = policy
-    clashes = sorted(name for name in options if name in flags or (name == "mtbf" and "failures" in flags))
-    if clashes:
-        raise ConfigError(f"{', '.join(clashes)} set both in --config {args.config} and by a flag: give it once")
-    config = build_config("coci plan --config", None, {**options, **flags}).plan
-    if config is None:
-        raise ConfigError(f"--config {args.config}: policy must name a planning policy ({', '.join(_policies('all'))})")
-    if config.total_steps is None:
-        raise ConfigError("total_steps is required: give --total-steps (or total_steps in --config)")
-    return config
+    configs = []
+    for policy in policies:
+        given = flags if policy is None else {**flags, "policy": policy}
+        clashes = sorted(name for name in options if name in given or (name == "mtbf" and "failures" in given))
+        if clashes:
+            raise ConfigError(f"{', '.join(clashes)} set both in --config {args.config} and by a flag: give it once")
+        config = build_config("coci plan --config", None, {**options, **given}).plan
+        if config is None:
+            raise ConfigError(f"--config {args.config}: policy must name a planning policy ({', '.join(_policies('all'))})")
+        if config.total_steps is None:
+            raise ConfigError("total_steps is required: give --total-steps (or total_steps in --config)")
+        configs.append(config)
+    return configs
 
 
 def _make_plans(args: argparse.Namespace) -> list[Plan]:
@@ -119,11 +122,11 @@ def _make_plans(args: argparse.Namespace) -> list[Plan]:
     from coci.planning.planner import plan
 
     asked = getattr(args, "policy", None)
-    configs = [_plan_config(args, name) for name in (_policies("all") if asked == "all" else [asked])]
+    configs = _plan_configs(args, _policies("all") if asked == "all" else [asked])
     curve: CurveLike | None = read_curve(args.curve, args.curve_run) if args.curve is not None else None
     if args.curve_from is not None:
         horizon = configs[0].total_steps
-        assert horizon is not None  # _plan_config refuses a config without one
+        assert horizon is not None  # _plan_configs refuses a config without one
         curve = _prior_curve(args, horizon)
     return [
         plan(

@@ -233,3 +233,20 @@ def test_report_into_a_closed_pipe_exits_quietly(run_dir: Path) -> None:
         os.close(write_end)
     assert result.returncode == 141, result.stderr
     assert result.stderr == ""
+
+
+def test_plan_configs_read_the_config_file_once_for_every_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--policy all``: one PlanConfig per policy, from one read of ``--config`` (not one per policy)."""
+    from coci import cli
+    from coci.integrations import _options
+
+    config = tmp_path / "options.json"
+    config.write_text('{"keep_last": 3}')
+    reads: list[str] = []
+    read = _options.read_options
+    monkeypatch.setattr(_options, "read_options", lambda path: reads.append(path) or read(path))
+    args = cli.build_parser().parse_args(["plan", *PLAN_ARGS, "--policy", "all", "--config", str(config)])
+    configs = cli._plan_configs(args, list(POLICIES))
+    assert [c.policy for c in configs] == list(POLICIES)
+    assert all(c.total_steps == 10000 and c.restart_seconds == 60 for c in configs)
+    assert reads == [str(config)]
