@@ -1,8 +1,8 @@
 """The options of every integration's callback and of the command line: one path to a :class:`coci.SessionConfig`.
 
 A callback takes ``run_dir`` and either ``config=`` (a :class:`coci.SessionConfig`) or
-``**options`` (:class:`coci.Session`'s keyword arguments); :func:`callback_config` builds the
-config through :func:`coci.config.build_config`, as ``Session`` does, so a callback accepts exactly
+``**options`` (:class:`coci.Session`'s keyword arguments); it builds the config through
+:func:`coci.config.build_config`, as ``Session`` does, so a callback accepts exactly
 what ``Session`` accepts, with the same defaults, and every value is checked when the callback is
 made. ``coci plan --config FILE`` reads the same options from a JSON file (:func:`read_options`).
 """
@@ -11,17 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from coci.config import SessionConfig, build_config
+from coci.config import SessionConfig
 from coci.errors import ConfigError
-
-
-def callback_config(owner: str, config: SessionConfig | None, options: Mapping[str, Any]) -> SessionConfig:
-    """The :class:`coci.SessionConfig` a callback was given (``config``, or built from ``options``)."""
-    return build_config(owner, config, options)
 
 
 def for_trainer(config: SessionConfig, steps: int | None) -> SessionConfig:

@@ -85,9 +85,9 @@ import torch
 
 from coci import checks
 from coci.checkpoint import rng_state
-from coci.config import SessionConfig
+from coci.config import SessionConfig, build_config
 from coci.errors import ConfigError, StateError
-from coci.integrations._options import callback_config, final_checkpoint_wanted, for_trainer
+from coci.integrations._options import final_checkpoint_wanted, for_trainer
 from coci.session import RestoreResult, Session
 
 __all__ = ["CociCallback", "attach"]
@@ -154,7 +154,7 @@ class CociCallback(TrainerCallback):
             raise ConfigError(f"resume must be True or False, got {resume!r}")
         self.run_dir = run_dir
         self.resume = resume
-        self.config = callback_config("CociCallback", config, options)
+        self.config = build_config("CociCallback", config, options)
         self._trainer: Trainer | None = None
         self._session: Session | None = None
         self._restored: RestoreResult | None = None
