@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from kill_campaign import differences, restored_steps, run_campaign
+from kill_campaign import assert_resumed_bitwise, run_campaign
 
 pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
@@ -42,13 +42,7 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
 
 @pytest.mark.parametrize("trajectory", TRAJECTORIES, ids=[t["name"] for t in TRAJECTORIES])
 def test_killed_accelerate_loop_resumes_bitwise(campaign: tuple[Path, dict[str, dict[str, int]]], trajectory: dict[str, Any]) -> None:
-    out, codes = campaign
-    ran = codes[trajectory["name"]]
-    assert ran["reference"] == 0 and ran["final"] == 0 and ran["again"] == 0, ran
-    assert [code for name, code in ran.items() if name.startswith("kill")] == [-9, -9, -9], ran
-    base = out / trajectory["name"]
-    assert restored_steps(base / "coci" / "coci") == trajectory["restores"]
-    assert differences(base) == []
+    base = assert_resumed_bitwise(*campaign, trajectory)
     again = torch.load(base / "coci" / "again.pt", weights_only=True)
     final = torch.load(base / "coci" / "final.pt", weights_only=True)
     assert again["best"] == final["best"]  # the restarted finished run trained no step

@@ -9,7 +9,6 @@ final weights, Adam state and LR, and every step's loss, epoch and batch, must e
 
 from __future__ import annotations
 
-import importlib
 import json
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from optional_imports import assert_coci_does_not_import, assert_missing_package_names_its_extra
 
 pytest.importorskip("lightning")
 pytest.importorskip("torchdata.stateful_dataloader")
@@ -121,17 +121,11 @@ def test_finished_run_keeps_last_step_and_resumes_to_nothing(references: dict[st
 
 
 def test_importing_coci_does_not_import_lightning() -> None:
-    code = "import sys, coci, coci.integrations; assert 'lightning' not in sys.modules, 'lightning imported'"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+    assert_coci_does_not_import("lightning")
 
 
 def test_missing_lightning_raises_clear_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [m for m in sys.modules if m == "lightning" or m.startswith("lightning.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.delitem(sys.modules, "coci.integrations.lightning", raising=False)
-    monkeypatch.setitem(sys.modules, "lightning", None)  # makes `import lightning` raise ImportError
-    with pytest.raises(ImportError, match=r"pip install 'coci\[lightning\]'"):
-        importlib.import_module("coci.integrations.lightning")
+    assert_missing_package_names_its_extra(monkeypatch, "lightning", "coci.integrations.lightning", "lightning")
 
 
 def test_bad_arguments_name_the_field(tmp_path: Path) -> None:

@@ -13,10 +13,7 @@ skipped), the others mid-epoch; the checkpoints at 3 precede the first log (the 
 from __future__ import annotations
 
 import ast
-import importlib
 import json
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -27,7 +24,8 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from kill_campaign import coci_lines, differences, plain_source, restored_steps, run_campaign
+from kill_campaign import assert_resumed_bitwise, coci_lines, plain_source, run_campaign
+from optional_imports import assert_coci_does_not_import, assert_missing_package_names_its_extra
 
 pytestmark = pytest.mark.slow  # real Trainer processes, SIGKILLed and resumed
 
@@ -55,13 +53,7 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
 
 @pytest.mark.parametrize("trajectory", TRAJECTORIES, ids=[t["name"] for t in TRAJECTORIES])
 def test_killed_trainer_run_resumes_bitwise(campaign: tuple[Path, dict[str, dict[str, int]]], trajectory: dict[str, Any]) -> None:
-    out, codes = campaign
-    ran = codes[trajectory["name"]]
-    assert ran["reference"] == 0 and ran["final"] == 0 and ran["again"] == 0, ran
-    assert [code for name, code in ran.items() if name.startswith("kill")] == [-9, -9, -9], ran
-    base = out / trajectory["name"]
-    assert restored_steps(base / "coci" / "coci") == trajectory["restores"]
-    assert differences(base) == []
+    assert_resumed_bitwise(*campaign, trajectory)
 
 
 @pytest.mark.parametrize("trajectory", TRAJECTORIES, ids=[t["name"] for t in TRAJECTORIES])
@@ -250,14 +242,8 @@ def test_a_damaged_trainer_progress_is_refused_naming_the_field(change: Any, fie
 
 
 def test_importing_coci_does_not_import_transformers_or_accelerate() -> None:
-    code = "import sys, coci, coci.integrations; assert not {'transformers', 'accelerate'} & set(sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+    assert_coci_does_not_import("transformers", "accelerate")
 
 
 def test_missing_transformers_raises_clear_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [m for m in sys.modules if m == "transformers" or m.startswith("transformers.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.delitem(sys.modules, "coci.integrations.transformers", raising=False)
-    monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` raise ImportError
-    with pytest.raises(ImportError, match=r"pip install 'coci\[transformers\]'"):
-        importlib.import_module("coci.integrations.transformers")
+    assert_missing_package_names_its_extra(monkeypatch, "transformers", "coci.integrations.transformers", "transformers")

@@ -206,6 +206,19 @@ def restored_steps(run_dir: Path) -> list[int]:
     return [event["step"] for event in map(json.loads, events) if event["event"] == "restore"]
 
 
+def assert_resumed_bitwise(out: Path, codes: dict[str, dict[str, int]], trajectory: dict[str, Any]) -> Path:
+    """A campaign's ``trajectory`` ran as planned (the reference, the final run and the restart of
+    the finished run exited 0, each kill was a SIGKILL), its restarts restored ``trajectory["restores"]``
+    and ended as the plain script did (:func:`differences`); its directory under ``out``."""
+    ran = codes[trajectory["name"]]
+    assert ran["reference"] == 0 and ran["final"] == 0 and ran["again"] == 0, ran
+    assert [code for name, code in ran.items() if name.startswith("kill")] == [-9, -9, -9], ran
+    base = out / trajectory["name"]
+    assert restored_steps(base / "coci" / "coci") == trajectory["restores"]
+    assert differences(base) == []
+    return base
+
+
 def main() -> None:
     os.environ.update(ENV)
     sys.path.insert(0, str(HERE))
