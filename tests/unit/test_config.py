@@ -75,6 +75,14 @@ def test_keywords_land_in_their_parts() -> None:
     assert SessionConfig.from_options(policy=[4, 2]).policy == coci.AtSteps(frozenset({2, 4}))
 
 
+def test_the_option_defaults_are_the_defaults_of_the_parts() -> None:
+    """``OPTION_DEFAULTS`` (Session's keywords) and the parts' own defaults are two tables: they agree."""
+    config = SessionConfig.from_options(policy=coci.EveryN(2))
+    assert (config.retention, config.remote, config.preemption, config.io) == (RetentionConfig(), RemoteConfig(), PreemptionConfig(), IOConfig())
+    assert config.total_steps is None and config.prior is None and config.clock is None
+    assert SessionConfig.from_options(mtbf="8h").plan == PlanConfig(failures=Failures.exponential("8h"))
+
+
 def test_retention_policies_and_a_store_instance_are_fields_of_their_parts(tmp_path: Path) -> None:
     store = DirectoryStore(tmp_path / "remote")
     milestones = coci.KeepAny(coci.KeepEvery(10), coci.KeepLast(1))
