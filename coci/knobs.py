@@ -83,7 +83,7 @@ MAX_STEPS: int = 2**53
 #: records are checked, before torch reads any, to expand to at most the chunk's own bytes plus this.
 DCP_ITEM_OVERHEAD_BYTES: int = 64 << 10
 
-# --- session (coci.session) ------------------------------------------------------------------------
+# --- plan events (coci.events writes them, coci.analysis.report reads them) -------------------------
 
 #: A ``plan`` event in events.jsonl lists at most this many planned steps (plan.json has all).
 PLAN_EVENT_MAX_STEPS: int = 10_000
@@ -244,6 +244,7 @@ PEER_SOCKET_TIMEOUT_SECONDS: float = 60.0
 #: Buffers rotating between a peer copy's receiving thread and its writing one (each
 #: ``coci.checkpoint.peer_wire._PEER_CHUNK_BYTES``).
 PEER_BUFFERS: int = 4
+
 
 def override(**values: Any) -> AbstractContextManager[None]:
     """Set knobs (``override(WRITE_CHUNK_BYTES=4096)``) for a ``with`` block, then put the previous

@@ -57,7 +57,7 @@ class RestoreResult:
     seconds: float
     nbytes: int
     skipped: tuple[Path, ...] = ()
-    tier: str = "local"  # "remote": downloaded from the remote tier first
+    tier: str = "local"  # "remote" or "peer": fetched from the remote tier or a peer's copy first
 
 
 @dataclass(frozen=True)
