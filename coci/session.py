@@ -138,8 +138,13 @@ class Session:
         if persist not in PERSIST_MODES:
             raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {persist!r} (coci.knobs.PERSIST_MODE)")
         self._checkpointer = Checkpointer(writer, self.events, self.config.retention.local_policy(), self._clock, persist)
-        self._remote = self._open_remote(events_start)
-        self._peers = self._start_peers(self.config.retention.peer_copies)
+        try:  # collective; a refused remote prefix or peer setting releases the run directory's lock
+            self._remote = self._open_remote(events_start)
+            self._peers = PeerCopying.start(self.run_dir, self._dist, self.config.retention.peer_copies, self.events, self._profiler)
+        except ConfigError:
+            if self._lock is not None:
+                self._lock.release()
+            raise
         self._failed_close = False  # close() reached through an exception (__exit__)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
@@ -353,8 +358,8 @@ class Session:
         return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, found.skipped, tier)
 
     def _open_remote(self, history_from: int) -> Promotion | None:
-        """The remote tier (None without one), its prefix claimed for this run, or refused with the
-        run directory's lock released (collective); rank 0 mirrors the history from ``history_from``."""
+        """The remote tier (None without one), its prefix claimed for this run or refused with a
+        ConfigError (collective); rank 0 mirrors the history from ``history_from``."""
         remote = self.config.remote
         if remote.store is None:
             return None
@@ -364,16 +369,11 @@ class Session:
             alive = session()
             return None if alive is None else getattr(alive, "_steps", 0)  # 0 until __init__ sets it
 
-        try:
-            return Promotion.open(
-                remote.store, remote.storage_options, retention=self.config.retention.remote_tier_policy(), owner=remote.owner,
-                run_dir=self.run_dir, events=self.events, listener=self._profiler, dist=self._dist, steps=steps,
-                history_from=history_from,
-            )
-        except ConfigError:
-            if self._lock is not None:
-                self._lock.release()
-            raise
+        return Promotion.open(
+            remote.store, remote.storage_options, retention=self.config.retention.remote_tier_policy(), owner=remote.owner,
+            run_dir=self.run_dir, events=self.events, listener=self._profiler, dist=self._dist, steps=steps,
+            history_from=history_from,
+        )
 
     def close(self) -> None:
         """Checkpoint the final state when ``save_last`` says so, wait for the last persist, write
@@ -598,15 +598,6 @@ class Session:
         """Checkpoint ``step`` goes to a peer whatever the plan copies (a preemption's, the final one)."""
         if self._peers is not None:
             self._peers.copy_always(step, self.plan)
-
-    def _start_peers(self, copies: int) -> PeerCopying | None:
-        """Peer copies for this job (collective), or None, recorded either way."""
-        try:
-            return PeerCopying.start(self.run_dir, self._dist, copies, self.events, self._profiler)
-        except ConfigError:
-            if self._lock is not None:
-                self._lock.release()
-            raise
 
     def _warmup_skipped(self) -> bool:
         """Skip this due checkpoint? Only a planning policy's warm-up checkpoint (before its first
