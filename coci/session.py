@@ -50,7 +50,7 @@ from coci.config import PERSIST_MODES, SessionConfig, SessionOptions, build_conf
 from coci.errors import ConfigError, PersistError, StateError
 from coci.events import CHECKPOINT_REASONS, CheckpointReason, EventLog, RunFiles, open_step_mark
 from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
-from coci.planning.arguments import PlansAhead, SavesPolicyState, WarmsUp
+from coci.planning.arguments import PlansAhead, SavesPolicyState, warming_up
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
 from coci.planning.online import PlanningPolicy
@@ -607,15 +607,15 @@ class Session:
         between ranks, so the ranks agree: all skip when any would (collective on the control group,
         at a step every rank finds due, since the policy's state is the same on every rank).
         """
-        warming_up = isinstance(self.policy, WarmsUp) and self.policy.warming_up
+        warming = warming_up(self.policy)
         pending = self._checkpointer.pending
         skip = Cadence.skip_warmup_checkpoint(
-            warming_up=warming_up,
+            warming_up=warming,
             persist_in_flight=pending is not None and not pending.done(),
             stalled_seconds=self._stalled_total,
             elapsed=self._elapsed,
         )
-        if self._dist is None or not warming_up:
+        if self._dist is None or not warming:
             return skip
         return distributed.agree("skip" if skip else None, self._dist) is not None
 
@@ -634,8 +634,7 @@ class Session:
         profiler.probe_in_background(self.run_dir, on_done=check_grace)
 
     def _should_observe(self) -> bool:
-        warming_up = isinstance(self.policy, WarmsUp) and self.policy.warming_up
-        return self._cadence.observe_at_step(self._steps, self._profiler.steps, warming_up, self._elapsed)
+        return self._cadence.observe_at_step(self._steps, self._profiler.steps, warming_up(self.policy), self._elapsed)
 
     def _elapsed(self) -> float:
         """Wall seconds since this session started (the cadence's clock)."""

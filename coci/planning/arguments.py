@@ -41,6 +41,7 @@ __all__ = [
     "SavesPolicyState",
     "TakesPrior",
     "WarmsUp",
+    "warming_up",
 ]
 
 #: What ``curve=`` takes: losses, a fitted curve, or a progress-rate callable.
@@ -82,3 +83,10 @@ class WarmsUp(Protocol):
 
     @property
     def warming_up(self) -> bool: ...
+
+
+def warming_up(policy: object) -> bool:
+    """Whether ``policy`` is a :class:`WarmsUp` policy before its first plan. Asked at every step:
+    an attribute read, where ``isinstance(policy, WarmsUp)`` (a runtime Protocol check) costs
+    about 14 us, more than the rest of ``Session.step``."""
+    return bool(getattr(policy, "warming_up", False))

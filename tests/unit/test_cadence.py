@@ -51,3 +51,15 @@ def test_warmup_checkpoints_never_wait_and_respect_the_stall_budget(warming_up: 
         warming_up=warming_up, persist_in_flight=in_flight, stalled_seconds=stalled, elapsed=lambda: 100.0
     )
     assert decision is skip
+
+
+def test_warming_up_answers_as_the_warms_up_protocol_does() -> None:
+    """``warming_up`` (read at every step) agrees with ``isinstance(policy, WarmsUp) and policy.warming_up``."""
+    from coci import EveryN
+    from coci.config import SessionConfig, session_policy
+    from coci.planning.arguments import WarmsUp, warming_up
+
+    auto = session_policy(SessionConfig.from_options(mtbf="8h", total_steps=1000))
+    assert isinstance(auto, WarmsUp) and auto.warming_up and warming_up(auto) is True
+    every = EveryN(5)
+    assert not isinstance(every, WarmsUp) and warming_up(every) is False
