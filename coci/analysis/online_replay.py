@@ -11,7 +11,7 @@ import numpy as np
 from coci import checks, knobs
 from coci.analysis.simulated_job import Job
 from coci.errors import ConfigError
-from coci.planning.arguments import WarmsUp
+from coci.planning.arguments import warming_up
 from coci.planning.cadence import Cadence, ElapsedClock
 from coci.planning.empirical import curve_pair
 from coci.planning.fit import CurveFit
@@ -88,11 +88,11 @@ class _OnlineReplay:
         elapsed = self._wall_clock(step, self.job.stall_seconds + self.job.interference_seconds)
         if committed and self.cadence.observe_after_commit(elapsed):
             return True
-        return self.cadence.observe_at_step(step, step, _warming_up(self.policy), elapsed)
+        return self.cadence.observe_at_step(step, step, warming_up(self.policy), elapsed)
 
     def _warmup_skipped(self, step: int) -> bool:
         return Cadence.skip_warmup_checkpoint(
-            warming_up=_warming_up(self.policy),
+            warming_up=warming_up(self.policy),
             persist_in_flight=self.commit_step is not None,
             stalled_seconds=len(self.taken) * self.job.stall_seconds,
             elapsed=self._wall_clock(step, self.job.stall_seconds),
@@ -111,10 +111,6 @@ class _OnlineReplay:
         self.observations += 1
         timed = step > profiler_knobs.WARMUP_STEPS  # before, a planning policy has no step time and returns at once
         self.cadence.record_observation(step, self.plan_seconds if timed else 0.0)
-
-
-def _warming_up(policy: object) -> bool:
-    return isinstance(policy, WarmsUp) and policy.warming_up
 
 
 def _replay_profile(job: Job, step: int) -> Profile:
