@@ -68,10 +68,15 @@ def test_a_killed_example_resumes_bitwise(script: str, tmp_path: Path) -> None:
     assert killed.returncode == status, killed.stderr[-3000:]
     assert not (run_dir / "final.pt").exists()
     committed = [event["step"] for event in events(run_dir, "commit")]
+    if status == 143:  # a preemption notice checkpoints and commits before the process exits
+        assert committed
     resumed = run_example(script, str(run_dir), *settings)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    restored = [event["step"] for event in events(run_dir, "restore")]
     if committed:  # on a loaded machine the kill may come before the first commit: then it starts over
-        assert [event["step"] for event in events(run_dir, "restore")] == [max(committed)]
+        assert restored == [max(committed)]
+    else:
+        assert restored == []
     assert_same_weights(run_dir / "final.pt", tmp_path / "reference" / "final.pt")
 
 
