@@ -349,6 +349,8 @@ class Session:
             self._profiler.record_remote_restore(seconds)
         if tier == "peer":
             self._profiler.record_peer_restore(seconds)
+        if self._peers is not None:
+            self._peers.copies.trust(loaded.step)
         self.events.emit(
             "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path), tier=tier,
             **self._ledger_fields(),

@@ -120,14 +120,26 @@ class PeerServer:
         self.sources = sources
         self._token = token
         self._events = events
-        self._received: dict[int, set[int]] = {}  # the copies retention counts: those of earlier processes too
+        # The copies retention counts (as the local tier's trusted checkpoints): those this process
+        # received and the restored step's (:meth:`trust`). An earlier process's newer copies may be
+        # of a timeline the restore rolled back; counted, they would push out the copies just received.
+        self._received: dict[int, set[int]] = {source: set() for source in sources}
+        self._lock = threading.Lock()
         for source in sources:  # interrupted receipts of an earlier process are never copies
             layout.remove_stale_tmp(peer_dir(run_dir, source))
-            self._received[source] = {step for step, _ in layout.committed_steps(peer_dir(run_dir, source))}
         self._listener = socket.create_server((host, 0))
         self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
         self._thread = threading.Thread(target=self._serve, name="coci-peer-server", daemon=True)
         self._thread.start()
+
+    def trust(self, step: int) -> None:
+        """The job restored ``step``: its copies held here count for retention (kept until newer
+        ones are received), as the restored checkpoint does in the local tier."""
+        with self._lock:
+            for source, received in self._received.items():
+                with contextlib.suppress(CheckpointError, OSError):
+                    if step in dict(layout.committed_steps(peer_dir(self.run_dir, source))):
+                        received.add(step)
 
     def close(self) -> None:
         """Stop listening (a connection in progress finishes or times out)."""
@@ -178,8 +190,9 @@ class PeerServer:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self._received[node].add(step)
-        deleted = retention.apply_retention(root, retention.KeepLast(_PEER_KEEP_LAST), self._received[node])
+        with self._lock:
+            self._received[node].add(step)
+            deleted = retention.apply_retention(root, retention.KeepLast(_PEER_KEEP_LAST), self._received[node])
         nbytes = sum(size for _, size in header["files"])  # the record included, as the sender counts
         send_header(conn, {"ok": True})
         self._events.emit("peer_receive", step=step, from_node=node, node=self.node, bytes=nbytes,
@@ -372,6 +385,12 @@ class PeerCopies:
     def last_copied_step(self) -> int | None:
         """The newest step of this node whose copy reached its holders (None: none yet, or not a leader)."""
         return None if self.sender is None else self.sender.last_copied_step
+
+    def trust(self, step: int) -> None:
+        """The job restored ``step`` (whatever tier it came from): the copies of it this node holds
+        count for the copies' retention (:meth:`PeerServer.trust`)."""
+        if self.server is not None:
+            self.server.trust(step)
 
     def held_steps(self) -> list[int]:
         """Every step some node holds a peer copy of (collective)."""

@@ -15,10 +15,11 @@ import pytest
 import torch
 
 import coci
-from coci.checkpoint import layout
+from coci.checkpoint import commit, layout
 from coci.checkpoint.peer_wire import recv_header, send_header
-from coci.checkpoint.peers import PeerServer, peer_dir
+from coci.checkpoint.peers import PeerSender, PeerServer, peer_dir
 from coci.events import EventLog
+from tests.unit.test_node_records import FILES, whole_record
 
 
 @pytest.mark.parametrize("value", [2, -1, True, "1", 1.0])
@@ -124,3 +125,51 @@ def test_a_holder_that_never_replies_fails_the_fetch_within_the_timeout(tmp_path
     with socket.create_server(("127.0.0.1", 0)) as silent, pytest.raises(OSError):  # accepts (the backlog), never answers
         fetch_copy(silent.getsockname(), "secret", 1, 8, root, None)
     assert not root.exists() or list(root.iterdir()) == []
+
+
+def node1_part(root: Path, step: int) -> Path:
+    """Node 1's part of ``step`` (its rank's file, ``.metadata`` and its record) in ``root/step_<step>``."""
+    path = root / layout.step_dirname(step)
+    path.mkdir(parents=True)
+    for name in ("__1_0.distcp", ".metadata"):
+        (path / name).write_bytes(FILES[name])
+    update = {"step": step, "nodes": [[0], [1]], "node": 1, "commit_id": f"{root.name}-{step}", "node_keys": []}
+    commit.write_durably(path / layout.MANIFEST_FILENAME, whole_record().model_copy(update=update).sealed().model_dump_json().encode())
+    return path
+
+
+def held(run_dir: Path) -> list[int]:
+    return sorted(step for step, _ in layout.committed_steps(peer_dir(run_dir, 1)))
+
+
+def send(server: PeerServer, parts: Path, *steps: int) -> None:
+    """Node 1's leader sends its parts of ``steps`` to ``server`` (node 0) over a real socket, one by one."""
+    sender = PeerSender(1, {0: server.address}, "secret", EventLog(parts))
+    for step in steps:
+        sender.submit(step, node1_part(parts, step))
+        assert sender.wait(60) and sender.last_copied_step == step
+
+
+def test_after_a_rollback_the_holder_keeps_the_copies_received_since_and_the_restored_one(tmp_path: Path) -> None:
+    run_dir, parts = tmp_path / "node0", tmp_path / "node1"
+    run_dir.mkdir()
+    parts.mkdir()
+    earlier = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1")
+    try:
+        send(earlier, parts / "earlier", 16, 24, 28)  # an earlier process's copies: 16, then 24 and 28
+    finally:
+        earlier.close()
+    assert held(run_dir) == [24, 28]
+    shutil.copytree(parts / "earlier" / "step_16", peer_dir(run_dir, 1) / "step_16")  # as if 24 and 28 came after
+    # the job restarts and restores step 16 (24 and 28 did not complete on every node): a timeline
+    # from 16 begins. The newer copies of the abandoned one must not push out what it receives.
+    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1")
+    try:
+        server.trust(16)
+        send(server, parts / "again", 20)
+        assert held(run_dir) == [16, 20, 24, 28]  # the stale 24 and 28 are left, never counted
+        send(server, parts / "again", 24)  # the new timeline's 24 replaces the stale copy
+        assert held(run_dir) == [20, 24, 28]
+        assert json.loads((peer_dir(run_dir, 1) / "step_24" / layout.MANIFEST_FILENAME).read_text())["commit_id"] == "again-24"
+    finally:
+        server.close()
