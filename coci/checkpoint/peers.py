@@ -52,6 +52,10 @@ logger = logging.getLogger(__name__)
 #: holds copies for (``run_dir/peer/node<K>/``), apart from its own checkpoints' ``keep_last``.
 _PEER_KEEP_LAST: int = 2
 
+#: A peer server answers at most this many connections at once (each in its own thread); it
+#: closes the others unanswered.
+_PEER_CONNECTIONS: int = 8
+
 #: The address a node's peer server listens on and advertises; None: this host's address on the
 #: route to ``MASTER_ADDR`` (torchrun's rendezvous host), 127.0.0.1 without one.
 _PEER_HOST: str | None = None
@@ -111,8 +115,8 @@ def holders(node: int, count: int, copies: int) -> list[int]:
 
 class PeerServer:
     """A node leader's listening socket: it stores the parts its ring predecessors send
-    (``put``) and serves them back on restore (``get``), one connection at a time, in a daemon
-    thread. Everything a connection sends is checked (:mod:`coci.checkpoint.peer_wire`)."""
+    (``put``) and serves them back on restore (``get``), in daemon threads (one transfer at a
+    time, after its token is checked). Everything a connection sends is checked (:mod:`coci.checkpoint.peer_wire`)."""
 
     def __init__(self, run_dir: Path, node: int, sources: frozenset[int], token: str, events: EventLog, host: str) -> None:
         self.run_dir = run_dir
@@ -125,6 +129,8 @@ class PeerServer:
         # of a timeline the restore rolled back; counted, they would push out the copies just received.
         self._received: dict[int, set[int]] = {source: set() for source in sources}
         self._lock = threading.Lock()
+        self._work = threading.Lock()
+        self._slots = threading.BoundedSemaphore(_PEER_CONNECTIONS)
         for source in sources:  # interrupted receipts of an earlier process are never copies
             layout.remove_stale_tmp(peer_dir(run_dir, source))
         self._listener = socket.create_server((host, 0))
@@ -149,14 +155,25 @@ class PeerServer:
         self._thread.join(knobs.PEER_SOCKET_TIMEOUT_SECONDS)
 
     def _serve(self) -> None:
+        """Accept connections, each answered in its own thread, so that one that never sends
+        delays nobody; past ``_PEER_CONNECTIONS`` at once a new one is closed unanswered."""
         while True:
             try:
                 conn, _ = self._listener.accept()
             except OSError:
                 return  # closed
+            if not self._slots.acquire(blocking=False):
+                conn.close()
+                continue
+            threading.Thread(target=self._handle, args=(conn,), name="coci-peer-connection", daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        try:
             with conn:
                 conn.settimeout(knobs.PEER_SOCKET_TIMEOUT_SECONDS)
                 self._answer(conn)
+        finally:
+            self._slots.release()
 
     def _answer(self, conn: socket.socket) -> None:
         """Handle one request; a failure is replied (when the peer still listens) and recorded."""
@@ -165,12 +182,13 @@ class PeerServer:
             if not hmac.compare_digest(str(header.get("token", "")), self._token):
                 raise CorruptCheckpointError("a peer request without this job's token was refused")
             node, step = _node_and_step(header, self.sources)
-            if header.get("op") == "put":
-                self._store(conn, header, node, step)
-            elif header.get("op") == "get":
-                self._serve_copy(conn, node, step)
-            else:
+            if header.get("op") not in ("put", "get"):
                 raise CorruptCheckpointError(f"unknown peer request {str(header.get('op'))[:40]!r}")
+            with self._work:  # one authenticated transfer at a time: a step's copy is written by one
+                if header["op"] == "put":
+                    self._store(conn, header, node, step)
+                else:
+                    self._serve_copy(conn, node, step)
         except Exception as exc:
             logger.warning("peer request refused on node %d: %s", self.node, exc)
             self._events.emit("error", step=0, phase="peer_server", message=f"{type(exc).__name__}: {exc}")

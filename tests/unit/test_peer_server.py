@@ -173,3 +173,18 @@ def test_after_a_rollback_the_holder_keeps_the_copies_received_since_and_the_res
         assert json.loads((peer_dir(run_dir, 1) / "step_24" / layout.MANIFEST_FILENAME).read_text())["commit_id"] == "again-24"
     finally:
         server.close()
+
+
+def test_a_connection_that_never_sends_delays_no_copy(tmp_path: Path) -> None:
+    run_dir, parts = tmp_path / "node0", tmp_path / "node1"
+    run_dir.mkdir()
+    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1")
+    try:
+        with socket.create_connection(server.address, timeout=30) as silent:  # connects, sends nothing
+            send(server, parts, 4)  # a real copy, committed while the silent connection is open
+            silent.setblocking(False)
+            with pytest.raises(BlockingIOError):  # not yet answered nor closed: it was not in the way
+                silent.recv(1)
+        assert held(run_dir) == [4]
+    finally:
+        server.close()
