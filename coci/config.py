@@ -54,14 +54,18 @@ ON_ERROR: tuple[str, ...] = ("raise", "log")
 PERSIST_MODES: tuple[str, ...] = ("thread", "process")
 
 
+#: ``keep_last`` and ``keep_last_remote`` unless given.
+_DEFAULT_KEEP_LAST = 2
+
+
 @dataclass(frozen=True)
 class RetentionConfig:
     """Which committed checkpoints are kept, and whether the final state is saved."""
 
-    keep_last: int | None = 2
+    keep_last: int | None = _DEFAULT_KEEP_LAST
     """Committed local checkpoints to keep (>= 1; None keeps all); a restored one is kept until a newer one commits."""
 
-    keep_last_remote: int | None = 2
+    keep_last_remote: int | None = _DEFAULT_KEEP_LAST
     """Committed remote checkpoints to keep (>= 1; None keeps all); only this run's trusted ones count."""
 
     save_last: bool | None = None
@@ -82,6 +86,8 @@ class RetentionConfig:
         if self.save_last is not None and not isinstance(self.save_last, bool):
             raise ConfigError(f"save_last must be True, False or None, got {self.save_last!r}")
         object.__setattr__(self, "peer_copies", check_peer_copies(self.peer_copies))
+        _one_of_two(self.keep_last, self.policy, "keep_last", "retention")
+        _one_of_two(self.keep_last_remote, self.remote_policy, "keep_last_remote", "remote_retention")
         self.local_policy()  # a ConfigError naming retention / remote_retention
         self.remote_tier_policy()
 
@@ -93,6 +99,13 @@ class RetentionConfig:
     def remote_tier_policy(self) -> RetentionPolicy | None:
         """The remote tier's policy: ``remote_policy``, else ``KeepLast(keep_last_remote)``; None keeps all."""
         return retention_policy(self.keep_last_remote, self.remote_policy, remote=True)
+
+
+def _one_of_two(keep_last: int | None, policy: RetentionPolicy | None, count_name: str, policy_name: str) -> None:
+    """A retention policy replaces the count: a count other than its default beside one is a
+    ConfigError naming both (it would be silently ignored)."""
+    if policy is not None and keep_last != _DEFAULT_KEEP_LAST:
+        raise ConfigError(f"{policy_name}={policy!r} replaces {count_name}={keep_last!r}: pass one of them")
 
 
 @dataclass(frozen=True)
@@ -301,7 +314,7 @@ OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "failures": None,
         "total_steps": None,
         "restart_seconds": None,
-        "keep_last": 2,
+        "keep_last": _DEFAULT_KEEP_LAST,
         "objective": "progress",
         "time_budget": 0.05,
         "max_overhead": None,
@@ -313,7 +326,7 @@ OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "prior": None,
         "remote": None,
         "storage_options": None,
-        "keep_last_remote": 2,
+        "keep_last_remote": _DEFAULT_KEEP_LAST,
         "remote_owner": "refuse",
         "run_dir_layout": "auto",
         "writer": None,

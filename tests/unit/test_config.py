@@ -87,9 +87,13 @@ def test_retention_policies_and_a_store_instance_are_fields_of_their_parts(tmp_p
     store = DirectoryStore(tmp_path / "remote")
     milestones = coci.KeepAny(coci.KeepEvery(10), coci.KeepLast(1))
     config = SessionConfig.from_options(
-        policy=coci.EveryN(2), keep_last=5, retention=milestones, remote=store, remote_retention=coci.KeepLast(4), writer=writer_for,
+        policy=coci.EveryN(2), retention=milestones, remote=store, remote_retention=coci.KeepLast(4), writer=writer_for,
     )
     assert config.retention.local_policy() is milestones  # retention= replaces keep_last
+    for count, policy in (("keep_last", "retention"), ("keep_last_remote", "remote_retention")):
+        for value in (5, None):  # a count beside the policy that replaces it would be ignored: refused, naming both
+            with pytest.raises(ConfigError, match=f"{policy}=.* replaces {count}={value}"):
+                SessionConfig.from_options(policy=coci.EveryN(2), **{count: value, policy: milestones})
     assert config.retention.remote_tier_policy() == coci.KeepLast(4)
     assert RetentionConfig(keep_last=3).local_policy() == coci.KeepLast(3) and RetentionConfig(keep_last=None).local_policy() is None
     assert config.remote.store is store and config.io.writer is writer_for
