@@ -187,10 +187,6 @@ class FailureClass(BaseModel):
             raise ValueError("a class that destroys the peer copies destroys the local tier too: destroys=('local', 'peer')")
         return destroys
 
-    @property
-    def destroys_local(self) -> bool:
-        return "local" in self.destroys
-
 
 class Failures(BaseModel):
     """A failure model: the distribution of seconds from a job (re)start to its next failure.
