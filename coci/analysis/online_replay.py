@@ -22,7 +22,7 @@ from coci.profiler import Estimate, Profile
 from coci.profiler import knobs as profiler_knobs
 from coci.profiler.loss_trace import LossTrace
 
-__all__ = ["online_schedule"]
+__all__ = ["online_policy", "online_schedule", "online_trace"]
 
 
 class _RevealedTrace:
@@ -151,7 +151,7 @@ def online_schedule(
     return replay.run()
 
 
-def _online_trace(trace: Any, plan: Plan | None, target: Any, job: Job) -> Any:
+def online_trace(trace: Any, plan: Plan | None, target: Any, job: Job) -> Any:
     """The loss trace an online replay reveals: a trace as given, a usable fit's curve over the
     run, or None where the policy does not need one."""
     if not (trace is None or isinstance(trace, CurveFit) or callable(trace)):
@@ -170,7 +170,7 @@ def _needs_trace(plan: Plan | None, target: Any) -> bool:
     return name == "coci" or (name == "auto" and objective == "progress")
 
 
-def _online_policy(plan: Plan) -> Any:
+def online_policy(plan: Plan) -> Any:
     fell_back = any("time objective" in f for f in plan.fallbacks)
     objective = "progress" if fell_back else plan.objective
     inputs = plan.inputs

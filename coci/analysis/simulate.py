@@ -114,9 +114,9 @@ from typing import Any
 import numpy as np
 
 from coci import checks, knobs
-from coci.analysis.online_replay import _online_policy, _online_trace, online_schedule
+from coci.analysis.online_replay import online_policy, online_schedule, online_trace
 from coci.analysis.simulate_levels import copied, run_levels
-from coci.analysis.simulated_job import Job, RateFunction, _failures, daly_expected_seconds
+from coci.analysis.simulated_job import Job, RateFunction, daly_expected_seconds, failure_model
 from coci.analysis.simulation_results import METRICS, MetricSummary, SimulationResult, ratio_change
 from coci.errors import ConfigError
 from coci.planning.arguments import CurveLike, FailuresLike
@@ -191,7 +191,7 @@ def simulate(
     trials = checks.integer(trials, "trials", minimum=1)
     seed = checks.integer(seed, "seed", minimum=0)
     plan, inputs, policy_name = _target(plan_or_policy, job)
-    model_failures = _failures(failures, inputs)
+    model_failures = failure_model(failures, inputs)
     job_figures = Job.of(inputs)
     if inputs.start_step != 0:
         raise ConfigError(
@@ -204,8 +204,8 @@ def simulate(
     if plan is not None and not online:
         steps, expected = np.asarray(plan.steps, dtype=np.int64), _expected_percentages(plan)
     else:
-        trace = _online_trace(losses if losses is not None else curve, plan, plan_or_policy, job_figures)
-        policy = _online_policy(plan) if plan is not None else plan_or_policy
+        trace = online_trace(losses if losses is not None else curve, plan, plan_or_policy, job_figures)
+        policy = online_policy(plan) if plan is not None else plan_or_policy
         steps, replans = online_schedule(policy, job_figures, trace, plan_seconds=plan_seconds)
         expected = {}
         notes.append(f"online: schedule re-derived by replaying the policy ({replans} observations, session cadence)")

@@ -15,7 +15,7 @@ from coci.errors import ConfigError
 from coci.planning.failures import Failures
 from coci.planning.records import Plan, PlanInputs
 
-__all__ = ["daly_expected_seconds"]
+__all__ = ["daly_expected_seconds", "failure_model"]
 
 
 RateFunction = Callable[[np.ndarray], np.ndarray]
@@ -235,7 +235,7 @@ def _remote_commits(commit: np.ndarray, promoted: np.ndarray, upload: float | No
     return remote
 
 
-def _failures(failures: Any, inputs: PlanInputs) -> Failures:
+def failure_model(failures: Any, inputs: PlanInputs) -> Failures:
     if failures is None:
         if inputs.failures is None:
             raise ConfigError("failures is required: the plan records no failure model")
@@ -257,7 +257,7 @@ def daly_expected_seconds(plan: Plan, failures: Failures | None = None) -> float
     commits when its stall ends (``persist_seconds`` -> 0, no interference). Raises
     :class:`ConfigError` for a non-exponential failure model.
     """
-    model = _failures(failures, plan.inputs)
+    model = failure_model(failures, plan.inputs)
     if not model.is_memoryless:
         raise ConfigError("failures must be exponential for Daly's closed form")
     job = Job.of(plan.inputs)

@@ -43,13 +43,13 @@ def rename_into_place(root: Path, tmp: Path, final: Path) -> None:
     """The second half of :func:`publish`: ``tmp`` renamed to ``final`` (a checkpoint of the same
     step there is discarded first) and the rename made durable."""
     if final.exists():
-        _discard(final)
+        discard_checkpoint(final)
     os.rename(tmp, final)
     fault("after_rename")
     fsync_dir(root)
 
 
-def _discard(path: Path) -> None:
+def discard_checkpoint(path: Path) -> None:
     """A checkpoint being deleted is never half-visible: it is atomically renamed to ``*.tmp``
     (and the rename made durable) before any of its files is removed."""
     doomed = path.with_name(f"{path.name}.{os.getpid()}.{time.monotonic_ns()}{TMP_SUFFIX}")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from coci import checks
-from coci.checkpoint.commit import _discard
+from coci.checkpoint.commit import discard_checkpoint
 from coci.checkpoint.layout import committed_steps
 from coci.errors import ConfigError
 
@@ -136,7 +136,7 @@ def apply_retention(root: Path, policy: RetentionPolicy | None, trusted: Collect
     committed = dict(committed_steps(root))
     doomed = doomed_steps(policy, [step for step in committed if step in trusted], committed)
     for step in doomed:
-        _discard(committed[step])
+        discard_checkpoint(committed[step])
     return doomed
 
 

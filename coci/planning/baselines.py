@@ -11,28 +11,28 @@ import numpy as np
 from coci.planning.failures import Failures
 from coci.planning.formulas import checkfreq_interval, checkfreq_steps, daly_interval_seconds, periodic_steps, young_interval_seconds
 from coci.planning.objective import build_cost_model, expected_failures
-from coci.planning.problem import _Placement, _Problem, _single_level_cost, warned_expected
+from coci.planning.problem import Placement, Problem, single_level_cost, warned_expected
 from coci.planning.records import Plan
 
-__all__ = ["CheckFreqAdaptation"]
+__all__ = ["CheckFreqAdaptation", "plan_checkfreq", "plan_daly", "plan_young"]
 
 #: CheckFreq's overhead threshold (its authors' 5%) when max_overhead is not given.
 _CHECKFREQ_MAX_OVERHEAD: float = 0.05
 
 
-def _plan_young(problem: _Problem) -> _Placement:
+def plan_young(problem: Problem) -> Placement:
     """Young: ``T = sqrt(2 C / lambda)``, periodic."""
-    seconds = young_interval_seconds(_single_level_cost(problem.inputs), problem.failures.rate)
+    seconds = young_interval_seconds(single_level_cost(problem.inputs), problem.failures.rate)
     return _periodic(problem, seconds)
 
 
-def _plan_daly(problem: _Problem) -> _Placement:
+def plan_daly(problem: Problem) -> Placement:
     """Daly's exact optimum for exponential failures, periodic."""
-    seconds = daly_interval_seconds(_single_level_cost(problem.inputs), problem.failures.mean_seconds)
+    seconds = daly_interval_seconds(single_level_cost(problem.inputs), problem.failures.mean_seconds)
     return _periodic(problem, seconds)
 
 
-def _periodic(problem: _Problem, seconds: float) -> _Placement:
+def _periodic(problem: Problem, seconds: float) -> Placement:
     """Every ``seconds`` of training (rounded to steps, at least the minimum interval)."""
     inputs, name = problem.inputs, problem.config.policy
     interval = max(int(round(seconds / inputs.step_seconds)), 1)
@@ -44,14 +44,14 @@ def _periodic(problem: _Problem, seconds: float) -> _Placement:
         interval = inputs.min_interval_steps
     problem.details["interval_steps"] = float(interval)
     steps = periodic_steps(interval, inputs.start_step, inputs.total_steps, anchor=inputs.last_checkpoint_step)
-    return _Placement(steps, "time")
+    return Placement(steps, "time")
 
 
 def _checkfreq_threshold(max_overhead: float | None) -> float:
     return _CHECKFREQ_MAX_OVERHEAD if max_overhead is None else max_overhead
 
 
-def _plan_checkfreq(problem: _Problem) -> _Placement:
+def plan_checkfreq(problem: Problem) -> Placement:
     """CheckFreq: the interval the persist allows, grown by 2 while ``C / (k t)`` exceeds the threshold."""
     inputs = problem.inputs
     threshold = _checkfreq_threshold(inputs.max_overhead)
@@ -62,7 +62,7 @@ def _plan_checkfreq(problem: _Problem) -> _Placement:
         anchor=max(inputs.start_step, problem.last_checkpoint_step),
     )
     problem.details.update(interval_steps=float(first), final_interval_steps=float(final), max_overhead=threshold)
-    return _Placement(steps, "time")
+    return Placement(steps, "time")
 
 
 class CheckFreqAdaptation:

@@ -61,15 +61,17 @@ __all__ = [
     "check_plan_size",
     "checkfreq_interval",
     "checkfreq_steps",
+    "checkpoint_density",
     "coci_expected_progress",
     "coci_minutes",
     "daly_interval_seconds",
     "max_checkpoints",
     "max_interval_steps",
     "min_interval_steps",
+    "periodic_candidates",
     "periodic_steps",
-    "plan_size_cap",
     "place",
+    "plan_size_cap",
     "refine",
     "snap_to_steps",
     "young_interval_seconds",
@@ -271,7 +273,7 @@ class AutoResult:
         return mu_from_alpha(self.alpha)
 
 
-def _density(model: CostModel, alpha: float, min_steps: int, max_steps: int | None) -> np.ndarray:
+def checkpoint_density(model: CostModel, alpha: float, min_steps: int, max_steps: int | None) -> np.ndarray:
     """First-order optimal checkpoints per second per cell: sqrt(h w_alpha / (2 C)), between
     ``1 / (max_steps t)`` and ``1 / (min_steps t)``."""
     weight = alpha * model.weight + (1.0 - alpha)
@@ -303,7 +305,7 @@ def place(
     local refinement (the bisection in :func:`auto_steps` only needs to know on which side of the
     budget a weight falls). Returns one candidate per offset.
     """
-    density = _density(model, alpha, min_steps, max_steps)
+    density = checkpoint_density(model, alpha, min_steps, max_steps)
     # a re-plan starts mid-segment: the density since the last checkpoint counts towards the first
     lead = float(density[0]) * max(0.0, model.start_seconds - model.last_checkpoint_step * model.step_seconds)
     cumulative = np.concatenate([[0.0], np.cumsum(density * np.diff(model.edges))]) + lead
@@ -455,7 +457,7 @@ def _best(model: CostModel, candidates: list[np.ndarray], alpha: float) -> tuple
     return candidates[index], value
 
 
-def _periodic_candidates(model: CostModel, min_steps: int) -> list[np.ndarray]:
+def periodic_candidates(model: CostModel, min_steps: int) -> list[np.ndarray]:
     """Young-spaced plans at the two integer intervals around ``sqrt(2C / mean hazard)``.
 
     When optimal intervals are only a few steps long, rounding a density plan step by step mixes
@@ -517,7 +519,7 @@ def auto_steps(
     offsets = (-1, 0, 1)
     if max_steps is None:
         max_steps = max_interval_steps(model, min_steps)
-    time_candidates = place(model, 0.0, min_steps, offsets, max_steps) + _periodic_candidates(model, min_steps)
+    time_candidates = place(model, 0.0, min_steps, offsets, max_steps) + periodic_candidates(model, min_steps)
     time_plan, _ = _best(model, time_candidates, 0.0)
     time_wall = model.objective(time_plan, 0.0)
     if objective == "time" or not model.has_progress:
@@ -572,7 +574,7 @@ def auto_steps_within_run_budget(
     offsets = (-1, 0, 1)
     if max_steps is None:
         max_steps = max_interval_steps(model, min_steps)
-    time_plan, _ = _best(model, place(model, 0.0, min_steps, offsets, max_steps) + _periodic_candidates(model, min_steps), 0.0)
+    time_plan, _ = _best(model, place(model, 0.0, min_steps, offsets, max_steps) + periodic_candidates(model, min_steps), 0.0)
     whole_time = auto_steps(whole, objective="time", min_steps=min_steps).time_optimal_wall_seconds
     budget = (1.0 + time_budget) * whole_time
     past = np.asarray(taken, dtype=np.int64)

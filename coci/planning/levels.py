@@ -43,10 +43,10 @@ import numpy as np
 
 from coci import knobs
 from coci.planning.formulas import (
-    _density,
-    _periodic_candidates,
+    checkpoint_density,
     max_checkpoints,
     max_interval_steps,
+    periodic_candidates,
     place,
     refine,
     snap_to_steps,
@@ -123,7 +123,7 @@ def local_around(
     """The local steps of a two-level plan with the promotions ``promote`` among them (see the
     module docstring, step 2); ``model`` is the local chain's cost model; ``refined=False`` skips
     the exact refinement."""
-    density = _density(model, alpha, min_steps, max_steps)
+    density = checkpoint_density(model, alpha, min_steps, max_steps)
     t = model.step_seconds
     lead = float(density[0]) * max(0.0, model.start_seconds - model.last_checkpoint_step * t)
     cumulative = np.concatenate([[0.0], np.cumsum(density * np.diff(model.edges))]) + lead
@@ -177,7 +177,7 @@ def two_level_candidates(
         max_promote = max_interval_steps(chain, min_promote)
         promotions += place(chain, alpha, min_promote, (-1, 0, 1), max_promote, refined)
         if alpha == 0.0:
-            promotions += _periodic_candidates(chain, min_promote)
+            promotions += periodic_candidates(chain, min_promote)
     candidates: list[TwoLevelPlan] = []
     for promote in promotions:
         candidates.append((local_around(model.local, promote, alpha, min_steps, max_steps, refined), promote))

@@ -23,7 +23,7 @@ from coci.planning.fit import CurveFit, fit_curve
 from coci.planning.planner import plan
 from coci.planning.policy import Observation
 from coci.planning.prior import CorrectedRate, PriorCurve, PriorLike, WarmStart, load_prior
-from coci.planning.progress import _mean_rate
+from coci.planning.progress import run_mean_rate
 from coci.planning.records import PRIOR_PROGRESS_RATE, Plan, ProgressCurve
 from coci.planning.three_levels import PEER_TIER, REMOTE_TIER, measured_tier_costs
 
@@ -329,7 +329,7 @@ class PlanningPolicy:
         fit = curve if isinstance(curve, CurveFit) else None
         rate = curve.progress_rate if isinstance(curve, CurveFit) else curve
         rates = rate(np.linspace(now, horizon, 17))
-        mean, _ = _mean_rate(fit, rate, horizon, [])
+        mean, _ = run_mean_rate(fit, rate, horizon, [])
         if mean is None or not np.all(np.isfinite(rates)):
             return None
         return rates / mean

@@ -54,7 +54,7 @@ import numpy as np
 
 from coci.errors import ConfigError
 from coci.planning.arguments import CurveLike
-from coci.planning.baselines import _plan_checkfreq, _plan_daly, _plan_young
+from coci.planning.baselines import plan_checkfreq, plan_daly, plan_young
 from coci.planning.config import PlanConfig, changed_arguments
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit, fit_coci_exponential
@@ -70,7 +70,7 @@ from coci.planning.formulas import (
 )
 from coci.planning.levels import TwoLevelResult, auto_two_level, min_promote_steps
 from coci.planning.objective import CostModel, TwoLevelCostModel, build_cost_model, expected_failures
-from coci.planning.problem import _finish, _Placement, _Problem, _problem
+from coci.planning.problem import Placement, Problem, build_problem, finish_plan
 from coci.planning.records import Plan
 from coci.planning.three_levels import PEER_TIER, REMOTE_TIER, ThreeLevelCostModel, ThreeLevelResult, auto_three_level, tier_costs
 
@@ -148,7 +148,7 @@ def plan(
         config = PlanConfig(**choices)
     elif changed_arguments(plan, choices):
         raise ConfigError("pass either config= or the planning choices (policy, failures, total_steps, ...), not both")
-    problem = _problem(
+    problem = build_problem(
         config, curve,
         step_seconds=step_seconds, stall_seconds=stall_seconds, persist_seconds=persist_seconds,
         interference_seconds=interference_seconds, start_step=start_step,
@@ -159,20 +159,20 @@ def plan(
             **tier_costs(PEER_TIER, peer_seconds, peer_interference_seconds, peer_restart_seconds, last_peer_step),
         },
     )
-    return _finish(problem, POLICY_PLANNERS[config.policy](problem))
+    return finish_plan(problem, POLICY_PLANNERS[config.policy](problem))
 
 
-def _plan_coci(problem: _Problem) -> _Placement:
+def _plan_coci(problem: Problem) -> Placement:
     """COCI as published (the time-optimal plan when the curve does not fall)."""
     steps, details, fallbacks = _coci_plan(
         problem.fit, problem.raw, problem.cost_model, problem.failures, problem.inputs.min_interval_steps
     )
     problem.details.update(details)
     problem.fallbacks.extend(fallbacks)
-    return _Placement(steps, "progress" if "theta1_per_minute" in details else "time")
+    return Placement(steps, "progress" if "theta1_per_minute" in details else "time")
 
 
-def _plan_auto(problem: _Problem) -> _Placement:
+def _plan_auto(problem: Problem) -> Placement:
     """``auto``: the convergence-aware optimum (progress objective within the time budget), or the
     time optimum for ``objective="time"`` or without a usable curve. A re-plan (``start_step > 0``)
     keeps the whole run within the budget (:func:`_plan_rest_within_run_budget`)."""
@@ -202,16 +202,16 @@ def _plan_auto(problem: _Problem) -> _Placement:
 def _mixture_placement(
     result: AutoResult | TwoLevelResult | ThreeLevelResult, objective: str,
     promote: np.ndarray | None = None, peer: np.ndarray | None = None,
-) -> _Placement:
+) -> Placement:
     """An ``auto`` result as a placement: its mixture weight (progress objective only), the time
     optimum and, where bisected, the budget."""
     expected = {"time_optimal_wall_seconds": result.time_optimal_wall_seconds}
     if result.budget_wall_seconds is not None:
         expected["budget_wall_seconds"] = result.budget_wall_seconds
-    return _Placement(result.steps, objective, result.mu if objective == "progress" else None, expected, promote, peer)
+    return Placement(result.steps, objective, result.mu if objective == "progress" else None, expected, promote, peer)
 
 
-def _plan_two_levels(problem: _Problem, model: TwoLevelCostModel, objective: str) -> _Placement:
+def _plan_two_levels(problem: Problem, model: TwoLevelCostModel, objective: str) -> Placement:
     """``auto`` with a remote tier: local steps and their promoted subset (:func:`auto_two_level`).
     A re-plan measures the time budget against the remaining steps' two-level time optimum."""
     inputs, config = problem.inputs, problem.config
@@ -229,7 +229,7 @@ def _plan_two_levels(problem: _Problem, model: TwoLevelCostModel, objective: str
     return _mixture_placement(result, objective, promote=result.promote)
 
 
-def _plan_three_levels(problem: _Problem, model: ThreeLevelCostModel, objective: str) -> _Placement:
+def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: str) -> Placement:
     """``auto`` with a peer level: local steps, their copied subset and its uploaded subset
     (:func:`coci.planning.three_levels.auto_three_level`). A re-plan measures the time budget
     against the remaining steps' three-level time optimum."""
@@ -248,7 +248,7 @@ def _plan_three_levels(problem: _Problem, model: ThreeLevelCostModel, objective:
     return _mixture_placement(result, objective, promote=result.promote, peer=result.peer)
 
 
-def _plan_rest_within_run_budget(problem: _Problem, time_budget: float, max_steps: int) -> AutoResult:
+def _plan_rest_within_run_budget(problem: Problem, time_budget: float, max_steps: int) -> AutoResult:
     """A re-plan's remaining steps, the whole run (from step 0, the checkpoints already taken
     included) within the time budget (:func:`coci.planning.formulas.auto_steps_within_run_budget`).
 
@@ -278,11 +278,11 @@ def _plan_rest_within_run_budget(problem: _Problem, time_budget: float, max_step
 
 
 #: The function that places the checkpoints of each policy name.
-POLICY_PLANNERS: dict[str, Callable[[_Problem], _Placement]] = {
+POLICY_PLANNERS: dict[str, Callable[[Problem], Placement]] = {
     "auto": _plan_auto,
-    "young": _plan_young,
-    "daly": _plan_daly,
-    "checkfreq": _plan_checkfreq,
+    "young": plan_young,
+    "daly": plan_daly,
+    "checkfreq": plan_checkfreq,
     "coci": _plan_coci,
 }
 

@@ -21,7 +21,7 @@ from coci.planning.fit import CurveFit
 from coci.planning.formulas import check_plan_size, min_interval_steps
 from coci.planning.levels import min_promote_steps
 from coci.planning.objective import CostModel, ExpectedFailures, TwoLevelCostModel, build_cost_model, expected_failures
-from coci.planning.progress import _mean_rate, _observed_past_rate, _resolve_curve
+from coci.planning.progress import observed_past_rate, resolve_curve, run_mean_rate
 from coci.planning.records import Plan, PlanInputs, RateFunction
 from coci.planning.three_levels import ThreeLevelCostModel, three_level_model
 from coci.units import parse_duration
@@ -32,7 +32,7 @@ _PLAN_RESTART_MTBF_NOTE: float = 0.1
 
 
 @dataclass
-class _Problem:
+class Problem:
     """One validated planning problem: the choices, the recorded inputs, the curve, the cost model,
     and the fallbacks, notes and details gathered while planning."""
 
@@ -69,7 +69,7 @@ class _Problem:
 
 
 @dataclass(frozen=True)
-class _Placement:
+class Placement:
     """What a policy function chose: the steps, the objective they optimise, auto's mixture weight."""
 
     steps: np.ndarray
@@ -80,7 +80,7 @@ class _Placement:
     peer: np.ndarray | None = None  # the subset of ``steps`` copied to a peer (None: no peer level planned)
 
 
-def _problem(
+def build_problem(
     config: PlanConfig,
     curve: CurveLike | None,
     *,
@@ -93,7 +93,7 @@ def _problem(
     failure_origin_step: Any,
     taken_steps: Iterable[int] | None = None,
     remote: dict[str, Any] | None = None,
-) -> _Problem:
+) -> Problem:
     """Validate the measurements, resolve the curve and build the cost model."""
     total_steps = checks.integer(config.total_steps, "total_steps", minimum=1)
     start = checks.integer(start_step, "start_step", minimum=0)
@@ -112,16 +112,16 @@ def _problem(
         if key in remote:  # one upload, one copy in flight
             min_steps = min_promote_steps(step, remote[key], min_steps)
 
-    fit, rate, raw, description, fallbacks = _resolve_curve(curve)
+    fit, rate, raw, description, fallbacks = resolve_curve(curve)
     details: dict[str, float] = {"min_interval_steps": float(min_steps)}
     notes: list[str] = []
     empirical = _empirical(raw, fit, total_steps, details, notes) if rate is not None else None
     if empirical is not None:
         rate, description = empirical, f"{description}, {empirical.description}"
     elif fit is not None and rate is not None:
-        rate = _observed_past_rate(fit, rate)
+        rate = observed_past_rate(fit, rate)
     law = None if empirical is not None else fit
-    mean_rate, weight_origin = _mean_rate(law, rate, total_steps, fallbacks) if rate is not None else (None, 0.0)
+    mean_rate, weight_origin = run_mean_rate(law, rate, total_steps, fallbacks) if rate is not None else (None, 0.0)
     if mean_rate is None:
         rate = None
     else:
@@ -137,7 +137,7 @@ def _problem(
     model = _cost_model(inputs, last_checkpoint, rate, mean_rate, fallbacks)
     weighted = rate if model is not None and model.has_progress else None
     three = three_level_model(inputs, last_checkpoint, weighted, mean_rate, notes)
-    return _Problem(
+    return Problem(
         config=config, inputs=inputs, last_checkpoint_step=last_checkpoint, curve_given=curve is not None,
         fit=fit, rate=rate, raw=raw, mean_rate=mean_rate, weight_origin=weight_origin, model=model,
         fallbacks=fallbacks, details=details, notes=notes,
@@ -181,7 +181,7 @@ def _empirical(
     return curve
 
 
-def _single_level_cost(inputs: PlanInputs) -> float:
+def single_level_cost(inputs: PlanInputs) -> float:
     """What one checkpoint of a single-level plan costs training: with a remote tier every
     checkpoint is promoted (and copied to a peer), so those interferences are added to the local cost."""
     extra = float(inputs.upload_interference_seconds or 0.0) + float(inputs.peer_interference_seconds or 0.0)
@@ -208,7 +208,7 @@ def _cost_model(
 
     def build(progress_rate: RateFunction | None) -> CostModel:
         return build_cost_model(
-            total_steps=inputs.total_steps, step_seconds=step, checkpoint_seconds=_single_level_cost(inputs),
+            total_steps=inputs.total_steps, step_seconds=step, checkpoint_seconds=single_level_cost(inputs),
             persist_seconds=inputs.persist_seconds, restart_seconds=inputs.restart_seconds, failures=hazard,
             progress_rate=progress_rate, start_step=inputs.start_step, last_checkpoint_step=last_checkpoint_step,
             mean_rate=mean_rate if progress_rate is not None else None,
@@ -263,7 +263,7 @@ def _two_level_model(
     )
 
 
-def _finish(problem: _Problem, placement: _Placement) -> Plan:
+def finish_plan(problem: Problem, placement: Placement) -> Plan:
     """The :class:`Plan` of ``placement``, with its expected costs (two-level: with every checkpoint
     promoted unless the placement chose the promotions). Every policy's plan ends here: its size
     is checked once more against the cap (:func:`coci.planning.formulas.check_plan_size`)."""

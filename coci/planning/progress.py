@@ -15,7 +15,7 @@ from coci.planning.fit import CurveFit, fit_curve
 from coci.planning.objective import whole_run_mean_rate
 from coci.planning.records import RateFunction
 
-__all__ = ["fit_progress_weight"]
+__all__ = ["fit_progress_weight", "observed_past_rate", "resolve_curve", "run_mean_rate"]
 
 
 def _is_pair(curve: Any) -> bool:
@@ -26,7 +26,7 @@ def _is_pair(curve: Any) -> bool:
     )
 
 
-def _resolve_curve(
+def resolve_curve(
     curve: CurveLike | None,
 ) -> tuple[CurveFit | None, RateFunction | None, tuple[np.ndarray, np.ndarray] | None, str, list[str]]:
     """``(fit, progress_rate, raw (steps, losses), description, fallbacks)`` for a ``curve`` input."""
@@ -74,12 +74,12 @@ def _clean_fit(fit: CurveFit) -> CurveFit:
     )
 
 
-def _observed_past_rate(fit: CurveFit, rate: RateFunction) -> RateFunction:
+def observed_past_rate(fit: CurveFit, rate: RateFunction) -> RateFunction:
     """The fit's progress rate from its window on (before the first observed step: the rate there,
     not a law extrapolated towards a singularity); before the window (a recent-window fit after
     drift) the observed average ``(first_loss - L(window_start)) / (window_start - first_step)``
     instead of the law extrapolated backwards. Its integral over the run is the observed first loss
-    minus the fitted loss at the horizon, the drop :func:`_mean_rate` normalises by."""
+    minus the fitted loss at the horizon, the drop :func:`run_mean_rate` normalises by."""
     start, first, first_loss = fit.window_start, fit.first_step, fit.first_loss
     if first is None or first_loss is None:
         return rate
@@ -111,12 +111,12 @@ def _observed_past_rate(fit: CurveFit, rate: RateFunction) -> RateFunction:
 def fit_progress_weight(fit: CurveFit, total_steps: int) -> RateFunction | None:
     """The progress weight ``w = v / v_bar`` the planner derives from a recorded fit over a run of
     ``total_steps`` steps (the observed average before a recent window, the floor at 0, the whole
-    run's mean rate; see :func:`_observed_past_rate` and :func:`_mean_rate`); None when the fit is
+    run's mean rate; see :func:`observed_past_rate` and :func:`run_mean_rate`); None when the fit is
     unusable or the loss does not fall over the run."""
     if not fit.usable:
         return None
-    rate = _observed_past_rate(fit, fit.progress_rate)
-    mean, _ = _mean_rate(fit, rate, total_steps, [])
+    rate = observed_past_rate(fit, fit.progress_rate)
+    mean, _ = run_mean_rate(fit, rate, total_steps, [])
     if mean is None:
         return None
     return lambda steps: np.asarray(rate(np.asarray(steps, dtype=float)), dtype=float) / mean
@@ -133,7 +133,7 @@ def _loss_floor(fit: CurveFit) -> float | None:
     return 0.0 if fit.first_loss > 0 and observed > 0 else None
 
 
-def _mean_rate(
+def run_mean_rate(
     fit: CurveFit | None, rate: RateFunction, total_steps: int, fallbacks: list[str]
 ) -> tuple[float | None, float]:
     """The whole run's mean progress rate ``v_bar`` and the step it is measured from.
@@ -141,7 +141,7 @@ def _mean_rate(
     The mean is that of the planner's own curve (so ``w`` averages 1 over the run under it): for a
     fit that recorded its first observed point, ``(L(first) - L(H)) / (H - first step)`` with
     ``L(first)`` the observed first loss when the fit is a recent window (the rate before the window
-    is the observed average, :func:`_observed_past_rate`) and the fitted one otherwise; another fit:
+    is the observed average, :func:`observed_past_rate`) and the fitted one otherwise; another fit:
     ``v`` integrated from its window's start; a callable: from step 0.
     """
     origin = 0.0

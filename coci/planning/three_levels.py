@@ -40,7 +40,7 @@ import numpy as np
 from coci import checks
 from coci.errors import ConfigError
 from coci.planning.failures import Failures
-from coci.planning.formulas import _periodic_candidates, max_interval_steps, place
+from coci.planning.formulas import max_interval_steps, periodic_candidates, place
 from coci.planning.levels import MixtureChoice, against_all, auto_mixture, charged, local_around
 from coci.planning.objective import CostModel, ExpectedFailures, Overhead, build_cost_model, expected_failures, level_figures
 from coci.units import parse_duration
@@ -135,7 +135,7 @@ def _uploads(model: ThreeLevelCostModel, alpha: float, min_promote: int, refined
     for chain in (charged(remote, local.checkpoint_seconds + peer.checkpoint_seconds), _everything(model)):
         uploads += place(chain, alpha, min_promote, (-1, 0, 1), max_interval_steps(chain, min_promote), refined)
         if alpha == 0.0:
-            uploads += _periodic_candidates(chain, min_promote)
+            uploads += periodic_candidates(chain, min_promote)
     return uploads
 
 

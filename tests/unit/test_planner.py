@@ -345,13 +345,13 @@ def test_unmeasured_costs_are_assumed_and_recorded() -> None:
 def test_a_fit_extrapolating_below_zero_stops_falling_at_zero() -> None:
     """A short noisy trace of a positive loss fitted with a negative asymptote would put most of the
     run's progress in the future (a flat weight); the planner's curve stops at 0 instead."""
-    from coci.planning.progress import _mean_rate, _observed_past_rate
+    from coci.planning.progress import observed_past_rate, run_mean_rate
 
     steps = np.arange(1.0, 301.0)
     fit = fit_curve(steps, 2.0 - 0.004 * steps + np.random.default_rng(0).normal(0, 0.01, steps.size))
     assert fit.usable and fit.loss(np.array([20_000.0]))[0] < 0  # the law as fitted goes negative
-    rate = _observed_past_rate(fit, fit.progress_rate)
-    mean, _ = _mean_rate(fit, rate, 20_000, [])
+    rate = observed_past_rate(fit, fit.progress_rate)
+    mean, _ = run_mean_rate(fit, rate, 20_000, [])
     crossing = float(steps[-1])
     while fit.loss(np.array([crossing]))[0] > 0:
         crossing += 1.0

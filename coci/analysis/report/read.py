@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from coci import knobs
-from coci.analysis.report.restores import RestoreRow, _event_step, _lost_seconds, _number, _Restores
+from coci.analysis.report.restores import RestoreRow, Restores, event_step, finite_number, total_lost_seconds
 from coci.checkpoint.checkpointer import load_entry
 from coci.checkpoint.layout import SESSION_KEY, checkpoints_dir, committed_steps, has_root
 from coci.checkpoint.peers import PEER_DIRNAME
@@ -291,14 +291,14 @@ class _EventDigest:
         self.planning = False
         self.rows = _Rows()
         self.plans: list[dict[str, Any]] = []  # the plan events that name a step
-        self.restores = _Restores(step_seconds)
+        self.restores = Restores(step_seconds)
         self.preemptions: list[PreemptionRow] = []
         self.reached: int | None = None  # the furthest step a close, progress, stall, snapshot or step mark names
         self.ledger = _Ledger()
         self.peers: dict[str, float] = {"peer_sent": 0, "peer_bytes": 0, "peer_seconds": 0.0, "peer_received": 0, "peer_refused": 0}
 
     def add(self, event: dict[str, Any]) -> None:
-        kind, step = event.get("event"), _event_step(event)
+        kind, step = event.get("event"), event_step(event)
         self.count += 1
         self.replans += kind == "plan"
         self.planning = self.planning or (kind == "session" and event.get("planning") is True)
@@ -317,8 +317,8 @@ class _EventDigest:
         peers = self.peers
         if kind == "peer_send":
             peers["peer_sent"] += 1
-            peers["peer_bytes"] += _number(event.get("bytes")) or 0
-            peers["peer_seconds"] += _number(event.get("seconds")) or 0.0
+            peers["peer_bytes"] += finite_number(event.get("bytes")) or 0
+            peers["peer_seconds"] += finite_number(event.get("seconds")) or 0.0
         peers["peer_received"] += kind == "peer_receive"
         peers["peer_refused"] += kind == "peer_skip"
 
@@ -443,7 +443,7 @@ class _Rows:
 
 def _mark_planned(rows: list[CheckpointRow], events: list[dict[str, Any]], plan: Plan | None, notes: list[str]) -> None:
     """Set ``planned``: from plan events that carry steps, else from the final plan's span."""
-    plan_events = [e for e in events if e.get("event") == "plan" and _event_step(e) is not None]
+    plan_events = [e for e in events if e.get("event") == "plan" and event_step(e) is not None]
     governed: list[tuple[int, float, set[int]]] = []  # (from, to, steps) a plan was in force
     if plan_events and all(isinstance(e.get("steps"), list) for e in plan_events):
         for current, following in zip(plan_events, [*plan_events[1:], None]):
@@ -473,11 +473,11 @@ def _plan_applied_step(events: list[dict[str, Any]], plan: Plan | None) -> int |
         return None
     steps = [int(s) for s in plan.steps][: knobs.PLAN_EVENT_MAX_STEPS]
     applied = None
-    for event in reversed([e for e in events if e.get("event") == "plan" and _event_step(e) is not None]):
+    for event in reversed([e for e in events if e.get("event") == "plan" and event_step(e) is not None]):
         listed = event.get("steps")
         if not isinstance(listed, list) or [int(s) for s in listed] != steps:
             break
-        applied = _event_step(event)
+        applied = event_step(event)
     return applied
 
 
@@ -535,7 +535,7 @@ def _observed(
         overhead_percent=None if overhead is None or not compute else 100.0 * overhead / compute,
         failures=len(failures),
         lost_steps=lost_steps,
-        lost_seconds=_lost_seconds(failures),
+        lost_seconds=total_lost_seconds(failures),
     )
 
 
@@ -552,13 +552,13 @@ class _Ledger:
         self.startup: float | None = None
 
     def add(self, event: dict[str, Any], kind: Any) -> None:
-        if kind == "session" and (seconds := _number(event.get("startup_seconds"))) is not None:
+        if kind == "session" and (seconds := finite_number(event.get("startup_seconds"))) is not None:
             self.startup = (self.startup or 0.0) + seconds
         elif kind in ("progress", "close", "stall", "restore") and "overhead_step_work" in event:
             self.last[event.get("pid")] = {f"overhead_{k}": event.get(f"overhead_{k}") for k in self._KINDS}
 
     def totals(self) -> dict[str, Any]:
-        totals: dict[str, Any] = {kind: sum(_number(e.get(f"overhead_{kind}")) or 0.0 for e in self.last.values()) for kind in self._KINDS}
+        totals: dict[str, Any] = {kind: sum(finite_number(e.get(f"overhead_{kind}")) or 0.0 for e in self.last.values()) for kind in self._KINDS}
         totals["processes"] = len(self.last)
         totals["startup"] = self.startup
         return totals

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from coci.checks import is_int
 
-__all__ = ["RestoreRow"]
+__all__ = ["RestoreRow", "Restores", "event_step", "finite_number", "total_lost_seconds"]
 
 #: Fewest steps a failed process's own timed events must span for the report to time its lost
 #: steps at that process's pace (wall seconds per step) rather than the run's final step time
@@ -40,7 +40,7 @@ class RestoreRow(BaseModel):
     preempted: bool = False  # the process before it stopped on a preemption notice
 
 
-def _event_step(event: dict[str, Any]) -> int | None:
+def event_step(event: dict[str, Any]) -> int | None:
     """The event's ``step`` when it is an integer, else None."""
     step: Any = event.get("step")
     return int(step) if is_int(step) else None
@@ -60,7 +60,7 @@ class _Pace:
         self.end: tuple[float, int] | None = None  # (the next process's start, the step this one reached)
 
     def add(self, event: dict[str, Any], step: int) -> None:
-        when = _number(event.get("time"))
+        when = finite_number(event.get("time"))
         if when is not None:
             self.first = self.first or (when, step)
             self.last = (when, step)
@@ -80,14 +80,14 @@ def _per_step(first: tuple[float, int] | None, last: tuple[float, int] | None) -
 
 
 def _restores(events: Iterable[dict[str, Any]], step_seconds: float | None) -> list[RestoreRow]:
-    """The restores of ``events`` (see :class:`_Restores`)."""
-    restores = _Restores(step_seconds)
+    """The restores of ``events`` (see :class:`Restores`)."""
+    restores = Restores(step_seconds)
     for event in events:
-        restores.add(event, event.get("event"), _event_step(event))
+        restores.add(event, event.get("event"), event_step(event))
     return restores.rows
 
 
-class _Restores:
+class Restores:
     """Each restore, and what the segment before it had reached (a failure unless it closed),
     built event by event. The lost steps are timed at the failed process's own pace
     (:class:`_Pace`) where its events show one, else at ``step_seconds``."""
@@ -114,7 +114,7 @@ class _Restores:
             # mirrored one, exact false, is the step it had when last mirrored: a lower bound)
             self.marked = (self.reached is None or step >= self.reached) and event.get("exact") is not False
         if kind == "restart" and self.rows and self.rows[-1].restart_seconds is None:
-            self.rows[-1].restart_seconds = _number(event.get("seconds"))
+            self.rows[-1].restart_seconds = finite_number(event.get("seconds"))
             return
         if kind == "restore" and step is not None:
             self._restore(event, step)
@@ -149,16 +149,16 @@ class _Restores:
 
 def _process_start(session: dict[str, Any]) -> float | None:
     """When a process started: its ``session`` event's time less its start-up (None if unknown)."""
-    when, startup = _number(session.get("time")), _number(session.get("startup_seconds"))
+    when, startup = finite_number(session.get("time")), finite_number(session.get("startup_seconds"))
     return None if when is None or startup is None else when - startup
 
 
-def _lost_seconds(failures: list[RestoreRow]) -> float | None:
+def total_lost_seconds(failures: list[RestoreRow]) -> float | None:
     """The failures' lost seconds, each timed in :func:`_restores`; None when one that lost steps
     has no time (no pace of its own and no step time)."""
     timed = [r.lost_seconds for r in failures if r.lost_steps]
     return None if None in timed else sum(seconds or 0.0 for seconds in timed)
 
 
-def _number(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
