@@ -103,6 +103,27 @@ _OPTIONAL_SERIES = frozenset(
 )
 
 
+class _InFlight:
+    """Background work of one kind (persists, uploads, peer copies): how many are in flight, and
+    whether the open step interval overlapped one. Changed under the profiler's lock."""
+
+    __slots__ = ("count", "overlapped")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.overlapped = False
+
+    def began(self) -> None:
+        self.count += 1
+        self.overlapped = True
+
+    def ended(self) -> None:
+        self.count = max(self.count - 1, 0)
+
+    def open_interval(self) -> None:
+        self.overlapped = self.count > 0
+
+
 class Profiler:
     """Measures step time, checkpoint stall, persist, interference, restore and the loss trace.
 
@@ -142,12 +163,9 @@ class Profiler:
         self._process_steps = 0
         self._last_time: float | None = None
         self._interval_stall = False
-        self._interval_overlapped = False
-        self._persists_in_flight = 0
-        self._uploads_in_flight = 0
-        self._interval_uploading = False
-        self._copies_in_flight = 0
-        self._interval_copying = False
+        self._persists = _InFlight()  # its ``overlapped``: the open interval overlaps a persist
+        self._uploads = _InFlight()
+        self._copies = _InFlight()  # peer copies
         self._state_bytes: int | None = None
         self._bandwidth: Bandwidth | None = None
         self._probe_thread: threading.Thread | None = None  # probe_in_background's
@@ -166,13 +184,11 @@ class Profiler:
         last = self._last_time
         self._last_time = now
         if last is not None and self._process_steps > self._warmup_steps:
-            self._classify(now - last, self._interval_stall, self._interval_overlapped)
+            self._classify(now - last, self._interval_stall, self._persists.overlapped)
         self._interval_stall = False
         self._interval_stall_seconds = 0.0
         self._interval_busy = 0.0
-        self._interval_overlapped = self._persists_in_flight > 0
-        self._interval_uploading = self._uploads_in_flight > 0
-        self._interval_copying = self._copies_in_flight > 0
+        self._open_interval()
         if loss is not None:
             self._trace.add(self._steps, loss)
 
@@ -186,9 +202,13 @@ class Profiler:
         self._interval_stall = False
         self._interval_stall_seconds = 0.0
         self._interval_busy = 0.0
-        self._interval_overlapped = self._persists_in_flight > 0
-        self._interval_uploading = self._uploads_in_flight > 0
-        self._interval_copying = self._copies_in_flight > 0
+        self._open_interval()
+
+    def _open_interval(self) -> None:
+        """The next step interval overlaps whatever background work is in flight as it opens."""
+        self._persists.open_interval()
+        self._uploads.open_interval()
+        self._copies.open_interval()
 
     def record_busy(self, start: float, end: float) -> None:
         """The caller was busy outside the training step from ``start`` to ``end`` (clock seconds:
@@ -226,9 +246,7 @@ class Profiler:
         self._process_steps += n
         self._last_time = None
         self._interval_stall = False
-        self._interval_overlapped = self._persists_in_flight > 0
-        self._interval_uploading = self._uploads_in_flight > 0
-        self._interval_copying = self._copies_in_flight > 0
+        self._open_interval()
         if values is not None:
             self._trace.extend(np.arange(first_step, first_step + n, dtype=np.int64), values)
 
@@ -236,10 +254,10 @@ class Profiler:
         # durations[i] closes process step self._process_steps + 1 + i; the warm-up ones are skipped.
         skip = max(self._warmup_steps - self._process_steps, 0)
         if skip == 0:
-            self._classify(float(durations[0]), self._interval_stall, self._interval_overlapped)
+            self._classify(float(durations[0]), self._interval_stall, self._persists.overlapped)
         tail = durations[max(skip, 1) :]
         tail = tail[tail >= 0.0]
-        target = self._overlapped if self._persists_in_flight > 0 else self._clean
+        target = self._overlapped if self._persists.count > 0 else self._clean
         if tail.size:
             target.extend(tail[-(target.maxlen or tail.size) :].tolist())
             self._since_clean = 0 if target is self._clean else self._since_clean + int(tail.size)
@@ -255,9 +273,9 @@ class Profiler:
             self._stall_adjusted.append(training if self._interval_busy > 0.0 else max(duration - self._interval_stall_seconds, 0.0))
         elif overlapped:
             self._overlapped.append(training)
-        elif self._interval_uploading:
+        elif self._uploads.overlapped:
             self._upload_steps.append(training)
-        elif self._interval_copying:
+        elif self._copies.overlapped:
             self._peer_steps.append(training)
         else:
             self._clean.append(training)
@@ -278,71 +296,60 @@ class Profiler:
     def persist_started(self) -> None:
         """A background persist began: the open interval and all that open before it ends overlap it."""
         with self._lock:
-            self._persists_in_flight += 1
-            self._interval_overlapped = True
+            self._persists.began()
 
     def persist_finished(self, seconds: float, nbytes: int | None = None) -> None:
         """The persist begun by ``persist_started`` committed after ``seconds``, writing ``nbytes``.
 
         The open interval stays persist-overlapped; the next ``step()`` closes it.
         """
-        seconds = non_negative_number(seconds, "seconds")
-        nbytes = optional_integer(nbytes, "nbytes")
-        with self._lock:
-            if self._persists_in_flight == 0:
-                logger.debug("persist_finished without persist_started; recording the sample anyway")
-            self._persists_in_flight = max(self._persists_in_flight - 1, 0)
-            self._costs["persist_seconds"].append(seconds)
-            if nbytes is not None:
-                self._costs["persist_bytes"].append(float(nbytes))
+        if self._persists.count == 0:
+            logger.debug("persist_finished without persist_started; recording the sample anyway")
+        self._finished(self._persists, "persist", seconds, nbytes)
 
     def persist_aborted(self) -> None:
         """The persist begun by ``persist_started`` failed: no sample, but it is no longer in flight."""
         with self._lock:
-            self._persists_in_flight = max(self._persists_in_flight - 1, 0)
+            self._persists.ended()
 
     def upload_started(self) -> None:
         """A promotion to the remote tier began: steps overlapping it (and no persist) are timed apart."""
         with self._lock:
-            self._uploads_in_flight += 1
-            self._interval_uploading = True
+            self._uploads.began()
 
     def upload_finished(self, seconds: float, nbytes: int | None = None) -> None:
         """The promotion begun by ``upload_started`` committed remotely after ``seconds`` (any thread)."""
-        seconds = non_negative_number(seconds, "seconds")
-        nbytes = optional_integer(nbytes, "nbytes")
-        with self._lock:
-            self._uploads_in_flight = max(self._uploads_in_flight - 1, 0)
-            self._costs["upload_seconds"].append(seconds)
-            if nbytes is not None:
-                self._costs["upload_bytes"].append(float(nbytes))
+        self._finished(self._uploads, "upload", seconds, nbytes)
 
     def upload_aborted(self) -> None:
         """The promotion begun by ``upload_started`` failed: no sample (any thread)."""
         with self._lock:
-            self._uploads_in_flight = max(self._uploads_in_flight - 1, 0)
+            self._uploads.ended()
 
     def peer_copy_started(self) -> None:
         """A copy of this node's checkpoint to a peer node began: steps overlapping it (and no
         persist or promotion) are timed apart."""
         with self._lock:
-            self._copies_in_flight += 1
-            self._interval_copying = True
+            self._copies.began()
 
     def peer_copy_finished(self, seconds: float, nbytes: int | None = None) -> None:
         """The copy begun by ``peer_copy_started`` committed on the peer after ``seconds`` (any thread)."""
-        seconds = non_negative_number(seconds, "seconds")
-        nbytes = optional_integer(nbytes, "nbytes")
-        with self._lock:
-            self._copies_in_flight = max(self._copies_in_flight - 1, 0)
-            self._costs["peer_seconds"].append(seconds)
-            if nbytes is not None:
-                self._costs["peer_bytes"].append(float(nbytes))
+        self._finished(self._copies, "peer", seconds, nbytes)
 
     def peer_copy_aborted(self) -> None:
         """The copy begun by ``peer_copy_started`` failed: no sample (any thread)."""
         with self._lock:
-            self._copies_in_flight = max(self._copies_in_flight - 1, 0)
+            self._copies.ended()
+
+    def _finished(self, work: _InFlight, cost: str, seconds: float, nbytes: int | None) -> None:
+        """``work`` of one kind ended after ``seconds`` with ``nbytes``: samples of ``<cost>_seconds`` and ``<cost>_bytes``."""
+        seconds = non_negative_number(seconds, "seconds")
+        nbytes = optional_integer(nbytes, "nbytes")
+        with self._lock:
+            work.ended()
+            self._costs[f"{cost}_seconds"].append(seconds)
+            if nbytes is not None:
+                self._costs[f"{cost}_bytes"].append(float(nbytes))
 
     def record_peer_restore(self, seconds: float) -> None:
         """A restore that took this node's files from a peer's copy took ``seconds`` (fetch, verify, load)."""
@@ -476,7 +483,7 @@ class Profiler:
     @property
     def persist_in_flight(self) -> bool:
         """True between ``persist_started`` and ``persist_finished``/``persist_aborted``."""
-        return self._persists_in_flight > 0
+        return self._persists.count > 0
 
     @property
     def loss_trace(self) -> LossTrace:
@@ -611,9 +618,7 @@ class Profiler:
             self._process_steps = 0
             self._last_time = None
             self._interval_stall = False
-            self._interval_overlapped = self._persists_in_flight > 0
-            self._interval_uploading = self._uploads_in_flight > 0
-            self._interval_copying = self._copies_in_flight > 0
+            self._open_interval()
             self._state_bytes = state_bytes
             self._bandwidth = bandwidth
             self._since_clean = since_clean
