@@ -49,10 +49,17 @@ def reference(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     return path, extra
 
 
-PERSIST_MODES = ["thread", "process"]  # Session(persist=...): the same kills, the same result
+# Session(persist=...): the same kills, the same result. The data source and the persist mode are
+# independent axes: the thread persist runs with both, the process persist with the loader (the
+# fuller state: the loader's position too), not the whole cross product.
+PERSIST_MODES = [
+    pytest.param(False, "thread", id="randint-data-thread"),
+    pytest.param(True, "thread", id="resumable-loader-thread"),
+    pytest.param(True, "process", id="resumable-loader-process"),
+]
 
 
-@pytest.mark.parametrize("persist", PERSIST_MODES)
+@pytest.mark.parametrize(("reference", "persist"), PERSIST_MODES, indirect=["reference"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kill_at_random_step(tmp_path: Path, reference: tuple[Path, tuple[str, ...]], seed: int, persist: str) -> None:
     ref, extra = reference
@@ -63,7 +70,7 @@ def test_kill_at_random_step(tmp_path: Path, reference: tuple[Path, tuple[str, .
     assert_same_as_reference(tmp_path, ref)
 
 
-@pytest.mark.parametrize("persist", PERSIST_MODES)
+@pytest.mark.parametrize(("reference", "persist"), PERSIST_MODES, indirect=["reference"])
 @pytest.mark.parametrize("point", ["mid_write", "before_rename", "after_rename", "retention"])
 def test_kill_inside_persist(tmp_path: Path, reference: tuple[Path, tuple[str, ...]], point: str, persist: str) -> None:
     """With ``persist="process"`` the helper stops at the fault point and the training process dies
@@ -75,7 +82,7 @@ def test_kill_inside_persist(tmp_path: Path, reference: tuple[Path, tuple[str, .
     assert_same_as_reference(tmp_path, ref)
 
 
-@pytest.mark.parametrize("persist", PERSIST_MODES)
+@pytest.mark.parametrize(("reference", "persist"), PERSIST_MODES, indirect=["reference"])
 def test_kill_at_a_checkpoint_step_while_persist_in_flight(tmp_path: Path, reference: tuple[Path, tuple[str, ...]], persist: str) -> None:
     ref, extra = reference
     extra = (*extra, "--persist", persist)
