@@ -11,11 +11,57 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from coci.config import SessionConfig
+from coci.config import SessionConfig, build_config
 from coci.errors import ConfigError
+from coci.session import RestoreResult, Session
+
+logger = logging.getLogger(__name__)
+
+
+class SessionHolder:
+    """What every integration's callback shares: its arguments checked, the coci Session of the
+    current training run, what that run restored, and closing the session without masking an
+    exception already propagating. A callback calls :meth:`_hold` from its ``__init__``."""
+
+    #: When ``session`` exists, for the error raised outside it (each callback says it in its trainer's terms).
+    _SESSION_EXISTS: ClassVar[str] = "while training runs"
+
+    def _hold(self, run_dir: Any, resume: Any, config: SessionConfig | None, options: dict[str, Any]) -> None:
+        if not isinstance(run_dir, (str, os.PathLike)):
+            raise ConfigError(f"run_dir must be a path, got {run_dir!r}")
+        if not isinstance(resume, bool):
+            raise ConfigError(f"resume must be True or False, got {resume!r}")
+        self.run_dir: str | os.PathLike[str] = run_dir
+        self.resume = resume
+        self.config = build_config("CociCallback", config, options)
+        self._session: Session | None = None
+        self._restored: RestoreResult | None = None
+
+    @property
+    def session(self) -> Session:
+        """The coci Session of the current training run (its ``.plan``, ``.profile``, ``.steps``)."""
+        if self._session is None:
+            raise ConfigError(f"CociCallback.session exists only {self._SESSION_EXISTS}")
+        return self._session
+
+    @property
+    def restored(self) -> RestoreResult | None:
+        """What the current (or last) training run restored; None on a fresh run or with ``resume=False``."""
+        return self._restored
+
+    def _close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is None:
+            return
+        try:
+            session.close()
+        except Exception:  # never mask the exception that is already propagating
+            logger.exception("coci: error while closing the session")
 
 
 def for_trainer(config: SessionConfig, steps: int | None) -> SessionConfig:

@@ -89,17 +89,17 @@ import torch
 
 from coci import checks
 from coci.checkpoint import rng_state
-from coci.config import SessionConfig, build_config
+from coci.config import SessionConfig
 from coci.errors import ConfigError
-from coci.integrations._options import final_checkpoint_wanted, for_trainer
-from coci.session import RestoreResult, Session
+from coci.integrations._options import SessionHolder, final_checkpoint_wanted, for_trainer
+from coci.session import Session
 
 __all__ = ["CociCallback"]
 
 logger = logging.getLogger(__name__)
 
 
-class CociCallback(Callback):
+class CociCallback(SessionHolder, Callback):
     """Checkpoint a Lightning ``Trainer.fit`` run when coci's plan says, and resume it exactly.
 
     Args:
@@ -114,37 +114,17 @@ class CociCallback(Callback):
             ``max_steps`` or ``max_epochs``, True also when it stopped early, False never.
     """
 
+    _SESSION_EXISTS = "once Trainer.fit has started"
+
     def __init__(
         self, run_dir: str | os.PathLike[str], *, resume: bool = True, config: SessionConfig | None = None, **options: Any
     ) -> None:
-        if not isinstance(run_dir, (str, os.PathLike)):
-            raise ConfigError(f"run_dir must be a path, got {run_dir!r}")
-        if not isinstance(resume, bool):
-            raise ConfigError(f"resume must be True or False, got {resume!r}")
-        self.run_dir = run_dir
-        self.resume = resume
-        self.config = build_config("CociCallback", config, options)
+        self._hold(run_dir, resume, config, options)
         self.save_last: bool | None = self.config.retention.save_last
-        self._session: Session | None = None
-        self._restored: RestoreResult | None = None
         self._pending_rng: dict[str, Any] | None = None
         self._resume_at_epoch_end = False
         self._last_global_step = 0
         self._warned_no_loss = False
-
-    # -- public ----------------------------------------------------------------------------------
-
-    @property
-    def session(self) -> Session:
-        """The coci Session of the current ``fit`` (its ``.plan``, ``.profile``, ``.steps``)."""
-        if self._session is None:
-            raise ConfigError("CociCallback.session exists only once Trainer.fit has started")
-        return self._session
-
-    @property
-    def restored(self) -> RestoreResult | None:
-        """What ``on_fit_start`` restored (None on a fresh run or with ``resume=False``)."""
-        return self._restored
 
     # -- Lightning hooks -------------------------------------------------------------------------
 
@@ -232,15 +212,6 @@ class CociCallback(Callback):
         """The Session's config: an unset horizon becomes ``Trainer(max_steps)``; ``save_last`` off
         (the callback's own ``save_last`` checkpoints the final step, in ``on_train_batch_end``)."""
         return for_trainer(self.config, trainer.max_steps)
-
-    def _close_session(self) -> None:
-        session, self._session = self._session, None
-        if session is None:
-            return
-        try:
-            session.close()
-        except Exception:  # never mask the exception that is already propagating
-            logger.exception("coci: error while closing the session")
 
 
 class _TrainerState:

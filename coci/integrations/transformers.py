@@ -85,10 +85,10 @@ import torch
 
 from coci import checks
 from coci.checkpoint import rng_state
-from coci.config import SessionConfig, build_config
+from coci.config import SessionConfig
 from coci.errors import ConfigError, StateError
-from coci.integrations._options import final_checkpoint_wanted, for_trainer
-from coci.session import RestoreResult, Session
+from coci.integrations._options import SessionHolder, final_checkpoint_wanted, for_trainer
+from coci.session import Session
 
 __all__ = ["CociCallback", "attach"]
 
@@ -132,7 +132,7 @@ def attach(
     return callback
 
 
-class CociCallback(TrainerCallback):
+class CociCallback(SessionHolder, TrainerCallback):
     """The Trainer callback :func:`attach` installs (use ``attach``; see the module docs).
 
     Args:
@@ -145,37 +145,19 @@ class CociCallback(TrainerCallback):
             after an early stop, False never.
     """
 
+    _SESSION_EXISTS = "while trainer.train() runs"
+
     def __init__(
         self, run_dir: str | os.PathLike[str], *, resume: bool = True, config: SessionConfig | None = None, **options: Any
     ) -> None:
-        if not isinstance(run_dir, (str, os.PathLike)):
-            raise ConfigError(f"run_dir must be a path, got {run_dir!r}")
-        if not isinstance(resume, bool):
-            raise ConfigError(f"resume must be True or False, got {resume!r}")
-        self.run_dir = run_dir
-        self.resume = resume
-        self.config = build_config("CociCallback", config, options)
+        self._hold(run_dir, resume, config, options)
         self._trainer: Trainer | None = None
-        self._session: Session | None = None
-        self._restored: RestoreResult | None = None
         self._progress: _TrainerProgress | None = None
         self._resume_step: int | None = None  # the restored global step until its epoch starts
         self._pending_rng: dict[str, Any] | None = None
         self._last_global_step = 0
         self._loss_before: torch.Tensor | None = None
         self._loss: torch.Tensor | None = None
-
-    @property
-    def session(self) -> Session:
-        """The coci Session of the current ``train()`` (its ``.plan``, ``.profile``, ``.steps``)."""
-        if self._session is None:
-            raise ConfigError("CociCallback.session exists only while trainer.train() runs")
-        return self._session
-
-    @property
-    def restored(self) -> RestoreResult | None:
-        """What the current (or last) ``train()`` restored; None on a fresh run."""
-        return self._restored
 
     # -- Trainer hooks ---------------------------------------------------------------------------
 
@@ -260,15 +242,6 @@ class CociCallback(TrainerCallback):
                 "not passed in Trainer(callbacks=[...]): it resumes the Trainer's own loop state"
             )
         return self._trainer
-
-    def _close_session(self) -> None:
-        session, self._session = self._session, None
-        if session is None:
-            return
-        try:
-            session.close()
-        except Exception:  # never mask the exception that is already propagating
-            logger.exception("coci: error while closing the session")
 
 
 def _skipping_trained_epochs(callback: CociCallback, run_epoch: Callable[..., Any]) -> Callable[..., Any]:
