@@ -84,8 +84,9 @@ def _records(view: ItemView, length: int, where: str) -> list[zipfile.ZipInfo]:
     directory_start = _directory_start(view, length, where)
     try:
         archive = zipfile.ZipFile(view)
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, struct.error) as exc:
-        raise CorruptCheckpointError(f"{where}: is not a readable archive ({exc})") from exc
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, struct.error, NotImplementedError) as exc:
+        # NotImplementedError: a directory record claiming a zip version or feature zipfile lacks
+        raise CorruptCheckpointError(f"{where}: is not a readable archive ({type(exc).__name__}: {exc})") from exc
     if archive.start_dir != directory_start:
         raise CorruptCheckpointError(f"{where}: its zip directory is not where its end record says")
     return archive.infolist()

@@ -265,3 +265,23 @@ def test_a_dcp_item_that_passes_its_check_never_expands_past_its_bound(item_and_
     except Exception:  # a damaged record torch refuses (a CRC, a pickle): DCP's load fails; coci falls back
         return
     assert not isinstance(tensor, torch.Tensor) or tensor.untyped_storage().nbytes() <= chunk_bytes + 4096
+
+
+def test_a_dcp_item_claiming_an_unknown_zip_version_is_refused_as_corrupt() -> None:
+    """The case the property above found: one byte of a directory record (its "version needed to
+    extract") set to 6.4 made ``zipfile`` raise NotImplementedError through the check."""
+    import os
+    import tempfile
+
+    from coci.checkpoint.dcp_items import ItemView, check_item
+    from coci.errors import CorruptCheckpointError
+
+    out = io.BytesIO()
+    torch.save(torch.zeros(4), out)
+    item = bytearray(out.getvalue())
+    record = item.index(b"PK\x01\x02")  # the first central directory record
+    item[record + 6] = 64  # version needed to extract: 6.4
+    with tempfile.TemporaryFile() as handle:
+        os.write(handle.fileno(), bytes(item))
+        with pytest.raises(CorruptCheckpointError, match="NotImplementedError: zip file version 6.4"):
+            check_item(ItemView(handle.fileno(), 0, len(item)), len(item), 16, "item")
