@@ -131,6 +131,7 @@ class PeerServer:
         self._lock = threading.Lock()
         self._work = threading.Lock()
         self._slots = threading.BoundedSemaphore(_PEER_CONNECTIONS)
+        self._closed = False  # set by close() under _work: no transfer starts after it
         for source in sources:  # interrupted receipts of an earlier process are never copies
             layout.remove_stale_tmp(peer_dir(run_dir, source))
         self._listener = socket.create_server((host, 0))
@@ -148,11 +149,16 @@ class PeerServer:
                         received.add(step)
 
     def close(self) -> None:
-        """Stop listening (a connection in progress finishes or times out)."""
+        """Stop listening; a transfer in progress finishes (its copy committed, its event recorded)
+        or times out first, and none starts after. A connection still waiting for its request is
+        left to its timeout: it never reaches a transfer."""
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self._thread.join(knobs.PEER_SOCKET_TIMEOUT_SECONDS)
+        if self._work.acquire(timeout=knobs.PEER_SOCKET_TIMEOUT_SECONDS):
+            self._closed = True
+            self._work.release()
 
     def _serve(self) -> None:
         """Accept connections, each answered in its own thread, so that one that never sends
@@ -185,6 +191,8 @@ class PeerServer:
             if header.get("op") not in ("put", "get"):
                 raise CorruptCheckpointError(f"unknown peer request {str(header.get('op'))[:40]!r}")
             with self._work:  # one authenticated transfer at a time: a step's copy is written by one
+                if self._closed:
+                    raise CorruptCheckpointError(f"node {self.node}'s peer server is closed")
                 if header["op"] == "put":
                     self._store(conn, header, node, step)
                 else:

@@ -7,8 +7,11 @@ The transfers between nodes are tested in tests/distributed/test_peer_copies.py 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,8 @@ import torch
 
 import coci
 from coci.checkpoint import commit, layout
-from coci.checkpoint.peer_wire import recv_header, send_header
+from coci.checkpoint.dcp import read_dcp_manifest
+from coci.checkpoint.peer_wire import open_part, recv_header, send_header
 from coci.checkpoint.peers import PeerSender, PeerServer, peer_dir
 from coci.events import EventLog
 from tests.unit.test_node_records import FILES, whole_record
@@ -188,3 +192,35 @@ def test_a_connection_that_never_sends_delays_no_copy(tmp_path: Path) -> None:
         assert held(run_dir) == [4]
     finally:
         server.close()
+
+
+def test_close_waits_for_the_copy_in_progress_and_records_it(tmp_path: Path) -> None:
+    run_dir, parts = tmp_path / "node0", tmp_path / "node1"
+    run_dir.mkdir()
+    path = node1_part(parts, 4)
+    opened = open_part(path, read_dcp_manifest(path))
+    payload = b"".join(os.pread(fd, size, 0) for _, size, fd in opened)
+    for _, _, fd in opened:
+        os.close(fd)
+    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1")
+    with socket.create_connection(server.address, timeout=30) as conn:
+        send_header(conn, {"token": "secret", "op": "put", "node": 1, "step": 4, "files": [[n, size] for n, size, _ in opened]})
+        conn.sendall(payload[:-1])  # all but the last byte: the copy is in progress
+        receiving = layout.tmp_dir(peer_dir(run_dir, 1), 4)
+        for _ in range(600):  # until the server is inside the transfer (a loaded machine may take a while)
+            if receiving.exists():
+                break
+            time.sleep(0.1)
+        assert receiving.exists()
+        closing = threading.Thread(target=server.close)
+        closing.start()
+        closing.join(0.5)
+        assert closing.is_alive()  # close waits for the transfer
+        conn.sendall(payload[-1:])
+        assert recv_header(conn) == {"ok": True}
+        closing.join(60)
+    assert not closing.is_alive() and held(run_dir) == [4]
+    received = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["step"]) for e in received] == [("peer_receive", 4)]  # recorded before close returned
+    with pytest.raises(OSError):  # and nothing is served after it
+        socket.create_connection(server.address, timeout=5)
