@@ -5,6 +5,7 @@ A callback takes ``run_dir`` and either ``config=`` (a :class:`coci.SessionConfi
 :func:`coci.config.build_config`, as ``Session`` does, so a callback accepts exactly
 what ``Session`` accepts, with the same defaults, and every value is checked when the callback is
 made. ``coci plan --config FILE`` reads the same options from a JSON file (:func:`read_options`).
+:class:`SessionHolder` is the rest the callbacks share: the session they hold and its closing.
 """
 
 from __future__ import annotations
