@@ -58,7 +58,9 @@ _PERSIST_PROCESS_EXIT_SECONDS: float = 30.0
 
 _HEADER = struct.Struct("!Q")
 
-#: The helper's command (``-c``, not ``-m``: this module is already imported by ``coci`` itself).
+#: The helper's command (``-c``, not ``-m``: this module is already imported by ``coci`` itself). It
+#: runs with ``-P``: the working directory is never on its import path, so a module planted in the
+#: folder training was started from (``json.py``, ``crc32c.py``) is never imported by it.
 _HELPER_MAIN = "import sys; from coci.checkpoint.persist_process import main; main(sys.argv[1:])"
 
 
@@ -90,7 +92,7 @@ class ProcessWriter:
         self._discard()
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            command = [sys.executable, "-c", _HELPER_MAIN, str(child_end.fileno()), str(os.getpid())]
+            command = [sys.executable, "-P", "-c", _HELPER_MAIN, str(child_end.fileno()), str(os.getpid())]
             self._child = subprocess.Popen(
                 command, pass_fds=(child_end.fileno(),), env=_child_environment(), stdin=subprocess.DEVNULL
             )
@@ -234,11 +236,13 @@ class ProcessWriter:
 
 
 def _child_environment() -> dict[str, str]:
-    """The training process's environment, with the directory coci was imported from first on the path."""
+    """The training process's environment, with the directory coci was imported from first on the
+    path and ``PYTHONPATH``'s other entries made absolute; its empty entries, which Python reads as
+    the working directory, are dropped (with ``-P``, the helper imports nothing from there)."""
     environment = dict(os.environ)
-    package_parent = str(Path(__file__).resolve().parents[2])
-    existing = environment.get("PYTHONPATH")
-    environment["PYTHONPATH"] = package_parent if not existing else f"{package_parent}{os.pathsep}{existing}"
+    entries = [str(Path(__file__).resolve().parents[2])]
+    entries += [os.path.abspath(entry) for entry in environment.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    environment["PYTHONPATH"] = os.pathsep.join(entries)
     return environment
 
 

@@ -150,6 +150,24 @@ def test_the_helper_ignores_sigterm_meant_for_the_process_group(tmp_path: Path) 
         assert helper_pid(session) == pid
 
 
+@pytest.mark.parametrize("pythonpath", ["", "trailing-empty-entry"])
+def test_the_helper_never_imports_modules_planted_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pythonpath: str
+) -> None:
+    planted, marker = tmp_path / "planted", tmp_path / "imported"
+    planted.mkdir()
+    for module in ("json", "crc32c", "numpy", "pickle", "sitecustomize"):
+        (planted / f"{module}.py").write_text(f"open({str(marker)!r}, 'a').write({module!r} + '\\n')\n")
+    monkeypatch.chdir(planted)  # training started from a folder holding planted modules
+    if pythonpath:  # "$X:$PYTHONPATH" with PYTHONPATH unset: an empty entry Python reads as the working directory
+        monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", "") + os.pathsep)
+    state = build_state()
+    with coci.Session(tmp_path / "run", state=state, policy=coci.EveryN(1000), persist="process") as session:
+        train(session, state, 1)
+        assert session.checkpoint().upload_completion.result().step == 1  # the helper ran: imported and wrote
+    assert not marker.exists(), marker.read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kill", [("--die-at", "12", "--state-mb", "40"), ("--die-in-persist", "mid_write")], ids=["at-a-step", "mid-write"])
 def test_no_helper_outlives_a_sigkilled_training_process(tmp_path: Path, kill: tuple[str, ...]) -> None:
