@@ -22,7 +22,7 @@ def integer(value: Any, field: str, *, minimum: int | None = None) -> int:
 
 
 def optional_integer(value: Any, field: str, *, minimum: int | None = None) -> int | None:
-    """Like :func:`integer`, with ``None`` passed through."""
+    """Like ``integer``, with ``None`` passed through."""
     return None if value is None else integer(value, field, minimum=minimum)
 
 
@@ -35,7 +35,7 @@ def number(value: Any, field: str, *, positive: bool = False) -> float:
 
 
 def optional_number(value: Any, field: str, *, positive: bool = False) -> float | None:
-    """Like :func:`number`, with ``None`` passed through."""
+    """Like ``number``, with ``None`` passed through."""
     if value is None:
         return None
     if not is_number(value):
@@ -44,7 +44,7 @@ def optional_number(value: Any, field: str, *, positive: bool = False) -> float 
 
 
 def _as_float(value: Any) -> float:
-    """``float(value)``; an integer too large for a float is infinite (refused by :func:`_finite`)."""
+    """``float(value)``; an integer too large for a float is infinite (refused by ``_finite``)."""
     try:
         return float(value)
     except OverflowError:

@@ -1,9 +1,9 @@
 """The ``coci`` command line: plan, simulate, report, list and verify.
 
 Each sub-command is a thin layer over the library: ``coci plan`` builds a
-:class:`coci.PlanConfig` from its options and calls :func:`coci.planning.planner.plan`, ``coci simulate`` :func:`coci.simulate`,
-``coci report`` :func:`coci.analysis.report.report`, ``coci ls`` and ``coci verify``
-:func:`coci.checkpoint.verify.verify_run`.
+[``coci.PlanConfig``][coci.PlanConfig] from its options and calls [``coci.planning.planner.plan``][coci.plan], ``coci simulate`` [``coci.simulate``][coci.simulate],
+``coci report`` [``coci.analysis.report.report``][coci.report], ``coci ls`` and ``coci verify``
+[``coci.checkpoint.verify.verify_run``][coci.verify_run].
 
 Exit codes: 0 success; 1 ``coci verify`` found a corrupt checkpoint; 2 bad input or an unreadable
 run (one line on stderr, ``coci: error: ...``, never a traceback). ``--help`` works everywhere.
@@ -90,7 +90,7 @@ _PLAN_FLAGS = ("total_steps", "restart_seconds", "objective", "time_budget", "ma
 
 
 def _plan_configs(args: argparse.Namespace, policies: Sequence[str | None]) -> list[PlanConfig]:
-    """The :class:`coci.PlanConfig` of each of ``policies`` (None: the file's, else ``auto``) from
+    """The [``coci.PlanConfig``][coci.PlanConfig] of each of ``policies`` (None: the file's, else ``auto``) from
     ``--config FILE`` (``coci.Session``'s options) and the flags, through the option path every
     integration takes (the file and the failure model read once); ConfigError naming an option set
     both in the file and by a flag."""

@@ -1,10 +1,10 @@
-"""``SessionConfig``: every choice a :class:`coci.Session` takes, one frozen object in five parts.
+"""``SessionConfig``: every choice a [``coci.Session``][coci.Session] takes, one frozen object in five parts.
 
 ``SessionConfig(plan=PlanConfig(...), retention=RetentionConfig(...), remote=RemoteConfig(...),
 preemption=PreemptionConfig(...), io=IOConfig(...))`` is validated on construction (a
-:class:`coci.ConfigError` names the field) and accepted by ``Session(run_dir, state,
+[``coci.ConfigError``][coci.ConfigError] names the field) and accepted by ``Session(run_dir, state,
 config=...)``, by both framework callbacks and by ``coci plan --config``. ``Session``'s keyword
-arguments (``mtbf=``, ``keep_last=``, ``remote=``, ...) are sugar: :func:`build_config` turns them
+arguments (``mtbf=``, ``keep_last=``, ``remote=``, ...) are sugar: ``build_config`` turns them
 into the same object, and is the one path every entry point takes.
 """
 
@@ -72,7 +72,7 @@ class RetentionConfig:
     """Checkpoint the final state at ``close()``: None when the run reached ``total_steps``, True always, False never."""
 
     policy: RetentionPolicy | None = None
-    """Which local checkpoints stay (:class:`coci.KeepLast`, ``KeepEvery``, ``KeepAny`` or your own), replacing ``keep_last``."""
+    """Which local checkpoints stay ([``coci.KeepLast``][coci.KeepLast], ``KeepEvery``, ``KeepAny`` or your own), replacing ``keep_last``."""
 
     remote_policy: RetentionPolicy | None = None
     """Which remote checkpoints stay, replacing ``keep_last_remote`` (the same rules as ``policy``)."""
@@ -93,7 +93,7 @@ class RetentionConfig:
 
     def local_policy(self) -> RetentionPolicy | None:
         """The local tier's policy: ``policy``, else ``KeepLast(keep_last)``; None keeps all
-        (:mod:`coci.checkpoint.retention`: only trusted checkpoints count, the newest always stays)."""
+        (``coci.checkpoint.retention``: only trusted checkpoints count, the newest always stays)."""
         return retention_policy(self.keep_last, self.policy)
 
     def remote_tier_policy(self) -> RetentionPolicy | None:
@@ -113,7 +113,7 @@ class RemoteConfig:
     """The remote tier committed checkpoints are promoted to and restored from."""
 
     store: RemoteLike | None = None
-    """A :class:`coci.RemoteStore` (used as it is), a URL (``s3://``, or a scheme of :func:`coci.register_remote_scheme`) or a shared directory; None: no remote tier."""
+    """A [``coci.RemoteStore``][coci.RemoteStore] (used as it is), a URL (``s3://``, or a scheme of [``coci.register_remote_scheme``][coci.register_remote_scheme]) or a shared directory; None: no remote tier."""
 
     storage_options: Mapping[str, Any] | None = None
     """Extra client options for a URL remote (obstore's S3 config keys; another scheme's factory gets them)."""
@@ -160,10 +160,10 @@ class IOConfig:
     """Under ``torch.distributed``: ``"auto"`` (probed), ``"shared"`` (one directory for every rank) or ``"node-local"`` (each host its own)."""
 
     writer: WriterFactory | None = None
-    """Builds each checkpoint's :class:`coci.CheckpointWriter` as ``writer(checkpoints_root, context)``; None: coci's (its format, DCP under ``torch.distributed``)."""
+    """Builds each checkpoint's [``coci.CheckpointWriter``][coci.CheckpointWriter] as ``writer(checkpoints_root, context)``; None: coci's (its format, DCP under ``torch.distributed``)."""
 
     persist: str | None = None
-    """Where checkpoint files are written: ``"thread"`` (a background thread) or ``"process"`` (a helper process, :mod:`coci.checkpoint.persist_process`); None: ``knobs.PERSIST_MODE``."""
+    """Where checkpoint files are written: ``"thread"`` (a background thread) or ``"process"`` (a helper process, ``coci.checkpoint.persist_process``); None: ``knobs.PERSIST_MODE``."""
 
     def __post_init__(self) -> None:
         if self.persist is not None and self.persist not in PERSIST_MODES:
@@ -179,17 +179,17 @@ class IOConfig:
 
 @dataclass(frozen=True)
 class SessionConfig:
-    """Every choice of a :class:`coci.Session`, validated on construction (a ConfigError names the field).
+    """Every choice of a [``coci.Session``][coci.Session], validated on construction (a ConfigError names the field).
 
     Exactly one of ``plan`` (a named planning policy and its choices) and ``policy`` (a policy
-    object) says when to checkpoint. :meth:`from_options` builds one from ``Session``'s keywords.
+    object) says when to checkpoint. ``from_options`` builds one from ``Session``'s keywords.
     """
 
     plan: PlanConfig | None = None
     """A named policy (``"auto"``, ``"young"``, ...) and its planning choices; None when ``policy`` is given."""
 
     policy: PolicyLike | None = None
-    """Instead of ``plan``: a :class:`coci.EveryN`, a collection of steps, a precomputed :class:`coci.Plan` or a :class:`coci.CheckpointPolicy`."""
+    """Instead of ``plan``: a [``coci.EveryN``][coci.EveryN], a collection of steps, a precomputed [``coci.Plan``][coci.Plan] or a [``coci.CheckpointPolicy``][coci.CheckpointPolicy]."""
 
     total_steps: int | None = None
     """The run's horizon in steps (>= 1): ``save_last``'s end of the run, and the plan's horizon (``plan.total_steps``)."""
@@ -258,8 +258,8 @@ class SessionConfig:
 
     @classmethod
     def from_options(cls, **options: Any) -> SessionConfig:
-        """The config ``Session``'s keyword arguments describe (:class:`SessionOptions`; the
-        defaults in :data:`OPTION_DEFAULTS`); ConfigError naming an unknown one."""
+        """The config ``Session``'s keyword arguments describe (``SessionOptions``; the
+        defaults in ``OPTION_DEFAULTS``); ConfigError naming an unknown one."""
         _refuse_unknown("SessionConfig.from_options", options)
         given = {**OPTION_DEFAULTS, **options}
         parts: dict[str, Any] = {  # built (and checked) before the plan, whose failure model "auto" requires
@@ -275,7 +275,7 @@ class SessionConfig:
 
 
 class SessionOptions(TypedDict, total=False):
-    """``Session``'s keyword arguments, each a field of :class:`SessionConfig` (defaults: :data:`OPTION_DEFAULTS`)."""
+    """``Session``'s keyword arguments, each a field of ``SessionConfig`` (defaults: ``OPTION_DEFAULTS``)."""
 
     policy: PolicyLike  # a policy name builds the plan; a policy object is SessionConfig.policy
     plan_config: PlanConfig | None  # SessionConfig.plan
@@ -356,7 +356,7 @@ def build_config(owner: str, config: SessionConfig | None, options: Mapping[str,
 
 
 def policy_object(policy: PolicyLike) -> PolicyLike:
-    """``policy`` as a checkpoint policy object (a collection of steps becomes :class:`coci.planning.policy.AtSteps`)."""
+    """``policy`` as a checkpoint policy object (a collection of steps becomes [``coci.planning.policy.AtSteps``][coci.AtSteps])."""
     if isinstance(policy, (EveryN, AtSteps, CheckpointPolicy, Plan)):
         return policy
     if isinstance(policy, Iterable) and not isinstance(policy, (str, bytes, Mapping)):
@@ -368,7 +368,7 @@ def policy_object(policy: PolicyLike) -> PolicyLike:
 
 
 def _is_store(remote: object) -> bool:
-    """A :class:`coci.RemoteStore` instance (a path or URL string is not one)."""
+    """A [``coci.RemoteStore``][coci.RemoteStore] instance (a path or URL string is not one)."""
     return isinstance(remote, RemoteStore) and not isinstance(remote, (str, os.PathLike))
 
 
@@ -422,7 +422,7 @@ def _check_part(part: Any, kind: type, name: str) -> None:
 
 def session_policy(config: SessionConfig) -> CheckpointPolicy:
     """The checkpoint policy ``config`` names, for one session: the planner's for a plan (given
-    ``config.prior``), a precomputed :class:`coci.Plan` followed as is, or the policy object given."""
+    ``config.prior``), a precomputed [``coci.Plan``][coci.Plan] followed as is, or the policy object given."""
     policy = _policy_of(config)
     if config.prior is not None:
         _use_prior(policy, config.prior)
@@ -449,7 +449,7 @@ def _use_prior(policy: CheckpointPolicy, prior: PriorLike) -> None:
 
 
 class _PlanPolicy:
-    """A precomputed :class:`coci.Plan` followed as is."""
+    """A precomputed [``coci.Plan``][coci.Plan] followed as is."""
 
     def __init__(self, steps: AtSteps, plan: Plan) -> None:
         self._steps = steps

@@ -95,7 +95,7 @@ def _headerless(columns: dict[str, Any]) -> bool:
 
 def run_loss_trace(root: Path) -> tuple[np.ndarray, np.ndarray, str]:
     """``(steps, losses, source)`` of a run directory's loss trace (see the module docstring); a
-    warm start's prior (:mod:`coci.planning.prior`) reads an earlier run with it."""
+    warm start's prior (``coci.planning.prior``) reads an earlier run with it."""
     return loss_trace(Path(root), [])
 
 

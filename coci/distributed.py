@@ -1,6 +1,6 @@
 """Data-parallel coci: the process groups the Session uses under ``torch.distributed``.
 
-The Session builds a :class:`DistributedContext` when ``torch.distributed`` is initialised (any
+The Session builds a ``DistributedContext`` when ``torch.distributed`` is initialised (any
 world size, so that a job keeps one checkpoint format when it shrinks to one process and grows
 back). coci creates two gloo groups of its own with a timeout (``knobs.DIST_TIMEOUT_SECONDS``):
 ``control`` for the training thread (profile aggregation, plan broadcast, restore) and ``persist``
@@ -12,7 +12,7 @@ Profile and plan are agreed at observe time only, never per step: every rank's p
 gathered and the slowest rank's estimates are kept, with rank 0's loss trace. A policy with
 ``state_dict``/``load_state_dict`` observes on rank 0 and its state, plan included, is broadcast;
 a stateless policy decides the same on every rank from the same aggregated observation. The
-checkpoint format written under a process group is in :mod:`coci.checkpoint.dcp`.
+checkpoint format written under a process group is in ``coci.checkpoint.dcp``.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class DistributedContext:
 
     @property
     def node_local(self) -> bool:
-        """True when each node has its own run directory (:func:`with_run_dir_layout`)."""
+        """True when each node has its own run directory (``with_run_dir_layout``)."""
         return self.nodes is not None
 
     @property

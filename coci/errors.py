@@ -1,6 +1,6 @@
 """Typed exceptions for every part of coci: configuration, checkpointed state, checkpoint files.
 
-Every error a user can trigger with bad input is a subclass of :class:`CociError`, and the message
+Every error a user can trigger with bad input is a subclass of [``CociError``][coci.CociError], and the message
 names the offending field, so a failing job says what to fix instead of crashing deep inside.
 """
 
@@ -14,7 +14,7 @@ class CociError(Exception):
 class ConfigError(CociError, ValueError):
     """An argument is invalid (non-positive MTBF, unknown policy, NaN cost, ...).
 
-    Subclasses :class:`ValueError` so generic callers that catch ``ValueError`` keep working.
+    Subclasses ``ValueError`` so generic callers that catch ``ValueError`` keep working.
     """
 
 

@@ -5,9 +5,9 @@ persist_end, commit, retention, restore, restore_skip, restart, plan, stall, pro
 preempted, close, reached; with a remote tier promoted, promote_skip, remote_retention, remote_fetch,
 remote_ignored, remote_owner, remote_history; persist_mode with ``Session(persist="process")``), ``step`` and whatever the phase measured (``seconds``, ``bytes``, ``path``,
 ``message``; a ``snapshot_start`` says why it was taken, ``reason``: one of
-:data:`CHECKPOINT_REASONS`; a ``restore_skip`` why the checkpoint was passed over, ``reason``). Appends
+``CHECKPOINT_REASONS``; a ``restore_skip`` why the checkpoint was passed over, ``reason``). Appends
 are serialised by a lock because the background writer emits too; each line is flushed so a killed
-job keeps everything up to its last event. Beside it, ``step.mark`` (:class:`StepMark`) holds the
+job keeps everything up to its last event. Beside it, ``step.mark`` (``StepMark``) holds the
 step the newest process reached, to the step, even when it was killed between events.
 """
 
@@ -40,7 +40,7 @@ MAX_EVENT_LINE_BYTES = 1 << 20
 CheckpointReason = Literal["policy", "request", "close", "preemption"]
 CHECKPOINT_REASONS: tuple[str, ...] = get_args(CheckpointReason)
 
-#: Name of the step mark in the run directory (:class:`StepMark`).
+#: Name of the step mark in the run directory (``StepMark``).
 STEP_MARK_FILENAME = "step.mark"
 _STEP_MARK = struct.Struct("<8sqq")  # magic, pid, step
 _STEP_MARK_MAGIC = b"cocistep"
@@ -56,16 +56,16 @@ logger = logging.getLogger(__name__)
 class EventLog:
     """Append-only JSON-lines log in the run directory.
 
-    The file is opened once (``O_APPEND``, through :mod:`coci.safe_files`: never a link, a FIFO or
+    The file is opened once (``O_APPEND``, through ``coci.safe_files``: never a link, a FIFO or
     a directory, ConfigError naming it otherwise) and each line is one ``os.write``, so a line
     reaches the kernel before ``emit`` returns: an event costs a syscall, not an open and a close
     (the snapshot emits inside the training step's stall). A new ``path`` is opened at the next
-    event; :meth:`close` releases the file.
+    event; ``close`` releases the file.
 
     A line the file system refuses (a full disk, an I/O error) is dropped, never raised by
     ``emit``: the log must not stop the training step, nor keep the background writer from
-    finishing a checkpoint. The first failure of a streak is kept for :meth:`take_failure` (the
-    session raises it as :class:`coci.PersistError`), and a line cut short is ended before the
+    finishing a checkpoint. The first failure of a streak is kept for ``take_failure`` (the
+    session raises it as [``coci.PersistError``][coci.PersistError]), and a line cut short is ended before the
     next one is written, so one torn line never swallows the next.
     """
 
@@ -155,7 +155,7 @@ class EventLog:
 
 class StepMark:
     """How far this process got, kept where a SIGKILL cannot take it: a 24-byte file
-    (``step.mark``: magic, pid, step) mapped into memory, so :meth:`set` is one store into the
+    (``step.mark``: magic, pid, step) mapped into memory, so ``set`` is one store into the
     mapping, no syscall, and the kernel writes the page back after the process dies (only a crash
     of the machine itself loses it). Events come at checkpoints and every few seconds; the mark
     tells the next process, and the report, the exact step a killed process had reached."""
@@ -204,8 +204,8 @@ def write_run_file(path: Path, text: str) -> None:
 class RunFiles:
     """The run files a session replaces as it goes (``plan.json``, ``profile.json``,
     ``loss_curve.json``). A file not written is logged and recorded as an ``error`` event, and kept
-    for :meth:`take_error` to raise at the end of the step or close: a refusal of the file system (a
-    full disk) as :class:`coci.PersistError`, a planted link or FIFO as the ConfigError naming it.
+    for ``take_error`` to raise at the end of the step or close: a refusal of the file system (a
+    full disk) as [``coci.PersistError``][coci.PersistError], a planted link or FIFO as the ConfigError naming it.
     ``writes`` is False on every rank but the coordinator's (distributed: rank 0 writes them)."""
 
     def __init__(self, run_dir: Path, events: EventLog, writes: bool) -> None:
@@ -216,7 +216,7 @@ class RunFiles:
         self._written_plan: Any = None
 
     def write(self, name: str, text: str, step: int) -> None:
-        """Replace run file ``name`` with ``text`` (a failure kept for :meth:`take_error`)."""
+        """Replace run file ``name`` with ``text`` (a failure kept for ``take_error``)."""
         path = self.run_dir / name
         try:
             write_run_file(path, text)
@@ -227,7 +227,7 @@ class RunFiles:
             self._error = self._error or error
 
     def write_plan(self, plan: Any, step: int) -> None:
-        """``plan.json`` and a ``plan`` event for ``plan`` (a :class:`coci.Plan`), once per plan."""
+        """``plan.json`` and a ``plan`` event for ``plan`` (a [``coci.Plan``][coci.Plan]), once per plan."""
         if plan is None or plan is self._written_plan:
             return
         self._written_plan = plan
@@ -273,7 +273,7 @@ def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 
 
 def open_run_file(path: Path) -> BinaryIO:
-    """A run file opened for reading where it is (:mod:`coci.safe_files`): ConfigError when it is a
+    """A run file opened for reading where it is (``coci.safe_files``): ConfigError when it is a
     symbolic link (never followed out of the run directory) or not a regular file (a planted FIFO
     would block)."""
     return os.fdopen(safe_files.open_file(path, os.O_RDONLY, follow_dir=True), "rb")

@@ -3,7 +3,7 @@
 A tunable read by one module only is that module's private constant (``_NAME``, documented where
 it is used). Values here are plain module attributes with documented defaults; a user or a
 benchmark may set one (``coci.knobs.WRITE_CHUNK_BYTES = 8 << 20``) before building a
-:class:`coci.Session`, and a test sets some for a ``with`` block only with :func:`override`.
+[``coci.Session``][coci.Session], and a test sets some for a ``with`` block only with ``override``.
 Sections are owned by the module named in their heading.
 """
 
@@ -49,7 +49,7 @@ WRITE_DIRECT: bool = True
 
 #: Where the persist runs when ``Session(persist=...)`` is not given: ``"thread"`` (a background
 #: thread of the training process) or ``"process"`` (a helper process reading a shared-memory
-#: arena, :mod:`coci.checkpoint.persist_process`). Thread by default: on the 2-core machine the
+#: arena, ``coci.checkpoint.persist_process``). Thread by default: on the 2-core machine the
 #: project is measured on, the helper competes for the same cores; its training-side cost was not
 #: lower beyond the noise and its checkpoints were durable later (benchmarks/results/2026-11-27.md, "Persist in
 #: a thread or a process").
@@ -120,7 +120,7 @@ PLAN_WARMUP_STALL_FRACTION: float = 0.1
 
 # --- preemption (coci.preemption) -------------------------------------------------------------------
 
-#: Exit status of an uncaught :class:`coci.Preempted`: 143 = 128 + SIGTERM, what a shell reports
+#: Exit status of an uncaught [``coci.Preempted``][coci.Preempted]: 143 = 128 + SIGTERM, what a shell reports
 #: for a process SIGTERM ended; non-zero, so restarting schedulers (torchrun --max-restarts, SLURM
 #: --requeue, Kubernetes restartPolicy OnFailure) restart the job.
 PREEMPTED_EXIT_CODE: int = 143
@@ -229,7 +229,7 @@ REMOTE_READ_TIMEOUT_SECONDS: float = 15.0
 REMOTE_REQUEST_TIMEOUT_SECONDS: float = 3600.0
 REMOTE_RETRIES: int = 3
 REMOTE_RETRY_TIMEOUT_SECONDS: float = 30.0
-#: The run's history on the remote tier (:mod:`coci.checkpoint.remote.history`): the process's
+#: The run's history on the remote tier (``coci.checkpoint.remote.history``): the process's
 #: segment of ``events.jsonl`` and its step are mirrored after each promotion, at ``close()``, and
 #: every this many seconds when they changed (one small put; the bound on what a lost node's
 #: report misses of a process that was not promoting).

@@ -10,7 +10,7 @@ The model
   seeded from ``(seed, e)`` (``arange(n)`` without shuffle). It is regenerated on resume, never
   stored, and the global torch RNG is never touched.
 * **Ranks.** The global order is split across ``world_size`` ranks by interleaving, like
-  :class:`torch.utils.data.DistributedSampler`: rank ``r`` takes ``order[r::world_size]``. With
+  ``torch.utils.data.DistributedSampler``: rank ``r`` takes ``order[r::world_size]``. With
   ``drop_last=False`` the order is first **padded** by repeating its head until its length is a
   multiple of ``world_size`` (every sample is seen at least once; at most ``world_size - 1`` are
   seen twice); with ``drop_last=True`` the tail is **dropped** instead (every rank gets
@@ -49,16 +49,16 @@ The model
   so the ``DistributedSampler`` habit of calling it before every epoch stays safe after a resume).
 
 Workers, ``pin_memory``, ``persistent_workers``, ``collate_fn`` and the other keyword arguments go
-to :class:`torch.utils.data.DataLoader` unchanged; only batches the user actually received are
+to ``torch.utils.data.DataLoader`` unchanged; only batches the user actually received are
 counted, never what the workers prefetched. Batches arrive in order (``in_order=False`` is
 refused). Worker base seeds come from ``(seed, epoch)`` as well, so worker processes do not draw
 from the global torch RNG either. Randomness *inside* workers (augmentation) is reseeded per epoch,
 not per sample: exact resume of such randomness needs augmentations seeded from the sample index.
 
-A plain ``DataLoader`` over a :class:`ResumableSampler` does draw from the global torch RNG: one
+A plain ``DataLoader`` over a [``ResumableSampler``][coci.ResumableSampler] does draw from the global torch RNG: one
 base seed at every ``iter()`` (unless it is given a ``generator``). The resumed run re-creates its
 iterator where the run that wrote the checkpoint did not, so at the first batch after a resume the
-sampler takes that one draw back (:func:`coci.checkpoint.rng_state.undo_loader_seed_draw`): the
+sampler takes that one draw back (``coci.checkpoint.rng_state.undo_loader_seed_draw``): the
 draws of the steps after it (dropout, augmentation in the main process) are those of the
 uninterrupted run.
 """
@@ -170,7 +170,7 @@ def partition_stream(
 
     ``order[start:]`` padded (with the head of the full ``order``, cycled) up to a multiple of
     ``world_size``, or cut down to one (``drop_last``). Rank ``r`` takes ``stream[r::world_size]``.
-    With ``start=0`` this is exactly the padded/dropped order :func:`split_for_rank` interleaves.
+    With ``start=0`` this is exactly the padded/dropped order ``split_for_rank`` interleaves.
     """
     length = len(order)
     rest = order[min(start, length) :]
@@ -224,10 +224,10 @@ class ResumableSampler(Sampler[int]):
     """This rank's indices of each epoch, resumable from any position by index arithmetic.
 
     ``data_source`` is a map-style dataset or its length. Use it directly as the ``sampler`` of
-    a :class:`torch.utils.data.DataLoader` with ``num_workers=0``: the position then counts the
+    a ``torch.utils.data.DataLoader`` with ``num_workers=0``: the position then counts the
     indices handed to the loader, which with ``num_workers=0`` are exactly the batches delivered.
     With worker processes the DataLoader prefetches indices ahead of the user, so the sampler's
-    position runs ahead too: use :class:`ResumableLoader`, which counts delivered batches.
+    position runs ahead too: use [``ResumableLoader``][coci.ResumableLoader], which counts delivered batches.
 
     Epochs: a pass that ran to the end leaves the position at the end; the next ``__iter__``
     starts the following epoch. A state loaded at the end of an epoch first gives one empty pass,
@@ -449,14 +449,16 @@ class _RemainderFeeder(Sampler[int]):
 
 
 class ResumableLoader:
-    """A :class:`torch.utils.data.DataLoader` over a map-style dataset that resumes mid-epoch.
+    """A ``torch.utils.data.DataLoader`` over a map-style dataset that resumes mid-epoch.
 
     ``len(loader)`` is this rank's batches per epoch; ``loader.epoch`` the current epoch;
-    ``loader.sampler`` the :class:`ResumableSampler` holding the position. Iterate it as usual::
+    ``loader.sampler`` the [``ResumableSampler``][coci.ResumableSampler] holding the position. Iterate it as usual:
 
-        for epoch in range(loader.epoch, epochs):
-            for batch in loader:
-                ...
+    ```python
+    for epoch in range(loader.epoch, epochs):
+        for batch in loader:
+            ...
+    ```
 
     ``drop_last`` applies to both the rank split (drop instead of pad) and the last partial
     batch. Keyword arguments other than ``sampler``, ``batch_sampler`` and ``generator`` (which the

@@ -1,6 +1,6 @@
 """What coci itself costs a training process, counted as it happens, and when the process started.
 
-:class:`OverheadLedger` holds the wall seconds the session spent on the training thread, by kind:
+``OverheadLedger`` holds the wall seconds the session spent on the training thread, by kind:
 per-step work (``session.step`` minus its checkpoint and planning), planning (re-plans on the
 training thread), stalls (training blocked by a snapshot), restore, the final wait at ``close()``,
 and the set-up (``Session(...)`` itself: the run-directory lock, the event log). The
@@ -8,15 +8,15 @@ session writes the totals into every ``progress``, ``stall``, ``restore`` and ``
 killed process leaves its last totals behind; the report sums the last totals of every process
 (``pid``) and adds what is not spent on the training thread (interference of background persists).
 
-The planner thread (:mod:`coci.planning.background`) is booked too (``planner_thread``): its CPU
-seconds, measured in the thread, times the training thread's CPU contention (:class:`CpuContention`),
+The planner thread (``coci.planning.background``) is booked too (``planner_thread``): its CPU
+seconds, measured in the thread, times the training thread's CPU contention (``CpuContention``),
 less what the training thread already waited for that plan. The planner is Python and numpy on
 small arrays, so it holds the GIL nearly all the time it runs: the training loop takes the GIL back
 only at the 5 ms switch interval after each torch call, and loses about one second of progress per
 planner CPU second; where cores are oversubscribed (other jobs, autogroup shares) that second costs
 the training thread as long as one of its own CPU seconds does, ``1 + runqueue wait / run time``.
 
-Start-up: :func:`process_age_seconds` reads how long ago this process started (Linux
+Start-up: ``process_age_seconds`` reads how long ago this process started (Linux
 ``/proc/self/stat`` start time against ``/proc/uptime``, both in 1/100 s; ``psutil`` where
 ``/proc`` is absent), so the session knows, without any import-time timestamp, the time from
 process start to ``Session(...)`` (interpreter, imports including coci's own, data and model set-up)

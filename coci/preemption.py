@@ -3,9 +3,9 @@
 Schedulers warn a job before they stop it: spot instances and Kubernetes send SIGTERM and SIGKILL
 after a grace period (Kubernetes: 30 s by default), SLURM sends the signal chosen with
 ``--signal`` some seconds before the end, ``torchrun`` forwards the SIGTERM it receives to every
-worker. :class:`Preemption` turns such a notice into a committed checkpoint:
+worker. ``Preemption`` turns such a notice into a committed checkpoint:
 
-1. The handler (installed by :class:`coci.Session`, main thread only; one per signal, shared by
+1. The handler (installed by [``coci.Session``][coci.Session], main thread only; one per signal, shared by
    every listening session) only records the notice and then calls a Python handler that was
    installed before it; it never does I/O, since it runs between two bytecodes of whatever the
    training loop was doing. With no session listening it re-raises the default action.
@@ -13,10 +13,10 @@ worker. :class:`Preemption` turns such a notice into a committed checkpoint:
    if any; just that one when it is of this very step), waits for its commit, promotes it to the
    remote tier whatever a two-level plan promotes and waits for that upload within the grace
    left (the event's ``promoted``: False when it did not make it), writes a
-   ``preempted`` event and raises :class:`Preempted`. Under ``torch.distributed`` the ranks agree
-   on notices at a bounded cadence (:func:`agreement_interval`) on coci's gloo control group, so
+   ``preempted`` event and raises [``Preempted``][coci.Preempted]. Under ``torch.distributed`` the ranks agree
+   on notices at a bounded cadence (``agreement_interval``) on coci's gloo control group, so
    every rank checkpoints the same step even when only one rank got the signal.
-3. :class:`Preempted` is a :class:`SystemExit` with status ``knobs.PREEMPTED_EXIT_CODE`` (143 =
+3. [``Preempted``][coci.Preempted] is a ``SystemExit`` with status ``knobs.PREEMPTED_EXIT_CODE`` (143 =
    128 + SIGTERM, what a process killed by SIGTERM reports): left uncaught, the process exits
    without a traceback and with a non-zero status, so ``torchrun --max-restarts N``, SLURM
    ``--requeue`` or a Kubernetes ``restartPolicy: OnFailure`` restart it, and ``session.restore()``
@@ -161,7 +161,7 @@ class Preemption:
         self._installed = False
         self._next_agreement = 1
         self._last_agreement: tuple[int, float] | None = None
-        #: Under torch.distributed: the collective of :meth:`due` (see :func:`agree_on_notice`).
+        #: Under torch.distributed: the collective of ``due`` (see ``agree_on_notice``).
         self.agree: Callable[[bool, int], tuple[bool, int]] | None = None
         #: Unix time of the last event of the previous process in this run directory, if any.
         self.previous_end: float | None = None
@@ -245,7 +245,7 @@ class Preemption:
 class _Dispatcher:
     """The one handler coci installs for a signal, shared by every listening session.
 
-    It records the notice in each live :class:`Preemption` (weakly held: a session dropped without
+    It records the notice in each live ``Preemption`` (weakly held: a session dropped without
     ``close()`` stops listening), then calls the Python handler that was installed before it, if
     any. With no live listener it acts as the handler before it would: the default action (for
     SIGTERM: the process ends) is re-raised, so a forgotten session never swallows a SIGTERM.
@@ -294,7 +294,7 @@ _DISPATCHERS: dict[int, _Dispatcher] = {}
 
 
 def agree_on_notice(context: DistributedContext) -> Callable[[bool, int], tuple[bool, int]]:
-    """The collective of :meth:`Preemption.due` on coci's gloo control group: one all-reduce
+    """The collective of ``Preemption.due`` on coci's gloo control group: one all-reduce
     (MAX) of ``[notice, -interval]``: any rank's notice counts, the shortest interval wins."""
     import torch
     import torch.distributed as dist
@@ -313,7 +313,7 @@ def record_stop(
     """Write the ``preempted`` event of a stop at ``step`` whose checkpoint committed at ``path``
     ``seconds`` after the notice (``promoted``: whether it reached the remote tier within the grace;
     None without one), and
-    return the :class:`Preempted` to raise (the session runs the sequence: checkpoint, wait,
+    return the [``Preempted``][coci.Preempted] to raise (the session runs the sequence: checkpoint, wait,
     promote, this, close)."""
     signum = preemption.signum
     estimate = _estimate(profile.stall_seconds.value, profile.persist_seconds.value)
@@ -358,7 +358,7 @@ def warn_if_grace_too_short(preemption: Preemption, profile: Profile) -> bool | 
 def start(
     profile: Profile, context: DistributedContext | None, signals: Iterable[int], grace: str | float, previous_end: float | None
 ) -> Preemption:
-    """Build and install a session's :class:`Preemption`, warn when the grace looks too short for
+    """Build and install a session's ``Preemption``, warn when the grace looks too short for
     ``profile``'s estimates, and under ``torch.distributed`` (``context``) wire the agreement on
     coci's gloo group."""
     preemption = Preemption(signals, grace)

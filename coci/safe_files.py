@@ -13,9 +13,9 @@ The rules, enforced here and nowhere else:
 * An existing file opened for writing must have a single link (a planted hard link to a file
   elsewhere would have it overwritten); whole files are written to a fresh name created with
   ``O_EXCL`` and renamed into place, so a write never goes through anything that was there.
-* Reads are bounded: :func:`read_bytes` refuses a file larger than the caller's limit.
+* Reads are bounded: ``read_bytes`` refuses a file larger than the caller's limit.
 
-Each refusal raises the caller's error class (a :class:`coci.errors.CociError`: ``ConfigError``
+Each refusal raises the caller's error class (a [``coci.errors.CociError``][coci.CociError]: ``ConfigError``
 for run files, ``CorruptCheckpointError`` for checkpoints) with a message naming the path.
 """
 
@@ -70,7 +70,7 @@ def _is_link(target: str | Path, dir_fd: int | None) -> bool:
 
 @contextmanager
 def opened_dir(path: Path, *, follow: bool = False, error: ErrorClass = ConfigError) -> Iterator[int]:
-    """:func:`open_dir` as a context manager (the descriptor is closed on exit)."""
+    """``open_dir`` as a context manager (the descriptor is closed on exit)."""
     fd = open_dir(path, follow=follow, error=error)
     try:
         yield fd

@@ -5,7 +5,7 @@ lets the policy re-plan now and then, and, at a planned step, starts a two-phase
 pre-hook on every optimizer in ``state`` is the fence: weights never change while their snapshot
 is being copied, so a snapshot never holds the next step's weights. ``restore()`` loads the newest committed checkpoint that
 verifies, skipping corrupt ones, and restores RNG state last. A persist that fails in the
-background is recorded in ``events.jsonl`` and raised as :class:`coci.PersistError` at the next
+background is recorded in ``events.jsonl`` and raised as [``coci.PersistError``][coci.PersistError] at the next
 ``step()`` or ``close()``; the session stays usable, so a caller that catches it trains on and the
 next planned checkpoint is attempted again (``on_error="log"`` only logs).
 
@@ -15,8 +15,8 @@ scheduler and loader state, RNG, plain values) is captured synchronously inside 
 the next forward pass may change it before any optimizer step.
 
 Under ``torch.distributed`` (``torchrun`` + DDP, or FSDP2 / DTensor state, which goes through
-:class:`coci.checkpoint.sharded.ShardedState`) the session consults a
-:class:`coci.distributed.DistributedContext` (coci's own gloo groups): the profile is aggregated
+``coci.checkpoint.sharded.ShardedState``) the session consults a
+``coci.distributed.DistributedContext`` (coci's own gloo groups): the profile is aggregated
 and the plan broadcast at observe time, the persist goes through DCP on every rank, and restore
 loads the checkpoint rank 0 picked. Those places are marked "distributed" below; without a
 process group the context is None and nothing changes.
@@ -80,19 +80,19 @@ class Session:
         state: name -> object with ``state_dict``/``load_state_dict``, tensor or plain value. An
             Accelerate-wrapped optimizer or scheduler (``accelerator.prepare``'s) stands for the
             torch object it wraps, which is fenced, saved and restored.
-        config: every choice of the session, a :class:`coci.SessionConfig` (its parts document
+        config: every choice of the session, a ``coci.SessionConfig`` (its parts document
             each field): the plan, retention, the remote tier, preemption, I/O.
         options: instead of ``config``, its fields as keywords (``policy="auto"``, ``mtbf="8h"``,
-            ``keep_last=2``, ``remote=...``; :class:`coci.config.SessionOptions` lists each and
+            ``keep_last=2``, ``remote=...``; ``coci.config.SessionOptions`` lists each and
             its place in the config); one passed next to ``config`` is a ConfigError naming it.
 
     A persist that fails in the background raises at the next ``step``/``close`` (``on_error``);
     a preemption notice makes the next ``step()`` checkpoint, wait for the commit and raise
-    :class:`coci.Preempted` (:mod:`coci.preemption`); the remote tier receives the committed
+    [``coci.Preempted``][coci.Preempted] (``coci.preemption``); the remote tier receives the committed
     checkpoints the plan promotes and ``restore()`` falls back to it
-    (:mod:`coci.checkpoint.remote`); a remote prefix belongs to one run
-    (:mod:`coci.checkpoint.remote.identity`); on node-local run directories each node commits,
-    uploads and restores its own ranks' files (:mod:`coci.checkpoint.nodes`).
+    (``coci.checkpoint.remote``); a remote prefix belongs to one run
+    (``coci.checkpoint.remote.identity``); on node-local run directories each node commits,
+    uploads and restores its own ranks' files (``coci.checkpoint.nodes``).
     """
 
     def __init__(
@@ -183,12 +183,12 @@ class Session:
 
     @property
     def profile(self) -> Profile:
-        """The live :class:`coci.Profile`."""
+        """The live [``coci.Profile``][coci.Profile]."""
         return self._profiler.profile
 
     @property
     def plan(self) -> Plan | None:
-        """The policy's current :class:`coci.Plan` (None for policies that do not plan)."""
+        """The policy's current [``coci.Plan``][coci.Plan] (None for policies that do not plan)."""
         plan = self.policy.plan if isinstance(self.policy, PlansAhead) else None
         return plan if isinstance(plan, Plan) else None
 
@@ -202,7 +202,7 @@ class Session:
 
         ``loss`` may be a tensor on any device, a float, or None; it is never synchronised here.
         Returns the pending checkpoint when one starts. After a preemption notice it checkpoints
-        this step, waits for the commit and raises :class:`coci.Preempted` (a ``SystemExit``).
+        this step, waits for the commit and raises [``coci.Preempted``][coci.Preempted] (a ``SystemExit``).
         """
         self._check_open()
         if isinstance(loss, torch.Tensor) and loss.is_meta:  # a device check, never a sync
@@ -244,8 +244,8 @@ class Session:
 
     def _stop_for_preemption(self) -> Preempted:
         """Checkpoint this step (unless a checkpoint of it is already under way), wait for the commit,
-        record the ``preempted`` event and close: the :class:`coci.Preempted` to raise. A failed
-        persist raises :class:`coci.PersistError` instead."""
+        record the ``preempted`` event and close: the [``coci.Preempted``][coci.Preempted] to raise. A failed
+        persist raises [``coci.PersistError``][coci.PersistError] instead."""
         step = self._steps
         taken = self.checkpoint_steps
         if not taken or taken[-1] != step:
@@ -308,13 +308,13 @@ class Session:
         Corrupt checkpoints are skipped with a ``restore_skip`` event and a warning. ``strict``
         refuses a checkpoint whose state keys differ from ``state`` (the error lists both sides),
         and one that an object of ``state`` refuses as another configuration's (a
-        :class:`coci.ResumableLoader` of another seed or dataset length: StateMismatchError);
+        [``coci.ResumableLoader``][coci.ResumableLoader] of another seed or dataset length: StateMismatchError);
         ``strict=False`` loads the keys both have, and skips a checkpoint an object refuses
         (``restore_skip`` with ``reason="state_mismatch"``) for the newest older one it accepts;
         when none is accepted it raises StateMismatchError. A remote checkpoint that failed for its
         own fault is recorded in the run directory and not downloaded again while it stays
         unchanged; once the remote does not answer, the rest of the restore keeps to the local tier
-        (:mod:`coci.checkpoint.remote.refused`). Under ``torch.distributed`` every rank loads the
+        (``coci.checkpoint.remote.refused``). Under ``torch.distributed`` every rank loads the
         checkpoint rank 0 picked, and the ranks skip a checkpoint together (collective).
         """
         self._check_open()
@@ -558,7 +558,7 @@ class Session:
         return self.policy if isinstance(self.policy, SavesPolicyState) else None
 
     def _apply_own_entry(self, own: Mapping[str, Any]) -> None:
-        """The session's own saved entry, applied by a restore (:func:`apply_checkpoint`)."""
+        """The session's own saved entry, applied by a restore (``apply_checkpoint``)."""
         self._steps = int(own["steps"])
         self._checkpoint_steps = [int(s) for s in own["checkpoint_steps"]]
         self._profiler.load_state_dict(own["profiler"])
@@ -589,7 +589,7 @@ class Session:
 
     def _committed(self, step: int, path: Path) -> None:
         """A committed checkpoint: to the remote tier when the plan promotes it, to a peer when the
-        plan copies it (each also when it must be: :meth:`_copy_always`, ``Promotion.promote_always``)."""
+        plan copies it (each also when it must be: ``_copy_always``, ``Promotion.promote_always``)."""
         plan = self.plan
         if self._remote is not None:
             self._remote.committed(step, path, plan is None or plan.promote_steps is None or step in plan.promote_steps)
@@ -603,7 +603,7 @@ class Session:
 
     def _warmup_skipped(self) -> bool:
         """Skip this due checkpoint? Only a planning policy's warm-up checkpoint (before its first
-        plan) is ever skipped: see :meth:`Cadence.skip_warmup_checkpoint`.
+        plan) is ever skipped: see ``Cadence.skip_warmup_checkpoint``.
 
         Under ``torch.distributed`` the inputs (a persist still in flight, this rank's stalls) differ
         between ranks, so the ranks agree: all skip when any would (collective on the control group,
@@ -685,6 +685,6 @@ class Session:
 
 
 def _with_layout(context: distributed.DistributedContext | None, run_dir: Path, setting: str) -> distributed.DistributedContext | None:
-    """The context with its run directory layout (:func:`coci.distributed.with_run_dir_layout`)."""
+    """The context with its run directory layout (``coci.distributed.with_run_dir_layout``)."""
     return None if context is None else distributed.with_run_dir_layout(context, run_dir, setting)
 

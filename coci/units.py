@@ -3,8 +3,8 @@
 Planning inputs arrive from Python calls, the command line and JSON files, so a duration may be a
 number of seconds (``90``, ``2.5``, ``"3600"``), a string with units (``"8h"``, ``"45m"``,
 ``"90s"``, ``"1d"``, ``"1h30m"``, ``"1.5 h"``, ``"250ms"``, ``"2w"``) or a
-:class:`datetime.timedelta`. :func:`parse_duration` is the single place that reads them; every error
-is a :class:`~coci.errors.ConfigError` whose message names the field the value was given for.
+``datetime.timedelta``. ``parse_duration`` is the single place that reads them; every error
+is a [``ConfigError``][coci.ConfigError] whose message names the field the value was given for.
 
 Units: ``w`` (weeks), ``d`` (days), ``h`` (hours), ``m`` / ``min`` (minutes), ``s`` / ``sec``
 (seconds), ``ms`` (milliseconds); long forms (``hours``, ``minutes``, ...) are accepted too. A bare
@@ -38,7 +38,7 @@ _BARE_NUMBER = re.compile(rf"\s*[+-]?{_NUMBER}\s*|\s*[+-]?(?:inf|infinity|nan)\s
 
 
 def _finite_seconds(seconds: object, field: str, positive: bool) -> float:
-    """``seconds`` checked by :func:`coci.checks.number`: finite, non-negative, positive if asked."""
+    """``seconds`` checked by ``coci.checks.number``: finite, non-negative, positive if asked."""
     return number(seconds, field, positive=positive)
 
 
@@ -67,10 +67,10 @@ def _parse_string(text: str, field: str) -> float:
 
 
 def parse_duration(value: object, *, field: str, positive: bool = False) -> float:
-    """Return ``value`` as seconds (float), or raise :class:`ConfigError` naming ``field``.
+    """Return ``value`` as seconds (float), or raise [``ConfigError``][coci.units.ConfigError] naming ``field``.
 
     Accepts a real number of seconds, a numeric string, a string with units (see the module
-    docstring) or a :class:`datetime.timedelta`. Rejects booleans, NaN, infinities, negative
+    docstring) or a ``datetime.timedelta``. Rejects booleans, NaN, infinities, negative
     durations and, with ``positive=True``, zero.
     """
     if isinstance(value, bool) or value is None:

@@ -3,14 +3,14 @@
 The repository keeps it in its own top-level folder, ``profiler/``; it is installed (and imported)
 as ``coci.profiler``, so a user's own ``profiler.py`` cannot shadow it. It measures and knows
 nothing of plans: its modules import one another (relatively) and nothing else of ``coci``
-(coci's planner reads its :class:`Profile`). The public surface:
+(coci's planner reads its [``Profile``][coci.Profile]). The public surface:
 
-* :class:`Profiler`: ``step(loss)`` once per training step, checkpoint reports (``record_stall``,
+* ``Profiler``: ``step(loss)`` once per training step, checkpoint reports (``record_stall``,
   ``persist_started``/``persist_finished``, ``record_restore``), priors (``set_state_bytes``,
   ``probe``), ``profile``, ``loss_curve()``, ``state_dict()``/``load_state_dict()``.
-* :class:`Profile`, :class:`Estimate`, :class:`Bandwidth`: pydantic models of what was measured.
-* :class:`LossTrace`: the bounded-memory loss record behind ``Profiler.loss_curve``.
-* :func:`interference_cost`: seconds one background persist costs training.
+* [``Profile``][coci.Profile], [``Estimate``][coci.Estimate], ``Bandwidth``: pydantic models of what was measured.
+* ``LossTrace``: the bounded-memory loss record behind ``Profiler.loss_curve``.
+* ``interference_cost``: seconds one background persist costs training.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``bool`` is never accepted where a number is asked for, although Python counts it as an ``int``.
 The profiler is the lower layer and imports nothing of ``coci`` outside ``coci.profiler``; ``coci.checks`` builds on
-:func:`is_int` and :func:`is_number` from here.
+``is_int`` and ``is_number`` from here.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def integer(value: Any, field: str, *, positive: bool = False) -> int:
 
 
 def optional_integer(value: Any, field: str) -> int | None:
-    """Like :func:`integer` (non-negative), with ``None`` passed through."""
+    """Like ``integer`` (non-negative), with ``None`` passed through."""
     return None if value is None else integer(value, field)
 
 

@@ -2,8 +2,8 @@
 
 A tunable read by one module only is that module's private constant (``_NAME``). Plain module
 attributes with documented defaults; a user or a benchmark may override one
-(``coci.profiler.knobs.WARMUP_STEPS = 20``) before constructing a :class:`coci.profiler.Profiler`,
-a test for a ``with`` block only with :func:`override`.
+(``coci.profiler.knobs.WARMUP_STEPS = 20``) before constructing a ``coci.profiler.Profiler``,
+a test for a ``with`` block only with ``override``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def override(**values: Any) -> AbstractContextManager[None]:
 
 @contextmanager
 def override_in(module: ModuleType, values: Mapping[str, Any]) -> Iterator[None]:
-    """:func:`override` for the knobs ``module`` holds (this one, or ``coci.knobs``)."""
+    """``override`` for the knobs ``module`` holds (this one, or ``coci.knobs``)."""
     unknown = sorted(name for name in values if not name.isupper() or not hasattr(module, name))
     if unknown:
         raise ValueError(f"{module.__name__} has no knob {', '.join(unknown)}")

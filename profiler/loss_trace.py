@@ -224,7 +224,7 @@ class LossTrace:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace the trace with ``state`` (from :meth:`state_dict`); pending losses are discarded."""
+        """Replace the trace with ``state`` (from ``state_dict``); pending losses are discarded."""
         try:
             self._set_resolution(float(state["resolution"]))
             self._pending_float_steps, self._pending_floats = [], []

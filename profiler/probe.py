@@ -6,9 +6,9 @@ snapshot performs, and (2) writing and ``fsync``-ing a small file in the run dir
 persist performs. ``state_bytes / bandwidth`` then gives priors (``count == 0``) that measured values
 replace as checkpoints happen.
 A session runs it on a background thread from its first ``step()``
-(:meth:`coci.profiler.Profiler.probe_in_background`), not inside ``Session(...)``.
+(``coci.profiler.Profiler.probe_in_background``), not inside ``Session(...)``.
 
-The probe measures physical time with :func:`time.perf_counter`, not the profiler's injectable clock
+The probe measures physical time with ``time.perf_counter``, not the profiler's injectable clock
 (a fake clock would make every bandwidth infinite). Buffers are clamped to
 ``[_PROBE_MIN_BYTES, _PROBE_COPY_MAX_BYTES]`` / ``_PROBE_WRITE_MAX_BYTES``, so the probe
 takes milliseconds; small writes are dominated by fsync latency, which makes the write prior

@@ -1,7 +1,7 @@
 """The measured costs of a job as data: what the profiler hands to the planner and the report.
 
-:class:`Profile` is what the profiler hands to the planner, the report and every checkpoint: a frozen
-pydantic model with a JSON round trip. Every figure is an :class:`Estimate` carrying its sample count
+[``Profile``][coci.profiler.profile.Profile] is what the profiler hands to the planner, the report and every checkpoint: a frozen
+pydantic model with a JSON round trip. Every figure is an [``Estimate``][coci.profiler.profile.Estimate] carrying its sample count
 and spread, so a consumer can tell a measured value (``count > 0``) from a prior derived from the
 state size and the one-time bandwidth probe (``count == 0``, ``value`` set) and from an unknown
 (``value is None``).

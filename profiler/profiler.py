@@ -1,13 +1,13 @@
 """The online profiler: measures a training job's step time, checkpoint costs and loss as it runs.
 
-One :class:`Profiler` per training job. The session calls ``step(loss)`` once per training step, at
-its end, and reports every checkpoint phase; :attr:`Profiler.profile` turns what was seen into a
-:class:`~profiler.profile.Profile` for the planner.
+One ``Profiler`` per training job. The session calls ``step(loss)`` once per training step, at
+its end, and reports every checkpoint phase; ``Profiler.profile`` turns what was seen into a
+``Profile`` for the planner.
 
 Step time
 ---------
 A step's time is the interval between two consecutive ``step()`` calls on the injectable ``clock``
-(the first ``step()`` of a process has no interval unless :meth:`Profiler.mark` started one). The
+(the first ``step()`` of a process has no interval unless ``Profiler.mark`` started one). The
 first ``warmup_steps`` steps of every process (restored ones included: a resumed process is cold too)
 are excluded. Every other interval goes into exactly one bounded window (``_STEP_WINDOW``):
 
@@ -21,8 +21,8 @@ are excluded. Every other interval goes into exactly one bounded window (``_STEP
 
 Time the caller reports as its own (``record_busy``: the session's per-step work, a snapshot, a
 fence wait) is taken off the interval it falls in; a stall interval minus that time is also kept as
-a *stall-adjusted* step. Estimates are medians with a MAD spread (:mod:`coci.profiler.stats`) of each
-series cut back to its recent regime (:func:`coci.profiler.stats.recent_regime`: a job that speeds up or
+a *stall-adjusted* step. Estimates are medians with a MAD spread (``coci.profiler.stats``) of each
+series cut back to its recent regime (``coci.profiler.stats.recent_regime``: a job that speeds up or
 slows down is followed within ``knobs.DRIFT_SAMPLES`` steps). ``step_seconds`` comes from the clean
 intervals while they are current, from the stall-adjusted ones once ``_STALE_CLEAN_STEPS`` timed
 steps in a row were not clean (a job that checkpoints every step), and from the overlapped ones only
@@ -70,7 +70,7 @@ _COST_WINDOW: int = 64
 #: steps (each one's duration minus the stall inside it).
 _STALE_CLEAN_STEPS: int = 8
 
-#: Version of the dict returned by :meth:`Profiler.state_dict`.
+#: Version of the dict returned by ``Profiler.state_dict``.
 STATE_FORMAT = 1
 
 _COST_SERIES = (
@@ -129,7 +129,7 @@ class Profiler:
 
     ``clock`` returns seconds (monotonic; inject a fake one in tests). ``warmup_steps`` defaults to
     ``knobs.WARMUP_STEPS``; ``step_window`` / ``cost_window`` to ``_STEP_WINDOW`` /
-    ``_COST_WINDOW``. Bad arguments raise :class:`ValueError` naming the field.
+    ``_COST_WINDOW``. Bad arguments raise ``ValueError`` naming the field.
     """
 
     def __init__(
@@ -225,7 +225,7 @@ class Profiler:
         with no checkpoint event in between: the first interval keeps the open interval's
         stall/overlap flags, the others are overlapped only while a persist is in flight. Warm-up
         applies as for ``step``. The loss trace is fed through the same ``LossTrace`` path.
-        Afterwards no interval is open (call :meth:`mark`). Used to replay a recorded run and to test
+        Afterwards no interval is open (call ``mark``). Used to replay a recorded run and to test
         the memory bound over millions of steps without millions of Python calls.
         """
         durations = None if step_seconds is None else np.asarray(step_seconds, dtype=np.float64).reshape(-1)
@@ -400,7 +400,7 @@ class Profiler:
         device: str | torch.device = "cpu",
         force: bool = False,
     ) -> Bandwidth:
-        """One-time host-copy and write+fsync bandwidth probe (see :mod:`coci.profiler.probe`).
+        """One-time host-copy and write+fsync bandwidth probe (see ``coci.profiler.probe``).
 
         ``nbytes`` defaults to the state size; it also sets the state size when none was set. A second
         call returns the first result unless ``force``.
@@ -427,8 +427,8 @@ class Profiler:
         device: str | torch.device = "cpu",
         on_done: Callable[[], None] | None = None,
     ) -> bool:
-        """Start the one-time probe (:meth:`probe`) on a background thread, so that nobody waits
-        for it unless they need its result: :attr:`profile` and :meth:`probe` wait for it to
+        """Start the one-time probe (``probe``) on a background thread, so that nobody waits
+        for it unless they need its result: ``profile`` and ``probe`` wait for it to
         finish (the planner's first look at the profile comes ``PLAN_WARMUP_STEPS`` steps later).
         Its result never replaces a bandwidth known by then (restored or set). A probe that fails
         is logged and leaves the priors to the planner's assumptions until a checkpoint is measured.
@@ -487,7 +487,7 @@ class Profiler:
 
     @property
     def loss_trace(self) -> LossTrace:
-        """The underlying :class:`LossTrace` (for sizes and the full-resolution recent window)."""
+        """The underlying ``LossTrace`` (for sizes and the full-resolution recent window)."""
         return self._trace
 
     def loss_curve(self, max_points: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -500,11 +500,11 @@ class Profiler:
 
     @property
     def profile(self) -> Profile:
-        """The live :class:`Profile` (O(window) to build: read it every few hundred steps, not every step).
+        """The live [``Profile``][coci.profiler.profile.Profile] (O(window) to build: read it every few hundred steps, not every step).
 
         Never synchronises with a device: loss tensors still pending (at most
         ``knobs.LOSS_TENSOR_BATCH``) are counted in ``loss_points``/``dropped_losses`` once
-        materialised. Waits for a background probe still running (:meth:`probe_in_background`).
+        materialised. Waits for a background probe still running (``probe_in_background``).
         """
         self.wait_for_probe()
         with self._lock:
@@ -557,7 +557,7 @@ class Profiler:
         Clean steps while they are current; once ``_STALE_CLEAN_STEPS`` timed steps in a row
         held a stall or overlapped a persist (a job that checkpoints every step), the stall-adjusted
         steps since then; overlapped steps only when nothing else was measured. Each series is cut
-        back to its recent regime first (:func:`coci.profiler.stats.recent_regime`), so drift is followed.
+        back to its recent regime first (``coci.profiler.stats.recent_regime``), so drift is followed.
         Called under the lock.
         """
         clean, adjusted = list(self._clean), list(self._stall_adjusted)
@@ -594,7 +594,7 @@ class Profiler:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` saved. Warm-up starts again and no interval is open."""
+        """Restore what ``state_dict`` saved. Warm-up starts again and no interval is open."""
         if not isinstance(state, dict):
             raise ValueError(f"profiler state must be a dict, got {type(state).__name__}")
         version = state.get("format")

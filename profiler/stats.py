@@ -1,6 +1,6 @@
 """Robust summaries of measured samples: median and median absolute deviation of a window.
 
-Pure functions: a bounded window of samples in, an :class:`~profiler.profile.Estimate` out. The
+Pure functions: a bounded window of samples in, an ``Estimate`` out. The
 median and the median absolute deviation resist the outliers a training job produces (a data-loader
 hiccup, an evaluation pass, a page-cache flush) that would drag a mean and a standard deviation.
 """

@@ -1,5 +1,5 @@
-"""Online re-planning in the simulator (see :mod:`coci.analysis.simulate`): the schedule a policy
-object produces when replayed step by step as :class:`coci.Session` drives it, seeing only the past."""
+"""Online re-planning in the simulator (see ``coci.analysis.simulate``): the schedule a policy
+object produces when replayed step by step as [``coci.Session``][coci.Session] drives it, seeing only the past."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ class _RevealedTrace:
 
 
 class _OnlineReplay:
-    """A policy driven step by step as :class:`coci.Session` drives it, on the failure-free run,
-    observing on a :class:`Cadence`."""
+    """A policy driven step by step as [``coci.Session``][coci.Session] drives it, on the failure-free run,
+    observing on a ``Cadence``."""
 
     def __init__(self, policy: Any, job: Job, trace: _RevealedTrace, cadence: Cadence, plan_seconds: float) -> None:
         self.policy = policy
@@ -135,11 +135,11 @@ def online_schedule(
     observe_every: int | None = None,
     plan_seconds: float | None = None,
 ) -> tuple[np.ndarray, int]:
-    """Checkpoint steps a policy takes when driven as :class:`coci.Session` drives it.
+    """Checkpoint steps a policy takes when driven as [``coci.Session``][coci.Session] drives it.
 
     ``losses``: per-step losses or ``(steps, losses)`` (the trace training reveals; a point at
     step ``s`` is seen from step ``s`` on). Returns ``(steps, observations)``. The policy observes on
-    the session's :class:`~coci.planning.cadence.Cadence` (warm-up, after each commit and every
+    the session's ``Cadence`` (warm-up, after each commit and every
     ``observe_every`` steps, default ``knobs.OBSERVE_EVERY_STEPS``), each observation charged
     ``plan_seconds`` against the planning-time cap; see the module docstring. The profile carries
     the job's costs as measured values.

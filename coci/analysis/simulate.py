@@ -1,8 +1,8 @@
 """Monte Carlo replay of a training job under failures: what a checkpoint schedule really costs.
 
-:func:`simulate` takes a :class:`coci.Plan` (or a checkpoint policy replayed online) and plays the
+[``simulate``][coci.simulate] takes a [``coci.Plan``][coci.Plan] (or a checkpoint policy replayed online) and plays the
 job ``trials`` times against a failure model, counting what fault tolerance really cost: it is the
-ground truth the planner's first-order model (:mod:`coci.planning.objective`) is checked against, and what the
+ground truth the planner's first-order model (``coci.planning.objective``) is checked against, and what the
 report and ``benchmarks/schedule_quality.py`` show with confidence intervals.
 
 The job (one trial)
@@ -15,7 +15,7 @@ its end. While a persist runs, steps are slower by the ratio ``r = P / (P - I)``
 ``P (1 - 1/r)``), so a checkpoint costs training ``C = S + I`` in all. At most one persist is in
 flight: a snapshot due before the previous commit waits for it (the wait counts as stall).
 
-Failures are drawn from the failure model (:meth:`coci.Failures.sample`): a lifetime is drawn at
+Failures are drawn from the failure model ([``coci.Failures.sample``][coci.Failures.sample]): a lifetime is drawn at
 each (re)start, so a Weibull hazard restarts its clock at every restart. They strike at any moment:
 during training, a stall, re-executed work, or a restart. A failure rolls the job back to its last
 **committed** checkpoint (one whose persist had finished; a failure during a persist loses that
@@ -23,7 +23,7 @@ checkpoint), then the job restarts: ``R = restart_seconds`` of wall time (a fail
 restart starts it over), then training resumes from the checkpoint's step, with no persist in
 flight, and checkpoints again at the planned steps.
 
-Warned failures (:meth:`coci.Failures.warned`): each failure is warned with the model's
+Warned failures ([``coci.Failures.warned``][coci.Failures.warned]): each failure is warned with the model's
 ``warned_fraction`` (an independent draw). When a checkpoint fits in the warning (``S + P <= W``)
 a warned failure is a notice: the job checkpoints where it is (``S + P`` of wall time, training
 stopped; counted as a checkpoint) and restarts (``R``) from there, losing no work; its later
@@ -34,19 +34,19 @@ trial early, at a uniformly drawn fraction of the run.
 
 Failure classes and tiers
 -------------------------
-With a remote tier (the plan's ``upload_seconds``) and failure classes (:meth:`coci.Failures.compose`)
+With a remote tier (the plan's ``upload_seconds``) and failure classes ([``coci.Failures.compose``][coci.Failures.compose])
 the replay plays both tiers. The promoted checkpoints (``plan.promote_steps``; None promotes every
 checkpoint) upload in the background after their local commit, one at a time, each taking
 ``upload_seconds`` and committing remotely at its end; each costs training
 ``upload_interference_seconds``, charged as extra stall at its snapshot. Each failure's class is
-drawn with it (:meth:`coci.Failures.sample_classes`). A failure of a class that destroys the local
+drawn with it ([``coci.Failures.sample_classes``][coci.Failures.sample_classes]). A failure of a class that destroys the local
 tier (also during a restart) rolls back to the newest *remote* commit and restarts in
 ``remote_restart_seconds``; any other failure rolls back to the newest local commit as above. An
 upload in flight at a failure (of any class: the uploading process dies) is lost and not retried,
 and a checkpoint taken on a notice lives on the local tier only, so a warned failure of a class
 that destroys the local tier strikes as an unwarned one (the planner plans for it so). Without a remote tier every
 failure restores locally, as without classes. With a peer level (the plan's ``peer_seconds``) a
-node loss restores from a peer's copy (:mod:`coci.analysis.simulate_levels`, the event loop of
+node loss restores from a peer's copy (``coci.analysis.simulate_levels``, the event loop of
 every replay).
 
 Metrics, per trial
@@ -58,7 +58,7 @@ Metrics, per trial
   checkpoints later lost), ``restart_seconds`` the restart time paid (including interrupted
   restarts), ``lost_seconds`` the progress re-executed (work since the last commit at each failure).
 * ``progress_seconds``: the planner's progress metric (the single definition in
-  :mod:`coci.planning.objective`): checkpoint and restart seconds plus the lost work weighted by the progress
+  ``coci.planning.objective``): checkpoint and restart seconds plus the lost work weighted by the progress
   weight ``w = v / v_bar`` of the *true* curve (``v_bar`` its mean over the whole run, step 0 to the
   horizon: the same normalisation as every plan, online re-plans included), i.e. ``W(failure) - W(rollback)``
   (``lost_progress_seconds``); ``progress_percent`` against the run.
@@ -70,7 +70,7 @@ Metrics, per trial
 Each is aggregated into a mean, a standard deviation and a 95% confidence interval for the mean
 (Student t). Trial ``i`` uses the ``i``-th lifetime of each draw for every schedule simulated with
 the same seed (common random numbers), so differences between policies are sharper than the
-separate intervals suggest; :meth:`SimulationResult.compare` gives a paired interval.
+separate intervals suggest; [``SimulationResult.compare``][coci.analysis.simulate.SimulationResult.compare] gives a paired interval.
 
 Vectorisation: the trials advance together, one failure per iteration; every iteration is a few
 numpy operations over the trials (searches in the precomputed clean timeline), so the cost grows
@@ -79,11 +79,11 @@ with the number of failures per trial, not with the number of steps. A trial sti
 counted in ``unfinished``.
 
 Online re-planning (``online=True``, or a policy object): the schedule is derived by replaying the
-policy step by step as :class:`coci.Session` drives it (``should_checkpoint(step)`` asked before any
+policy step by step as [``coci.Session``][coci.Session] drives it (``should_checkpoint(step)`` asked before any
 re-plan at that step, so a re-plan never drops a checkpoint due now), with a profile holding the
-job's costs and the loss trace seen so far (the profiler's own :class:`coci.profiler.loss_trace.LossTrace`),
+job's costs and the loss trace seen so far (the profiler's own ``coci.profiler.loss_trace.LossTrace``),
 so the planner sees only the past. When the policy observes, and which warm-up checkpoints are
-skipped, is decided by the session's own :class:`coci.planning.cadence.Cadence`: once at warm-up
+skipped, is decided by the session's own ``coci.planning.cadence.Cadence``: once at warm-up
 (``knobs.PLAN_WARMUP_STEPS``), after **every** commit, and ``knobs.OBSERVE_EVERY_STEPS`` steps
 after the last observation; after the first plan, each only while re-planning so far has cost at
 most ``knobs.PLANNING_TIME_FRACTION`` of the job's wall time. As in the session, the profile has no
@@ -101,8 +101,8 @@ trial replays it; a real run re-plans after each restore too (from the same curv
 schedule differs only through the rollback point).
 
 The true curve (``curve``): the progress weight of the metric. Per-step losses or ``(steps,
-losses)`` give an empirical rate (:func:`empirical_progress_rate`: no fitted law, so a plan is not
-scored by its own model); a :class:`coci.planning.fit.CurveFit` or a callable ``v(steps)`` is used as given.
+losses)`` give an empirical rate (``empirical_progress_rate``: no fitted law, so a plan is not
+scored by its own model); a [``coci.planning.fit.CurveFit``][coci.CurveFit] or a callable ``v(steps)`` is used as given.
 Without one, the plan's own fit is used, and without that both metrics coincide."""
 
 from __future__ import annotations
@@ -170,8 +170,8 @@ def simulate(
     """Monte Carlo replay of a job under failures; see the module docstring for the model.
 
     Args:
-        plan_or_policy: a :class:`coci.Plan` (its steps and recorded inputs), or a checkpoint
-            policy object (``should_checkpoint``/``observe``: :func:`coci.planning.online.make_policy`,
+        plan_or_policy: a [``coci.Plan``][coci.Plan] (its steps and recorded inputs), or a checkpoint
+            policy object (``should_checkpoint``/``observe``: ``coci.planning.online.make_policy``,
             ``EveryN``, ...) replayed online; a policy needs ``job``.
         failures: the failure model that strikes (default: the plan's). A duration or number of
             seconds means an exponential MTBF.
@@ -181,7 +181,7 @@ def simulate(
             which each trial's stopping fraction is drawn uniformly; None runs to the end.
         curve: the true loss curve weighing lost work (see the module docstring); default the
             plan's fit.
-        online: for a plan: re-derive its policy online (:func:`online_schedule`) from the loss
+        online: for a plan: re-derive its policy online (``online_schedule``) from the loss
             trace (``losses``, else ``curve`` when it is a trace) instead of using its steps.
         job: the job's inputs (a Plan or PlanInputs) when ``plan_or_policy`` is a policy object.
         losses: the loss trace an online policy sees (default: ``curve`` when it is a trace).

@@ -1,10 +1,10 @@
 """The simulator's event loop, every level: a node loss restores from another node's copy.
 
-:func:`coci.analysis.simulate.simulate` plays every plan here (:func:`run_levels`): all trials
+[``coci.analysis.simulate.simulate``][coci.simulate] plays every plan here (``run_levels``): all trials
 advance together, one failure per iteration, through restarts and the levels the job has (the
 local tier, the peer copies when the plan has ``peer_seconds``, the remote tier when it has
 ``upload_seconds``); the job and its failure-free timeline are those of
-:mod:`coci.analysis.simulated_job`, the failure draws common random numbers (one column per
+``coci.analysis.simulated_job``, the failure draws common random numbers (one column per
 iteration for every trial).
 
 The peer level
@@ -48,7 +48,7 @@ __all__ = ["copied", "restore_levels", "run_levels"]
 
 logger = logging.getLogger(__name__)
 
-#: Where a failure restores from (:func:`restore_levels`).
+#: Where a failure restores from (``restore_levels``).
 LOCAL, PEER, REMOTE = 0, 1, 2
 
 
@@ -64,7 +64,7 @@ def copied(plan: Plan | None, steps: np.ndarray, promote: np.ndarray | None, not
 
 
 def restore_levels(failures: Failures, job: Job) -> np.ndarray:
-    """Per class index (as :meth:`Failures.sample_classes` returns it): the level a failure of that
+    """Per class index (as [``Failures.sample_classes``][coci.Failures.sample_classes] returns it): the level a failure of that
     class restores from (``LOCAL``, ``PEER`` or ``REMOTE``), given the levels the job has (module docstring)."""
     local, peer = failures.destroys_mask("local"), failures.destroys_mask("peer")
     lost_local = np.where(job.has_peer_level, PEER, np.where(job.has_remote_tier, REMOTE, LOCAL))
@@ -85,7 +85,7 @@ class _Levels:
 
 @dataclass
 class _PeerState:
-    """Per-trial peer-level figures next to :class:`_Trials`."""
+    """Per-trial peer-level figures next to ``_Trials``."""
 
     back: np.ndarray  # index of the newest checkpoint committed on the peer level
     restores: np.ndarray
@@ -130,7 +130,7 @@ def run_levels(
 
 
 def _weight_function(rate: RateFunction | None, job: Job) -> Callable[[np.ndarray], np.ndarray]:
-    """``W(x)``: cumulative progress weight (s) at progress ``x`` (s), via :mod:`coci.planning.objective`."""
+    """``W(x)``: cumulative progress weight (s) at progress ``x`` (s), via ``coci.planning.objective``."""
     if rate is None:
         return lambda x: np.asarray(x, dtype=float)
     model: CostModel = build_cost_model(
@@ -218,7 +218,7 @@ def _restart_phase(
 ) -> np.ndarray:
     """Trials that are restarting pay the restart first; a lifetime shorter than it fails the
     restart, which starts over with a fresh lifetime, from further back when its class destroys
-    more (:func:`_roll_back`). ``life`` is left with what remains; returns the restore levels of the
+    more (``_roll_back``). ``life`` is left with what remains; returns the restore levels of the
     lifetimes the run phase goes on with."""
     again = state.restarting[index]
     source = source.copy()

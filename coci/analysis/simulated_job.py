@@ -1,4 +1,4 @@
-"""The simulated job (see :mod:`coci.analysis.simulate`): its costs taken from a plan's inputs, its
+"""The simulated job (see ``coci.analysis.simulate``): its costs taken from a plan's inputs, its
 failure-free timeline, and Daly's closed-form expected run time it is checked against."""
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class Timeline:
         return _newest(self.remote_commit, self.promoted, at, after, floor)
 
     def newest_peer(self, at: np.ndarray, after: np.ndarray, floor: np.ndarray) -> np.ndarray:
-        """:meth:`newest_remote` on the peer level."""
+        """``newest_remote`` on the peer level."""
         return _newest(self.peer_commit, self.copied, at, after, floor)
 
     def progress_at(self, wall: np.ndarray, resumed_from: np.ndarray) -> np.ndarray:
@@ -255,7 +255,7 @@ def daly_expected_seconds(plan: Plan, failures: Failures | None = None) -> float
     ``M e^(R/M) (e^(a/M) - 1)`` in expectation, ``M`` the MTBF; the run is the sum over its
     segments (the last one has no checkpoint). Exact for the simulator's model when the checkpoint
     commits when its stall ends (``persist_seconds`` -> 0, no interference). Raises
-    :class:`ConfigError` for a non-exponential failure model.
+    [``ConfigError``][coci.ConfigError] for a non-exponential failure model.
     """
     model = failure_model(failures, plan.inputs)
     if not model.is_memoryless:

@@ -1,4 +1,4 @@
-"""What :func:`coci.analysis.simulate.simulate` returns: per-metric summaries (mean, standard deviation,
+"""What [``coci.analysis.simulate.simulate``][coci.simulate] returns: per-metric summaries (mean, standard deviation,
 95% confidence interval) of its trials, their table, and paired comparisons between policies."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from coci.planning.records import PlanInputs
 __all__ = ["METRICS", "MetricSummary", "SimulationResult", "ratio_change"]
 
 
-#: Per-trial metrics, in the order :meth:`SimulationResult.to_frame` lists them.
+#: Per-trial metrics, in the order [``SimulationResult.to_frame``][coci.analysis.simulation_results.SimulationResult.to_frame] lists them.
 METRICS: tuple[str, ...] = (
     "wall_seconds",
     "wall_percent",
@@ -62,9 +62,9 @@ class MetricSummary(BaseModel):
 
 
 class SimulationResult(BaseModel):
-    """What :func:`simulate` measured: per-metric summaries, per-trial values and the schedule.
+    """What ``simulate`` measured: per-metric summaries, per-trial values and the schedule.
 
-    ``metrics`` maps each name of :data:`METRICS` to its :class:`MetricSummary`; ``samples`` holds
+    ``metrics`` maps each name of ``METRICS`` to its ``MetricSummary``; ``samples`` holds
     the per-trial values (same order for every schedule simulated with the same seed); ``steps``
     the checkpoint steps simulated (the online schedule when ``online``; ``replans`` the policy's
     observations then); ``expected`` the plan's first-order expectation (empty for an online

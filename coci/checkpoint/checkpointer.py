@@ -5,11 +5,11 @@ entry point that loads a committed checkpoint, whatever its format.
 in flight, since the staging arena is reused), flattens the state tree, copies what the optimizer
 fence does not protect, and hands the rest to a single background worker. The worker copies the
 fenced tensors (overlapping the next forward/backward), resolves ``staging_completion``, has its
-:class:`CheckpointWriter` write and commit the files, applies retention and resolves
+[``CheckpointWriter``][coci.CheckpointWriter] write and commit the files, applies retention and resolves
 ``upload_completion`` (the futures mirror DCP's ``async_save``).
 
 The worker is a thread; with ``persist="process"`` its writer is a
-:class:`coci.checkpoint.persist_process.ProcessWriter`, which hands the write and the commit to a
+``coci.checkpoint.persist_process.ProcessWriter``, which hands the write and the commit to a
 helper process reading the (then shared-memory) arena, and the thread only waits for its answer.
 ``os.write``, ``crc32c``, ``os.fsync`` and ``Tensor.copy_`` release the GIL either way; what the
 process takes off the training interpreter is the persist's Python (the manifest and its JSON).
@@ -18,10 +18,10 @@ so the persist stays in the thread there (recorded as the ``persist_mode`` event
 A failure in the worker is logged, written to ``events.jsonl`` and set on the futures; the
 previous committed checkpoint is untouched because nothing becomes visible before its commit.
 
-Reading goes through :func:`load_committed`, which picks the :class:`CheckpointReader` from the
-format the commit record declares (:func:`reader_named`; :func:`register_reader` adds a format),
-so callers never branch on the format. Which writer a session uses is :func:`writer_for`'s choice
-unless ``Session(writer=...)`` gives a :data:`WriterFactory`.
+Reading goes through ``load_committed``, which picks the [``CheckpointReader``][coci.CheckpointReader] from the
+format the commit record declares (``reader_named``; [``register_reader``][coci.register_reader] adds a format),
+so callers never branch on the format. Which writer a session uses is ``writer_for``'s choice
+unless ``Session(writer=...)`` gives a ``WriterFactory``.
 """
 
 from __future__ import annotations
@@ -56,20 +56,20 @@ logger = logging.getLogger(__name__)
 class CheckpointWriter(Protocol):
     """Writes and commits staged checkpoints in one format (runs on the background worker).
 
-    For each checkpoint the :class:`Checkpointer` calls, in this order:
+    For each checkpoint the ``Checkpointer`` calls, in this order:
 
     1. ``write(staged)``: write the files of ``staged.step`` into ``step_<n>.tmp`` and commit them
-       with :func:`coci.checkpoint.commit.publish`; return the committed directory.
+       with ``coci.checkpoint.commit.publish``; return the committed directory.
     2. ``retain(policy, trusted)``: delete the checkpoints the retention ``policy`` does not keep
-       among the ``trusted`` steps (:func:`coci.checkpoint.retention.apply_retention`: only
+       among the ``trusted`` steps (``coci.checkpoint.retention.apply_retention``: only
        trusted steps are counted, the newest is always kept; None keeps everything); return the
        steps removed.
 
     Under ``torch.distributed`` both calls are collective: every rank makes them in the same order.
-    ``Session(writer=factory)`` plugs one in (:data:`WriterFactory`): a wrapper of coci's own
+    ``Session(writer=factory)`` plugs one in (``WriterFactory``): a wrapper of coci's own
     writers, or a format of your own whose commit record declares ``format: <name>`` and whose
-    reader is registered with :func:`register_reader`. A writer must make a checkpoint visible only
-    through :func:`coci.checkpoint.commit.publish` (never half-written) and delete only what
+    reader is registered with [``register_reader``][coci.register_reader]. A writer must make a checkpoint visible only
+    through ``coci.checkpoint.commit.publish`` (never half-written) and delete only what
     retention names.
     """
 
@@ -82,7 +82,7 @@ class CheckpointReader(Protocol):
     """Reads committed checkpoints in one format; every method raises CorruptCheckpointError on
     damage, and nothing outside the checkpoint directory is read.
 
-    To load a checkpoint directory, :func:`load_committed` calls:
+    To load a checkpoint directory, ``load_committed`` calls:
 
     1. ``read_record(path)``: parse and check the commit record (no data file is read). Under
        ``torch.distributed`` only rank 0 calls it; the other ranks rebuild the same record from its
@@ -90,7 +90,7 @@ class CheckpointReader(Protocol):
     2. ``load(path, record, context, targets)``: verify the data files this process reads (sizes,
        crc32) and load them into a state tree; collective when ``context`` is given. ``targets``
        is a partial state tree whose DTensors say where sharded tensors go (mesh and placements,
-       :mod:`coci.checkpoint.sharded`); the reader loads into fresh DTensors like them.
+       ``coci.checkpoint.sharded``); the reader loads into fresh DTensors like them.
 
     ``verify(path)`` checks a checkpoint completely without loading it (``coci verify``), and
     ``load_entry(path, record, keys)`` returns one entry of the saved tree (``keys`` is its path
@@ -112,13 +112,13 @@ class CheckpointReader(Protocol):
     def load_entry(self, path: Path, record: CommitRecord, keys: tuple[str, ...]) -> Any | None: ...
 
 
-#: The reader of each format, by the ``format`` its commit record declares (:func:`register_reader`).
+#: The reader of each format, by the ``format`` its commit record declares ([``register_reader``][coci.register_reader]).
 _READERS: dict[str, CheckpointReader] = {records.LOCAL_FORMAT: LocalReader(), DCP_FORMAT: DcpReader()}
 #: coci's own formats: their readers are never replaced (every restore's safety rests on them).
 _BUILT_IN_FORMATS = frozenset(_READERS)
 
 #: Builds a session's writer: ``factory(checkpoints_root, context)``, with ``context`` None in one
-#: process (see :func:`writer_for`, the default).
+#: process (see ``writer_for``, the default).
 WriterFactory: TypeAlias = Callable[[Path, DistributedContext | None], CheckpointWriter]
 
 
@@ -134,7 +134,7 @@ def register_reader(name: str, reader: CheckpointReader) -> None:
 
 
 def reader_for(path: Path) -> CheckpointReader:
-    """The reader of the format the commit record in ``path`` declares (:func:`coci.checkpoint.record_reads.record_format`)."""
+    """The reader of the format the commit record in ``path`` declares (``coci.checkpoint.record_reads.record_format``)."""
     return reader_named(record_reads.record_format(path), path)
 
 
@@ -181,7 +181,7 @@ def load_committed(
     """Verify and load the checkpoint in ``path``, in whichever format it was written.
 
     Collective under ``torch.distributed``: rank 0 reads the commit record and every rank uses it.
-    ``targets``: see :meth:`CheckpointReader.load`.
+    ``targets``: see ``CheckpointReader.load``.
     """
 
     def read() -> tuple[str, str | None, str | None]:
@@ -202,7 +202,7 @@ def load_committed(
     reader = reader_named(declared, path)
     return reader.load(path, reader.record_type.model_validate_json(record_json), context, targets)
 def _load_node_parts(path: Path, context: DistributedContext, targets: Mapping[str, Any] | None) -> LoadedCheckpoint:
-    """:func:`load_committed` on node-local run directories: each rank reads the record of its own
+    """``load_committed`` on node-local run directories: each rank reads the record of its own
     node's part, and the parts must be one checkpoint (the same ``commit_id``) before any loads."""
     declared, record, problem = record_reads.record_format(path), None, None
     try:
@@ -237,7 +237,7 @@ class PendingCheckpoint:
     """Handle of one asynchronous checkpoint.
 
     ``staging_completion`` resolves when the state is safe in host memory (weights may change);
-    ``upload_completion`` resolves with a :class:`PersistResult` once the checkpoint is committed.
+    ``upload_completion`` resolves with a ``PersistResult`` once the checkpoint is committed.
     """
 
     def __init__(self, step: int, nbytes: int, fence_event: Any, host_fence: bool, job: CopyJob | None = None) -> None:

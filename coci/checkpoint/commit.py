@@ -30,9 +30,9 @@ def publish(root: Path, tmp: Path, final: Path, record: CommitRecord) -> None:
 
 
 def prepare(root: Path, tmp: Path, record: CommitRecord) -> None:
-    """The first half of :func:`publish`: the sealed record written and fsynced into ``tmp``
+    """The first half of ``publish``: the sealed record written and fsynced into ``tmp``
     (still a ``*.tmp`` directory, never read). Node-local run directories prepare on every node,
-    agree, and only then rename (:class:`coci.checkpoint.dcp.DcpWriter`)."""
+    agree, and only then rename (``coci.checkpoint.dcp.DcpWriter``)."""
     fault("before_manifest")
     has_root(root)  # the root is checked before the commit's rename
     write_durably(tmp / MANIFEST_FILENAME, record.sealed().model_dump_json().encode())
@@ -40,7 +40,7 @@ def prepare(root: Path, tmp: Path, record: CommitRecord) -> None:
 
 
 def rename_into_place(root: Path, tmp: Path, final: Path) -> None:
-    """The second half of :func:`publish`: ``tmp`` renamed to ``final`` (a checkpoint of the same
+    """The second half of ``publish``: ``tmp`` renamed to ``final`` (a checkpoint of the same
     step there is discarded first) and the rename made durable."""
     if final.exists():
         discard_checkpoint(final)
@@ -60,7 +60,7 @@ def discard_checkpoint(path: Path) -> None:
 
 
 def write_durably(path: Path, data: bytes) -> None:
-    """Write a small file of a checkpoint and fsync it (:func:`coci.safe_files.replace_file`)."""
+    """Write a small file of a checkpoint and fsync it (``coci.safe_files.replace_file``)."""
     safe_files.replace_file(path, data, durable=True, error=CorruptCheckpointError)
 
 

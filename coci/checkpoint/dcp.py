@@ -1,6 +1,6 @@
 """The checkpoint format of jobs under ``torch.distributed``: DCP's files plus coci's commit record.
 
-Writing (:class:`DcpWriter`, collective on coci's persist group): the staged arena is handed to
+Writing (``DcpWriter``, collective on coci's persist group): the staged arena is handed to
 ``torch.distributed.checkpoint.save`` with a ``FileSystemWriter`` on ``step_<n>.tmp`` as zero-copy
 tensors, each over its own slice of the arena. The user's state is replicated under DDP and saved
 under the same keys on every rank, so DCP writes each tensor once and balances the writes across
@@ -9,13 +9,13 @@ The ranks agree on the step and the replicated layout before writing; after the 
 checksums the files it wrote and votes, and only once every vote arrived does the coordinator
 write the commit record (``"format": "dcp"``, sizes and crc32c of every file) and publish it.
 
-Reading (:class:`DcpReader`): the ranks verify the files' checksums, a share each, agree on the
+Reading (``DcpReader``): the ranks verify the files' checksums, a share each, agree on the
 verdict and load through ``torch.distributed.checkpoint.load``. DCP unpickles its ``.metadata``;
 coci reads it through a restricted unpickler that only builds DCP's plain records. A rank that did
 not exist when the checkpoint was saved keeps its own RNG streams and takes rank 0's profiler.
 Without a process group the same checkpoint is read by one process.
 
-Sharded state (DTensors, :mod:`coci.checkpoint.sharded`) goes through the same writer and reader:
+Sharded state (DTensors, ``coci.checkpoint.sharded``) goes through the same writer and reader:
 its staged local shards are saved as DTensors (each rank writes its own shards, the manifest
 records global shapes) and loaded into fresh DTensors of the reader's mesh (resharding).
 """
@@ -81,7 +81,7 @@ def verify_dcp_checkpoint(path: Path) -> DcpManifest:
 
 
 def _metadata_problem(path: Path, manifest: DcpManifest) -> str | None:
-    """None when ``.metadata`` is safe to hand to DCP (:func:`read_dcp_metadata`), else why not."""
+    """None when ``.metadata`` is safe to hand to DCP (``read_dcp_metadata``), else why not."""
     try:
         read_dcp_metadata(path, manifest)
     except (CorruptCheckpointError, OSError) as exc:
@@ -153,7 +153,7 @@ class DcpWriter:
     (``faults.set_fault_hook``): ``dcp_before_save`` and ``dcp_after_save`` on every rank, then
     ``before_manifest``, ``before_rename``, ``after_rename``, ``after_commit`` on rank 0.
 
-    Node-local run directories (:meth:`_write_node_local`): each node's leader makes its own
+    Node-local run directories (``_write_node_local``): each node's leader makes its own
     ``step_<n>.tmp``, every rank writes its files there (DCP's ``.metadata`` lands on rank 0's
     node and is sent to the others), each leader *prepares* its node's part (``.metadata`` and a
     record naming the node and the checkpoint's ``commit_id``, fsynced, still ``*.tmp``), the
@@ -215,7 +215,7 @@ class DcpWriter:
         self, tmp: Path, tensors: list[torch.Tensor], shared: DcpPart, mine: DcpPart, node_keys: frozenset[str] = frozenset()
     ) -> list[FileEntry]:
         """DCP's save of this rank's share (files fsynced); returns the files this rank wrote.
-        The ``node_keys`` of ``shared`` are saved as this node's copy (:func:`node_key`)."""
+        The ``node_keys`` of ``shared`` are saved as this node's copy (``node_key``)."""
         from torch.distributed.checkpoint import FileSystemWriter
         from torch.distributed.checkpoint import save as dcp_save
 
@@ -429,8 +429,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 def read_dcp_metadata(path: Path, manifest: DcpManifest) -> Any:
     """DCP's ``.metadata`` read through the restricted unpickler and checked against the manifest
-    (:func:`coci.checkpoint.dcp_checks.check_dcp_metadata`), and every stored item's zip directory
-    bounded by its chunk (:func:`coci.checkpoint.dcp_checks.check_dcp_items`), before DCP may act
+    (``coci.checkpoint.dcp_checks.check_dcp_metadata``), and every stored item's zip directory
+    bounded by its chunk (``coci.checkpoint.dcp_checks.check_dcp_items``), before DCP may act
     on any of it."""
     try:
         with open(path / _DCP_METADATA, "rb", opener=record_reads.open_no_follow) as handle:
@@ -447,7 +447,7 @@ def read_dcp_metadata(path: Path, manifest: DcpManifest) -> Any:
 
 def _tensor_only_planner() -> Any:
     """DCP's default load planner, except that a bytes item (which it would ``torch.load`` with
-    ``weights_only=False``) is refused: a second guard behind :func:`read_dcp_metadata`."""
+    ``weights_only=False``) is refused: a second guard behind ``read_dcp_metadata``."""
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
     class TensorOnlyLoadPlanner(DefaultLoadPlanner):
@@ -458,7 +458,7 @@ def _tensor_only_planner() -> Any:
 
 
 def _safe_reader(path: Path, manifest: DcpManifest) -> Any:
-    """DCP's FileSystemReader, reading ``.metadata`` through :func:`read_dcp_metadata`: nothing a
+    """DCP's FileSystemReader, reading ``.metadata`` through ``read_dcp_metadata``: nothing a
     checkpoint holds may run code when loaded (DCP itself would call ``pickle.load`` on it; it
     loads the tensors with ``weights_only=True``) or make DCP read outside the checkpoint."""
     from torch.distributed.checkpoint import FileSystemReader

@@ -2,10 +2,10 @@
 
 DCP's default load planner reads a *bytes* item with ``torch.load(..., weights_only=False)`` (code
 execution), and its reader opens whatever path ``.metadata`` names. coci writes tensors only, so a
-checkpoint is loaded only when :func:`check_dcp_metadata` finds exactly the manifest's tensors,
+checkpoint is loaded only when ``check_dcp_metadata`` finds exactly the manifest's tensors,
 each stored in a file the manifest lists and checksums, inside the range of that file, with chunks
 that tile each tensor exactly, and each stored item bounded by its chunk's bytes before torch
-inflates it (:mod:`coci.checkpoint.dcp_items`). The manifest's own tensor table is bounded by the files it lists (:func:`check_dcp_manifest`), so a
+inflates it (``coci.checkpoint.dcp_items``). The manifest's own tensor table is bounded by the files it lists (``check_dcp_manifest``), so a
 hostile record cannot make the loader allocate more than the checkpoint holds.
 """
 
@@ -173,7 +173,7 @@ def _check_tiling(path: Path, key: str, shape: list[int], boxes: list[tuple[tupl
 
 def check_dcp_items(path: Path, storage: dict[Any, Any], chunk_bytes: dict[StorageKey, int]) -> None:
     """Each stored item (a ``torch.save`` archive) expands on load to at most its chunk's bytes
-    (:func:`coci.checkpoint.dcp_items.check_item`); only the items' zip directories are read."""
+    (``coci.checkpoint.dcp_items.check_item``); only the items' zip directories are read."""
     by_file: dict[str, list[tuple[Any, Any]]] = {}
     for index, info in storage.items():
         by_file.setdefault(info.relative_path, []).append((index, info))

@@ -2,7 +2,7 @@
 
 DCP stores each tensor chunk as one ``torch.save`` archive (a zip file) inside a data file, and
 loads it with ``torch.load``, which allocates every record at the uncompressed size its zip
-directory claims. A deflated record of a few kilobytes may claim gigabytes. :func:`check_item`
+directory claims. A deflated record of a few kilobytes may claim gigabytes. ``check_item``
 reads only the item's zip directory and refuses an item unless every record is stored
 uncompressed (``torch.save`` never compresses) and all of them together take at most the chunk's
 own bytes plus ``knobs.DCP_ITEM_OVERHEAD_BYTES``. The directory is pinned to the layout both

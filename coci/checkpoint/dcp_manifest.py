@@ -1,6 +1,6 @@
 """The commit record of a DCP checkpoint (``format: "dcp"``): the JSON skeleton of each sub-tree and
-the DCP keys of its tensors. Both the writer and reader (:mod:`coci.checkpoint.dcp`) and the checks
-of untrusted records (:mod:`coci.checkpoint.dcp_checks`) build on it."""
+the DCP keys of its tensors. Both the writer and reader (``coci.checkpoint.dcp``) and the checks
+of untrusted records (``coci.checkpoint.dcp_checks``) build on it."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class DcpPart(BaseModel):
 class DcpManifest(CommitRecord):
     """coci's commit record of a DCP checkpoint: written last, by rank 0, once every rank voted.
 
-    Node-local run directories (:attr:`coci.distributed.DistributedContext.nodes`) add: ``nodes``,
+    Node-local run directories (``coci.distributed.DistributedContext.nodes``) add: ``nodes``,
     the ranks of each node when it was saved; ``node``, the node whose part this directory holds
     (its ranks' files and ``.metadata``; None: every node's files, as on the remote tier);
     ``commit_id``, the same random id in every node's part of one checkpoint (a restore loads a

@@ -81,7 +81,7 @@ def write_file(path: Path, payload: memoryview, fault_point: str | None = None) 
 
 
 def open_for_write(path: Path, payload: memoryview) -> tuple[int, bool]:
-    """Create ``path`` (a new file in a checkpoint directory, :mod:`coci.safe_files`: never through
+    """Create ``path`` (a new file in a checkpoint directory, ``coci.safe_files``: never through
     a link) for writing, with O_DIRECT when the payload and filesystem allow it."""
     with safe_files.opened_dir(path.parent, error=CorruptCheckpointError) as dir_fd:
         fd = safe_files.create_at(dir_fd, path.name, path=path, error=CorruptCheckpointError)
@@ -124,7 +124,7 @@ class ChunkChecksum:
 
     Chunks are checksummed strictly in order (one worker, FIFO), each continuing the previous
     value. Once the interpreter is exiting the pool refuses work; the rest is checksummed inline,
-    so a checkpoint still persisting at exit is finished, not lost. The buffers must stay unchanged until :meth:`result` returns (the arena does: the next
+    so a checkpoint still persisting at exit is finished, not lost. The buffers must stay unchanged until ``result`` returns (the arena does: the next
     snapshot waits for this persist).
     """
 
@@ -311,7 +311,7 @@ def _pread_fully(fd: int, path: Path, piece: memoryview, offset: int) -> None:
 
 
 def open_for_read(path: Path, size: int) -> tuple[int, bool]:
-    """Open regular file ``path`` for reading (:mod:`coci.safe_files`: never through a link, never
+    """Open regular file ``path`` for reading (``coci.safe_files``: never through a link, never
     a FIFO), with O_DIRECT for a large file read into an aligned buffer."""
     fd = record_reads.open_no_follow(path, os.O_RDONLY)
     wanted = knobs.WRITE_DIRECT and hasattr(os, "O_DIRECT") and size >= knobs.DIRECT_IO_MIN_BYTES

@@ -1,12 +1,14 @@
 """The names and directories every checkpoint format shares on disk.
 
-Layout of a run directory::
+Layout of a run directory:
 
-    <run_dir>/checkpoints/step_<n>/manifest.json  the commit record: written last
-    <run_dir>/checkpoints/step_<n>/...            the format's data files (coci's: ``data.bin``)
-    <run_dir>/checkpoints/step_<n>.tmp/           a checkpoint being written or deleted: never read
+```text
+<run_dir>/checkpoints/step_<n>/manifest.json  the commit record: written last
+<run_dir>/checkpoints/step_<n>/...            the format's data files (coci's: data.bin)
+<run_dir>/checkpoints/step_<n>.tmp/           a checkpoint being written or deleted: never read
+```
 
-These names, and :data:`FORMAT_VERSION`, are part of the on-disk contract (see :mod:`coci.checkpoint.records`).
+These names, and ``FORMAT_VERSION``, are part of the on-disk contract (see ``coci.checkpoint.records``).
 """
 
 from __future__ import annotations

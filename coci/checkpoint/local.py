@@ -3,7 +3,7 @@
 ``step_<n>/data.bin`` holds every tensor's raw bytes at the offsets of the staging arena (the file
 layout is the memory layout); ``step_<n>/manifest.json`` is the commit record with the tensor table
 and the JSON skeleton of the state tree. Nothing is unpickled: tensors are raw bytes, everything
-else JSON. :class:`LocalWriter` and :class:`LocalReader` are this format's checkpoint writer and
+else JSON. ``LocalWriter`` and ``LocalReader`` are this format's checkpoint writer and
 reader; the functions below them are what they (and ``coci verify``) are made of.
 """
 
@@ -181,10 +181,10 @@ def check_consistent(manifest: Manifest, path: Path) -> None:
 
 def load_tensors(path: Path, manifest: Manifest) -> list[torch.Tensor]:
     """Read ``data.bin`` (its size and checksum checked against ``manifest``) into one tensor per
-    entry, each owning its storage (objects may keep them without a clone: :func:`adopt_or_clone`).
+    entry, each owning its storage (objects may keep them without a clone: ``adopt_or_clone``).
 
     Tensors whose bytes overlap in the file (never written so; an altered manifest) are read as
-    views of one buffer instead, as :func:`load_tensor_views` does."""
+    views of one buffer instead, as ``load_tensor_views`` does."""
     entry = manifest.files[0]
     order = sorted(range(len(manifest.tensors)), key=lambda i: manifest.tensors[i].offset)
     spans = [(manifest.tensors[i].offset, manifest.tensors[i].nbytes) for i in order if manifest.tensors[i].nbytes]
@@ -208,7 +208,7 @@ def load_tensor_views(path: Path, manifest: Manifest) -> list[torch.Tensor]:
 
 
 def as_tensor(raw: torch.Tensor, tensor: TensorEntry, path: Path) -> torch.Tensor:
-    """``raw`` bytes as the dtype and shape of ``tensor`` (sizes checked by :func:`read_manifest`)."""
+    """``raw`` bytes as the dtype and shape of ``tensor`` (sizes checked by ``read_manifest``)."""
     dtype = torch_dtype(tensor.dtype, path)
     return raw.view(dtype).view(tensor.shape) if tensor.nbytes else torch.empty(tensor.shape, dtype=dtype)
 
@@ -243,7 +243,7 @@ ALLOWED_DTYPES: frozenset[str] = frozenset(
 
 
 def torch_dtype(name: str, path: Path) -> torch.dtype:
-    """The dtype a commit record names; CorruptCheckpointError for anything not on :data:`ALLOWED_DTYPES`."""
+    """The dtype a commit record names; CorruptCheckpointError for anything not on ``ALLOWED_DTYPES``."""
     dtype = getattr(torch, name, None) if isinstance(name, str) and name in ALLOWED_DTYPES else None
     if not isinstance(dtype, torch.dtype):
         raise CorruptCheckpointError(f"{path}: unknown dtype {name!r} (not on the allow-list)")

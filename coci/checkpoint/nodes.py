@@ -1,7 +1,7 @@
 """Restore across node-local run directories: which step every node can load.
 
 Under ``Session(run_dir_layout=...)`` resolving to node-local directories, each node holds the part
-of a checkpoint its ranks wrote (:class:`coci.checkpoint.dcp.DcpWriter`). A step is restorable
+of a checkpoint its ranks wrote (``coci.checkpoint.dcp.DcpWriter``). A step is restorable
 only where every node holds a part of it that verifies (its ranks' files and ``.metadata``: sizes
 and checksums) and all the parts carry the same ``commit_id``: a node killed between prepare and
 publish leaves the other nodes' parts of that step, which no node ever loads. The functions here

@@ -1,4 +1,4 @@
-"""The wire format of peer copies (:mod:`coci.checkpoint.peers`): framed headers and one node's
+"""The wire format of peer copies (``coci.checkpoint.peers``): framed headers and one node's
 part of a checkpoint sent over a TCP socket, received, verified and committed.
 
 A header is a 4-byte big-endian length and a JSON object (at most
@@ -6,7 +6,7 @@ A header is a 4-byte big-endian length and a JSON object (at most
 first) followed by the files' bytes in that order: the sender streams each file with
 ``socket.sendfile`` (no copy through Python), the receiver writes each chunk as it arrives and
 checksums it on the way. What a peer sends is untrusted input, as any checkpoint: the record is
-parsed and checked like a local one (:func:`coci.checkpoint.dcp.read_dcp_manifest`), the listing
+parsed and checked like a local one (``coci.checkpoint.dcp.read_dcp_manifest``), the listing
 must name exactly the files the record says this part holds, at their recorded sizes, each file's
 checksum must match, DCP's ``.metadata`` is checked before anything loads it, nothing is written
 outside the ``*.tmp`` directory the caller names, and a part larger than the free disk is refused.
@@ -214,7 +214,7 @@ class _ChunkWriter:
         return buffer
 
     def put(self, buffer: memoryview, count: int) -> None:
-        """Write the first ``count`` bytes of ``buffer`` (a buffer of :meth:`free_buffer`)."""
+        """Write the first ``count`` bytes of ``buffer`` (a buffer of ``free_buffer``)."""
         self._full.put((buffer, count))
 
     def finish(self) -> None:

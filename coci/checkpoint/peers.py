@@ -1,6 +1,6 @@
 """Peer copies: each node's part of a local checkpoint also kept on the next node of a ring.
 
-``Session(peer_copies=1)`` on node-local run directories (:mod:`coci.checkpoint.nodes`): once a
+``Session(peer_copies=1)`` on node-local run directories (``coci.checkpoint.nodes``): once a
 checkpoint is committed on a node, that node's leader sends its part (its ranks' files,
 ``.metadata`` and its record) to node ``(K + 1) % N`` in a background thread; training never
 waits for it. The receiving node keeps it under ``run_dir/peer/node<K>/step_<n>``, committed like
@@ -8,18 +8,18 @@ a local checkpoint (written into ``step_<n>.tmp``, every file checked against th
 fsynced, then renamed), with a retention of its own (``_PEER_KEEP_LAST`` per source node).
 On restore, a node whose own part of a step is missing or damaged takes it from the node that
 holds its copy (verified again on both sides) before the remote tier is asked
-(:meth:`PeerCopies.fetch_lacking`).
+(``PeerCopies.fetch_lacking``).
 
 Transport: a side-channel TCP connection between the nodes' leaders, not the job's process group.
 A transfer then never interleaves collectives with the training thread's or coci's own groups (a
 background send sharing a gloo group with the training loop's barrier deadlocks, see
-:mod:`coci.distributed`), a node that dies mid-transfer costs its peer a socket error instead of
+``coci.distributed``), a node that dies mid-transfer costs its peer a socket error instead of
 a collective timeout on every rank, and the files stream with ``sendfile`` without being pickled
 into a tensor first. Each leader listens on its own port (``_PEER_HOST``), the addresses and
 a random job token are exchanged once on the control group when the session starts; a request
 without the token is refused.
 
-Which checkpoints get a peer copy (the interface a plan sets): :func:`peer_copy_wanted`.
+Which checkpoints get a peer copy (the interface a plan sets): ``peer_copy_wanted``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ PEER_DIRNAME = "peer"
 
 
 class CopyListener(Protocol):
-    """Told of each copy of this node's part, from the sender's thread (:class:`coci.profiler.Profiler`
+    """Told of each copy of this node's part, from the sender's thread (``coci.profiler.Profiler``
     measures ``peer_seconds``, ``peer_bytes`` and the steps that overlap a copy, ``peer_interference``)."""
 
     def peer_copy_started(self) -> None: ...
@@ -88,10 +88,10 @@ def peer_copy_wanted(plan: Any, step: int) -> bool:
     """Whether the committed local checkpoint of ``step`` is copied to a peer node.
 
     The plan's choice: ``Plan.peer_steps`` (the subset of ``plan.steps`` a three-level plan copies
-    to a peer, as ``promote_steps`` is the subset it uploads; :meth:`coci.Plan.copies_to_peer`)
+    to a peer, as ``promote_steps`` is the subset it uploads; [``coci.Plan.copies_to_peer``][coci.Plan.copies_to_peer])
     copies exactly those; no plan, or ``peer_steps`` None, copies every committed local
     checkpoint. The final and the preemption checkpoints are copied whatever the plan says
-    (:class:`coci.Session` asks for those itself).
+    ([``coci.Session``][coci.Session] asks for those itself).
     """
     steps = getattr(plan, "peer_steps", None)
     return steps is None or step in steps
@@ -116,7 +116,7 @@ def holders(node: int, count: int, copies: int) -> list[int]:
 class PeerServer:
     """A node leader's listening socket: it stores the parts its ring predecessors send
     (``put``) and serves them back on restore (``get``), in daemon threads (one transfer at a
-    time, after its token is checked). Everything a connection sends is checked (:mod:`coci.checkpoint.peer_wire`)."""
+    time, after its token is checked). Everything a connection sends is checked (``coci.checkpoint.peer_wire``)."""
 
     def __init__(self, run_dir: Path, node: int, sources: frozenset[int], token: str, events: EventLog, host: str) -> None:
         self.run_dir = run_dir
@@ -125,7 +125,7 @@ class PeerServer:
         self._token = token
         self._events = events
         # The copies retention counts (as the local tier's trusted checkpoints): those this process
-        # received and the restored step's (:meth:`trust`). An earlier process's newer copies may be
+        # received and the restored step's (``trust``). An earlier process's newer copies may be
         # of a timeline the restore rolled back; counted, they would push out the copies just received.
         self._received: dict[int, set[int]] = {source: set() for source in sources}
         self._lock = threading.Lock()
@@ -357,7 +357,7 @@ def fetch_copy(address: tuple[str, int], token: str, node: int, step: int, root:
 
 class PeerCopies:
     """One process's part in peer copies: every rank knows the leaders' addresses; each node's
-    leader runs a :class:`PeerServer` and a :class:`PeerSender`. Build with :meth:`start`."""
+    leader runs a ``PeerServer`` and a ``PeerSender``. Build with ``start``."""
 
     def __init__(self, run_dir: Path, context: DistributedContext, copies: int, token: str, events: EventLog) -> None:
         self.run_dir = run_dir
@@ -376,7 +376,7 @@ class PeerCopies:
     ) -> PeerCopies | None:
         """Peer copies for this job (collective on the control group), or None when there is
         nothing to copy to: ``copies`` 0, one process, or one run directory for every node.
-        ``listener`` is told of each copy this node sends (:class:`CopyListener`)."""
+        ``listener`` is told of each copy this node sends (``CopyListener``)."""
         if copies == 0 or context is None or not context.node_local or len(context.nodes or ()) < 2:
             return None
         token = distributed.broadcast_object(secrets.token_hex(16) if context.is_coordinator else None, context.control_group)
@@ -414,7 +414,7 @@ class PeerCopies:
 
     def trust(self, step: int) -> None:
         """The job restored ``step`` (whatever tier it came from): the copies of it this node holds
-        count for the copies' retention (:meth:`PeerServer.trust`)."""
+        count for the copies' retention (``PeerServer.trust``)."""
         if self.server is not None:
             self.server.trust(step)
 
@@ -488,9 +488,9 @@ def _advertised_host() -> str:
 
 
 class PeerCopying:
-    """The session's half of peer copies, as :class:`~coci.checkpoint.remote.promotion.Promotion`
+    """The session's half of peer copies, as ``Promotion``
     is the remote tier's: which committed checkpoints this node hands to its peer. Those the plan
-    copies (:func:`peer_copy_wanted`) and those that must be (a preemption's, the final one), each once.
+    copies (``peer_copy_wanted``) and those that must be (a preemption's, the final one), each once.
     """
 
     def __init__(self, copies: PeerCopies) -> None:
@@ -503,7 +503,7 @@ class PeerCopying:
     def start(
         cls, run_dir: Path, context: DistributedContext | None, copies: int, events: EventLog, listener: CopyListener | None = None
     ) -> PeerCopying | None:
-        """:meth:`PeerCopies.start` (collective), with an event when copies were asked for and none run."""
+        """``PeerCopies.start`` (collective), with an event when copies were asked for and none run."""
         peers = PeerCopies.start(run_dir, context, copies, events, listener)
         if copies and peers is None:
             events.emit("peer_copies", step=0, copies=0, requested=copies,

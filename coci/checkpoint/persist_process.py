@@ -1,24 +1,24 @@
 """Process-based persist (``Session(persist="process")``): the checkpoint files are written by a
 helper process, so none of the persist's Python runs under the training process's interpreter lock.
 
-:class:`ProcessWriter` is a :class:`coci.checkpoint.checkpointer.CheckpointWriter` for coci's own
+``ProcessWriter`` is a [``coci.checkpoint.checkpointer.CheckpointWriter``][coci.CheckpointWriter] for coci's own
 format. The staging arena lies in an anonymous shared-memory file
-(:class:`coci.checkpoint.snapshot.SharedBuffer`); the helper maps it from the file descriptor, sent
-over a Unix socket, and runs :class:`coci.checkpoint.local.LocalWriter` on those bytes, so the
+(``coci.checkpoint.snapshot.SharedBuffer``); the helper maps it from the file descriptor, sent
+over a Unix socket, and runs ``coci.checkpoint.local.LocalWriter`` on those bytes, so the
 commit protocol is the thread's, line for line. The helper is spawned once per session (at the
 session's start, so its imports overlap training) and serves one ``write`` at a time: the
 snapshot's layout, skeleton and record fields (the bytes are already in the arena); it answers once
 the checkpoint is committed (``fsync``-ed and renamed), so the session never reports a checkpoint
-the helper has not made durable. Retention (:meth:`ProcessWriter.retain`) stays on the persist
+the helper has not made durable. Retention (``ProcessWriter.retain``) stays on the persist
 thread: the policy is the caller's object.
 
 Crash safety: if the helper dies, the checkpoint in flight fails with
-:class:`coci.errors.PersistError` (its temporary directory is never a checkpoint) and the next
+[``coci.errors.PersistError``][coci.PersistError] (its temporary directory is never a checkpoint) and the next
 checkpoint spawns a new helper. The helper dies with the training process: it asks the kernel
 for ``SIGKILL`` when its parent dies (``PR_SET_PDEATHSIG``, Linux) and also exits when the socket
 closes; it ignores ``SIGINT`` and ``SIGTERM`` (a terminal's Ctrl-C or a scheduler's notice goes to
 the whole process group), leaving them to the training process. Fault points
-(:func:`coci.checkpoint.faults.set_fault_hook`) installed in the training process are forwarded:
+(``coci.checkpoint.faults.set_fault_hook``) installed in the training process are forwarded:
 the helper stops at each one until the training process ran its hook, so crash tests kill the job
 exactly where they kill it with the thread.
 
@@ -66,7 +66,7 @@ _HELPER_MAIN = "import sys; from coci.checkpoint.persist_process import main; ma
 
 class ProcessWriter:
     """Writes and commits checkpoints in coci's own format under ``root`` through a helper
-    process that maps ``arena`` (a shared :class:`StagingArena`)."""
+    process that maps ``arena`` (a shared ``StagingArena``)."""
 
     def __init__(self, root: Path, arena: StagingArena) -> None:
         if not arena.shared:
@@ -132,7 +132,7 @@ class ProcessWriter:
 
     def retain(self, policy: RetentionPolicy | None, trusted: frozenset[int]) -> list[int]:
         """Retention runs here, on the persist thread, as with the thread: a policy is the
-        caller's object (:class:`coci.checkpoint.retention.RetentionPolicy`), not the helper's."""
+        caller's object ([``coci.checkpoint.retention.RetentionPolicy``][coci.RetentionPolicy]), not the helper's."""
         return self._local.retain(policy, trusted)
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
 def open_no_follow(path: str | os.PathLike[str], flags: int) -> int:
-    """Open a checkpoint file where it is (:func:`coci.safe_files.open_file`): never through a
+    """Open a checkpoint file where it is (``coci.safe_files.open_file``): never through a
     symbolic link (nor a checkpoint directory that is one), never a FIFO or anything else not a
     regular file (CorruptCheckpointError naming it)."""
     return safe_files.open_file(Path(path), flags, error=CorruptCheckpointError)
@@ -36,7 +36,7 @@ def read_record_bytes(path: Path) -> bytes:
 
 
 def record_format(path: Path) -> str:
-    """The ``format`` a checkpoint's record declares (:data:`LOCAL_FORMAT` when it names none).
+    """The ``format`` a checkpoint's record declares (``LOCAL_FORMAT`` when it names none).
 
     An unreadable record counts as the local format, whose reader reports it as corrupt.
     """
@@ -50,7 +50,7 @@ def record_format(path: Path) -> str:
 
 def parse_record(path: Path, model: type[RecordT]) -> RecordT:
     """Read ``path/manifest.json`` as ``model``: present, parseable, not from a newer coci.
-    CorruptCheckpointError on anything off; format-specific checks, then :func:`check_sealed`, follow."""
+    CorruptCheckpointError on anything off; format-specific checks, then ``check_sealed``, follow."""
     try:
         record = model.model_validate_json(read_record_bytes(path))
     except FileNotFoundError as exc:

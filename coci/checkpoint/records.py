@@ -1,8 +1,8 @@
 """The commit record every checkpoint format writes, and what a load returns.
 
-Everything here is part of the on-disk contract: a change to a name (:mod:`coci.checkpoint.layout`), a
-field of :class:`CommitRecord` or the commit order (:mod:`coci.checkpoint.commit`) makes existing
-checkpoints unreadable or unsafe, so it must come with a new :data:`coci.checkpoint.layout.FORMAT_VERSION`.
+Everything here is part of the on-disk contract: a change to a name (``coci.checkpoint.layout``), a
+field of ``CommitRecord`` or the commit order (``coci.checkpoint.commit``) makes existing
+checkpoints unreadable or unsafe, so it must come with a new ``coci.checkpoint.layout.FORMAT_VERSION``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What ``Session.restore()`` does: pick the newest committed checkpoint that loads, and apply it.
 
-:class:`Restorer` walks the candidates newest first (a run directory's own checkpoints, then the
+``Restorer`` walks the candidates newest first (a run directory's own checkpoints, then the
 remote tier's, or on node-local run directories the steps every node holds a part of) and hands
 each to a loader; a checkpoint that fails (corrupt, refused by an object of the state, remote
-unavailable) is recorded as a ``restore_skip`` event and passed over. :func:`apply_checkpoint`
+unavailable) is recorded as a ``restore_skip`` event and passed over. ``apply_checkpoint``
 puts a loaded checkpoint into the state, all or nothing, the RNG streams last. The session books
 what was loaded (profile, retention, events); this module touches none of it.
 
@@ -62,7 +62,7 @@ class RestoreResult:
 
 @dataclass(frozen=True)
 class Found:
-    """The checkpoint a :class:`Restorer` loaded and applied."""
+    """The checkpoint a ``Restorer`` loaded and applied."""
 
     loaded: LoadedCheckpoint
     path: Path
@@ -94,7 +94,7 @@ class Restorer:
 
     def run(self) -> Found | None:
         """The checkpoint loaded, None on a fresh run; raises when candidates exist and none loads
-        (:class:`coci.CorruptCheckpointError`, or the class of the last one's problem)."""
+        ([``coci.CorruptCheckpointError``][coci.CorruptCheckpointError], or the class of the last one's problem)."""
         if self.dist is not None and self.dist.node_local:
             return self._across_nodes()
         candidates = self._with_remote(restore_candidates(self.root, self.dist))  # newest first; damaged ones too
@@ -131,7 +131,7 @@ class Restorer:
         self.events.emit("restore_skip", step=step, path=where, message=problem, reason=reason)
 
     def _across_nodes(self) -> Found | None:
-        """:meth:`run` on node-local run directories (collective): the newest step every node
+        """``run`` on node-local run directories (collective): the newest step every node
         holds a verified part of, a node lacking its part fetching it from the peer that holds its
         copy (``peer_copies``), else from the remote tier; the ranks skip a step together. CorruptCheckpointError naming each step's missing pieces when
         no step loads (never a silent restart from step 0)."""
@@ -248,7 +248,7 @@ class Restorer:
         """Load ``path`` into the state; (None, what went wrong) when any rank failed to.
 
         A checkpoint that verifies but does not load (a structure altered on disk, a tensor of the
-        wrong shape) is skipped like a corrupt one, nothing of it applied (:func:`apply_checkpoint`).
+        wrong shape) is skipped like a corrupt one, nothing of it applied (``apply_checkpoint``).
         """
         problem = None
         loaded = None

@@ -5,7 +5,7 @@ module's key or shape, an optimizer's parameter layout, a plain tensor's shape, 
 counters) is rejected here, before anything is applied, and restore falls back to the previous
 checkpoint. What cannot be checked generically (the ``load_state_dict`` of other objects) is
 applied first and rolled back from a copy of its state when a later one fails
-(:func:`apply_all_or_nothing`).
+(``apply_all_or_nothing``).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def check_session_entry(own: Any, step: int) -> dict[str, Any]:
 def apply_all_or_nothing(state: Mapping[str, Any], keys: list[str], apply: Callable[[str], None]) -> None:
     """``apply(key)`` for every key: objects only their ``load_state_dict`` can check go first, and
     are put back from a copy of their state when any later key fails; modules, optimizers and
-    tensors (checked by :func:`check_restorable`) follow."""
+    tensors (checked by ``check_restorable``) follow."""
     checked = (torch.nn.Module, torch.optim.Optimizer, torch.Tensor)
     unchecked = [key for key in keys if is_stateful(state[key]) and not isinstance(state[key], checked)]
     saved = {key: own_storage(state[key].state_dict()) for key in unchecked}

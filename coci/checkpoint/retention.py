@@ -1,19 +1,19 @@
 """Retention: which committed checkpoints are kept, and the crash-safe removal of the others.
 
 What to keep is a small policy in Orbax's shape (its preservation policies): given the steps of the
-kept-for-sure candidates, oldest first, a :class:`RetentionPolicy` says which to keep.
-:class:`KeepLast` (``Session(keep_last=n)``, the default) keeps the newest ``n``, :class:`KeepEvery`
-every step divisible by an interval, :class:`KeepAny` what any of its policies keeps
+kept-for-sure candidates, oldest first, a [``RetentionPolicy``][coci.RetentionPolicy] says which to keep.
+[``KeepLast``][coci.KeepLast] (``Session(keep_last=n)``, the default) keeps the newest ``n``, [``KeepEvery``][coci.KeepEvery]
+every step divisible by an interval, [``KeepAny``][coci.KeepAny] what any of its policies keeps
 (``KeepAny(KeepEvery(1000), KeepLast(2))``: a milestone every 1000 steps and the two newest).
 
-The safety rules stay here, outside any policy, in :func:`kept_steps`:
+The safety rules stay here, outside any policy, in ``kept_steps``:
 
 - a policy sees only *trusted* checkpoints: those this run committed or restored from (the local
   or remote tier's own list). An unloadable, planted or foreign ``step_<n>``, however large its
   ``n``, is never counted, so it never makes a good checkpoint look old;
 - the newest trusted checkpoint is kept whatever the policy says.
 
-Then :func:`apply_retention` deletes each trusted checkpoint the policy did not keep, and every
+Then ``apply_retention`` deletes each trusted checkpoint the policy did not keep, and every
 committed one (trusted or not) older than the oldest kept; untrusted ones newer than that are left
 in place (restore reports them). With no policy (``keep_last=None``) nothing is deleted.
 """
@@ -58,7 +58,7 @@ class KeepLast:
 @dataclass(frozen=True)
 class KeepEvery:
     """Keep each checkpoint whose step is a multiple of ``steps`` (Orbax's ``EveryNSteps``):
-    milestones that outlive a :class:`KeepLast` window."""
+    milestones that outlive a [``KeepLast``][coci.KeepLast] window."""
 
     steps: int
 
@@ -88,14 +88,14 @@ class KeepAny:
 
 
 def check_policy(policy: object, field: str) -> RetentionPolicy:
-    """``policy`` when it is a :class:`RetentionPolicy`; a ConfigError naming ``field`` otherwise."""
+    """``policy`` when it is a [``RetentionPolicy``][coci.RetentionPolicy]; a ConfigError naming ``field`` otherwise."""
     if not isinstance(policy, RetentionPolicy):
         raise ConfigError(f"{field} must be a retention policy (coci.KeepLast, coci.KeepEvery, coci.KeepAny, ...), got {policy!r}")
     return policy
 
 
 def retention_policy(keep_last: int | None, retention: RetentionPolicy | None, *, remote: bool = False) -> RetentionPolicy | None:
-    """The policy a session's ``keep_last=`` (sugar for :class:`KeepLast`; None keeps everything)
+    """The policy a session's ``keep_last=`` (sugar for [``KeepLast``][coci.KeepLast]; None keeps everything)
     and ``retention=`` keywords ask for (``remote``: ``keep_last_remote=`` and
     ``remote_retention=``): ``retention`` when given, which replaces ``keep_last``."""
     if retention is not None:

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-#: torch's CPU generator state as the last :func:`restore` set it, until
-#: :func:`undo_loader_seed_draw` takes it (process-wide, as the generator is).
+#: torch's CPU generator state as the last ``restore`` set it, until
+#: ``undo_loader_seed_draw`` takes it (process-wide, as the generator is).
 _restored_cpu_state: torch.Tensor | None = None
 
 
@@ -34,7 +34,7 @@ def capture() -> dict[str, Any]:
 
 
 def restore(state: dict[str, Any]) -> None:
-    """Restore every RNG captured by :func:`capture`."""
+    """Restore every RNG captured by ``capture``."""
     global _restored_cpu_state
     _apply(state)
     _restored_cpu_state = torch.get_rng_state()
@@ -56,14 +56,14 @@ def _apply(state: dict[str, Any]) -> None:
 
 
 def undo_loader_seed_draw() -> bool:
-    """Put torch's CPU generator back where the last :func:`restore` left it, if all it did since
+    """Put torch's CPU generator back where the last ``restore`` left it, if all it did since
     is the one draw a ``DataLoader`` makes when an iterator is created; True if it did.
 
     A ``DataLoader`` without a ``generator`` draws its workers' base seed from the global generator
     at every ``iter()``, even with ``num_workers=0``. The run that wrote a checkpoint mid-epoch drew
     it once, at the epoch's start; the resumed run draws it again when its loop re-creates the
     iterator, so every random draw after the resume (dropout, augmentation) would shift by one.
-    :class:`coci.ResumableSampler` calls this at the first batch after a resume, when that is the
+    [``coci.ResumableSampler``][coci.ResumableSampler] calls this at the first batch after a resume, when that is the
     only draw since the restore; any other use of the generator since is left alone."""
     global _restored_cpu_state
     restored, _restored_cpu_state = _restored_cpu_state, None
@@ -79,7 +79,7 @@ def undo_loader_seed_draw() -> bool:
 
 
 def check(state: Any) -> None:
-    """Raise (whatever the generators raise) unless :func:`restore` accepts ``state``; the
+    """Raise (whatever the generators raise) unless ``restore`` accepts ``state``; the
     streams are left as they were. A trial restore, so restore can check before applying anything."""
     current = capture()
     try:

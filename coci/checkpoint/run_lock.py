@@ -2,7 +2,7 @@
 ``<run_dir>/coci.lock``.
 
 Two sessions writing one run directory replace each other's checkpoints and restore each other's
-state, so a :class:`coci.Session` takes this lock before it touches the directory and holds it
+state, so a [``coci.Session``][coci.Session] takes this lock before it touches the directory and holds it
 until ``close()``. The lock that counts is the one on the directory's own descriptor: a file can be
 unlinked (or replaced) by anyone who can write the directory, which would let a second session in
 beside the first, but the directory cannot be swapped under an open descriptor. ``coci.lock`` is
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 class RunLock:
-    """A held lock on a run directory; :meth:`release` (or process exit) lets it go."""
+    """A held lock on a run directory; ``release`` (or process exit) lets it go."""
 
     def __init__(self, fds: list[int], path: Path) -> None:
         self._fds: list[int] | None = fds
@@ -131,7 +131,7 @@ def _read_holder(fd: int) -> str:
 
 
 def lock_for_job(run_dir: Path, context: distributed.DistributedContext | None) -> RunLock | None:
-    """The run directory's lock (:mod:`coci.checkpoint.run_lock`), held by rank 0 for a whole
+    """The run directory's lock (``coci.checkpoint.run_lock``), held by rank 0 for a whole
     distributed job (each node's leader for its own node-local directory); every rank raises when
     one is taken (collective)."""
     lock, problem = None, None

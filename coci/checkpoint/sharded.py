@@ -8,10 +8,10 @@ A module in ``Session(state=...)`` whose parameters are DTensors (``fully_shard`
 state dicts from a parameter -> name mapping cached per module and optimizer (checked against DSD
 when built, rebuilt when the module holds other tensors): DSD takes milliseconds a call, inside the
 checkpoint's stall. Nothing is ever gathered: the
-snapshot stages each DTensor's local shard only (:func:`local_shards`), the writer wraps the staged
-bytes back into DTensors of the same mesh and placements (:func:`as_dtensors`), so DCP writes each
+snapshot stages each DTensor's local shard only (``local_shards``), the writer wraps the staged
+bytes back into DTensors of the same mesh and placements (``as_dtensors``), so DCP writes each
 rank's shards with their global offsets, and a restore loads into fresh DTensors of the current
-mesh (:meth:`ShardedState.load_targets`), which reshards when the world size changed.
+mesh (``ShardedState.load_targets``), which reshards when the world size changed.
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ class ShardedState:
     def load_targets(self) -> dict[str, Any]:
         """What a restore loads sharded tensors into: the current state dicts, whose DTensors give
         the mesh and placements (the reader allocates fresh ones like them; the live state is only
-        changed by :meth:`load`, once the whole checkpoint is read).
+        changed by ``load``, once the whole checkpoint is read).
 
         An optimizer without state yet gets it from DSD's zero-learning-rate step first, so that
         its DTensors exist; the restore overwrites all of it.

@@ -55,7 +55,7 @@ class TensorSlot:
 
 @dataclass(frozen=True)
 class StagedCheckpoint:
-    """One snapshot as a :class:`coci.checkpoint.checkpointer.CheckpointWriter` receives it: the
+    """One snapshot as a [``coci.checkpoint.checkpointer.CheckpointWriter``][coci.CheckpointWriter] receives it: the
     arena's bytes, where each tensor of the flattened ``skeleton`` lies in them, and the record's
     fields. Valid until the next snapshot reuses the arena. ``shards`` holds, by tensor index, the
     DTensor each staged local shard belongs to (sharded state only)."""
@@ -88,7 +88,7 @@ def layout_bytes(slots: Sequence[TensorSlot]) -> int:
 
 
 def _replan(previous: list[TensorSlot], tensors: Sequence[torch.Tensor]) -> list[TensorSlot]:
-    """:func:`plan_layout` of ``tensors``, reusing each slot of ``previous`` that is unchanged (the
+    """``plan_layout`` of ``tensors``, reusing each slot of ``previous`` that is unchanged (the
     same object, so a caller can keep its view); ``previous`` itself when every slot is."""
     align = _ARENA_ALIGN_BYTES
     slots: list[TensorSlot] = []
@@ -110,7 +110,7 @@ class StagingArena:
 
     ``allocations`` counts real allocations; a stable state reuses the same memory forever
     (tested through data pointers and RSS). A ``shared`` arena lies in an anonymous shared-memory
-    file (:class:`SharedBuffer`) that a persist process maps too (``Session(persist="process")``).
+    file (``SharedBuffer``) that a persist process maps too (``Session(persist="process")``).
     """
 
     def __init__(self, shared: bool = False) -> None:
@@ -175,7 +175,7 @@ class StagingArena:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the current layout takes (:func:`layout_bytes` of :attr:`slots`)."""
+        """Bytes the current layout takes (``layout_bytes`` of ``slots``)."""
         return self._nbytes
 
     def payload(self) -> memoryview:
@@ -188,7 +188,7 @@ class StagingArena:
 def arena_bytes(needed: int, pin: bool = False) -> int:
     """Bytes to allocate for a layout of ``needed`` bytes, with room to grow
     (``knobs.ARENA_GROWTH_FRACTION`` plus ``_ARENA_GROWTH_BYTES``). Where that size puts the
-    arena on huge pages (:func:`aligned_empty`'s rule), it is resident in whole huge pages, so the
+    arena on huge pages (``aligned_empty``'s rule), it is resident in whole huge pages, so the
     room is rounded to them instead: every huge-page arena is a whole number of huge pages, and its
     staging memory stays within 1.1x of ``needed`` (``tests/unit/test_perf_paths.py``)."""
     grown = int(needed * (1 + knobs.ARENA_GROWTH_FRACTION))
@@ -305,7 +305,7 @@ class CopyJob:
     left, so a fence reached before the worker finished copies the rest itself instead of waiting
     for a thread hand-off (on a busy machine a wake-up can cost more than the copy). When the
     worker makes the last copy while a fence waits, it lets the fence go before it goes on (see
-    :meth:`run_cpu`).
+    ``run_cpu``).
     """
 
     def __init__(self, sources: Sequence[torch.Tensor], views: Sequence[torch.Tensor], fenced: Sequence[bool]) -> None:

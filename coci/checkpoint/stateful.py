@@ -1,7 +1,7 @@
 """What may go into ``Session(state=...)`` and how ``restore()`` puts a checkpoint back into it.
 
 A state value is either an object with ``state_dict()`` / ``load_state_dict()`` (model, optimizer,
-scheduler, loader, GradScaler, ...: the runtime-checkable :class:`Stateful` protocol, as in
+scheduler, loader, GradScaler, ...: the runtime-checkable [``Stateful``][coci.Stateful] protocol, as in
 torch.distributed.checkpoint) or a *mutable container* restored in place: a tensor or numpy array
 (copied into), a dict or a list (emptied and refilled with the saved entries, as DCP loads into the
 dict it is given). Invariant: every value the caller passed is the object ``restore()`` updates, so
@@ -11,7 +11,7 @@ error that says how to hold it (in a dict). Everything is validated once, with a
 
 A framework's wrapper around an optimizer or LR scheduler (Accelerate's ``AcceleratedOptimizer`` and
 ``AcceleratedScheduler``, what ``accelerator.prepare`` returns) is replaced by the object it wraps,
-found by its attributes (:func:`unwrapped`): the session fences and saves the torch optimizer
+found by its attributes (``unwrapped``): the session fences and saves the torch optimizer
 itself, whose ``step`` the wrapper calls, and whose ``state_dict`` is the wrapper's.
 """
 

@@ -88,7 +88,7 @@ def _path(where: _Where) -> str:
 
 
 def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
-    """Inverse of :func:`flatten`: rebuild the tree, taking tensors by index."""
+    """Inverse of ``flatten``: rebuild the tree, taking tensors by index."""
     if isinstance(skeleton, list):
         return [unflatten(v, tensors) for v in skeleton]
     if not isinstance(skeleton, dict):
@@ -112,7 +112,7 @@ def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
 
 
 def tensor_refs(skeleton: Any) -> list[Any]:
-    """The tensor placeholders' values of a skeleton, in the order :func:`flatten` appended the
+    """The tensor placeholders' values of a skeleton, in the order ``flatten`` appended the
     tensors. Values are returned as found (an untrusted skeleton may hold anything there); an
     iterative walk, so a deeply nested hostile skeleton cannot exhaust the stack."""
     refs: list[Any] = []
@@ -151,7 +151,7 @@ def own_storage(tree: Any) -> Any:
 
 def adopt_or_clone(tree: Any) -> Any:
     """``tree`` (a loaded checkpoint's entry) with each tensor that owns all of its storage kept as
-    it is and every other one cloned (:func:`own_storage`'s reasons). A restore reads each tensor
+    it is and every other one cloned (``own_storage``'s reasons). A restore reads each tensor
     into storage of its own, so an optimizer adopts its loaded state without a second copy; a
     storage met twice is cloned the second time, so no two objects share one."""
     seen: set[int] = set()

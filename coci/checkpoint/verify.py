@@ -1,7 +1,7 @@
 """Check every checkpoint of a run directory without loading it (``coci verify RUN_DIR``).
 
-:func:`verify_run` walks
-``<run_dir>/checkpoints/`` and returns one :class:`CheckpointStatus` per entry, newest step last:
+[``verify_run``][coci.verify_run] walks
+``<run_dir>/checkpoints/`` and returns one [``CheckpointStatus``][coci.CheckpointStatus] per entry, newest step last:
 
 * every ``step_<n>`` directory is checked the way ``Session.restore()`` checks it before loading:
   the manifest parses and is sane (format version, file names inside the directory, tensor table
@@ -58,7 +58,7 @@ class CheckpointStatus(BaseModel):
 def verify_run(run_dir: str | os.PathLike[str]) -> list[CheckpointStatus]:
     """Verify every checkpoint and stray ``.tmp`` entry of ``run_dir``, ordered by step.
 
-    Raises :class:`coci.ConfigError` when ``run_dir`` is not a directory. A run without a
+    Raises [``coci.ConfigError``][coci.ConfigError] when ``run_dir`` is not a directory. A run without a
     ``checkpoints/`` directory yields an empty list.
     """
     run_path = Path(run_dir)

@@ -2,13 +2,13 @@
 framework's hooks instead of a hand-written loop. Each integration lives in its own module and imports its framework only when
 that module is imported, so ``import coci`` never pulls in an optional dependency:
 
-* :mod:`coci.integrations.lightning` -- ``CociCallback`` for Lightning's ``Trainer``
+* ``coci.integrations.lightning`` -- ``CociCallback`` for Lightning's ``Trainer``
   (``pip install 'coci[lightning]'``).
-* :mod:`coci.integrations.transformers` -- ``attach(trainer, run_dir, ...)`` for Hugging Face's
+* ``coci.integrations.transformers`` -- ``attach(trainer, run_dir, ...)`` for Hugging Face's
   ``transformers.Trainer`` (``pip install 'coci[transformers]'``).
 
-Both callbacks take every keyword argument of :class:`coci.Session`, with its defaults, through
-:mod:`coci.integrations._options`. A plain Accelerate loop needs no integration: ``Session`` takes
+Both callbacks take every keyword argument of [``coci.Session``][coci.Session], with its defaults, through
+``coci.integrations._options``. A plain Accelerate loop needs no integration: ``Session`` takes
 what ``accelerator.prepare`` returns (it fences and saves the torch optimizer and scheduler inside).
 
 torchdata's ``StatefulDataLoader`` needs no integration module: it has ``state_dict`` /

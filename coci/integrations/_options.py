@@ -1,11 +1,11 @@
-"""The options of every integration's callback and of the command line: one path to a :class:`coci.SessionConfig`.
+"""The options of every integration's callback and of the command line: one path to a ``coci.SessionConfig``.
 
-A callback takes ``run_dir`` and either ``config=`` (a :class:`coci.SessionConfig`) or
-``**options`` (:class:`coci.Session`'s keyword arguments); it builds the config through
-:func:`coci.config.build_config`, as ``Session`` does, so a callback accepts exactly
+A callback takes ``run_dir`` and either ``config=`` (a ``coci.SessionConfig``) or
+``**options`` ([``coci.Session``][coci.Session]'s keyword arguments); it builds the config through
+``coci.config.build_config``, as ``Session`` does, so a callback accepts exactly
 what ``Session`` accepts, with the same defaults, and every value is checked when the callback is
-made. ``coci plan --config FILE`` reads the same options from a JSON file (:func:`read_options`).
-:class:`SessionHolder` is the rest the callbacks share: the session they hold and its closing.
+made. ``coci plan --config FILE`` reads the same options from a JSON file (``read_options``).
+``SessionHolder`` is the rest the callbacks share: the session they hold and its closing.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 class SessionHolder:
     """What every integration's callback shares: its arguments checked, the coci Session of the
     current training run, what that run restored, and closing the session without masking an
-    exception already propagating. A callback calls :meth:`_hold` from its ``__init__``."""
+    exception already propagating. A callback calls ``_hold`` from its ``__init__``."""
 
     #: When ``session`` exists, for the error raised outside it (each callback says it in its trainer's terms).
     _SESSION_EXISTS: ClassVar[str] = "while training runs"

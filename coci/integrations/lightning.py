@@ -1,17 +1,19 @@
 """``CociCallback``: coci's plan and checkpointer inside Lightning's ``Trainer``.
 
 Driven from Lightning's hooks, the callback owns
-a :class:`coci.Session` whose state is the LightningModule, the trainer's optimizers and LR
+a [``coci.Session``][coci.Session] whose state is the LightningModule, the trainer's optimizers and LR
 schedulers, and the trainer's resumable state (loop progress, including the train loader's
 position when the loader is stateful; other callbacks' state; precision plugin; datamodule).
 
-Usage::
+Usage:
 
-    from coci.integrations.lightning import CociCallback
+```python
+from coci.integrations.lightning import CociCallback
 
-    trainer = Trainer(max_steps=10_000, enable_checkpointing=False,
-                      callbacks=[CociCallback("runs/exp1", mtbf="8h")])
-    trainer.fit(model, train_dataloaders=StatefulDataLoader(dataset, batch_size=64, shuffle=True))
+trainer = Trainer(max_steps=10_000, enable_checkpointing=False,
+                  callbacks=[CociCallback("runs/exp1", mtbf="8h")])
+trainer.fit(model, train_dataloaders=StatefulDataLoader(dataset, batch_size=64, shuffle=True))
+```
 
 Run the same script again after a crash: ``on_fit_start`` restores the newest committed checkpoint
 in ``runs/exp1`` (coci's own restore; the equivalent of ``trainer.fit(..., ckpt_path="last")``,
@@ -19,20 +21,14 @@ without passing a path) and training continues from the step after it.
 
 Arguments next to Lightning's ``ModelCheckpoint``:
 
-==================================  ==========================================================
-``ModelCheckpoint(...)``            ``CociCallback(...)``
-==================================  ==========================================================
-``every_n_train_steps=n``           ``policy=coci.EveryN(n)``
-``train_time_interval=timedelta``   ``mtbf="8h"`` (or ``failures=``): the plan chooses the
-                                    steps from the failure rate and measured costs
-                                    (``policy="auto"``, ``"young"``, ``"daly"``, ...)
-``save_top_k=k`` / keep-last-n      ``keep_last=k`` (newest k committed checkpoints are kept)
-``save_last=True``                  ``save_last=True``: the final step is checkpointed, also
-                                    when the run stops early (None, the default: when it
-                                    reaches ``max_steps`` or ``max_epochs``)
-``dirpath=``                        ``run_dir`` (positional)
-``trainer.fit(ckpt_path="last")``   ``resume=True`` (default): restore from ``run_dir``
-==================================  ==========================================================
+- ``every_n_train_steps=n``: ``policy=coci.EveryN(n)``.
+- ``train_time_interval=timedelta``: ``mtbf="8h"`` (or ``failures=``): the plan chooses the steps from
+  the failure rate and measured costs (``policy="auto"``, ``"young"``, ``"daly"``, ...).
+- ``save_top_k=k`` / keep-last-n: ``keep_last=k`` (newest k committed checkpoints are kept).
+- ``save_last=True``: ``save_last=True``: the final step is checkpointed, also when the run stops
+  early (None, the default: when it reaches ``max_steps`` or ``max_epochs``).
+- ``dirpath=``: ``run_dir`` (positional).
+- ``trainer.fit(ckpt_path="last")``: ``resume=True`` (default): restore from ``run_dir``.
 
 What is saved and when
 ----------------------
@@ -105,8 +101,8 @@ class CociCallback(SessionHolder, Callback):
     Args:
         run_dir: directory for ``checkpoints/``, ``events.jsonl``, ``plan.json`` (as in Session).
         resume: restore the newest committed checkpoint in ``run_dir`` at ``on_fit_start``.
-        config: the session's :class:`coci.SessionConfig`; or, instead, ``options``: every keyword
-            argument of :class:`coci.Session` (``mtbf``, ``policy``, ``keep_last``, ``remote``,
+        config: the session's ``coci.SessionConfig``; or, instead, ``options``: every keyword
+            argument of [``coci.Session``][coci.Session] (``mtbf``, ``policy``, ``keep_last``, ``remote``,
             ``prior``, ...), with Session's defaults (an unknown name, or one next to ``config``, is a
             ConfigError). Two are read for the trainer: the horizon (``total_steps``), when None, is
             ``Trainer(max_steps)`` when that is set (otherwise it stays open); ``save_last``

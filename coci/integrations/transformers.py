@@ -1,17 +1,19 @@
 """coci inside Hugging Face's ``transformers.Trainer``: two lines added to a Trainer script.
 
-Usage::
+Usage:
 
-    from coci.integrations.transformers import attach
+```python
+from coci.integrations.transformers import attach
 
-    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=ev)
-    attach(trainer, "runs/exp1", mtbf="8h")   # once, before train(); returns the CociCallback
-    trainer.train()                           # resumes from runs/exp1 when it holds a checkpoint
+trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=ev)
+attach(trainer, "runs/exp1", mtbf="8h")   # once, before train(); returns the CociCallback
+trainer.train()                           # resumes from runs/exp1 when it holds a checkpoint
+```
 
 Run the same script again after a crash: ``trainer.train()`` restores the newest committed checkpoint
 in ``runs/exp1`` and trains on from the step after it, bitwise as the uninterrupted run would
 (weights, optimizer, scheduler, every logged loss and eval loss; ``tests/integration/test_transformers.py``
-SIGKILLs real Trainer runs). ``attach`` takes every keyword argument of :class:`coci.Session`, with
+SIGKILLs real Trainer runs). ``attach`` takes every keyword argument of [``coci.Session``][coci.Session], with
 its defaults (the planning horizon defaults to the Trainer's ``max_steps``, which it derives from
 ``num_train_epochs`` when that is the limit). A ``CociCallback`` put in ``Trainer(callbacks=[...])``
 without ``attach`` cannot reach the trainer's loop state and says so when training starts.
@@ -112,10 +114,10 @@ def attach(
 ) -> CociCallback:
     """Checkpoint ``trainer``'s runs in ``run_dir`` when coci's plan says, and resume them exactly.
 
-    Call once, before ``trainer.train()``. ``config`` is the session's :class:`coci.SessionConfig`;
-    or, instead, ``options`` are :class:`coci.Session`'s keyword arguments (``mtbf``, ``policy``,
+    Call once, before ``trainer.train()``. ``config`` is the session's ``coci.SessionConfig``;
+    or, instead, ``options`` are [``coci.Session``][coci.Session]'s keyword arguments (``mtbf``, ``policy``,
     ``keep_last``, ``remote``, ...); ``resume=False`` starts afresh.
-    Returns the :class:`CociCallback` (its ``session`` and ``restored`` while training runs).
+    Returns the ``CociCallback`` (its ``session`` and ``restored`` while training runs).
     """
     if not isinstance(trainer, Trainer):
         raise ConfigError(f"attach() needs a transformers.Trainer, got {type(trainer).__name__}")
@@ -133,13 +135,13 @@ def attach(
 
 
 class CociCallback(SessionHolder, TrainerCallback):
-    """The Trainer callback :func:`attach` installs (use ``attach``; see the module docs).
+    """The Trainer callback [``attach``][coci.integrations.transformers.attach] installs (use ``attach``; see the module docs).
 
     Args:
         run_dir: directory for ``checkpoints/``, ``events.jsonl``, ``plan.json`` (as in Session).
         resume: restore the newest committed checkpoint in ``run_dir`` when training starts.
-        config: the session's :class:`coci.SessionConfig`; or, instead, ``options``: every keyword
-            argument of :class:`coci.Session`, with its defaults; the horizon (``total_steps``),
+        config: the session's ``coci.SessionConfig``; or, instead, ``options``: every keyword
+            argument of [``coci.Session``][coci.Session], with its defaults; the horizon (``total_steps``),
             when None, is the Trainer's ``max_steps``; ``save_last``:
             None (default) checkpoints the final step when ``max_steps`` was reached, True also
             after an early stop, False never.

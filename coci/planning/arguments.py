@@ -1,21 +1,21 @@
 """Named types of the public planning arguments, and the optional extras of a checkpoint policy.
 
-The aliases say what ``Session``, :func:`coci.plan`, :func:`coci.simulate` and the CLI helpers
+The aliases say what ``Session``, [``coci.plan``][coci.plan], [``coci.simulate``][coci.simulate] and the CLI helpers
 accept where a parameter takes several kinds of value:
 
-- :data:`PolicyLike`: ``Session(policy=...)``: a policy name (``"auto"``, ``"young"``, ...), a
-  :class:`~coci.planning.policy.CheckpointPolicy`, a precomputed :class:`coci.Plan`, or the steps;
-- :data:`FailuresLike`: ``failures=``: a :class:`coci.Failures` model, or an MTBF (``"8h"``, seconds);
-- :data:`LossCurve`: per-step losses, or a ``(steps, losses)`` pair;
-- :data:`CurveLike`: ``curve=`` of ``plan``/``simulate``: a :data:`LossCurve`, a fitted
-  :class:`coci.CurveFit`, or a progress-rate callable;
-- :data:`PriorLike`: ``prior=``: an earlier run's directory or curve file, a :data:`LossCurve`, or
-  a :class:`~coci.planning.prior.PriorCurve`.
+- ``PolicyLike``: ``Session(policy=...)``: a policy name (``"auto"``, ``"young"``, ...), a
+  [``CheckpointPolicy``][coci.CheckpointPolicy], a precomputed [``coci.Plan``][coci.Plan], or the steps;
+- ``FailuresLike``: ``failures=``: a [``coci.Failures``][coci.Failures] model, or an MTBF (``"8h"``, seconds);
+- ``LossCurve``: per-step losses, or a ``(steps, losses)`` pair;
+- ``CurveLike``: ``curve=`` of ``plan``/``simulate``: a ``LossCurve``, a fitted
+  [``coci.CurveFit``][coci.CurveFit], or a progress-rate callable;
+- ``PriorLike``: ``prior=``: an earlier run's directory or curve file, a ``LossCurve``, or
+  a ``PriorCurve``.
 
-A policy may offer more than :class:`~coci.planning.policy.CheckpointPolicy` requires; the session
+A policy may offer more than [``CheckpointPolicy``][coci.CheckpointPolicy] requires; the session
 checks for each extra with ``isinstance`` against the protocol here, never by attribute name:
-:class:`PlansAhead` (a current :class:`coci.Plan`), :class:`SavesPolicyState` (state saved in every
-checkpoint), :class:`TakesPrior` (a warm start) and :class:`WarmsUp` (a warm-up checkpoint the
+[``PlansAhead``][coci.planning.arguments.PlansAhead] (a current [``coci.Plan``][coci.Plan]), [``SavesPolicyState``][coci.planning.arguments.SavesPolicyState] (state saved in every
+checkpoint), [``TakesPrior``][coci.planning.arguments.TakesPrior] (a warm start) and [``WarmsUp``][coci.planning.arguments.WarmsUp] (a warm-up checkpoint the
 session may skip).
 """
 
@@ -86,7 +86,7 @@ class WarmsUp(Protocol):
 
 
 def warming_up(policy: object) -> bool:
-    """Whether ``policy`` is a :class:`WarmsUp` policy before its first plan. Asked at every step:
+    """Whether ``policy`` is a [``WarmsUp``][coci.planning.arguments.WarmsUp] policy before its first plan. Asked at every step:
     an attribute read, where ``isinstance(policy, WarmsUp)`` (a runtime Protocol check) costs
     about 14 us, more than the rest of ``Session.step``."""
     return bool(getattr(policy, "warming_up", False))

@@ -1,7 +1,7 @@
 """Planning off the training thread: a planning policy observes on a worker thread, on its own copy.
 
-:class:`coci.Session` hands an observation (a snapshot: the profile, the loss trace and the
-checkpoint steps at one step) to :class:`BackgroundPlanner`, which runs ``observe`` (a curve
+[``coci.Session``][coci.Session] hands an observation (a snapshot: the profile, the loss trace and the
+checkpoint steps at one step) to ``BackgroundPlanner``, which runs ``observe`` (a curve
 refit and a solve, 0.01-0.25 s of CPU) on a deep copy of the policy on one worker thread.
 The session keeps following the current policy meanwhile, and swaps the copy in at the *apply
 step* fixed at submission: ``observed step + apply_lag_steps(step seconds of the observation)``.
@@ -44,7 +44,7 @@ class BackgroundPlanner:
 
     The worker reports the CPU seconds it spent (``time.thread_time``): what planning took from the
     job's cores, charged to the planning-time cap when its plan is taken, and added up in
-    :meth:`drain_cpu_seconds` for every observation, taken, dropped or failed (the session books
+    ``drain_cpu_seconds`` for every observation, taken, dropped or failed (the session books
     them as overhead). The worker thread starts on the first submission.
     """
 

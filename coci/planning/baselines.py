@@ -1,5 +1,5 @@
 """The classical and published baselines: Young's and Daly's periodic intervals, CheckFreq's
-overhead-bounded interval, and :class:`CheckFreqAdaptation`, CheckFreq's online adaptation of it."""
+overhead-bounded interval, and ``CheckFreqAdaptation``, CheckFreq's online adaptation of it."""
 
 from __future__ import annotations
 

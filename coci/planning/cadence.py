@@ -1,7 +1,7 @@
 """When a planning policy observes the run, and when a warm-up checkpoint is skipped.
 
-:class:`coci.Session` and the simulator's online replay (:func:`coci.analysis.simulate.online_schedule`)
-both ask one :class:`Cadence`, so a replayed schedule follows the session's rules. The cadence
+[``coci.Session``][coci.Session] and the simulator's online replay (``coci.analysis.simulate.online_schedule``)
+both ask one ``Cadence``, so a replayed schedule follows the session's rules. The cadence
 holds two counters (the step of the last observation and the planning seconds spent so far) and
 decides from the step counts and clocks it is given; it never reads a clock itself.
 """
@@ -51,7 +51,7 @@ class Cadence:
     def observe_at_step(self, step: int, profiled_steps: int, warming_up: bool, elapsed: ElapsedClock) -> bool:
         """Observe at this step? Until the policy has planned (``warming_up``, or no observation
         yet), once the profiler has seen ``knobs.PLAN_WARMUP_STEPS`` steps; then every
-        :attr:`observe_every` steps, while planning is affordable."""
+        ``observe_every`` steps, while planning is affordable."""
         if self.observed_at < 0 or warming_up:
             return profiled_steps >= knobs.PLAN_WARMUP_STEPS
         due = step - self.observed_at >= self.observe_every

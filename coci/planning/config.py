@@ -1,5 +1,5 @@
 """``PlanConfig``: the planning choices a user makes once per run (policy, failure model, horizon,
-objective, budgets), validated in one place and shared by :func:`coci.plan`, :class:`coci.Session`,
+objective, budgets), validated in one place and shared by [``coci.plan``][coci.plan], [``coci.Session``][coci.Session],
 the Lightning callback and the ``coci`` command line.
 """
 
@@ -20,8 +20,8 @@ __all__ = ["OBJECTIVES", "POLICIES", "PlanConfig", "RecordedInputs", "changed_ar
 
 
 class RecordedInputs(Protocol):
-    """What :meth:`PlanConfig.from_inputs` reads of a plan's recorded inputs
-    (:class:`coci.planning.records.PlanInputs`)."""
+    """What [``PlanConfig.from_inputs``][coci.PlanConfig.from_inputs] reads of a plan's recorded inputs
+    (``coci.planning.records.PlanInputs``)."""
 
     @property
     def failures(self) -> Failures | None: ...
@@ -35,7 +35,7 @@ class RecordedInputs(Protocol):
     @property
     def restart_seconds(self) -> float: ...
 
-#: Policy names a :class:`PlanConfig` accepts.
+#: Policy names a [``PlanConfig``][coci.PlanConfig] accepts.
 POLICIES: tuple[str, ...] = ("auto", "young", "daly", "checkfreq", "coci")
 #: Objectives of ``auto``.
 OBJECTIVES: tuple[str, ...] = ("progress", "time")
@@ -48,9 +48,9 @@ class PlanConfig:
     The measured costs (step, stall, persist and interference seconds), the loss curve and the
     run's position (start step, last checkpoint) are not fields: they are measurements that change
     at every online re-plan while these choices stay fixed for the run, so they are passed to
-    :func:`coci.plan` next to the config and recorded in ``Plan.inputs``.
+    [``coci.plan``][coci.plan] next to the config and recorded in ``Plan.inputs``.
 
-    Every field is validated on construction (a :class:`coci.ConfigError` names the field).
+    Every field is validated on construction (a [``coci.ConfigError``][coci.ConfigError] names the field).
     """
 
     policy: str = "auto"
@@ -60,7 +60,7 @@ class PlanConfig:
     """The failure model; an MTBF (``"8h"`` or seconds) becomes ``Failures.exponential(mtbf)``. Required except for ``checkfreq``."""
 
     total_steps: int | None = None
-    """Planning horizon in steps (>= 1); None: open-ended (online planning only; :func:`coci.plan` needs it)."""
+    """Planning horizon in steps (>= 1); None: open-ended (online planning only; [``coci.plan``][coci.plan] needs it)."""
 
     objective: str = "progress"
     """``auto``'s objective: ``"progress"`` (progress-weighted overhead, needs a loss curve) or ``"time"``."""
@@ -112,7 +112,7 @@ class PlanConfig:
 
 def changed_arguments(function: Callable[..., Any], values: Mapping[str, Any]) -> list[str]:
     """The names in ``values`` whose value differs from ``function``'s default for that parameter:
-    how an entry point that takes a :class:`PlanConfig` or the planning keywords tells that both
+    how an entry point that takes a [``PlanConfig``][coci.PlanConfig] or the planning keywords tells that both
     were passed (its own signature is the one table of defaults)."""
     parameters = inspect.signature(function).parameters
     return sorted(name for name, value in values.items() if value != parameters[name].default)
@@ -129,7 +129,7 @@ def _choice(value: Any, valid: tuple[str, ...], field: str) -> str:
 
 
 def _failure_model(failures: Any, policy: str) -> Failures | None:
-    """``failures`` as a :class:`Failures` (an MTBF gives the exponential model); None only for ``checkfreq``."""
+    """``failures`` as a [``Failures``][coci.Failures] (an MTBF gives the exponential model); None only for ``checkfreq``."""
     if failures is None:
         if policy != "checkfreq":
             raise ConfigError(f"failures is required for policy {policy!r} (e.g. coci.Failures.exponential('8h'))")

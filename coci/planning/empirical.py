@@ -1,7 +1,7 @@
 """What a loss curve shows: the monotone smoothing of its empirical progress rate.
 
-:func:`empirical_progress_rate` is the slope of an isotonic (non-increasing) fit to the binned
-trace, with no fitted law: the simulator scores plans with it, and :func:`empirical_curve` gives the
+``empirical_progress_rate`` is the slope of an isotonic (non-increasing) fit to the binned
+trace, with no fitted law: the simulator scores plans with it, and ``empirical_curve`` gives the
 planner the same curve for a recorded trace, extended past the trace's end (when the run is longer)
 by whichever forecast predicted a held-back tail of the trace best: no further progress ("flat"),
 the trace's recent slope ("end slope") or the parametric fit ("parametric"). A law fitted to a
@@ -52,7 +52,7 @@ def smoothed_trace(steps: Any, losses: Any = None, *, max_points: int | None = N
     """``(steps, levels)``: the trace binned (half log-, half linearly-spaced bins, the median loss of
     each; at most ``max_points`` bins, default ``_SIMULATE_TRUTH_POINTS``) and made
     non-increasing by isotonic regression (pool-adjacent-violators weighted by bin counts), one
-    point per pooled block. Raises :class:`ConfigError` (field ``curve``) for fewer than two finite
+    point per pooled block. Raises [``ConfigError``][coci.ConfigError] (field ``curve``) for fewer than two finite
     points at distinct steps or a trace that does not fall."""
     s, y = curve_pair(steps, losses)
     finite = np.isfinite(s) & np.isfinite(y)
@@ -70,8 +70,8 @@ def smoothed_trace(steps: Any, losses: Any = None, *, max_points: int | None = N
 
 def empirical_progress_rate(steps: Any, losses: Any = None, *, max_points: int | None = None) -> RateFunction:
     """``v(s) = -dL/ds`` of a loss trace without a fitted law: the slope of the linear interpolation
-    of :func:`smoothed_trace` (constant before the first and after the last point: the end slopes).
-    Raises :class:`ConfigError` (field ``curve``) for fewer than two finite points or a trace that
+    of ``smoothed_trace`` (constant before the first and after the last point: the end slopes).
+    Raises [``ConfigError``][coci.ConfigError] (field ``curve``) for fewer than two finite points or a trace that
     does not fall."""
     centres, levels = smoothed_trace(steps, losses, max_points=max_points)
     slopes = -np.diff(levels) / np.diff(centres)
@@ -85,7 +85,7 @@ def empirical_progress_rate(steps: Any, losses: Any = None, *, max_points: int |
 
 
 def _binned(s: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The fitter's bins of a sorted trace (:func:`coci.planning.fit.bin_trace`: mean step, median
+    """The fitter's bins of a sorted trace (``coci.planning.fit.bin_trace``: mean step, median
     loss) and how many points each bin holds."""
     centres, levels = bin_trace(s, y, max_points)
     if centres.size == s.size:
@@ -122,7 +122,7 @@ def _isotonic_decreasing(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[n
 class EmpiricalCurve:
     """A progress-rate callable ``v(s)``: the smoothed trace's slope up to its last point, then the
     chosen ``extension`` (none when the trace reaches the run's end: its last segment's slope, as
-    :func:`empirical_progress_rate`; ``"flat"``: 0; ``"end slope"``: the mean slope of the trace's last
+    ``empirical_progress_rate``; ``"flat"``: 0; ``"end slope"``: the mean slope of the trace's last
     ``knobs.FIT_HOLDOUT_FRACTION``; ``"parametric"``: the fit's rate), stopping where the extended
     loss would fall below 0 for a positive loss. ``holdout_errors`` holds each extension's mean
     absolute error forecasting the held-back tail (loss units; empty when none was needed)."""
@@ -190,8 +190,8 @@ class EmpiricalCurve:
 def empirical_curve(steps: Any, losses: Any, total_steps: int, fit: CurveFit | None = None) -> EmpiricalCurve:
     """The planner's curve for a recorded trace over a run of ``total_steps`` (see the module
     docstring). ``fit``: the parametric fit of the whole trace (fitted here when None). The extension
-    is chosen only when the run goes past the trace's last point. Raises :class:`ConfigError` as
-    :func:`smoothed_trace` does."""
+    is chosen only when the run goes past the trace's last point. Raises [``ConfigError``][coci.ConfigError] as
+    ``smoothed_trace`` does."""
     s, y = curve_pair(steps, losses)
     centres, levels = smoothed_trace(s, y)
     end_slope = _recent_slope(centres, levels)

@@ -1,5 +1,5 @@
 """Reading a failure log: a CSV of intervals between failures (or failure times), each row
-failed or censored, checked row by row (the fit is :meth:`coci.Failures.from_log`)."""
+failed or censored, checked row by row (the fit is [``coci.Failures.from_log``][coci.Failures.from_log])."""
 
 from __future__ import annotations
 

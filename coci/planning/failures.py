@@ -1,6 +1,6 @@
 """Failure models for planning: how likely the job is to be interrupted, and when.
 
-:class:`Failures` says how likely the *job* is to be interrupted, as a function of
+[``Failures``][coci.Failures] says how likely the *job* is to be interrupted, as a function of
 ``tau``: seconds since the job last (re)started. The planner reads its hazard, the simulator
 samples from it.
 
@@ -29,12 +29,12 @@ For the exponential (k = 1) that is the familiar "job MTBF = per-node MTBF / N".
 Warned failures
 ---------------
 Some failures come with a notice: a spot reclaim, a Kubernetes eviction or a SLURM time limit
-sends SIGTERM ``W`` seconds before the kill. :meth:`Failures.warned` marks a fraction ``p`` of the
+sends SIGTERM ``W`` seconds before the kill. [``Failures.warned``][coci.Failures.warned] marks a fraction ``p`` of the
 failures (each independently) as warned ``W`` seconds ahead; the rest strike without warning. A
 warned failure loses no work when a checkpoint fits in the warning (stall + persist <= ``W``, see
-:mod:`coci.preemption`): it costs that checkpoint and the restart. So a plan needs periodic
+``coci.preemption``): it costs that checkpoint and the restart. So a plan needs periodic
 checkpoints only against the unwarned failures, hazard ``(1 - p) h(tau)``:
-:meth:`Failures.unwarned` gives that model (exact for the exponential; for a Weibull the hazard is
+[``Failures.unwarned``][coci.Failures.unwarned] gives that model (exact for the exponential; for a Weibull the hazard is
 scaled and its clock, which also restarts at warned failures, is taken to restart at unwarned ones
 only). Two independent exponential classes, one warned and one not, are this model with ``p`` their
 rate share.
@@ -43,20 +43,20 @@ Failure classes
 ---------------
 Failures differ in what they destroy. A process crash, a NCCL timeout or a preemption on the same
 node leaves the node-local checkpoint directory intact; a GPU or host fault that gets the node
-replaced loses it, and only a copy on a remote tier survives. :meth:`Failures.compose` builds a
-model of independent classes (:class:`FailureClass`), each with its own rate model (exponential or
+replaced loses it, and only a copy on a remote tier survives. [``Failures.compose``][coci.Failures.compose] builds a
+model of independent classes ([``FailureClass``][coci.FailureClass]), each with its own rate model (exponential or
 Weibull) and the tiers it destroys: nothing (a process crash: every persisted file survives),
 ``("local",)`` (a node lost: its own local files and the peer copies it holds for other nodes are
 gone, so it restores from the copy a peer holds of its files) or ``("local", "peer")`` (several
 nodes lost at once, a rack or a switch: a node and the peer holding its copy can both be gone, so
 only the remote tier restores). The remote tier survives every class. The job fails at the first
-failure of any class (hazards add; all clocks restart together at every (re)start); :meth:`Failures.sample_classes`
+failure of any class (hazards add; all clocks restart together at every (re)start); [``Failures.sample_classes``][coci.Failures.sample_classes]
 also says which class struck. A plain model is one class that destroys nothing, so everything
-recovers from the local tier, as before classes existed. A warning (:meth:`Failures.warned`) belongs
+recovers from the local tier, as before classes existed. A warning ([``Failures.warned``][coci.Failures.warned]) belongs
 to the composed model and marks a share of every class's failures; a checkpoint taken on a notice is
 local, so the planner and the simulator count it only for the classes that spare the local tier.
 
-:meth:`Failures.large_gpu_job` gives defaults from published failure figures of large GPU jobs.
+[``Failures.large_gpu_job``][coci.Failures.large_gpu_job] gives defaults from published failure figures of large GPU jobs.
 The Llama 3 405B training report (16,384 H100 GPUs, 54 days) counts 419 unexpected interruptions,
 a job MTBF of about 3.1 h or about 50,700 h per GPU, and attributes about 78% of them to confirmed
 or suspected hardware (faulty GPUs and their memory, hosts, network, silent data corruption): the
@@ -70,7 +70,7 @@ GPU over 2014-2019, hardware only).
 
 Failure logs
 ------------
-:meth:`Failures.from_log` reads a CSV (``#`` starts a comment line) in one of two layouts:
+[``Failures.from_log``][coci.Failures.from_log] reads a CSV (``#`` starts a comment line) in one of two layouts:
 
 * ``interval_s`` (or ``interval_h``): one row per run segment, the seconds (hours) from a (re)start
   to the failure that ended it;
@@ -83,7 +83,7 @@ interval that ended without failing, or, in the ``time_s`` layout, the current t
 still running (only the last row may be censored there). Without the column every row is a failure.
 A job still running should add its open interval as a final censored row: leaving it out biases the
 MTBF low. Exponential and Weibull are fitted by maximum likelihood with right censoring and the one
-with the lower AIC is returned; :attr:`Failures.log_fit` records both AICs, log-likelihoods, the
+with the lower AIC is returned; ``Failures.log_fit`` records both AICs, log-likelihoods, the
 counts and the choice.
 """
 
@@ -124,7 +124,7 @@ _SHAPE_BOUNDS = (0.02, 50.0)
 
 
 class LogFit(BaseModel):
-    """How :meth:`Failures.from_log` chose its model (maximum likelihood, right-censored, AIC)."""
+    """How [``Failures.from_log``][coci.Failures.from_log] chose its model (maximum likelihood, right-censored, AIC)."""
 
     model_config = ConfigDict(frozen=True, defer_build=True)
 
@@ -161,8 +161,8 @@ def _check_nodes(nodes: Any) -> int:
 class FailureClass(BaseModel):
     """One class of failures: its name, its own rate model and the tiers it destroys.
 
-    ``failures`` is a plain (single-class) :class:`Failures` without a warning (a warning is a
-    property of the composed model); ``destroys`` names tiers of :data:`TIERS` (``("local",)``: the
+    ``failures`` is a plain (single-class) [``Failures``][coci.Failures] without a warning (a warning is a
+    property of the composed model); ``destroys`` names tiers of ``TIERS`` (``("local",)``: the
     node-local checkpoints are gone, a restore needs a peer's copy or the remote tier; ``("local",
     "peer")``: the peer copies too, a restore needs the remote tier).
     """
@@ -191,7 +191,7 @@ class FailureClass(BaseModel):
 class Failures(BaseModel):
     """A failure model: the distribution of seconds from a job (re)start to its next failure.
 
-    Build one with :meth:`exponential`, :meth:`weibull` or :meth:`from_log`; the fields are the
+    Build one with [``exponential``][coci.Failures.exponential], [``weibull``][coci.Failures.weibull] or [``from_log``][coci.Failures.from_log]; the fields are the
     serialised form (``model_dump_json`` / ``model_validate_json`` round-trip exactly).
     ``scale_seconds`` is a node's scale (for the exponential: a node's MTBF); see the module
     docstring for how ``nodes`` combines them.
@@ -370,7 +370,7 @@ class Failures(BaseModel):
     def from_log(cls, path: str | Path) -> Failures:
         """Fit exponential and Weibull to a failure log by maximum likelihood; keep the lower AIC.
 
-        The CSV layouts are described in the module docstring. Raises :class:`ConfigError` for a
+        The CSV layouts are described in the module docstring. Raises [``ConfigError``][coci.ConfigError] for a
         missing file, an unknown layout, non-numeric, negative or zero intervals, or a log without a
         single failure.
         """
@@ -446,7 +446,7 @@ class Failures(BaseModel):
         """Instantaneous failure rate (1/s) at ``tau`` seconds since the (re)start.
 
         For ``shape < 1`` the hazard at ``tau = 0`` is ``inf`` (it is integrable:
-        :meth:`cumulative_hazard` is finite everywhere).
+        [``cumulative_hazard``][coci.Failures.cumulative_hazard] is finite everywhere).
         """
         tau = _as_tau(tau_seconds)
         if self.classes:
@@ -490,7 +490,7 @@ class Failures(BaseModel):
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(seconds to the next failure, index of the class that struck)``, ``size`` draws: the
         first failure of independent class lifetimes (each class draws ``size`` in turn; a plain
-        model draws as :meth:`sample` does, class 0)."""
+        model draws as [``sample``][coci.Failures.sample] does, class 0)."""
         generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         if not self.classes:
             life = self.sample(generator, size)
@@ -499,7 +499,7 @@ class Failures(BaseModel):
         return np.min(draws, axis=0), np.argmin(draws, axis=0)
 
     def destroys_mask(self, tier: str = "local") -> np.ndarray:
-        """Per class index (as :meth:`sample_classes` returns it): does that class destroy ``tier``."""
+        """Per class index (as [``sample_classes``][coci.Failures.sample_classes] returns it): does that class destroy ``tier``."""
         return np.asarray([tier in c.destroys for c in self.failure_classes], dtype=bool)
 
     def describe(self) -> str:

@@ -1,8 +1,8 @@
 """Convergence-curve fits for planning: laws fitted to the loss trace, and their progress rate.
 
 The planner weighs lost work by how much training progress it represents, which needs the slope of
-the loss against the step, now and in the future. :func:`fit_curve` fits a small set of
-diminishing-returns laws to the loss trace and returns a :class:`CurveFit` with vectorised
+the loss against the step, now and in the future. [``fit_curve``][coci.fit_curve] fits a small set of
+diminishing-returns laws to the loss trace and returns a [``CurveFit``][coci.CurveFit] with vectorised
 ``loss``, ``slope`` and ``progress_rate``.
 
 Families (``s`` is the step):
@@ -17,7 +17,7 @@ Families (``s`` is the step):
 How a fit is made
 -----------------
 1. Input checks: mismatched lengths, empty, non-numeric or non-1-D input raise
-   :class:`~coci.errors.ConfigError`; NaN/inf points are dropped and counted
+   [``ConfigError``][coci.ConfigError]; NaN/inf points are dropped and counted
    (``dropped_points``). Everything else that makes a curve unusable (too few points, a flat or
    rising loss, no family fitting) returns a ``CurveFit`` with ``family="none"`` and a
    ``fallback`` saying why: the planner then uses the time objective. ``fit_curve`` never raises
@@ -27,7 +27,7 @@ How a fit is made
    gives its mean step and median loss (robust to spikes).
 3. Family choice: each family is fitted (variable projection, the linear parameters solved
    exactly and the nonlinear ones searched from a grid, then Nelder-Mead / a bounded scalar search,
-   :mod:`coci.planning.minimize`)
+   ``coci.planning.minimize``)
    on the trace without its last ``knobs.FIT_HOLDOUT_FRACTION`` of steps and scored by its mean
    absolute error forecasting that held-back tail (``holdout_error``, loss units).
 4. Drift and the recent window: learning-rate decay makes the last stretch fall faster (or, after a
@@ -108,7 +108,7 @@ class CurveFit(BaseModel):
     forecasting the held-back tail, in standard errors (negative: falling faster than the law);
     ``last_step`` the last finite step seen; ``first_step`` / ``first_loss`` the first smoothed point
     of the trace (mean step and median loss of its first bin), from which the planner measures the
-    whole run's loss drop (:func:`coci.planning.objective.whole_run_mean_rate`).
+    whole run's loss drop (``coci.planning.objective.whole_run_mean_rate``).
     """
 
     model_config = ConfigDict(frozen=True, defer_build=True)
@@ -465,7 +465,7 @@ def fit_curve(
 
     ``fit_curve(losses)`` takes per-step losses (steps 1, 2, ...); ``fit_curve(steps, losses)`` or
     ``fit_curve((steps, losses))`` takes explicit steps. ``families`` restricts the families tried
-    (default: all of :data:`FAMILIES`); ``window=False`` disables the recent-window refit.
+    (default: all of ``FAMILIES``); ``window=False`` disables the recent-window refit.
     """
     steps, values = _split_input(steps_or_losses, losses)
     tried = tuple(FAMILIES if families is None else families)
@@ -627,7 +627,7 @@ def fit_coci_exponential(minutes: Any, losses: Any) -> tuple[float, float]:
 
     As the authors' code does it: an ordinary least-squares line through ``(t, log L)``; returns
     ``(theta1, theta2)`` (theta1 per minute, negative for a falling loss). Raises
-    :class:`ConfigError` when the inputs mismatch, hold fewer than two finite points, or a loss is
+    [``ConfigError``][coci.ConfigError] when the inputs mismatch, hold fewer than two finite points, or a loss is
     not positive (its logarithm is undefined).
     """
     t = _as_float_array(minutes, "minutes")

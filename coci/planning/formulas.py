@@ -1,8 +1,8 @@
 """Checkpoint policies as pure functions: costs, a failure model and a curve in, steps out.
 
 Each policy turns cost figures, a failure model and (for the convergence-aware ones) a loss curve
-into checkpoint steps. :mod:`coci.planning.planner` validates inputs, picks the policy by name and wraps the
-result in a :class:`coci.Plan`; everything here is plain numbers and arrays.
+into checkpoint steps. ``coci.planning.planner`` validates inputs, picks the policy by name and wraps the
+result in a [``coci.Plan``][coci.Plan]; everything here is plain numbers and arrays.
 
 * ``young``: ``T = sqrt(2 C / lambda)``.
 * ``daly``: Daly's exact optimum for exponential failures,
@@ -12,7 +12,7 @@ result in a :class:`coci.Plan`; everything here is plain numbers and arrays.
   snapshot stall and ``t_full = o + P``; after each checkpoint, if the measured overhead of the next
   ``k`` steps (``C / (k t)``) exceeds ``max_overhead`` (CheckFreq: 5%), ``k += 2`` (never back). It
   ignores the failure rate. Offline the growth is replayed from the known ``C``; online
-  (:class:`coci.planning.online.PlanningPolicy`) it runs from measurements.
+  (``coci.planning.online.PlanningPolicy``) it runs from measurements.
 * ``coci``: as COCI's code does it: ``L(t) = exp(theta1 t + theta2)`` with ``t`` in **minutes**,
   ``P_e = (1 - exp(theta1 C)) (1/(2 lambda) - 1/(2 theta1))`` (C in minutes, lambda per minute), and
   checkpoint ``k`` at ``L^-1(L_now - k P_e)``. Unit caveat: ``P_e`` has the unit of time (minutes)
@@ -21,16 +21,16 @@ result in a :class:`coci.Plan`; everything here is plain numbers and arrays.
   comparison. When the fitted loss cannot fall by another ``P_e`` before the horizon (``L`` tends to
   0), the last interval is repeated to the end (the authors' code re-fits every 10,000 steps
   instead); the planner records this.
-* ``auto``: the convergence-aware optimum, see :func:`auto_steps`.
+* ``auto``: the convergence-aware optimum, see ``auto_steps``.
 
-Constraints shared by every policy (:func:`min_interval_steps`): consecutive checkpoints are at least
+Constraints shared by every policy (``min_interval_steps``): consecutive checkpoints are at least
 ``ceil(P / t)`` steps apart (one persist in flight: the next snapshot waits for the previous
 commit) and, when ``max_overhead`` is given, at least ``C / (max_overhead t)`` steps apart (the
 checkpoint cost never exceeds that share of the run time: for ``auto``, ``young`` and ``daly`` the
 cap covers the whole of C, stall plus interference). Steps are integers, strictly increasing, inside
 ``(start_step, total_steps)``.
 
-``auto`` alone also has a longest interval (:func:`max_interval_steps`): at most
+``auto`` alone also has a longest interval (``max_interval_steps``): at most
 ``_PLAN_MAX_INTERVAL_MTBF`` (0.5) of the MTBF over the plan's span (expected failures per
 second of progress, inverted), and never shorter than Young's interval (so the time optimum is never
 constrained). Reason: the first-order model counts a segment of length ``a`` as losing ``a^2 / 2M``
@@ -134,7 +134,7 @@ _MAX_CHECKPOINTS: contextvars.ContextVar[tuple[int, str] | None] = contextvars.C
 
 def max_checkpoints() -> int:
     """The most checkpoints a plan may hold here: ``knobs.PLAN_MAX_CHECKPOINTS``, or a lower cap
-    set by :func:`plan_size_cap` (the report's comparison plans under its own)."""
+    set by ``plan_size_cap`` (the report's comparison plans under its own)."""
     return _cap()[0]
 
 
@@ -158,7 +158,7 @@ def plan_size_cap(cap: int, name: str) -> Iterator[None]:
 
 def check_plan_size(count: float) -> None:
     """The plan-size rule every policy's schedule goes through before its array is built:
-    ConfigError when it would hold more than :func:`max_checkpoints` (NaN included)."""
+    ConfigError when it would hold more than ``max_checkpoints`` (NaN included)."""
     cap, name = _cap()
     if not count <= cap:
         raise ConfigError(
@@ -168,7 +168,7 @@ def check_plan_size(count: float) -> None:
 
 
 def arange_steps(first: int, stop: int, interval: int) -> np.ndarray:
-    """``first, first + interval, ...`` below ``stop``, its size checked first (:func:`check_plan_size`)."""
+    """``first, first + interval, ...`` below ``stop``, its size checked first (``check_plan_size``)."""
     check_plan_size(max(0, -(-(stop - first) // interval)))
     return np.arange(first, stop, interval, dtype=np.int64)
 
@@ -260,7 +260,7 @@ def coci_minutes(
 
 @dataclass(frozen=True)
 class AutoResult:
-    """What :func:`auto_steps` chose: steps, the mixture (alpha = 1/(1+mu)) and the budget."""
+    """What ``auto_steps`` chose: steps, the mixture (alpha = 1/(1+mu)) and the budget."""
 
     steps: np.ndarray
     alpha: float
@@ -301,8 +301,8 @@ def place(
     checkpoint, so the segment already running is not restarted) is split into ``m`` equal parts, ``m`` the
     nearest integer to ``N(H - P)`` plus each of ``offsets``; checkpoints sit at the split points,
     rounded to steps and thinned to the minimum interval. ``max_steps`` floors the density (no
-    interval longer, up to rounding) and bounds :func:`refine`; ``refined=False`` skips that exact
-    local refinement (the bisection in :func:`auto_steps` only needs to know on which side of the
+    interval longer, up to rounding) and bounds ``refine``; ``refined=False`` skips that exact
+    local refinement (the bisection in ``auto_steps`` only needs to know on which side of the
     budget a weight falls). Returns one candidate per offset.
     """
     density = checkpoint_density(model, alpha, min_steps, max_steps)
@@ -367,7 +367,7 @@ def refine(
 
     The first-order density is accurate when intervals are short against the scale on which the
     weight and hazard change; with few checkpoints on a steep curve it is not, and this pass closes
-    the gap to the exact optimum (the DP of :mod:`exact_optimum`) for a fixed number of checkpoints.
+    the gap to the exact optimum (the DP of ``exact_optimum``) for a fixed number of checkpoints.
     ``fixed`` (a mask over ``steps``) holds checkpoints in place (a two-level plan's promoted ones).
     """
     steps = steps.astype(np.int64).copy()
@@ -508,12 +508,12 @@ def auto_steps(
     3. Otherwise ``alpha = 1/(1 + mu)`` is bisected for the largest progress weight whose plan
        meets the budget; of all feasible plans seen, the one with the least progress-weighted
        overhead wins. The end points and the final alpha also try ``m - 1`` and ``m + 1``
-       segments (see :func:`place`).
+       segments (see ``place``).
 
-    ``alpha`` given (an online re-plan, see :func:`coci.planning.planner.plan`): the mixture weight was
+    ``alpha`` given (an online re-plan, see [``coci.planning.planner.plan``][coci.plan]): the mixture weight was
     chosen on the whole run; the plan minimises ``alpha J_p + (1 - alpha) J_t`` over the model's
     span (by the principle of optimality its tail is the tail of the whole run's plan), the time
-    plan competing. ``max_steps`` is the longest interval (default :func:`max_interval_steps`; it
+    plan competing. ``max_steps`` is the longest interval (default ``max_interval_steps``; it
     never binds the time optimum).
     """
     offsets = (-1, 0, 1)
@@ -567,7 +567,7 @@ def auto_steps_within_run_budget(
     ``(1 + time_budget)`` times the whole run's time optimum, and a candidate for the remaining steps
     is feasible when the whole run's expected wall-clock overhead, ``taken`` followed by the
     candidate, stays within it: what was spent before (checkpoints, their lost work) is charged, so
-    no re-plan spends a fresh budget. As :func:`auto_steps`, the largest feasible progress weight is
+    no re-plan spends a fresh budget. As ``auto_steps``, the largest feasible progress weight is
     bisected and the feasible plan with the least progress-weighted overhead wins; the time-optimal
     rest is always admitted (nothing better is possible when the past spent the budget).
     """

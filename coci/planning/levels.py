@@ -1,15 +1,15 @@
 """Two-level plans: which steps checkpoint locally and which of those are promoted to the remote tier.
 
-A pure extension of :func:`coci.planning.formulas.auto_steps` to the objective of
-:class:`coci.planning.objective.TwoLevelCostModel` (local chain against the failures that spare the
+A pure extension of ``coci.planning.formulas.auto_steps`` to the objective of
+``coci.planning.objective.TwoLevelCostModel`` (local chain against the failures that spare the
 local tier, promoted chain against those that destroy it). For a mixture weight ``alpha``:
 
-1. the promoted steps ``y``: the single-level placement (:func:`~coci.planning.formulas.place`, its
+1. the promoted steps ``y``: the single-level placement (``place``, its
    exact refinement included) on the remote model, each promotion charged its upload interference
    plus the local checkpoint it needs, and on the model of every checkpoint promoted (both hazards,
    the same charge); ``m - 1``, ``m`` and ``m + 1`` promotions, and at ``alpha = 0`` the two integer
    Young intervals;
-2. the local steps around them (:func:`local_around`): in each gap between promotions, the number
+2. the local steps around them (``local_around``): in each gap between promotions, the number
    of local segments that minimises ``s + N^2 / s`` (``N`` the first-order density
    ``sqrt(h_p w_alpha / 2C)`` integrated over the gap), placed at its quantiles, then refined
    exactly with the promotions held in place;
@@ -18,13 +18,13 @@ local tier, promoted chain against those that destroy it). For a mixture weight 
 
 Levels
 ------
-A planned checkpoint's level is a :class:`Level`: ``LOCAL`` (node-local only), ``PEER`` (also
-copied to another node's memory or disk, :mod:`coci.planning.three_levels`) or ``REMOTE`` (also
+A planned checkpoint's level is a [``Level``][coci.Level]: ``LOCAL`` (node-local only), ``PEER`` (also
+copied to another node's memory or disk, ``coci.planning.three_levels``) or ``REMOTE`` (also
 uploaded). The levels nest: a ``REMOTE`` checkpoint is a ``PEER`` one is a ``LOCAL`` one. A plan
 records them as ``Plan.steps`` (every level), ``Plan.peer_steps`` (``PEER`` and ``REMOTE``) and
-``Plan.promote_steps`` (``REMOTE``); :func:`level_of` reads one step's level from those lists.
+``Plan.promote_steps`` (``REMOTE``); ``level_of`` reads one step's level from those lists.
 
-``auto`` (:func:`auto_two_level`) then does what the single-level ``auto`` does: the time optimum
+``auto`` (``auto_two_level``) then does what the single-level ``auto`` does: the time optimum
 sets the reference, and the largest progress weight whose plan keeps the expected wall-clock
 overhead within ``1 + time_budget`` of it is bisected. Promotions are at least
 ``ceil(upload / step)`` steps apart (one upload in flight).
@@ -81,7 +81,7 @@ def level_of(
 
 
 def levels_of(steps: Sequence[int], peer_steps: Sequence[int] | None, promote_steps: Sequence[int] | None) -> list[Level]:
-    """:func:`level_of` of every planned step at once."""
+    """``level_of`` of every planned step at once."""
     planned = np.asarray(steps, dtype=np.int64)
     uploaded = np.ones(planned.size, bool) if promote_steps is None else np.isin(planned, np.asarray(promote_steps, dtype=np.int64))
     copied = np.ones(planned.size, bool) if peer_steps is None else np.isin(planned, np.asarray(peer_steps, dtype=np.int64))
@@ -90,19 +90,19 @@ def levels_of(steps: Sequence[int], peer_steps: Sequence[int] | None, promote_st
 
 
 class MixtureChoice:
-    """What a multi-level ``auto`` chose at mixture weight ``alpha`` (:func:`auto_mixture`)."""
+    """What a multi-level ``auto`` chose at mixture weight ``alpha`` (``auto_mixture``)."""
 
     alpha: float
 
     @property
     def mu(self) -> float | None:
-        """The progress weight ``mu`` of ``alpha`` (:func:`coci.planning.objective.mu_from_alpha`)."""
+        """The progress weight ``mu`` of ``alpha`` (``coci.planning.objective.mu_from_alpha``)."""
         return mu_from_alpha(self.alpha)
 
 
 @dataclass(frozen=True)
 class TwoLevelResult(MixtureChoice):
-    """What :func:`auto_two_level` chose: local steps, promoted steps, the mixture and the budget."""
+    """What ``auto_two_level`` chose: local steps, promoted steps, the mixture and the budget."""
 
     steps: np.ndarray
     promote: np.ndarray
@@ -261,7 +261,7 @@ def auto_two_level(
     min_promote: int = 1,
     alpha: float | None = None,
 ) -> TwoLevelResult:
-    """``auto`` for two levels: as :func:`coci.planning.formulas.auto_steps`, over ``(steps,
+    """``auto`` for two levels: as ``coci.planning.formulas.auto_steps``, over ``(steps,
     promote)`` plans scored by the two-level objective (module docstring)."""
     max_steps = max_interval_steps(model.local, min_steps)
 

@@ -1,6 +1,6 @@
 """The one definition of what a checkpoint plan costs.
 
-The planner (:mod:`coci.planning.formulas`, :mod:`coci.planning.planner`), the exact check (:mod:`exact_optimum`) and
+The planner (``coci.planning.formulas``, ``coci.planning.planner``), the exact check (``exact_optimum``) and
 the simulator all score a plan with the functions here, so "expected overhead" means the same thing
 everywhere.
 
@@ -12,12 +12,12 @@ Progress weight
 ---------------
 ``w(s) = v(s) / v_bar`` with ``v_bar`` the mean progress rate over the **whole run**, from its first
 step (step 0, or the first observed step) to the horizon: ``v_bar = (L(origin) - L(H)) / (H - origin)``
-(:func:`whole_run_mean_rate`). ``w`` averages 1 over the run and a second of work lost where
+(``whole_run_mean_rate``). ``w`` averages 1 over the run and a second of work lost where
 ``w = 2`` costs as much as two average seconds. The normalisation never depends on where a plan
 starts: an online re-plan at step ``s`` scores the remaining steps with the same weights as the
 offline plan (they average below 1 late in a decaying run), so re-planning is time-consistent
 (normalised over the remaining steps only, every re-plan would see a steep front and checkpoint
-densely "now" again and again). :func:`mixture_weight` gives the mixture
+densely "now" again and again). ``mixture_weight`` gives the mixture
 ``w_mu = (w + mu) / (1 + mu)``; internally the planner uses ``alpha = 1 / (1 + mu)`` (the weight on
 progress) because it stays finite: ``w_alpha = alpha w + (1 - alpha)``, alpha = 1 is pure progress,
 alpha = 0 pure time.
@@ -26,7 +26,7 @@ The expected-value model (first order, shared by planner and DP)
 -----------------------------------------------------------------
 Positions ``x`` are seconds of *progress* (``x = step * t``); the plan covers ``[x0, H]`` with
 ``x0 = start_step * t`` and ``H = total_steps * t``. Failures arrive along the progress axis with
-the expected count ``M(x)`` of :class:`ExpectedFailures` (``M(x) = lambda x`` for a constant hazard).
+the expected count ``M(x)`` of ``ExpectedFailures`` (``M(x) = lambda x`` for a constant hazard).
 A failure at ``x`` costs ``R`` plus the work since the last *committed* checkpoint: checkpoint ``i``
 (snapshot at ``x_i``) is committed from ``e_i = min(x_i + P, H)`` on, so a failure in
 ``[e_i, e_{i+1})`` rolls back to ``x_i`` (and one before ``e_1`` to the last committed checkpoint
@@ -38,10 +38,10 @@ before the plan, step 0 for a fresh run). With ``W`` the cumulative weight,
 "First order" means: failures during overhead (checkpoint stalls, restarts, re-executed work) are
 not counted and re-executed work does not shift later failures. This is Young's model generalised
 to a time-varying hazard and weight; it is accurate while ``M`` over an interval is small, and it is
-exactly what :mod:`exact_optimum` minimises, so planner and DP agree on the objective. Checkpoints that
+exactly what ``exact_optimum`` minimises, so planner and DP agree on the objective. Checkpoints that
 do not commit before ``H`` still cost ``C``.
 
-Discretisation: :func:`build_cost_model` cuts ``[x0, H]`` into cells at integer steps (one per step
+Discretisation: ``build_cost_model`` cuts ``[x0, H]`` into cells at integer steps (one per step
 for short horizons, a log + linear grid for long ones) and takes the hazard ``dM/dx`` and the weight
 as constant per cell (the hazard as the cell's exact average, the weight by Simpson's rule). All
 integrals above are then *exact* for the cell model: ``M`` and ``W`` are piecewise linear and
@@ -49,7 +49,7 @@ integrals above are then *exact* for the cell model: ``M`` and ``W`` are piecewi
 
 Two levels
 ----------
-With a remote tier and failure classes (:meth:`coci.Failures.compose`) a plan is the local steps
+With a remote tier and failure classes ([``coci.Failures.compose``][coci.Failures.compose]) a plan is the local steps
 ``x`` and the promoted subset ``y`` of them. A failure of a class that spares the local tier (hazard
 ``M_p``) rolls back to the last *local* commit and costs the restart ``R``; one that destroys it
 (``M_n``) rolls back to the last *remote* commit, ``U`` (upload seconds) after the local commit
@@ -58,7 +58,7 @@ interference). The objective is the sum of two single-level objectives on the sa
 
     J(x, y) = J_local(x; C, P, R, M_p) + J_remote(y; C_u, P + U, R_r, M_n),     y a subset of x,
 
-so :class:`TwoLevelCostModel` is two :class:`CostModel` s and the one-level model is the case
+so ``TwoLevelCostModel`` is two ``CostModel`` s and the one-level model is the case
 ``M_n = 0`` (a single class destroys nothing). First order as above: an upload lost with a failure,
 and a failure during a restore, are second-order effects. For restarting hazards each class's
 ``M`` is its own renewal function (its clock taken to restart at its own failures only).
@@ -68,8 +68,8 @@ Restarting hazards
 For a Weibull (or any non-memoryless) model whose clock restarts at each (re)start, the plan uses the
 *expected* hazard at progress position ``x``: the renewal density ``m(x) = E[h(age at x)]`` of the
 failure process started at the plan's origin (the latest (re)start), solved from the renewal
-equation ``M = F + M * dF`` on a grid (:data:`coci._RENEWAL_GRID_POINTS` points over at most
-:data:`coci._RENEWAL_MAX_MEANS` MTBFs; beyond that ``M`` grows at the long-run rate ``1/MTBF``).
+equation ``M = F + M * dF`` on a grid (``coci._RENEWAL_GRID_POINTS`` points over at most
+``coci._RENEWAL_MAX_MEANS`` MTBFs; beyond that ``M`` grows at the long-run rate ``1/MTBF``).
 Approximation: as in the first-order model the renewal clock runs on progress time (overheads and
 re-executed work ignored). With shape < 1 this front-loads the hazard (short intervals right after a
 (re)start); with shape > 1 it defers it.
@@ -125,9 +125,9 @@ def progress_weight(rates: Any, widths: Any = None, mean_rate: float | None = No
     """``w = v / v_bar``: the progress rate normalised by the whole run's mean rate.
 
     ``rates`` are ``v`` on cells; ``widths`` the cells' lengths (equal cells when omitted).
-    ``mean_rate`` is ``v_bar`` (:func:`whole_run_mean_rate`); when omitted the cells are taken to
+    ``mean_rate`` is ``v_bar`` (``whole_run_mean_rate``); when omitted the cells are taken to
     cover the whole run and ``v_bar`` is their width-weighted mean (``w`` then averages 1). Raises
-    :class:`ConfigError` (field ``curve``) when ``v`` is negative, not finite or zero everywhere:
+    [``ConfigError``][coci.ConfigError] (field ``curve``) when ``v`` is negative, not finite or zero everywhere:
     such a curve carries no progress information.
     """
     v = np.asarray(rates, dtype=float)
@@ -156,8 +156,8 @@ def whole_run_mean_rate(
 
     ``v_bar = (L(origin) - L(H)) / (H - origin)``. With ``loss_drop`` (``L(origin) - L(H)``, e.g. the
     first observed loss minus the fitted loss at the horizon) it is that over the span; otherwise
-    ``v`` is integrated numerically over the span (the grid of :func:`cell_edges`, Simpson per
-    cell). Raises :class:`ConfigError` (field ``curve``) when the result is not positive and finite.
+    ``v`` is integrated numerically over the span (the grid of ``cell_edges``, Simpson per
+    cell). Raises [``ConfigError``][coci.ConfigError] (field ``curve``) when the result is not positive and finite.
     """
     span = float(total_steps) - float(origin_step)
     if not span > 0:
@@ -194,7 +194,7 @@ def alpha_from_mu(mu: float | None) -> float:
 
 
 def mu_from_alpha(alpha: float) -> float | None:
-    """Inverse of :func:`alpha_from_mu`; ``None`` stands for ``mu = inf`` (pure time)."""
+    """Inverse of ``alpha_from_mu``; ``None`` stands for ``mu = inf`` (pure time)."""
     return None if alpha <= 0 else (1.0 - alpha) / alpha
 
 
@@ -294,8 +294,8 @@ def _solve_renewal(cdf: np.ndarray) -> np.ndarray:
 def expected_failures(
     failures: Any, horizon_seconds: float, origin_seconds: float = 0.0
 ) -> ExpectedFailures:
-    """``M(x)`` for a failure model: a :class:`coci.Failures`, an object with ``hazard`` and
-    ``cumulative_hazard``, an :class:`ExpectedFailures`, a plain hazard callable ``h(tau)``, or a
+    """``M(x)`` for a failure model: a [``coci.Failures``][coci.Failures], an object with ``hazard`` and
+    ``cumulative_hazard``, an ``ExpectedFailures``, a plain hazard callable ``h(tau)``, or a
     positive number (a constant rate per second)."""
     if isinstance(failures, ExpectedFailures):
         return failures
@@ -481,7 +481,7 @@ class CostModel:
         return checked.size * self.checkpoint_seconds + failures * self.restart_seconds + self.lost_work(checked, alpha)
 
     def check_steps(self, steps: Any) -> np.ndarray:
-        """``steps`` as an int array; raises :class:`ConfigError` unless strictly increasing in
+        """``steps`` as an int array; raises [``ConfigError``][coci.ConfigError] unless strictly increasing in
         ``(start_step, total_steps]``."""
         array = np.asarray(steps)
         if array.size == 0:
@@ -496,7 +496,7 @@ class CostModel:
 
 
 def level_figures(local: Overhead, uppers: Sequence[tuple[str, str, str, Overhead]]) -> dict[str, float]:
-    """What a multi-level plan adds to :meth:`Overhead.as_dict`: each upper level's transfers and
+    """What a multi-level plan adds to ``Overhead.as_dict``: each upper level's transfers and
     their seconds, each level's failures, each upper level's restart and lost seconds. ``uppers``:
     ``(level, transfers name, transfer seconds name, its part)`` from the lowest up."""
     figures: dict[str, float] = {}
@@ -525,7 +525,7 @@ class TwoLevelCostModel:
 
     def parts(self, steps: Any, promote: Any) -> tuple[Overhead, Overhead]:
         """Expected overhead of the local chain and of the promoted chain; ``promote`` must be a
-        subset of ``steps`` (raises :class:`ConfigError` otherwise)."""
+        subset of ``steps`` (raises [``ConfigError``][coci.ConfigError] otherwise)."""
         local, remote = self.local.check_steps(steps), self.remote.check_steps(promote)
         if not np.all(np.isin(remote, local)):
             raise ConfigError("promote_steps must be a subset of steps")
@@ -533,7 +533,7 @@ class TwoLevelCostModel:
 
     def expected(self, steps: Any, promote: Any) -> Overhead:
         """Expected overhead of a two-level plan, the two chains added (``checkpoints`` counts the
-        local ones; promotions are in :meth:`as_dict`)."""
+        local ones; promotions are in ``as_dict``)."""
         local, remote = self.parts(steps, promote)
         return Overhead(
             checkpoints=local.checkpoints,
@@ -546,7 +546,7 @@ class TwoLevelCostModel:
         )
 
     def as_dict(self, steps: Any, promote: Any) -> dict[str, float]:
-        """:meth:`Overhead.as_dict` of the plan, with the promotions and each class group's part."""
+        """``Overhead.as_dict`` of the plan, with the promotions and each class group's part."""
         local, remote = self.parts(steps, promote)
         figures = self.expected(steps, promote).as_dict()
         figures.update(level_figures(local, [("remote", "promotions", "promotion_seconds", remote)]))
@@ -586,8 +586,8 @@ def build_cost_model(
 
     ``progress_rate(steps)`` is ``v(s)`` (loss decrease per step, vectorised); None means time only.
     ``mean_rate`` is the whole run's ``v_bar`` that normalises the weight (default:
-    :func:`whole_run_mean_rate` of ``progress_rate`` over ``[0, total_steps]``, whatever
-    ``start_step`` is). Raises :class:`ConfigError` (field ``curve``) when ``v`` is unusable over
+    ``whole_run_mean_rate`` of ``progress_rate`` over ``[0, total_steps]``, whatever
+    ``start_step`` is). Raises [``ConfigError``][coci.ConfigError] (field ``curve``) when ``v`` is unusable over
     the horizon.
     """
     if not 0 <= start_step < total_steps:

@@ -1,4 +1,4 @@
-"""Planning online: :func:`make_policy` builds the :class:`PlanningPolicy` that :class:`coci.Session`
+"""Planning online: ``make_policy`` builds the ``PlanningPolicy`` that [``coci.Session``][coci.Session]
 drives; it plans after warm-up from the live profile and re-plans only when the measured costs or
 the fit move by more than a threshold.
 
@@ -52,9 +52,9 @@ _PLAN_ASSUMED_PERSIST_STEPS: float = 10.0
 
 
 def make_policy(config: PlanConfig | str = "auto", *, prior: PriorLike | None = None, **choices: Any) -> PlanningPolicy:
-    """The :class:`coci.planning.policy.CheckpointPolicy` the session uses: a :class:`PlanningPolicy`
-    for ``config``, or for a policy name and the other :class:`PlanConfig` fields as keywords;
-    ``prior``: an earlier run's curve to warm-start from (:meth:`PlanningPolicy.use_prior`)."""
+    """The [``coci.planning.policy.CheckpointPolicy``][coci.CheckpointPolicy] the session uses: a ``PlanningPolicy``
+    for ``config``, or for a policy name and the other [``PlanConfig``][coci.PlanConfig] fields as keywords;
+    ``prior``: an earlier run's curve to warm-start from (``PlanningPolicy.use_prior``)."""
     policy = PlanningPolicy(config, **choices)
     if prior is not None:
         policy.use_prior(prior)
@@ -62,10 +62,10 @@ def make_policy(config: PlanConfig | str = "auto", *, prior: PriorLike | None = 
 
 
 class PlanningPolicy:
-    """Plans online from the live profile (see :func:`make_policy`).
+    """Plans online from the live profile (see ``make_policy``).
 
     Before its first plan (warm-up) only ``auto`` with the progress objective checkpoints, at
-    ``knobs.PLAN_WARMUP_CHECKPOINT_STEPS`` (:attr:`warming_up`: the session skips one that would wait
+    ``knobs.PLAN_WARMUP_CHECKPOINT_STEPS`` (``warming_up``: the session skips one that would wait
     for a persist in flight); the other policies wait. Each ``observe`` reads the
     profile (step time, stall, persist, interference, restore) and the loss trace; it re-plans
     from the current step when there is no plan yet, when a cost moved by more than
@@ -73,7 +73,7 @@ class PlanningPolicy:
     ``_PLAN_REPLAN_FIT_CHANGE`` (the relative change of the planned checkpoint density
     ``sqrt(w_alpha)`` on the remaining steps, old fit against new; or the fit's family changed),
     when an open-ended horizon needs extending, or (``checkfreq``) when its interval grew
-    (:class:`CheckFreqAdaptation`). :meth:`should_checkpoint` is a set lookup. ``state_dict`` keeps
+    (``CheckFreqAdaptation``). ``should_checkpoint`` is a set lookup. ``state_dict`` keeps
     CheckFreq's grown interval and the current plan.
 
     The failure clock of a restarting hazard is taken to have (re)started
@@ -103,9 +103,9 @@ class PlanningPolicy:
         self._fitted: tuple[np.ndarray, np.ndarray, CurveFit] | None = None  # the last trace fitted and its fit
 
     def use_prior(self, source: PriorLike) -> None:
-        """Warm start: plan from step 0 with an earlier run's curve (see :mod:`coci.planning.prior`;
-        ``source`` as :func:`coci.planning.prior.load_prior` takes it, or a
-        :class:`~coci.planning.prior.PriorCurve`). A prior that cannot be used (unreadable, too
+        """Warm start: plan from step 0 with an earlier run's curve (see ``coci.planning.prior``;
+        ``source`` as ``coci.planning.prior.load_prior`` takes it, or a
+        ``PriorCurve``). A prior that cannot be used (unreadable, too
         short, not falling; a policy other than ``auto`` with the progress objective) is recorded in
         every plan's ``fallbacks`` and the run plans cold."""
         if not self._weights_progress:
@@ -261,7 +261,7 @@ class PlanningPolicy:
         """The fit of the loss trace so far, or (``auto``) the prior while the trace is too short.
 
         A trace with fewer than ``knobs.FIT_MIN_POINTS`` points (but at least one) gets
-        :data:`PRIOR_PROGRESS_RATE` for ``auto``; a longer one its fit, which ``plan`` turns into the
+        ``PRIOR_PROGRESS_RATE`` for ``auto``; a longer one its fit, which ``plan`` turns into the
         time-optimal plan when the fitter finds it unusable (flat, rising). Even a fit of the first
         few dozen steps is used: measured on GPT-2 and synthetic curves, waiting for the trace to
         cover 1% of the horizon lost more (the steepest, most valuable stretch passes meanwhile)

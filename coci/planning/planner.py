@@ -1,28 +1,28 @@
 """Plans: from measured costs, a failure model and a loss curve to checkpoint steps.
 
-:func:`plan` is the offline entry point (and what the CLI and the session call): a pure function
+[``plan``][coci.plan] is the offline entry point (and what the CLI and the session call): a pure function
 that validates the inputs, fits the curve, builds the one cost model of
-:mod:`coci.planning.objective`, runs the chosen policy (one small function per policy name in
-:data:`POLICY_PLANNERS`, built on :mod:`coci.planning.formulas`) and returns a :class:`Plan` with the
-steps, the expected costs under both metrics and every fallback taken. :func:`coci.planning.online.make_policy` wraps it
-for :class:`coci.Session` (:mod:`coci.planning.online`). The records it reads and returns are in
-:mod:`coci.planning.records`; the classical and published baselines in :mod:`coci.planning.baselines`.
+``coci.planning.objective``, runs the chosen policy (one small function per policy name in
+``POLICY_PLANNERS``, built on ``coci.planning.formulas``) and returns a [``Plan``][coci.Plan] with the
+steps, the expected costs under both metrics and every fallback taken. ``coci.planning.online.make_policy`` wraps it
+for [``coci.Session``][coci.Session] (``coci.planning.online``). The records it reads and returns are in
+``coci.planning.records``; the classical and published baselines in ``coci.planning.baselines``.
 
 Fallbacks (recorded in ``Plan.fallbacks``, never silent):
 
 * no curve, or a curve the fitter cannot use (too few points, loss not falling, ...) -> ``auto``
   uses the time objective; ``coci`` uses the time-optimal plan;
 * a restarting (non-memoryless) failure model -> the expected hazard of the renewal process (see
-  :mod:`coci.planning.objective`), and ``young``/``daly``/``coci`` use the long-run rate ``1 / MTBF``;
+  ``coci.planning.objective``), and ``young``/``daly``/``coci`` use the long-run rate ``1 / MTBF``;
 * ``coci``'s fitted loss running out of room before the horizon -> its last interval repeated;
 * online: no stall / persist / restart measured yet -> assumed values (knobs), re-planned once
   measured.
 
-Re-planning online (``start_step > 0``, what :class:`PlanningPolicy` does as the curve is
+Re-planning online (``start_step > 0``, what ``PlanningPolicy`` does as the curve is
 revealed) is time-consistent with the offline plan:
 
 * the progress weight is normalised over the whole run, from the trace's first step to the horizon
-  (:mod:`coci.planning.objective`), never over the remaining steps; before a recent-window fit's window the
+  (``coci.planning.objective``), never over the remaining steps; before a recent-window fit's window the
   rate is the observed average (the law is not extrapolated backwards);
 * the time budget belongs to the run: the whole run's expected wall-clock overhead (from step 0,
   the checkpoints already taken, ``taken_steps``, followed by the new plan; warm-up checkpoints and
@@ -37,7 +37,7 @@ revealed) is time-consistent with the offline plan:
   run from scratch falls fastest there (measured on GPT-2 runs: nearly all of the online deficit
   against the offline plan was these steps, see benchmarks/results/2026-11-22.md, "Schedule quality");
 * while the loss trace holds fewer than ``knobs.FIT_MIN_POINTS`` points ``auto`` plans with the
-  prior progress rate :data:`PRIOR_PROGRESS_RATE` (equal loss decrease per doubling of the step
+  prior progress rate ``PRIOR_PROGRESS_RATE`` (equal loss decrease per doubling of the step
   count); a trace the fitter finds flat or rising, or a run that records no loss, gets the
   time-optimal plan (Young/Daly generalised to the hazard); each recorded in ``fallbacks``;
 * a loss observed positive never falls below 0 in the planner's curve: early, noisy fits often
@@ -107,38 +107,54 @@ def plan(
 ) -> Plan:
     """Plan checkpoint steps for a run of ``total_steps`` steps.
 
-    The planning choices come either as ``config`` (a :class:`PlanConfig`) or as the keywords
+    The planning choices come either as ``config`` (a [``PlanConfig``][coci.PlanConfig]) or as the keywords
     ``policy``, ``failures``, ``total_steps``, ``restart_seconds``, ``objective``,
-    ``time_budget`` and ``max_overhead`` (documented on :class:`PlanConfig`), not both.
+    ``time_budget`` and ``max_overhead`` (documented on [``PlanConfig``][coci.PlanConfig]), not both.
 
     Args:
-        step_seconds, stall_seconds, persist_seconds: clean step time, snapshot stall and background
-            persist time (seconds, positive; durations such as ``"6s"`` are accepted).
+        policy: ``"auto"`` (default), ``"young"``, ``"daly"``, ``"checkfreq"`` or ``"coci"``.
+        config: all planning choices as one [``PlanConfig``][coci.PlanConfig], instead of the keywords.
+        failures: the failure model (a [``Failures``][coci.Failures], an MTBF such as ``"8h"``, or seconds).
+        total_steps: the planning horizon in steps (>= 1).
+        step_seconds: the clean step time (seconds, positive; durations such as ``"6s"`` are accepted).
+        stall_seconds: the snapshot stall (seconds, positive).
+        persist_seconds: the background persist time (seconds, positive).
+        restart_seconds: the cost of one restart (relaunch + restore), >= 0 (default 0).
         interference_seconds: extra training time one background persist costs, >= 0; the
             checkpoint cost is ``C = stall + interference``.
-        curve: per-step losses, ``(steps, losses)``, a :class:`coci.planning.fit.CurveFit`, or a callable
+        curve: per-step losses, ``(steps, losses)``, a [``coci.planning.fit.CurveFit``][coci.CurveFit], or a callable
             ``v(steps)`` giving the progress rate directly. Needed by ``auto``'s progress
             objective and by ``coci``.
-        start_step, last_checkpoint_step, failure_origin_step: for re-planning mid-run: plan steps
-            after ``start_step``; failures before the first new commit roll back to
-            ``last_checkpoint_step``; the failure clock (re)started at ``failure_origin_step``.
+        objective: ``auto``'s objective: ``"progress"`` (the default; needs a loss curve) or ``"time"``.
+        time_budget: ``auto``: extra expected wall-clock overhead allowed over the time-optimal plan
+            (0.05 = 5%, the default); None: no cap.
+        max_overhead: a cap on checkpoint cost as a share of run time, or None.
+        start_step: for re-planning mid-run: plan steps after this one.
+        last_checkpoint_step: for re-planning mid-run: failures before the first new commit roll back
+            to this step.
+        failure_origin_step: for re-planning mid-run: the step the failure clock (re)started at.
         taken_steps: for re-planning mid-run: the checkpoints the run has already taken (default:
             ``last_checkpoint_step`` alone); ``auto`` charges them to the whole run's time budget.
-        upload_seconds, upload_interference_seconds, remote_restart_seconds: a remote tier's costs:
-            seconds from a local commit to the remote commit, the training time one upload costs
-            (default 0) and the restart from the remote tier (default ``restart_seconds``). With
-            ``upload_seconds`` and a failure class that destroys the local tier
-            (:meth:`coci.Failures.compose`), ``auto`` plans two levels (``Plan.promote_steps``, see
-            :mod:`coci.planning.levels`); None (the default) plans exactly as without a remote tier.
+        upload_seconds: a remote tier's cost: seconds from a local commit to the remote commit. With
+            it and a failure class that destroys the local tier
+            ([``coci.Failures.compose``][coci.Failures.compose]), ``auto`` plans two levels (``Plan.promote_steps``, see
+            ``coci.planning.levels``); None (the default) plans exactly as without a remote tier.
+        upload_interference_seconds: the training time one upload costs (default 0).
+        remote_restart_seconds: the restart from the remote tier (default ``restart_seconds``).
         last_promoted_step: for re-planning mid-run: the newest promoted checkpoint (default
             ``last_checkpoint_step``).
-        peer_seconds, peer_interference_seconds, peer_restart_seconds, last_peer_step: the peer
-            level's costs (a copy of each node's checkpoint on another node): seconds from a local
-            commit to the peer copy's commit, the training time one copy costs (default 0), the
-            restart from a peer's copy (default ``restart_seconds + peer_seconds``) and, re-planning,
-            the newest copied checkpoint (default ``last_checkpoint_step``). With ``peer_seconds``
-            and a class that destroys the local tier, ``auto`` plans three levels
-            (``Plan.peer_steps``, :mod:`coci.planning.three_levels`).
+        peer_seconds: the peer level's cost (a copy of each node's checkpoint on another node):
+            seconds from a local commit to the peer copy's commit. With it and a class that destroys
+            the local tier, ``auto`` plans three levels (``Plan.peer_steps``,
+            ``coci.planning.three_levels``).
+        peer_interference_seconds: the training time one peer copy costs (default 0).
+        peer_restart_seconds: the restart from a peer's copy (default
+            ``restart_seconds + peer_seconds``).
+        last_peer_step: for re-planning mid-run: the newest copied checkpoint (default
+            ``last_checkpoint_step``).
+
+    Returns:
+        The [``Plan``][coci.Plan]: the checkpoint steps and the numbers behind them.
     """
     choices: dict[str, Any] = dict(
         policy=policy, failures=failures, total_steps=total_steps, restart_seconds=restart_seconds,
@@ -175,7 +191,7 @@ def _plan_coci(problem: Problem) -> Placement:
 def _plan_auto(problem: Problem) -> Placement:
     """``auto``: the convergence-aware optimum (progress objective within the time budget), or the
     time optimum for ``objective="time"`` or without a usable curve. A re-plan (``start_step > 0``)
-    keeps the whole run within the budget (:func:`_plan_rest_within_run_budget`)."""
+    keeps the whole run within the budget (``_plan_rest_within_run_budget``)."""
     model, config = problem.cost_model, problem.config
     objective = config.objective
     if objective == "progress" and not model.has_progress:
@@ -212,7 +228,7 @@ def _mixture_placement(
 
 
 def _plan_two_levels(problem: Problem, model: TwoLevelCostModel, objective: str) -> Placement:
-    """``auto`` with a remote tier: local steps and their promoted subset (:func:`auto_two_level`).
+    """``auto`` with a remote tier: local steps and their promoted subset (``auto_two_level``).
     A re-plan measures the time budget against the remaining steps' two-level time optimum."""
     inputs, config = problem.inputs, problem.config
     local_min = min_interval_steps(inputs.step_seconds, inputs.persist_seconds, inputs.checkpoint_seconds, config.max_overhead)
@@ -231,7 +247,7 @@ def _plan_two_levels(problem: Problem, model: TwoLevelCostModel, objective: str)
 
 def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: str) -> Placement:
     """``auto`` with a peer level: local steps, their copied subset and its uploaded subset
-    (:func:`coci.planning.three_levels.auto_three_level`). A re-plan measures the time budget
+    (``coci.planning.three_levels.auto_three_level``). A re-plan measures the time budget
     against the remaining steps' three-level time optimum."""
     inputs, config = problem.inputs, problem.config
     local_min = min_interval_steps(inputs.step_seconds, inputs.persist_seconds, inputs.checkpoint_seconds, config.max_overhead)
@@ -250,7 +266,7 @@ def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: 
 
 def _plan_rest_within_run_budget(problem: Problem, time_budget: float, max_steps: int) -> AutoResult:
     """A re-plan's remaining steps, the whole run (from step 0, the checkpoints already taken
-    included) within the time budget (:func:`coci.planning.formulas.auto_steps_within_run_budget`).
+    included) within the time budget (``coci.planning.formulas.auto_steps_within_run_budget``).
 
     The budget is a property of the run: measured against the time optimum of the *remaining* steps
     it would be granted afresh at each re-plan, and the warm-up checkpoints and early plans' dense

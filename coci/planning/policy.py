@@ -1,6 +1,6 @@
 """The checkpoint-policy interface: what the session asks at each step, and the simple policies.
 
-A :class:`CheckpointPolicy` answers one question per step: checkpoint now? The session asks
+A [``CheckpointPolicy``][coci.CheckpointPolicy] answers one question per step: checkpoint now? The session asks
 ``should_checkpoint(step)`` after every ``session.step`` (it must be O(1): a set lookup or a
 comparison) and calls ``observe(observation)`` rarely: once after warm-up, after each committed
 checkpoint, and at most every ``knobs.OBSERVE_EVERY_STEPS`` steps. Planning policies re-plan inside
@@ -45,12 +45,12 @@ class CheckpointPolicy(Protocol):
     """Decides at which steps the session checkpoints.
 
     Optional extras the session uses when present, each a protocol of
-    :mod:`coci.planning.arguments`: a ``plan`` attribute (:class:`~coci.planning.arguments.PlansAhead`:
-    the current :class:`coci.Plan`, written to ``plan.json`` and shown as ``session.plan``),
-    ``state_dict()`` / ``load_state_dict()`` (:class:`~coci.planning.arguments.SavesPolicyState`:
+    [``coci.planning.arguments``][coci.planning.arguments]: a ``plan`` attribute ([``PlansAhead``][coci.planning.arguments.PlansAhead]:
+    the current [``coci.Plan``][coci.Plan], written to ``plan.json`` and shown as ``session.plan``),
+    ``state_dict()`` / ``load_state_dict()`` ([``SavesPolicyState``][coci.planning.arguments.SavesPolicyState]:
     saved in every checkpoint, so adaptive state such as CheckFreq's grown interval survives a
-    restart), ``use_prior`` (:class:`~coci.planning.arguments.TakesPrior`) and ``warming_up``
-    (:class:`~coci.planning.arguments.WarmsUp`).
+    restart), ``use_prior`` ([``TakesPrior``][coci.planning.arguments.TakesPrior]) and ``warming_up``
+    ([``WarmsUp``][coci.planning.arguments.WarmsUp]).
     """
 
     def should_checkpoint(self, step: int) -> bool: ...
@@ -77,7 +77,7 @@ class EveryN:
 
 @dataclass(frozen=True)
 class AtSteps:
-    """Checkpoint at an explicit collection of steps (what a precomputed :class:`coci.Plan` gives)."""
+    """Checkpoint at an explicit collection of steps (what a precomputed [``coci.Plan``][coci.Plan] gives)."""
 
     steps: frozenset[int]
 

@@ -1,13 +1,13 @@
 """Warm start: an earlier run's loss curve as the prior of this run's plan.
 
-A rerun (a sweep, a restart of a recipe) need not start blind: :func:`load_prior` reads the earlier
-run's curve (a run directory written by :class:`coci.Session`, a curve file, a loss array or
-``(steps, losses)``), and :class:`WarmStart` maps it onto this run by its fraction of the run (the
+A rerun (a sweep, a restart of a recipe) need not start blind: ``load_prior`` reads the earlier
+run's curve (a run directory written by [``coci.Session``][coci.Session], a curve file, a loss array or
+``(steps, losses)``), and ``WarmStart`` maps it onto this run by its fraction of the run (the
 earlier run's step ``s`` of ``N0`` becomes ``s N / N0``) and turns it into the progress rate the
 planner uses from step 0. As this run's own losses arrive the rate is corrected: up to the newest
 loss it is this run's own smoothed curve; after it the prior's shape, scaled by how fast this run's
-loss fell against the prior over the recent half of the trace (:meth:`WarmStart.rate`). A prior that
-cannot be read or used is refused with a :class:`coci.ConfigError` naming ``prior`` (the policy
+loss fell against the prior over the recent half of the trace (``WarmStart.rate``). A prior that
+cannot be read or used is refused with a [``coci.ConfigError``][coci.ConfigError] naming ``prior`` (the policy
 then plans cold and records why); one whose shape this run's losses contradict (they fell more than
 ``_PRIOR_MISMATCH_FACTOR`` times faster or slower) is dropped the same way.
 """
@@ -60,7 +60,7 @@ def load_prior(source: PriorLike, total_steps: float | None = None) -> PriorCurv
     profiler trace in its newest checkpoint; its length from ``plan.json``), a ``.csv`` curve file
     (as ``coci plan --curve`` reads), a ``.json`` file ``{"steps": [...], "losses": [...]}``,
     per-step losses, or ``(steps, losses)``. ``total_steps``: the earlier run's length (default: its
-    plan's horizon, else its last step). Raises :class:`ConfigError` (field ``prior``) when the curve
+    plan's horizon, else its last step). Raises [``ConfigError``][coci.ConfigError] (field ``prior``) when the curve
     cannot be read, holds fewer than ``knobs.FIT_MIN_POINTS`` finite points, or does not fall."""
     if isinstance(source, (str, Path)):
         steps, losses, length, text = _read_path(Path(source))
@@ -128,7 +128,7 @@ def _planned_length(path: Path) -> float | None:
 
 class WarmStart:
     """The prior rescaled to a run of ``total_steps`` steps, as a progress rate the planner uses;
-    :meth:`rate` corrects it with this run's losses so far."""
+    ``rate`` corrects it with this run's losses so far."""
 
     def __init__(self, prior: PriorCurve, total_steps: int) -> None:
         self.prior = prior
@@ -153,7 +153,7 @@ class WarmStart:
 
     def rate(self, loss_steps: Any, losses: Any) -> CorrectedRate:
         """The progress rate given this run's losses so far (see the module docstring). Raises
-        :class:`ConfigError` (field ``prior``) when they contradict the prior's shape."""
+        [``ConfigError``][coci.ConfigError] (field ``prior``) when they contradict the prior's shape."""
         steps = np.asarray(loss_steps, dtype=float)
         values = np.asarray(losses, dtype=float)
         finite = np.isfinite(steps) & np.isfinite(values)

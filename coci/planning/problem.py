@@ -1,5 +1,5 @@
 """One planning problem: the validated inputs turned into the cost model the policies place
-checkpoints with, and a placement turned into a :class:`coci.planning.records.Plan` with its
+checkpoints with, and a placement turned into a [``coci.planning.records.Plan``][coci.Plan] with its
 expected costs and notes."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Problem:
     @property
     def failures(self) -> Failures:
         """The failures the plan covers (every policy but ``checkfreq`` requires a model): the
-        unwarned ones, see :meth:`PlanInputs.planned_failures`."""
+        unwarned ones, see ``PlanInputs.planned_failures``."""
         failures = self.inputs.planned_failures()
         assert failures is not None
         return failures
@@ -160,7 +160,7 @@ def _empirical(
     details: dict[str, float], notes: list[str],
 ) -> EmpiricalCurve | None:
     """For a recorded trace (not a fit or a callable): the curve it shows
-    (:func:`coci.planning.empirical.empirical_curve`), the extension past its end chosen by held-out
+    (``coci.planning.empirical.empirical_curve``), the extension past its end chosen by held-out
     forecast error and recorded in ``details`` and ``notes``; None when the trace cannot be smoothed."""
     if raw is None:
         return None
@@ -192,7 +192,7 @@ def _cost_model(
     inputs: PlanInputs, last_checkpoint_step: int, rate: RateFunction | None, mean_rate: float | None,
     fallbacks: list[str],
 ) -> CostModel | None:
-    """The cost model of :mod:`coci.planning.objective` (None without a failure model); the
+    """The cost model of ``coci.planning.objective`` (None without a failure model); the
     progress weight is dropped, with a fallback, when the curve cannot give one."""
     failures = inputs.planned_failures()
     if failures is None:
@@ -225,7 +225,7 @@ def _cost_model(
 def _two_level_model(
     inputs: PlanInputs, last_checkpoint_step: int, rate: RateFunction | None, mean_rate: float | None, notes: list[str]
 ) -> TwoLevelCostModel | None:
-    """The two-level cost model (:class:`coci.planning.objective.TwoLevelCostModel`), or None without a
+    """The two-level cost model (``coci.planning.objective.TwoLevelCostModel``), or None without a
     remote tier, a failure model, or a failure class that destroys the local tier (then a note)."""
     failures = inputs.planned_failures()
     if failures is None or not inputs.has_remote_tier:
@@ -264,9 +264,9 @@ def _two_level_model(
 
 
 def finish_plan(problem: Problem, placement: Placement) -> Plan:
-    """The :class:`Plan` of ``placement``, with its expected costs (two-level: with every checkpoint
+    """The [``Plan``][coci.Plan] of ``placement``, with its expected costs (two-level: with every checkpoint
     promoted unless the placement chose the promotions). Every policy's plan ends here: its size
-    is checked once more against the cap (:func:`coci.planning.formulas.check_plan_size`)."""
+    is checked once more against the cap (``coci.planning.formulas.check_plan_size``)."""
     steps = placement.steps
     check_plan_size(len(steps))
     if problem.three_level is not None:

@@ -1,6 +1,6 @@
-"""The progress weight the planner uses: the loss curve given to :func:`coci.planning.planner.plan`
+"""The progress weight the planner uses: the loss curve given to [``coci.planning.planner.plan``][coci.plan]
 resolved into a fit and a rate, and that rate normalised over the whole run (time-consistent
-re-planning, see :mod:`coci.planning.planner`)."""
+re-planning, see ``coci.planning.planner``)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def observed_past_rate(fit: CurveFit, rate: RateFunction) -> RateFunction:
     not a law extrapolated towards a singularity); before the window (a recent-window fit after
     drift) the observed average ``(first_loss - L(window_start)) / (window_start - first_step)``
     instead of the law extrapolated backwards. Its integral over the run is the observed first loss
-    minus the fitted loss at the horizon, the drop :func:`run_mean_rate` normalises by."""
+    minus the fitted loss at the horizon, the drop ``run_mean_rate`` normalises by."""
     start, first, first_loss = fit.window_start, fit.first_step, fit.first_loss
     if first is None or first_loss is None:
         return rate
@@ -111,7 +111,7 @@ def observed_past_rate(fit: CurveFit, rate: RateFunction) -> RateFunction:
 def fit_progress_weight(fit: CurveFit, total_steps: int) -> RateFunction | None:
     """The progress weight ``w = v / v_bar`` the planner derives from a recorded fit over a run of
     ``total_steps`` steps (the observed average before a recent window, the floor at 0, the whole
-    run's mean rate; see :func:`observed_past_rate` and :func:`run_mean_rate`); None when the fit is
+    run's mean rate; see ``observed_past_rate`` and ``run_mean_rate``); None when the fit is
     unusable or the loss does not fall over the run."""
     if not fit.usable:
         return None
@@ -141,7 +141,7 @@ def run_mean_rate(
     The mean is that of the planner's own curve (so ``w`` averages 1 over the run under it): for a
     fit that recorded its first observed point, ``(L(first) - L(H)) / (H - first step)`` with
     ``L(first)`` the observed first loss when the fit is a recent window (the rate before the window
-    is the observed average, :func:`observed_past_rate`) and the fitted one otherwise; another fit:
+    is the observed average, ``observed_past_rate``) and the fitted one otherwise; another fit:
     ``v`` integrated from its window's start; a callable: from step 0.
     """
     origin = 0.0

@@ -1,5 +1,5 @@
-"""What the planner reads and returns: :class:`PlanInputs` (the measured costs, the failure model,
-the curve and the choices) and :class:`Plan` (the steps, the expected costs and every fallback taken),
+"""What the planner reads and returns: ``PlanInputs`` (the measured costs, the failure model,
+the curve and the choices) and [``Plan``][coci.Plan] (the steps, the expected costs and every fallback taken),
 and the prior progress rate used before a curve can be fitted."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ class PriorProgressRate:
 
     Scale-free diminishing returns: the loss falls by the same amount per doubling of the step
     count, so ``w(s) = v(s) / v_bar`` is about ``H / (s ln H)`` over a horizon of ``H`` steps (large
-    at the start, below 1 after ``H / ln H``). :class:`PlanningPolicy` plans with it while the loss
-    trace is too short to fit; :func:`plan` accepts it as ``curve`` like any progress-rate callable.
+    at the start, below 1 after ``H / ln H``). ``PlanningPolicy`` plans with it while the loss
+    trace is too short to fit; ``plan`` accepts it as ``curve`` like any progress-rate callable.
     """
 
     description = "prior v(s) = 1/max(s, 1)"
@@ -41,7 +41,7 @@ class PriorProgressRate:
         return "PRIOR_PROGRESS_RATE"
 
 
-#: The prior progress rate (see :class:`PriorProgressRate`).
+#: The prior progress rate (see ``PriorProgressRate``).
 PRIOR_PROGRESS_RATE = PriorProgressRate()
 
 
@@ -88,13 +88,13 @@ class PlanInputs(BaseModel):
 
     def planned_failures(self) -> Failures | None:
         """The failures periodic checkpoints must cover: those without a warning that a
-        checkpoint (stall + persist) fits in (:meth:`Failures.unwarned`)."""
+        checkpoint (stall + persist) fits in ([``Failures.unwarned``][coci.Failures.unwarned])."""
         if self.failures is None:
             return None
         return self.failures.unwarned(self.stall_seconds + self.persist_seconds)
 
     def measured_costs(self) -> MeasuredCosts:
-        """The measured costs as :func:`plan` keyword arguments (step, stall, persist, interference)."""
+        """The measured costs as ``plan`` keyword arguments (step, stall, persist, interference)."""
         return {
             "step_seconds": self.step_seconds,
             "stall_seconds": self.stall_seconds,
@@ -104,7 +104,7 @@ class PlanInputs(BaseModel):
 
 
 class MeasuredCosts(TypedDict):
-    """What a run measured, as :func:`plan` keyword arguments."""
+    """What a run measured, as ``plan`` keyword arguments."""
 
     step_seconds: float
     stall_seconds: float
@@ -116,7 +116,7 @@ class Plan(BaseModel):
     """A checkpoint plan: the steps, what they are expected to cost, and how they were chosen.
 
     ``expected`` holds the expected overhead of ``steps`` under the shared model of
-    :mod:`coci.planning.objective`: ``wall_seconds`` (wall-clock), ``progress_seconds`` (progress-weighted),
+    ``coci.planning.objective``: ``wall_seconds`` (wall-clock), ``progress_seconds`` (progress-weighted),
     their parts, ``wall_fraction`` of the run, and for ``auto`` the ``time_optimal_wall_seconds``
     and ``budget_wall_seconds`` the budget was measured against. ``mu`` is the mixture weight of
     ``auto`` (0: pure progress; None: pure time). ``details`` holds policy figures (intervals,
@@ -125,8 +125,8 @@ class Plan(BaseModel):
     tier; None (a single-level plan) promotes every checkpoint when a remote tier is configured.
     ``peer_steps`` is the subset of ``steps`` whose checkpoints are also copied to a peer node (a
     superset of ``promote_steps``); None (no peer level planned) copies every checkpoint where the
-    job keeps peer copies. :meth:`level` reads one step's :class:`~coci.planning.levels.Level`,
-    :meth:`copies_to_peer` and :meth:`promotes` whether the session sends it on.
+    job keeps peer copies. [``level``][coci.Plan.level] reads one step's [``Level``][coci.Level],
+    [``copies_to_peer``][coci.Plan.copies_to_peer] and [``promotes``][coci.Plan.promotes] whether the session sends it on.
     """
 
     model_config = ConfigDict(frozen=True, defer_build=True)
@@ -147,7 +147,7 @@ class Plan(BaseModel):
 
     def level(self, step: int) -> Level | None:
         """Where the plan keeps the checkpoint of ``step`` (None: not planned); see
-        :func:`coci.planning.levels.level_of`."""
+        ``coci.planning.levels.level_of``."""
         return level_of(step, self.steps, self.peer_steps, self.promote_steps)
 
     def copies_to_peer(self, step: int) -> bool:
@@ -173,7 +173,7 @@ class Plan(BaseModel):
 
     def to_frame(self) -> pd.DataFrame:
         """One row per planned checkpoint: step, interval (steps and seconds), progress time and
-        level (:meth:`level`'s name: ``LOCAL``, ``PEER``, ``REMOTE``)."""
+        level ([``level``][coci.Plan.level]'s name: ``LOCAL``, ``PEER``, ``REMOTE``)."""
         import pandas as pd  # here, not at import: ``import coci`` stays light
 
         steps = np.asarray(self.steps, dtype=np.int64)

@@ -1,12 +1,12 @@
 """Three-level plans: which local checkpoints are copied to a peer node and which are uploaded.
 
-The levels nest (:class:`coci.planning.levels.Level`): a plan is the local steps ``x``, the subset
+The levels nest ([``coci.planning.levels.Level``][coci.Level]): a plan is the local steps ``x``, the subset
 ``p`` of them copied to a peer, and the subset ``y`` of ``p`` uploaded to the remote tier. Failure
-classes (:class:`coci.FailureClass`) say what they destroy: a class that destroys nothing (a process
+classes ([``coci.FailureClass``][coci.FailureClass]) say what they destroy: a class that destroys nothing (a process
 crash) rolls back to the last local commit; one that destroys the local tier only (one node lost,
 with the peer copies it held for others) to the last *peer* commit, ``D`` (the peer copy's seconds)
 after the local commit; one that destroys the peer level too (several nodes at once) to the last
-remote commit, ``U`` after the local commit. As for two levels (:mod:`coci.planning.objective`) the
+remote commit, ``U`` after the local commit. As for two levels (``coci.planning.objective``) the
 first-order objective is a sum of single-level objectives on the same weight,
 
     J(x, p, y) = J_local(x; C, P, R, M_process) + J_peer(p; C_p, P + D, R_p, M_node)
@@ -16,17 +16,17 @@ first-order objective is a sum of single-level objectives on the same weight,
 copy. Nesting keeps the sum exact to first order: every uploaded checkpoint also has a peer copy,
 so a node loss never has a newer remote commit than peer commit to restore from (while ``D <=
 U``; the simulator plays the other case too). Without a remote tier the classes that destroy
-the peer copies are planned on the peer chain (:func:`three_level_model`, with a note); without a
-peer level the two-level model of :mod:`coci.planning.levels` applies.
+the peer copies are planned on the peer chain (``three_level_model``, with a note); without a
+peer level the two-level model of ``coci.planning.levels`` applies.
 
-The planner (:func:`auto_three_level`) extends :mod:`coci.planning.levels` by one level: the
+The planner (``auto_three_level``) extends ``coci.planning.levels`` by one level: the
 uploads ``y`` are placed as the two-level promotions are (each charged ``C_u + C_p + C``, and on the
 model of every checkpoint at every level), the peer copies around them (in each gap between
-uploads, :func:`coci.planning.levels.local_around` on the peer chain, each copy charged ``C_p +
+uploads, ``coci.planning.levels.local_around`` on the peer chain, each copy charged ``C_p +
 C``, uploads held in place), the local steps around the peer copies, and every candidate (each
 level also collapsed onto the one above it; with no uploads, the copies also placed as the
 two-level promotions are) is scored by the exact three-level objective. The
-mixture weight and the time budget are handled as :func:`coci.planning.levels.auto_two_level` does.
+mixture weight and the time budget are handled as ``coci.planning.levels.auto_two_level`` does.
 Peer copies are at least ``ceil(D / t)`` steps apart (one copy in flight), uploads ``ceil(U / t)``.
 """
 
@@ -73,7 +73,7 @@ class ThreeLevelCostModel:
         return self.local, self.peer, self.remote
 
     def parts(self, steps: Any, peer: Any, promote: Any) -> tuple[Overhead, Overhead, Overhead]:
-        """Expected overhead of each chain; raises :class:`ConfigError` unless ``promote`` is a
+        """Expected overhead of each chain; raises [``ConfigError``][coci.ConfigError] unless ``promote`` is a
         subset of ``peer`` and ``peer`` of ``steps``."""
         local, copied, uploaded = (m.check_steps(s) for m, s in zip(self.chains(), (steps, peer, promote)))
         if not (np.all(np.isin(copied, local)) and np.all(np.isin(uploaded, copied))):
@@ -82,7 +82,7 @@ class ThreeLevelCostModel:
 
     def expected(self, steps: Any, peer: Any, promote: Any) -> Overhead:
         """Expected overhead of a three-level plan, the three chains added (``checkpoints`` counts
-        the local ones; peer copies and uploads are in :meth:`as_dict`)."""
+        the local ones; peer copies and uploads are in ``as_dict``)."""
         parts = self.parts(steps, peer, promote)
         return Overhead(
             checkpoints=parts[0].checkpoints,
@@ -95,7 +95,7 @@ class ThreeLevelCostModel:
         )
 
     def as_dict(self, steps: Any, peer: Any, promote: Any) -> dict[str, float]:
-        """:meth:`Overhead.as_dict` of the plan, with the copies, uploads and each class group's part."""
+        """``Overhead.as_dict`` of the plan, with the copies, uploads and each class group's part."""
         local, copied, uploaded = self.parts(steps, peer, promote)
         figures = self.expected(steps, peer, promote).as_dict()
         figures.update(level_figures(local, [
@@ -110,7 +110,7 @@ class ThreeLevelCostModel:
 
 @dataclass(frozen=True)
 class ThreeLevelResult(MixtureChoice):
-    """What :func:`auto_three_level` chose: local steps, peer copies, uploads, the mixture and the budget."""
+    """What ``auto_three_level`` chose: local steps, peer copies, uploads, the mixture and the budget."""
 
     steps: np.ndarray
     peer: np.ndarray
@@ -148,7 +148,7 @@ def _placed(chain: CostModel, alpha: float, spacing: int, refined: bool) -> list
 
 
 def _around(chain: CostModel, fixed: np.ndarray, alpha: float, spacing: int, refined: bool) -> np.ndarray:
-    """:func:`local_around` where ``chain`` has failures to place against; else ``fixed`` alone."""
+    """``local_around`` where ``chain`` has failures to place against; else ``fixed`` alone."""
     if not np.any(chain.hazard > 0):
         return fixed
     return local_around(chain, fixed, alpha, spacing, max_interval_steps(chain, spacing), refined)
@@ -182,7 +182,7 @@ def auto_three_level(
     min_promote: int = 1,
     alpha: float | None = None,
 ) -> ThreeLevelResult:
-    """``auto`` for three levels: :func:`coci.planning.levels.auto_mixture` over ``(steps, peer,
+    """``auto`` for three levels: ``coci.planning.levels.auto_mixture`` over ``(steps, peer,
     promote)`` plans scored by the three-level objective (module docstring)."""
 
     def candidates(weight: float, refined: bool) -> list[ThreeLevelPlan]:
@@ -199,7 +199,7 @@ def auto_three_level(
 
 @dataclass(frozen=True)
 class UpperTier:
-    """The names of an upper level's costs: :class:`coci.planning.planner.PlanInputs` fields, which
+    """The names of an upper level's costs: ``coci.planning.planner.PlanInputs`` fields, which
     are also the ``Profile`` estimates (``seconds``, ``interference``, ``restore``) and the
     ``Observation`` step (``last_step``) they are measured as."""
 
@@ -224,7 +224,7 @@ PEER_TIER = UpperTier(
 
 
 def tier_costs(tier: UpperTier, seconds: Any, interference: Any, restart: Any, last_step: Any) -> dict[str, Any]:
-    """An upper level's costs as :class:`coci.planning.planner.PlanInputs` fields, validated (empty
+    """An upper level's costs as ``coci.planning.planner.PlanInputs`` fields, validated (empty
     without that level: ``seconds`` None)."""
     if seconds is None:
         given = {tier.interference: interference, tier.restart: restart}
@@ -244,7 +244,7 @@ def tier_costs(tier: UpperTier, seconds: Any, interference: Any, restart: Any, l
 
 
 def measured_tier_costs(tier: UpperTier, observation: Observation, restart: float, fallbacks: list[str]) -> dict[str, Any]:
-    """An upper level's measured costs (``observation.profile``) as :func:`coci.plan` keywords;
+    """An upper level's measured costs (``observation.profile``) as [``coci.plan``][coci.plan] keywords;
     empty (every checkpoint at that level, as a plan without it has) without that level or before
     its first transfer is measured. Unmeasured, a transfer's interference is 0 and a restart from
     that level costs the local restart plus one transfer's time (fetching the same bytes back),

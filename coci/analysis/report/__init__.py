@@ -1,9 +1,9 @@
 """The interval plan report: where a run's checkpoints went, why, what they cost, and the alternatives.
 
-:func:`report` reads a run directory written by :class:`coci.Session` (:mod:`.read`), re-plans
-every policy with what the run measured (:mod:`.compare`) and returns a :class:`Report`, which
-shows it as text (:mod:`.text`) and figures (:mod:`.figures`); nothing is written unless asked
-(:meth:`Report.write`, :meth:`Report.plot`).
+[``report``][coci.report] reads a run directory written by [``coci.Session``][coci.Session] (``.read``), re-plans
+every policy with what the run measured (``.compare``) and returns a [``Report``][coci.Report], which
+shows it as text (``.text``) and figures (``.figures``); nothing is written unless asked
+([``Report.write``][coci.analysis.report.Report.write], [``Report.plot``][coci.analysis.report.Report.plot]).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The report's policy comparison: every policy re-planned over the whole run with what the run measured.
 
-Each policy of :data:`coci.planning.config.POLICIES` is planned from step 0 with the final plan's
+Each policy of ``coci.planning.config.POLICIES`` is planned from step 0 with the final plan's
 measured inputs, failure model and fit ("what each policy would have planned, knowing what the run
 measured"), each under the report's plan-size cap (``knobs.REPORT_MAX_PLAN_CHECKPOINTS``; a
 larger plan is a row with an error). Its overheads are the planner's expected values, or Monte
-Carlo means with 95% confidence intervals from :func:`coci.analysis.simulate.simulate` when
+Carlo means with 95% confidence intervals from [``coci.analysis.simulate.simulate``][coci.simulate] when
 trials are asked for.
 """
 
@@ -92,7 +92,7 @@ def _expected_row(planned: Plan, *, chosen: bool) -> PolicyRow:
 
 def simulated_into(row: PolicyRow, simulate: Any, planned: Plan, failures: Any, trials: int, seed: int) -> None:
     """Replace the row's expected figures with the simulated means and 95% CIs of
-    :func:`coci.analysis.simulate.simulate` (its ``metrics``: ``wall_*`` / ``progress_*`` summaries)."""
+    [``coci.analysis.simulate.simulate``][coci.simulate] (its ``metrics``: ``wall_*`` / ``progress_*`` summaries)."""
     try:
         result = simulate(planned, failures=failures, trials=trials, seed=seed)
     except (CociError, ValueError) as exc:

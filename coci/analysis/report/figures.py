@@ -35,7 +35,7 @@ FIGURES: dict[str, str] = {
 
 
 def render_figures(data: ReportData) -> dict[str, bytes]:
-    """PNG bytes of each figure, keyed as in :data:`FIGURES`."""
+    """PNG bytes of each figure, keyed as in ``FIGURES``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -195,7 +195,7 @@ def _plot_costs(figure: Figure, data: ReportData) -> None:
     ax.legend(fontsize=8)
 
 
-#: How each figure of :data:`FIGURES` is drawn onto a blank matplotlib ``Figure``.
+#: How each figure of ``FIGURES`` is drawn onto a blank matplotlib ``Figure``.
 FIGURE_BUILDERS: dict[str, Callable[[Figure, ReportData], None]] = {
     "loss": _plot_loss,
     "intervals": _plot_intervals,

@@ -1,4 +1,4 @@
-"""Reading a run directory written by :class:`coci.Session` into a :class:`ReportData`.
+"""Reading a run directory written by [``coci.Session``][coci.Session] into a ``ReportData``.
 
 What it reads (every input is optional except the directory itself; what is missing is said in
 ``ReportData.notes``, never guessed silently):
@@ -9,9 +9,9 @@ What it reads (every input is optional except the directory itself; what is miss
   is estimated from the profile's median stall (marked as estimated). A ``plan`` event that carries
   ``steps`` lets the report mark every checkpoint as planned or not; otherwise only checkpoints
   inside the final plan's span are marked and earlier ones show "earlier plan" (None).
-* ``plan.json``: the current :class:`coci.planning.records.Plan` (its inputs, fit, failure model,
+* ``plan.json``: the current [``coci.planning.records.Plan``][coci.Plan] (its inputs, fit, failure model,
   expected costs, fallbacks).
-* ``profile.json``: the final :class:`coci.profiler.Profile` (clean step time, stall, persist,
+* ``profile.json``: the final [``coci.profiler.Profile``][coci.Profile] (clean step time, stall, persist,
   interference).
 * ``checkpoints/``: the committed checkpoints on disk (manifests only; nothing is verified here,
   that is ``coci verify``).
@@ -19,7 +19,7 @@ What it reads (every input is optional except the directory itself; what is miss
   one; else the profiler's trace saved inside the newest committed checkpoint (only those arrays are
   read, by offset, without the checksum pass); else none, and the loss figure shows the fit alone.
 
-Restores and the work each failure lost: :mod:`coci.analysis.report.restores`.
+Restores and the work each failure lost: ``coci.analysis.report.restores``.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ class ReportData(BaseModel):
 
 
 def read_run(run_dir: Path) -> ReportData:
-    """The :class:`ReportData` of the run directory ``run_dir``, without the policy comparison."""
+    """The ``ReportData`` of the run directory ``run_dir``, without the policy comparison."""
     if not run_dir.is_dir():
         raise ConfigError(f"run_dir {str(run_dir)!r} is not a directory")
     notes: list[str] = []

@@ -80,7 +80,7 @@ def _per_step(first: tuple[float, int] | None, last: tuple[float, int] | None) -
 
 
 def _restores(events: Iterable[dict[str, Any]], step_seconds: float | None) -> list[RestoreRow]:
-    """The restores of ``events`` (see :class:`Restores`)."""
+    """The restores of ``events`` (see ``Restores``)."""
     restores = Restores(step_seconds)
     for event in events:
         restores.add(event, event.get("event"), event_step(event))
@@ -90,7 +90,7 @@ def _restores(events: Iterable[dict[str, Any]], step_seconds: float | None) -> l
 class Restores:
     """Each restore, and what the segment before it had reached (a failure unless it closed),
     built event by event. The lost steps are timed at the failed process's own pace
-    (:class:`_Pace`) where its events show one, else at ``step_seconds``."""
+    (``_Pace``) where its events show one, else at ``step_seconds``."""
 
     def __init__(self, step_seconds: float | None) -> None:
         self.step_seconds = step_seconds
@@ -154,7 +154,7 @@ def _process_start(session: dict[str, Any]) -> float | None:
 
 
 def total_lost_seconds(failures: list[RestoreRow]) -> float | None:
-    """The failures' lost seconds, each timed in :func:`_restores`; None when one that lost steps
+    """The failures' lost seconds, each timed in ``_restores``; None when one that lost steps
     has no time (no pace of its own and no step time)."""
     timed = [r.lost_seconds for r in failures if r.lost_steps]
     return None if None in timed else sum(seconds or 0.0 for seconds in timed)

@@ -1,5 +1,5 @@
-"""The :class:`Report` of one run: its data (:mod:`.read`), the policy comparison (:mod:`.compare`),
-and its text (:mod:`.text`) and figures (:mod:`.figures`), written on request."""
+"""The [``Report``][coci.analysis.report.run_report.Report] of one run: its data (``.read``), the policy comparison (``.compare``),
+and its text (``.text``) and figures (``.figures``), written on request."""
 
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ def report(
     simulate_trials: int | None = None,
     seed: int = 0,
 ) -> Report:
-    """Read the run directory ``run_dir`` and build its :class:`Report`.
+    """Read the run directory ``run_dir`` and build its [``Report``][coci.analysis.report.run_report.Report].
 
     Args:
-        run_dir: a directory written by :class:`coci.Session`.
+        run_dir: a directory written by [``coci.Session``][coci.Session].
         compare: re-plan every policy with the run's measured inputs for the comparison.
         simulate_trials: Monte Carlo trials per policy for the comparison's confidence intervals
             (default ``_REPORT_SIMULATE_TRIALS``; 0 uses expected values only).
@@ -49,8 +49,8 @@ def report(
 
 
 class Report:
-    """A run's plan report: :meth:`summary`, :meth:`to_frame`, :meth:`plot`, :meth:`to_html`,
-    :meth:`to_json`, :meth:`write`. ``data`` is the underlying :class:`ReportData`."""
+    """A run's plan report: [``summary``][coci.analysis.report.run_report.Report.summary], [``to_frame``][coci.analysis.report.run_report.Report.to_frame], [``plot``][coci.analysis.report.run_report.Report.plot], [``to_html``][coci.analysis.report.run_report.Report.to_html],
+    [``to_json``][coci.analysis.report.run_report.Report.to_json], [``write``][coci.analysis.report.run_report.Report.write]. ``data`` is the underlying ``ReportData``."""
 
     def __init__(self, data: ReportData) -> None:
         self.data = data
@@ -84,7 +84,7 @@ class Report:
         return text.summary(self.data, self._plans)
 
     def figures(self) -> dict[str, bytes]:
-        """PNG bytes of each figure, keyed as in :data:`FIGURES` (rendered once, then cached)."""
+        """PNG bytes of each figure, keyed as in ``FIGURES`` (rendered once, then cached)."""
         if self._figures is None:
             self._figures = render_figures(self.data)
         return dict(self._figures)
@@ -101,7 +101,7 @@ class Report:
         return paths
 
     def to_json(self) -> str:
-        """The report as JSON (:class:`ReportData` plus the figure file names)."""
+        """The report as JSON (``ReportData`` plus the figure file names)."""
         return text.to_json(self.data, self.summary())
 
     def to_html(self, figures: dict[str, bytes] | None = None) -> str:

@@ -4,9 +4,9 @@ The progress objective beats Young by checkpointing densely where the loss falls
 order (Young's model, the planner's progress weight ``w`` with mean 1 over the run) a checkpoint
 density ``u`` times Young's costs ``mean(u + w / u) / 2`` of Young's progress-weighted overhead,
 least at ``u = sqrt(w)`` (within the plan's shortest and longest intervals). No schedule, offline
-or online, saves more than ``1 -`` that minimum (:func:`attainable_cut`); where it is small, the
+or online, saves more than ``1 -`` that minimum (``attainable_cut``); where it is small, the
 loss falls too slowly early, for what a checkpoint costs, to be worth protecting more densely, and
-:func:`small_cut_reason` says so.
+``small_cut_reason`` says so.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _grid(total_steps: int) -> np.ndarray:
 
 def trace_weight(steps: np.ndarray, losses: np.ndarray, total_steps: int) -> Weight | None:
     """The progress weight a recorded loss trace shows: its empirical rate
-    (:func:`coci.planning.empirical.empirical_progress_rate`, no fitted law) over its mean on steps
+    (``coci.planning.empirical.empirical_progress_rate``, no fitted law) over its mean on steps
     1..``total_steps``; None when the trace does not fall."""
     try:
         rate = empirical_progress_rate(steps, losses)

@@ -402,7 +402,7 @@ def _comparison_lines(data: ReportData) -> list[str]:
 
 
 def to_json(data: ReportData, summary_text: str) -> str:
-    """The report as JSON (:class:`ReportData` plus the figure file names)."""
+    """The report as JSON (``ReportData`` plus the figure file names)."""
     payload = json.loads(data.model_dump_json())
     payload["figures"] = dict(FIGURES)
     payload["summary"] = summary_text

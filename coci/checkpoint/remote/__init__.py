@@ -1,10 +1,10 @@
 """Level 2 of a run's checkpoints: an S3 object store or a shared directory (``Session(remote=...)``).
 
-:mod:`.store` is the small protocol every remote implements (put, get, list, delete, exists);
-:mod:`.s3` and :mod:`.filesystem` are its two built-in implementations; :func:`open_store` takes a
-store given as it is or opens the one a URL or path names (:mod:`.schemes`: register a URL scheme of
-your own, e.g. ``gs://``), and :mod:`.tier` promotes, retains and fetches checkpoints through whichever it is
-(:mod:`.fetch`: the download, each rank its own files under ``torch.distributed``).
+``.store`` is the small protocol every remote implements (put, get, list, delete, exists);
+``.s3`` and ``.filesystem`` are its two built-in implementations; ``open_store`` takes a
+store given as it is or opens the one a URL or path names (``.schemes``: register a URL scheme of
+your own, e.g. ``gs://``), and ``.tier`` promotes, retains and fetches checkpoints through whichever it is
+(``.fetch``: the download, each rank its own files under ``torch.distributed``).
 """
 
 from coci.checkpoint.remote.filesystem import DirectoryStore

@@ -1,21 +1,21 @@
 """Fetching a remote checkpoint back into the local tier, by one process or by every rank of a job.
 
-A fetch is three pieces, composed by :func:`fetch`: :func:`open_fetch` (rank 0) downloads the
+A fetch is three pieces, composed by ``fetch``: ``open_fetch`` (rank 0) downloads the
 manifest into ``root/step_<n>.fetch.tmp`` and checks it as untrusted input (parsed by its format's
 reader: names inside the directory, sealed; the step; every object listed at its recorded size;
-room on disk); :func:`download_files` fetches some of its files, each bounded by its recorded size
-and checked against its crc32c while it downloads; :func:`publish_fetch` (rank 0) commits the
+room on disk); ``download_files`` fetches some of its files, each bounded by its recorded size
+and checked against its crc32c while it downloads; ``publish_fetch`` (rank 0) commits the
 directory the way a local write does, so the next failure restores locally.
 
-Under ``torch.distributed`` every rank downloads the files it owns (:func:`owner_of`), the ranks
+Under ``torch.distributed`` every rank downloads the files it owns (``owner_of``), the ranks
 agree, and only then does rank 0 commit; any rank's failure removes the directory and every rank
 skips the checkpoint together. What goes wrong is either the checkpoint's fault
 (CorruptCheckpointError) or not (RemoteUnavailableError: the remote did not answer, the local disk
-is full), whichever rank saw it (:data:`UNAVAILABLE` marks the latter in the ranks' agreed
+is full), whichever rank saw it (``UNAVAILABLE`` marks the latter in the ranks' agreed
 message). The run directory is shared by the ranks of a job on one node, as
 the local tier assumes (rank 0 lists and commits there).
 
-Node-local run directories (:func:`fetch_node_parts`): only the nodes whose own part of the step
+Node-local run directories (``fetch_node_parts``): only the nodes whose own part of the step
 is missing or corrupt fetch, each into its own directory: its leader downloads the manifest and
 ``.metadata``, each of its ranks its own files, and the leader commits the part as its node's.
 """
@@ -215,7 +215,7 @@ def _problem_of(action: Callable[[], object], step: int) -> str | None:
 
 
 def _describe(exc: Exception, step: int) -> str:
-    """What went wrong, marked :data:`UNAVAILABLE` unless it is the checkpoint's fault."""
+    """What went wrong, marked ``UNAVAILABLE`` unless it is the checkpoint's fault."""
     if isinstance(exc, (CorruptCheckpointError, RemoteUnavailableError)):
         return str(exc)
     return str(_unavailable(f"remote step_{step}", exc))

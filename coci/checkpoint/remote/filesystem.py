@@ -2,7 +2,7 @@
 
 Objects are files under the root; a put writes ``<key>.<pid>.partial``, fsyncs it and renames it
 into place, so a reader never sees half an object (as on S3). Links are never followed, FIFOs never opened
-(:mod:`coci.safe_files`).
+(``coci.safe_files``).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ PARTIAL_SUFFIX = ".partial"
 
 
 class DirectoryStore:
-    """:class:`coci.checkpoint.remote.RemoteStore` on a directory.
+    """[``coci.checkpoint.remote.RemoteStore``][coci.RemoteStore] on a directory.
 
-    Every object is opened through :mod:`coci.safe_files` relative to a descriptor of its directory,
+    Every object is opened through ``coci.safe_files`` relative to a descriptor of its directory,
     reached from the root one name at a time with ``O_NOFOLLOW``: a link planted for a ``step_<n>``
     directory, an object or a ``.partial`` file is never followed, and a FIFO is never waited on.
     """

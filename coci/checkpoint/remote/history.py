@@ -2,18 +2,20 @@
 
 ``events.jsonl`` (what ``coci report`` counts restores, lost work and preemptions from), the step
 mark and the run files the report reads live in the run directory. Each process mirrors its own
-part of them under the prefix::
+part of them under the prefix:
 
-    history/events-<start>-<pid>.jsonl   the bytes this process appended to events.jsonl (a segment)
-    history/mark-<start>-<pid>.json      the step it had reached at the last mirror
-    history/plan.json, profile.json      the run directory's copies, as last written
+```text
+history/events-<start>-<pid>.jsonl   the bytes this process appended to events.jsonl (a segment)
+history/mark-<start>-<pid>.json      the step it had reached at the last mirror
+history/plan.json, profile.json      the run directory's copies, as last written
+```
 
-A :class:`HistoryMirror` (rank 0) uploads them on a background thread after each promotion, every
+A ``HistoryMirror`` (rank 0) uploads them on a background thread after each promotion, every
 ``knobs.HISTORY_MIRROR_SECONDS`` when something changed, and at ``close()`` (the ``close`` event
 included, so a preempted process counts as preempted, not failed). A segment is bounded
 (``knobs.HISTORY_SEGMENT_MAX_BYTES``) and replaced whole, never appended to.
 
-:func:`merge_history` (at ``restore()``, when the run directory held no events before this
+``merge_history`` (at ``restore()``, when the run directory held no events before this
 process: a fresh disk) downloads the other processes' segments, keeps the lines the local log does
 not have, orders the previous history by event time ahead of this process's own events, and adds
 a ``reached`` event (``exact: false``) for the newest previous process that did not close, from
@@ -105,7 +107,7 @@ class HistoryMirror:
                 self.sync_safely()
 
     def sync_safely(self) -> None:
-        """:meth:`sync`, a failure logged (the next one retries): the history never fails training."""
+        """``sync``, a failure logged (the next one retries): the history never fails training."""
         try:
             self.sync()
         except Exception as exc:

@@ -1,23 +1,25 @@
 """Which run a remote prefix belongs to: one prefix, one run.
 
 Two runs on one prefix would restore each other's states and delete each other's checkpoints, and
-the run directory's lock covers the local disk only. So the prefix names its owner::
+the run directory's lock covers the local disk only. So the prefix names its owner:
 
-    run.json                 the owner: {"run_id", "run_dir", "host", "created", "adopted"}
-    step_<n>/run.json        the run that wrote that checkpoint (uploaded before its data)
+```text
+run.json                 the owner: {"run_id", "run_dir", "host", "created", "adopted"}
+step_<n>/run.json        the run that wrote that checkpoint (uploaded before its data)
+```
 
-and the run directory keeps the run's id in ``run_id.json``. :func:`claim` (at ``Session()``, rank
+and the run directory keeps the run's id in ``run_id.json``. ``claim`` (at ``Session()``, rank
 0) creates the owner record on first use with a create-only put (S3 ``If-None-Match: *``, an
 exclusive link on a directory), so of two runs racing for a fresh prefix exactly one wins. Then:
 
 * this run's own id, or the same run directory path with no id (the run restarted on a fresh disk
   after losing its node): the run goes on;
-* any other run: :class:`coci.errors.ConfigError` naming the prefix and its owner, unless the
+* any other run: [``coci.errors.ConfigError``][coci.ConfigError] naming the prefix and its owner, unless the
   session was built with ``remote_owner="adopt"``: the run then takes the prefix over (the owner
   record names it, and the runs it adopted), may restore the previous owner's checkpoints, and
   never deletes them (retention deletes only checkpoints whose ``step_<n>/run.json`` names this
   run). The previous owner is fenced: before each upload and each retention pass the tier checks
-  that it still owns the prefix (:meth:`RunIdentity.check_owner`), and its next ``Session()`` on
+  that it still owns the prefix (``RunIdentity.check_owner``), and its next ``Session()`` on
   the prefix is refused.
 
 Every record here is untrusted input: bounded reads, validated fields, and a record that does not
@@ -221,7 +223,7 @@ def _refusal(store: RemoteStore, owner: RemoteOwner, local: str | None, here: Pa
 def claim_for_job(
     store: RemoteStore, run_dir: Path, mode: str, events: EventLog, context: DistributedContext | None
 ) -> RunIdentity | None:
-    """:func:`claim` on rank 0, its verdict on every rank (collective under ``torch.distributed``):
+    """``claim`` on rank 0, its verdict on every rank (collective under ``torch.distributed``):
     the same identity, or the same ConfigError, everywhere. None (logged, an ``error`` event) when
     the store cannot be reached now: the tier then claims before its first upload."""
 

@@ -1,8 +1,8 @@
 """A session's side of the remote tier: the run's claim on the prefix, which committed checkpoints
 are promoted, and the mirror of the run's history.
 
-:meth:`Promotion.open` claims the prefix for this run (:mod:`coci.checkpoint.remote.identity`) and
-starts rank 0's history mirror (:mod:`coci.checkpoint.remote.history`). A committed checkpoint is
+``Promotion.open`` claims the prefix for this run (``coci.checkpoint.remote.identity``) and
+starts rank 0's history mirror (``coci.checkpoint.remote.history``). A committed checkpoint is
 handed to the tier when the plan promotes it, or when it must be promoted whatever the plan says
 (a preemption's, the final one); only the processes that upload do (rank 0 on one shared run
 directory, each node's leader on node-local ones).
@@ -55,7 +55,7 @@ class Promotion:
         steps: Callable[[], int | None],
         history_from: int,
     ) -> Promotion:
-        """The tier ``remote`` names (:func:`coci.checkpoint.remote.schemes.open_store`), kept by
+        """The tier ``remote`` names (``coci.checkpoint.remote.schemes.open_store``), kept by
         ``retention``, its prefix claimed for this run (``owner``: ``"refuse"`` or
         ``"adopt"``; ConfigError naming the owner, collective) and, on rank 0, the history mirror
         (from ``history_from``, this process's first event; ``steps`` reads the session's step)."""
@@ -78,7 +78,7 @@ class Promotion:
 
     def committed(self, step: int, path: Path, planned: bool) -> None:
         """Checkpoint ``step`` committed at ``path``: handed to the tier when ``planned`` (the plan
-        promotes it) or when it must be promoted (:meth:`promote_always`)."""
+        promotes it) or when it must be promoted (``promote_always``)."""
         self._last_commit = (step, path)
         if (planned or step in self._must_promote) and self.uploads:  # node-local: each node its own part
             self._promoted.add(step)

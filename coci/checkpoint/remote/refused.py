@@ -3,9 +3,9 @@ that this run directory already refused while they stay unchanged.
 
 A remote checkpoint that failed for its own fault (a checksum, a size, a manifest, a load) is
 recorded in ``remote_refused.json`` of the run directory with its *identity*, a digest of its
-manifest and of the names and sizes of its objects (:func:`identity`): a later restore passes over
+manifest and of the names and sizes of its objects (``identity``): a later restore passes over
 it without downloading it again, until it is rewritten remotely. A failure that says nothing about
-the checkpoint (:class:`coci.errors.RemoteUnavailableError`: no answer, a full disk) is never
+the checkpoint ([``coci.errors.RemoteUnavailableError``][coci.RemoteUnavailableError]: no answer, a full disk) is never
 recorded; it makes the rest of that restore skip the remote tier instead. The record is untrusted
 input like every run file: read bounded, never through a link; one that does not parse counts as
 empty (and is replaced at the next refusal).
@@ -110,7 +110,7 @@ def _well_formed(entry: Any) -> bool:
 class RemoteGate:
     """Decides, for one restore, whether a remote candidate is tried (on rank 0 only). A step
     with no recorded refusal costs no request here; a recorded one costs the two of
-    :func:`identity` instead of a download."""
+    ``identity`` instead of a download."""
 
     def __init__(self, store: RemoteStore, run_dir: Path) -> None:
         self.store = store

@@ -3,7 +3,7 @@
 Endpoint and credentials come from the standard AWS environment variables (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``); ``storage_options``
 adds obstore's S3 config keys, and its ``client_options`` and ``retry_config`` override the time
-limits every request runs under (:func:`client_options`, :func:`retry_config`: ``knobs.REMOTE_*``).
+limits every request runs under (``client_options``, ``retry_config``: ``knobs.REMOTE_*``).
 Files go up as multipart uploads of ``knobs.UPLOAD_PART_BYTES``
 parts, a few in flight (an object appears only once all its parts are complete). Why obstore:
 benchmarks/results/2026-11-23.md, "Remote tier".
@@ -26,7 +26,7 @@ _UPLOAD_CONCURRENCY: int = 4
 
 
 class S3Store:
-    """:class:`coci.checkpoint.remote.RemoteStore` on ``s3://bucket/prefix``."""
+    """[``coci.checkpoint.remote.RemoteStore``][coci.RemoteStore] on ``s3://bucket/prefix``."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         try:

@@ -1,4 +1,4 @@
-"""Which :class:`RemoteStore` a ``remote=`` argument names: a store instance, a registered URL
+"""Which [``RemoteStore``][coci.checkpoint.remote.store.RemoteStore] a ``remote=`` argument names: a store instance, a registered URL
 scheme, or a directory path.
 
 A URL ``<scheme>://...`` is opened by the factory registered for its scheme. ``s3`` is built in;
@@ -6,13 +6,13 @@ another (``gs``, ``azure``, an in-house store) is added without editing coci, in
 (torchsnapshot's storage plugins work the same way):
 
 - in code: ``coci.register_remote_scheme("gs", factory)``;
-- by an installed distribution, through the entry-point group :data:`ENTRY_POINT_GROUP`
+- by an installed distribution, through the entry-point group ``ENTRY_POINT_GROUP``
   (``[project.entry-points."coci.remote_stores"] gs = "mypkg.stores:open_gcs"``), looked up
   only when a URL names a scheme not registered in code.
 
 A factory is called as ``factory(url, storage_options)`` with the whole URL (``store.url`` should
-give it back: events and errors name it) and must return a :class:`RemoteStore`; it runs only when
-a session opens its remote, never at import. Anything else is a :class:`coci.ConfigError` naming
+give it back: events and errors name it) and must return a [``RemoteStore``][coci.checkpoint.remote.store.RemoteStore]; it runs only when
+a session opens its remote, never at import. Anything else is a [``coci.ConfigError``][coci.ConfigError] naming
 ``remote``: a scheme nobody registered (the error lists the known ones), a factory that fails to
 load, or one that returns something that is not a store.
 """
@@ -71,8 +71,8 @@ def known_schemes() -> list[str]:
 
 
 def open_store(remote: RemoteLike, storage_options: Mapping[str, Any] | None = None) -> RemoteStore:
-    """The store ``remote`` names: itself when it is a :class:`RemoteStore`, the registered
-    factory's for a ``<scheme>://`` URL, a :class:`DirectoryStore` for a path."""
+    """The store ``remote`` names: itself when it is a [``RemoteStore``][coci.checkpoint.remote.store.RemoteStore], the registered
+    factory's for a ``<scheme>://`` URL, a ``DirectoryStore`` for a path."""
     if isinstance(remote, RemoteStore) and not isinstance(remote, (str, os.PathLike)):
         if storage_options:
             raise ConfigError("storage_options= configures a store coci opens from a URL; the remote store given is already open")

@@ -1,10 +1,10 @@
 """The remote tier's storage protocol and what its implementations share.
 
-A :class:`RemoteStore` is a flat namespace of immutable objects under one prefix (an S3 bucket
+A [``RemoteStore``][coci.checkpoint.remote.store.RemoteStore] is a flat namespace of immutable objects under one prefix (an S3 bucket
 prefix or a shared directory): put a file or bytes, get them back bounded in size, list, delete,
-test existence, create an object only where none exists (:meth:`RemoteStore.put_bytes_if_absent`,
-the run identity's claim). Callers never branch on which store they hold (:func:`coci.checkpoint.remote.open_store`
-picks it from the URL). Every key is ``/``-separated plain names (:func:`check_key`): nothing is
+test existence, create an object only where none exists ([``RemoteStore.put_bytes_if_absent``][coci.checkpoint.remote.store.RemoteStore.put_bytes_if_absent],
+the run identity's claim). Callers never branch on which store they hold (``coci.checkpoint.remote.open_store``
+picks it from the URL). Every key is ``/``-separated plain names (``check_key``): nothing is
 ever read or written outside the prefix.
 """
 
@@ -32,9 +32,9 @@ class RemoteStore(Protocol):
     """Objects under one prefix. Keys are relative to it; a put is atomic (all or nothing).
 
     Any object with these methods is a store: pass it as ``Session(remote=store)`` (a subclass or
-    a wrapper of :class:`coci.checkpoint.remote.filesystem.DirectoryStore` included), or register a
-    URL scheme that opens it (:mod:`coci.checkpoint.remote.schemes`). Keys coci hands a store are
-    already checked (:func:`check_key`); a store must still never read or write outside its prefix,
+    a wrapper of ``coci.checkpoint.remote.filesystem.DirectoryStore`` included), or register a
+    URL scheme that opens it (``coci.checkpoint.remote.schemes``). Keys coci hands a store are
+    already checked (``check_key``); a store must still never read or write outside its prefix,
     bound every read by ``max_bytes`` and make each put all-or-nothing.
     """
 

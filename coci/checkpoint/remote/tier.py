@@ -1,20 +1,22 @@
 """The remote tier: promotion of committed local checkpoints, per-tier retention, and fetching one back.
 
-Remote layout, under the store's prefix::
+Remote layout, under the store's prefix:
 
-    step_<n>/<data files>      uploaded first, each checked against the manifest's crc32c
-    step_<n>/manifest.json     uploaded last: the remote commit marker (object stores have no rename)
+```text
+step_<n>/<data files>      uploaded first, each checked against the manifest's crc32c
+step_<n>/manifest.json     uploaded last: the remote commit marker (object stores have no rename)
+```
 
-:class:`RemoteTier` promotes in the background on one worker thread: the checkpoint's files are
+``RemoteTier`` promotes in the background on one worker thread: the checkpoint's files are
 opened on the training thread when it is handed over (so local retention may delete it meanwhile),
 the upload runs with at most one more promotion waiting (a newer one replaces a waiting one). A
 failed attempt is logged and retried; it never writes the manifest, so a partial remote checkpoint
 never counts, and it never touches the local copy. Retention applies the remote
-:class:`coci.checkpoint.retention.RetentionPolicy` (``keep_last_remote=n``: the newest ``n``) to
+[``coci.checkpoint.retention.RetentionPolicy``][coci.RetentionPolicy] (``keep_last_remote=n``: the newest ``n``) to
 the *trusted* remote checkpoints (uploaded and verified by this process, or restored from): an
 unverified one, however new, never makes a good one look old, and the newest trusted one is never
-deleted. :meth:`RemoteTier.fetch` downloads a checkpoint as untrusted input into a ``.tmp``
-directory of the run, each rank its own files under ``torch.distributed`` (:mod:`.fetch`), and
+deleted. ``RemoteTier.fetch`` downloads a checkpoint as untrusted input into a ``.tmp``
+directory of the run, each rank its own files under ``torch.distributed`` (``.fetch``), and
 commits it locally the way a write does. It is not downloaded into the staging arena: restore reads
 every format from files in a committed directory (DCP's reader opens paths), and a local commit
 means that the next failure that spares the node restores locally instead of downloading again.
@@ -108,7 +110,7 @@ class _Job:
 
 
 class RemoteTier:
-    """Level 2 of a run: promotes, retains, lists and fetches checkpoints in one :class:`RemoteStore`."""
+    """Level 2 of a run: promotes, retains, lists and fetches checkpoints in one [``RemoteStore``][coci.checkpoint.remote.store.RemoteStore]."""
 
     def __init__(
         self,
@@ -293,7 +295,7 @@ class RemoteTier:
 
     def retain(self) -> list[int]:
         """Delete the trusted remote checkpoints the retention policy does not keep and everything
-        (committed or partial) older than the oldest kept (:func:`.retention.doomed_steps`), each
+        (committed or partial) older than the oldest kept (``.retention.doomed_steps``), each
         one's manifest first so it never stays half-committed."""
         if self.retention is None:
             return []
@@ -317,7 +319,7 @@ class RemoteTier:
 
     def _coci_objects(self, listing: Mapping[str, int]) -> dict[str, int]:
         """``listing`` without the keys coci never writes (not plain names: a space, ``..``; see
-        :func:`.store.check_key`): retention neither deletes nor stumbles on them. Each such key
+        ``.store.check_key``): retention neither deletes nor stumbles on them. Each such key
         is recorded once per process in a ``remote_ignored`` event."""
         foreign = sorted(key for key in listing if not is_plain_key(key))
         new = [key for key in foreign if key not in self._ignored]
@@ -341,12 +343,12 @@ class RemoteTier:
     def fetch(self, step: int, root: Path, context: DistributedContext | None = None) -> Path:
         """Download remote ``step`` into ``root/step_<n>`` (committed there like a local write) and
         return that directory; CorruptCheckpointError when anything about it is off. Collective
-        under ``torch.distributed``: each rank downloads its own files (:mod:`.fetch`)."""
+        under ``torch.distributed``: each rank downloads its own files (``.fetch``)."""
         return fetch_checkpoint(self.store, step, root, context, self.events)
 
     def fetch_node_parts(self, step: int, root: Path, context: DistributedContext, fetching: bool) -> Path:
         """Node-local run directories: the nodes that are ``fetching`` download their own part of
-        remote ``step`` (:func:`coci.checkpoint.remote.fetch.fetch_node_parts`; collective)."""
+        remote ``step`` (``coci.checkpoint.remote.fetch.fetch_node_parts``; collective)."""
         return fetch_node_parts(self.store, step, root, context, fetching, self.events)
 
 
