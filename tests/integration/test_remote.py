@@ -196,6 +196,7 @@ def test_hostile_remote_manifest_never_writes_outside(tmp_path: Path) -> None:
     manifest["files"][0]["name"] = "../../escape.bin"
     (remote / "step_9").mkdir()
     (remote / "step_9" / "manifest.json").write_text(json.dumps(manifest))
+    shutil.copy(remote / "step_2" / "run.json", remote / "step_9" / "run.json")  # as if run a wrote it: tried, refused
     model, optimizer = _small_state()
     with coci.Session(tmp_path / "b", {"model": model, "optimizer": optimizer}, remote=str(remote), policy=coci.EveryN(100),
                       remote_owner="adopt") as session:

@@ -70,8 +70,10 @@ def test_odd_remote_key_is_ignored_and_retention_goes_on(tmp_path: Path, remote:
 
 class SilentS3:
     """A real TCP server as the S3 endpoint of bucket ``bucket``: it accepts every connection and
-    never answers, except a LIST when it is given ``listing`` (keys under ``bucket/run/``), which
-    it answers with those keys. ``requests`` holds each request line it read."""
+    never answers, except, when it is given ``listing`` (keys under ``bucket/run/``), a LIST, which
+    it answers with those keys, and the owner records (``run.json``, each naming one earlier run;
+    a put of one succeeds), so a run adopting the prefix gets as far as the checkpoints.
+    ``requests`` holds each request line it read."""
 
     def __init__(self, listing: list[str] | None = None) -> None:
         self.listing = listing
@@ -116,6 +118,11 @@ class SilentS3:
             body = _list_result(self.listing or []).encode()
             connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nConnection: close\r\n"
                                b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        elif line.split(" ")[1].split("?")[0].endswith("/run.json"):
+            method = line.split(" ")[0]
+            body = _OWNER_RECORD if method in ("GET", "HEAD") else b""
+            connection.sendall(b"HTTP/1.1 200 OK\r\nETag: \"0\"\r\nLast-Modified: Thu, 01 Jan 2026 00:00:00 GMT\r\n"
+                               b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + (b"" if method == "HEAD" else body))
 
     def close(self) -> None:
         self.stop.set()
@@ -123,6 +130,9 @@ class SilentS3:
         self.thread.join(timeout=10)
         for connection in self.connections:
             connection.close()
+
+
+_OWNER_RECORD = json.dumps({"run_id": "ab" * 16, "run_dir": "/elsewhere", "host": "other", "created": 0.0}).encode()
 
 
 def _list_result(keys: list[str]) -> str:
@@ -193,8 +203,8 @@ def test_silent_endpoint_restores_locally_and_close_gives_up(tmp_path: Path, sil
     result, restore_seconds, close_seconds = restore_train_close(run_dir, "s3://bucket/run")
     assert result is not None and (result.step, result.tier) == (4, "local")
     assert restore_seconds < SILENT_BOUND_SECONDS and close_seconds < SILENT_BOUND_SECONDS
-    listing_errors = [e for e in events_of(run_dir, "error") if e["phase"] == "remote_list"]
-    assert len(listing_errors) == 1
+    owner_errors = [e for e in events_of(run_dir, "error") if e["phase"] == "remote_owner"]
+    assert owner_errors  # the owner record never read: the remote is not listed, the restore keeps to the local tier
     (gave_up,) = [e for e in events_of(run_dir, "error") if e["phase"] == "promote"]
     assert gave_up["step"] == 6 and gave_up["attempts"] == knobs.UPLOAD_ATTEMPTS
     assert not events_of(run_dir, "promoted")
@@ -231,7 +241,7 @@ def test_remote_that_lists_and_never_answers_a_get_leaves_restore_to_the_local_t
     skips = {e["step"]: e["reason"] for e in events_of(run_dir, "restore_skip")}
     assert skips == {8: "remote_unavailable", 6: "remote_unavailable"}
     assert [line for line in listing_only_endpoint.requests if "step_8/manifest.json" in line]
-    assert not [line for line in listing_only_endpoint.requests if "step_6" in line]
+    assert not [line for line in listing_only_endpoint.requests if "step_6" in line and "step_6/run.json" not in line]  # its owner read only
     assert not (run_dir / "remote_refused.json").exists()
 
 

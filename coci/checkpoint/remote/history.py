@@ -71,8 +71,11 @@ class HistoryMirror:
     is gone, which ends the thread); ``offset`` is where this process's events start in the log
     (its size when the session opened it)."""
 
-    def __init__(self, store: RemoteStore, events: EventLog, step_of: Callable[[], int | None], offset: int) -> None:
+    def __init__(
+        self, store: RemoteStore, events: EventLog, step_of: Callable[[], int | None], offset: int, owned: Callable[[], bool] = lambda: True
+    ) -> None:
         self.store = store
+        self.owned = owned  # the run holds the prefix (its identity claimed): only then is anything mirrored
         self.events = events
         self.step_of = step_of
         self.offset = offset
@@ -115,6 +118,8 @@ class HistoryMirror:
 
     def sync(self) -> None:
         """Upload whatever changed since the last mirror: the segment, the mark, the run files."""
+        if not self.owned():
+            return
         with self.sync_lock:
             self._put_changed(self.events_key, self._segment_bytes())
             step = self.step_of()

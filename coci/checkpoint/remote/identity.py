@@ -45,7 +45,7 @@ from coci import distributed
 from coci.checkpoint import layout
 from coci.checkpoint.remote.store import RemoteStore
 from coci.distributed import DistributedContext
-from coci.errors import ConfigError
+from coci.errors import ConfigError, CorruptCheckpointError
 from coci.events import EventLog, read_run_file, write_run_file
 
 __all__ = [
@@ -80,7 +80,7 @@ class RemoteOwner(BaseModel):
     run_id: str = Field(pattern=_RUN_ID.pattern)
     run_dir: str = Field(default="", max_length=4096)
     host: str = Field(default="", max_length=256)
-    created: float = Field(default=0.0, ge=0)
+    created: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     adopted: list[str] = Field(default_factory=list, max_length=1024)
 
 
@@ -91,10 +91,12 @@ class RunIdentity:
 
     run_id: str
     readable: frozenset[str] = field(default_factory=frozenset)
+    fresh: bool = False  # this process created the owner record: nothing on the prefix is this run's history
 
     def may_restore(self, owner: str | None) -> bool:
-        """A checkpoint written by ``owner`` (None: no record, written before run ids existed)."""
-        return owner is None or owner == self.run_id or owner in self.readable
+        """A checkpoint written by ``owner``; None (no ``step_<n>/run.json``: planted, or promoted
+        before run ids existed) is no run's, so never restored under an identity."""
+        return owner is not None and (owner == self.run_id or owner in self.readable)
 
     def check_owner(self, store: RemoteStore) -> None:
         """ConfigError when the prefix's owner record no longer names this run (taken over)."""
@@ -134,10 +136,17 @@ def step_owner(store: RemoteStore, step: int) -> str | None:
 
 
 def read_owner(store: RemoteStore) -> RemoteOwner | None:
-    """The prefix's owner record; None without one; ConfigError when it is not one coci wrote."""
+    """The prefix's owner record; None without one; ConfigError when it is not one coci wrote
+    (oversized, not a plain object, fields out of range). A store that does not answer raises
+    its own error (the claim is then tried again later, :meth:`RemoteTier.owned`)."""
     if not store.exists(OWNER_KEY):
         return None
-    return _parse(store.get_bytes(OWNER_KEY, _RECORD_MAX_BYTES), f"{store.url}/{OWNER_KEY}")
+    where = f"{store.url}/{OWNER_KEY}"
+    try:
+        data = store.get_bytes(OWNER_KEY, _RECORD_MAX_BYTES)
+    except CorruptCheckpointError as exc:
+        raise ConfigError(f"{where} is not a coci owner record ({exc}); left as it is") from exc
+    return _parse(data, where)
 
 
 def _parse(data: bytes, where: str) -> RemoteOwner:
@@ -186,9 +195,13 @@ def claim(store: RemoteStore, run_dir: Path, mode: str, events: EventLog) -> Run
     if owner is None:
         run_id = local or uuid.uuid4().hex
         if store.put_bytes_if_absent(OWNER_KEY, _record(run_id, here, [])):
-            return _settled(run_dir, RunIdentity(run_id, frozenset()), events, "claimed", store)
+            return _settled(run_dir, RunIdentity(run_id, frozenset(), fresh=True), events, "claimed", store)
         owner = read_owner(store)  # another run created it between the two calls: it won
-        assert owner is not None
+        if owner is None:  # the name is taken by what no read sees as an object: a link, a FIFO, a directory
+            raise ConfigError(
+                f"{store.url}/{OWNER_KEY} exists but is not a plain object coci can read (a link, a FIFO, a directory?); "
+                "left as it is: no run may use this prefix until it is removed"
+            )
     readable = frozenset(owner.adopted)
     if owner.run_id == local or (local is None and owner.run_dir == str(here)):
         action = "owned" if local is not None else "continued"  # the same run directory on a fresh disk
@@ -209,7 +222,10 @@ def _settled(run_dir: Path, identity: RunIdentity, events: EventLog, action: str
 
 
 def _refusal(store: RemoteStore, owner: RemoteOwner, local: str | None, here: Path) -> str:
-    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(owner.created))
+    try:
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(owner.created))
+    except (OverflowError, ValueError, OSError):  # a finite time no calendar holds
+        since = f"time {owner.created:.6g}"
     this = f"run {local}" if local is not None else "a new run"
     taken = " (it took the prefix over from this run)" if local in owner.adopted else ""
     return (

@@ -65,7 +65,7 @@ class Promotion:
             tier.claim = lambda: claim(tier.store, run_dir, owner, events)
         promotion = cls(tier, events, dist)
         if dist is None or dist.is_coordinator:
-            promotion.history = HistoryMirror(tier.store, events, steps, history_from)
+            promotion.history = HistoryMirror(tier.store, events, steps, history_from, owned=lambda: tier.owned() is not None)
             tier.after_promotion = promotion.history.request
             promotion.history.start()
         return promotion
@@ -106,7 +106,8 @@ class Promotion:
         """A fresh run directory takes the run's history from the remote (rank 0); a failure only
         costs the report that history (logged, an ``error`` event)."""
         mirror = self.history
-        if mirror is None:
+        identity = None if mirror is None else self.tier.owned()
+        if mirror is None or identity is None or identity.fresh:  # never another run's history
             return
         try:
             added = merge_history(mirror)

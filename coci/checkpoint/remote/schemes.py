@@ -14,7 +14,7 @@ A factory is called as ``factory(url, storage_options)`` with the whole URL (``s
 give it back: events and errors name it) and must return a [``RemoteStore``][coci.checkpoint.remote.store.RemoteStore]; it runs only when
 a session opens its remote, never at import. Anything else is a [``coci.ConfigError``][coci.ConfigError] naming
 ``remote``: a scheme nobody registered (the error lists the known ones), a factory that fails to
-load, or one that returns something that is not a store.
+load or raises, or one that returns something that is not a store.
 """
 
 from __future__ import annotations
@@ -92,7 +92,12 @@ def open_store(remote: RemoteLike, storage_options: Mapping[str, Any] | None = N
 def _open_url(url: str, storage_options: Mapping[str, Any] | None) -> RemoteStore:
     scheme = url.split("://", 1)[0]
     factory = _FACTORIES.get(scheme) or _entry_point_factory(scheme, url)
-    store = factory(url, storage_options)
+    try:
+        store = factory(url, storage_options)
+    except ConfigError:
+        raise
+    except Exception as exc:  # the factory's own failure (bad credentials, a typo in the URL): named, typed
+        raise ConfigError(f"remote {url!r}: the factory of scheme {scheme!r} failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(store, RemoteStore):
         raise ConfigError(f"remote {url!r}: the factory of scheme {scheme!r} returned {type(store).__name__}, not a RemoteStore")
     return store

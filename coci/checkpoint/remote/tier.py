@@ -134,6 +134,8 @@ class RemoteTier:
         self.last_promoted_step = 0  # newest step committed remotely by this process or restored from it
         self.identity: RunIdentity | None = None  # the run on the prefix (Session sets it): see .identity
         self.claim: Callable[[], RunIdentity] | None = None  # where the store was unreachable at the start
+        self._claim_lock = threading.Lock()  # one claim at a time (the upload worker, the mirror, a restore)
+        self._claim_problem: str | None = None  # the last failed claim's, recorded once
         self.after_promotion: Callable[[int], None] | None = None  # the history mirror's cue
         self.failures = 0
         self._ignored: set[str] = set()  # remote keys coci never writes, recorded once (retention skips them)
@@ -226,12 +228,35 @@ class RemoteTier:
         logger.error("checkpoint step_%d not promoted: %s", job.step, exc)
         self.events.emit("error", step=job.step, phase="promote", attempts=attempt, message=f"{type(exc).__name__}: {exc}")
 
+    def claimed(self) -> RunIdentity | None:
+        """This run's identity on the prefix, claimed now where ``Session()`` could not read the
+        owner record (ConfigError: another run's prefix; the store's own error: still unreachable).
+        None only for a tier no session claimed (a tool's)."""
+        with self._claim_lock:
+            if self.identity is None and self.claim is not None:
+                self.identity = self.claim()
+            return self.identity
+
+    def owned(self) -> RunIdentity | None:
+        """:meth:`claimed`, or None (logged, an ``error`` event with ``phase: "remote_owner"``
+        once per distinct problem) while the prefix's owner is unknown or another run: with no
+        identity nothing of the prefix is restored as this run's and nothing is written there."""
+        try:
+            identity = self.claimed()
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+            if problem != self._claim_problem:
+                self._claim_problem = problem
+                logger.warning("remote %s: no run identity (%s): the remote tier is not used until it is claimed", self.store.url, problem)
+                self.events.emit("error", step=self.last_promoted_step, phase="remote_owner", message=problem)
+            return None
+        return identity
+
     def _upload(self, job: _Job) -> int:
         """Data objects (each one's crc32c checked against the record), then the manifest: the commit."""
         prefix = f"{layout.step_dirname(job.step)}/"
-        if self.identity is None and self.claim is not None:
-            self.identity = self.claim()
-        if self.identity is not None:  # the checkpoint's run record first: a partial upload is ours too
+        if self.claimed() is not None:
+            assert self.identity is not None  # the checkpoint's run record first: a partial upload is ours too
             self.identity.claim_step(self.store, job.step)
         began = self.clock()
         for entry, handle in zip(job.files, job.handles):
@@ -332,12 +357,13 @@ class RemoteTier:
     # -- listing and fetching --------------------------------------------------------------------
 
     def committed_steps(self) -> list[int]:
-        """Remote steps holding a commit marker, oldest first (not yet verified); with a run identity,
-        only those of this run and of the runs it adopted."""
-        steps = committed_steps(self.store.list_objects())
-        identity = self.identity
+        """Remote steps holding a commit marker, oldest first (not yet verified), of this run and
+        of the runs it adopted (``step_<n>/run.json``); none while the run has no identity on the
+        prefix (:meth:`owned`): never another run's checkpoint."""
+        identity = self.owned()
         if identity is None:
-            return steps
+            return []
+        steps = committed_steps(self.store.list_objects())
         return [step for step in steps if identity.may_restore(step_owner(self.store, step))]
 
     def fetch(self, step: int, root: Path, context: DistributedContext | None = None) -> Path:
