@@ -61,13 +61,31 @@ iterator where the run that wrote the checkpoint did not, so at the first batch 
 sampler takes that one draw back (``coci.checkpoint.rng_state.undo_loader_seed_draw``): the
 draws of the steps after it (dropout, augmentation in the main process) are those of the
 uninterrupted run.
+
+Accelerate
+----------
+``accelerator.prepare`` wraps a ``DataLoader`` over a :class:`ResumableSampler` in its own loader
+(one process: the sampler stays inside, unchanged). That loader calls ``set_epoch`` with its own pass
+count, which starts at 0 in every process, at the start of each pass, and fetches one batch ahead of
+the one it yields. The sampler recognises it (Accelerate's ``GradientState`` names the loader that is
+iterating): its per-pass ``set_epoch`` sets the loader's count to the sampler's epoch instead of
+moving the sampler (a restored epoch is not reset to 0), and ``state_dict`` leaves out the batch
+fetched ahead (a resume does not skip it). Several Accelerate processes are refused: Accelerate would
+split the batches of a sampler that already gives each rank its share (use :class:`ResumableLoader`).
+A :class:`ResumableLoader` passes through ``prepare`` unchanged; while an ``Accelerator`` exists it
+tells Accelerate's ``GradientState`` which loader is iterating and when its last batch is yielded, as
+Accelerate's own loaders do, so ``accelerator.accumulate`` synchronises the gradients at every epoch's
+end (``tests/integration/test_accelerate.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import sys
+import weakref
 from collections.abc import Iterator, Mapping, Sized
+from types import FrameType
 from typing import Any
 
 import torch
@@ -217,6 +235,64 @@ def _dataset_length(data_source: object) -> int:
     return length
 
 
+# --- Accelerate: its GradientState names the loader iterating ----------------------------------
+
+
+def _gradient_state() -> Any | None:
+    """Accelerate's ``GradientState`` when an ``Accelerator`` exists in this process, else None
+    (accelerate is never imported here: a process that did not import it has no Accelerator)."""
+    state_module = sys.modules.get("accelerate.state")
+    if state_module is None or not state_module.GradientState._shared_state:
+        return None
+    return state_module.GradientState()
+
+
+def _accelerate_loader_over(sampler: Sampler[int]) -> Any | None:
+    """The Accelerate loader iterating now whose batches ``sampler`` gives, else None.
+
+    ConfigError when that loader splits the batches across several processes: the sampler already
+    gives each rank its share, and Accelerate would split them again.
+    """
+    gradient_state = _gradient_state()
+    loader = gradient_state.active_dataloader if gradient_state is not None else None
+    if loader is None:
+        return None
+    batches = getattr(loader, "batch_sampler", None)
+    inner = getattr(batches, "batch_sampler", None)  # BatchSamplerShard or SkipBatchSampler around the BatchSampler
+    if getattr(batches, "sampler", None) is not sampler and getattr(inner, "sampler", None) is not sampler:
+        return None
+    processes = getattr(batches, "num_processes", 1)
+    if processes != 1:
+        raise ConfigError(
+            f"accelerator.prepare splits the batches of a DataLoader over coci.ResumableSampler across its "
+            f"{processes} processes, and the sampler already gives each rank its share: pass a "
+            "coci.ResumableLoader (prepare leaves it as it is) instead"
+        )
+    return loader
+
+
+def _called_by_pass_start(loader: Any) -> bool:
+    """Whether the current ``set_epoch`` call came through ``loader.set_epoch`` from ``loader``'s own
+    ``__iter__`` (Accelerate's call at the start of each pass), not from the user's code."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_locals.get("self") is not loader:
+        frame = frame.f_back  # up to the loader's own set_epoch
+    caller = frame.f_back if frame is not None else None
+    return (
+        frame is not None and frame.f_code.co_name == "set_epoch"
+        and caller is not None and caller.f_code.co_name == "__iter__" and caller.f_locals.get("self") is loader
+    )
+
+
+def _batch_size_of(loader: Any) -> int:
+    """The batch size of an Accelerate loader's batch sampler (inside a SkipBatchSampler too)."""
+    batches = loader.batch_sampler
+    size = getattr(batches, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(batches, "batch_sampler", None), "batch_size", None)
+    return integer(size, "the Accelerate loader's batch_size")
+
+
 # --- the sampler: order, position, state ------------------------------------------------------
 
 
@@ -266,6 +342,9 @@ class ResumableSampler(Sampler[int]):
         self._pass_id = 0  # bumped by every new pass, load and epoch change; stale passes stop
         self._pass_completed = False  # a pass in this process reached the end of this epoch
         self._loaded = False  # a state was loaded and no pass has handed out a batch since
+        # the Accelerate loader drawing the current pass (one batch ahead of what it yielded) and the pass
+        self._lookahead: tuple[weakref.ref[Any], int] | None = None
+        self._pass_handed = 0  # indices handed out in the current pass
 
     # -- read-only views ----------------------------------------------------------------------
 
@@ -307,6 +386,11 @@ class ResumableSampler(Sampler[int]):
         resume (``DistributedSampler`` users call it before every epoch).
         """
         epoch = _require_int(epoch, "epoch", minimum=0)
+        loader = _accelerate_loader_over(self)
+        if loader is not None and _called_by_pass_start(loader):
+            # Accelerate's loader counts its passes from 0 in every process: it follows the sampler
+            loader.iteration = self._epoch + 1 if self._pass_completed else self._epoch
+            return
         if epoch != self._epoch:
             self._move_to(epoch)
 
@@ -316,9 +400,12 @@ class ResumableSampler(Sampler[int]):
         self._partition_start = 0
         self._pass_completed = False
         self._pass_id += 1
+        self._lookahead = None
 
     def _begin_pass(self) -> int:
         self._pass_id += 1
+        self._lookahead = None
+        self._pass_handed = 0
         return self._pass_id
 
     def _is_current(self, pass_id: int) -> bool:
@@ -334,6 +421,9 @@ class ResumableSampler(Sampler[int]):
         if self._pass_completed:
             self._finish_epoch()
         pass_id = self._begin_pass()
+        loader = _accelerate_loader_over(self)
+        if loader is not None:
+            self._lookahead = (weakref.ref(loader), pass_id)
         return self._hand_out(pass_id, self.remaining_indices())
 
     def _hand_out(self, pass_id: int, indices: torch.Tensor) -> Iterator[int]:
@@ -341,13 +431,30 @@ class ResumableSampler(Sampler[int]):
             self._loaded = False
             if rng_state.undo_loader_seed_draw():
                 logger.debug("the DataLoader's base-seed draw after the resume was taken back")
-        for index in _iterate_ints(indices):
-            if not self._is_current(pass_id):
-                return
-            self._local_position += 1
-            yield index
-        if self._is_current(pass_id):
-            self._pass_completed = True
+        finished = False
+        try:
+            for index in _iterate_ints(indices):
+                if not self._is_current(pass_id):
+                    return
+                self._local_position += 1
+                self._pass_handed += 1
+                yield index
+            finished = True
+            if self._is_current(pass_id):
+                self._pass_completed = True
+        finally:
+            if not finished and self._is_current(pass_id):
+                self._lookahead = None  # the loader was abandoned: what it fetched ahead counts as consumed
+
+    def _fetched_ahead(self) -> int:
+        """Indices of the batch an Accelerate loader fetched ahead of the one it yielded last: it
+        looks one batch ahead until its last batch (0 outside such a pass)."""
+        if self._lookahead is None or self._pass_handed == 0:
+            return 0
+        loader = self._lookahead[0]()
+        if loader is None or self._lookahead[1] != self._pass_id or loader.end_of_dataloader:
+            return 0
+        return (self._pass_handed - 1) % _batch_size_of(loader) + 1
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -356,7 +463,7 @@ class ResumableSampler(Sampler[int]):
         return {
             "version": STATE_VERSION,
             "epoch": self._epoch,
-            "position": self.position,
+            "position": self.position - self._fetched_ahead() * self.world_size,
             "seed": self.seed,
             "dataset_length": self.dataset_length,
             "shuffle": self.shuffle,
@@ -463,7 +570,13 @@ class ResumableLoader:
     ``drop_last`` applies to both the rank split (drop instead of pad) and the last partial
     batch. Keyword arguments other than ``sampler``, ``batch_sampler`` and ``generator`` (which the
     loader derives itself) go to the DataLoader unchanged.
+
+    ``end_of_dataloader`` (True while the epoch's last batch is being used) and ``remainder`` are
+    the attributes Accelerate reads from the loader iterating (see "Accelerate" in the module docs).
     """
+
+    end_of_dataloader: bool = False
+    remainder: int = -1  # Accelerate's padding count of the last batch: none
 
     def __init__(
         self,
@@ -556,8 +669,12 @@ class ResumableLoader:
 
     def _deliver(self, pass_id: int, batches: Iterator[Any] | None) -> Iterator[Any]:
         sampler = self.sampler
-        if batches is not None:
-            while sampler._is_current(pass_id):
+        gradient_state = _gradient_state()
+        self.end_of_dataloader = False
+        if gradient_state is not None:  # as Accelerate's loaders: the iterating loader, its last batch
+            gradient_state._add_dataloader(self)
+        try:
+            while batches is not None and sampler._is_current(pass_id):
                 try:
                     batch = next(batches)
                 except StopIteration:
@@ -565,9 +682,19 @@ class ResumableLoader:
                 if not sampler._is_current(pass_id):
                     return
                 sampler._advance(self.batch_size)
+                self.end_of_dataloader = not self._batches_left()
                 yield batch
-        if sampler._is_current(pass_id):
-            sampler._finish_epoch()
+            if sampler._is_current(pass_id):
+                sampler._finish_epoch()
+        finally:
+            if gradient_state is not None:
+                gradient_state._remove_dataloader(self)
+
+    def _batches_left(self) -> bool:
+        """Whether the current pass has a batch after the one just delivered."""
+        sampler = self.sampler
+        left = sampler._partition_length() - sampler._local_position
+        return left >= (self.batch_size if self.drop_last else 1)
 
     # -- state ------------------------------------------------------------------------------------
 

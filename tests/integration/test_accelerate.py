@@ -1,10 +1,11 @@
 """A plain Accelerate loop under coci: ``Session`` takes what ``accelerator.prepare`` returns.
 
 The kill campaign runs ``tests/jobs/accelerate_job.py`` (the model, data and schedule of the Trainer job
-in a hand-written loop with ``accelerator.accumulate``, a ``coci.ResumableLoader``, logging every 4
-optimizer steps and evaluating every 5) through ``tests/jobs/kill_campaign.py``: three SIGKILLs per
-trajectory (during a persist, during an evaluation, at an epoch's end), a run to the end and a
-restart of the finished run; final weights, AdamW state, scheduler and every log entry of every
+in a hand-written loop with ``accelerator.accumulate``, a ``coci.ResumableLoader`` or a ``DataLoader``
+over a ``coci.ResumableSampler`` through ``accelerator.prepare``, logging every 4 optimizer steps and
+evaluating every 5) through ``tests/jobs/kill_campaign.py``: two or three SIGKILLs per trajectory
+(during a persist, during an evaluation, at an epoch's end), a run to the end and a restart of the
+finished run; final weights, AdamW state, scheduler and every log entry of every
 process must equal the plain loop's (the ``# coci`` lines removed), run in the same test.
 """
 
@@ -28,9 +29,16 @@ TRAJECTORIES: list[dict[str, Any]] = [
     # checkpointed on epoch 1's last batch (the loader resumes in epoch 2)
     {"name": "seed0-steps", "config": {"seed": 0, "accumulate": 1, "horizon": "steps"},
      "kills": ["persist:2", "eval:10", "epoch:1"], "restores": [3, 9, 18, 30]},
-    # 15 steps of 2 batches (accumulation spans epoch ends): killed at epoch 2's end mid-accumulation
+    # 3 epochs of 5 steps of 2 batches: the last step of each epoch takes 1 batch (Accelerate's
+    # end-of-epoch synchronisation, which the ResumableLoader passed through prepare keeps)
     {"name": "seed1-epochs-accumulate2", "config": {"seed": 1, "accumulate": 2, "horizon": "epochs"},
-     "kills": ["persist:2", "eval:10", "epoch:2"], "restores": [3, 9, 12, 15]},
+     "kills": ["persist:3", "eval:10", "persist:2"], "restores": [6, 9, 12, 15]},
+    # the README's pattern: a DataLoader over a ResumableSampler, wrapped by prepare: restored mid-epoch
+    # (Accelerate's loader fetches a batch ahead) and at an epoch's end (its pass count restarts at 0)
+    {"name": "seed2-sampler-steps", "config": {"seed": 2, "accumulate": 1, "horizon": "steps", "data": "sampler"},
+     "kills": ["persist:3", "epoch:1"], "restores": [6, 18, 30]},
+    {"name": "seed3-sampler-epochs-accumulate2", "config": {"seed": 3, "accumulate": 2, "horizon": "epochs", "data": "sampler"},
+     "kills": ["eval:5", "persist:2"], "restores": [3, 6, 15]},
 ]
 
 
@@ -110,3 +118,47 @@ def test_wrappers_with_state_of_their_own_are_not_unwrapped(tmp_path: Path) -> N
     lookahead, schedule = Lookahead(inner), Schedule()
     with coci.Session(tmp_path, state={"optimizer": lookahead, "schedule": schedule}, policy=coci.EveryN(10)) as session:
         assert session.state["optimizer"] is lookahead and session.state["schedule"] is schedule
+
+
+def test_a_resumable_loader_through_prepare_keeps_accelerates_end_of_epoch_sync() -> None:
+    """5 batches an epoch, 2 accumulated: Accelerate synchronises after batches 2, 4 and the epoch's
+    last, 5, as for its own loaders (``end_of_dataloader``), and forgets the loader after its pass."""
+    from accelerate import Accelerator
+    from accelerate.state import GradientState
+
+    import coci
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = accelerator.prepare(torch.nn.Linear(1, 1))
+    loader = coci.ResumableLoader(torch.arange(10.0).view(10, 1), batch_size=2, shuffle=False)
+    assert accelerator.prepare(loader) is loader
+    synced = []
+    for _ in range(2):
+        for batch in loader:
+            with accelerator.accumulate(model):
+                model(batch).sum().backward()
+            synced.append(accelerator.sync_gradients)
+    assert synced == [False, True, False, True, True] * 2
+    assert not GradientState().in_dataloader
+
+
+def test_a_sampler_under_accelerate_keeps_the_users_set_epoch_and_refuses_a_second_split() -> None:
+    """The user's ``loader.set_epoch`` still moves the sampler (only Accelerate's own per-pass call
+    follows it); a loader that splits the sampler's batches across processes is refused by name."""
+    from accelerate import Accelerator
+    from accelerate.data_loader import BatchSamplerShard, DataLoaderShard
+    from torch.utils.data import BatchSampler
+
+    import coci
+    from coci.loader import epoch_order
+
+    accelerator = Accelerator(cpu=True)
+    data = torch.arange(10.0)
+    sampler = coci.ResumableSampler(data, shuffle=True, seed=0)
+    loader = accelerator.prepare(torch.utils.data.DataLoader(data, batch_size=4, sampler=sampler))
+    loader.set_epoch(3)
+    assert sampler.epoch == 3
+    assert torch.equal(torch.cat(list(loader)), data[epoch_order(10, seed=0, epoch=3, shuffle=True)])
+    split = DataLoaderShard(data, batch_sampler=BatchSamplerShard(BatchSampler(sampler, 2, False), num_processes=2, process_index=0))
+    with pytest.raises(coci.ConfigError, match="2 processes"):
+        next(iter(split))

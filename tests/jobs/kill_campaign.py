@@ -9,7 +9,8 @@ this process imports them once (single-threaded) and forks one real child proces
 trajectory it runs, each in ``OUT/<name>/``:
 
 * ``reference/``: the *plain* job, the script's source with every line ending in ``# coci`` removed
-  (compiled here), without kills;
+  (compiled here), without kills (``"reference": "coci"``: the job as written, never killed, for a
+  setup whose randomness coci derives from the data position);
 * ``coci/``: the job as written, once per kill (the child must die of SIGKILL), then to its end
   (``final.pt``), then once more: a finished run restarted (``again.pt``).
 
@@ -140,7 +141,8 @@ def run_child(job: types.ModuleType, out: Path, config: dict[str, Any], kill: st
 
 def run_trajectory(jobs: dict[str, types.ModuleType], out: Path, trajectory: dict[str, Any]) -> dict[str, int]:
     base, config = out / trajectory["name"], trajectory["config"]
-    codes = {"reference": run_child(jobs["plain"], base / "reference", config, None, "final.pt")}
+    reference = jobs["plain" if trajectory.get("reference", "plain") == "plain" else "coci"]
+    codes = {"reference": run_child(reference, base / "reference", config, None, "final.pt")}
     for index, kill in enumerate(trajectory["kills"]):
         codes[f"kill{index} {kill}"] = run_child(jobs["coci"], base / "coci", config, kill, "unexpected.pt")
     codes["final"] = run_child(jobs["coci"], base / "coci", config, None, "final.pt")
@@ -212,7 +214,7 @@ def assert_resumed_bitwise(out: Path, codes: dict[str, dict[str, int]], trajecto
     and ended as the plain script did (:func:`differences`); its directory under ``out``."""
     ran = codes[trajectory["name"]]
     assert ran["reference"] == 0 and ran["final"] == 0 and ran["again"] == 0, ran
-    assert [code for name, code in ran.items() if name.startswith("kill")] == [-9, -9, -9], ran
+    assert [code for name, code in ran.items() if name.startswith("kill")] == [-9] * len(trajectory["kills"]), ran
     base = out / trajectory["name"]
     assert restored_steps(base / "coci" / "coci") == trajectory["restores"]
     assert differences(base) == []
