@@ -16,6 +16,7 @@ A block that raises fails its file's test, naming the file and the block's first
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import textwrap
@@ -161,6 +162,17 @@ def _close_sessions(names: dict[str, Any]) -> None:
             value.close()
 
 
+#: The pages whose training loop says "kill it after its first checkpoints" (it writes runs/exp1).
+KILLABLE_LOOPS = ("README.md", "quickstart.md")
+
+#: That loop's warm-up checkpoints come by this step (``knobs.PLAN_WARMUP_CHECKPOINT_STEPS``' last) ...
+FIRST_CHECKPOINTS_BY = 16
+
+#: ... and it trains at least this many times as many steps, so that a reader has the time to kill it
+#: after them (a step count, not a wall time: a wall time would depend on the machine).
+STEPS_AFTER_FIRST_CHECKPOINTS = 40
+
+
 @pytest.mark.slow  # sessions, plans and simulations: seconds per file, out of the quick tier
 @pytest.mark.parametrize("path", markdown_files(), ids=lambda path: str(path.relative_to(ROOT)))
 def test_every_python_block_runs(path: Path, tmp_path: Path) -> None:
@@ -169,6 +181,20 @@ def test_every_python_block_runs(path: Path, tmp_path: Path) -> None:
     assert all(block.not_run for block in skipped)
     for block in skipped:  # a fragment that is not run must still parse: its syntax cannot drift either
         compile(block.code, block.where, "exec")
+    if path.name in KILLABLE_LOOPS:
+        check_killable_after_first_checkpoints(tmp_path / "runs" / "exp1", path.name)
+
+
+def check_killable_after_first_checkpoints(run_dir: Path, source: str) -> None:
+    """The loop committed a checkpoint by step ``FIRST_CHECKPOINTS_BY`` and trained on for at least
+    ``STEPS_AFTER_FIRST_CHECKPOINTS`` times as many steps: killed after its first checkpoints, it
+    has most of its run ahead and resumes mid-run."""
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text(encoding="utf-8").splitlines()]
+    commits = sorted(event["step"] for event in events if event.get("event") == "commit")
+    assert commits and commits[0] <= FIRST_CHECKPOINTS_BY, f"{source}: the loop's commits {commits}"
+    assert commits[-1] >= STEPS_AFTER_FIRST_CHECKPOINTS * FIRST_CHECKPOINTS_BY, (
+        f"{source}: the loop ends at step {commits[-1]}, too soon after its first checkpoints to be killed between them"
+    )
 
 
 def test_the_docs_have_python_blocks_and_they_run() -> None:
