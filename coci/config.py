@@ -362,7 +362,7 @@ def policy_object(policy: PolicyLike) -> PolicyLike:
     if isinstance(policy, Iterable) and not isinstance(policy, (str, bytes, Mapping)):
         return AtSteps.of(policy)
     raise ConfigError(
-        "policy must be 'auto', 'coci', 'young', 'daly', 'checkfreq', coci.EveryN(k), a collection of "
+        "policy must be 'auto', 'coci', 'young', 'daly', 'checkfreq', 'continuous', coci.EveryN(k), a collection of "
         f"steps, a coci.Plan or a CheckpointPolicy; got {policy!r}"
     )
 

@@ -1,8 +1,11 @@
 """The classical and published baselines: Young's and Daly's periodic intervals, CheckFreq's
-overhead-bounded interval, and ``CheckFreqAdaptation``, CheckFreq's online adaptation of it."""
+overhead-bounded interval, ``CheckFreqAdaptation`` (CheckFreq's online adaptation of it), and
+continuous checkpointing (the next checkpoint as soon as the previous one is durable, as Orbax and
+MaxText do)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,10 +17,19 @@ from coci.planning.objective import build_cost_model, expected_failures
 from coci.planning.problem import Placement, Problem, single_level_cost, warned_expected
 from coci.planning.records import Plan
 
-__all__ = ["CheckFreqAdaptation", "plan_checkfreq", "plan_daly", "plan_young"]
+__all__ = ["CheckFreqAdaptation", "baseline_candidates", "plan_checkfreq", "plan_continuous", "plan_daly", "plan_young"]
 
 #: CheckFreq's overhead threshold (its authors' 5%) when max_overhead is not given.
 _CHECKFREQ_MAX_OVERHEAD: float = 0.05
+
+#: Fixed intervals ``auto`` compares itself with: a geometric grid this many per doubling, from the
+#: shortest admissible interval to ``_FIXED_GRID_YOUNG_MULTIPLE`` times Young's (and the round
+#: numbers 1, 2, 5 x 10^k a user picks for ``save_steps`` in that range).
+_FIXED_GRID_PER_DOUBLING: int = 8
+_FIXED_GRID_YOUNG_MULTIPLE: float = 8.0
+
+#: Fixed-interval candidates holding more checkpoints than this are not compared (memory and time).
+_FIXED_GRID_MAX_CHECKPOINTS: int = 200_000
 
 
 def plan_young(problem: Problem) -> Placement:
@@ -30,6 +42,23 @@ def plan_daly(problem: Problem) -> Placement:
     """Daly's exact optimum for exponential failures, periodic."""
     seconds = daly_interval_seconds(single_level_cost(problem.inputs), problem.failures.mean_seconds)
     return _periodic(problem, seconds)
+
+
+def plan_continuous(problem: Problem) -> Placement:
+    """Continuous checkpointing: a checkpoint every ``min_interval_steps`` steps, the densest any
+    plan may be (the next snapshot as soon as the previous persist commits; with ``max_overhead``,
+    no denser than that cap). Blind to failures and to the loss; every checkpoint costs training
+    ``C = stall + interference``, so with a persist always in flight training runs slowed the
+    whole run, and the expected costs count that."""
+    inputs = problem.inputs
+    interval = inputs.min_interval_steps
+    problem.details.update(interval_steps=float(interval), interval_seconds=interval * inputs.step_seconds)
+    problem.notes.append(
+        f"continuous: a checkpoint every {interval} steps (as soon as the previous persist of "
+        f"{inputs.persist_seconds:.3g} s commits), each costing training {single_level_cost(inputs):.3g} s"
+    )
+    steps = periodic_steps(interval, inputs.start_step, inputs.total_steps, anchor=inputs.last_checkpoint_step)
+    return Placement(steps, "time")
 
 
 def _periodic(problem: Problem, seconds: float) -> Placement:
@@ -45,6 +74,40 @@ def _periodic(problem: Problem, seconds: float) -> Placement:
     problem.details["interval_steps"] = float(interval)
     steps = periodic_steps(interval, inputs.start_step, inputs.total_steps, anchor=inputs.last_checkpoint_step)
     return Placement(steps, "time")
+
+
+def baseline_candidates(problem: Problem) -> dict[str, np.ndarray]:
+    """The plans a user would pick instead of ``auto``, over the problem's remaining steps: continuous
+    checkpointing, Young, Daly, CheckFreq and fixed intervals on a grid (see
+    ``_FIXED_GRID_PER_DOUBLING``); ``auto`` compares them under its own objective and budget
+    (``coci.planning.formulas.auto_steps``), so none of them within the budget beats it there."""
+    inputs = problem.inputs
+    step, least, span = inputs.step_seconds, inputs.min_interval_steps, inputs.total_steps - inputs.start_step
+    cost, failures = single_level_cost(inputs), problem.failures
+    young = max(least, int(round(young_interval_seconds(cost, failures.rate) / step)))
+    named = {
+        "continuous": least,
+        "young": young,
+        # Daly's interval to first order, sqrt(2 C M) - C (the exact one imports scipy.special on the planner thread)
+        "daly": max(least, int(round((math.sqrt(2.0 * cost * failures.mean_seconds) - cost) / step))),
+    }
+    ratio = 2.0 ** (1.0 / _FIXED_GRID_PER_DOUBLING)
+    longest = max(least, int(_FIXED_GRID_YOUNG_MULTIPLE * young))
+    grid = {int(round(least * ratio**k)) for k in range(int(math.log(longest / least, ratio)) + 2)}
+    grid |= {m * 10**e for e in range(int(math.log10(longest)) + 1) for m in (1, 2, 5) if least <= m * 10**e <= longest}
+    named.update({f"every {k} steps": k for k in sorted(grid) if k not in named.values()})
+    plans = {
+        name: periodic_steps(k, inputs.start_step, inputs.total_steps, anchor=inputs.last_checkpoint_step)
+        for name, k in named.items() if span / k <= _FIXED_GRID_MAX_CHECKPOINTS
+    }
+    first = checkfreq_interval(inputs.stall_seconds, inputs.persist_seconds, step)
+    if span / first <= _FIXED_GRID_MAX_CHECKPOINTS:
+        plans["checkfreq"], _ = checkfreq_steps(
+            max(first, least), checkpoint_seconds=inputs.checkpoint_seconds, step_seconds=step,
+            max_overhead=_checkfreq_threshold(inputs.max_overhead), start_step=inputs.start_step,
+            total_steps=inputs.total_steps, anchor=max(inputs.start_step, problem.last_checkpoint_step),
+        )
+    return plans
 
 
 def _checkfreq_threshold(max_overhead: float | None) -> float:

@@ -36,7 +36,9 @@ class RecordedInputs(Protocol):
     def restart_seconds(self) -> float: ...
 
 #: Policy names a [``PlanConfig``][coci.PlanConfig] accepts.
-POLICIES: tuple[str, ...] = ("auto", "young", "daly", "checkfreq", "coci")
+POLICIES: tuple[str, ...] = ("auto", "young", "daly", "checkfreq", "continuous", "coci")
+#: Policies that never read the failure model (it is optional for them: their plan's expected costs need it).
+FAILURE_BLIND_POLICIES: tuple[str, ...] = ("checkfreq", "continuous")
 #: Objectives of ``auto``.
 OBJECTIVES: tuple[str, ...] = ("progress", "time")
 
@@ -54,10 +56,11 @@ class PlanConfig:
     """
 
     policy: str = "auto"
-    """``"auto"`` (default), ``"young"``, ``"daly"``, ``"checkfreq"`` or ``"coci"``."""
+    """``"auto"`` (default), ``"young"``, ``"daly"``, ``"checkfreq"``, ``"continuous"`` (a checkpoint as
+    soon as the previous one is durable) or ``"coci"``."""
 
     failures: Failures | None = None
-    """The failure model; an MTBF (``"8h"`` or seconds) becomes ``Failures.exponential(mtbf)``. Required except for ``checkfreq``."""
+    """The failure model; an MTBF (``"8h"`` or seconds) becomes ``Failures.exponential(mtbf)``. Required except for ``checkfreq`` and ``continuous``."""
 
     total_steps: int | None = None
     """Planning horizon in steps (>= 1); None: open-ended (online planning only; [``coci.plan``][coci.plan] needs it)."""
@@ -129,9 +132,10 @@ def _choice(value: Any, valid: tuple[str, ...], field: str) -> str:
 
 
 def _failure_model(failures: Any, policy: str) -> Failures | None:
-    """``failures`` as a [``Failures``][coci.Failures] (an MTBF gives the exponential model); None only for ``checkfreq``."""
+    """``failures`` as a [``Failures``][coci.Failures] (an MTBF gives the exponential model); None only for the
+    policies blind to failures (``FAILURE_BLIND_POLICIES``)."""
     if failures is None:
-        if policy != "checkfreq":
+        if policy not in FAILURE_BLIND_POLICIES:
             raise ConfigError(f"failures is required for policy {policy!r} (e.g. coci.Failures.exponential('8h'))")
         return None
     if isinstance(failures, Failures):

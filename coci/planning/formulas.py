@@ -498,6 +498,7 @@ def auto_steps(
     min_steps: int = 1,
     max_steps: int | None = None,
     alpha: float | None = None,
+    baselines: dict[str, np.ndarray] | None = None,
 ) -> AutoResult:
     """``auto``: minimise progress-weighted overhead within a wall-clock budget.
 
@@ -515,6 +516,11 @@ def auto_steps(
     span (by the principle of optimality its tail is the tail of the whole run's plan), the time
     plan competing. ``max_steps`` is the longest interval (default ``max_interval_steps``; it
     never binds the time optimum).
+
+    ``baselines`` (name: steps) are the plans a user would pick instead (continuous, Young, Daly,
+    CheckFreq, fixed intervals): each competes as one more candidate, under the same objective and
+    budget, so no baseline within the budget has a lower progress-weighted overhead than the plan
+    (under the model). ``AutoResult.notes`` names a baseline that wins.
     """
     offsets = (-1, 0, 1)
     if max_steps is None:
@@ -547,8 +553,26 @@ def auto_steps(
 
     if not consider(1.0, progress_candidates):
         _bisect_alpha(consider, model, min_steps, offsets, max_steps)
+    steps, alpha, notes = _best_feasible(feasible, baselines or {}, model.expected, budget)
+    return AutoResult(steps, alpha, time_wall, budget, notes)
+
+
+def _best_feasible(
+    feasible: list[tuple[float, float, np.ndarray]], baselines: dict[str, np.ndarray],
+    score: Callable[[np.ndarray], Overhead], budget: float,
+) -> tuple[np.ndarray, float, tuple[str, ...]]:
+    """The feasible plan of least progress-weighted overhead (ties: the larger progress weight),
+    the baselines within the budget competing at alpha 0; a note names a baseline that wins."""
     progress, alpha, steps = min(feasible, key=lambda item: (item[0], -item[1]))
-    return AutoResult(steps, alpha, time_wall, budget)
+    winner = None
+    for name, candidate in baselines.items():
+        overhead = score(candidate)
+        if overhead.wall_seconds <= budget and overhead.progress_seconds < progress:
+            progress, alpha, steps, winner = overhead.progress_seconds, 0.0, candidate, name
+    notes = () if winner is None else (
+        f"auto: the {winner} plan has the least progress-weighted overhead within the time budget; planned it",
+    )
+    return steps, alpha, notes
 
 
 def auto_steps_within_run_budget(
@@ -559,6 +583,7 @@ def auto_steps_within_run_budget(
     time_budget: float,
     min_steps: int = 1,
     max_steps: int | None = None,
+    baselines: dict[str, np.ndarray] | None = None,
 ) -> AutoResult:
     """``auto`` re-planning the rest of a run (``model``) under the **whole run's** time budget.
 
@@ -570,6 +595,7 @@ def auto_steps_within_run_budget(
     no re-plan spends a fresh budget. As ``auto_steps``, the largest feasible progress weight is
     bisected and the feasible plan with the least progress-weighted overhead wins; the time-optimal
     rest is always admitted (nothing better is possible when the past spent the budget).
+    ``baselines`` (the rest of each baseline plan) compete as in ``auto_steps``.
     """
     offsets = (-1, 0, 1)
     if max_steps is None:
@@ -594,10 +620,10 @@ def auto_steps_within_run_budget(
                 found = True
         return found
 
-    notes: tuple[str, ...] = ()
     if first.wall_seconds > budget:
-        notes = ("the checkpoints already taken spent the run's time budget: the rest is time-optimal",)
-    elif not consider(1.0, place(model, 1.0, min_steps, offsets, max_steps)):
+        spent = "the checkpoints already taken spent the run's time budget: the rest is time-optimal"
+        return AutoResult(time_plan, 0.0, whole_time, budget, (spent,))
+    if not consider(1.0, place(model, 1.0, min_steps, offsets, max_steps)):
         _bisect_alpha(consider, model, min_steps, offsets, max_steps)
-    _, alpha, steps = min(feasible, key=lambda item: (item[0], -item[1]))
+    steps, alpha, notes = _best_feasible(feasible, baselines or {}, run, budget)
     return AutoResult(steps, alpha, whole_time, budget, notes)

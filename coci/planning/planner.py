@@ -40,6 +40,10 @@ revealed) is time-consistent with the offline plan:
   prior progress rate ``PRIOR_PROGRESS_RATE`` (equal loss decrease per doubling of the step
   count); a trace the fitter finds flat or rising, or a run that records no loss, gets the
   time-optimal plan (Young/Daly generalised to the hazard); each recorded in ``fallbacks``;
+* ``auto`` compares the plans a user would pick instead (continuous checkpointing, Young, Daly,
+  CheckFreq, fixed intervals on a grid: ``coci.planning.baselines.baseline_candidates``) under
+  its own objective and budget, so none within the budget has a lower progress-weighted overhead
+  (a baseline that wins is planned, with a note);
 * a loss observed positive never falls below 0 in the planner's curve: early, noisy fits often
   extrapolate to a negative asymptote, which would put most of the run's progress in the future
   and flatten the weight.
@@ -54,7 +58,7 @@ import numpy as np
 
 from coci.errors import ConfigError
 from coci.planning.arguments import CurveLike
-from coci.planning.baselines import plan_checkfreq, plan_daly, plan_young
+from coci.planning.baselines import baseline_candidates, plan_checkfreq, plan_continuous, plan_daly, plan_young
 from coci.planning.config import PlanConfig, changed_arguments
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit, fit_coci_exponential
@@ -205,11 +209,13 @@ def _plan_auto(problem: Problem) -> Placement:
         return _plan_two_levels(problem, problem.two_level, objective)
     max_steps = max_interval_steps(model, min_steps)
     problem.details["max_interval_steps"] = float(max_steps)
+    baselines = baseline_candidates(problem) if objective == "progress" and config.time_budget is not None else None
     if objective == "progress" and config.time_budget is not None and model.start_step > 0:
-        result = _plan_rest_within_run_budget(problem, config.time_budget, max_steps)
+        result = _plan_rest_within_run_budget(problem, config.time_budget, max_steps, baselines)
     else:
         result = auto_steps(
             model, objective=objective, time_budget=config.time_budget, min_steps=min_steps, max_steps=max_steps,
+            baselines=baselines,
         )
     problem.notes.extend(result.notes)
     return _mixture_placement(result, objective)
@@ -264,7 +270,9 @@ def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: 
     return _mixture_placement(result, objective, promote=result.promote, peer=result.peer)
 
 
-def _plan_rest_within_run_budget(problem: Problem, time_budget: float, max_steps: int) -> AutoResult:
+def _plan_rest_within_run_budget(
+    problem: Problem, time_budget: float, max_steps: int, baselines: dict[str, np.ndarray] | None = None
+) -> AutoResult:
     """A re-plan's remaining steps, the whole run (from step 0, the checkpoints already taken
     included) within the time budget (``coci.planning.formulas.auto_steps_within_run_budget``).
 
@@ -283,6 +291,7 @@ def _plan_rest_within_run_budget(problem: Problem, time_budget: float, max_steps
     taken = np.asarray(problem.taken_steps, dtype=np.int64)
     result = auto_steps_within_run_budget(
         model, whole, taken, time_budget=time_budget, min_steps=inputs.min_interval_steps, max_steps=max_steps,
+        baselines=baselines,
     )
     problem.details["run_alpha"] = float(result.alpha)
     problem.details["taken_checkpoints"] = float(taken.size)
@@ -299,6 +308,7 @@ POLICY_PLANNERS: dict[str, Callable[[Problem], Placement]] = {
     "young": plan_young,
     "daly": plan_daly,
     "checkfreq": plan_checkfreq,
+    "continuous": plan_continuous,
     "coci": _plan_coci,
 }
 

@@ -55,7 +55,7 @@ class Problem:
 
     @property
     def failures(self) -> Failures:
-        """The failures the plan covers (every policy but ``checkfreq`` requires a model): the
+        """The failures the plan covers (every policy but ``checkfreq`` and ``continuous`` requires a model): the
         unwarned ones, see ``PlanInputs.planned_failures``."""
         failures = self.inputs.planned_failures()
         assert failures is not None

@@ -1,0 +1,173 @@
+"""Baselines users would pick (continuous checkpointing beside Young, Daly, CheckFreq and fixed
+intervals), ``auto`` never dominated by them, and the time budget held on every curve shape,
+offline and re-planned online."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from exact_optimum import optimal_steps
+
+import coci
+from coci.analysis.online_replay import online_schedule
+from coci.analysis.simulate import simulate
+from coci.planning.config import PlanConfig
+from coci.planning.failures import Failures
+from coci.planning.formulas import auto_steps, periodic_steps
+from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model
+from coci.planning.online import make_policy
+from coci.planning.problem import build_problem
+
+STEPS = 3000
+FRACTION = np.arange(1, STEPS + 1) / STEPS
+
+
+def _shapes() -> dict[str, np.ndarray]:
+    """Synthetic loss curves of each shape the budget must hold on."""
+    rng = np.random.default_rng(3)
+    return {
+        "fast early fall": 2.0 + 8.0 * np.exp(-40.0 * FRACTION),
+        "flat": 3.0 + rng.normal(0.0, 0.01, STEPS),
+        "two phases": 2.0 + 3.0 * np.exp(-20.0 * FRACTION) + 1.5 / (1.0 + np.exp((FRACTION - 0.6) * 60.0)),
+        "noisy": 2.0 + 6.0 * (1.0 + 200.0 * FRACTION) ** -0.5 + rng.normal(0.0, 0.08, STEPS),
+    }
+
+
+SHAPES = _shapes()
+#: Two job shapes, scaled to 3,000 steps: the 8 h-MTBF job (stall 1.6 s, persist 30 s, restart 120 s)
+#: and the large, persist-bound one (MTBF 3 h, stall 5 s, persist 300 s to a remote tier, restart 600 s).
+JOBS = {
+    "8h": dict(mtbf=2 * 3600.0, step_seconds=4.0, stall_seconds=1.6, persist_seconds=30.0, restart_seconds=120.0),
+    "large": dict(mtbf=3600.0, step_seconds=4.0, stall_seconds=5.0, persist_seconds=300.0, restart_seconds=600.0),
+}
+
+
+def _job(name: str) -> tuple[Failures, dict[str, float]]:
+    figures = dict(JOBS[name])
+    return Failures.exponential(figures.pop("mtbf")), figures
+
+
+def _curve(shape: str) -> tuple[np.ndarray, np.ndarray]:
+    return np.arange(1, STEPS + 1, dtype=float), SHAPES[shape]
+
+
+def _model(job: str, shape: str) -> tuple[CostModel, int]:
+    """The cost model ``auto`` plans with (the same curve handling), and the shortest interval."""
+    failures, figures = _job(job)
+    config = PlanConfig(policy="auto", failures=failures, total_steps=STEPS, restart_seconds=figures["restart_seconds"])
+    costs = {k: v for k, v in figures.items() if k != "restart_seconds"}
+    problem = build_problem(config, _curve(shape), interference_seconds=0.0, start_step=0, last_checkpoint_step=0,
+                            failure_origin_step=0, **costs)
+    return problem.cost_model, problem.inputs.min_interval_steps
+
+
+def _time_optimum(job: str) -> float:
+    """The exact time optimum's expected wall-clock overhead (the DP), independent of the planner."""
+    failures, figures = _job(job)
+    model = build_cost_model(
+        total_steps=STEPS, step_seconds=figures["step_seconds"], checkpoint_seconds=figures["stall_seconds"],
+        persist_seconds=figures["persist_seconds"], restart_seconds=figures["restart_seconds"],
+        failures=ExpectedFailures.constant(failures.rate), per_step=True,
+    )
+    least = math.ceil(figures["persist_seconds"] / figures["step_seconds"])
+    _, value = optimal_steps(model, alpha=0.0, min_steps=least)
+    return value
+
+
+# --- continuous checkpointing ----------------------------------------------------------------------
+
+
+def test_continuous_checkpoints_as_soon_as_the_previous_persist_commits() -> None:
+    plan = coci.plan("continuous", failures="8h", total_steps=1000, step_seconds=1.0, stall_seconds=1.6,
+                     persist_seconds=30.0, interference_seconds=2.0, restart_seconds=120.0)
+    assert set(plan.intervals) == {30} and plan.steps[0] == 30
+    assert plan.expected["checkpoint_seconds"] == pytest.approx(len(plan.steps) * 3.6)  # stall + interference each
+    capped = coci.plan("continuous", failures="8h", total_steps=1000, step_seconds=1.0, stall_seconds=1.6,
+                       persist_seconds=30.0, max_overhead=0.02)
+    assert set(capped.intervals) == {80}  # C / (max_overhead t)
+    blind = coci.plan("continuous", total_steps=1000, step_seconds=1.0, stall_seconds=1.6, persist_seconds=30.0)
+    assert blind.steps == plan.steps  # needs no failure model
+
+
+def test_continuous_pays_the_background_write_all_run_long_in_the_simulator() -> None:
+    """The simulator slows every step a persist overlaps: with a persist always in flight the
+    interference is paid on every checkpoint, and no snapshot waits for a persist."""
+    plan = coci.plan("continuous", failures="8h", total_steps=3000, step_seconds=1.0, stall_seconds=1.6,
+                     persist_seconds=30.0, interference_seconds=2.4, restart_seconds=120.0)
+    quiet = plan.model_copy(update={"inputs": plan.inputs.model_copy(update={"interference_seconds": 0.0, "checkpoint_seconds": 1.6})})
+    result = simulate(plan, failures=Failures.exponential("1000h"), trials=20, seed=0)
+    without = simulate(quiet, failures=Failures.exponential("1000h"), trials=20, seed=0)
+    paid = result.mean("checkpoint_seconds") - without.mean("checkpoint_seconds")
+    assert paid == pytest.approx(len(plan.steps) * 2.4, rel=0.05)
+    assert result.mean("wall_seconds") > without.mean("wall_seconds")
+
+
+# --- auto is never dominated ------------------------------------------------------------------------
+
+
+def _baselines(job: str, shape: str, least: int) -> dict[str, np.ndarray]:
+    failures, figures = _job(job)
+    plans = {
+        name: np.asarray(coci.plan(name, failures=failures, total_steps=STEPS, curve=_curve(shape), **figures).steps, dtype=np.int64)
+        for name in ("continuous", "young", "daly", "checkfreq")
+    }
+    for interval in (10, 20, 50, 100, 200, 500, 1000):
+        if interval >= least:
+            plans[f"every {interval}"] = periodic_steps(interval, 0, STEPS)
+    return plans
+
+
+@pytest.mark.parametrize("job", list(JOBS))
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_no_baseline_has_both_less_wall_clock_and_less_progress_weighted_overhead(job: str, shape: str) -> None:
+    failures, figures = _job(job)
+    auto = coci.plan("auto", failures=failures, total_steps=STEPS, curve=_curve(shape), **figures)
+    model, least = _model(job, shape)
+    mine = model.expected(np.asarray(auto.steps, dtype=np.int64))
+    for name, steps in _baselines(job, shape, least).items():
+        theirs = model.expected(steps)
+        dominated = theirs.wall_seconds < mine.wall_seconds and theirs.progress_seconds < mine.progress_seconds
+        assert not dominated, (name, theirs.as_dict(), mine.as_dict())
+
+
+def test_a_baseline_that_beats_the_placement_within_the_budget_is_planned() -> None:
+    """``auto`` compares the baselines under its own objective and budget: when its own placement
+    cannot reach a better plan (here held to the shortest interval, too dense for the budget), a
+    candidate within the budget with less progress-weighted overhead is planned, and the plan says so."""
+    model, least = _model("8h", "fast early fall")
+    young = np.asarray(coci.plan("young", failures=_job("8h")[0], total_steps=STEPS, **_job("8h")[1]).steps, dtype=np.int64)
+    early = np.union1d(periodic_steps(least, 0, 120), young[young > 120 + least])  # dense while the loss falls fast
+    held = auto_steps(model, time_budget=0.05, min_steps=least, max_steps=least)
+    assert model.expected(early).wall_seconds <= float(held.budget_wall_seconds)
+    assert model.expected(early).progress_seconds < model.expected(held.steps).progress_seconds
+    chosen = auto_steps(model, time_budget=0.05, min_steps=least, max_steps=least, baselines={"early": early})
+    assert np.array_equal(chosen.steps, early) and any("early" in note for note in chosen.notes)
+    continuous = auto_steps(model, time_budget=0.05, min_steps=least, baselines={"continuous": periodic_steps(least, 0, STEPS)})
+    assert not any("continuous" in note for note in continuous.notes)  # over the budget
+
+
+# --- the time budget is a promise -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("job", list(JOBS))
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_offline_plan_stays_within_the_budget_of_the_exact_time_optimum(job: str, shape: str) -> None:
+    failures, figures = _job(job)
+    auto = coci.plan("auto", failures=failures, total_steps=STEPS, curve=_curve(shape), **figures)
+    model, _ = _model(job, shape)
+    assert model.expected(np.asarray(auto.steps, dtype=np.int64)).wall_seconds <= 1.05 * _time_optimum(job) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_online_run_stays_within_the_budget_re_plans_and_warm_up_included(shape: str) -> None:
+    """The whole schedule an online run takes (warm-up checkpoints, every re-plan's steps) within
+    the budget of the exact time optimum of the whole run."""
+    failures, figures = _job("8h")
+    offline = coci.plan("auto", failures=failures, total_steps=STEPS, curve=_curve(shape), **figures)
+    policy = make_policy("auto", failures=failures, total_steps=STEPS, restart_seconds=figures["restart_seconds"])
+    steps, observations = online_schedule(policy, offline.inputs, _curve(shape))
+    assert observations > 10
+    model, _ = _model("8h", shape)
+    assert model.expected(steps).wall_seconds <= 1.05 * _time_optimum("8h") * (1 + 1e-9)
