@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from coci._version import __version__
 from coci.checkpoint.checkpointer import CheckpointReader, CheckpointWriter, PendingCheckpoint, PersistResult, register_reader
+from coci.checkpoint.export import export
+from coci.checkpoint.read_only import load
 from coci.checkpoint.remote import RemoteStore, register_remote_scheme
 from coci.checkpoint.retention import KeepAny, KeepEvery, KeepLast, RetentionPolicy
 from coci.checkpoint.stateful import Stateful
@@ -21,6 +23,7 @@ from coci.errors import (
     CociError,
     ConfigError,
     CorruptCheckpointError,
+    NewerCheckpointError,
     PersistError,
     RemoteUnavailableError,
     RunDirLockedError,
@@ -90,6 +93,7 @@ __all__ = [
     "KeepEvery",
     "KeepLast",
     "Level",
+    "NewerCheckpointError",
     "Observation",
     "PendingCheckpoint",
     "PersistError",
@@ -118,7 +122,9 @@ __all__ = [
     "StateMismatchError",
     "Stateful",
     "__version__",
+    "export",
     "fit_curve",
+    "load",
     "parse_duration",
     "plan",
     "register_reader",

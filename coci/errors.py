@@ -46,3 +46,7 @@ class RemoteUnavailableError(CheckpointError):
     """A fetch from the remote tier failed for a reason that says nothing about the checkpoint (no
     answer within the limits, a refused connection, a server error, no room on the local disk):
     ``restore()`` falls back to the local tier and tries that checkpoint again another time."""
+
+
+class NewerCheckpointError(CheckpointError):
+    """A checkpoint was written by a newer coci, in a format version this one cannot read (names both)."""

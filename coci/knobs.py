@@ -246,6 +246,13 @@ PEER_SOCKET_TIMEOUT_SECONDS: float = 60.0
 PEER_BUFFERS: int = 4
 
 
+# --- export (coci.checkpoint.export) -----------------------------------------------------------
+
+#: Tensors of a DCP checkpoint read at once by ``coci export`` (one DCP read per batch; a tensor
+#: larger than this is read alone): the export's memory is about its largest tensor plus this,
+#: and a smaller value costs one more pass over DCP's metadata per batch.
+EXPORT_BUFFER_BYTES: int = 256 << 20
+
 def override(**values: Any) -> AbstractContextManager[None]:
     """Set knobs (``override(WRITE_CHUNK_BYTES=4096)``) for a ``with`` block, then put the previous
     values back, also when the block raises; a name that is not a knob is a ValueError naming it."""

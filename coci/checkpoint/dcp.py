@@ -372,16 +372,22 @@ class DcpReader:
         return verify_dcp_checkpoint(path)
 
     def load(
-        self, path: Path, record: CommitRecord, context: DistributedContext | None, targets: Mapping[str, Any] | None = None
+        self,
+        path: Path,
+        record: CommitRecord,
+        context: DistributedContext | None,
+        targets: Mapping[str, Any] | None = None,
+        keys: frozenset[str] | None = None,
     ) -> LoadedCheckpoint:
-        """Verify this process's share of the files, agree with the others, then load (collective)."""
+        """Verify this process's share of the files, agree with the others, then load (collective).
+        ``keys``: only these state keys are read (:func:`load_dcp_checkpoint`)."""
         assert isinstance(record, DcpManifest)
         group = (0,) if context is None else context.node_ranks  # the ranks sharing this directory: a share each
         share = record.present_files()[group.index(0 if context is None else context.rank) :: len(group)]
         problem = distributed.agree(_verify_files(path, share) or _metadata_problem(path, record), context)
         if problem is not None:
             raise CorruptCheckpointError(problem)
-        tree, nbytes = load_dcp_checkpoint(path, record, context, targets)
+        tree, nbytes = load_dcp_checkpoint(path, record, context, targets, keys)
         return LoadedCheckpoint(record.step, record.epoch, record.state_keys, path, tree, nbytes)
 
     def load_entry(self, path: Path, record: CommitRecord, keys: tuple[str, ...]) -> Any | None:
@@ -395,9 +401,10 @@ def _first_line(exc: BaseException) -> str:
     return next(iter(str(exc).splitlines()), type(exc).__name__)
 
 
-def _by_index(part: DcpPart, loaded: dict[str, torch.Tensor], manifest: DcpManifest) -> list[Any]:
+def _by_index(part: DcpPart, loaded: dict[str, torch.Tensor], manifest: DcpManifest, chosen: list[DcpTensor] | None = None) -> list[Any]:
+    """The loaded tensors of ``part`` (or of its ``chosen`` ones) at their skeleton index."""
     tensors: list[Any] = [None] * (max((t.index for t in part.tensors), default=-1) + 1)
-    for t in part.tensors:
+    for t in part.tensors if chosen is None else chosen:
         tensors[t.index] = loaded[manifest.key_of(t)]
     return tensors
 
@@ -476,27 +483,58 @@ def _safe_reader(path: Path, manifest: DcpManifest) -> Any:
 
 
 def load_dcp_checkpoint(
-    path: Path, manifest: DcpManifest, context: DistributedContext | None, targets: Mapping[str, Any] | None = None
+    path: Path,
+    manifest: DcpManifest,
+    context: DistributedContext | None,
+    targets: Mapping[str, Any] | None = None,
+    keys: frozenset[str] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """Load a (verified) DCP checkpoint into a session tree; collective when ``context`` is given.
 
     Tensors at the place of a DTensor in ``targets`` are loaded as fresh DTensors like it (this
     rank's shard, resharded by DCP from however the checkpoint was sharded); all others in full.
-    Returns the tree and the bytes this process loaded.
+    ``keys``: only these state keys are read (the tree holds them alone, without the session's own
+    entries); None: the whole checkpoint. Returns the tree and the bytes this process loaded.
     """
-    from torch.distributed.checkpoint import CheckpointException
-    from torch.distributed.checkpoint import load as dcp_load
-
     rank = context.rank if context is not None else 0
     if context is None and manifest.node is not None and manifest.nodes is not None:
         rank = manifest.nodes[manifest.node][0]  # one process reading a node's part: its first rank's
     own = manifest.ranks[rank] if rank < len(manifest.ranks) else None
     donor = own if own is not None else manifest.ranks[0]
     sharded = _sharded_targets(path, manifest.shared, targets)  # never a full tensor for those
+    chosen = manifest.shared.tensors if keys is None else entry_tensors(manifest.shared, keys)
     wanted = {
         manifest.key_of(t): sharded[t.key] if t.key in sharded else torch.empty(t.shape, dtype=torch_dtype(t.dtype, path))
-        for t in manifest.shared.tensors + donor.tensors
+        for t in chosen + (donor.tensors if keys is None else [])
     }
+    read_dcp_tensors(path, manifest, wanted, context)
+    nbytes = sum(local_nbytes(t) for t in wanted.values())
+    if keys is not None:
+        skeleton = {key: manifest.shared.skeleton[key] for key in keys}
+        return unflatten(skeleton, _by_index(manifest.shared, wanted, manifest, chosen)), nbytes
+    tree = unflatten(manifest.shared.skeleton, _by_index(manifest.shared, wanted, manifest))
+    per_rank = unflatten(donor.skeleton, _by_index(donor, wanted, manifest))
+    tree[layout.SESSION_KEY]["profiler"] = per_rank["profiler"]
+    if own is not None:
+        tree[layout.RNG_KEY] = per_rank["rng"]
+    else:
+        logger.info("rank %d is new (checkpoint saved by %d ranks): it keeps its own RNG streams", rank, manifest.world_size)
+    return tree, nbytes
+
+
+def entry_tensors(part: DcpPart, keys: frozenset[str]) -> list[DcpTensor]:
+    """The tensors of ``part`` under the state keys ``keys`` of its skeleton (a key it lacks: none)."""
+    skeleton = part.skeleton if isinstance(part.skeleton, dict) else {}
+    indices = {int(ref) for key in keys if key in skeleton for ref in tensor_refs(skeleton[key])}
+    return [t for t in part.tensors if t.index in indices]
+
+
+def read_dcp_tensors(path: Path, manifest: DcpManifest, wanted: dict[str, torch.Tensor], context: DistributedContext | None) -> None:
+    """Fill ``wanted`` (DCP key -> a tensor or DTensor of the saved shape) from the (verified) DCP
+    checkpoint in ``path``: DCP reads only the chunks those keys need. Collective under ``context``."""
+    from torch.distributed.checkpoint import CheckpointException
+    from torch.distributed.checkpoint import load as dcp_load
+
     with warnings.catch_warnings():  # DCP warns on every load without a process group: intended here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
@@ -509,15 +547,6 @@ def load_dcp_checkpoint(
             )
         except CheckpointException as exc:  # a BaseException: every failure of DCP's load ends here
             raise CorruptCheckpointError(f"{path}: DCP could not load the checkpoint ({_first_line(exc)})") from exc
-    tree = unflatten(manifest.shared.skeleton, _by_index(manifest.shared, wanted, manifest))
-    per_rank = unflatten(donor.skeleton, _by_index(donor, wanted, manifest))
-    tree[layout.SESSION_KEY]["profiler"] = per_rank["profiler"]
-    if own is not None:
-        tree[layout.RNG_KEY] = per_rank["rng"]
-    else:
-        logger.info("rank %d is new (checkpoint saved by %d ranks): it keeps its own RNG streams", rank, manifest.world_size)
-    nbytes = sum(local_nbytes(t) for t in wanted.values())
-    return tree, nbytes
 
 
 def _sharded_targets(path: Path, part: DcpPart, targets: Mapping[str, Any] | None) -> dict[str, torch.Tensor]:

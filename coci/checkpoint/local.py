@@ -84,9 +84,15 @@ class LocalReader:
     def verify(self, path: Path) -> Manifest:
         return verify_checkpoint(path)
 
-    def load(self, path: Path, record: CommitRecord, context: Any, targets: Any = None) -> LoadedCheckpoint:
-        """Load every tensor (``targets`` is not used: one process holds no sharded state)."""
+    def load(self, path: Path, record: CommitRecord, context: Any, targets: Any = None, keys: frozenset[str] | None = None) -> LoadedCheckpoint:
+        """Load every tensor (``targets`` is not used: one process holds no sharded state); with
+        ``keys``, the data file is verified in chunks and only those state keys' tensors are read."""
         assert isinstance(record, Manifest)
+        if keys is not None:
+            verify_checkpoint(path)
+            entries = {key: self.load_entry(path, record, (key,)) for key in sorted(keys) if key in record.skeleton}
+            nbytes = sum(record.tensors[int(i)].nbytes for key in entries for i in tensor_refs(record.skeleton[key]))
+            return LoadedCheckpoint(record.step, record.epoch, record.state_keys, path, entries, nbytes)
         tree = unflatten(record.skeleton, load_tensors(path, record))
         if context is not None and not context.is_coordinator:
             tree.pop(layout.RNG_KEY, None)

@@ -37,7 +37,7 @@ from coci.errors import CheckpointError, CorruptCheckpointError, RemoteUnavailab
 from coci.events import EventLog
 from coci.profiler import Profiler
 
-__all__ = ["Found", "RestoreResult", "Restorer", "apply_checkpoint"]
+__all__ = ["Found", "RestoreResult", "Restorer", "apply_checkpoint", "restore_value"]
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ def apply_checkpoint(
     keys = _keys_to_restore(loaded, state, strict)
     own = _checked_entries(tree, state, keys, loaded.step)
     objects, saved = _restore_targets(tree, state, keys, own, policy)
-    restore_checks.apply_all_or_nothing(objects, list(saved), lambda key: _restore_value(sharded, key, objects[key], saved[key]))
+    restore_checks.apply_all_or_nothing(objects, list(saved), lambda key: restore_value(sharded, key, objects[key], saved[key]))
     session_entry(own)
     if RNG_KEY in tree:  # distributed: absent for a rank the checkpoint did not have
         rng_state.restore(tree[RNG_KEY])  # last: nothing above may consume random draws after it
@@ -332,7 +332,7 @@ def _keys_to_restore(loaded: LoadedCheckpoint, state: Mapping[str, Any], strict:
     return sorted(saved & current)
 
 
-def _restore_value(sharded: ShardedState, key: str, value: Any, saved: Any) -> None:
+def restore_value(sharded: ShardedState, key: str, value: Any, saved: Any) -> None:
     if key in sharded.keys:
         sharded.load(key, saved)
     elif is_stateful(value):  # modules copy into their parameters; others keep what they get

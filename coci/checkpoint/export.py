@@ -1,0 +1,372 @@
+"""``coci export``: one state key of a checkpoint as full tensors in a file the ecosystem loads.
+
+Formats: ``safetensors`` (one ``.safetensors`` file: a JSON header and the raw bytes, nothing
+pickled), ``torch`` (a ``torch.save`` file of the state dict, provenance beside it in
+``OUT.coci.json``), ``hf`` (a folder ``transformers``' ``from_pretrained`` loads: ``config.json``
+from the model config the Trainer integration recorded with the run, ``model.safetensors`` with
+tied weights written once).
+
+The checkpoint is verified first as a restore verifies it (sizes, checksums, record; a corrupt
+newest step is passed over and named in the result, as :func:`coci.load` does), then its tensors are
+streamed: the safetensors header is built from the commit record's tensor table, and the tensors
+are read one at a time (coci's format, each at its offset) or in batches of at most
+``knobs.EXPORT_BUFFER_BYTES`` (DCP's, full tensors assembled from every rank's shards), each
+written and dropped before the next is read. Peak memory is about the largest tensor plus that
+buffer; the ``torch`` format alone holds the whole state dict (``torch.save`` takes one dict).
+Every output carries its provenance: run, run id, step, commit id, coci version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+
+from coci import knobs, safe_files
+from coci._version import __version__
+from coci.checkpoint.checkpointer import reader_for
+from coci.checkpoint.dcp import read_dcp_tensors
+from coci.checkpoint.dcp_manifest import DcpManifest, checkpoint_id
+from coci.checkpoint.local import Manifest, torch_dtype
+from coci.checkpoint.read_only import DEFAULT_KEY, candidate_steps
+from coci.checkpoint.record_reads import open_no_follow
+from coci.checkpoint.records import CommitRecord
+from coci.checkpoint.run_source import RunSource, SourceLike, open_source, refuse_newer
+from coci.errors import ConfigError, CorruptCheckpointError, StateMismatchError
+
+__all__ = [
+    "EXPORT_FORMATS",
+    "MODEL_RECORD_FILENAME",
+    "ExportResult",
+    "ExportedTensor",
+    "export",
+    "exportable",
+    "read_model_record",
+    "write_model_record",
+]
+
+logger = logging.getLogger(__name__)
+
+EXPORT_FORMATS: Final = ("safetensors", "torch", "hf")
+#: The run file holding the model's config (``config.to_dict()``, JSON) and its tied weights,
+#: written by the Trainer integration; what ``--format hf`` builds ``config.json`` from.
+MODEL_RECORD_FILENAME: Final = "hf_model.json"
+_MODEL_RECORD_MAX_BYTES = 4 << 20
+#: safetensors' dtype names (https://github.com/huggingface/safetensors, the format's spec).
+_SAFETENSORS_DTYPES: Final = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
+    "int16": "I16", "int8": "I8", "uint8": "U8", "uint16": "U16", "uint32": "U32", "uint64": "U64", "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ExportedTensor:
+    """One tensor of the exported entry: its name (the state dict's key), dtype, shape, bytes, and
+    where the checkpoint holds it (an index into its tensor table)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    index: int
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export` wrote."""
+
+    path: Path
+    step: int
+    key: str
+    format: str
+    tensors: int
+    nbytes: int
+    seconds: float
+    skipped: tuple[str, ...] = ()  # corrupt newer steps passed over
+
+
+def export(
+    source: SourceLike,
+    out: str | os.PathLike[str],
+    *,
+    step: int | None = None,
+    key: str = DEFAULT_KEY,
+    format: str = "safetensors",
+    model_config: Mapping[str, Any] | None = None,
+) -> ExportResult:
+    """Write state key ``key`` (default: the model) of ``source``'s newest verified checkpoint (or of
+    ``step``) to ``out`` as full tensors, in ``format`` (see the module).
+
+    ``source``: as :func:`coci.load` takes it. ``model_config``: for ``hf``, the model's
+    ``config.to_dict()`` when the run has none recorded (a run of the Trainer integration has).
+    ConfigError naming the format, the step or an ``hf`` export without a model config;
+    StateMismatchError naming an unknown key; CorruptCheckpointError when no candidate verifies.
+    """
+    began = time.perf_counter()
+    if format not in EXPORT_FORMATS:
+        raise ConfigError(f"format must be one of {', '.join(EXPORT_FORMATS)}, got {format!r}")
+    run = open_source(source)
+    candidates = candidate_steps(run, step)
+    refuse_newer(run, candidates[0])
+    record = _hf_model(run, model_config) if format == "hf" else None
+    skipped: list[str] = []
+    problems: list[str] = []
+    for candidate in candidates:
+        try:
+            with run.opened(candidate) as path:
+                written, count, nbytes = _export_verified(path, Path(out), key, format, record, _provenance(run, path))
+            return ExportResult(written, candidate, key, format, count, nbytes, time.perf_counter() - began, tuple(skipped))
+        except CorruptCheckpointError as exc:
+            logger.warning("coci export: passing over %s step_%d: %s", run.label, candidate, exc)
+            skipped.append(f"{run.label}/step_{candidate}")
+            problems.append(str(exc))
+    raise CorruptCheckpointError(f"{run.label}: none of the {len(candidates)} committed checkpoints verifies: " + " | ".join(problems))
+
+
+def exportable(path: Path) -> dict[str, int]:
+    """The state keys of the checkpoint in ``path`` that hold tensors, with their tensor bytes (what
+    ``coci ls`` shows; the record is read, not the data)."""
+    record = reader_for(path).read_record(path)
+    return {key: sum(t.nbytes for t in _tensors_of(record, key, path)) for key in record.state_keys if _tensors_of(record, key, path)}
+
+
+def _export_verified(
+    path: Path, out: Path, key: str, format: str, model: Mapping[str, Any] | None, provenance: dict[str, str]
+) -> tuple[Path, int, int]:
+    """Verify ``path`` (CorruptCheckpointError) and write its ``key`` to ``out``: (path written, tensors, bytes)."""
+    reader = reader_for(path)
+    record = reader.read_record(path)
+    if key not in record.state_keys:
+        raise StateMismatchError(f"{path}: holds no state key {key!r} (it holds {', '.join(map(repr, record.state_keys))}): choose one with key=")
+    reader.verify(path)
+    tensors = _tensors_of(record, key, path)
+    if not tensors:
+        raise StateMismatchError(f"{path}: state key {key!r} holds no tensors to export")
+    stream = _stream(path, record, tensors)
+    if format == "torch":
+        return _write_torch(out, tensors, stream, provenance)
+    if format == "safetensors":
+        return out, len(tensors), _write_safetensors(out, tensors, stream, provenance)
+    assert model is not None
+    return _write_hf(out, tensors, stream, provenance, model)
+
+
+# --- the tensor table --------------------------------------------------------------------------
+
+
+def _tensors_of(record: CommitRecord, key: str, path: Path) -> list[ExportedTensor]:
+    """The tensors under state key ``key``, named by their path in its state dict (``a.b.0``)."""
+    if isinstance(record, Manifest):
+        table = {i: (t.dtype, tuple(t.shape), t.nbytes) for i, t in enumerate(record.tensors)}
+        skeleton = record.skeleton
+    elif isinstance(record, DcpManifest):
+        table = {t.index: (t.dtype, tuple(t.shape), _nbytes(t.dtype, t.shape, path)) for t in record.shared.tensors}
+        skeleton = record.shared.skeleton
+    else:
+        raise ConfigError(f"{path}: format {type(record).__name__} cannot be exported (coci's and DCP's can)")
+    entry = skeleton.get(key) if isinstance(skeleton, dict) else None
+    found = []
+    for name, index in _named_refs(entry, ""):
+        if index not in table:
+            raise CorruptCheckpointError(f"{path}: state key {key!r} refers to tensor {index}, not in the record")
+        dtype, shape, nbytes = table[index]
+        found.append(ExportedTensor(name, dtype, shape, nbytes, index))
+    return found
+
+
+def _nbytes(dtype: str, shape: list[int], path: Path) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count * torch_dtype(dtype, path).itemsize
+
+
+def _named_refs(skeleton: Any, prefix: str) -> Iterator[tuple[str, int]]:
+    """(dotted name, tensor index) of every tensor under ``skeleton``, in walk order."""
+    def child(name: object) -> str:
+        return f"{prefix}.{name}" if prefix else str(name)
+
+    if isinstance(skeleton, list):
+        for i, value in enumerate(skeleton):
+            yield from _named_refs(value, child(i))
+    elif isinstance(skeleton, dict):
+        ref = skeleton.get("__tensor__", skeleton.get("__ndarray__"))
+        if ref is not None:
+            if isinstance(ref, int):
+                yield prefix, ref
+        elif "__tuple__" in skeleton:
+            yield from _named_refs(skeleton["__tuple__"], prefix)
+        elif "__dict__" in skeleton:
+            for pair in skeleton["__dict__"] if isinstance(skeleton["__dict__"], list) else ():
+                if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], (str, int, float, bool)):
+                    yield from _named_refs(pair[1], child(pair[0]))
+        elif "__np__" not in skeleton and "__dtype__" not in skeleton:
+            for name, value in skeleton.items():
+                yield from _named_refs(value, child(name))
+
+
+# --- reading, one tensor (or one buffer) at a time --------------------------------------------
+
+
+def _stream(path: Path, record: CommitRecord, tensors: list[ExportedTensor]) -> Iterator[torch.Tensor]:
+    """The full tensors of ``tensors``, in order, each read when the previous was consumed."""
+    if isinstance(record, Manifest):
+        return _local_stream(path, record, tensors)
+    assert isinstance(record, DcpManifest)
+    return _dcp_stream(path, record, tensors)
+
+
+def _local_stream(path: Path, record: Manifest, tensors: list[ExportedTensor]) -> Iterator[torch.Tensor]:
+    with open(path / record.files[0].name, "rb", buffering=0, opener=open_no_follow) as handle:
+        for tensor in tensors:
+            entry = record.tensors[tensor.index]
+            raw = torch.empty(entry.nbytes, dtype=torch.uint8)
+            handle.seek(entry.offset)
+            if entry.nbytes and handle.readinto(raw.numpy().data) != entry.nbytes:
+                raise CorruptCheckpointError(f"{path}: tensor {tensor.name!r} is truncated")
+            yield raw.view(torch_dtype(entry.dtype, path)).view(entry.shape) if entry.nbytes else torch.empty(entry.shape, dtype=torch_dtype(entry.dtype, path))
+
+
+def _dcp_stream(path: Path, record: DcpManifest, tensors: list[ExportedTensor]) -> Iterator[torch.Tensor]:
+    """DCP reads a batch of at most ``knobs.EXPORT_BUFFER_BYTES`` (a larger tensor alone), each
+    tensor whole, assembled from every rank's shards."""
+    by_index = {t.index: t for t in record.shared.tensors}
+    batch: list[ExportedTensor] = []
+    for tensor in [*tensors, None]:
+        if tensor is not None and (not batch or sum(t.nbytes for t in batch) + tensor.nbytes <= knobs.EXPORT_BUFFER_BYTES):
+            batch.append(tensor)
+            continue
+        wanted = {record.key_of(by_index[t.index]): torch.empty(t.shape, dtype=torch_dtype(t.dtype, path)) for t in batch}
+        read_dcp_tensors(path, record, wanted, None)
+        for t in batch:
+            yield wanted.pop(record.key_of(by_index[t.index]))
+        batch = [tensor] if tensor is not None else []
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+def _write_safetensors(out: Path, tensors: list[ExportedTensor], stream: Iterator[torch.Tensor], metadata: Mapping[str, str]) -> int:
+    """Write ``out`` in the safetensors format, the header from the table, then each tensor's bytes
+    as it arrives (written to ``out.tmp``, fsynced, renamed); returns the bytes of tensors."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for t in tensors:
+        code = _SAFETENSORS_DTYPES.get(t.dtype)
+        if code is None:
+            raise ConfigError(f"tensor {t.name!r} is {t.dtype}, which the safetensors format cannot hold: export with format='torch'")
+        header[t.name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(struct.pack("<Q", len(encoded)))
+        handle.write(encoded)
+        for t, value in zip(tensors, stream):
+            if tuple(value.shape) != t.shape:
+                raise CorruptCheckpointError(f"tensor {t.name!r} read as {tuple(value.shape)}, the record says {t.shape}")
+            if t.nbytes:
+                handle.write(value.contiguous().view(-1).view(torch.uint8).numpy().data)
+            del value
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, out)
+    return offset
+
+
+def _write_torch(out: Path, tensors: list[ExportedTensor], stream: Iterator[torch.Tensor], provenance: Mapping[str, str]) -> tuple[Path, int, int]:
+    """``torch.save`` of the state dict (whole, in memory); its provenance in ``OUT.coci.json``."""
+    state = {t.name: value for t, value in zip(tensors, stream)}
+    tmp = out.with_name(out.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, out)
+    out.with_name(out.name + ".coci.json").write_text(json.dumps(dict(provenance), indent=2) + "\n")
+    return out, len(state), sum(t.nbytes for t in tensors)
+
+
+def _write_hf(
+    out: Path, tensors: list[ExportedTensor], stream: Iterator[torch.Tensor], provenance: Mapping[str, str], model: Mapping[str, Any]
+) -> tuple[Path, int, int]:
+    """A ``from_pretrained`` folder: ``config.json`` and ``model.safetensors`` (each tied weight once)."""
+    tied = set(model.get("tied", {}))
+    kept = [t for t in tensors if t.name not in tied]
+    out.mkdir(parents=True, exist_ok=True)
+    config = dict(model["config"])
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    stream_kept = (value for t, value in zip(tensors, stream) if t.name not in tied)
+    nbytes = _write_safetensors(out / "model.safetensors", kept, stream_kept, {"format": "pt", **provenance})
+    return out, len(kept), nbytes
+
+
+# --- provenance and the model record -----------------------------------------------------------
+
+
+def _provenance(run: RunSource, path: Path) -> dict[str, str]:
+    """Where the export comes from: the run, its id (when it has one), the step, the checkpoint's
+    commit id, the coci versions that wrote and exported it."""
+    record = reader_for(path).read_record(path)
+    run_id = None
+    if run.run_dir is not None:
+        from coci.checkpoint.remote.identity import read_local_id
+
+        try:
+            run_id = read_local_id(run.run_dir)
+        except ConfigError:
+            run_id = None
+    return {
+        "coci_run": run.label,
+        "coci_run_id": run_id or "",
+        "coci_step": str(record.step),
+        "coci_commit_id": checkpoint_id(record) or "",
+        "coci_checkpoint_version": record.coci_version,
+        "coci_version": __version__,
+    }
+
+
+def write_model_record(run_dir: Path, config: Mapping[str, Any], tied: Mapping[str, str]) -> None:
+    """Record the model's config (``config.to_dict()``, JSON) and its tied weights (name -> the name
+    it is tied to) with the run: what ``--format hf`` writes ``config.json`` from."""
+    data = json.dumps({"config": dict(config), "tied": dict(tied)}, indent=2, sort_keys=True, default=str)
+    safe_files.replace_file(run_dir / MODEL_RECORD_FILENAME, data.encode(), durable=True, error=ConfigError)
+
+
+def read_model_record(run_dir: Path) -> dict[str, Any] | None:
+    """The run's model record (:func:`write_model_record`); None without one; ConfigError naming the
+    file when it is not one (untrusted JSON: a config object and a name -> name map)."""
+    path = run_dir / MODEL_RECORD_FILENAME
+    try:
+        data = safe_files.read_bytes(path, _MODEL_RECORD_MAX_BYTES, error=ConfigError, limit_name="_MODEL_RECORD_MAX_BYTES")
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"{path}: not a model record ({type(exc).__name__})") from exc
+    config, tied = (record.get("config"), record.get("tied", {})) if isinstance(record, dict) else (None, None)
+    if not isinstance(config, dict) or not isinstance(tied, dict) or not all(isinstance(v, str) for v in tied.values()):
+        raise ConfigError(f"{path}: not a model record (a config object and a map of tied weights)")
+    return {"config": config, "tied": tied}
+
+
+def _hf_model(run: RunSource, given: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The model record an ``hf`` export writes ``config.json`` from: ``given``, else the run's."""
+    if given is not None:
+        return {"config": dict(given), "tied": {}}
+    record = read_model_record(run.run_dir) if run.run_dir is not None else None
+    if record is None:
+        raise ConfigError(
+            f"format 'hf' needs the model's config, and {run.label} has none recorded ({MODEL_RECORD_FILENAME}, written by "
+            "coci.integrations.transformers.attach); pass model_config=model.config.to_dict(), or export format='safetensors'"
+        )
+    return record
+
