@@ -1,9 +1,9 @@
-"""The ``coci`` command line: plan, simulate, report, list and verify.
+"""The ``coci`` command line: plan, simulate, report, list, export and verify.
 
 Each sub-command is a thin layer over the library: ``coci plan`` builds a
 [``coci.PlanConfig``][coci.PlanConfig] from its options and calls [``coci.planning.planner.plan``][coci.plan], ``coci simulate`` [``coci.simulate``][coci.simulate],
 ``coci report`` [``coci.analysis.report.report``][coci.report], ``coci ls`` and ``coci verify``
-[``coci.checkpoint.verify.verify_run``][coci.verify_run].
+[``coci.checkpoint.verify.verify_run``][coci.verify_run], ``coci export`` [``coci.export``][coci.export].
 
 Exit codes: 0 success; 1 ``coci verify`` found a corrupt checkpoint; 2 bad input or an unreadable
 run (one line on stderr, ``coci: error: ...``, never a traceback). ``--help`` works everywhere.
@@ -320,6 +320,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             (s.step, s.bytes, "verified" if s.ok else ("CORRUPT: " if s.committed else "not committed: ") + str(s.error))
             for s in verify_run(root)
         ]
+    rows = [(step, size, status + _exports(root, step, status)) for step, size, status in rows]
     rows += _remote_rows(args)
     if not rows:
         runs = _runs_under(root)
@@ -330,6 +331,24 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         lines.append(f"{'-' if listed_step is None else listed_step:>10}  {'-' if size is None else format_bytes(size):>10}  {status}")
     print("\n".join(lines))
     return EXIT_OK
+
+
+def _exports(run_dir: Path, step: int | None, status: str) -> str:
+    """What ``coci export`` can write of a committed, uncorrupted step: its keys and formats."""
+    if step is None or not (status == "verified" or status.startswith("committed")):
+        return ""
+    from coci.checkpoint import layout
+    from coci.checkpoint.export import exportable, read_model_record
+
+    try:
+        keys = exportable(layout.checkpoints_dir(run_dir) / layout.step_dirname(step))
+        hf = read_model_record(run_dir) is not None
+    except (CociError, OSError):
+        return "; not exportable"
+    if not keys:
+        return "; nothing to export"
+    formats = "safetensors, torch" + (", hf (model)" if hf and "model" in keys else "")
+    return f"; exports {', '.join(keys)} as {formats}"
 
 
 def _remote_rows(args: argparse.Namespace) -> list[tuple[int | None, int | None, str]]:
@@ -367,6 +386,15 @@ def _runs_table(runs: list[tuple[str, list[int], bool]]) -> str:
         newest = str(max(steps)) if steps else "-"
         lines.append(f"{name:<{width}}  {newest:>11}  {len(steps):>11}  {'yes' if has_events else 'no'}")
     return "\n".join(lines) + "\n(a parent folder: `coci ls PARENT/RUN` lists one run's checkpoints)"
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from coci.checkpoint.export import export
+
+    result = export(args.run, args.out, step=args.step, key=args.key, format=args.format)
+    skipped = f" (passed over corrupt {', '.join(result.skipped)})" if result.skipped else ""
+    print(f"wrote {result.path}: state key {result.key!r} of step {result.step}, {result.tensors} tensors, {result.nbytes} bytes{skipped}")
+    return EXIT_OK
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -441,7 +469,7 @@ def _add_plan_inputs(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``coci`` argument parser (sub-commands plan, simulate, report, ls, verify)."""
+    """The ``coci`` argument parser (sub-commands plan, simulate, report, ls, export, verify)."""
     parser = _Parser(
         prog="coci",
         description="Decide when a PyTorch job should checkpoint, and inspect what its checkpoints did.",
@@ -474,6 +502,14 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--no-verify", action="store_true", help="read manifests only (skip the checksum pass)")
     ls.add_argument("--remote", help="also list the remote tier: s3://bucket/prefix (AWS_* environment variables) or a directory")
     ls.set_defaults(handler=_cmd_ls)
+
+    exp = sub.add_parser("export", help="write a checkpoint's model as full tensors: safetensors, torch.save or a Hugging Face folder", description="Write one state key (default: the model) of the newest verified checkpoint, or of --step, as full (unsharded) tensors; read-only on the run.")
+    exp.add_argument("run", help="run directory, or a remote URL (s3://bucket/prefix, file:///path)")
+    exp.add_argument("out", help="the file to write (a folder for --format hf)")
+    exp.add_argument("--step", type=int, default=None, help="this committed step (default: the newest that verifies)")
+    exp.add_argument("--format", choices=["safetensors", "torch", "hf"], default="safetensors", help="safetensors (default), torch (torch.save) or hf (a from_pretrained folder; needs the model config attach() records)")
+    exp.add_argument("--key", default="model", help="the state key to export (default: model)")
+    exp.set_defaults(handler=_cmd_export)
 
     verify = sub.add_parser("verify", help="verify checksums; exit 1 on any corruption", description="Verify every committed checkpoint's sizes and checksums; exit status 1 if any is corrupt.")
     verify.add_argument("run_dir", help="run directory written by coci.Session")

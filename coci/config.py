@@ -25,6 +25,7 @@ from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES
 from coci.checkpoint.remote.schemes import RemoteLike
 from coci.checkpoint.remote.store import RemoteStore
 from coci.checkpoint.retention import RetentionPolicy, retention_policy
+from coci.checkpoint.run_source import SourceLike
 from coci.errors import ConfigError
 from coci.planning.arguments import FailuresLike, PolicyLike, PriorLike, TakesPrior
 from coci.planning.config import PlanConfig
@@ -212,6 +213,17 @@ class SessionConfig:
     clock: Callable[[], float] | None = None
     """Seconds clock (``time.perf_counter`` when None), injectable for tests."""
 
+    init_from: SourceLike | None = None
+    """Another run to start from, once: its run directory, node-local directories or URL (as
+    :func:`coci.load` takes it); ``restore()`` on a run without checkpoints of its own fills
+    ``init_keys`` from it. None: a fresh run starts from the state as given."""
+
+    init_keys: tuple[str, ...] = ("model",)
+    """The state keys ``init_from`` fills (the others start fresh: a new optimizer, scheduler, loader)."""
+
+    init_step: int | None = None
+    """The committed step of ``init_from`` to start from; None: its newest that verifies."""
+
     def __post_init__(self) -> None:
         _check_part(self.retention, RetentionConfig, "retention")
         _check_part(self.remote, RemoteConfig, "remote")
@@ -220,12 +232,29 @@ class SessionConfig:
         if self.clock is not None and not callable(self.clock):
             raise ConfigError(f"clock must be a callable returning seconds, got {self.clock!r}")
         _positive_or_none(self.total_steps, "total_steps")
+        self._check_init()
         total_steps = None if self.total_steps is None else int(self.total_steps)
         if self.plan is None:
             if self.policy is None:
                 raise ConfigError("SessionConfig needs plan= (a coci.PlanConfig) or policy= (e.g. coci.EveryN(100))")
             object.__setattr__(self, "policy", policy_object(self.policy))
         object.__setattr__(self, "total_steps", total_steps if self.plan is None else self._plan_horizon(self.plan, total_steps))
+
+    def _check_init(self) -> None:
+        """``init_from``, ``init_keys`` and ``init_step``: of the types they take (ConfigError naming the field)."""
+        keys = self.init_keys
+        if isinstance(keys, str) or not isinstance(keys, Iterable) or not all(isinstance(k, str) and k for k in keys):
+            raise ConfigError(f"init_keys must be a collection of state keys, got {keys!r}")
+        object.__setattr__(self, "init_keys", tuple(keys))
+        if not self.init_keys:
+            raise ConfigError("init_keys must name at least one state key")
+        if self.init_step is not None and (not checks.is_int(self.init_step) or self.init_step < 0):
+            raise ConfigError(f"init_step must be a committed step (an integer >= 0) or None, got {self.init_step!r}")
+        if self.init_step is not None and self.init_from is None:
+            raise ConfigError("init_step needs init_from (the run whose step it is)")
+        source = self.init_from
+        if source is not None and not isinstance(source, (str, os.PathLike, list, tuple)):
+            raise ConfigError(f"init_from must be a run directory, a list of a node-local run's directories or a URL, got {source!r}")
 
     def _plan_horizon(self, plan: PlanConfig, total_steps: int | None) -> int | None:
         """The horizon ``total_steps`` and ``plan.total_steps`` agree on (the one set, when one is);
@@ -271,7 +300,8 @@ class SessionConfig:
             "preemption": PreemptionConfig(_signals_tuple(given["preemption_signals"]), given["grace"]),
             "io": IOConfig(given["on_error"], given["run_dir_layout"], given["writer"], given["persist"]),
         }
-        return cls(**_policy_fields(given), total_steps=given["total_steps"], prior=given["prior"], clock=given["clock"], **parts)
+        init = {"init_from": given["init_from"], "init_keys": given["init_keys"], "init_step": given["init_step"]}
+        return cls(**_policy_fields(given), total_steps=given["total_steps"], prior=given["prior"], clock=given["clock"], **init, **parts)
 
 
 class SessionOptions(TypedDict, total=False):
@@ -303,6 +333,9 @@ class SessionOptions(TypedDict, total=False):
     remote_retention: RetentionPolicy | None  # retention.remote_policy
     peer_copies: int  # retention.peer_copies
     persist: str | None  # io.persist
+    init_from: SourceLike | None  # init_from
+    init_keys: tuple[str, ...]  # init_keys
+    init_step: int | None  # init_step
 
 
 #: The default of each of ``Session``'s keyword arguments (the one table of them).
@@ -334,6 +367,9 @@ OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "remote_retention": None,
         "peer_copies": 0,
         "persist": None,
+        "init_from": None,
+        "init_keys": ("model",),
+        "init_step": None,
     }
 )
 #: The keywords that describe the plan (with ``policy``): a ``plan_config`` holds them all.

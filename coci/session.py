@@ -40,10 +40,12 @@ from coci.checkpoint import rng_state
 from coci.checkpoint.checkpointer import Checkpointer, PendingCheckpoint, PersistResult, writer_for
 from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir
 from coci.checkpoint.peers import PeerCopying
+from coci.checkpoint.read_only import load_from
 from coci.checkpoint.remote.history import history_offset
 from coci.checkpoint.remote.promotion import Promotion
 from coci.checkpoint.restore import Found, Restorer, RestoreResult, apply_checkpoint
 from coci.checkpoint.run_lock import lock_for_job
+from coci.checkpoint.run_source import open_source
 from coci.checkpoint.sharded import ShardedState, fenced_ptrs, state_tensor_bytes
 from coci.checkpoint.stateful import is_stateful, state_epoch, validate_state
 from coci.config import PERSIST_MODES, SessionConfig, SessionOptions, build_config, session_policy
@@ -109,6 +111,9 @@ class Session:
         self.state = validate_state(state)
         self._sharded = ShardedState.detect(self.state)  # FSDP2 / DTensor state: through DCP's state_dict API
         self.config = build_config("Session", config, options)
+        missing = sorted(set(self.config.init_keys) - set(self.state)) if self.config.init_from is not None else []
+        if missing:
+            raise ConfigError(f"init_keys {missing} are not keys of state ({sorted(self.state)})")
         self._save_last = self.config.retention.save_last
         self.run_dir = Path(run_dir)
         try:
@@ -161,6 +166,8 @@ class Session:
         self._overhead = OverheadLedger()  # coci's own seconds on the training thread (the report's total)
         self._contention = CpuContention()  # on the training thread: what a planner CPU second costs it
         self._restored_at_age: float | None = None  # process age when restore() finished; None: no restart
+        #: What ``restore()`` loaded from ``init_from`` (a run without checkpoints of its own); None otherwise.
+        self.initialized: RestoreResult | None = None
         self._hooks = [opt.register_step_pre_hook(self._fence_hook) for opt in self._optimizers()]
         self._run_files.write_plan(self.plan, self._steps)  # a plan known up front (a precomputed coci.Plan) is recorded from step 0
         state_bytes = state_tensor_bytes(self.state)
@@ -333,7 +340,24 @@ class Session:
             clock=self._clock,
             step=self._steps,
         ).run()
+        if found is None and self.config.init_from is not None:
+            self._start_from_init()
         return None if found is None else self._restored(found)
+
+    def _start_from_init(self) -> None:
+        """A run without checkpoints of its own starts from ``init_from``'s ``init_keys`` (read-only
+        on that run: :func:`coci.load`); recorded as an ``init_from`` event. Collective under
+        ``torch.distributed`` when the keys hold sharded state."""
+        config = self.config
+        began = self._clock()
+        run = open_source(config.init_from)  # type: ignore[arg-type]  # checked not None by the caller
+        result = load_from(run, {key: self.state[key] for key in config.init_keys}, step=config.init_step, strict=True)
+        self.initialized = result
+        self.events.emit(
+            "init_from", step=self._steps, source=run.label, from_step=result.step, keys=list(config.init_keys), path=str(result.path),
+            seconds=self._clock() - began, bytes=result.nbytes, skipped=[str(p) for p in result.skipped],
+        )
+        logger.info("coci: started from %s step %d (%s)", run.label, result.step, ", ".join(config.init_keys))
 
     def _restored(self, found: Found) -> RestoreResult:
         """Book a restore that loaded ``found`` (profile, retention, events)."""

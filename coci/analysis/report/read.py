@@ -184,6 +184,7 @@ class ReportData(BaseModel):
     comparison_steps: dict[str, list[int]] = Field(default_factory=dict)
     errors: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    initialized_from: str | None = None  # Session(init_from=): the run, step and keys this run started from
 
 
 def read_run(run_dir: Path) -> ReportData:
@@ -237,6 +238,7 @@ def read_run(run_dir: Path) -> ReportData:
         loss_source=loss_source,
         errors=errors,
         notes=notes,
+        initialized_from=events.initialized_from,
     )
 
 
@@ -296,6 +298,7 @@ class _EventDigest:
         self.reached: int | None = None  # the furthest step a close, progress, stall, snapshot or step mark names
         self.ledger = _Ledger()
         self.peers: dict[str, float] = {"peer_sent": 0, "peer_bytes": 0, "peer_seconds": 0.0, "peer_received": 0, "peer_refused": 0}
+        self.initialized_from: str | None = None  # the last init_from event, described
 
     def add(self, event: dict[str, Any]) -> None:
         kind, step = event.get("event"), event_step(event)
@@ -311,6 +314,10 @@ class _EventDigest:
         self.ledger.add(event, kind)
         self._preemption(event, kind, step)
         self._peer(event, kind)
+        if kind == "init_from":
+            keys = event.get("keys")
+            named = ", ".join(map(str, keys)) if isinstance(keys, list) else "?"
+            self.initialized_from = f"{event.get('source')} step {event.get('from_step')} ({named})"
 
     def _peer(self, event: dict[str, Any], kind: Any) -> None:
         """The totals of the ``peer_send``, ``peer_receive`` and ``peer_skip`` events."""

@@ -65,6 +65,8 @@ def summary(data: ReportData, plans: dict[str, Plan]) -> str:
     if data.profile is not None and data.profile.state_bytes:
         run += f", state {format_bytes(data.profile.state_bytes)}"
     lines.append(run)
+    if data.initialized_from is not None:
+        lines.append(f"  started from: {data.initialized_from} (init_from)")
     lines += _plan_lines(data)
     lines += _why_lines(data)
     lines += _checkpoint_lines(data)
