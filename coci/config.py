@@ -215,7 +215,7 @@ class SessionConfig:
 
     init_from: SourceLike | None = None
     """Another run to start from, once: its run directory, node-local directories or URL (as
-    :func:`coci.load` takes it); ``restore()`` on a run without checkpoints of its own fills
+    ``coci.load`` takes it); ``restore()`` on a run without checkpoints of its own fills
     ``init_keys`` from it. None: a fresh run starts from the state as given."""
 
     init_keys: tuple[str, ...] = ("model",)

@@ -346,7 +346,7 @@ class Session:
 
     def _start_from_init(self) -> None:
         """A run without checkpoints of its own starts from ``init_from``'s ``init_keys`` (read-only
-        on that run: :func:`coci.load`); recorded as an ``init_from`` event. Collective under
+        on that run: ``coci.load``); recorded as an ``init_from`` event. Collective under
         ``torch.distributed`` when the keys hold sharded state."""
         config = self.config
         began = self._clock()

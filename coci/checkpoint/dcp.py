@@ -380,7 +380,7 @@ class DcpReader:
         keys: frozenset[str] | None = None,
     ) -> LoadedCheckpoint:
         """Verify this process's share of the files, agree with the others, then load (collective).
-        ``keys``: only these state keys are read (:func:`load_dcp_checkpoint`)."""
+        ``keys``: only these state keys are read (``load_dcp_checkpoint``)."""
         assert isinstance(record, DcpManifest)
         group = (0,) if context is None else context.node_ranks  # the ranks sharing this directory: a share each
         share = record.present_files()[group.index(0 if context is None else context.rank) :: len(group)]

@@ -7,7 +7,7 @@ from the model config the Trainer integration recorded with the run, ``model.saf
 tied weights written once).
 
 The checkpoint is verified first as a restore verifies it (sizes, checksums, record; a corrupt
-newest step is passed over and named in the result, as :func:`coci.load` does), then its tensors are
+newest step is passed over and named in the result, as ``coci.load`` does), then its tensors are
 streamed: the safetensors header is built from the commit record's tensor table, and the tensors
 are read one at a time (coci's format, each at its offset) or in batches of at most
 ``knobs.EXPORT_BUFFER_BYTES`` (DCP's, full tensors assembled from every rank's shards), each
@@ -82,7 +82,7 @@ class ExportedTensor:
 
 @dataclass(frozen=True)
 class ExportResult:
-    """What :func:`export` wrote."""
+    """What ``export`` wrote."""
 
     path: Path
     step: int
@@ -106,7 +106,7 @@ def export(
     """Write state key ``key`` (default: the model) of ``source``'s newest verified checkpoint (or of
     ``step``) to ``out`` as full tensors, in ``format`` (see the module).
 
-    ``source``: as :func:`coci.load` takes it. ``model_config``: for ``hf``, the model's
+    ``source``: as ``coci.load`` takes it. ``model_config``: for ``hf``, the model's
     ``config.to_dict()`` when the run has none recorded (a run of the Trainer integration has).
     ConfigError naming the format, the step or an ``hf`` export without a model config;
     StateMismatchError naming an unknown key; CorruptCheckpointError when no candidate verifies.
@@ -341,7 +341,7 @@ def write_model_record(run_dir: Path, config: Mapping[str, Any], tied: Mapping[s
 
 
 def read_model_record(run_dir: Path) -> dict[str, Any] | None:
-    """The run's model record (:func:`write_model_record`); None without one; ConfigError naming the
+    """The run's model record (``write_model_record``); None without one; ConfigError naming the
     file when it is not one (untrusted JSON: a config object and a name -> name map)."""
     path = run_dir / MODEL_RECORD_FILENAME
     try:

@@ -2,12 +2,12 @@
 
 The candidates are the run's committed steps, newest first (or the one step asked for). Each is
 verified as ``Session.restore()`` verifies it (sizes, checksums, the record as untrusted input),
-through the same readers (:func:`coci.checkpoint.checkpointer.reader_for`), reading only the state
+through the same readers (``coci.checkpoint.checkpointer.reader_for``), reading only the state
 keys asked for; one that fails verification is passed over with a warning and named in the
 result's ``skipped``. A verified checkpoint that does not fit the objects (an unknown key, a tensor
 of another shape) is never passed over: that is the caller's mistake, a StateMismatchError naming it.
 
-Nothing is written into the run (:mod:`coci.checkpoint.run_source`), no lock taken, no RNG stream
+Nothing is written into the run (``coci.checkpoint.run_source``), no lock taken, no RNG stream
 nor session counter touched. Without a process group a checkpoint of any world size loads as full
 tensors; under ``torch.distributed`` with DTensor (FSDP2, tensor parallel) objects every rank calls
 it and each loads its shards of its own mesh (collective; DCP reshards).
@@ -51,7 +51,7 @@ def load(
     Args:
         source: a run directory, the list of a node-local run's directories (one per node), or a
             remote URL (``s3://bucket/prefix``, ``file:///path``, a scheme of
-            :func:`coci.register_remote_scheme`).
+            ``coci.register_remote_scheme``).
         state: name -> object, any subset of the keys the checkpoint holds; a bare module stands
             for ``{"model": module}``. Modules, optimizers, tensors and objects with
             ``load_state_dict`` are filled in place, all or nothing.
@@ -60,7 +60,7 @@ def load(
         strict: a key of ``state`` the checkpoint lacks is a StateMismatchError; False leaves it as
             it is (logged).
 
-    Returns the :class:`coci.RestoreResult` (``skipped``: the corrupt steps passed over). Raises
+    Returns the ``coci.RestoreResult`` (``skipped``: the corrupt steps passed over). Raises
     CorruptCheckpointError when no candidate verifies, NewerCheckpointError for a run written by a
     newer coci, StateMismatchError naming a key or a tensor and both shapes that do not fit.
     """
@@ -89,7 +89,7 @@ def candidate_steps(run: RunSource, step: int | None) -> list[int]:
 
 
 def load_from(run: RunSource, state: dict[str, Any], *, step: int | None, strict: bool, began: float | None = None) -> RestoreResult:
-    """:func:`load` from an opened :class:`RunSource` (``state`` already checked)."""
+    """``load`` from an opened ``RunSource`` (``state`` already checked)."""
     began = time.perf_counter() if began is None else began
     candidates = candidate_steps(run, step)
     refuse_newer(run, candidates[0])

@@ -1,8 +1,8 @@
 """A run's committed checkpoints, read from outside the run: by ``coci.load``, ``coci export`` and
 ``Session(init_from=...)``.
 
-:func:`open_source` takes what a user names (a run directory, a node-local run's directories, a
-remote URL ``s3://...`` or ``file://...``) and returns a :class:`RunSource`: the committed steps and,
+``open_source`` takes what a user names (a run directory, a node-local run's directories, a
+remote URL ``s3://...`` or ``file://...``) and returns a ``RunSource``: the committed steps and,
 for one step, a directory holding the whole checkpoint (record and files). Nothing of the run is
 written, created or deleted and no lock is taken: a run directory's own ``step_<n>`` is read where it
 is (beside a live ``Session``, on a read-only mount); a remote step is downloaded (sizes and crc32c
@@ -42,7 +42,7 @@ SourceLike = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 @dataclass(frozen=True)
 class RunSource:
     """A run's committed checkpoints, wherever they are. ``steps``: newest first (committed, not
-    yet verified); :meth:`opened` gives one step's checkpoint as a local directory."""
+    yet verified); ``opened`` gives one step's checkpoint as a local directory."""
 
     label: str  # how the run is named in messages
     run_dir: Path | None  # a single run directory (its run files: model config, run id); None otherwise
