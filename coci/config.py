@@ -122,6 +122,9 @@ class RemoteConfig:
     owner: str = "refuse"
     """Another run's prefix: ``"refuse"`` (ConfigError naming its owner) or ``"adopt"`` (continue from its checkpoints, never deleting them)."""
 
+    close_timeout: float = 60.0
+    """Seconds ``close()`` spends at most on the remote tier (the last uploads, then the history); a step not uploaded by then stays committed locally, is recorded, and is promoted by the next run that restores it (a duration such as ``"5min"`` is accepted)."""
+
     def __post_init__(self) -> None:
         if self.store is not None and not _is_store(self.store) and not (isinstance(self.store, (str, os.PathLike)) and os.fspath(self.store)):
             raise ConfigError(f"remote must be a coci.RemoteStore, a URL or a directory path, got {self.store!r}")
@@ -131,6 +134,7 @@ class RemoteConfig:
             if not isinstance(self.storage_options, Mapping):
                 raise ConfigError(f"storage_options must be a mapping of S3 options, got {self.storage_options!r}")
             object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
+        object.__setattr__(self, "close_timeout", parse_duration(self.close_timeout, field="remote_close_timeout", positive=True))
         if self.owner not in REMOTE_OWNER_MODES:
             raise ConfigError(f"remote_owner must be one of {', '.join(map(repr, REMOTE_OWNER_MODES))}, got {self.owner!r}")
 
@@ -296,7 +300,7 @@ class SessionConfig:
                 given["keep_last"], given["keep_last_remote"], given["save_last"], given["retention"], given["remote_retention"],
                 given["peer_copies"],
             ),
-            "remote": RemoteConfig(given["remote"], given["storage_options"], given["remote_owner"]),
+            "remote": RemoteConfig(given["remote"], given["storage_options"], given["remote_owner"], given["remote_close_timeout"]),
             "preemption": PreemptionConfig(_signals_tuple(given["preemption_signals"]), given["grace"]),
             "io": IOConfig(given["on_error"], given["run_dir_layout"], given["writer"], given["persist"]),
         }
@@ -327,6 +331,7 @@ class SessionOptions(TypedDict, total=False):
     storage_options: Mapping[str, Any] | None  # remote.storage_options
     keep_last_remote: int | None  # retention.keep_last_remote
     remote_owner: str  # remote.owner
+    remote_close_timeout: str | float  # remote.close_timeout
     run_dir_layout: str  # io.run_dir_layout
     writer: WriterFactory | None  # io.writer
     retention: RetentionPolicy | None  # retention.policy
@@ -361,6 +366,7 @@ OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "storage_options": None,
         "keep_last_remote": _DEFAULT_KEEP_LAST,
         "remote_owner": "refuse",
+        "remote_close_timeout": 60.0,
         "run_dir_layout": "auto",
         "writer": None,
         "retention": None,

@@ -188,6 +188,11 @@ REPORT_MAX_PLAN_CHECKPOINTS: int = 100_000
 #: most this long (a peer's closed connection is usually detected at once), so nothing is committed
 #: and no survivor waits forever. Must exceed the longest persist of one rank's share.
 DIST_TIMEOUT_SECONDS: float = 600.0
+#: One shared run directory: how long rank 0 lists a checkpoint's ``.tmp`` directory again for
+#: the files the other ranks wrote before it refuses to commit (the directory is not shared: a
+#: node-local disk under ``run_dir_layout="shared"``). A network file system's cache may show a
+#: new name late; a few seconds spent once per checkpoint only when a file is missing.
+COMMIT_VISIBLE_SECONDS: float = 5.0
 
 # --- simulate (coci.analysis.simulate) --------------------------------------------------------------
 

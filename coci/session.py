@@ -39,6 +39,7 @@ from coci import distributed, knobs, preemption, safe_files
 from coci.checkpoint import rng_state
 from coci.checkpoint.checkpointer import Checkpointer, PendingCheckpoint, PersistResult, writer_for
 from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir
+from coci.checkpoint.nodes import check_replicas_within_nodes
 from coci.checkpoint.peers import PeerCopying
 from coci.checkpoint.read_only import load_from
 from coci.checkpoint.remote.history import history_offset
@@ -69,9 +70,6 @@ _PEER_CLOSE_SECONDS: float = 120.0
 #: The session writes a ``progress`` event (just the step) at most this often, so the report can
 #: tell how far a killed process got (the work a failure lost) to within this many seconds.
 _PROGRESS_EVENT_SECONDS: float = 10.0
-
-#: How long ``close()`` waits for the last mirror of the history.
-_HISTORY_CLOSE_SECONDS: float = 15.0
 
 
 class Session:
@@ -127,16 +125,18 @@ class Session:
         self._profiler = Profiler(clock=self._clock)
         # distributed: coci's gloo groups (collective), per-rank event logs
         self._dist = _with_layout(distributed.DistributedContext.detect(), self.run_dir, self.config.io.run_dir_layout)
+        if self._dist is not None:  # a mesh whose replicas span node-local directories could never be restored
+            check_replicas_within_nodes(self._sharded.dtensors(), self._dist)
         self._lock = lock_for_job(self.run_dir, self._dist)  # one session per run directory
         if self._dist is not None and not self._dist.is_coordinator:
             self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
+        # the previous process's last event, read before this one writes any (the step mark's `reached` included)
+        previous_end = preemption.last_event_time(self.events.path)
+        events_start = history_offset(self.events.path)  # where this process's events begin: before its first event
         if self._dist is not None:
             nodes_seen = [list(ranks) for ranks in self._dist.nodes or ()]
             layout = "node-local" if self._dist.node_local else "shared"
             self.events.emit("run_dir_layout", step=0, layout=layout, setting=self.config.io.run_dir_layout, nodes=nodes_seen, node=self._dist.node)
-        # the previous process's last event, read before this one writes any (the step mark's `reached` included)
-        previous_end = preemption.last_event_time(self.events.path)
-        events_start = history_offset(self.events.path)  # where this process's events begin
         self._mark = open_step_mark(self.run_dir, self.events) if self._dist is None or self._dist.is_coordinator else None
         writer = (self.config.io.writer or writer_for)(checkpoints_dir(self.run_dir), self._dist)
         persist = self.config.io.persist or knobs.PERSIST_MODE
@@ -371,6 +371,8 @@ class Session:
         if tier == "remote" and self._remote is not None:
             self._remote.tier.trust(loaded.step)
             self._profiler.record_remote_restore(seconds)
+        elif self._remote is not None:  # the previous close() may have left it unpromoted
+            self._remote.resume_unfinished(loaded.step, path)
         if tier == "peer":
             self._profiler.record_peer_restore(seconds)
         if self._peers is not None:
@@ -428,7 +430,7 @@ class Session:
             if self._remote is not None:  # the last promotion finishes before the run ends
                 if final:
                     self._remote.promote_always(self._steps)
-                self._remote.tier.wait()
+                self._remote.finish_uploads(self._steps, self.config.remote.close_timeout)  # with the history's: bounded
             if self._peers is not None:  # the last peer copy too (collective unless failing: no server stops first)
                 self._peers.copies.close(_PEER_CLOSE_SECONDS, collective=not self._failed_close)
         finally:
@@ -445,8 +447,8 @@ class Session:
         self.events.emit(
             "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._overhead.as_event()
         )
-        if self._remote is not None and self._remote.history is not None:  # the close event included: this process closed
-            self._remote.history.close(_HISTORY_CLOSE_SECONDS)
+        if self._remote is not None:  # the close event included: this process closed (within the remote limit)
+            self._remote.close_history()
         self.events.close()
         if self._mark is not None:
             self._mark.close()

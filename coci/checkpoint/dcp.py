@@ -23,9 +23,11 @@ records global shapes) and loaded into fresh DTensors of the reader's mesh (resh
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import secrets
 import shutil
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -33,7 +35,7 @@ from typing import Any
 
 import torch
 
-from coci import distributed
+from coci import distributed, knobs
 from coci.checkpoint import commit, dcp_checks, faults, fileio, layout, record_reads, records, retention
 from coci.checkpoint.dcp_manifest import (
     DCP_FORMAT,
@@ -345,6 +347,14 @@ class DcpWriter:
         votes: list[tuple[list[FileEntry], dict[str, Any]]],
     ) -> None:
         files = [entry for written, _ in votes for entry in written]
+        unseen = _unseen_files(tmp, [(rank, entry) for rank, (written, _) in enumerate(votes) for entry in written])
+        if unseen:
+            raise PersistError(
+                f"rank 0 cannot see {unseen} in {tmp}, so it never commits it "
+                "(the files other ranks wrote): the ranks do not share one run directory, but run_dir_layout "
+                "resolved to 'shared'. Give each node its own directory with Session(run_dir_layout='node-local') "
+                "(or 'auto'), or point every rank at one shared file system"
+            )
         files.append(fileio.describe_file(tmp / _DCP_METADATA))
         manifest = DcpManifest(
             **records.record_header(step, epoch=epoch, state_keys=state_keys, files=files),
@@ -355,6 +365,28 @@ class DcpWriter:
             ranks=[DcpPart.model_validate(part) for _, part in votes],
         )
         commit.publish(self.root, tmp, self.root / layout.step_dirname(step), manifest)
+
+
+def _unseen_files(tmp: Path, written: list[tuple[int, FileEntry]]) -> str:
+    """The files other ranks reported writing into ``tmp`` that this process does not see at
+    their size (``"rank 1's __1_0.distcp, ..."``), after listing ``tmp`` again for at most
+    ``knobs.COMMIT_VISIBLE_SECONDS`` (a shared file system's cache may show a new name late);
+    empty when every one is there. A commit never lists a file its writer cannot see."""
+    deadline = time.monotonic() + knobs.COMMIT_VISIBLE_SECONDS
+    while True:
+        missing = [(rank, entry.name) for rank, entry in written if not _has_size(tmp / entry.name, entry.size)]
+        if not missing or time.monotonic() >= deadline:
+            shown = ", ".join(f"rank {rank}'s {name}" for rank, name in missing[:8])
+            return shown + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        os.listdir(tmp)  # a fresh listing revalidates a network file system's cached directory
+        time.sleep(0.2)
+
+
+def _has_size(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False
 
 
 # --- reading -----------------------------------------------------------------------------------

@@ -12,17 +12,21 @@ from the remote when the checkpoint was saved by another layout (resharding).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from coci import distributed
 from coci.checkpoint import layout
 from coci.checkpoint.dcp import verify_dcp_checkpoint
 from coci.checkpoint.dcp_manifest import checkpoint_id, file_rank
 from coci.distributed import DistributedContext
-from coci.errors import CorruptCheckpointError
+from coci.errors import ConfigError, CorruptCheckpointError
 
-__all__ = ["NodePart", "check_parts", "local_steps", "missing_pieces"]
+__all__ = ["NodePart", "check_parts", "check_replicas_within_nodes", "local_steps", "missing_pieces", "replicas_across_nodes"]
 
 
 @dataclass(frozen=True)
@@ -90,3 +94,52 @@ def missing_pieces(step: int, parts: list[NodePart], context: DistributedContext
         lacks = f" lacks its shards {', '.join(shards)}" if shards else ""
         pieces.append(f"node {part.node} (ranks {', '.join(map(str, ranks))}){lacks}: {part.problem}")
     return f"step_{step}: " + "; ".join(pieces)
+
+
+def check_replicas_within_nodes(tensors: Iterable[torch.Tensor], context: DistributedContext) -> None:
+    """ConfigError, before any checkpoint, when a DTensor of the state is replicated over a mesh
+    dimension whose ranks sit on different nodes of node-local run directories (HSDP's replicate
+    dimension across nodes, a tensor-parallel bias across nodes): DCP writes a replicated chunk
+    once in the whole job, so a node's part would lack chunks its ranks load and no restart could
+    load the checkpoint. The message names the mesh dimension and the fixes."""
+    if not context.node_local:
+        return
+    seen: set[tuple[int, tuple[Any, ...]]] = set()
+    for tensor in tensors:
+        mesh, placements = getattr(tensor, "device_mesh", None), tuple(getattr(tensor, "placements", ()))
+        if mesh is None or (id(mesh), placements) in seen:
+            continue
+        seen.add((id(mesh), placements))
+        names = getattr(mesh, "mesh_dim_names", None) or ()
+        replicated = [placement.is_replicate() or placement.is_partial() for placement in placements]
+        problem = replicas_across_nodes(mesh.mesh.tolist(), replicated, tuple(names), context.nodes or ())
+        if problem is not None:
+            raise ConfigError(
+                f"{problem}: on node-local run directories DCP would write each replicated chunk on one node only, and no "
+                "node could restore its part. Use one shared run directory for every node (run_dir_layout='shared' on a "
+                "shared file system), or a mesh whose replicas of each chunk all sit on one node (the replicate "
+                "dimension within a node, the shard dimension across nodes)"
+            )
+
+
+def replicas_across_nodes(
+    ranks: Any, replicated: Sequence[bool], names: tuple[str, ...], nodes: Sequence[Sequence[int]]
+) -> str | None:
+    """Which replicated dimension of a device mesh spans nodes: ``ranks`` is the mesh's global
+    ranks (nested lists, one level per dimension), ``replicated[d]`` whether the tensor is
+    replicated (or partial) over dimension ``d``, ``names`` the dimensions' names, ``nodes`` the
+    ranks of each node. None when every group of replicas is on one node."""
+    node_of = {rank: index for index, members in enumerate(nodes) for rank in members}
+    grid = torch.tensor(ranks, dtype=torch.long)
+    for dim, is_replicated in enumerate(replicated):
+        if not is_replicated or grid.shape[dim] < 2:
+            continue
+        for group in grid.movedim(dim, -1).reshape(-1, grid.shape[dim]).tolist():
+            spanned = sorted({node_of.get(rank, -1) for rank in group})
+            if len(spanned) > 1:
+                name = repr(names[dim]) if dim < len(names) else str(dim)
+                return (
+                    f"the state's DTensors are replicated over mesh dimension {name} (size {grid.shape[dim]}), whose ranks "
+                    f"{group} sit on nodes {spanned}"
+                )
+    return None

@@ -230,6 +230,12 @@ class ShardedState:
     def keys(self) -> frozenset[str]:
         return frozenset(self.modules) | frozenset(self.optimizers) | frozenset(self.tensors)
 
+    def dtensors(self) -> list[torch.Tensor]:
+        """Every DTensor of the sharded entries: the modules' parameters and buffers, the tensors
+        given directly (an optimizer's state follows its parameters' placements)."""
+        found = [t for module in self.modules.values() for t in (*module.parameters(), *module.buffers()) if is_dtensor(t)]
+        return found + [t for t in self.tensors.values() if is_dtensor(t)]
+
     def state_dicts(self) -> dict[str, Any]:
         """Each sharded entry's state dict: DTensors over the live local shards (nothing copied).
 

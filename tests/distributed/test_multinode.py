@@ -201,3 +201,24 @@ def test_another_layout_fetches_the_whole_checkpoint_and_reshards(tmp_path: Path
         record = json.loads((layout.checkpoints_dir(node_dir(tmp_path, node)) / "step_8" / "manifest.json").read_text())
         assert "node" not in record and record["nodes"] == [[0], [1]]  # the whole checkpoint, as saved
     assert_same_state(torch.load(node_dir(tmp_path, 0) / "restored.pt", weights_only=True), at_stop)
+
+
+def test_shared_forced_on_node_local_directories_fails_the_first_commit_naming_the_fix(tmp_path: Path) -> None:
+    outcomes = run_nodes(tmp_path, "--run-dir-layout", "shared", survivor_grace=60.0)
+    assert [o.code for o in outcomes] != [0, 0]
+    for outcome in outcomes:  # every rank stops at its first checkpoint's commit, with the fix
+        assert "PersistError" in outcome.output and "rank 0 cannot see rank 1's __1_0.distcp" in outcome.output, outcome.output[-3000:]
+        assert "Session(run_dir_layout='node-local')" in outcome.output
+    for node in range(2):  # nothing committed anywhere: no manifest lists a file its writer cannot see
+        assert not layout.committed_steps(layout.checkpoints_dir(node_dir(tmp_path, node)))
+    steps_run = (node_dir(tmp_path, 0) / "samples_rank0.txt").read_text().splitlines()
+    assert len(steps_run) < STEPS  # it stopped at the failed commit, not at the end of the run
+
+
+def test_hsdp_replicas_across_node_local_directories_are_refused_before_the_first_step(tmp_path: Path) -> None:
+    outcomes = run_nodes(tmp_path, "--layout", "hsdp", survivor_grace=60.0)  # mesh (2, 1): replicate across the two nodes
+    assert [o.code for o in outcomes] != [0, 0]
+    for node, outcome in enumerate(outcomes):
+        assert "ConfigError" in outcome.output and "mesh dimension 'replicate' (size 2)" in outcome.output, outcome.output[-3000:]
+        assert not (node_dir(tmp_path, node) / f"samples_rank{node}.txt").exists()  # refused in Session(), before any step
+        assert not layout.committed_steps(layout.checkpoints_dir(node_dir(tmp_path, node)))

@@ -211,6 +211,38 @@ def test_silent_endpoint_restores_locally_and_close_gives_up(tmp_path: Path, sil
     assert (step_dir(run_dir, 6) / "manifest.json").is_file()  # the local tier is untouched
 
 
+def test_close_against_a_silent_endpoint_returns_within_its_limit_and_the_next_run_promotes(
+    tmp_path: Path, silent_endpoint: SilentS3, short_limits: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request gives up after about a second, but a promotion retries 1000 times: without
+    close()'s overall limit it would take over 15 minutes. remote_close_timeout=3 ends it; step 6
+    stays committed locally, is recorded, and the next run (another remote: a directory) promotes it."""
+    from coci import knobs
+    from coci.checkpoint.remote.promotion import UNFINISHED_FILENAME
+    from coci.checkpoint.verify import verify_run
+
+    monkeypatch.setattr(knobs, "UPLOAD_ATTEMPTS", 1000)
+    run_dir = tmp_path / "run"
+    state = build_state()
+    session = coci.Session(run_dir, state=state, policy=coci.EveryN(6), remote="s3://bucket/run", remote_close_timeout=3)
+    train(session, state, 6)
+    closing = time.monotonic()
+    session.close()
+    assert time.monotonic() - closing < SILENT_BOUND_SECONDS / 2  # 3 s and the last local work; uncapped: > 1000 s
+    (unfinished,) = events_of(run_dir, "remote_unfinished")
+    assert unfinished["steps"] == [6] and unfinished["seconds"] == 3
+    assert json.loads((run_dir / UNFINISHED_FILENAME).read_text()) == {"steps": [6]}
+    assert [s.step for s in verify_run(run_dir) if s.ok] == [6]  # the local checkpoint is intact
+    assert not events_of(run_dir, "promoted")
+
+    remote = tmp_path / "remote"  # the next run: a remote that answers
+    with coci.Session(run_dir, state=build_state(), policy=coci.EveryN(100), remote=str(remote)) as resumed:
+        assert (result := resumed.restore()) is not None and (result.step, result.tier) == (6, "local")
+    assert [e["step"] for e in events_of(run_dir, "remote_resumed")] == [6]
+    assert [e["step"] for e in events_of(run_dir, "promoted")] == [6]
+    assert (remote / "step_6" / "manifest.json").is_file() and not (run_dir / UNFINISHED_FILENAME).exists()
+
+
 def test_storage_options_set_the_limits_of_one_remote(tmp_path: Path, silent_endpoint: SilentS3, monkeypatch: pytest.MonkeyPatch) -> None:
     """The knobs say 10 minutes; this remote's storage_options say 1 s: they win."""
     from coci import knobs

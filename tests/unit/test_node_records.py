@@ -106,3 +106,17 @@ def test_an_unknown_run_dir_layout_is_refused_naming_it(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="run_dir_layout must be one of auto, shared, node-local, got 'nfs'"):
         coci.Session(tmp_path / "run", {"x": [1]}, policy=coci.EveryN(2), run_dir_layout="nfs")
+
+
+def test_a_replicated_mesh_dimension_across_node_local_directories_is_named() -> None:
+    from coci.checkpoint.nodes import replicas_across_nodes
+
+    two_nodes = [[0, 1], [2, 3]]
+    hsdp = [[0, 1], [2, 3]]  # (replicate, shard): replicas {0, 2} and {1, 3} sit on both nodes
+    problem = replicas_across_nodes(hsdp, [True, False], ("replicate", "shard"), two_nodes)
+    assert problem is not None and "mesh dimension 'replicate' (size 2)" in problem and "[0, 2]" in problem and "[0, 1]" in problem
+    assert replicas_across_nodes(hsdp, [False, True], ("replicate", "shard"), two_nodes) is None  # replicas within a node
+    assert replicas_across_nodes(hsdp, [False, False], ("a", "b"), two_nodes) is None  # sharded on both: each rank its own chunk
+    assert replicas_across_nodes([[0], [1]], [True, False], (), [[0], [1]]) is not None  # (2, 1): every replica on its own node
+    assert "dimension 0" in (replicas_across_nodes([[0], [1]], [True, False], (), [[0], [1]]) or "")
+    assert replicas_across_nodes(hsdp, [True, False], ("replicate", "shard"), [[0, 1, 2, 3]]) is None  # one node

@@ -10,7 +10,9 @@ directory, each node's leader on node-local ones).
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,24 +23,34 @@ from coci.checkpoint.remote.schemes import RemoteLike, open_store
 from coci.checkpoint.remote.tier import NodeRole, RemoteTier, UploadListener
 from coci.checkpoint.retention import RetentionPolicy
 from coci.distributed import DistributedContext
-from coci.events import EventLog
+from coci.errors import ConfigError
+from coci.events import EventLog, read_run_file, write_run_file
 
-__all__ = ["Promotion"]
+__all__ = ["UNFINISHED_FILENAME", "Promotion"]
 
 logger = logging.getLogger(__name__)
+
+#: In the run directory of a process that uploads: the steps ``close()`` left unpromoted (its
+#: limit passed), for the next run to promote the one it restores.
+UNFINISHED_FILENAME = "remote_unfinished.json"
+#: The share of ``close()``'s remote limit kept for the last history mirror (at most its 15 s).
+_HISTORY_SHARE = 0.25
+_HISTORY_MAX_SECONDS = 15.0
 
 
 class Promotion:
     """The remote tier of one session (rank 0's or a node leader's uploads, every rank's restores)."""
 
-    def __init__(self, tier: RemoteTier, events: EventLog, dist: DistributedContext | None) -> None:
+    def __init__(self, tier: RemoteTier, events: EventLog, dist: DistributedContext | None, run_dir: Path | None = None) -> None:
         self.tier = tier
+        self.run_dir = run_dir
         self.history: HistoryMirror | None = None  # rank 0's mirror of the run's history
         self._events = events
         self._dist = dist
         self._must_promote: set[int] = set()  # promoted whatever the plan says (preemption, final)
         self._promoted: set[int] = set()
         self._last_commit: tuple[int, Path] | None = None
+        self._history_seconds = _HISTORY_MAX_SECONDS  # close()'s last mirror (finish_uploads sets it)
 
     @classmethod
     def open(
@@ -63,7 +75,7 @@ class Promotion:
         tier.identity = claim_for_job(tier.store, run_dir, owner, events, dist)
         if tier.identity is None:  # the store did not answer: claimed before the first upload
             tier.claim = lambda: claim(tier.store, run_dir, owner, events)
-        promotion = cls(tier, events, dist)
+        promotion = cls(tier, events, dist, run_dir)
         if dist is None or dist.is_coordinator:
             promotion.history = HistoryMirror(tier.store, events, steps, history_from, owned=lambda: tier.owned() is not None)
             tier.after_promotion = promotion.history.request
@@ -117,3 +129,59 @@ class Promotion:
             return
         if added:
             self._events.emit("remote_history", step=step, events=added, remote=mirror.store.url)
+
+    def finish_uploads(self, step: int, limit: float) -> list[int]:
+        """``close()``'s wait for the queued promotions: ``limit`` seconds for them and the last
+        history mirror together (:meth:`close_history` gets what they leave, at least its share).
+        A promotion unfinished by then is stopped, recorded (a ``remote_unfinished`` event and
+        :data:`UNFINISHED_FILENAME`) and its steps returned; the local checkpoints are untouched."""
+        began = time.monotonic()
+        kept = min(_HISTORY_MAX_SECONDS, limit * _HISTORY_SHARE) if self.history is not None else 0.0
+        self.tier.wait(limit - kept)
+        self._history_seconds = max(limit - (time.monotonic() - began), 0.0)
+        unfinished = self.tier.stop() if self.tier.in_flight else []
+        if unfinished:
+            logger.warning(
+                "close(): the remote tier did not take step(s) %s within remote_close_timeout=%.3g s: they stay committed "
+                "locally and the next run that restores one promotes it", unfinished, limit,
+            )
+            self._events.emit("remote_unfinished", step=step, steps=unfinished, seconds=limit, remote=self.tier.store.url)
+            self._record_unfinished(unfinished)
+        return unfinished
+
+    def close_history(self) -> None:
+        """The last history mirror (the ``close`` event included), within what :meth:`finish_uploads`
+        left of ``close()``'s remote limit."""
+        if self.history is not None:
+            self.history.close(self._history_seconds)
+
+    def _record_unfinished(self, steps: list[int]) -> None:
+        if self.run_dir is None:
+            return
+        try:
+            write_run_file(self.run_dir / UNFINISHED_FILENAME, json.dumps({"steps": steps}))
+        except (OSError, ConfigError) as exc:
+            logger.warning("cannot record the unpromoted steps %s in %s: %s", steps, self.run_dir, exc)
+
+    def resume_unfinished(self, step: int, path: Path) -> bool:
+        """After a restore of local (or peer) ``step`` from ``path``: promote it when the previous
+        run's ``close()`` left it unpromoted (:data:`UNFINISHED_FILENAME`, then removed); True when
+        handed to the tier."""
+        if self.run_dir is None or not self.uploads:
+            return False
+        record = self.run_dir / UNFINISHED_FILENAME
+        try:
+            steps = json.loads(read_run_file(record, 1 << 16)).get("steps")
+        except FileNotFoundError:
+            return False
+        except (OSError, ConfigError, ValueError, AttributeError) as exc:
+            logger.warning("%s is unreadable (%s): ignored", record, exc)
+            steps = None
+        record.unlink(missing_ok=True)
+        listed = [s for s in steps if type(s) is int] if isinstance(steps, list) else []
+        if step not in listed:
+            return False
+        self._events.emit("remote_resumed", step=step, unfinished=listed)
+        self._must_promote.add(step)
+        self.committed(step, path, planned=True)
+        return True

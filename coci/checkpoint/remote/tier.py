@@ -96,6 +96,10 @@ class _NodesMissing(Exception):
     """Another node's objects of a promotion did not arrive (or a newer promotion superseded it)."""
 
 
+class _Stopped(Exception):
+    """The session closed with this promotion unfinished (:meth:`RemoteTier.stop`)."""
+
+
 @dataclass
 class _Job:
     step: int
@@ -129,6 +133,8 @@ class RemoteTier:
         self.role = role
         self._lock = threading.Lock()
         self._waiting: _Job | None = None
+        self._current: _Job | None = None  # the promotion being uploaded
+        self._stopping = False
         self._worker: threading.Thread | None = None
         self._trusted: set[int] = set()
         self.last_promoted_step = 0  # newest step committed remotely by this process or restored from it
@@ -174,6 +180,15 @@ class RemoteTier:
         if worker is not None:
             worker.join(timeout)
 
+    def stop(self) -> list[int]:
+        """Give up the promotions still queued or uploading (``close()``'s limit passed): the
+        worker ends at its next request instead of retrying; the steps it did not commit, oldest
+        first. Their local checkpoints are untouched."""
+        with self._lock:
+            self._stopping = True
+            unfinished = [job.step for job in (self._current, self._waiting) if job is not None]
+        return sorted(set(unfinished))
+
     def trust(self, step: int) -> None:
         """Count remote ``step`` (verified: restored from) as good for retention."""
         self._trusted.add(step)
@@ -183,12 +198,17 @@ class RemoteTier:
         while True:
             with self._lock:
                 job, self._waiting = self._waiting, None
-                if job is None:
+                self._current = job
+                if job is None or self._stopping:
                     self._worker = None
+                    if job is not None:
+                        job.close()
                     return
             try:
                 self._promote_with_retries(job)
             finally:
+                with self._lock:
+                    self._current = None
                 job.close()
 
     def _promote_with_retries(self, job: _Job) -> None:
@@ -197,13 +217,16 @@ class RemoteTier:
             try:
                 nbytes = self._upload(job)
                 break
+            except _Stopped:
+                logger.warning("promotion of step_%d stopped unfinished: the session closed", job.step)
+                return
             except (CorruptCheckpointError, ConfigError, _NodesMissing) as exc:  # the local copy is damaged, or the prefix is
                 # another run's now, or another node's part did not arrive: never promoted, not retried
                 self._give_up(job, exc, attempt)
                 return
             except Exception as exc:
                 logger.warning("promotion of step_%d failed (attempt %d of %d): %s", job.step, attempt, knobs.UPLOAD_ATTEMPTS, exc)
-                if attempt == knobs.UPLOAD_ATTEMPTS:
+                if attempt == knobs.UPLOAD_ATTEMPTS or self._stopping:
                     self._give_up(job, exc, attempt)
                     return
                 time.sleep(knobs.UPLOAD_RETRY_SECONDS * 2 ** (attempt - 1))
@@ -255,11 +278,13 @@ class RemoteTier:
     def _upload(self, job: _Job) -> int:
         """Data objects (each one's crc32c checked against the record), then the manifest: the commit."""
         prefix = f"{layout.step_dirname(job.step)}/"
+        self._check_stopping()
         if self.claimed() is not None:
             assert self.identity is not None  # the checkpoint's run record first: a partial upload is ours too
             self.identity.claim_step(self.store, job.step)
         began = self.clock()
         for entry, handle in zip(job.files, job.handles):
+            self._check_stopping()
             handle.seek(0)
             crc = self.store.put_file(prefix + entry.name, handle, entry.size)
             if entry.algorithm == "crc32c" and crc != entry.checksum:
@@ -271,10 +296,15 @@ class RemoteTier:
                 return sum(entry.size for entry in job.files)
             self._await_nodes(job)
         _check_listed(self.store.list_objects(prefix), prefix, job.record.files)
+        self._check_stopping()
         faults.fault("before_remote_commit")
         self.store.put_bytes(prefix + layout.MANIFEST_FILENAME, job.manifest)
         faults.fault("after_remote_commit")
         return sum(entry.size for entry in job.record.files) + len(job.manifest)
+
+    def _check_stopping(self) -> None:
+        if self._stopping:
+            raise _Stopped()
 
     def _node_uploaded(self, job: _Job, seconds: float) -> None:
         assert self.role is not None
@@ -299,6 +329,7 @@ class RemoteTier:
             if not absent:
                 return
             others_begun = any(prefix + e.name in listed for e in job.record.files if e.name not in mine)
+            self._check_stopping()
             superseded = self._waiting is not None and not others_begun
             if superseded or time.monotonic() > deadline:
                 why = "superseded by a newer promotion" if superseded else "not uploaded in time"
