@@ -49,7 +49,10 @@ batches were fetched (the loader's iterator draws a seed from the global RNG): t
 draws what the uninterrupted run drew. A run that had finished resumes to no step at all.
 
 Exact on CPU for the Trainer's default data order (Accelerate's seedable sampler, whose epoch order
-is a function of the seed and the epoch) and a dataset and collator that do not draw random numbers
+is a function of the seed and the epoch) and for ``train_sampling_strategy="group_by_length"``, whose
+``LengthGroupedSampler`` draws each epoch's order from the global torch RNG: coci keeps the RNG state
+that order was drawn from in each checkpoint and draws the resumed epoch's order from it again. Exact
+for a dataset and collator that do not draw random numbers
 while fetching; randomness inside ``dataloader_num_workers`` workers follows the worker seeds, which
 differ after a resume. Single process only (``args.world_size == 1``).
 
@@ -77,6 +80,7 @@ from typing import Any
 try:
     from transformers import Trainer, TrainerCallback
     from transformers.trainer_callback import ExportableState, TrainerControl, TrainerState
+    from transformers.trainer_pt_utils import LengthGroupedSampler
     from transformers.training_args import TrainingArguments
 except ImportError as exc:  # pragma: no cover - exercised only where transformers is absent
     raise ImportError(
@@ -88,7 +92,7 @@ import torch
 from coci import checks
 from coci.checkpoint import rng_state
 from coci.config import SessionConfig
-from coci.errors import ConfigError, StateError
+from coci.errors import ConfigError, StateError, StateMismatchError
 from coci.integrations._options import SessionHolder, final_checkpoint_wanted, for_trainer
 from coci.session import Session
 
@@ -130,6 +134,7 @@ def attach(
     callback._trainer = trainer
     trainer.callback_handler.callbacks.insert(0, callback)  # first: restores before, snapshots before the others
     trainer._run_epoch = _skipping_trained_epochs(callback, run_epoch)  # type: ignore[method-assign]
+    trainer._get_train_sampler = _replaying_orders(callback, trainer._get_train_sampler)  # type: ignore[method-assign]
     trainer.train = _closing_on_error(callback, trainer.train)  # type: ignore[method-assign]
     return callback
 
@@ -160,6 +165,7 @@ class CociCallback(SessionHolder, TrainerCallback):
         self._last_global_step = 0
         self._loss_before: torch.Tensor | None = None
         self._loss: torch.Tensor | None = None
+        self._order: _GlobalRngOrder | None = None  # the train sampler, when its order draws from the global RNG
 
     # -- Trainer hooks ---------------------------------------------------------------------------
 
@@ -270,6 +276,42 @@ def _skipping_trained_epochs(callback: CociCallback, run_epoch: Callable[..., An
     return run
 
 
+def _replaying_orders(callback: CociCallback, get_sampler: Callable[..., Any]) -> Callable[..., Any]:
+    """``Trainer._get_train_sampler`` whose sampler, when it draws each epoch's order from the global
+    torch RNG (HF's length-grouped sampler), records the RNG state it drew from (:class:`_GlobalRngOrder`)."""
+
+    @functools.wraps(get_sampler)
+    def build(*args: Any, **kwargs: Any) -> Any:
+        sampler = get_sampler(*args, **kwargs)
+        if isinstance(sampler, LengthGroupedSampler) and sampler.generator is None:
+            sampler = callback._order = _GlobalRngOrder(sampler)
+        return sampler
+
+    return build
+
+
+class _GlobalRngOrder(torch.utils.data.Sampler[int]):
+    """A sampler that draws each epoch's order from the global torch RNG when it is iterated (HF's
+    ``LengthGroupedSampler``), with the RNG state of the last draw kept: a checkpoint holds it, and
+    the first order drawn after a restore is drawn from it, so the resumed epoch has the order the
+    killed run trained on (the restored RNG is that of the checkpoint's step, later in the epoch)."""
+
+    def __init__(self, sampler: LengthGroupedSampler) -> None:
+        self.sampler = sampler
+        self.drawn_from: torch.Tensor | None = None  # the torch RNG state the current order was drawn from
+        self.replay: torch.Tensor | None = None  # restored: the next order is drawn from this state
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Any:
+        if self.replay is not None:
+            torch.set_rng_state(self.replay)  # left after the draw where the killed run's draw left it
+            self.replay = None
+        self.drawn_from = torch.get_rng_state()
+        return iter(list(self.sampler))
+
+
 def _closing_on_error(callback: CociCallback, train: Callable[..., Any]) -> Callable[..., Any]:
     """``Trainer.train`` that closes the session (no final checkpoint) when training raises."""
 
@@ -327,6 +369,7 @@ class _TrainerProgress:
             "globalstep_last_logged": int(trainer._globalstep_last_logged),
             "current_flos": float(trainer.current_flos),
             "callbacks": {key: callback.state()["attributes"] for key, callback in self._callbacks().items()},
+            "order_rng": self._owner._order.drawn_from if self._owner._order is not None else None,
         }
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
@@ -339,6 +382,14 @@ class _TrainerProgress:
         trainer._total_loss_scalar = float(saved["total_loss_scalar"])
         trainer._globalstep_last_logged = int(saved["globalstep_last_logged"])
         trainer.current_flos = saved["current_flos"]  # a number (checked)
+        order, order_rng = self._owner._order, saved.get("order_rng")
+        if order is not None:
+            if order_rng is None:
+                raise StateMismatchError(
+                    "the Trainer's length-grouped sampler draws each epoch's order from the global RNG and this "
+                    "checkpoint holds no record of it (written by a run without train_sampling_strategy='group_by_length'?)"
+                )
+            order.replay = order_rng
         callbacks = self._callbacks()
         for key, attributes in saved["callbacks"].items():
             callback = callbacks.get(key)
@@ -378,6 +429,9 @@ def _check_progress(saved: Any) -> None:
     for name, valid in (("total_loss_scalar", _is_finite), ("globalstep_last_logged", _is_index), ("current_flos", _is_count)):
         if not valid(saved.get(name)):
             raise StateError(f"checkpoint's trainer progress: {name} is {saved.get(name)!r}")
+    order_rng = saved.get("order_rng")
+    if order_rng is not None and not (isinstance(order_rng, torch.Tensor) and order_rng.dtype == torch.uint8 and order_rng.dim() == 1):
+        raise StateError(f"checkpoint's trainer progress: order_rng must be a torch RNG state (1-d uint8 tensor), got {order_rng!r}")
     callbacks = saved.get("callbacks")
     if not isinstance(callbacks, Mapping) or not all(isinstance(v, Mapping) for v in callbacks.values()):
         raise StateError("checkpoint's trainer progress: 'callbacks' must map names to dicts")

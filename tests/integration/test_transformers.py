@@ -42,6 +42,12 @@ TRAJECTORIES: list[dict[str, Any]] = [
     # start 15), at epoch 4's end
     {"name": "seed2-steps-accumulate2", "config": {"seed": 2, "accumulate": 2, "horizon": "steps"},
      "kills": ["eval:10", "persist:3", "epoch:4"], "restores": [9, 15, 24, 30]},
+    # HF's length-grouped sampler draws each epoch's order from the global RNG: restored mid-epoch (6,
+    # 12) and at an epoch's start (9, 18)
+    {"name": "seed3-group-by-length", "config": {"seed": 3, "accumulate": 1, "horizon": "steps", "sampling": "group_by_length"},
+     "kills": ["persist:3", "eval:10"], "restores": [6, 9, 30]},
+    {"name": "seed4-group-by-length-accumulate2", "config": {"seed": 4, "accumulate": 2, "horizon": "epochs", "sampling": "group_by_length"},
+     "kills": ["eval:5", "persist:3"], "restores": [3, 9, 15]},
 ]
 
 

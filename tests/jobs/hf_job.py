@@ -5,7 +5,8 @@ and a cosine schedule, logging every 4 steps, evaluating every 5 (tracking the b
 HF's own checkpoints every 10. Nothing is downloaded. ``tests/integration/test_transformers.py`` runs it through
 ``tests/jobs/kill_campaign.py``: once as it is, SIGKILLed and restarted, and once with the ``# coci``
 lines removed (the plain script), whose results the killed run must equal bitwise; it also counts
-the ``# coci`` lines (at most five).
+the ``# coci`` lines (at most five). Its keyword arguments choose the shapes the tests cover:
+``sampling="group_by_length"`` (HF's length-grouped sampler, whose order draws from the global RNG).
 
 ``hooks`` (from the campaign) records every log entry and may SIGKILL the process during an
 evaluation or at an epoch's end; the plain script has the same hooks.
@@ -66,7 +67,7 @@ class Hooked(TrainerCallback):
         self.hooks.epoch_end(round(state.epoch) - 1)
 
 
-def train(out: Path, hooks: Any, seed: int, accumulate: int, horizon: str) -> dict[str, Any]:
+def train(out: Path, hooks: Any, seed: int, accumulate: int, horizon: str, sampling: str = "random") -> dict[str, Any]:
     set_seed(seed)
     train_set, eval_set = datasets()
     model = tiny_gpt2()
@@ -75,7 +76,8 @@ def train(out: Path, hooks: Any, seed: int, accumulate: int, horizon: str) -> di
         output_dir=str(out / "hf"), per_device_train_batch_size=4, per_device_eval_batch_size=4,
         gradient_accumulation_steps=accumulate, learning_rate=3e-3, warmup_steps=3, lr_scheduler_type="cosine",
         logging_steps=4, eval_strategy="steps", eval_steps=5, save_strategy="steps", save_steps=10,
-        metric_for_best_model="eval_loss", seed=seed, use_cpu=True, report_to="none", disable_tqdm=True, **limit,
+        metric_for_best_model="eval_loss", seed=seed, use_cpu=True, report_to="none", disable_tqdm=True,
+        train_sampling_strategy=sampling, **limit,
     )
     trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, callbacks=[Hooked(hooks)])
     attach(trainer, out / "coci", policy=coci.EveryN(3))  # coci
