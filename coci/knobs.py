@@ -55,6 +55,15 @@ WRITE_DIRECT: bool = True
 #: a thread or a process").
 PERSIST_MODE: str = "thread"
 
+#: How long a persist may take before coci gives up on it: ``PERSIST_DEADLINE_SECONDS`` plus the
+#: checkpoint's bytes at ``PERSIST_DEADLINE_BYTES_PER_SECOND`` (a disk slower than that is stuck).
+#: A ``persist="process"`` helper that has not answered by then (stopped by SIGSTOP, frozen by a
+#: cgroup, stuck in uninterruptible I/O) is killed and its checkpoint fails with ``PersistError``
+#: (the next one starts a new helper); a new checkpoint, ``wait()`` and ``close()`` wait for the
+#: persist in flight at most that long (plus 30 s) and then fail it with ``PersistError``.
+PERSIST_DEADLINE_SECONDS: float = 300.0
+PERSIST_DEADLINE_BYTES_PER_SECOND: float = 20e6
+
 #: Block alignment O_DIRECT needs for buffer addresses, file offsets and lengths (4096 covers
 #: every common logical block size). The staging arena is allocated at this alignment.
 DIRECT_IO_ALIGN_BYTES: int = 4096

@@ -240,7 +240,7 @@ class Session:
             if self._warmup_skipped():
                 logger.debug("warm-up checkpoint at step %d skipped (persist in flight or stall budget)", self._steps)
             else:
-                pending = self.checkpoint(reason="policy")
+                pending = self._planned_checkpoint()
         self._account_step_work(entered, resumed, planning_before, pending is not None)
         if self._probe_due:
             self._start_probe()
@@ -248,6 +248,19 @@ class Session:
             raise self._stop_for_preemption()
         self._raise_error()  # last, so a caller that catches it has a consistent session
         return pending
+
+    def _planned_checkpoint(self) -> PendingCheckpoint | None:
+        """The plan's checkpoint of this step; one that cannot start (the previous persist never
+        ended, the staging arena not allocated: PersistError, OSError) is recorded (an ``error``
+        event, ``phase: "snapshot"``) and raised at the end of this ``step()`` per ``on_error``."""
+        try:
+            return self.checkpoint(reason="policy")
+        except (PersistError, OSError) as exc:
+            logger.error("checkpoint at step %d not taken: %s: %s", self._steps, type(exc).__name__, exc)
+            self.events.emit("error", step=self._steps, phase="snapshot", message=f"{type(exc).__name__}: {exc}")
+            if self.config.io.on_error == "raise":
+                self._error = exc
+            return None
 
     def _stop_for_preemption(self) -> Preempted:
         """Checkpoint this step (unless a checkpoint of it is already under way), wait for the commit,
@@ -282,7 +295,7 @@ class Session:
         planning_before = self._overhead.planning  # a commit polled below may re-plan: booked apart
         previous = self._checkpointer.pending
         if previous is not None:  # at most one persist in flight; never drop its outcome
-            previous.upload_completion.exception()
+            previous.wait()  # PersistError when it never ends (coci.knobs.PERSIST_DEADLINE_SECONDS)
             self._poll_persist()
         tree = self._collect_tree()
         pending = self._checkpointer.start(
@@ -304,7 +317,7 @@ class Session:
         """Block until the in-flight checkpoint is committed (or failed); surface a failure."""
         pending = self._checkpointer.pending
         if pending is not None:
-            pending.upload_completion.exception()
+            pending.wait()  # PersistError when it never ends (coci.knobs.PERSIST_DEADLINE_SECONDS)
         self._poll_persist()
         self._raise_error()
         return None if pending is None or pending.upload_completion.exception() else pending.upload_completion.result()
@@ -425,7 +438,9 @@ class Session:
             self._planner.close()  # an observation still in flight is dropped: the run ends first
             dropped = self._planner.drain_cpu_seconds()  # its wait is in the final wait
             self._overhead.book_planner_thread(dropped, self._clock() - closing, self._contention.factor())
-            self._checkpointer.close()
+            stuck = self._checkpointer.close()
+            if stuck is not None and self._error is None:
+                self._error = stuck
             self._poll_persist()
             if self._remote is not None:  # the last promotion finishes before the run ends
                 if final:

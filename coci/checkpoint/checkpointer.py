@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
@@ -40,14 +41,14 @@ from coci.checkpoint import layout, record_reads, records
 from coci.checkpoint.dcp import DCP_FORMAT, DcpReader, DcpWriter
 from coci.checkpoint.dcp_manifest import checkpoint_id
 from coci.checkpoint.local import LocalReader, LocalWriter
-from coci.checkpoint.persist_process import ProcessWriter
+from coci.checkpoint.persist_process import ProcessWriter, persist_deadline_seconds
 from coci.checkpoint.records import CommitRecord, LoadedCheckpoint
 from coci.checkpoint.retention import RetentionPolicy
 from coci.checkpoint.sharded import local_shards
 from coci.checkpoint.snapshot import CopyJob, StagedCheckpoint, StagingArena
 from coci.checkpoint.tree import flatten
 from coci.distributed import DistributedContext
-from coci.errors import ConfigError, CorruptCheckpointError
+from coci.errors import ConfigError, CorruptCheckpointError, PersistError
 from coci.events import EventLog
 
 logger = logging.getLogger(__name__)
@@ -233,6 +234,11 @@ class PersistResult:
     removed_steps: tuple[int, ...]
 
 
+#: Beyond a persist's own deadline, how long a wait for it goes on (the helper's kill and the
+#: worker's bookkeeping take this much at most).
+_PERSIST_WAIT_SLACK_SECONDS: float = 30.0
+
+
 class PendingCheckpoint:
     """Handle of one asynchronous checkpoint.
 
@@ -252,6 +258,19 @@ class PendingCheckpoint:
 
     def done(self) -> bool:
         return self.upload_completion.done()
+
+    def wait(self) -> BaseException | None:
+        """Wait for the persist to finish, at most its deadline (:func:`persist_deadline_seconds`
+        plus ``_PERSIST_WAIT_SLACK_SECONDS``); its error, or None once committed. PersistError when
+        it is still running then (a write stuck in the kernel: the staging arena stays in use)."""
+        seconds = persist_deadline_seconds(self.nbytes) + _PERSIST_WAIT_SLACK_SECONDS
+        try:
+            return self.upload_completion.exception(timeout=seconds)
+        except FutureTimeout:
+            raise PersistError(
+                f"the checkpoint at step {self.step} is still persisting after {seconds:.0f} s (a write stuck in the kernel?); "
+                "no checkpoint can start until it ends (coci.knobs.PERSIST_DEADLINE_SECONDS)"
+            ) from None
 
     def device_wait_seconds(self, *, block: bool) -> float | None:
         """GPU time the compute stream spent waiting at this snapshot's first fence (0.0 when no
@@ -317,7 +336,7 @@ class Checkpointer:
         """Begin a checkpoint of ``tree`` at ``step``; returns once training may go on. ``reason``
         (why it was taken) goes into the ``snapshot_start`` event."""
         if self.pending is not None:
-            self.pending.upload_completion.exception()  # wait; a failure was recorded by the worker
+            self.pending.wait()  # a failure was recorded by the worker; PersistError if it never ends
         tensors: list[torch.Tensor] = []
         skeleton = flatten(tree, tensors)
         tensors, shards = local_shards(tensors, self._shard_specs)  # sharded state: this rank's shards only
@@ -403,16 +422,24 @@ class Checkpointer:
             pending.staging_completion.exception()
         return self.clock() - began
 
-    def close(self) -> None:
-        """Wait for the last persist and stop the worker."""
+    def close(self) -> PersistError | None:
+        """Wait for the last persist (at most its deadline: :meth:`PendingCheckpoint.wait`) and
+        stop the worker; a persist that never ends is left behind (its arena kept) and returned."""
+        stuck = None
         if self.pending is not None:
-            self.pending.upload_completion.exception()
+            try:
+                self.pending.wait()
+            except PersistError as exc:
+                logger.error("%s", exc)
+                stuck = exc
         if self._executor is not None:
-            self._executor.shutdown(wait=True)
+            self._executor.shutdown(wait=stuck is None)
             self._executor = None
         if isinstance(self.writer, ProcessWriter):
             self.writer.close()
-        self.arena.close()
+        if stuck is None:  # a write still running reads the arena
+            self.arena.close()
+        return stuck
 
     def __del__(self) -> None:  # best effort: never leave the worker thread behind
         executor = getattr(self, "_executor", None)

@@ -39,10 +39,11 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from coci import errors
+from coci import errors, knobs
 from coci.checkpoint import faults
 from coci.checkpoint.local import LocalWriter
 from coci.checkpoint.retention import RetentionPolicy
@@ -57,6 +58,15 @@ _PERSIST_PROCESS_POLL_SECONDS: float = 1.0
 _PERSIST_PROCESS_EXIT_SECONDS: float = 30.0
 
 _HEADER = struct.Struct("!Q")
+
+
+def persist_deadline_seconds(nbytes: int) -> float:
+    """How long a persist of ``nbytes`` may take (``coci.knobs.PERSIST_DEADLINE_SECONDS``)."""
+    return knobs.PERSIST_DEADLINE_SECONDS + nbytes / knobs.PERSIST_DEADLINE_BYTES_PER_SECOND
+
+
+class _Overdue(Exception):
+    """The helper did not answer by its deadline."""
 
 #: The helper's command (``-c``, not ``-m``: this module is already imported by ``coci`` itself). It
 #: runs with ``-P``: the working directory is never on its import path, so a module planted in the
@@ -126,7 +136,7 @@ class ProcessWriter:
             "size": 0 if buffer is None else buffer.size,
             "generation": generation,
         }
-        answer = self._call(request, fds, f"the checkpoint at step {staged.step}")
+        answer = self._call(request, fds, f"the checkpoint at step {staged.step}", persist_deadline_seconds(len(staged.payload)))
         self._mapped_generation = generation
         return Path(answer["path"])
 
@@ -147,7 +157,6 @@ class ProcessWriter:
             child.wait(timeout=_PERSIST_PROCESS_EXIT_SECONDS)
         except subprocess.TimeoutExpired:
             child.kill()
-            child.wait()
         self._discard()
 
     def __del__(self) -> None:  # best effort: never leave the helper behind
@@ -161,11 +170,13 @@ class ProcessWriter:
         if self._child is None or self._child.poll() is not None:
             self.start()
         if not self._ready:
-            self._receive("the persist process's start")  # {"ready": pid}
+            self._receive("the persist process's start", persist_deadline_seconds(0))  # {"ready": pid}
             self._ready = True
 
-    def _call(self, request: dict[str, Any], fds: list[int], what: str) -> dict[str, Any]:
-        """Send ``request``; serve forwarded fault points until the answer; raise the helper's error."""
+    def _call(self, request: dict[str, Any], fds: list[int], what: str, seconds: float) -> dict[str, Any]:
+        """Send ``request``; serve forwarded fault points until the answer, each awaited at most
+        ``seconds`` (:func:`persist_deadline_seconds`: else the helper is killed, PersistError);
+        raise the helper's error."""
         hooked = faults.fault_hook_installed()
         request["faults"] = hooked
         self._ensure_ready()
@@ -175,7 +186,7 @@ class ProcessWriter:
         except OSError as exc:
             raise self._died(what) from exc
         while True:
-            answer = self._receive(what)
+            answer = self._receive(what, seconds)
             if "fault" not in answer:
                 break
             try:
@@ -192,7 +203,7 @@ class ProcessWriter:
     def _drain(self, what: str) -> None:
         """Read the helper's answers to a request that failed here, until its final one."""
         assert self._socket is not None
-        while "fault" in self._receive(what):
+        while "fault" in self._receive(what, persist_deadline_seconds(0)):
             _send(self._socket, pickle.dumps({"op": "raise", "message": "an earlier fault point failed"}), [])
 
     def _serve_fault(self, point: str) -> None:
@@ -204,10 +215,12 @@ class ProcessWriter:
             raise
         _send(self._socket, pickle.dumps({"op": "continue"}), [])
 
-    def _receive(self, what: str) -> dict[str, Any]:
+    def _receive(self, what: str, seconds: float) -> dict[str, Any]:
         assert self._socket is not None
         try:
-            data = _receive(self._socket, self._child_alive)
+            data = _receive(self._socket, self._child_alive, deadline=time.monotonic() + seconds)
+        except _Overdue:
+            raise self._overdue(what, seconds) from None
         except OSError as exc:
             raise self._died(what) from exc
         if data is None:
@@ -225,13 +238,25 @@ class ProcessWriter:
         self._discard()
         return errors.PersistError(f"the persist process exited (code {code}) during {what}; the next checkpoint starts a new one")
 
+    def _overdue(self, what: str, seconds: float) -> errors.PersistError:
+        pid = self.pid
+        self._discard()  # SIGKILL ends a stopped or frozen helper too
+        logger.error("persist process %s answered nothing for %.0f s during %s: killed", pid, seconds, what)
+        return errors.PersistError(
+            f"the persist process (pid {pid}) answered nothing for {seconds:.0f} s during {what} (stopped, frozen, or stuck "
+            "in I/O?); it was killed and the next checkpoint starts a new one (coci.knobs.PERSIST_DEADLINE_SECONDS)"
+        )
+
     def _discard(self) -> None:
         if self._socket is not None:
             self._socket.close()
         if self._child is not None and self._child.poll() is None:
             self._child.kill()
         if self._child is not None:
-            self._child.wait()
+            try:
+                self._child.wait(timeout=_PERSIST_PROCESS_EXIT_SECONDS)
+            except subprocess.TimeoutExpired:  # killed, yet in uninterruptible I/O: the kernel reaps it later
+                logger.warning("persist process %d did not exit within %.0f s of SIGKILL", self._child.pid, _PERSIST_PROCESS_EXIT_SECONDS)
         self._child, self._socket, self._ready, self._mapped_generation = None, None, False, None
 
 
@@ -269,16 +294,18 @@ def _send(sock: socket.socket, data: bytes, fds: list[int]) -> None:
         sock.sendall(header + data)
 
 
-def _receive(sock: socket.socket, alive: Any = None, fds: list[int] | None = None) -> bytes | None:
+def _receive(sock: socket.socket, alive: Any = None, fds: list[int] | None = None, deadline: float | None = None) -> bytes | None:
     """One framed message (None at end of stream); file descriptors sent with it go to ``fds``.
-    While nothing arrives, ``alive()`` is asked every ``_PERSIST_PROCESS_POLL_SECONDS``."""
-    header = _exactly(sock, _HEADER.size, alive, fds)
+    While nothing arrives, ``alive()`` is asked every ``_PERSIST_PROCESS_POLL_SECONDS``; past
+    ``deadline`` (``time.monotonic()``), :class:`_Overdue`. Without ``alive`` (the helper waiting
+    for its parent's next request) it blocks until a message or the end of the stream."""
+    header = _exactly(sock, _HEADER.size, alive, fds, deadline)
     if header is None:
         return None
-    return _exactly(sock, _HEADER.unpack(header)[0], alive, None)
+    return _exactly(sock, _HEADER.unpack(header)[0], alive, None, deadline)
 
 
-def _exactly(sock: socket.socket, size: int, alive: Any, fds: list[int] | None) -> bytes | None:
+def _exactly(sock: socket.socket, size: int, alive: Any, fds: list[int] | None, deadline: float | None = None) -> bytes | None:
     chunks: list[bytes] = []
     remaining = size
     sock.settimeout(None if alive is None else _PERSIST_PROCESS_POLL_SECONDS)
@@ -290,6 +317,8 @@ def _exactly(sock: socket.socket, size: int, alive: Any, fds: list[int] | None) 
             else:
                 data = sock.recv(remaining)
         except TimeoutError:
+            if deadline is not None and time.monotonic() > deadline:
+                raise _Overdue from None
             if alive():
                 continue
             return None

@@ -8,7 +8,9 @@ run in both modes too: tests/integration/test_resume_kill.py, tests/unit/test_co
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import torch
 from ckpt_helpers import build_state, events_of, restore_fresh, step_dir, train
 
 import coci
+from coci import knobs
 from coci.checkpoint import faults
 from coci.checkpoint.checkpointer import load_entry
 
@@ -148,6 +151,59 @@ def test_the_helper_ignores_sigterm_meant_for_the_process_group(tmp_path: Path) 
         train(session, state, 1)
         assert session.checkpoint().upload_completion.result().step == 2
         assert helper_pid(session) == pid
+
+
+def test_a_stopped_helper_fails_its_checkpoint_within_the_deadline_and_is_replaced(tmp_path: Path) -> None:
+    state = build_state()
+    session = coci.Session(tmp_path, state=state, policy=coci.EveryN(1000), keep_last=None, persist="process")
+    stopped = helper_pid(session)
+    try:
+        train(session, state, 1)
+        assert session.checkpoint().upload_completion.result().step == 1  # the helper is up and serving
+        with knobs.override(PERSIST_DEADLINE_SECONDS=2.0, PERSIST_DEADLINE_BYTES_PER_SECOND=1e12):
+            os.kill(stopped, signal.SIGSTOP)  # as a cgroup freezer or a debugger would
+            train(session, state, 1)
+            failed = session.checkpoint()
+            error = failed.upload_completion.exception(timeout=300)  # generous: the machine may be loaded; a hang fails here
+            assert isinstance(error, coci.PersistError) and "answered nothing" in str(error)
+            with pytest.raises(coci.PersistError, match="answered nothing"):
+                train(session, state, 1)  # on_error="raise": the failure surfaces at the next step
+        assert wait_gone(stopped)  # killed, never left stopped
+        assert not step_dir(tmp_path, 2).exists()
+        train(session, state, 1)
+        assert session.checkpoint().upload_completion.result().step == 4
+        assert helper_pid(session) != stopped
+        session.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped, signal.SIGKILL)
+    assert [e["step"] for e in events_of(tmp_path, "error")] == [2]
+    _, restored, result = restore_fresh(tmp_path)
+    _.close()
+    assert result is not None and result.step == 4
+
+
+@pytest.mark.parametrize("on_error", ["log", "raise"])
+def test_a_staging_arena_that_cannot_be_allocated_is_a_recorded_persist_error(tmp_path: Path, on_error: str) -> None:
+    state = build_state()
+    with coci.Session(tmp_path, state=state, policy=coci.EveryN(2), persist="process", on_error=on_error) as session:  # type: ignore[arg-type]
+        train(session, state, 1)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        lowest_free = os.open(os.devnull, os.O_RDONLY)
+        os.close(lowest_free)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # no file descriptor left: memfd_create fails
+        try:
+            if on_error == "log":
+                train(session, state, 1)  # step 2's checkpoint cannot allocate its arena: recorded, training goes on
+            else:
+                with pytest.raises(coci.PersistError, match="OSError"):
+                    train(session, state, 1)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert [(e["step"], e["phase"]) for e in events_of(tmp_path, "error")] == [(2, "snapshot")]
+        train(session, state, 2)
+        session.wait()
+    assert step_dir(tmp_path, 4).is_dir() and not step_dir(tmp_path, 2).exists()
 
 
 @pytest.mark.parametrize("pythonpath", ["", "trailing-empty-entry"])
