@@ -373,7 +373,7 @@ def refine(
     steps = steps.astype(np.int64).copy()
     n = steps.size
     t, p, horizon = model.step_seconds, model.persist_seconds, model.horizon_seconds
-    first_allowed = max(model.start_step, model.last_checkpoint_step) + min_steps
+    first_allowed = first_allowed_step(model, min_steps)
     for _ in range(_PLAN_REFINE_SWEEPS):
         moved = False
         for parity in (0, 1):
@@ -429,11 +429,19 @@ def _ternary(cost: _LocalCost, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     return np.stack(options)[np.argmin(costs, axis=0), np.arange(low.size)]
 
 
+def first_allowed_step(model: CostModel, min_steps: int) -> int:
+    """The earliest step a plan may checkpoint at: ``min_steps`` after the last checkpoint (its
+    persist done) and after the (re-)planning step. A re-plan mid-segment does not restart the
+    minimum interval: re-planning at the commit of the last checkpoint (as the session does) would
+    otherwise push every next checkpoint a whole minimum interval further."""
+    return max(model.start_step + 1, model.last_checkpoint_step + min_steps)
+
+
 def snap_to_steps(seconds: np.ndarray, model: CostModel, min_steps: int) -> np.ndarray:
     """Positions (seconds of progress) to admissible checkpoint steps: rounded, inside
-    ``[max(start, last checkpoint) + min_steps, total_steps)``, deduplicated, ``min_steps`` apart."""
+    ``[first_allowed_step, total_steps)``, deduplicated, ``min_steps`` apart."""
     steps = np.rint(seconds / model.step_seconds).astype(np.int64)
-    first_allowed = max(model.start_step, model.last_checkpoint_step) + min_steps
+    first_allowed = first_allowed_step(model, min_steps)
     steps = steps[(steps >= first_allowed) & (steps < model.total_steps)]
     if steps.size > 1:  # sorted already (monotone positions): drop rounding duplicates
         steps = steps[np.concatenate([[True], np.diff(steps) > 0])]

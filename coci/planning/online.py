@@ -166,7 +166,8 @@ class PlanningPolicy:
         cost = stall + interference
         remote = {**measured_tier_costs(REMOTE_TIER, observation, restart, fallbacks), **measured_tier_costs(PEER_TIER, observation, restart, fallbacks)}
         basis = (step_seconds, cost, persist, float(remote.get("upload_seconds") or 0.0), float(remote.get("peer_seconds") or 0.0))
-        last_checkpoint = max((s for s in observation.checkpoint_steps if s <= now), default=0)
+        taken = self._taken_by(observation, now)
+        last_checkpoint = max((s for s in taken if s <= now), default=0)
         grew = self._checkfreq is not None and self._checkfreq.observe(observation.checkpoint_steps, cost, step_seconds)
         curve = self._curve(observation, fallbacks)
         reasons = self._moved(basis, curve, now, horizon, grew)
@@ -177,7 +178,7 @@ class PlanningPolicy:
                 config=self.config.replace(total_steps=horizon, restart_seconds=restart), curve=curve,
                 step_seconds=step_seconds, stall_seconds=stall, persist_seconds=persist,
                 interference_seconds=interference, start_step=now, last_checkpoint_step=last_checkpoint,
-                failure_origin_step=min(self._origin, now), taken_steps=observation.checkpoint_steps, **remote,
+                failure_origin_step=min(self._origin, now), taken_steps=taken, **remote,
             )
         except ConfigError as exc:  # a measured figure out of range: keep the current plan
             logger.warning("re-planning at step %d failed, keeping the current plan: %s", now, exc)
@@ -217,6 +218,16 @@ class PlanningPolicy:
         self._basis = None  # re-plan at the first observation of the resumed run
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _taken_by(self, observation: Observation, now: int) -> tuple[int, ...]:
+        """The checkpoints taken by step ``now``: the observed ones, and ``now`` itself when the
+        current plan has it due (the session asks before observing and takes it after), so a re-plan
+        at a planned step neither repeats it at the next step nor counts its interval from before."""
+        taken = tuple(int(s) for s in observation.checkpoint_steps)
+        if self.plan is not None and now in self._steps and now not in taken:
+            return (*taken, now)
+        return taken
+
 
     @property
     def _weights_progress(self) -> bool:

@@ -223,13 +223,12 @@ def test_online_auto_plans_from_the_curve_prefix_and_checkfreq_grows() -> None:
     intervals = np.diff(online.steps)
     assert intervals[: len(intervals) // 4].mean() < intervals[-len(intervals) // 4 :].mean()
     assert online.compare(young, "progress_seconds").mean < 0
-    # checkfreq's growth, replayed from its own observations: k = ceil(8 / 2) = 4 grows to C / 5% t
-    # (a re-plan at a commit step that also checkpoints anchors the grown k at the previous
-    # checkpoint, so one 2-step gap appears early: 24, 28, 30, 40, ...)
+    # checkfreq's growth, replayed from its own observations: k = ceil(8 / 2) = 4 grows to C / 5% t,
+    # never shrinking (a re-plan at a step the old plan checkpoints counts that checkpoint as taken)
     checkfreq = simulate(make_policy("checkfreq", failures=None, total_steps=4000), job=offline,
                          failures=job["failures"], trials=10, seed=0, losses=(steps, losses))
     gaps = np.diff(checkfreq.steps)
-    assert gaps[0] == 4 and gaps[1] == 2 and gaps[-1] >= 3.0 / (0.05 * 2.0) and np.all(np.diff(gaps[1:]) >= 0)
+    assert gaps[0] == 4 and gaps[-1] >= 3.0 / (0.05 * 2.0) and np.all(np.diff(gaps) >= 0)
 
 
 def test_policy_objects_replay_online() -> None:
