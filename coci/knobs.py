@@ -162,6 +162,10 @@ PLAN_REFINE_MAX_CHECKPOINTS: int = 256
 #: Bisection steps on mu (as alpha = 1/(1+mu) in [0, 1]) for the time budget of "auto".
 PLAN_BISECTION_STEPS: int = 24
 
+#: Further bisection steps on alpha with refined placements, when no refined plan at the boundary
+#: alpha fits the budget (more: closer to the exact optimum, each step a few refinements' time).
+PLAN_REFINED_BISECTION_STEPS: int = 8
+
 #: Horizon (steps) planned over when total_steps is unknown; it is doubled (at least to twice the
 #: current step) whenever the run passes PLAN_HORIZON_EXTEND_AT of it.
 PLAN_DEFAULT_HORIZON_STEPS: int = 100_000

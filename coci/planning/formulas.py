@@ -487,7 +487,12 @@ def _bisect_alpha(
     consider: Callable[[float, list[np.ndarray]], bool], model: CostModel, min_steps: int, offsets: tuple[int, ...], max_steps: int | None
 ) -> None:
     """Bisect on alpha for the largest one whose placement ``consider`` accepts (within the budget),
-    then offer that alpha's refined placement (m - 1 and m + 1 at the boundary)."""
+    then offer that alpha's refined placement (m - 1 and m + 1 at the boundary).
+
+    Refining a placement moves its checkpoints towards the steep part of the curve, which costs
+    wall-clock time: at the boundary alpha the refined plans can all exceed the budget while a
+    refined plan at a slightly smaller alpha fits and beats every unrefined one. When none fits,
+    the refined placements are bisected again below it (``knobs.PLAN_REFINED_BISECTION_STEPS``)."""
     low, high = 0.0, 1.0
     for _ in range(knobs.PLAN_BISECTION_STEPS):
         mid = 0.5 * (low + high)
@@ -495,7 +500,15 @@ def _bisect_alpha(
             low = mid
         else:
             high = mid
-    consider(low, place(model, low, min_steps, offsets, max_steps))
+    if consider(low, place(model, low, min_steps, offsets, max_steps)):
+        return
+    floor, ceiling = 0.0, low
+    for _ in range(knobs.PLAN_REFINED_BISECTION_STEPS):
+        mid = 0.5 * (floor + ceiling)
+        if consider(mid, place(model, mid, min_steps, offsets, max_steps)):
+            floor = mid
+        else:
+            ceiling = mid
 
 
 def auto_steps(
