@@ -81,9 +81,13 @@ class RetentionConfig:
     peer_copies: int = 0
     """Node-local run directories: 1 keeps a copy of each node's part (those the plan copies) on the next node; 0 none."""
 
+    peer_keep_last: int | None = _DEFAULT_KEEP_LAST
+    """Peer copies each node keeps of every node it holds copies for (>= 1; None keeps all), apart from its own ``keep_last``."""
+
     def __post_init__(self) -> None:
         _positive_or_none(self.keep_last, "keep_last")
         _positive_or_none(self.keep_last_remote, "keep_last_remote")
+        _positive_or_none(self.peer_keep_last, "peer_keep_last")
         if self.save_last is not None and not isinstance(self.save_last, bool):
             raise ConfigError(f"save_last must be True, False or None, got {self.save_last!r}")
         object.__setattr__(self, "peer_copies", check_peer_copies(self.peer_copies))
@@ -170,6 +174,9 @@ class IOConfig:
     persist: str | None = None
     """Where checkpoint files are written: ``"thread"`` (a background thread) or ``"process"`` (a helper process, ``coci.checkpoint.persist_process``); None: ``knobs.PERSIST_MODE``."""
 
+    peer_host: str | None = None
+    """With peer copies: the address each node's peer server listens on and advertises; None: its address on the route to ``MASTER_ADDR``."""
+
     def __post_init__(self) -> None:
         if self.persist is not None and self.persist not in PERSIST_MODES:
             raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {self.persist!r}")
@@ -180,6 +187,8 @@ class IOConfig:
         if self.run_dir_layout not in distributed.RUN_DIR_LAYOUTS:
             layouts = ", ".join(distributed.RUN_DIR_LAYOUTS)
             raise ConfigError(f"run_dir_layout must be one of {layouts}, got {self.run_dir_layout!r}")
+        if self.peer_host is not None and not (isinstance(self.peer_host, str) and self.peer_host.strip()):
+            raise ConfigError(f"peer_host must be a host name or address, or None, got {self.peer_host!r}")
 
 
 @dataclass(frozen=True)
@@ -298,11 +307,11 @@ class SessionConfig:
         parts: dict[str, Any] = {  # built (and checked) before the plan, whose failure model "auto" requires
             "retention": RetentionConfig(
                 given["keep_last"], given["keep_last_remote"], given["save_last"], given["retention"], given["remote_retention"],
-                given["peer_copies"],
+                given["peer_copies"], peer_keep_last=given["peer_keep_last"],
             ),
             "remote": RemoteConfig(given["remote"], given["storage_options"], given["remote_owner"], given["remote_close_timeout"]),
             "preemption": PreemptionConfig(_signals_tuple(given["preemption_signals"]), given["grace"]),
-            "io": IOConfig(given["on_error"], given["run_dir_layout"], given["writer"], given["persist"]),
+            "io": IOConfig(given["on_error"], given["run_dir_layout"], given["writer"], given["persist"], peer_host=given["peer_host"]),
         }
         init = {"init_from": given["init_from"], "init_keys": given["init_keys"], "init_step": given["init_step"]}
         return cls(**_policy_fields(given), total_steps=given["total_steps"], prior=given["prior"], clock=given["clock"], **init, **parts)
@@ -341,6 +350,8 @@ class SessionOptions(TypedDict, total=False):
     init_from: SourceLike | None  # init_from
     init_keys: tuple[str, ...]  # init_keys
     init_step: int | None  # init_step
+    peer_keep_last: int | None  # retention.peer_keep_last
+    peer_host: str | None  # io.peer_host
 
 
 #: The default of each of ``Session``'s keyword arguments (the one table of them).
@@ -376,6 +387,8 @@ OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "init_from": None,
         "init_keys": ("model",),
         "init_step": None,
+        "peer_keep_last": _DEFAULT_KEEP_LAST,
+        "peer_host": None,
     }
 )
 #: The keywords that describe the plan (with ``policy``): a ``plan_config`` holds them all.

@@ -145,7 +145,10 @@ class Session:
         self._checkpointer = Checkpointer(writer, self.events, self.config.retention.local_policy(), self._clock, persist)
         try:  # collective; a refused remote prefix or peer setting releases the run directory's lock
             self._remote = self._open_remote(events_start)
-            self._peers = PeerCopying.start(self.run_dir, self._dist, self.config.retention.peer_copies, self.events, self._profiler)
+            self._peers = PeerCopying.start(
+                self.run_dir, self._dist, self.config.retention.peer_copies, self.events, self._profiler,
+                host=self.config.io.peer_host, keep_last=self.config.retention.peer_keep_last,
+            )
         except ConfigError:
             if self._lock is not None:
                 self._lock.release()

@@ -5,7 +5,7 @@ checkpoint is committed on a node, that node's leader sends its part (its ranks'
 ``.metadata`` and its record) to node ``(K + 1) % N`` in a background thread; training never
 waits for it. The receiving node keeps it under ``run_dir/peer/node<K>/step_<n>``, committed like
 a local checkpoint (written into ``step_<n>.tmp``, every file checked against the record and
-fsynced, then renamed), with a retention of its own (``_PEER_KEEP_LAST`` per source node).
+fsynced, then renamed), with a retention of its own (``peer_keep_last`` per source node).
 On restore, a node whose own part of a step is missing or damaged takes it from the node that
 holds its copy (verified again on both sides) before the remote tier is asked
 (``PeerCopies.fetch_lacking``).
@@ -15,7 +15,7 @@ A transfer then never interleaves collectives with the training thread's or coci
 background send sharing a gloo group with the training loop's barrier deadlocks, see
 ``coci.distributed``), a node that dies mid-transfer costs its peer a socket error instead of
 a collective timeout on every rank, and the files stream with ``sendfile`` without being pickled
-into a tensor first. Each leader listens on its own port (``_PEER_HOST``), the addresses and
+into a tensor first. Each leader listens on its own port (of ``peer_host``), the addresses and
 a random job token are exchanged once on the control group when the session starts; a request
 without the token is refused.
 
@@ -48,17 +48,9 @@ __all__ = ["PEER_COPIES", "PEER_DIRNAME", "PeerCopies", "check_peer_copies", "pe
 
 logger = logging.getLogger(__name__)
 
-#: ``Session(peer_copies=1)``: each node keeps the newest this many peer copies of every node it
-#: holds copies for (``run_dir/peer/node<K>/``), apart from its own checkpoints' ``keep_last``.
-_PEER_KEEP_LAST: int = 2
-
 #: A peer server answers at most this many connections at once (each in its own thread); it
 #: closes the others unanswered.
 _PEER_CONNECTIONS: int = 8
-
-#: The address a node's peer server listens on and advertises; None: this host's address on the
-#: route to ``MASTER_ADDR`` (torchrun's rendezvous host), 127.0.0.1 without one.
-_PEER_HOST: str | None = None
 
 #: ``Session(peer_copies=...)``: the number of other nodes that hold a copy of each node's part.
 PEER_COPIES: tuple[int, ...] = (0, 1)
@@ -118,8 +110,11 @@ class PeerServer:
     (``put``) and serves them back on restore (``get``), in daemon threads (one transfer at a
     time, after its token is checked). Everything a connection sends is checked (``coci.checkpoint.peer_wire``)."""
 
-    def __init__(self, run_dir: Path, node: int, sources: frozenset[int], token: str, events: EventLog, host: str) -> None:
+    def __init__(
+        self, run_dir: Path, node: int, sources: frozenset[int], token: str, events: EventLog, host: str, *, keep_last: int | None
+    ) -> None:
         self.run_dir = run_dir
+        self.keep_last = keep_last  # the newest copies kept of each source node (None: all)
         self.node = node
         self.sources = sources
         self._token = token
@@ -218,7 +213,8 @@ class PeerServer:
             raise
         with self._lock:
             self._received[node].add(step)
-            deleted = retention.apply_retention(root, retention.KeepLast(_PEER_KEEP_LAST), self._received[node])
+            policy = None if self.keep_last is None else retention.KeepLast(self.keep_last)
+            deleted = retention.apply_retention(root, policy, self._received[node])
         nbytes = sum(size for _, size in header["files"])  # the record included, as the sender counts
         send_header(conn, {"ok": True})
         self._events.emit("peer_receive", step=step, from_node=node, node=self.node, bytes=nbytes,
@@ -372,11 +368,14 @@ class PeerCopies:
 
     @classmethod
     def start(
-        cls, run_dir: Path, context: DistributedContext | None, copies: int, events: EventLog, listener: CopyListener | None = None
+        cls, run_dir: Path, context: DistributedContext | None, copies: int, events: EventLog, listener: CopyListener | None = None,
+        *, host: str | None = None, keep_last: int | None = None,
     ) -> PeerCopies | None:
         """Peer copies for this job (collective on the control group), or None when there is
         nothing to copy to: ``copies`` 0, one process, or one run directory for every node.
-        ``listener`` is told of each copy this node sends (``CopyListener``)."""
+        ``listener`` is told of each copy this node sends (``CopyListener``); the server listens on
+        ``host`` (None: ``advertised_host()``) and keeps the newest ``keep_last`` copies of each
+        node (None: all)."""
         if copies == 0 or context is None or not context.node_local or len(context.nodes or ()) < 2:
             return None
         token = distributed.broadcast_object(secrets.token_hex(16) if context.is_coordinator else None, context.control_group)
@@ -385,7 +384,7 @@ class PeerCopies:
         problem, address = None, None
         if context.is_node_leader:
             try:
-                peers.server = PeerServer(run_dir, context.node, sources, token, events, _advertised_host())
+                peers.server = PeerServer(run_dir, context.node, sources, token, events, host or advertised_host(), keep_last=keep_last)
                 address = peers.server.address
             except (OSError, CheckpointError) as exc:
                 problem = f"node {context.node}: no peer server ({type(exc).__name__}: {exc})"
@@ -472,10 +471,9 @@ class PeerCopies:
             self.server = None
 
 
-def _advertised_host() -> str:
-    """``_PEER_HOST``, else this host's address on the route to ``MASTER_ADDR``."""
-    if _PEER_HOST:
-        return _PEER_HOST
+def advertised_host() -> str:
+    """This host's address on the route to ``MASTER_ADDR`` (torchrun's rendezvous host), 127.0.0.1
+    without one: where a peer server listens unless ``peer_host`` says."""
     master = os.environ.get("MASTER_ADDR")
     if not master:
         return "127.0.0.1"
@@ -501,10 +499,11 @@ class PeerCopying:
 
     @classmethod
     def start(
-        cls, run_dir: Path, context: DistributedContext | None, copies: int, events: EventLog, listener: CopyListener | None = None
+        cls, run_dir: Path, context: DistributedContext | None, copies: int, events: EventLog, listener: CopyListener | None = None,
+        *, host: str | None = None, keep_last: int | None = None,
     ) -> PeerCopying | None:
         """``PeerCopies.start`` (collective), with an event when copies were asked for and none run."""
-        peers = PeerCopies.start(run_dir, context, copies, events, listener)
+        peers = PeerCopies.start(run_dir, context, copies, events, listener, host=host, keep_last=keep_last)
         if copies and peers is None:
             events.emit("peer_copies", step=0, copies=0, requested=copies,
                         reason="peer copies need node-local run directories on two or more nodes")

@@ -54,6 +54,9 @@ PLAN = PlanConfig(policy="young", failures=Failures.exponential("8h"))
         (lambda: RemoteConfig(store=DirectoryStore(Path("/r")), storage_options={"region": "x"}), "storage_options"),
         (lambda: RemoteConfig(store=3), "remote"),  # type: ignore[arg-type]
         (lambda: IOConfig(writer="local"), "writer"),  # type: ignore[arg-type]
+        (lambda: RetentionConfig(peer_keep_last=0), "peer_keep_last"),
+        (lambda: IOConfig(peer_host=""), "peer_host"),
+        (lambda: IOConfig(peer_host=8), "peer_host"),  # type: ignore[arg-type]
     ],
 )
 def test_a_bad_value_is_refused_naming_the_field(make: Any, field: str) -> None:
@@ -73,6 +76,13 @@ def test_keywords_land_in_their_parts() -> None:
     assert config.preemption == PreemptionConfig(signals=(signal.SIGUSR1,), grace=60.0)
     assert config.io == IOConfig(on_error="log", run_dir_layout="shared")
     assert SessionConfig.from_options(policy=[4, 2]).policy == coci.AtSteps(frozenset({2, 4}))
+
+
+def test_the_peer_listen_address_and_retention_are_options_of_their_parts() -> None:
+    config = SessionConfig.from_options(mtbf="8h", peer_copies=1, peer_keep_last=5, peer_host="10.0.0.2")
+    assert config.retention == RetentionConfig(peer_copies=1, peer_keep_last=5)
+    assert config.io == IOConfig(peer_host="10.0.0.2")
+    assert SessionConfig.from_options(mtbf="8h", peer_keep_last=None).retention.peer_keep_last is None
 
 
 def test_the_option_defaults_are_the_defaults_of_the_parts() -> None:

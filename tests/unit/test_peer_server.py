@@ -53,7 +53,7 @@ def test_the_peer_server_refuses_hostile_requests_and_writes_nothing_outside(tmp
     run_dir, outside = tmp_path / "run", tmp_path / "outside"
     run_dir.mkdir()
     outside.mkdir()
-    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1")
+    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1", keep_last=2)
     try:
         put = {"token": "secret", "op": "put", "node": 1, "step": 4}
         assert "token" in ask(server, {**put, "token": "guess"})["error"]
@@ -116,7 +116,7 @@ def test_a_link_in_place_of_the_peer_directory_is_refused_naming_it(tmp_path: Pa
     run_dir.mkdir()
     (run_dir / "peer").symlink_to(outside)
     with pytest.raises(coci.CorruptCheckpointError, match="symbolic link"):
-        PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1")
+        PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1", keep_last=2)
     assert (outside / "node1" / "step_4.tmp").is_dir()
 
 
@@ -158,7 +158,7 @@ def test_after_a_rollback_the_holder_keeps_the_copies_received_since_and_the_res
     run_dir, parts = tmp_path / "node0", tmp_path / "node1"
     run_dir.mkdir()
     parts.mkdir()
-    earlier = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1")
+    earlier = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1", keep_last=2)
     try:
         send(earlier, parts / "earlier", 16, 24, 28)  # an earlier process's copies: 16, then 24 and 28
     finally:
@@ -167,7 +167,7 @@ def test_after_a_rollback_the_holder_keeps_the_copies_received_since_and_the_res
     shutil.copytree(parts / "earlier" / "step_16", peer_dir(run_dir, 1) / "step_16")  # as if 24 and 28 came after
     # the job restarts and restores step 16 (24 and 28 did not complete on every node): a timeline
     # from 16 begins. The newer copies of the abandoned one must not push out what it receives.
-    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1")
+    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1", keep_last=2)
     try:
         server.trust(16)
         send(server, parts / "again", 20)
@@ -182,7 +182,7 @@ def test_after_a_rollback_the_holder_keeps_the_copies_received_since_and_the_res
 def test_a_connection_that_never_sends_delays_no_copy(tmp_path: Path) -> None:
     run_dir, parts = tmp_path / "node0", tmp_path / "node1"
     run_dir.mkdir()
-    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1")
+    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1", keep_last=2)
     try:
         with socket.create_connection(server.address, timeout=30) as silent:  # connects, sends nothing
             send(server, parts, 4)  # a real copy, committed while the silent connection is open
@@ -202,7 +202,7 @@ def test_close_waits_for_the_copy_in_progress_and_records_it(tmp_path: Path) -> 
     payload = b"".join(os.pread(fd, size, 0) for _, size, fd in opened)
     for _, _, fd in opened:
         os.close(fd)
-    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1")
+    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1", keep_last=2)
     with socket.create_connection(server.address, timeout=30) as conn:
         send_header(conn, {"token": "secret", "op": "put", "node": 1, "step": 4, "files": [[n, size] for n, size, _ in opened]})
         conn.sendall(payload[:-1])  # all but the last byte: the copy is in progress
@@ -224,3 +224,17 @@ def test_close_waits_for_the_copy_in_progress_and_records_it(tmp_path: Path) -> 
     assert [(e["event"], e["step"]) for e in received] == [("peer_receive", 4)]  # recorded before close returned
     with pytest.raises(OSError):  # and nothing is served after it
         socket.create_connection(server.address, timeout=5)
+
+
+@pytest.mark.parametrize(("keep_last", "kept"), [(1, [12]), (None, [4, 8, 12])])
+def test_the_holder_keeps_the_newest_peer_keep_last_copies(tmp_path: Path, keep_last: int | None, kept: list[int]) -> None:
+    """``peer_keep_last`` (``SessionConfig.retention.peer_keep_last``) is the holder's retention: the
+    newest that many copies of each node stay, None keeps every one."""
+    run_dir, parts = tmp_path / "node0", tmp_path / "node1"
+    run_dir.mkdir()
+    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1", keep_last=keep_last)
+    try:
+        send(server, parts, 4, 8, 12)
+        assert held(run_dir) == kept
+    finally:
+        server.close()
