@@ -13,17 +13,18 @@ from coci.profiler.checks import is_int, is_number
 __all__ = ["integer", "is_int", "is_number", "number", "optional_integer", "optional_number"]
 
 
-def integer(value: Any, field: str, *, minimum: int | None = None) -> int:
-    """``value`` as an ``int`` at least ``minimum``; a ``ConfigError`` naming ``field`` otherwise."""
-    if not is_int(value) or (minimum is not None and value < minimum):
+def integer(value: Any, field: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an ``int`` in ``[minimum, maximum]``; a ``ConfigError`` naming ``field`` otherwise."""
+    if not is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         bound = "" if minimum is None else f" >= {minimum}"
+        bound += "" if maximum is None else f" <= {maximum}"
         raise ConfigError(f"{field} must be an integer{bound}, got {value!r}")
     return int(value)
 
 
-def optional_integer(value: Any, field: str, *, minimum: int | None = None) -> int | None:
+def optional_integer(value: Any, field: str, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
     """Like ``integer``, with ``None`` passed through."""
-    return None if value is None else integer(value, field, minimum=minimum)
+    return None if value is None else integer(value, field, minimum=minimum, maximum=maximum)
 
 
 def number(value: Any, field: str, *, positive: bool = False) -> float:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypedDict, cast
 
-from coci import checks, distributed
+from coci import checks, distributed, knobs
 from coci.checkpoint.checkpointer import WriterFactory
 from coci.checkpoint.peers import check_peer_copies
 from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES
@@ -244,7 +244,7 @@ class SessionConfig:
         _check_part(self.io, IOConfig, "io")
         if self.clock is not None and not callable(self.clock):
             raise ConfigError(f"clock must be a callable returning seconds, got {self.clock!r}")
-        _positive_or_none(self.total_steps, "total_steps")
+        checks.optional_integer(self.total_steps, "total_steps", minimum=1, maximum=knobs.MAX_STEPS)
         self._check_init()
         total_steps = None if self.total_steps is None else int(self.total_steps)
         if self.plan is None:

@@ -144,7 +144,17 @@ def catchable_signals(signals: Iterable[Any]) -> tuple[signal.Signals, ...]:
         raise ConfigError(f"preemption_signals must be signal numbers such as signal.SIGTERM: {exc}") from None
     if signal.SIGKILL in checked or signal.SIGSTOP in checked:
         raise ConfigError("preemption_signals cannot include SIGKILL or SIGSTOP (they cannot be caught)")
+    faults = [s.name for s in checked if s in _FAULT_SIGNALS]
+    if faults:
+        raise ConfigError(
+            f"preemption_signals cannot include {', '.join(faults)}: a synchronous fault (a crash), not a notice; "
+            "caught as one, the crashing instruction runs again and the process hangs"
+        )
     return checked
+
+
+#: Signals the kernel raises for a fault of the running code: never a preemption notice.
+_FAULT_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT, signal.SIGTRAP})
 
 
 class Preemption:

@@ -126,12 +126,20 @@ WriterFactory: TypeAlias = Callable[[Path, DistributedContext | None], Checkpoin
 def register_reader(name: str, reader: CheckpointReader) -> None:
     """Read checkpoints whose commit record declares ``format: name`` with ``reader`` (a writer of
     a format of your own, ``Session(writer=...)``, registers its reader here). ConfigError for a
-    built-in format (``coci``, ``dcp``) or an empty name."""
+    built-in format (``coci``, ``dcp``), an empty name, or an object that is not a reader."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"reader format name must be a non-empty string, got {name!r}")
     if name in _BUILT_IN_FORMATS:
         raise ConfigError(f"reader format {name!r} is coci's own; register a reader under a name of your format")
+    missing = [method for method in _READER_METHODS if not callable(getattr(reader, method, None))]
+    if missing or not isinstance(getattr(reader, "record_type", None), type):
+        lacks = ", ".join(missing + ([] if isinstance(getattr(reader, "record_type", None), type) else ["record_type"]))
+        raise ConfigError(f"reader for format {name!r} must be a CheckpointReader; {type(reader).__name__} lacks {lacks}")
     _READERS[name] = reader
+
+
+#: What :func:`register_reader` checks a reader has (and ``record_type``, a class).
+_READER_METHODS = ("read_record", "load", "verify", "load_entry")
 
 
 def reader_for(path: Path) -> CheckpointReader:

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
+from coci import safe_files
 from coci.config import SessionConfig, build_config
 from coci.errors import ConfigError
 from coci.session import RestoreResult, Session
@@ -77,11 +78,18 @@ def final_checkpoint_wanted(save_last: bool | None, reached_end: bool) -> bool:
     return reached_end if save_last is None else save_last
 
 
+#: The largest options file :func:`read_options` reads (a config is a few hundred bytes).
+_CONFIG_MAX_BYTES = 1 << 20
+
+
 def read_options(path: str | Path) -> dict[str, Any]:
     """``coci.Session``'s keyword options from a JSON file holding one object (``{"mtbf": "8h",
-    "keep_last": 3}``); ConfigError naming the file when it is not one."""
-    try:
-        options = json.loads(Path(path).read_text())
+    "keep_last": 3}``, at most ``_CONFIG_MAX_BYTES``); ConfigError naming the file when it is not one."""
+    try:  # bounded, and a FIFO or device in its place refused at once (never waited on)
+        data = safe_files.read_bytes(Path(path).resolve(), _CONFIG_MAX_BYTES, follow_dir=True)
+        options = json.loads(data)
+    except ConfigError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not readable: {exc}") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ConfigError(f"config file {str(path)!r} is not readable JSON: {exc}") from None
     if not isinstance(options, dict):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from coci import checks
+from coci import checks, knobs
 from coci.errors import ConfigError
 from coci.planning.failures import Failures
 from coci.units import parse_duration
@@ -82,7 +82,7 @@ class PlanConfig:
         _set(self, "objective", _choice(self.objective, OBJECTIVES, "objective"))
         _set(self, "time_budget", checks.optional_number(self.time_budget, "time_budget"))
         _set(self, "max_overhead", checks.optional_number(self.max_overhead, "max_overhead", positive=True))
-        _set(self, "total_steps", checks.optional_integer(self.total_steps, "total_steps", minimum=1))
+        _set(self, "total_steps", checks.optional_integer(self.total_steps, "total_steps", minimum=1, maximum=knobs.MAX_STEPS))
         if self.restart_seconds is not None:
             _set(self, "restart_seconds", parse_duration(self.restart_seconds, field="restart_seconds", positive=False))
         _set(self, "failures", _failure_model(self.failures, self.policy))

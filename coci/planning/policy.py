@@ -12,13 +12,13 @@ n-th ``session.step`` and a checkpoint taken then resumes at step ``n + 1``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from coci import checks
+from coci import checks, knobs
 from coci.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -83,11 +83,18 @@ class AtSteps:
 
     @classmethod
     def of(cls, steps: Iterable[Any]) -> AtSteps:
+        """The steps of ``steps``: positive integers up to ``knobs.MAX_STEPS``, at most
+        ``knobs.PLAN_MAX_CHECKPOINTS`` of them (``range(1, 10**18)`` is refused, not expanded)."""
+        limit = knobs.PLAN_MAX_CHECKPOINTS
+        if isinstance(steps, Sized) and len(steps) > limit:
+            raise ConfigError(f"policy holds {len(steps)} steps, more than the {limit} a run may checkpoint at (knobs.PLAN_MAX_CHECKPOINTS)")
         checked: set[int] = set()
         for value in steps:
-            if not checks.is_int(value) or value < 1:
-                raise ConfigError(f"policy steps must be positive integers, got {value!r}")
+            if not checks.is_int(value) or not 1 <= value <= knobs.MAX_STEPS:
+                raise ConfigError(f"policy steps must be positive integers up to {knobs.MAX_STEPS}, got {value!r}")
             checked.add(int(value))
+            if len(checked) > limit:
+                raise ConfigError(f"policy holds more than the {limit} steps a run may checkpoint at (knobs.PLAN_MAX_CHECKPOINTS)")
         return cls(frozenset(checked))
 
     def should_checkpoint(self, step: int) -> bool:
