@@ -10,7 +10,9 @@ locked too (what coci releases before it locked the directory took; and the fall
 system that cannot lock a directory, such as NFS) and records the holder (pid, host) for the error
 message. The kernel releases a ``flock`` when its process dies, SIGKILL included, so a crash never
 leaves a stale lock. Locks are per open file, so a second session in the same process is refused
-too. Under ``torch.distributed`` rank 0 holds the lock for the whole job (the other ranks share
+too. A process forked while the lock is held (a DataLoader's worker) closes its copies of the lock's
+descriptors: a flock is held while any descriptor of its open file is, and such a worker outlives a
+SIGKILLed trainer by seconds, which kept a restart out. Under ``torch.distributed`` rank 0 holds the lock for the whole job (the other ranks share
 its run directory and hear its verdict).
 """
 
@@ -20,6 +22,7 @@ import fcntl
 import logging
 import os
 import socket
+import weakref
 from pathlib import Path
 
 from coci import distributed, safe_files
@@ -30,13 +33,28 @@ LOCK_FILENAME = "coci.lock"
 
 logger = logging.getLogger(__name__)
 
+#: The locks held in this process, let go in a forked child (registered at the first lock).
+_HELD: weakref.WeakSet[RunLock] = weakref.WeakSet()
+_fork_handler_registered = False
+
+
+def _release_in_forked_child() -> None:
+    for lock in list(_HELD):
+        lock.release()
+    _HELD.clear()
+
 
 class RunLock:
     """A held lock on a run directory; ``release`` (or process exit) lets it go."""
 
     def __init__(self, fds: list[int], path: Path) -> None:
+        global _fork_handler_registered
         self._fds: list[int] | None = fds
         self.path = path
+        _HELD.add(self)
+        if not _fork_handler_registered:
+            os.register_at_fork(after_in_child=_release_in_forked_child)
+            _fork_handler_registered = True
 
     @classmethod
     def acquire(cls, run_dir: Path) -> RunLock:

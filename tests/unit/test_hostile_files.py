@@ -213,6 +213,30 @@ def test_deleting_the_lock_file_does_not_let_a_second_session_in(tmp_path: Path)
     coci.Session(tmp_path, state=build_state(), policy=coci.EveryN(1000)).close()
 
 
+def test_a_process_forked_while_the_lock_is_held_does_not_hold_it(tmp_path: Path) -> None:
+    """A DataLoader worker forked from the trainer outlives a SIGKILLed trainer by seconds: its copies
+    of the lock's descriptors must not keep the restarted run out."""
+    from coci.checkpoint.run_lock import RunLock
+
+    lock = RunLock.acquire(tmp_path)
+    read_end, write_end = os.pipe()
+    started_read, started_write = os.pipe()
+    child = os.fork()
+    if child == 0:  # a worker: says it runs, then waits, holding whatever descriptors it kept
+        os.write(started_write, b"x")
+        os.read(read_end, 1)
+        os._exit(0)
+    try:
+        os.read(started_read, 1)
+        lock.release()  # the trainer is gone; its worker is not
+        RunLock.acquire(tmp_path).release()
+    finally:
+        os.write(write_end, b"x")
+        os.waitpid(child, 0)
+        for fd in (read_end, write_end, started_read, started_write):
+            os.close(fd)
+
+
 # --- a shared-directory remote (findings 3, 5) ---------------------------------------------------------
 
 
