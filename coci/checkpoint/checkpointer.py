@@ -321,6 +321,7 @@ class Checkpointer:
         self.pending: PendingCheckpoint | None = None
         self._trusted: set[int] = set()  # steps known to load: committed here or restored from
         self._shard_specs: dict[int, tuple[Any, ...]] = {}  # the last checkpoint's, for local_shards
+        self._retention_problem: str | None = None  # the last failure of the retention policy, recorded once
 
     @property
     def persist_pid(self) -> int | None:
@@ -378,7 +379,7 @@ class Checkpointer:
             committed = self.clock()
             self.events.emit("commit", step=pending.step, seconds=committed - copied, bytes=pending.nbytes, path=str(path))
             self._trusted.add(pending.step)
-            removed = self.writer.retain(self.retention, frozenset(self._trusted))
+            removed = self._retain(pending.step)
             self._trusted.difference_update(removed)
             if removed:
                 self.events.emit("retention", step=pending.step, removed=removed)
@@ -394,6 +395,20 @@ class Checkpointer:
                 self.events.emit("error", step=pending.step, phase="persist", message=f"{type(exc).__name__}: {exc}")
             except Exception as log_error:  # the log itself refused (a run file replaced): logged only
                 logger.error("cannot record the failure of step %d: %s", pending.step, log_error)
+
+    def _retain(self, step: int) -> list[int]:
+        """Apply retention after the commit of ``step``; a policy that raises (the caller's object)
+        never fails the commit: nothing is deleted, and the error is logged and recorded (an
+        ``error`` event, ``phase: "retention"``) once while it stays the same."""
+        try:
+            return self.writer.retain(self.retention, frozenset(self._trusted))
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+            if problem != self._retention_problem:
+                self._retention_problem = problem
+                logger.error("retention after step %d failed (nothing deleted; the checkpoint stands): %s", step, problem)
+                self.events.emit("error", step=step, phase="retention", message=problem)
+            return []
 
     def wait_staging(self) -> float:
         """Block until the in-flight snapshot is copied; return the seconds waited."""
