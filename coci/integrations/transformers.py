@@ -51,10 +51,20 @@ draws what the uninterrupted run drew. A run that had finished resumes to no ste
 Exact on CPU for the Trainer's default data order (Accelerate's seedable sampler, whose epoch order
 is a function of the seed and the epoch) and for ``train_sampling_strategy="group_by_length"``, whose
 ``LengthGroupedSampler`` draws each epoch's order from the global torch RNG: coci keeps the RNG state
-that order was drawn from in each checkpoint and draws the resumed epoch's order from it again. Exact
-for a dataset and collator that do not draw random numbers
-while fetching; randomness inside ``dataloader_num_workers`` workers follows the worker seeds, which
-differ after a resume. Single process only (``args.world_size == 1``).
+that order was drawn from in each checkpoint and draws the resumed epoch's order from it again.
+
+A collator that draws from the global RNGs (torch, ``random``, NumPy: random masking, crops) is
+exact too. With ``dataloader_num_workers=0`` the training loader's collator runs in the main process:
+coci keeps the RNG state each of the last batches was collated from (the next step's batches and the
+one Accelerate's loader fetched ahead), and the resumed run collates those batches from those states,
+drawing what the killed run drew (the same draws as a run without coci). In worker processes each
+batch is collated with the RNGs seeded from the data seed, the epoch and the batch's index in the
+epoch, so the resumed run's workers, which start at the resumed batch, draw what the uninterrupted
+run's workers drew for it (this replaces HF's per-worker seeds for the collator: a run with coci
+draws other numbers than one without). With ``dataloader_persistent_workers`` the workers do not
+restart at each epoch and cannot know the batch's index: coci warns that their draws are not
+restored. A dataset whose ``__getitem__`` draws random numbers is not covered. Single process only
+(``args.world_size == 1``).
 
 HF's own checkpoints
 --------------------
@@ -69,11 +79,14 @@ skips (the Trainer calls them before the epoch runs); nothing is trained or eval
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import logging
 import math
 import os
+import random
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -87,6 +100,7 @@ except ImportError as exc:  # pragma: no cover - exercised only where transforme
         "coci.integrations.transformers needs transformers (>= 5.24) and accelerate: pip install 'coci[transformers]'"
     ) from exc
 
+import numpy
 import torch
 
 from coci import checks
@@ -94,6 +108,7 @@ from coci.checkpoint import rng_state
 from coci.config import SessionConfig
 from coci.errors import ConfigError, StateError, StateMismatchError
 from coci.integrations._options import SessionHolder, final_checkpoint_wanted, for_trainer
+from coci.loader import epoch_seed
 from coci.session import Session
 
 __all__ = ["CociCallback", "attach"]
@@ -135,6 +150,7 @@ def attach(
     trainer.callback_handler.callbacks.insert(0, callback)  # first: restores before, snapshots before the others
     trainer._run_epoch = _skipping_trained_epochs(callback, run_epoch)  # type: ignore[method-assign]
     trainer._get_train_sampler = _replaying_orders(callback, trainer._get_train_sampler)  # type: ignore[method-assign]
+    trainer.get_train_dataloader = _recording_collates(callback, trainer.get_train_dataloader)  # type: ignore[method-assign]
     trainer.train = _closing_on_error(callback, trainer.train)  # type: ignore[method-assign]
     return callback
 
@@ -166,6 +182,7 @@ class CociCallback(SessionHolder, TrainerCallback):
         self._loss_before: torch.Tensor | None = None
         self._loss: torch.Tensor | None = None
         self._order: _GlobalRngOrder | None = None  # the train sampler, when its order draws from the global RNG
+        self._collate: _RecordedCollate | None = None  # the train loader's collator, as coci wraps it
 
     # -- Trainer hooks ---------------------------------------------------------------------------
 
@@ -176,6 +193,14 @@ class CociCallback(SessionHolder, TrainerCallback):
         missing = [name for name in _LOGGING_COUNTERS if not hasattr(trainer, name)]
         if missing:
             raise ConfigError(_unsupported("the Trainer's logging counters " + ", ".join(missing)))
+        if args.dataloader_num_workers > 0 and args.dataloader_persistent_workers:
+            warnings.warn(
+                "coci: with dataloader_persistent_workers the loader's workers live across epochs and cannot tell which "
+                "batch they collate: random draws of the collator in them are not restored on resume (set "
+                "dataloader_persistent_workers=False for an exact resume)",
+                UserWarning,
+                stacklevel=2,
+            )
         self._close_session()
         self._resume_step, self._pending_rng, self._loss_before, self._loss = None, None, None, None
         self._progress = _TrainerProgress(trainer, self)
@@ -268,6 +293,8 @@ def _skipping_trained_epochs(callback: CociCallback, run_epoch: Callable[..., An
         action, batches = callback._epoch_resume(kwargs["epoch"], kwargs["num_update_steps_per_epoch"], trainer.state.max_steps)
         if action == "skip":
             return None
+        if callback._collate is not None:
+            callback._collate.begin_epoch(kwargs["epoch"], batches)
         if action == "resume":  # HF's resume: skip_first_batches, the step counter; its RNG file is absent
             kwargs.update(epochs_trained=kwargs["epoch"], steps_trained_in_current_epoch=batches)
             kwargs["resume_from_checkpoint"] = str(callback.restored.path) if callback.restored else None
@@ -310,6 +337,74 @@ class _GlobalRngOrder(torch.utils.data.Sampler[int]):
             self.replay = None
         self.drawn_from = torch.get_rng_state()
         return iter(list(self.sampler))
+
+
+def _recording_collates(callback: CociCallback, get_train_dataloader: Callable[..., Any]) -> Callable[..., Any]:
+    """``Trainer.get_train_dataloader`` whose loader collates through :class:`_RecordedCollate` (the
+    evaluation loaders keep the collator as it is)."""
+
+    @functools.wraps(get_train_dataloader)
+    def build(*args: Any, **kwargs: Any) -> Any:
+        trainer = callback._attached_trainer()
+        collate = trainer.data_collator
+        seed = trainer.args.data_seed if trainer.args.data_seed is not None else trainer.args.seed
+        trainer.data_collator = callback._collate = _RecordedCollate(collate, seed, trainer.args.gradient_accumulation_steps)
+        try:
+            return get_train_dataloader(*args, **kwargs)
+        finally:
+            trainer.data_collator = collate
+
+    return build
+
+
+class _RecordedCollate:
+    """The training loader's collator, its random draws made resumable.
+
+    In the main process (``dataloader_num_workers=0``) the RNG states each of the last batches was
+    collated from are kept (the batches fetched but not yet trained on at a checkpoint: the next
+    step's and the one Accelerate's loader fetched ahead); a checkpoint holds them and the resumed run
+    collates those batches from them again: the collator draws what it drew in the killed run. In a
+    worker process each batch is collated with torch, ``random`` and NumPy seeded from the data seed,
+    the epoch and the batch's index in the epoch, so a resumed run's workers, which start at the
+    resumed batch, draw what the uninterrupted run's drew for it.
+    """
+
+    def __init__(self, collate: Callable[[Any], Any], seed: int, accumulation: int) -> None:
+        self.collate = collate
+        self.seed = seed
+        self.epoch = 0
+        self.first_batch = 0  # the index in the epoch of the first batch the current loader fetches
+        self.calls = 0  # batches collated since (in this process)
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=accumulation + 1)
+        self.replay: dict[tuple[int, int], dict[str, Any]] = {}
+
+    def begin_epoch(self, epoch: int, first_batch: int) -> None:
+        self.epoch, self.first_batch, self.calls = epoch, first_batch, 0
+
+    def __call__(self, features: Any) -> Any:
+        worker = torch.utils.data.get_worker_info()
+        if worker is None:
+            batch = self.first_batch + self.calls
+            saved = self.replay.pop((self.epoch, batch), None)
+            if saved is not None:
+                rng_state.restore(saved)
+            self.recent.append({"epoch": self.epoch, "batch": batch, "rng": rng_state.capture()})
+        else:
+            batch = self.first_batch + worker.id + self.calls * worker.num_workers
+            _seed_everything(epoch_seed(self.seed, self.epoch, f"collate/{batch}"))
+        self.calls += 1
+        return self.collate(features)
+
+    def __getattr__(self, name: str) -> Any:  # the collator's own attributes (HF reads some)
+        if name == "collate":
+            raise AttributeError(name)
+        return getattr(self.collate, name)
+
+
+def _seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    numpy.random.seed(seed % 2**32)
 
 
 def _closing_on_error(callback: CociCallback, train: Callable[..., Any]) -> Callable[..., Any]:
@@ -370,6 +465,7 @@ class _TrainerProgress:
             "current_flos": float(trainer.current_flos),
             "callbacks": {key: callback.state()["attributes"] for key, callback in self._callbacks().items()},
             "order_rng": self._owner._order.drawn_from if self._owner._order is not None else None,
+            "collates": list(self._owner._collate.recent) if self._owner._collate is not None else [],
         }
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
@@ -390,6 +486,8 @@ class _TrainerProgress:
                     "checkpoint holds no record of it (written by a run without train_sampling_strategy='group_by_length'?)"
                 )
             order.replay = order_rng
+        if self._owner._collate is not None:
+            self._owner._collate.replay = {(entry["epoch"], entry["batch"]): entry["rng"] for entry in saved.get("collates", [])}
         callbacks = self._callbacks()
         for key, attributes in saved["callbacks"].items():
             callback = callbacks.get(key)
@@ -432,9 +530,22 @@ def _check_progress(saved: Any) -> None:
     order_rng = saved.get("order_rng")
     if order_rng is not None and not (isinstance(order_rng, torch.Tensor) and order_rng.dtype == torch.uint8 and order_rng.dim() == 1):
         raise StateError(f"checkpoint's trainer progress: order_rng must be a torch RNG state (1-d uint8 tensor), got {order_rng!r}")
+    collates = saved.get("collates", [])
+    if not isinstance(collates, list) or not all(_is_collate_record(entry) for entry in collates):
+        raise StateError("checkpoint's trainer progress: 'collates' must list {epoch, batch, rng} records")
     callbacks = saved.get("callbacks")
     if not isinstance(callbacks, Mapping) or not all(isinstance(v, Mapping) for v in callbacks.values()):
         raise StateError("checkpoint's trainer progress: 'callbacks' must map names to dicts")
+
+
+def _is_collate_record(entry: Any) -> bool:
+    if not isinstance(entry, Mapping) or not (_is_index(entry.get("epoch")) and _is_index(entry.get("batch"))):
+        return False
+    try:
+        rng_state.check(entry.get("rng"))
+    except Exception:  # whatever the generators raise for a state they refuse
+        return False
+    return True
 
 
 def _is_index(value: Any) -> bool:

@@ -48,6 +48,13 @@ TRAJECTORIES: list[dict[str, Any]] = [
      "kills": ["persist:3", "eval:10"], "restores": [6, 9, 30]},
     {"name": "seed4-group-by-length-accumulate2", "config": {"seed": 4, "accumulate": 2, "horizon": "epochs", "sampling": "group_by_length"},
      "kills": ["eval:5", "persist:3"], "restores": [3, 9, 15]},
+    # a collator that draws from torch's, Python's and NumPy's RNGs: in the main process the killed
+    # run's draws are collated again; in 2 workers each batch's seeds come from its position, so the
+    # reference is the job as written, never killed
+    {"name": "seed5-random-collator-accumulate2", "config": {"seed": 5, "accumulate": 2, "horizon": "steps", "collate": "random"},
+     "kills": ["persist:3", "epoch:3"], "restores": [6, 18, 30]},
+    {"name": "seed6-random-collator-2-workers", "config": {"seed": 6, "accumulate": 1, "horizon": "steps", "collate": "random", "workers": 2},
+     "kills": ["persist:3", "eval:20"], "restores": [6, 18, 30], "reference": "coci"},
 ]
 
 
@@ -179,6 +186,16 @@ def test_epochs_as_the_horizon_take_the_final_checkpoint(tmp_path: Path) -> None
     assert callback.restored is None
 
 
+def test_persistent_workers_warn_that_their_collator_draws_are_not_restored(tmp_path: Path) -> None:
+    import coci
+    from coci.integrations.transformers import attach
+
+    trainer = small_trainer(tmp_path, max_steps=1, dataloader_num_workers=1, dataloader_persistent_workers=True)
+    attach(trainer, tmp_path / "coci", policy=coci.EveryN(100))
+    with pytest.warns(UserWarning, match="dataloader_persistent_workers"):
+        trainer.train()
+
+
 def test_a_callback_not_attached_says_how_to_attach(tmp_path: Path) -> None:
     from coci import ConfigError
     from coci.integrations.transformers import CociCallback
@@ -231,6 +248,8 @@ def test_hf_resume_from_checkpoint_and_a_coci_checkpoint_together_are_refused(tm
         (lambda saved: saved.update(tr_loss=torch.zeros(2)), "tr_loss"),
         (lambda saved: saved.update(total_loss_scalar=float("nan")), "total_loss_scalar"),
         (lambda saved: saved.update(callbacks=[]), "callbacks"),
+        (lambda saved: saved.update(order_rng=torch.zeros(3)), "order_rng"),
+        (lambda saved: saved.update(collates=[{"epoch": 0, "batch": 1, "rng": {"torch_cpu": torch.zeros(2)}}]), "collates"),
     ],
 )
 def test_a_damaged_trainer_progress_is_refused_naming_the_field(change: Any, field: str) -> None:

@@ -6,7 +6,8 @@ HF's own checkpoints every 10. Nothing is downloaded. ``tests/integration/test_t
 ``tests/jobs/kill_campaign.py``: once as it is, SIGKILLed and restarted, and once with the ``# coci``
 lines removed (the plain script), whose results the killed run must equal bitwise; it also counts
 the ``# coci`` lines (at most five). Its keyword arguments choose the shapes the tests cover:
-``sampling="group_by_length"`` (HF's length-grouped sampler, whose order draws from the global RNG).
+``sampling="group_by_length"`` (HF's length-grouped sampler, whose order draws from the global RNG),
+``collate="random"`` (a collator that draws from the global RNGs), ``workers`` (loader worker processes).
 
 ``hooks`` (from the campaign) records every log entry and may SIGKILL the process during an
 evaluation or at an epoch's end; the plain script has the same hooks.
@@ -14,11 +15,13 @@ evaluation or at an epoch's end; the plain script has the same hooks.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, default_data_collator, set_seed
 
 import coci  # coci
 from coci.integrations.transformers import attach  # coci
@@ -51,6 +54,15 @@ def tiny_gpt2() -> GPT2LMHeadModel:
     return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=256, n_positions=64))
 
 
+def random_masking(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A collator that draws from all three global RNGs: masks about 15% of the labels (torch), the
+    share moved by Python's ``random`` and NumPy's."""
+    batch = default_data_collator(features)
+    share = 0.1 + 0.05 * random.random() + 0.05 * float(np.random.rand())
+    batch["labels"] = batch["labels"].masked_fill(torch.rand(batch["labels"].shape) < share, -100)
+    return batch
+
+
 class Hooked(TrainerCallback):
     """The campaign's hooks at the Trainer's log, evaluation and epoch-end events."""
 
@@ -67,7 +79,9 @@ class Hooked(TrainerCallback):
         self.hooks.epoch_end(round(state.epoch) - 1)
 
 
-def train(out: Path, hooks: Any, seed: int, accumulate: int, horizon: str, sampling: str = "random") -> dict[str, Any]:
+def train(
+    out: Path, hooks: Any, seed: int, accumulate: int, horizon: str, sampling: str = "random", collate: str = "default", workers: int = 0
+) -> dict[str, Any]:
     set_seed(seed)
     train_set, eval_set = datasets()
     model = tiny_gpt2()
@@ -77,9 +91,10 @@ def train(out: Path, hooks: Any, seed: int, accumulate: int, horizon: str, sampl
         gradient_accumulation_steps=accumulate, learning_rate=3e-3, warmup_steps=3, lr_scheduler_type="cosine",
         logging_steps=4, eval_strategy="steps", eval_steps=5, save_strategy="steps", save_steps=10,
         metric_for_best_model="eval_loss", seed=seed, use_cpu=True, report_to="none", disable_tqdm=True,
-        train_sampling_strategy=sampling, **limit,
+        train_sampling_strategy=sampling, dataloader_num_workers=workers, **limit,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, callbacks=[Hooked(hooks)])
+    collator = random_masking if collate == "random" else None
+    trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, data_collator=collator, callbacks=[Hooked(hooks)])
     attach(trainer, out / "coci", policy=coci.EveryN(3))  # coci
     trainer.train()
     return {
