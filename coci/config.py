@@ -244,7 +244,9 @@ class SessionConfig:
         _check_part(self.io, IOConfig, "io")
         if self.clock is not None and not callable(self.clock):
             raise ConfigError(f"clock must be a callable returning seconds, got {self.clock!r}")
-        checks.optional_integer(self.total_steps, "total_steps", minimum=1, maximum=knobs.MAX_STEPS)
+        _positive_or_none(self.total_steps, "total_steps")
+        if self.total_steps is not None and self.total_steps > knobs.MAX_STEPS:
+            raise ConfigError(f"total_steps must be a positive integer up to {knobs.MAX_STEPS} (knobs.MAX_STEPS), got {self.total_steps!r}")
         self._check_init()
         total_steps = None if self.total_steps is None else int(self.total_steps)
         if self.plan is None:

@@ -128,6 +128,14 @@ class Session:
         if self._dist is not None:  # a mesh whose replicas span node-local directories could never be restored
             check_replicas_within_nodes(self._sharded.dtensors(), self._dist)
         self._lock = lock_for_job(self.run_dir, self._dist)  # one session per run directory
+        try:
+            self._start(constructed)
+        except BaseException:  # a refused remote prefix, a full disk: nothing left held, so a retry gets in
+            self._abandon_start()
+            raise
+
+    def _start(self, constructed: float) -> None:
+        """The rest of ``Session()``, under the run directory's lock (released when it raises)."""
         if self._dist is not None and not self._dist.is_coordinator:
             self.events.path = self.run_dir / f"events.rank{self._dist.rank}.jsonl"
         # the previous process's last event, read before this one writes any (the step mark's `reached` included)
@@ -143,16 +151,11 @@ class Session:
         if persist not in PERSIST_MODES:
             raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {persist!r} (coci.knobs.PERSIST_MODE)")
         self._checkpointer = Checkpointer(writer, self.events, self.config.retention.local_policy(), self._clock, persist)
-        try:  # collective; a refused remote prefix or peer setting releases the run directory's lock
-            self._remote = self._open_remote(events_start)
-            self._peers = PeerCopying.start(
-                self.run_dir, self._dist, self.config.retention.peer_copies, self.events, self._profiler,
-                host=self.config.io.peer_host, keep_last=self.config.retention.peer_keep_last,
-            )
-        except ConfigError:
-            if self._lock is not None:
-                self._lock.release()
-            raise
+        self._remote = self._open_remote(events_start)  # collective
+        self._peers = PeerCopying.start(
+            self.run_dir, self._dist, self.config.retention.peer_copies, self.events, self._profiler,
+            host=self.config.io.peer_host, keep_last=self.config.retention.peer_keep_last,
+        )
         self._failed_close = False  # close() reached through an exception (__exit__)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
@@ -183,6 +186,25 @@ class Session:
         self._overhead.setup = time.perf_counter() - constructed
         self.events.emit("session", step=0, pid=os.getpid(), startup_seconds=startup, planning=isinstance(self.policy, PlansAhead))
         self._profiler.mark()
+
+    def _abandon_start(self) -> None:
+        """Undo what a failed ``Session()`` had started: the persist helper, the signal handlers,
+        the fence hooks, the event log, and last the run directory's lock."""
+        try:
+            checkpointer = getattr(self, "_checkpointer", None)
+            if checkpointer is not None:
+                checkpointer.close()
+            notice = getattr(self, "_preemption", None)
+            if notice is not None:
+                notice.uninstall()
+            for hook in getattr(self, "_hooks", ()):
+                hook.remove()
+            self.events.close()
+        except Exception:  # the start's own error is the one to see
+            logger.exception("while undoing a failed Session() start")
+        finally:
+            if self._lock is not None:
+                self._lock.release()
 
     # -- public API ------------------------------------------------------------------------------
 

@@ -85,3 +85,16 @@ def test_an_oversized_config_file_is_refused_unread(tmp_path: Path, capsys: pyte
     (tmp_path / "small.json").write_text('{"mtbf": "8h"}')
     link.symlink_to(tmp_path / "small.json")  # the user's own link to their config: followed
     assert read_options(link) == {"mtbf": "8h"}
+
+
+def test_a_failed_session_start_leaves_the_run_directory_free(tmp_path: Path) -> None:
+    def broken_writer(root: Path, context: object) -> coci.checkpoint.checkpointer.CheckpointWriter:
+        raise RuntimeError("the user's writer factory failed")
+
+    failures = []  # kept, as a caller that logs or re-raises them later does (their tracebacks hold the sessions)
+    for _ in range(2):  # the retry in the same process meets the same error, not RunDirLockedError
+        with pytest.raises(RuntimeError, match="writer factory") as failed:
+            coci.Session(tmp_path / "run", state=build_state(), policy=coci.EveryN(2), writer=broken_writer)  # type: ignore[arg-type]
+        failures.append(failed)
+    with coci.Session(tmp_path / "run", state=build_state(), policy=coci.EveryN(2)):
+        pass
