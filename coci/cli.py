@@ -51,7 +51,7 @@ EXIT_BROKEN_PIPE = 141
 
 
 def _failures(args: argparse.Namespace) -> Failures | None:
-    from coci.planning.failures import Failures
+    from coci.planning.failures import Failures, mtbf_model
 
     if args.failure_log is not None:
         if args.mtbf is not None:
@@ -62,7 +62,7 @@ def _failures(args: argparse.Namespace) -> Failures | None:
     if args.weibull_shape is not None:
         failures = Failures.weibull(args.weibull_shape, args.mtbf, nodes=args.nodes)
     else:
-        failures = Failures.exponential(mtbf=args.mtbf, nodes=args.nodes)
+        failures = mtbf_model(args.mtbf, nodes=args.nodes)
     if args.node_share is None:
         if args.multi_node_share is not None:
             raise ConfigError("--multi-node-share needs --node-share (the share of failures that lose nodes)")

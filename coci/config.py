@@ -24,12 +24,12 @@ from coci.checkpoint.peers import check_peer_copies
 from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES
 from coci.checkpoint.remote.schemes import RemoteLike
 from coci.checkpoint.remote.store import RemoteStore
-from coci.checkpoint.retention import RetentionPolicy, retention_policy
+from coci.checkpoint.retention import RetentionPolicy, check_keep_last, retention_policy
 from coci.checkpoint.run_source import SourceLike
 from coci.errors import ConfigError
 from coci.planning.arguments import FailuresLike, PolicyLike, PriorLike, TakesPrior
 from coci.planning.config import PlanConfig
-from coci.planning.failures import Failures
+from coci.planning.failures import Failures, mtbf_model
 from coci.planning.online import make_policy
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from coci.planning.records import Plan
@@ -85,9 +85,8 @@ class RetentionConfig:
     """Peer copies each node keeps of every node it holds copies for (>= 1; None keeps all), apart from its own ``keep_last``."""
 
     def __post_init__(self) -> None:
-        _positive_or_none(self.keep_last, "keep_last")
-        _positive_or_none(self.keep_last_remote, "keep_last_remote")
-        _positive_or_none(self.peer_keep_last, "peer_keep_last")
+        for name in ("keep_last", "keep_last_remote", "peer_keep_last"):
+            check_keep_last(getattr(self, name), name)
         if self.save_last is not None and not isinstance(self.save_last, bool):
             raise ConfigError(f"save_last must be True, False or None, got {self.save_last!r}")
         object.__setattr__(self, "peer_copies", check_peer_copies(self.peer_copies))
@@ -450,7 +449,7 @@ def _failures(mtbf: str | float | None, failures: FailuresLike | None) -> Failur
     """The failure model from ``mtbf=`` (an exponential model) or ``failures=``, never both."""
     if mtbf is not None and failures is not None:
         raise ConfigError("pass either mtbf= or failures=, not both")
-    return failures if mtbf is None else Failures.exponential(mtbf=mtbf)
+    return failures if mtbf is None else mtbf_model(mtbf)
 
 
 def _signals_tuple(signals: Any) -> Any:

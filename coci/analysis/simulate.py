@@ -116,13 +116,14 @@ import numpy as np
 from coci import checks, knobs
 from coci.analysis.online_replay import online_policy, online_schedule, online_trace
 from coci.analysis.simulate_levels import copied, run_levels
-from coci.analysis.simulated_job import Job, RateFunction, daly_expected_seconds, failure_model
+from coci.analysis.simulated_job import Job, daly_expected_seconds, failure_model
 from coci.analysis.simulation_results import METRICS, MetricSummary, SimulationResult, ratio_change
 from coci.errors import ConfigError
 from coci.planning.arguments import CurveLike, FailuresLike
 from coci.planning.empirical import curve_pair, empirical_progress_rate
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit, LossCurve
+from coci.planning.objective import RateFunction
 from coci.planning.policy import CheckpointPolicy
 from coci.planning.records import Plan, PlanInputs
 

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from coci import knobs
-from coci.analysis.simulated_job import Job, RateFunction, Timeline
+from coci.analysis.simulated_job import Job, Timeline
 from coci.planning.failures import Failures
-from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model
+from coci.planning.objective import CostModel, ExpectedFailures, RateFunction, build_cost_model
 from coci.planning.records import Plan
 
 __all__ = ["copied", "restore_levels", "run_levels"]

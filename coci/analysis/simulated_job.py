@@ -4,7 +4,6 @@ failure-free timeline, and Daly's closed-form expected run time it is checked ag
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,13 +11,10 @@ import numpy as np
 
 from coci import checks
 from coci.errors import ConfigError
-from coci.planning.failures import Failures
+from coci.planning.failures import Failures, as_failures
 from coci.planning.records import Plan, PlanInputs
 
 __all__ = ["daly_expected_seconds", "failure_model"]
-
-
-RateFunction = Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -240,11 +236,7 @@ def failure_model(failures: Any, inputs: PlanInputs) -> Failures:
         if inputs.failures is None:
             raise ConfigError("failures is required: the plan records no failure model")
         return inputs.failures
-    if isinstance(failures, Failures):
-        return failures
-    if isinstance(failures, str) or checks.is_number(failures):
-        return Failures.exponential(mtbf=failures)
-    raise ConfigError(f"failures must be a coci.Failures or an MTBF such as '8h', got {failures!r}")
+    return as_failures(failures)
 
 
 def daly_expected_seconds(plan: Plan, failures: Failures | None = None) -> float:

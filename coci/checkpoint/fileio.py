@@ -225,9 +225,14 @@ def read_verified(path: Path, entry: records.FileEntry, keep: bool = True) -> to
     finally:
         checksum.close()
         os.close(fd)
+    _check_checksum(path, entry, crc)
+    return buffer[:size] if keep else buffer
+
+
+def _check_checksum(path: Path, entry: records.FileEntry, crc: int) -> None:
+    """CorruptCheckpointError naming ``path`` unless ``crc`` is the checksum ``entry`` records."""
     if crc != entry.checksum:
         raise CorruptCheckpointError(f"{path}: checksum mismatch ({entry.algorithm} {crc:#010x} != {entry.checksum:#010x})")
-    return buffer[:size] if keep else buffer
 
 
 def read_verified_into(path: Path, entry: records.FileEntry, allocate: Callable[[], list[tuple[int, memoryview]]]) -> None:
@@ -259,8 +264,7 @@ def read_verified_into(path: Path, entry: records.FileEntry, allocate: Callable[
     finally:
         checksum.close()
         os.close(fd)
-    if crc != entry.checksum:
-        raise CorruptCheckpointError(f"{path}: checksum mismatch ({entry.algorithm} {crc:#010x} != {entry.checksum:#010x})")
+    _check_checksum(path, entry, crc)
 
 
 def _read_pieces(fd: int, path: Path, size: int, pieces: list[tuple[int, memoryview]], checksum: ChunkChecksum) -> None:

@@ -23,14 +23,17 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from coci import checks
 from coci.checkpoint.commit import discard_checkpoint
 from coci.checkpoint.layout import committed_steps
 from coci.errors import ConfigError
 
-__all__ = ["KeepAny", "KeepEvery", "KeepLast", "RetentionPolicy", "apply_retention", "doomed_steps", "kept_steps", "retention_policy"]
+__all__ = [
+    "KeepAny", "KeepEvery", "KeepLast", "RetentionPolicy", "apply_retention", "check_keep_last", "doomed_steps", "kept_steps",
+    "retention_policy",
+]
 
 
 @runtime_checkable
@@ -100,11 +103,16 @@ def retention_policy(keep_last: int | None, retention: RetentionPolicy | None, *
     ``remote_retention=``): ``retention`` when given, which replaces ``keep_last``."""
     if retention is not None:
         return check_policy(retention, "remote_retention" if remote else "retention")
-    if keep_last is None:
-        return None
-    if not checks.is_int(keep_last) or keep_last < 1:
-        raise ConfigError(f"{'keep_last_remote' if remote else 'keep_last'} must be a positive integer or None, got {keep_last!r}")
-    return KeepLast(keep_last)
+    count = check_keep_last(keep_last, "keep_last_remote" if remote else "keep_last")
+    return None if count is None else KeepLast(count)
+
+
+def check_keep_last(value: Any, field: str) -> int | None:
+    """A count of checkpoints to keep (``keep_last``, ``keep_last_remote``, ``peer_keep_last``):
+    an integer >= 1, or None to keep every one; a ConfigError naming ``field`` otherwise."""
+    if value is not None and (not checks.is_int(value) or value < 1):
+        raise ConfigError(f"{field} must be a positive integer or None, got {value!r}")
+    return value
 
 
 def kept_steps(policy: RetentionPolicy, trusted: Sequence[int]) -> set[int]:

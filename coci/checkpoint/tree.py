@@ -10,6 +10,7 @@ refused with the path to the value.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -138,15 +139,7 @@ def own_storage(tree: Any) -> Any:
     keeping views would keep the whole buffer alive. Modules copy into their parameters and need
     no clone; everything else gets one.
     """
-    if isinstance(tree, torch.Tensor):
-        return tree.clone()
-    if isinstance(tree, dict):
-        return {key: own_storage(value) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [own_storage(value) for value in tree]
-    if isinstance(tree, tuple):
-        return tuple(own_storage(value) for value in tree)
-    return tree
+    return _map_tensors(tree, torch.Tensor.clone)
 
 
 def adopt_or_clone(tree: Any) -> Any:
@@ -156,23 +149,29 @@ def adopt_or_clone(tree: Any) -> Any:
     storage met twice is cloned the second time, so no two objects share one."""
     seen: set[int] = set()
 
-    def walk(node: Any) -> Any:
-        if isinstance(node, torch.Tensor):
-            storage = node.untyped_storage()
-            whole = node.storage_offset() == 0 and node.is_contiguous() and storage.nbytes() == node.nbytes
-            if whole and node.nbytes and storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                return node
-            return node.clone()
-        if isinstance(node, dict):
-            return {key: walk(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [walk(value) for value in node]
-        if isinstance(node, tuple):
-            return tuple(walk(value) for value in node)
-        return node
+    def adopt(node: torch.Tensor) -> torch.Tensor:
+        storage = node.untyped_storage()
+        whole = node.storage_offset() == 0 and node.is_contiguous() and storage.nbytes() == node.nbytes
+        if whole and node.nbytes and storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            return node
+        return node.clone()
 
-    return walk(tree)
+    return _map_tensors(tree, adopt)
+
+
+def _map_tensors(tree: Any, leaf: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``tree`` with each tensor replaced by ``leaf(tensor)``, through dicts, lists and tuples
+    (in order: ``leaf`` may keep state across calls); anything else as it is."""
+    if isinstance(tree, torch.Tensor):
+        return leaf(tree)
+    if isinstance(tree, dict):
+        return {key: _map_tensors(value, leaf) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_map_tensors(value, leaf) for value in tree]
+    if isinstance(tree, tuple):
+        return tuple(_map_tensors(value, leaf) for value in tree)
+    return tree
 
 
 #: numpy scalar kinds a skeleton may hold (bool, integers, floats, strings), each from a JSON value

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from coci import checks, knobs
 from coci.errors import ConfigError
-from coci.planning.failures import Failures
+from coci.planning.failures import Failures, as_failures
 from coci.units import parse_duration
 
 __all__ = ["OBJECTIVES", "POLICIES", "PlanConfig", "RecordedInputs", "changed_arguments"]
@@ -138,11 +138,4 @@ def _failure_model(failures: Any, policy: str) -> Failures | None:
         if policy not in FAILURE_BLIND_POLICIES:
             raise ConfigError(f"failures is required for policy {policy!r} (e.g. coci.Failures.exponential('8h'))")
         return None
-    if isinstance(failures, Failures):
-        return failures
-    if isinstance(failures, str) or checks.is_number(failures):
-        try:
-            return Failures.exponential(mtbf=failures)
-        except ConfigError as exc:  # name the argument the user actually passed
-            raise ConfigError(str(exc).replace("mtbf", "failures", 1)) from None
-    raise ConfigError(f"failures must be a coci.Failures or an MTBF such as '8h', got {failures!r}")
+    return as_failures(failures)

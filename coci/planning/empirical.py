@@ -13,7 +13,6 @@ faster than every diminishing-returns family), so an offline plan weighs lost wo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,14 +21,13 @@ import numpy as np
 from coci import knobs
 from coci.errors import ConfigError
 from coci.planning.fit import CurveFit, bin_trace, fit_curve
+from coci.planning.objective import RateFunction
 
 __all__ = ["EXTENSIONS", "EmpiricalCurve", "curve_pair", "empirical_curve", "empirical_progress_rate", "smoothed_trace"]
 
 #: The simulator's "true" progress rate of a raw loss trace is the slope of an isotonic
 #: (non-increasing) fit to at most this many bins of the trace (half log-, half linearly spaced).
 _SIMULATE_TRUTH_POINTS: int = 200
-
-RateFunction = Callable[[np.ndarray], np.ndarray]
 
 #: How an empirical curve continues past its last point, in the order tried.
 EXTENSIONS: tuple[str, ...] = ("flat", "end slope", "parametric")

@@ -101,7 +101,7 @@ from coci.errors import ConfigError
 from coci.planning.failure_log import read_failure_log
 from coci.units import parse_duration
 
-__all__ = ["TIERS", "FailureClass", "Failures", "LogFit"]
+__all__ = ["TIERS", "FailureClass", "Failures", "LogFit", "as_failures", "mtbf_model"]
 
 #: Failure-model ranges: a scale beyond ~3e10 years or a Weibull shape outside these bounds
 #: overflows the planner's arithmetic (gamma(1 + 1/shape), failure probabilities) and means nothing.
@@ -522,6 +522,27 @@ class Failures(BaseModel):
             f"weibull, shape {self.shape:.4g}, scale {self.scale_seconds:.6g} s{nodes} "
             f"(job MTBF {self.mean_seconds:.6g} s){warned}"
         )
+
+
+def mtbf_model(mtbf: Any, field: str = "mtbf", *, nodes: int = 1) -> Failures:
+    """The failure model of a per-node MTBF (``"8h"``, seconds) on ``nodes`` nodes:
+    ``Failures.exponential(mtbf=mtbf, nodes=nodes)``, a ConfigError naming ``field`` for a bad
+    one. The one place an MTBF becomes a failure model (``mtbf=``, ``failures=``, ``simulate``'s
+    ``failures``, ``coci plan --mtbf``)."""
+    try:
+        return Failures.exponential(mtbf=mtbf, nodes=nodes)
+    except ConfigError as exc:  # name the argument the user actually passed
+        raise ConfigError(str(exc).replace("mtbf", field, 1)) from None
+
+
+def as_failures(value: Any, field: str = "failures") -> Failures:
+    """``value`` as a failure model: a [``Failures``][coci.Failures] as it is, an MTBF as
+    ``mtbf_model``'s; a ConfigError naming ``field`` otherwise."""
+    if isinstance(value, Failures):
+        return value
+    if isinstance(value, str) or checks.is_number(value):
+        return mtbf_model(value, field)
+    raise ConfigError(f"{field} must be a coci.Failures or an MTBF such as '8h', got {value!r}")
 
 
 def _composed_mean(classes: tuple[FailureClass, ...]) -> float:

@@ -115,6 +115,8 @@ _RENEWAL_GRID_POINTS: int = 1024
 #: The renewal grid spans at most this many MTBFs; beyond, failures arrive at the long-run rate.
 _RENEWAL_MAX_MEANS: float = 20.0
 
+#: A function of steps (an array) giving a value per step: a progress rate, a cumulative hazard.
+#: Defined once here, the planning package's lowest module; the others import it.
 RateFunction = Callable[[np.ndarray], np.ndarray]
 
 

@@ -4,7 +4,6 @@ and the prior progress rate used before a curve can be fitted."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
@@ -13,14 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit
 from coci.planning.levels import Level, level_of, levels_of
+from coci.planning.objective import RateFunction
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["PRIOR_PROGRESS_RATE", "Plan", "PlanInputs"]
-
-
-RateFunction = Callable[[np.ndarray], np.ndarray]
 
 
 class PriorProgressRate:

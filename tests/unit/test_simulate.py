@@ -311,7 +311,7 @@ def test_deterministic_for_a_seed() -> None:
         (dict(termination=(0.6, 0.4)), "termination"),
         (dict(termination=1e-4), "termination"),  # stops before the first of 1000 steps
         (dict(termination="half"), "termination"),
-        (dict(failures=-3), "mtbf"),
+        (dict(failures=-3), "failures"),  # the argument passed, an MTBF
         (dict(failures=object()), "failures"),
     ],
 )
