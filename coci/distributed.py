@@ -186,7 +186,7 @@ def agree(problem: str | None, context: DistributedContext | None) -> str | None
     if context is None:
         return problem
     problems = gather_objects(problem, context.control_group)
-    return "; ".join(p for p in problems if p) or None
+    return "; ".join(dict.fromkeys(p for p in problems if p)) or None  # each once: every rank often has the same
 
 
 # --- run directory layout (Session) --------------------------------------------------------------
@@ -208,9 +208,26 @@ def with_run_dir_layout(context: DistributedContext, run_dir: Path, setting: str
         return replace(context, nodes=None)
     if setting == "node-local":
         groups = _groups_by(gather_objects((socket.gethostname(), os.environ.get("GROUP_RANK")), context.control_group))
+        _check_not_shared(context, run_dir, groups)
     else:
         groups = _probed_groups(context, run_dir)
     return replace(context, nodes=groups if len(groups) > 1 else None)
+
+
+def _check_not_shared(context: DistributedContext, run_dir: Path, groups: tuple[tuple[int, ...], ...]) -> None:
+    """ConfigError when ranks of different nodes see each other's token files: ``"node-local"``
+    forced on a directory the nodes share (their commits would overwrite each other's parts). A
+    file shown late by a cache is not seen: that never refuses a real node-local layout."""
+    views = _token_views(context, run_dir)
+    node_of = {rank: index for index, ranks in enumerate(groups) for rank in ranks}
+    shared = sorted({(node_of[rank], node_of[other]) for rank, seen in enumerate(views) for other in seen if node_of[other] != node_of[rank]})
+    if shared:
+        first, second = shared[0]
+        raise ConfigError(
+            f"run_dir_layout='node-local', but nodes {first} (ranks {list(groups[first])}) and {second} (ranks "
+            f"{list(groups[second])}) see the same run directory {run_dir}: it is shared. Pass run_dir_layout='shared' "
+            "(or 'auto'), or give each node a directory on its own disk"
+        )
 
 
 def _groups_by(keys: list[Any]) -> tuple[tuple[int, ...], ...]:
@@ -221,16 +238,21 @@ def _groups_by(keys: list[Any]) -> tuple[tuple[int, ...], ...]:
     return tuple(sorted(tuple(ranks) for ranks in groups.values()))
 
 
-def _probed_groups(context: DistributedContext, run_dir: Path) -> tuple[tuple[int, ...], ...]:
-    """Which ranks see each other's token files in their run directory (collective)."""
+def _token_views(context: DistributedContext, run_dir: Path) -> list[tuple[int, ...]]:
+    """For each rank, the ranks whose token file it sees in its run directory (collective)."""
     token = run_dir / f"{_PROBE_PREFIX}{context.rank}-{secrets.token_hex(8)}"
     token.touch()
     try:
         names = gather_objects(token.name, context.control_group)  # every token exists once this returns
         seen = tuple(rank for rank, name in enumerate(names) if (run_dir / name).exists())
-        views = gather_objects(seen, context.control_group)  # nobody removes a token before all looked
+        return gather_objects(seen, context.control_group)  # nobody removes a token before all looked
     finally:
         token.unlink(missing_ok=True)
+
+
+def _probed_groups(context: DistributedContext, run_dir: Path) -> tuple[tuple[int, ...], ...]:
+    """Which ranks see each other's token files in their run directory (collective)."""
+    views = _token_views(context, run_dir)
     groups = _groups_by(views)
     if any(views[rank] != ranks for ranks in groups for rank in ranks):
         raise ConfigError(

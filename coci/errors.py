@@ -34,6 +34,12 @@ class CorruptCheckpointError(CheckpointError):
     """A committed checkpoint fails verification (size, checksum, manifest, path escape)."""
 
 
+class IncompleteCheckpointError(CheckpointError):
+    """Checkpoints whose bytes verify but that cannot be loaded here: a node's part was never
+    published or is lost with its disk, or they were saved by another layout of nodes (a world-size
+    change on node-local run directories). The message says which and what to do."""
+
+
 class StateMismatchError(CheckpointError):
     """A checkpoint's state keys differ from the session's (lists missing and unexpected keys)."""
 

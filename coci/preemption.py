@@ -172,7 +172,8 @@ class Preemption:
         self._next_agreement = 1
         self._last_agreement: tuple[int, float] | None = None
         #: Under torch.distributed: the collective of ``due`` (see ``agree_on_notice``).
-        self.agree: Callable[[bool, int], tuple[bool, int]] | None = None
+        self.agree: Callable[[int, int], tuple[int, int]] | None = None
+        self.agreed_signum: int | None = None  # the signal of the notice the ranks agreed on (any rank's)
         #: Unix time of the last event of the previous process in this run directory, if any.
         self.previous_end: float | None = None
 
@@ -224,9 +225,10 @@ class Preemption:
         if step < self._next_agreement:
             return False
         measured = self._measured_step_seconds(step)
-        any_notice, interval = self.agree(self.notice is not None, agreement_interval(measured, self.grace_seconds))
+        signum, interval = self.agree(self.signum or 0, agreement_interval(measured, self.grace_seconds))
         self._next_agreement = step + max(1, interval)
-        return any_notice
+        self.agreed_signum = signum or None
+        return signum > 0
 
     def _measured_step_seconds(self, step: int) -> float | None:
         now = time.monotonic()
@@ -303,16 +305,17 @@ def _installed(signum: int, handler: object) -> bool:
 _DISPATCHERS: dict[int, _Dispatcher] = {}
 
 
-def agree_on_notice(context: DistributedContext) -> Callable[[bool, int], tuple[bool, int]]:
+def agree_on_notice(context: DistributedContext) -> Callable[[int, int], tuple[int, int]]:
     """The collective of ``Preemption.due`` on coci's gloo control group: one all-reduce
-    (MAX) of ``[notice, -interval]``: any rank's notice counts, the shortest interval wins."""
+    (MAX) of ``[signal number or 0, -interval]``: any rank's notice counts (with its signal, so a
+    rank without one records it too), the shortest interval wins."""
     import torch
     import torch.distributed as dist
 
-    def agree(notice: bool, interval: int) -> tuple[bool, int]:
-        values = torch.tensor([int(notice), -int(interval)], dtype=torch.int64)
+    def agree(signum: int, interval: int) -> tuple[int, int]:
+        values = torch.tensor([int(signum), -int(interval)], dtype=torch.int64)
         dist.all_reduce(values, op=dist.ReduceOp.MAX, group=context.control_group)
-        return bool(values[0]), int(-values[1])
+        return int(values[0]), int(-values[1])
 
     return agree
 
@@ -326,12 +329,14 @@ def record_stop(
     return the [``Preempted``][coci.Preempted] to raise (the session runs the sequence: checkpoint, wait,
     promote, this, close)."""
     signum = preemption.signum
+    agreed = signum if signum is not None else preemption.agreed_signum  # another rank's notice: its signal
     estimate = _estimate(profile.stall_seconds.value, profile.persist_seconds.value)
     fits = grace_fits(preemption.grace_seconds, profile.stall_seconds.value, profile.persist_seconds.value)
     events.emit(
         "preempted",
         step=step,
-        signal=signal.Signals(signum).name if signum is not None else None,
+        signal=signal.Signals(agreed).name if agreed is not None else None,
+        notice_here=signum is not None,
         notice_seconds=seconds,
         grace_seconds=preemption.grace_seconds,
         estimate_seconds=estimate,

@@ -48,7 +48,7 @@ from coci.checkpoint.sharded import local_shards
 from coci.checkpoint.snapshot import CopyJob, StagedCheckpoint, StagingArena
 from coci.checkpoint.tree import flatten
 from coci.distributed import DistributedContext
-from coci.errors import ConfigError, CorruptCheckpointError, PersistError
+from coci.errors import ConfigError, CorruptCheckpointError, IncompleteCheckpointError, PersistError
 from coci.events import EventLog
 
 logger = logging.getLogger(__name__)
@@ -209,7 +209,23 @@ def load_committed(
     if record_json is None:
         raise CorruptCheckpointError(problem or f"{path}: unreadable")
     reader = reader_named(declared, path)
-    return reader.load(path, reader.record_type.model_validate_json(record_json), context, targets)
+    record = reader.record_type.model_validate_json(record_json)
+    _check_whole(path, record, context)
+    return reader.load(path, record, context, targets)
+
+
+def _check_whole(path: Path, record: CommitRecord, context: DistributedContext) -> None:
+    """IncompleteCheckpointError when one shared run directory holds only a node's part of a
+    checkpoint saved on node-local directories (its other nodes' files are elsewhere)."""
+    node, nodes = getattr(record, "node", None), getattr(record, "nodes", None)
+    if node is None:
+        return
+    raise IncompleteCheckpointError(
+        f"{path} holds only node {node}'s part of a checkpoint saved on node-local run directories (nodes {nodes}); "
+        f"this job ({context.world_size} ranks) reads one shared directory and needs the whole checkpoint: restart on "
+        "the same nodes and ranks per node, each with its own directory, or pass remote= with the prefix the run "
+        "promoted to (the whole checkpoint is fetched and resharded)"
+    )
 def _load_node_parts(path: Path, context: DistributedContext, targets: Mapping[str, Any] | None) -> LoadedCheckpoint:
     """``load_committed`` on node-local run directories: each rank reads the record of its own
     node's part, and the parts must be one checkpoint (the same ``commit_id``) before any loads."""

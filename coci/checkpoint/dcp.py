@@ -303,7 +303,7 @@ class DcpWriter:
     def _agree(self, problem: str | None) -> str | None:
         """Every rank's problem joined, None when none has one (collective on the persist group)."""
         problems = distributed.gather_objects(problem, self.context.persist_group)
-        return "; ".join(p for p in problems if p) or None
+        return "; ".join(dict.fromkeys(p for p in problems if p)) or None
 
     def _on_leaders(self, action: Callable[[], Any], failure: str) -> Any:
         """``action`` run by each node's leader in its directory; rank 0's outcome on every rank,

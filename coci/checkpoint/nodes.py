@@ -29,15 +29,22 @@ from coci.errors import ConfigError, CorruptCheckpointError
 __all__ = ["NodePart", "check_parts", "check_replicas_within_nodes", "local_steps", "missing_pieces", "replicas_across_nodes"]
 
 
+#: What is wrong with a node's part (:attr:`NodePart.kind`): absent (never published there, or its
+#: disk lost), saved by another layout of nodes (a world-size change), or bytes that fail a check.
+MISSING, OTHER_LAYOUT, CORRUPT = "missing", "other_layout", "corrupt"
+
+
 @dataclass(frozen=True)
 class NodePart:
-    """One node's part of a step: its commit id when it verifies, else the problem; and the
-    names of the checkpoint's files as its record lists them (empty when it has no record)."""
+    """One node's part of a step: its commit id when it verifies, else the problem and its kind
+    (:data:`MISSING`, :data:`OTHER_LAYOUT`, :data:`CORRUPT`); and the names of the checkpoint's
+    files as its record lists them (empty when it has no record)."""
 
     node: int
     commit_id: str | None
     problem: str | None
     files: tuple[str, ...] = ()
+    kind: str | None = None
 
 
 def local_steps(root: Path, context: DistributedContext) -> list[int]:
@@ -68,16 +75,36 @@ def check_parts(root: Path, step: int, context: DistributedContext) -> list[Node
 def _check_own_part(root: Path, step: int, context: DistributedContext) -> NodePart:
     path = root / layout.step_dirname(step)
     if not path.is_dir():
-        return NodePart(context.node, None, f"{path} is missing")
+        return NodePart(context.node, None, f"absent from {root}", kind=MISSING)
     try:
         record = verify_dcp_checkpoint(path)
     except (CorruptCheckpointError, OSError) as exc:
-        return NodePart(context.node, None, str(exc))
+        return NodePart(context.node, None, str(exc), kind=CORRUPT)
     names = tuple(entry.name for entry in record.files)
     whole = record.node is None  # every file present (fetched onto another layout): loads on any
-    if not whole and (record.node != context.node or record.nodes != [list(r) for r in context.nodes or ()]):
-        return NodePart(context.node, None, f"{path}: holds the part of node {record.node} of nodes {record.nodes}", names)
+    now = [list(r) for r in context.nodes or ()]
+    if not whole and record.nodes == now and record.node != context.node:
+        return NodePart(
+            context.node, None, f"{path} holds node {record.node}'s part, but this directory is node {context.node}'s now: the "
+            "nodes joined in another order than when it was written (torchrun's c10d rendezvous numbers nodes by arrival "
+            "and ignores --node-rank); start every agent with --rdzv-backend static --node-rank K --master-addr NODE0 "
+            "(the multi-node guide), so each node keeps its ranks", names, kind=OTHER_LAYOUT,
+        )
+    if not whole and (record.node != context.node or record.nodes != now):
+        return NodePart(
+            context.node, None, f"{path} holds node {record.node}'s part of a checkpoint saved on nodes {record.nodes}; "
+            f"this job runs on nodes {now}", names, kind=OTHER_LAYOUT,
+        )
     return NodePart(context.node, checkpoint_id(record), None, names)
+
+
+def skip_kind(parts: list[NodePart]) -> str:
+    """The ``restore_skip`` reason of a step whose ``parts`` do not all verify: ``"corrupt"``
+    only when a part's bytes fail a check; else ``"other_layout"`` or ``"incomplete"``."""
+    kinds = {part.kind for part in parts if part.problem is not None}
+    if CORRUPT in kinds:
+        return CORRUPT
+    return OTHER_LAYOUT if OTHER_LAYOUT in kinds else "incomplete"
 
 
 def missing_pieces(step: int, parts: list[NodePart], context: DistributedContext) -> str:
@@ -93,7 +120,10 @@ def missing_pieces(step: int, parts: list[NodePart], context: DistributedContext
         shards = [name for name in names if file_rank(name) in ranks]
         lacks = f" lacks its shards {', '.join(shards)}" if shards else ""
         pieces.append(f"node {part.node} (ranks {', '.join(map(str, ranks))}){lacks}: {part.problem}")
-    return f"step_{step}: " + "; ".join(pieces)
+    return f"step_{step} ({_LABELS[skip_kind(parts)]}): " + "; ".join(pieces)
+
+
+_LABELS = {"incomplete": "not on every node", OTHER_LAYOUT: "saved by another layout of nodes", CORRUPT: "a part fails its checks"}
 
 
 def check_replicas_within_nodes(tensors: Iterable[torch.Tensor], context: DistributedContext) -> None:

@@ -33,7 +33,13 @@ from coci.checkpoint.remote.refused import REFUSED_BEFORE, RemoteGate
 from coci.checkpoint.sharded import ShardedState
 from coci.checkpoint.stateful import Stateful, is_stateful, restore_in_place
 from coci.checkpoint.tree import adopt_or_clone
-from coci.errors import CheckpointError, CorruptCheckpointError, RemoteUnavailableError, StateMismatchError
+from coci.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    RemoteUnavailableError,
+    StateMismatchError,
+)
 from coci.events import EventLog
 from coci.profiler import Profiler
 
@@ -45,6 +51,7 @@ logger = logging.getLogger(__name__)
 _POLICY_ENTRY = SESSION_KEY + "policy"
 #: How a restore problem that is a state mismatch (not damage) starts.
 _MISMATCH = "state mismatch: "
+_OTHER_LAYOUT = "another layout of nodes: "  # a node-local part read on another layout (IncompleteCheckpointError)
 
 
 @dataclass(frozen=True)
@@ -124,9 +131,10 @@ class Restorer:
             )
         return None
 
-    def _record_skip(self, step: int, where: str, problem: str) -> None:
-        """A checkpoint passed over: a warning and a ``restore_skip`` event with its reason."""
-        reason = _skip_reason(problem)
+    def _record_skip(self, step: int, where: str, problem: str, reason: str | None = None) -> None:
+        """A checkpoint passed over: a warning and a ``restore_skip`` event with its reason (read
+        from ``problem`` unless given)."""
+        reason = reason or _skip_reason(problem)
         logger.warning("skipping checkpoint %s (%s): %s", where, reason, problem)
         self.events.emit("restore_skip", step=step, path=where, message=problem, reason=reason)
 
@@ -142,48 +150,74 @@ class Restorer:
         targets = self.sharded.load_targets() if steps else None
         skipped: list[Path] = []
         problems: list[str] = []
+        reasons: list[str] = []
         for step in steps:
             began = self.clock()
-            tier, problem = self._node_parts_ready(step, remote_steps)
+            tier, problem, reason = self._node_parts_ready(step, remote_steps)
             path = self.root / step_dirname(step)
-            loaded, problem = self._load_and_apply(path, targets) if problem is None else (None, problem)
+            if problem is None:
+                loaded, problem = self._load_and_apply(path, targets)
+                reason = _skip_reason(problem) if loaded is None else None
+            else:
+                loaded = None
             if loaded is None:
-                self._record_skip(step, str(path), problem)
+                self._record_skip(step, str(path), problem, reason)
                 skipped.append(path)
                 problems.append(problem)
+                reasons.append(reason or "corrupt")
                 continue
             return Found(loaded, path, tier, began, tuple(skipped))
         if steps:
-            remote = "" if self.remote is None else f" or in the remote tier {self.remote.store.url}"
-            raise CorruptCheckpointError(
-                f"no checkpoint is complete on every node{remote} ({len(steps)} steps tried): " + " | ".join(problems)
-            )
+            raise self._none_on_every_node(len(steps), problems, reasons)
         return None
 
-    def _node_parts_ready(self, step: int, remote_steps: set[int]) -> tuple[str, str | None]:
-        """(this rank's tier, None) once every node holds a verified part of ``step`` (the nodes
-        lacking theirs fetched it from the remote); else ('', what is missing). Collective."""
+    def _none_on_every_node(self, tried: int, problems: list[str], reasons: list[str]) -> CheckpointError:
+        """The error when no step loads on node-local directories: corrupt only when some part's
+        bytes failed a check; each kind with what to do."""
+        remote = "" if self.remote is None else f" or in the remote tier {self.remote.store.url}"
+        message = f"no checkpoint is complete on every node{remote} ({tried} steps tried): " + " | ".join(problems)
+        if "corrupt" in reasons:
+            return CorruptCheckpointError(message)
+        if "other_layout" in reasons:
+            return IncompleteCheckpointError(
+                f"{message}. The checkpoints were saved on another layout of nodes (a world-size change): on node-local "
+                "run directories only a remote tier holds the whole checkpoint to reshard from; restart on the same "
+                "nodes and ranks per node, or pass remote= with the prefix the run promoted to"
+            )
+        return IncompleteCheckpointError(
+            f"{message}. A node's parts are missing (its disk lost or replaced, or the run started in other directories). "
+            "Put that node's run directory back, or pass remote= (or peer_copies=1 next time) so a lost node fetches its "
+            "part. If no step was ever complete on every node or in the remote tier (a node lost before the first "
+            "promotion), nothing can resume this run: delete the run directory's checkpoints/ on every node and start again"
+        )
+
+    def _node_parts_ready(self, step: int, remote_steps: set[int]) -> tuple[str, str | None, str | None]:
+        """(this rank's tier, None, None) once every node holds a verified part of ``step`` (the
+        nodes lacking theirs fetched it from a peer or the remote); else ('', what is missing, the
+        ``restore_skip`` reason: :func:`coci.checkpoint.nodes.skip_kind`). Collective."""
         assert self.dist is not None
         parts = nodes.check_parts(self.root, step, self.dist)
         ids = sorted({str(part.commit_id) for part in parts if part.problem is None})
         if len(ids) > 1:
-            return "", f"step_{step}: the nodes hold parts of different checkpoints (commit ids {ids})"
+            return "", f"step_{step}: the nodes hold parts of different checkpoints (commit ids {ids})", "incomplete"
         lacking = {part.node for part in parts if part.problem is not None}
         if not lacking:
-            return "local", None
+            return "local", None, None
         peer_problem = self._from_peers(step, lacking, ids)
         if peer_problem is None:
-            return ("peer" if self.dist.node in lacking else "local"), None
+            return ("peer" if self.dist.node in lacking else "local"), None, None
+        kind = nodes.skip_kind(parts)
         if self.remote is None or step not in remote_steps:
             where = " (and the remote tier does not hold it)" if self.remote is not None else " (no remote tier)"
             peers = "" if self.peers is None else f"; its peer copies: {peer_problem}"
-            return "", nodes.missing_pieces(step, parts, self.dist) + where + peers
+            return "", nodes.missing_pieces(step, parts, self.dist) + where + peers, kind
         fetching = self.dist.node in lacking
         try:
             self.remote.fetch_node_parts(step, self.root, self.dist, fetching)
         except CheckpointError as exc:
-            return "", f"{nodes.missing_pieces(step, parts, self.dist)}; its remote copy: {exc}"
-        return ("remote" if fetching else "local"), None
+            reason = "remote_unavailable" if UNAVAILABLE in str(exc) else "corrupt" if isinstance(exc, CorruptCheckpointError) else kind
+            return "", f"{nodes.missing_pieces(step, parts, self.dist)}; its remote copy: {exc}", reason
+        return ("remote" if fetching else "local"), None, None
 
     def _from_peers(self, step: int, lacking: set[int], ids: list[str]) -> str | None:
         """None once the ``lacking`` nodes fetched their parts of ``step`` from the nodes holding
@@ -259,6 +293,8 @@ class Restorer:
             if self.strict:
                 raise
             problem = f"{_MISMATCH}{exc}"
+        except IncompleteCheckpointError as exc:  # intact, but not loadable by this layout
+            problem = f"{_OTHER_LAYOUT}{exc}"
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # whatever a hostile checkpoint raises (MemoryError, DCP's CheckpointException...)
@@ -350,11 +386,13 @@ def _skip_reason(problem: str) -> str:
         return "state_mismatch"
     if problem.startswith(REFUSED_BEFORE):
         return "refused_before"
+    if problem.startswith(_OTHER_LAYOUT):
+        return "other_layout"
     return "remote_unavailable" if UNAVAILABLE in problem else "corrupt"
 
 
 def _restore_error(last_error: str) -> type[CheckpointError]:
     """What a restore raises when no checkpoint loads, by the last one's problem."""
-    return {"state_mismatch": StateMismatchError, "remote_unavailable": RemoteUnavailableError}.get(
+    return {"state_mismatch": StateMismatchError, "remote_unavailable": RemoteUnavailableError, "other_layout": IncompleteCheckpointError}.get(
         _skip_reason(last_error), CorruptCheckpointError
     )

@@ -26,7 +26,7 @@ import weakref
 from pathlib import Path
 
 from coci import distributed, safe_files
-from coci.errors import ConfigError, RunDirLockedError
+from coci.errors import ConfigError, PersistError, RunDirLockedError
 
 #: The lock file inside a run directory.
 LOCK_FILENAME = "coci.lock"
@@ -75,8 +75,13 @@ class RunLock:
             for fd in fds:
                 os.close(fd)
             raise
-        os.ftruncate(fds[-1], 0)
-        os.pwrite(fds[-1], f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+        try:  # who holds it, for the next session's refusal
+            os.ftruncate(fds[-1], 0)
+            os.pwrite(fds[-1], f"pid={os.getpid()} host={socket.gethostname()}\n".encode(), 0)
+        except OSError as exc:  # a full disk: the lock is released, the error names the run directory
+            for fd in fds:
+                os.close(fd)
+            raise PersistError(f"Session() cannot start in the run directory {run_dir}: writing {path.name} failed ({exc}); free space there") from exc
         return cls(fds, path)
 
     @property

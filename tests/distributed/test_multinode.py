@@ -144,11 +144,22 @@ def test_a_lost_node_without_a_remote_is_one_clear_error_naming_its_shards(tmp_p
     shutil.rmtree(layout.checkpoints_dir(node_dir(tmp_path, 1)))
     outcomes = run_nodes(tmp_path, survivor_grace=60.0)
     assert [o.code for o in outcomes] != [0, 0]
-    for outcome in outcomes:  # every rank fails with the same message, before any training step
-        assert "CorruptCheckpointError: no checkpoint is complete on every node" in outcome.output, outcome.output[-3000:]
-        assert "step_8: node 1 (ranks 1) lacks its shards __1_0.distcp" in outcome.output
-        assert "step_4: node 1 (ranks 1) lacks its shards __1_0.distcp" in outcome.output
+    for outcome in outcomes:  # every rank fails with the same message, before any training step: not "corrupt", and what to do
+        assert "IncompleteCheckpointError: no checkpoint is complete on every node" in outcome.output, outcome.output[-3000:]
+        assert "step_8 (not on every node): node 1 (ranks 1) lacks its shards __1_0.distcp" in outcome.output
+        assert "step_4 (not on every node): node 1 (ranks 1) lacks its shards __1_0.distcp" in outcome.output
+        assert "delete the run directory's checkpoints/ on every node" in outcome.output
     assert [int(line.split()[0]) for line in (node_dir(tmp_path, 0) / "samples_rank0.txt").read_text().splitlines()] == list(range(1, 9))
+    skips = node_events(tmp_path, 0, "restore_skip")
+    assert [(e["step"], e["reason"]) for e in skips] == [(8, "incomplete"), (4, "incomplete")]
+    # node 0's directory alone, on one node of 2 ranks (a world-size change, no remote): its parts are intact but
+    # not the whole checkpoint; never "corrupt", never an opaque DCP error
+    (alone,) = torchrun_helpers.launch_nodes(JOB, [node_dir(tmp_path, 0)], "--epochs", str(EPOCHS), timeout=TIMEOUT, nproc=2)
+    assert alone.code != 0
+    assert "IncompleteCheckpointError: none of the 2 committed checkpoints" in alone.output, alone.output[-3000:]
+    assert "holds only node 0's part of a checkpoint saved on node-local run directories (nodes [[0], [1]])" in alone.output
+    assert "CorruptCheckpointError" not in alone.output and "DCP could not load" not in alone.output
+    assert [e["reason"] for e in node_events(tmp_path, 0, "restore_skip")[2:]] == ["other_layout", "other_layout"]
 
 
 def test_a_node_killed_between_prepare_and_publish_leaves_a_step_no_node_loads(tmp_path: Path, reference: Path) -> None:
@@ -160,6 +171,7 @@ def test_a_node_killed_between_prepare_and_publish_leaves_a_step_no_node_loads(t
     assert restored(tmp_path) == [[(4, "local")]] * 2  # step 8 is on node 0 only: never loaded
     skips = node_events(tmp_path, 0, "restore_skip")
     assert [e["step"] for e in skips] == [8] and "node 1 (ranks 1) lacks its shards __1_0.distcp" in skips[0]["message"]
+    assert skips[0]["reason"] == "incomplete"  # a step not published on every node is not "corrupt"
     assert_bitwise(tmp_path, reference)
     assert_clean(tmp_path)
 
@@ -222,3 +234,28 @@ def test_hsdp_replicas_across_node_local_directories_are_refused_before_the_firs
         assert "ConfigError" in outcome.output and "mesh dimension 'replicate' (size 2)" in outcome.output, outcome.output[-3000:]
         assert not (node_dir(tmp_path, node) / f"samples_rank{node}.txt").exists()  # refused in Session(), before any step
         assert not layout.committed_steps(layout.checkpoints_dir(node_dir(tmp_path, node)))
+
+
+def test_node_local_forced_on_one_shared_directory_is_refused_naming_the_layout(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"  # both agents pass the same directory (one file system)
+    outcomes = torchrun_helpers.launch_nodes(JOB, [shared, shared], "--run-dir-layout", "node-local", timeout=TIMEOUT, survivor_grace=60.0)
+    assert [o.code for o in outcomes] != [0, 0]
+    for outcome in outcomes:  # the layout is blamed, not "another coci session"
+        assert "ConfigError: run_dir_layout='node-local', but nodes 0 (ranks [0]) and 1 (ranks [1]) see the same run directory" in outcome.output, \
+            outcome.output[-3000:]
+        assert "RunDirLockedError" not in outcome.output
+
+
+def test_a_restart_in_the_other_join_order_resumes_under_static_rendezvous_and_names_c10d(tmp_path: Path) -> None:
+    assert_ok(run_nodes(tmp_path, "--stop-at", "8", rendezvous="static"))
+    at_stop = torch.load(node_dir(tmp_path, 0) / "stop.pt", weights_only=True)
+    # c10d numbers the nodes by arrival: node 1's agent first makes its directory rank 0's; refused, naming the cause
+    swapped = run_nodes(tmp_path, "--stop-at", "9", start_order=[1, 0], survivor_grace=60.0)
+    assert [o.code for o in swapped] != [0, 0]
+    for outcome in swapped:
+        assert "IncompleteCheckpointError" in outcome.output and "the nodes joined in another order" in outcome.output, outcome.output[-3000:]
+        assert "--rdzv-backend static --node-rank K" in outcome.output and "CorruptCheckpointError" not in outcome.output
+    # the static rendezvous keeps --node-rank: started in the other order, each node resumes from its own disk
+    assert_ok(run_nodes(tmp_path, "--stop-at", "9", start_order=[1, 0], rendezvous="static"))
+    assert [[(e["step"], e["tier"]) for e in node_events(tmp_path, node, "restore")] for node in range(2)] == [[(8, "local")]] * 2
+    assert_same_state(torch.load(node_dir(tmp_path, 0) / "restored.pt", weights_only=True), at_stop)

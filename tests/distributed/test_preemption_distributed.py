@@ -135,7 +135,8 @@ def test_torchrun_max_restarts_resumes_after_a_notice_to_one_worker(tmp_path: Pa
             process.wait()
     events = preempted_events(tmp_path)
     assert len(events) == 2 and events[0]["step"] == events[1]["step"]
-    assert sorted(e["signal"] is None for e in events) == [False, True]  # one got it, one agreed
+    assert sorted(e["notice_here"] for e in events) == [False, True]  # one got it, one agreed
+    assert [e["signal"] for e in events] == ["SIGTERM", "SIGTERM"]  # the one that agreed records the signal too
     restores = [e for e in read_events(tmp_path) if e["event"] == "restore"]
     assert [e["step"] for e in restores] == [events[0]["step"]]
     assert restores[0]["restart_seconds"] >= restores[0]["seconds"]

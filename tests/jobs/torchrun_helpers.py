@@ -83,24 +83,39 @@ class NodeOutcome:
 
 def launch_nodes(
     script: Path, run_dirs: list[Path], *args: str, timeout: float, node_args: dict[int, list[str]] | None = None,
-    survivor_grace: float = 60.0, nproc: int = 1,
+    survivor_grace: float = 60.0, nproc: int = 1, rendezvous: str = "c10d", start_order: list[int] | None = None,
 ) -> list[NodeOutcome]:
     """One ``torchrun --nnodes N --nproc-per-node NPROC --node-rank K`` agent per run directory, with
-    c10d rendezvous on localhost, as several nodes would run ``script RUN_DIR_K ARGS`` (plus
-    ``node_args[K]``). Once an agent exits, the others get ``survivor_grace`` seconds to end on
+    c10d rendezvous on localhost (``rendezvous="static"``: torchrun's static one, which keeps
+    ``--node-rank``), as several nodes would run ``script RUN_DIR_K ARGS`` (plus ``node_args[K]``);
+    ``start_order``: the agents started in that order, 5 s apart (c10d numbers nodes by arrival).
+    Once an agent exits, the others get ``survivor_grace`` seconds to end on
     their own before their whole process group (agent and worker) is SIGKILLed: a node that died
     leaves the others blocked in a collective, as on a real cluster (:func:`kill_tree`)."""
     port = free_port()
-    agents, logs = [], []
-    for node, run_dir in enumerate(run_dirs):
+    agents: list[subprocess.Popen[bytes] | None] = [None] * len(run_dirs)
+    logs: list[Any] = [None] * len(run_dirs)
+    rdzv = (["--master-addr=127.0.0.1", f"--master-port={port}"] if rendezvous == "static"
+            else ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}"])
+    for position, node in enumerate(start_order or range(len(run_dirs))):
+        run_dir = run_dirs[node]
+        if start_order is not None and position:
+            time.sleep(5.0)
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         log = open(run_dir.parent / f"agent{node}-{os.getpid()}-{time.monotonic_ns()}.log", "w+")  # noqa: SIM115 (closed below)
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(run_dirs)}", f"--nproc-per-node={nproc}",
-               f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--max-restarts=0",
+               f"--node-rank={node}", *rdzv, "--max-restarts=0",
                str(script), str(run_dir), *args, *(node_args or {}).get(node, [])]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-        agents.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        logs.append(log)
+        agents[node] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        logs[node] = log
+    started = [agent for agent in agents if agent is not None]
+    assert len(started) == len(run_dirs), start_order
+    return _collect(started, logs, timeout, survivor_grace)
+
+
+def _collect(agents: list[subprocess.Popen[bytes]], logs: list[Any], timeout: float, survivor_grace: float) -> list[NodeOutcome]:
+    """Wait for the agents (see :func:`launch_nodes`) and read their logs."""
     try:
         _wait_for_nodes(agents, timeout, survivor_grace)
     finally:

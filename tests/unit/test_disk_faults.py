@@ -214,3 +214,17 @@ def test_real_full_disk(small_disk: Path) -> None:
     assert result is not None and result.step == 8
     assert torch.equal(restored["model"].weight, weights)
     assert torch.equal(restored["table"], torch.arange(180_000, dtype=torch.float32))
+
+
+@pytest.mark.slow  # runs mount(8) / umount(8) as processes
+def test_a_full_disk_at_session_start_is_a_persist_error_and_frees_the_run_directory(small_disk: Path) -> None:
+    run_dir = small_disk / "run"
+    run_dir.mkdir()
+    ballast = small_disk / "ballast"
+    with open(ballast, "wb") as handle:  # another tenant took every byte
+        handle.write(b"\0" * (os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize))
+    with pytest.raises(coci.PersistError, match=f"cannot start in the run directory {run_dir}.*No space left on device"):
+        coci.Session(run_dir, state=build_state(), policy=coci.EveryN(2))
+    ballast.unlink()  # space comes back: the run directory is not held by the failed session
+    with coci.Session(run_dir, state=build_state(), policy=coci.EveryN(2)) as session:
+        assert session.restore() is None

@@ -184,13 +184,15 @@ def _record(run_id: str, run_dir: Path, adopted: list[str]) -> bytes:
     return owner.model_dump_json().encode()
 
 
-def claim(store: RemoteStore, run_dir: Path, mode: str, events: EventLog) -> RunIdentity:
+def claim(store: RemoteStore, run_dir: Path, mode: str, events: EventLog, known_id: str | None = None) -> RunIdentity:
     """This run's identity on ``store`` (see the module docstring); records a ``remote_owner``
-    event; ConfigError when another run owns the prefix and ``mode`` is ``"refuse"``."""
+    event; ConfigError when another run owns the prefix and ``mode`` is ``"refuse"``. ``known_id``:
+    the run id another node's directory keeps, when this one keeps none (node-local directories:
+    the identity must not depend on which node is rank 0)."""
     if mode not in REMOTE_OWNER_MODES:
         raise ConfigError(f"remote_owner must be one of {', '.join(map(repr, REMOTE_OWNER_MODES))}, got {mode!r}")
     here = Path(os.path.abspath(run_dir))
-    local = read_local_id(run_dir)
+    local = read_local_id(run_dir) or known_id
     owner = read_owner(store)
     if owner is None:
         run_id = local or uuid.uuid4().hex
@@ -243,9 +245,11 @@ def claim_for_job(
     the same identity, or the same ConfigError, everywhere. None (logged, an ``error`` event) when
     the store cannot be reached now: the tier then claims before its first upload."""
 
+    known = _other_nodes_id(run_dir, context)
+
     def attempt() -> tuple[RunIdentity | None, str | None]:
         try:
-            return claim(store, run_dir, mode, events), None
+            return claim(store, run_dir, mode, events, known), None
         except ConfigError as exc:
             return None, str(exc)
         except Exception as exc:  # an unreachable store: the owner is unknown, claimed before the first upload
@@ -256,4 +260,24 @@ def claim_for_job(
     identity, problem = distributed.from_coordinator(attempt, context)
     if problem is not None:
         raise ConfigError(problem)
+    if identity is not None and context is not None and context.node_local and context.is_node_leader and not context.is_coordinator:
+        try:  # every node's directory keeps the run's id: any node may be rank 0 after a restart
+            _write_local_id(run_dir, identity.run_id)
+        except (OSError, ConfigError) as exc:
+            logger.warning("cannot keep the run id in %s: %s", run_dir, exc)
     return identity
+
+
+def _other_nodes_id(run_dir: Path, context: DistributedContext | None) -> str | None:
+    """The run id the node-local directories keep, the lowest node's first (collective): a
+    restart whose nodes joined in another order, or whose rank 0's disk is new, keeps the run's
+    identity. None in one shared directory (rank 0 reads it itself)."""
+    if context is None or not context.node_local:
+        return None
+    mine = None
+    if context.is_node_leader:
+        try:
+            mine = read_local_id(run_dir)
+        except ConfigError:  # rank 0 names a damaged file of its own; another node's is not used
+            mine = None
+    return next((found for found in distributed.gather_objects(mine, context.control_group) if found), None)

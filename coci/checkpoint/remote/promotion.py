@@ -107,11 +107,13 @@ class Promotion:
     def promote_within(self, step: int, seconds: float) -> bool | None:
         """Promote the committed checkpoint of ``step`` and wait for its upload at most ``seconds``:
         True when it is in the remote tier by then, False when not (still uploading, or failed),
-        None on a process that does not upload."""
+        None on a process that does not commit remotely (another node's leader uploads its part only)."""
         if not self.uploads:
             return None
         self.promote_always(step)
         self.tier.wait(max(seconds, 0.0))
+        if self.tier.role is not None and not self.tier.role.commits:
+            return None  # a node's part: whether the checkpoint is committed remotely is rank 0's to say
         return self.tier.last_promoted_step >= step
 
     def merge_history(self, step: int) -> None:
