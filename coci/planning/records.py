@@ -114,8 +114,10 @@ class Plan(BaseModel):
 
     ``expected`` holds the expected overhead of ``steps`` under the shared model of
     ``coci.planning.objective``: ``wall_seconds`` (wall-clock), ``progress_seconds`` (progress-weighted),
-    their parts, ``wall_fraction`` of the run, and for ``auto`` the ``time_optimal_wall_seconds``
-    and ``budget_wall_seconds`` the budget was measured against. ``mu`` is the mixture weight of
+    their parts, ``wall_fraction`` of the run, ``exposed_wall_seconds`` (the wall-clock overhead with
+    the failures during restarts and re-done work counted), and for ``auto`` the
+    ``time_optimal_wall_seconds`` and ``budget_wall_seconds`` (on the exposed figure: at most
+    ``1 + time_budget`` times the time optimum's) the budget was measured against. ``mu`` is the mixture weight of
     ``auto`` (0: pure progress; None: pure time). ``details`` holds policy figures (intervals,
     COCI's thetas and P_e); ``notes`` what a reader should know that is not a fallback.
     ``promote_steps`` is the subset of ``steps`` whose checkpoints are also promoted to the remote
