@@ -105,7 +105,7 @@ def mapped(name: str, group: str, steps: np.ndarray, losses: np.ndarray, total: 
     return Curve(name, group, 1.0 + (steps - first) * ((STEPS - 1) / (total - first)), losses)
 
 
-def load_curves(quick: bool) -> list[Curve]:
+def load_curves(quick: bool, val_curves: int = 5) -> list[Curve]:
     steps = np.arange(1, STEPS + 1, dtype=float)
     fraction = steps / STEPS
     noise = np.random.default_rng(0).normal(0.0, 0.02, STEPS)
@@ -127,7 +127,7 @@ def load_curves(quick: bool) -> list[Curve]:
         )
     index = pd.read_csv(DATA / "mng_val_curves_index.csv")
     points = pd.read_csv(DATA / "mng_val_curves_points.csv")
-    chosen = index[index["n_points"] >= 40].drop_duplicates("record_dir").head(2 if quick else 5)
+    chosen = index[index["n_points"] >= 40].drop_duplicates("record_dir").head(2 if quick else val_curves)
     for row in chosen.itertuples():
         curve = points[points["curve_id"] == row.curve_id].sort_values("step")
         curves.append(
@@ -427,6 +427,183 @@ def quality_report(frame: pd.DataFrame, curves: list[Curve]) -> None:
         print(f"why small, {curve.name}: {small_cut_reason(fitted, (curve.steps, curve.losses))}")
 
 
+# --- schedule quality III: the two job shapes, every baseline a user would pick ---------------------
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """A job of schedule quality III; ``slowdown`` is how much slower a step runs while a persist is in flight."""
+
+    total_steps: int
+    step_seconds: float
+    stall_seconds: float
+    persist_seconds: float
+    restart_seconds: float
+    mtbf_hours: float
+
+    def inputs(self, slowdown: float) -> dict:
+        """``plan()``'s job keywords; the interference is what the slowdown costs over one persist, ``P (1 - 1/r)``."""
+        return dict(
+            failures=Failures.exponential(mtbf=self.mtbf_hours * 3600.0), total_steps=self.total_steps,
+            step_seconds=self.step_seconds, stall_seconds=self.stall_seconds, persist_seconds=self.persist_seconds,
+            restart_seconds=self.restart_seconds, interference_seconds=self.persist_seconds * (1.0 - 1.0 / (1.0 + slowdown)),
+        )
+
+
+JOB_SHAPES = {
+    "8h job": JobShape(100_000, 1.0, 1.6, 30.0, 120.0, 8.0),
+    "large job": JobShape(50_000, 2.0, 5.0, 300.0, 600.0, 3.0),
+}
+#: The baselines ``auto`` must not be dominated by (fixed intervals added per job: FIXED_INTERVALS).
+NAMED_BASELINES = ("young", "daly", "checkfreq", "continuous")
+#: Fixed intervals (steps) a user would pick for ``save_steps``; those below the job's shortest admissible interval are skipped.
+FIXED_INTERVALS = (50, 100, 200, 500, 1000, 2000, 5000)
+
+
+def on_job(curve: Curve, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """The curve on a job of ``total`` steps, by fraction of the run (as :func:`mapped`)."""
+    return 1.0 + (curve.steps - 1.0) * ((total - 1) / (STEPS - 1)), curve.losses
+
+
+def baseline_plans(inputs: dict, trace: tuple[np.ndarray, np.ndarray]) -> dict:
+    """auto (offline: the whole trace known) and every baseline's plan, as Plans on the same inputs."""
+    raw = (trace[0][:: max(1, trace[0].size // 2000)], trace[1][:: max(1, trace[0].size // 2000)])
+    plans = {"auto": plan("auto", curve=raw, **inputs)}
+    for name in NAMED_BASELINES:
+        plans[name] = plan(name, **inputs)
+    young = plans["young"]
+    least = young.inputs.min_interval_steps
+    for interval in FIXED_INTERVALS:
+        if interval >= least:
+            steps = np.arange(interval, young.inputs.total_steps, interval)
+            plans[f"every {interval}"] = young.model_copy(update={"policy": f"every {interval}", "steps": [int(x) for x in steps]})
+    return plans
+
+
+def quality3_online_steps(curve: Curve, job: JobShape, inputs: dict, offline, plan_seconds: float) -> tuple[list[int], int]:
+    """The online plan's schedule: ``auto`` replayed step by step as the session drives it, seeing
+    only the loss prefix (``online_schedule``); ``(steps, observations)``. Kept apart so the online
+    estimate can change without touching the offline comparison."""
+    policy = make_policy("auto", failures=inputs["failures"], total_steps=job.total_steps, restart_seconds=job.restart_seconds)
+    steps, observations = online_schedule(policy, offline.inputs, on_job(curve, job.total_steps), plan_seconds=plan_seconds)
+    return [int(x) for x in steps], observations
+
+
+def quality3_cell(task: tuple[Curve, str, int, float, bool, float]) -> list[dict]:
+    """One (curve, job) cell: every plan simulated with the same failure draws, the true progress
+    weight the curve's own slope; rows of means, paired changes against Young and against auto."""
+    curve, job_name, trials, slowdown, online, plan_seconds = task
+    logging.basicConfig(level=logging.ERROR)
+    job = JOB_SHAPES[job_name]
+    inputs = job.inputs(slowdown)
+    trace = on_job(curve, job.total_steps)
+    truth = empirical_progress_rate(*trace)
+    plans = baseline_plans(inputs, trace)
+    observations = 0
+    if online:
+        steps, observations = quality3_online_steps(curve, job, inputs, plans["auto"], plan_seconds)
+        plans["auto online"] = plans["auto"].model_copy(update={"steps": steps})
+    results = {name: simulate(p, trials=trials, seed=0, curve=truth) for name, p in plans.items()}
+    rows = []
+    for name, result in results.items():
+        row = dict(curve=curve.name, group=curve.group, job=job_name, policy=name, checkpoints=len(result.steps),
+                   wall_percent=result.metrics["wall_percent"].mean, progress_percent=result.metrics["progress_percent"].mean,
+                   hours_lost=(result.mean("restart_seconds") + result.mean("lost_seconds")) / 3600.0,
+                   expected_wall_seconds=plans[name].expected.get("wall_seconds", math.nan),
+                   observations=observations if name == "auto online" else 0)
+        for against in (a for a in ("young", "auto", "auto online") if a in results):
+            key = against.replace(" ", "_")
+            for metric in ("wall", "progress"):
+                paired = ratio_change(result.values(f"{metric}_seconds"), results[against].values(f"{metric}_seconds"))
+                row[f"{metric}_vs_{key}"], row[f"{metric}_vs_{key}_low"], row[f"{metric}_vs_{key}_high"] = (
+                    paired.mean, paired.ci_low, paired.ci_high)
+        if name == "auto":
+            row["budget_used"] = plans[name].expected["exposed_wall_seconds"] / plans[name].expected["time_optimal_wall_seconds"] - 1
+            row["persist_bound"] = plans[name].details.get("persist_bound_share", math.nan)
+        rows.append(row)
+    return rows
+
+
+def quality3(curves: list[Curve], jobs: tuple[str, ...], trials: int, slowdown: float, processes: int, online: bool,
+             plan_seconds: float) -> pd.DataFrame:
+    tasks = [(c, job, trials, slowdown, online, plan_seconds) for c in curves for job in jobs]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        cells = list(tqdm(pool.imap_unordered(quality3_cell, tasks), total=len(tasks), desc="cells"))
+    return pd.DataFrame([row for cell in cells for row in cell])
+
+
+def dominated_by(frame: pd.DataFrame, who: str = "auto") -> pd.DataFrame:
+    """Per cell, the baselines with both a lower mean wall-clock and a lower mean progress-weighted
+    overhead than ``who`` (paired, the same failure draws); ``significant``: both paired 95%
+    intervals against it below 0."""
+    key = who.replace(" ", "_")
+    baselines = frame[~frame["policy"].str.startswith("auto")].dropna(subset=[f"wall_vs_{key}"])
+    rows = []
+    for (curve, job), cell in baselines.groupby(["curve", "job"]):
+        both = cell[(cell[f"wall_vs_{key}"] < 0) & (cell[f"progress_vs_{key}"] < 0)]
+        significant = both[(both[f"wall_vs_{key}_high"] < 0) & (both[f"progress_vs_{key}_high"] < 0)]
+        rows.append(dict(curve=curve, job=job, dominated_by=", ".join(both["policy"]) or "-",
+                         significant=", ".join(significant["policy"]) or "-"))
+    return pd.DataFrame(rows)
+
+
+def quality3_report(frame: pd.DataFrame, trials: int) -> None:
+    auto = frame[frame["policy"] == "auto"].set_index(["job", "group", "curve"]).sort_index()
+    print(f"\nOffline (the whole curve known), {trials} trials per plan, the same failure draws for every plan; "
+          "cut = progress-weighted overhead saved against Young (paired mean [95% CI]); wall = wall-clock "
+          "overhead against Young (simulated, paired); budget = the plan's expected wall-clock overhead (failures "
+          "during the overhead counted) over its time optimum's (the promise: <= +5%):")
+    table = pd.DataFrame({
+        "cut": -auto["progress_vs_young"],
+        "cut_ci": [f"[{-h:+.3f}, {-lo:+.3f}]" for lo, h in zip(auto["progress_vs_young_low"], auto["progress_vs_young_high"])],
+        "wall_vs_young": auto["wall_vs_young"],
+        "wall_ci": [f"[{lo:+.3f}, {h:+.3f}]" for lo, h in zip(auto["wall_vs_young_low"], auto["wall_vs_young_high"])],
+        "budget_used": auto["budget_used"],
+        "wall_%": auto["wall_percent"], "progress_%": auto["progress_percent"], "checkpoints": auto["checkpoints"],
+    })
+    print(table.round(3).to_string())
+    for job, part in table.groupby(level="job"):
+        print(f"  {job}: offline cut median {part['cut'].median():.1%} (min {part['cut'].min():.1%}, max {part['cut'].max():.1%}); "
+              f"budget used max {part['budget_used'].max():+.2%}; simulated wall vs Young max {part['wall_vs_young'].max():+.1%} "
+              f"(its 95% interval's lower end max {auto.loc[job]['wall_vs_young_low'].max():+.1%})")
+    print("\nEvery baseline (mean wall % / progress % of the run, simulated):")
+    wide = frame.pivot_table(index=["job", "curve"], columns="policy", values=["wall_percent", "progress_percent"])
+    for job in wide.index.get_level_values("job").unique():
+        part = wide.loc[job]
+        medians = pd.DataFrame({"wall_%": part["wall_percent"].median(), "progress_%": part["progress_percent"].median()})
+        print(f"  {job} (median over curves):")
+        print(medians.round(3).to_string())
+    print("\nDomination check: baselines with both a lower mean wall-clock and a lower mean progress-weighted overhead than auto "
+          "(significant: both paired 95% intervals below 0):")
+    check = dominated_by(frame)
+    print(check.to_string(index=False))
+    print(f"  auto dominated in {int((check['dominated_by'] != '-').sum())} of {len(check)} cells "
+          f"(significantly in {int((check['significant'] != '-').sum())})")
+    quality3_online_report(frame)
+
+
+def quality3_online_report(frame: pd.DataFrame) -> None:
+    """The online plan against the offline one, where ``--online`` replayed it."""
+    online = frame[frame["policy"] == "auto online"].set_index(["job", "curve"])
+    if online.empty:
+        return
+    offline = frame[frame["policy"] == "auto"].set_index(["job", "curve"])
+    table = pd.DataFrame({
+        "offline_cut": -offline["progress_vs_young"], "online_cut": -online["progress_vs_young"],
+        "wall_vs_young": online["wall_vs_young"], "observations": online["observations"],
+    }).dropna(subset=["online_cut"])
+    table["kept"] = np.where(table["offline_cut"] > 0.01, table["online_cut"] / table["offline_cut"], np.nan)
+    print("\nOnline (auto replayed as the session drives it, seeing only the past) against offline:")
+    print(table.round(3).to_string())
+    print(f"  kept share of the offline cut: min {table['kept'].min():.2f}, median {table['kept'].median():.2f}; "
+          f"online wall vs Young max {table['wall_vs_young'].max():+.1%}")
+    check = dominated_by(frame, "auto online")
+    print(f"  online auto dominated in {int((check['dominated_by'] != '-').sum())} of {len(check)} cells "
+          f"(significantly in {int((check['significant'] != '-').sum())})"
+          + "".join(f"\n    {r.curve}, {r.job}: {r.dominated_by} (significant: {r.significant})"
+                    for r in check.itertuples() if r.dominated_by != "-"))
+
+
 def speed() -> None:
     """1,000 trials of a 100,000-step job (the reference job: step 0.25 s, MTBF 8 h), two failure rates."""
     print("\nSpeed: 1,000 trials of a 100,000-step job (step 0.25 s, stall 0.4 s, persist 6 s, restart 60 s)")
@@ -458,6 +635,14 @@ def main() -> None:
     parser.add_argument("--no-replay", action="store_true", help="--quality: Young, offline and the ceiling only")
     parser.add_argument("--no-ceiling", action="store_true", help="--quality: skip the exact optimum (the slow DP)")
     parser.add_argument("--only", default=None, help="--quality: comma-separated substrings of the curve names to keep")
+    parser.add_argument("--baselines", action="store_true",
+                        help="schedule quality III: both job shapes (8 h and large), auto against every baseline (continuous, "
+                             "fixed intervals, Young, Daly, CheckFreq), the budget and the domination check")
+    parser.add_argument("--jobs", default=",".join(JOB_SHAPES), help="--baselines: comma-separated job shapes")
+    parser.add_argument("--online", action="store_true", help="--baselines: also replay auto online (slow: every re-plan)")
+    parser.add_argument("--slowdown", type=float, default=0.08,
+                        help="--baselines: how much slower steps run while a persist is in flight (default 0.08)")
+    parser.add_argument("--val-curves", type=int, default=12, help="--baselines: GPT-2 validation curves (>= 40 points)")
     parser.add_argument("--report-csv", default=None,
                         help="--quality: print the report of per-cell tables written by --csv (comma-separated paths)")
     args = parser.parse_args()
@@ -469,6 +654,20 @@ def main() -> None:
     trials = args.trials or (200 if args.quick else 1000)
     mtbfs = (8,) if args.quick else MTBF_HOURS
     sizes = ("ResNet-152", "BERT-large") if args.quick else tuple(SIZES)
+    if args.baselines:
+        trials = args.trials or 20_000  # the paired wall-clock interval against Young: about +-0.3%
+        curves = load_curves(args.quick, args.val_curves)
+        if args.only:
+            curves = [c for c in curves if any(part in c.name for part in args.only.split(","))]
+        jobs = tuple(args.jobs.split(","))
+        began = time.perf_counter()
+        frame = quality3(curves, jobs, trials, args.slowdown, args.processes, args.online, args.plan_seconds)
+        if args.csv:
+            frame.to_csv(args.csv, index=False)
+        quality3_report(frame, trials)
+        print(f"\n({len(curves)} curves x {len(jobs)} jobs ({', '.join(f'{j}: {JOB_SHAPES[j]}' for j in jobs)}), slowdown "
+              f"{args.slowdown:g} during a persist, {trials} trials; {time.perf_counter() - began:.0f} s)")
+        return
     curves = load_curves(args.quick)
     if args.quality:
         trials = args.trials or 400
