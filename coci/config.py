@@ -51,6 +51,8 @@ __all__ = [
 
 #: What ``on_error`` accepts.
 ON_ERROR: tuple[str, ...] = ("raise", "log")
+#: What ``on_mismatch`` accepts (``coci.resume_check``).
+ON_MISMATCH: tuple[str, ...] = ("warn", "raise", "ignore")
 #: Where a persist may run (``IOConfig.persist``).
 PERSIST_MODES: tuple[str, ...] = ("thread", "process")
 
@@ -159,7 +161,8 @@ class PreemptionConfig:
 
 @dataclass(frozen=True)
 class IOConfig:
-    """How the run directory is shared and what a failed background write does."""
+    """How the run directory is shared, what a failed background write does and what a resume that
+    is not exact does."""
 
     on_error: str = "raise"
     """A failed background persist: ``"raise"`` (PersistError at the next ``step``/``close``) or ``"log"`` (always in ``events.jsonl``)."""
@@ -176,7 +179,14 @@ class IOConfig:
     peer_host: str | None = None
     """With peer copies: the address each node's peer server listens on and advertises; None: its address on the route to ``MASTER_ADDR``."""
 
+    on_mismatch: str = "warn"
+    """A step redone after a restore whose loss differs from the one logged before the failure
+    (``coci.resume_check``): ``"warn"`` (a ``coci.ResumeMismatchWarning`` and a ``resume_mismatch``
+    event), ``"raise"`` (``coci.ResumeMismatchError`` at that ``step()``, after the event) or ``"ignore"`` (no check)."""
+
     def __post_init__(self) -> None:
+        if self.on_mismatch not in ON_MISMATCH:
+            raise ConfigError(f"on_mismatch must be one of {', '.join(map(repr, ON_MISMATCH))}, got {self.on_mismatch!r}")
         if self.persist is not None and self.persist not in PERSIST_MODES:
             raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {self.persist!r}")
         if self.writer is not None and not callable(self.writer):
@@ -312,7 +322,7 @@ class SessionConfig:
             ),
             "remote": RemoteConfig(given["remote"], given["storage_options"], given["remote_owner"], given["remote_close_timeout"]),
             "preemption": PreemptionConfig(_signals_tuple(given["preemption_signals"]), given["grace"]),
-            "io": IOConfig(given["on_error"], given["run_dir_layout"], given["writer"], given["persist"], peer_host=given["peer_host"]),
+            "io": IOConfig(given["on_error"], given["run_dir_layout"], given["writer"], given["persist"], peer_host=given["peer_host"], on_mismatch=given["on_mismatch"]),
         }
         init = {"init_from": given["init_from"], "init_keys": given["init_keys"], "init_step": given["init_step"]}
         return cls(**_policy_fields(given), total_steps=given["total_steps"], prior=given["prior"], clock=given["clock"], **init, **parts)
@@ -353,6 +363,7 @@ class SessionOptions(TypedDict, total=False):
     init_step: int | None  # init_step
     peer_keep_last: int | None  # retention.peer_keep_last
     peer_host: str | None  # io.peer_host
+    on_mismatch: str  # io.on_mismatch
 
 
 #: The default of each of ``Session``'s keyword arguments (the one table of them).
@@ -390,6 +401,7 @@ OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "init_step": None,
         "peer_keep_last": _DEFAULT_KEEP_LAST,
         "peer_host": None,
+        "on_mismatch": "warn",
     }
 )
 #: The keywords that describe the plan (with ``policy``): a ``plan_config`` holds them all.

@@ -56,3 +56,14 @@ class RemoteUnavailableError(CheckpointError):
 
 class NewerCheckpointError(CheckpointError):
     """A checkpoint was written by a newer coci, in a format version this one cannot read (names both)."""
+
+
+class ResumeMismatchError(CociError, RuntimeError):
+    """A step redone after a restore had another loss than the killed process logged for it
+    (``Session(on_mismatch="raise")``): the resume was not exact. The message names the step, both
+    values, the checkpoint restored and the likely causes found in the setup."""
+
+
+class ResumeMismatchWarning(UserWarning):
+    """As ``ResumeMismatchError``, warned (``Session(on_mismatch="warn")``, the default) once
+    per restore, at the first redone step whose loss differs."""

@@ -7,7 +7,9 @@ is being copied, so a snapshot never holds the next step's weights. ``restore()`
 verifies, skipping corrupt ones, and restores RNG state last. A persist that fails in the
 background is recorded in ``events.jsonl`` and raised as [``coci.PersistError``][coci.PersistError] at the next
 ``step()`` or ``close()``; the session stays usable, so a caller that catches it trains on and the
-next planned checkpoint is attempted again (``on_error="log"`` only logs).
+next planned checkpoint is attempted again (``on_error="log"`` only logs). After a restore, the
+losses of the redone steps are compared bitwise with those logged before the failure
+(``coci.resume_check``; ``on_mismatch``).
 
 What is copied in the background: tensors the fence protects (parameters of the optimizers in
 ``state`` and those optimizers' state). Everything else (buffers such as BatchNorm statistics,
@@ -61,6 +63,7 @@ from coci.planning.policy import Observation
 from coci.planning.records import Plan
 from coci.preemption import Preempted
 from coci.profiler import Profile, Profiler
+from coci.resume_check import LoggedLosses, LossLog, ResumeCheck, likely_causes, loss_log_path
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +144,10 @@ class Session:
         # the previous process's last event, read before this one writes any (the step mark's `reached` included)
         previous_end = preemption.last_event_time(self.events.path)
         events_start = history_offset(self.events.path)  # where this process's events begin: before its first event
+        # the resume self-check (coci.resume_check): the losses the trace materialises, logged per rank
+        self._loss_log = LossLog(loss_log_path(self.run_dir, None if self._dist is None else self._dist.rank), self._world_size)
+        self._resume_check: ResumeCheck | None = None
+        self._profiler.loss_trace.listen(self._losses_materialised)
         if self._dist is not None:
             nodes_seen = [list(ranks) for ranks in self._dist.nodes or ()]
             layout = "node-local" if self._dist.node_local else "shared"
@@ -419,6 +426,7 @@ class Session:
             "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path), tier=tier,
             **self._ledger_fields(),
         )
+        self._start_resume_check(loaded.step)
         self._cadence.restart()
         self._profiler.mark()
         return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, found.skipped, tier)
@@ -478,6 +486,7 @@ class Session:
                 hook.remove()
             self._hooks = []
             self._preemption.uninstall()
+        self._close_resume_check()
         if self._run_files.writes:  # distributed: rank 0 writes run files
             self._run_files.write("profile.json", self._profiler.profile.model_dump_json(indent=2), self._steps)
             loss_steps, losses = self._profiler.loss_curve()
@@ -579,6 +588,42 @@ class Session:
         self._profiler.record_restart(restart)
         self.events.emit("restart", step=self._steps, seconds=restart, pid=os.getpid())
 
+    @property
+    def _world_size(self) -> int:
+        return 1 if self._dist is None else self._dist.world_size
+
+    def _losses_materialised(self, steps: Any, values: Any) -> None:
+        """The loss trace's listener: each materialised batch is compared with the losses logged
+        before a failure (after a restore) and then logged itself (``coci.resume_check``)."""
+        check = self._resume_check
+        if check is not None:
+            check.compare(steps, values)
+        self._loss_log.append(steps, values)
+
+    def _start_resume_check(self, restored_step: int) -> None:
+        """After a restore of ``restored_step``: compare the redone steps with the newest losses
+        logged for them (none with ``on_mismatch="ignore"``)."""
+        if self._resume_check is not None:
+            self._resume_check.finish(self._steps)
+        self._resume_check = None
+        if self.config.io.on_mismatch == "ignore":
+            return
+        world_size = self._world_size
+
+        def causes(logged: LoggedLosses) -> list[str]:
+            return likely_causes(self.state, logged, world_size)
+
+        logged = self._loss_log.read_after(restored_step)
+        self._resume_check = ResumeCheck(restored_step, logged, on_mismatch=self.config.io.on_mismatch, events=self.events, causes=causes)
+
+    def _close_resume_check(self) -> None:
+        """At ``close()``: the last losses reach the log and the check (one host copy), whose
+        ``resume_check`` event is written if the redone steps were not all passed."""
+        self._profiler.loss_trace.flush()
+        if self._resume_check is not None:
+            self._resume_check.finish(self._steps)
+        self._loss_log.close()
+
     def _check_open(self) -> None:
         if self._closed:
             raise ConfigError("this Session is closed")
@@ -587,6 +632,10 @@ class Session:
         error, self._error = self._error, None
         if error is not None:
             raise PersistError(f"background checkpoint failed: {type(error).__name__}: {error}") from error
+        check = self._resume_check
+        if check is not None and check.error is not None:  # on_mismatch="raise"
+            mismatch, check.error = check.error, None
+            raise mismatch
         run_file_error = self._run_files.take_error()
         if run_file_error is not None:
             raise run_file_error

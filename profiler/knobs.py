@@ -26,6 +26,11 @@ WARMUP_STEPS: int = 10
 #: i.e. at most one host synchronisation per this many steps (plus one when the trace is read).
 LOSS_TENSOR_BATCH: int = 256
 
+#: Losses already on the host (Python floats, CPU tensors: no device to wait for) kept before they
+#: join the trace. Smaller: more steps of a killed process reach the session's loss log (the
+#: resume self-check compares those) at a few microseconds per batch; larger: fewer batches.
+LOSS_HOST_BATCH: int = 16
+
 # --- drift (profiler.profiler, profiler.stats) ----------------------------------------------------------
 
 #: Drift: the step time is re-estimated from the most recent ``DRIFT_SAMPLES`` steps (and the run

@@ -6,7 +6,8 @@ log-spaced series. This module sits between them and keeps three things:
 * **pending** losses: Python floats, and *detached* tensors left on their device. Nothing here calls
   ``.item()``/``.cpu()`` per step; every ``knobs.LOSS_TENSOR_BATCH`` tensors (or when the trace is
   read) they are materialised together with one ``torch.stack(...).cpu()``, i.e. one host
-  synchronisation per batch instead of one per step.
+  synchronisation per batch instead of one per step. Losses already on the host (floats, CPU
+  tensors) go in every ``knobs.LOSS_HOST_BATCH`` steps: there is no device to wait for.
 * a **recent** window: the last ``_LOSS_RECENT_POINTS`` finite losses at full resolution.
 * a decimated **history** of everything older: log-spaced buckets of (sum of steps, sum of losses,
   count). A loss at step ``s`` goes to bucket ``floor(ln s / ln(1 + r)) >> level`` with ``r =
@@ -16,13 +17,16 @@ log-spaced series. This module sits between them and keeps three things:
   bounded for any run length, while early steps (where the loss falls fastest) keep fine resolution.
 
 NaN and infinite losses are dropped and counted (``dropped``). Every path (``add`` per step and the
-bulk ``extend``) ends in the same ``_ingest(steps, losses)``.
+bulk ``extend``) ends in the same ``_ingest(steps, losses)``, which first hands each materialised
+batch, non-finite values included, to the listener set by :meth:`LossTrace.listen` (the session's
+loss log and resume self-check).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,9 +36,6 @@ from . import knobs
 from .checks import integer, is_number
 
 logger = logging.getLogger(__name__)
-
-#: Python float losses buffered before they are moved into the trace arrays.
-_LOSS_FLOAT_BATCH: int = 1024
 
 #: Most recent finite losses kept at full (per-step) resolution.
 _LOSS_RECENT_POINTS: int = 4096
@@ -54,6 +55,9 @@ _LOSS_CURVE_POINTS: int = 512
 _EMPTY_STEPS = np.empty(0, dtype=np.int64)
 _EMPTY_VALUES = np.empty(0, dtype=np.float64)
 
+#: What :meth:`LossTrace.listen` takes: called with each materialised batch ``(steps, losses)``.
+LossListener = Callable[[np.ndarray, np.ndarray], None]
+
 
 class LossTrace:
     """Bounded-memory record of a loss per step; see the module docstring for the layout."""
@@ -65,12 +69,14 @@ class LossTrace:
         resolution: float | None = None,
         max_buckets: int | None = None,
         tensor_batch: int | None = None,
-        float_batch: int | None = None,
+        host_batch: int | None = None,
     ) -> None:
         self._recent_points = integer(_LOSS_RECENT_POINTS if recent_points is None else recent_points, "recent_points", positive=True)
         self._max_buckets = integer(_LOSS_HISTORY_MAX_BUCKETS if max_buckets is None else max_buckets, "max_buckets", positive=True)
         self._tensor_batch = integer(knobs.LOSS_TENSOR_BATCH if tensor_batch is None else tensor_batch, "tensor_batch", positive=True)
-        self._float_batch = integer(_LOSS_FLOAT_BATCH if float_batch is None else float_batch, "float_batch", positive=True)
+        self._host_batch = integer(knobs.LOSS_HOST_BATCH if host_batch is None else host_batch, "host_batch", positive=True)
+        self._tensor_limit = self._tensor_batch  # the pending tensors' batch: host_batch when they are on the CPU
+        self._listener: LossListener | None = None
         self._set_resolution(_LOSS_HISTORY_RESOLUTION if resolution is None else resolution)
         self._pending_float_steps: list[int] = []
         self._pending_floats: list[float] = []
@@ -91,7 +97,7 @@ class LossTrace:
             if math.isfinite(loss):
                 self._pending_float_steps.append(step)
                 self._pending_floats.append(loss)
-                if len(self._pending_floats) >= self._float_batch:
+                if len(self._pending_floats) >= self._host_batch:
                     self.flush()
             else:
                 self._dropped += 1
@@ -100,9 +106,11 @@ class LossTrace:
                 raise ValueError(
                     f"loss must be a number or a one-element tensor, got a tensor of shape {tuple(loss.shape)}"
                 )
+            if not self._pending_tensors:  # a CPU tensor's value is ready: no device to wait for
+                self._tensor_limit = self._host_batch if loss.is_cpu else self._tensor_batch
             self._pending_tensor_steps.append(step)
             self._pending_tensors.append(loss.detach())
-            if len(self._pending_tensors) >= self._tensor_batch:
+            if len(self._pending_tensors) >= self._tensor_limit:
                 self.flush()
         elif loss is None:
             return
@@ -146,6 +154,12 @@ class LossTrace:
             order = np.argsort(steps, kind="stable")
             steps, values = steps[order], values[order]
         self._ingest(steps, values)
+
+    def listen(self, listener: LossListener | None) -> None:
+        """Call ``listener(steps, losses)`` with each batch as it is materialised (int64 steps,
+        float64 losses, NaN and inf included), before the trace takes it; None stops. It runs on
+        the thread that flushes (the training thread) and must not raise."""
+        self._listener = listener
 
     # ------------------------------------------------------------------ reading
     @property
@@ -275,6 +289,8 @@ class LossTrace:
         return np.floor(logs).astype(np.int64) >> self._level
 
     def _ingest(self, steps: np.ndarray, values: np.ndarray) -> None:
+        if self._listener is not None and steps.size:
+            self._listener(steps, values)
         finite = np.isfinite(values)
         if not finite.all():
             self._dropped += int(finite.size - np.count_nonzero(finite))

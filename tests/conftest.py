@@ -4,7 +4,9 @@ Tiers are folders (markers declared in pyproject.toml): ``tests/unit/`` (in-proc
 (processes, SeaweedFS, Lightning / HF Trainer, kill tests) and ``tests/distributed/`` (torchrun, process
 groups). Each test gets its folder's marker here, and ``quick`` when it is in ``tests/unit/`` and not
 ``slow``: the quick tier is ``pytest -m quick``. A test outside a tier folder, or one carrying another
-folder's marker, stops the run. ``tests/jobs/`` holds the scripts the tests launch, ``tests/helpers/`` the
+folder's marker, stops the run. Every integration or distributed test that uses ``tmp_path`` fails when
+a run directory under it holds a ``resume_mismatch`` event (coci's resume self-check found a resume
+that was not exact), unless it is marked ``inexact_resume``. ``tests/jobs/`` holds the scripts the tests launch, ``tests/helpers/`` the
 in-process helpers; both are on ``pythonpath``.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +44,29 @@ def external_data() -> str:
     if not os.path.isdir(path):
         pytest.skip("../shared/external-data is absent")
     return path
+
+
+@pytest.fixture(autouse=True)
+def _every_resume_exact(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After an integration or distributed test, no run directory under its ``tmp_path`` holds a
+    ``resume_mismatch`` event: every kill test's resumes are checked by coci's own self-check."""
+    checked = "tmp_path" in request.fixturenames and request.node.get_closest_marker("inexact_resume") is None
+    checked = checked and _tier_of(request.node.path) in ("integration", "distributed")
+    root = request.getfixturevalue("tmp_path") if checked else None  # set up first, so torn down after this check
+    yield
+    if root is None:
+        return
+    found = resume_mismatches(root)
+    assert not found, f"coci's resume self-check found a resume that was not exact: {found[:3]}"
+
+
+def resume_mismatches(root: Path) -> list[str]:
+    """``resume_mismatch`` events in every event log under ``root`` (``path: step ...``)."""
+    found = []
+    for log in sorted(root.rglob("events*.jsonl")):
+        if log.is_file() and not log.is_symlink():
+            found += [f"{log}: {line[:300]}" for line in log.read_text(errors="replace").splitlines() if '"event":"resume_mismatch"' in line]
+    return found
 
 
 @functools.cache

@@ -54,6 +54,7 @@ VALUES: dict[str, Any] = {
     "persist": "process",
     "peer_keep_last": 3,
     "peer_host": "127.0.0.1",
+    "on_mismatch": "raise",
 }
 #: The options a JSON file can hold (``coci plan --config``): all but objects and callables.
 JSON_OPTIONS: dict[str, Any] = {
@@ -61,6 +62,7 @@ JSON_OPTIONS: dict[str, Any] = {
     "max_overhead": 0.2, "keep_last": 3, "keep_last_remote": 3, "save_last": True, "on_error": "log",
     "grace": "10s", "preemption_signals": [int(signal.SIGUSR1)], "remote_owner": "adopt", "run_dir_layout": "node-local",
     "peer_keep_last": 3, "peer_host": "127.0.0.1",
+    "on_mismatch": "ignore",
 }
 #: The plan costs ``coci plan`` needs besides the config.
 COSTS = ["--step-seconds", "0.5", "--stall-seconds", "0.2", "--persist-seconds", "3"]

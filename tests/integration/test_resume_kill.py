@@ -2,11 +2,14 @@
 
 The job (tests/jobs/train_job.py) trains an MLP with dropout, Adam and a LambdaLR schedule, consuming
 Python, NumPy and torch RNG every step, checkpointing every 5 steps. Kills land at a step, inside
-a persist (mid-write, before the rename, after the rename) and at random wall-clock instants.
+a persist (mid-write, before the rename, after the rename) and at random wall-clock instants. coci's
+resume self-check runs on each resume (tests/conftest.py fails a test whose run directory holds a
+``resume_mismatch`` event); the job made inexact on purpose warns at its first redone step.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
@@ -102,3 +105,42 @@ def test_kill_at_random_instants_from_outside(tmp_path: Path, reference: tuple[P
         process.wait()
     finish(tmp_path, *extra)
     assert_same_as_reference(tmp_path, ref)
+
+
+def resume_events(run_dir: Path) -> dict[str, list[dict[str, object]]]:
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return {name: [e for e in events if e["event"] == name] for name in ("restore", "resume_check", "resume_mismatch")}
+
+
+def kill_at_75_and_resume(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[bytes]:
+    """Checkpoints at 40 and 80 of 90 steps; killed at 75 once the checkpoint of 40 committed, so the
+    resume redoes 41..75, of which at least the steps to 60 were logged (a host batch holds at most
+    16 steps; reading the trace, as a re-plan does, logs those pending sooner)."""
+    args = ("--steps", "90", "--every", "40", *extra)
+    assert run(run_dir, *args, "--die-at", "75", "--wait-before-kill") == -signal.SIGKILL
+    cmd = [sys.executable, str(JOB), str(run_dir), *args]
+    return subprocess.run(cmd, timeout=600, capture_output=True)
+
+
+@pytest.mark.inexact_resume
+def test_a_loop_with_noise_coci_does_not_restore_warns_at_its_first_redone_step(tmp_path: Path) -> None:
+    resumed = kill_at_75_and_resume(tmp_path, "--unrestored-noise")
+    assert resumed.returncode == 0, resumed.stderr.decode()[-3000:]
+    stderr = resumed.stderr.decode()
+    assert "ResumeMismatchWarning" in stderr and "step 41 was redone" in stderr, stderr[-3000:]
+    events = resume_events(tmp_path)
+    assert [e["step"] for e in events["restore"]] == [40]
+    [mismatch] = events["resume_mismatch"]
+    assert (mismatch["step"], mismatch["restored_step"]) == (41, 40) and mismatch["logged"] != mismatch["resumed"]
+    assert any("'NOISE' is a random.Random coci does not restore" in str(cause) for cause in mismatch["causes"])  # type: ignore[attr-defined]
+    [check] = events["resume_check"]
+    assert 20 <= check["checked"] == check["mismatches"] <= 35  # type: ignore[operator]
+
+
+def test_the_same_loop_without_that_noise_checks_its_redone_steps_silently(tmp_path: Path) -> None:
+    resumed = kill_at_75_and_resume(tmp_path)
+    assert resumed.returncode == 0 and b"ResumeMismatchWarning" not in resumed.stderr, resumed.stderr.decode()[-3000:]
+    events = resume_events(tmp_path)
+    assert events["resume_mismatch"] == []
+    [check] = events["resume_check"]
+    assert (check["restored_step"], check["mismatches"]) == (40, 0) and 20 <= check["checked"] <= 35  # type: ignore[operator]

@@ -181,8 +181,9 @@ def logged(path: Path) -> list[dict[str, Any]]:
 
 def differences(base: Path) -> list[str]:
     """Where ``base/coci`` (killed and resumed) differs from ``base/reference`` (the plain script):
-    final weights, optimizer state, scheduler, log history and best metric, and any log entry of any
-    process (the killed ones included) against the reference's entry of that step and kind."""
+    final weights, optimizer state, scheduler, log history and best metric, any ``resume_mismatch``
+    event of coci's own resume self-check, and any log entry of any process (the killed ones
+    included) against the reference's entry of that step and kind."""
     import torch
 
     want = torch.load(base / "reference" / "final.pt", weights_only=True)
@@ -195,6 +196,7 @@ def differences(base: Path) -> list[str]:
     problems += ["best metric"] if got["best"] != want["best"] else []
     if [without_timing(e) for e in got["log_history"]] != [without_timing(e) for e in want["log_history"]]:
         problems.append("log_history")
+    problems += [f"resume_mismatch {event}" for event in logged(base / "coci" / "coci" / "events.jsonl") if event.get("event") == "resume_mismatch"]
     reference = {(entry["step"], log_kind(entry)): without_timing(entry) for entry in logged(base / "reference" / "logs.jsonl")}
     for entry in logged(base / "coci" / "logs.jsonl"):
         if reference.get((entry["step"], log_kind(entry))) != without_timing(entry):

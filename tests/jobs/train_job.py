@@ -2,7 +2,7 @@
 
 Usage: python tests/jobs/train_job.py RUN_DIR --steps N --every K [--die-at STEP]
        [--die-in-persist POINT[:K]] [--loader] [--state-mb MB] [--remote URL --keep-last-remote N]
-       [--persist thread|process]
+       [--persist thread|process] [--wait-before-kill] [--unrestored-noise]
 
 Trains a small MLP with dropout (consumes RNG), Adam and a LambdaLR schedule, checkpointing every
 K steps through coci.Session. Each process appends "step loss_hex" lines to losses_<pid>.txt and,
@@ -10,7 +10,9 @@ when it finishes, saves the final model/optimizer state to final.pt. --die-at se
 itself right after that step's session.step (a checkpoint may be in flight); --die-in-persist
 installs a checkpoint fault hook (coci.checkpoint.faults.set_fault_hook) that SIGKILLs the writer thread's process at that commit point
 (the K-th time it is reached; the remote tier's points, such as ``before_remote_commit``, too). --remote promotes every checkpoint to a
-remote tier (S3 settings from the AWS environment variables).
+remote tier (S3 settings from the AWS environment variables). --wait-before-kill waits for the
+checkpoint in flight to commit before a --die-at kill. --unrestored-noise adds noise drawn from
+``NOISE``, a ``random.Random`` coci does not restore: a resume that is not exact on purpose.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import coci
 from coci.checkpoint import faults
+
+NOISE = random.Random(11)  # --unrestored-noise: not in the state, so a resume does not restore it
 
 
 def build(seed: int = 0, state_mb: float = 0.0) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
@@ -62,6 +66,8 @@ def main() -> None:
     parser.add_argument("--remote", default=None)
     parser.add_argument("--keep-last-remote", type=int, default=2)
     parser.add_argument("--persist", default="thread")  # Session(persist=...)
+    parser.add_argument("--wait-before-kill", action="store_true")
+    parser.add_argument("--unrestored-noise", action="store_true")
     args = parser.parse_args()
 
     torch.use_deterministic_algorithms(True)
@@ -97,6 +103,8 @@ def main() -> None:
     def train_step(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         optimizer.zero_grad()
         noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3  # consume python + numpy RNG
+        if args.unrestored_noise:
+            noise += NOISE.random() * 1e-3
         loss = torch.nn.functional.mse_loss(model(xb), yb) + noise
         loss.backward()
         optimizer.step()
@@ -119,6 +127,8 @@ def main() -> None:
         log.flush()  # checkpoint at this step must not lose the step's line
         session.step(loss)
         if args.die_at is not None and session.steps == args.die_at:
+            if args.wait_before_kill:
+                session.wait()
             os.kill(os.getpid(), signal.SIGKILL)
     session.close()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(args.run_dir, "final.pt"))

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("coci.profiler",),
     ("coci._version", "coci.errors", "coci.knobs", "coci.checks", "coci.units"),
-    ("coci.safe_files", "coci.events", "coci.distributed", "coci.overhead", "coci.preemption"),
+    ("coci.safe_files", "coci.events", "coci.distributed", "coci.overhead", "coci.preemption", "coci.resume_check"),
     ("coci.checkpoint",),
     ("coci.curves",),
     ("coci.planning",),

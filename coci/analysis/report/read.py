@@ -161,6 +161,28 @@ class PolicyRow(BaseModel):
     error: str | None = None
 
 
+class ResumeChecks(BaseModel):
+    """The resume self-check's events (:mod:`coci.resume_check`): ``restores`` whose redone steps
+    were compared (``resume_check``), the ``steps`` checked, the ``mismatches`` among them, the
+    restores found inexact (``resume_mismatch``, one per restore at most) and the first of those."""
+
+    restores: int = 0
+    steps: int = 0
+    mismatches: int = 0
+    inexact_restores: int = 0
+    first: dict[str, Any] | None = None  # the first resume_mismatch: step, restored_step, logged, resumed, causes
+
+    def add(self, event: dict[str, Any], kind: Any) -> None:
+        if kind == "resume_check":
+            self.restores += 1
+            self.steps += int(event.get("checked") or 0)
+            self.mismatches += int(event.get("mismatches") or 0)
+        elif kind == "resume_mismatch":
+            self.inexact_restores += 1
+            if self.first is None:
+                self.first = {key: event.get(key) for key in ("step", "restored_step", "logged", "resumed", "causes")}
+
+
 class ReportData(BaseModel):
     """Everything the report shows, as one JSON-able record (``report.json``)."""
 
@@ -180,6 +202,7 @@ class ReportData(BaseModel):
     loss_steps: list[float] = Field(default_factory=list)
     losses: list[float] = Field(default_factory=list)
     loss_source: str = "none"
+    resume_checks: ResumeChecks = Field(default_factory=ResumeChecks)
     comparison: list[PolicyRow] = Field(default_factory=list)
     comparison_steps: dict[str, list[int]] = Field(default_factory=dict)
     errors: list[str] = Field(default_factory=list)
@@ -236,6 +259,7 @@ def read_run(run_dir: Path) -> ReportData:
         loss_steps=[float(s) for s in loss_steps],
         losses=[float(v) for v in losses],
         loss_source=loss_source,
+        resume_checks=events.resume_checks,
         errors=errors,
         notes=notes,
         initialized_from=events.initialized_from,
@@ -297,6 +321,7 @@ class _EventDigest:
         self.preemptions: list[PreemptionRow] = []
         self.reached: int | None = None  # the furthest step a close, progress, stall, snapshot or step mark names
         self.ledger = _Ledger()
+        self.resume_checks = ResumeChecks()
         self.peers: dict[str, float] = {"peer_sent": 0, "peer_bytes": 0, "peer_seconds": 0.0, "peer_received": 0, "peer_refused": 0}
         self.initialized_from: str | None = None  # the last init_from event, described
 
@@ -312,6 +337,7 @@ class _EventDigest:
         self.rows.add(event, kind, step)
         self.restores.add(event, kind, step)
         self.ledger.add(event, kind)
+        self.resume_checks.add(event, kind)
         self._preemption(event, kind, step)
         self._peer(event, kind)
         if kind == "init_from":

@@ -71,6 +71,7 @@ def summary(data: ReportData, plans: dict[str, Plan]) -> str:
     lines += _why_lines(data)
     lines += _checkpoint_lines(data)
     lines += _restore_lines(data)
+    lines += _resume_check_lines(data)
     lines += _cost_lines(data, plans)
     lines += _lost_work_lines(data, plans)
     lines += _preemption_lines(data)
@@ -193,6 +194,28 @@ def _restore_lines(data: ReportData) -> list[str]:
     sources = Counter(row.tier for row in data.restores if row.tier is not None)
     if sources:
         lines.append("  by source: " + ", ".join(f"{tier} {sources[tier]}" for tier in ("local", "peer", "remote") if sources[tier]))
+    return lines
+
+
+def _resume_check_lines(data: ReportData) -> list[str]:
+    """The resume self-check: the redone steps compared with the losses logged before each failure."""
+    checks = data.resume_checks
+    if not data.restores and not checks.restores and not checks.inexact_restores:
+        return []
+    if not checks.restores and not checks.inexact_restores:
+        return ["resume self-check: no redone step had a logged loss to compare"]
+    inexact = max(checks.inexact_restores, int(checks.mismatches > 0))
+    line = f"resume self-check: {checks.steps} redone steps checked after {checks.restores} restore(s), {checks.mismatches} mismatch(es)"
+    if not inexact:
+        return [line + ": every resume checked was exact"]
+    lines = [line + f": {inexact} resume(s) NOT exact"]
+    first = checks.first
+    if first is not None:
+        lines.append(
+            f"  first: step {first.get('step')} redone from the checkpoint of step {first.get('restored_step')}: "
+            f"loss {first.get('resumed')}, logged before the failure {first.get('logged')}"
+        )
+        lines += [f"  - {cause}" for cause in first.get("causes") or [] if isinstance(cause, str)]
     return lines
 
 
