@@ -259,6 +259,17 @@ HISTORY_SEGMENT_MAX_BYTES: int = 16 << 20
 
 #: A peer connection fails once a read or write waits this long (a peer that died mid-transfer).
 PEER_SOCKET_TIMEOUT_SECONDS: float = 60.0
+#: A peer server closes a connection whose whole request header has not arrived this long after
+#: it connected (a slow or idle client never holds one of its few connection slots for longer).
+PEER_HEADER_SECONDS: float = 10.0
+#: A whole transfer (a copy sent to a holder, or fetched back on restore) must end within
+#: ``PEER_TRANSFER_SECONDS`` plus its bytes at ``PEER_TRANSFER_BYTES_PER_SECOND``: a peer that
+#: trickles a byte at a time fails it then, and the restore goes on to the next holder or tier.
+PEER_TRANSFER_SECONDS: float = 120.0
+PEER_TRANSFER_BYTES_PER_SECOND: float = 20e6
+#: Refused peer requests are logged and recorded (an ``error`` event, ``phase: "peer_server"``,
+#: with how many were refused since the last one) at most once per this many seconds.
+PEER_REFUSAL_LOG_SECONDS: float = 10.0
 #: Buffers rotating between a peer copy's receiving thread and its writing one (each
 #: ``coci.checkpoint.peer_wire._PEER_CHUNK_BYTES``).
 PEER_BUFFERS: int = 4

@@ -20,6 +20,7 @@ import queue
 import shutil
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from coci.checkpoint.dcp_manifest import DcpManifest
 from coci.checkpoint.fileio import ChunkChecksum
 from coci.errors import CorruptCheckpointError
 
-__all__ = ["PeerProtocolError", "open_part", "receive_part", "recv_header", "send_header", "send_part"]
+__all__ = ["Deadline", "PeerProtocolError", "open_part", "receive_part", "recv_header", "send_header", "send_part"]
 
 #: Largest request or reply header a peer may send (its commit record is bounded by
 #: ``MAX_MANIFEST_BYTES``); a listing of more than ``_PEER_MAX_FILES`` files is refused.
@@ -47,19 +48,42 @@ class PeerProtocolError(CorruptCheckpointError):
     """A peer sent something that is not a well-formed header or part (or closed mid-way)."""
 
 
+class Deadline:
+    """When a whole exchange on a socket must be over: each read waits at most what is left of it
+    (and at most ``knobs.PEER_SOCKET_TIMEOUT_SECONDS``); past it, PeerProtocolError naming ``what``."""
+
+    def __init__(self, seconds: float, what: str) -> None:
+        self.at = time.monotonic() + seconds
+        self.what = what
+
+    def extend(self, seconds: float) -> None:
+        self.at += seconds
+
+    def arm(self, sock: socket.socket) -> None:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise PeerProtocolError(f"{self.what} did not end in time (coci.knobs.PEER_HEADER_SECONDS, PEER_TRANSFER_SECONDS)")
+        sock.settimeout(min(knobs.PEER_SOCKET_TIMEOUT_SECONDS, left))
+
+
+def transfer_seconds(nbytes: int) -> float:
+    """How long a transfer of ``nbytes`` may take (``knobs.PEER_TRANSFER_SECONDS``)."""
+    return knobs.PEER_TRANSFER_SECONDS + nbytes / knobs.PEER_TRANSFER_BYTES_PER_SECOND
+
+
 def send_header(sock: socket.socket, header: dict[str, Any]) -> None:
     """One framed JSON header."""
     data = json.dumps(header, separators=(",", ":")).encode()
     sock.sendall(len(data).to_bytes(_LENGTH_BYTES, "big") + data)
 
 
-def recv_header(sock: socket.socket) -> dict[str, Any]:
-    """The next framed header: a JSON object of at most ``_PEER_HEADER_MAX_BYTES``."""
-    length = int.from_bytes(recv_exact(sock, _LENGTH_BYTES), "big")
+def recv_header(sock: socket.socket, deadline: Deadline | None = None) -> dict[str, Any]:
+    """The next framed header: a JSON object of at most ``_PEER_HEADER_MAX_BYTES``, whole by ``deadline``."""
+    length = int.from_bytes(recv_exact(sock, _LENGTH_BYTES, deadline), "big")
     if length > _PEER_HEADER_MAX_BYTES:
         raise PeerProtocolError(f"peer header of {length} bytes (at most {_PEER_HEADER_MAX_BYTES})")
     try:
-        header = json.loads(recv_exact(sock, length))
+        header = json.loads(recv_exact(sock, length, deadline))
     except ValueError as exc:
         raise PeerProtocolError(f"peer header is not JSON ({type(exc).__name__})") from exc
     if not isinstance(header, dict):
@@ -67,17 +91,30 @@ def recv_header(sock: socket.socket) -> dict[str, Any]:
     return header
 
 
-def recv_exact(sock: socket.socket, size: int) -> bytes:
-    """Exactly ``size`` bytes (a small frame); PeerProtocolError when the peer closes first."""
+def recv_exact(sock: socket.socket, size: int, deadline: Deadline | None = None) -> bytes:
+    """Exactly ``size`` bytes (a small frame); PeerProtocolError when the peer closes first or
+    ``deadline`` passes."""
     data = bytearray(size)
     view = memoryview(data)
     got = 0
     while got < size:
-        count = sock.recv_into(view[got:], size - got)
+        count = _recv_into(sock, view[got:], size - got, deadline)
         if count == 0:
             raise PeerProtocolError(f"peer closed the connection after {got} of {size} bytes")
         got += count
     return bytes(data)
+
+
+def _recv_into(sock: socket.socket, view: memoryview, size: int, deadline: Deadline | None) -> int:
+    """One ``recv_into``, waiting at most what is left of ``deadline`` (PeerProtocolError once it passed)."""
+    if deadline is None:
+        return sock.recv_into(view, size)
+    deadline.arm(sock)
+    try:
+        return sock.recv_into(view, size)
+    except TimeoutError:
+        deadline.arm(sock)  # raises when the deadline passed; else the per-read timeout did
+        raise
 
 
 # --- sending -----------------------------------------------------------------------------------
@@ -119,24 +156,27 @@ def send_part(sock: socket.socket, header: dict[str, Any], opened: list[tuple[st
 # --- receiving ---------------------------------------------------------------------------------
 
 
-def receive_part(sock: socket.socket, listing: Any, tmp: Path, node: int, step: int) -> DcpManifest:
+def receive_part(sock: socket.socket, listing: Any, tmp: Path, node: int, step: int, deadline: Deadline | None = None) -> DcpManifest:
     """Receive node ``node``'s part of ``step`` into the fresh directory ``tmp``: every file
     checked against the record as it arrives, fsynced, and the directory fsynced; its record.
-    CorruptCheckpointError (``tmp`` left for the caller to remove) on anything off."""
+    CorruptCheckpointError (``tmp`` left for the caller to remove) on anything off, or once
+    ``deadline`` passes (extended by :func:`transfer_seconds` of the listed bytes)."""
     files = _checked_listing(listing, tmp)
     need = sum(size for _, size in files)
+    if deadline is not None:
+        deadline.extend(transfer_seconds(need))
     free = shutil.disk_usage(tmp.parent).free
     if need > free:
         raise CorruptCheckpointError(f"{tmp}: a peer part of {need} bytes does not fit ({free} bytes free)")
     layout.fresh_dir(tmp)
-    commit.write_durably(tmp / layout.MANIFEST_FILENAME, recv_exact(sock, files[0][1]))
+    commit.write_durably(tmp / layout.MANIFEST_FILENAME, recv_exact(sock, files[0][1], deadline))
     record = read_dcp_manifest(tmp)
     _check_part(record, files, tmp, node, step)
     entries = {entry.name: entry for entry in record.present_files()}
     chunk = min(_PEER_CHUNK_BYTES, max((size for _, size in files[1:]), default=1)) or 1
     buffers = [memoryview(bytearray(chunk)) for _ in range(knobs.PEER_BUFFERS)]
     for name, _ in files[1:]:
-        _receive_file(sock, tmp / name, entries[name], buffers)
+        _receive_file(sock, tmp / name, entries[name], buffers, deadline)
     read_dcp_metadata(tmp, record)  # DCP's pickled metadata checked before anything may load it
     commit.fsync_dir(tmp)
     return record
@@ -166,7 +206,7 @@ def _check_part(record: DcpManifest, files: list[tuple[str, int]], tmp: Path, no
         raise CorruptCheckpointError(f"{tmp}: the peer sent files {sorted(listed.items())}, its record lists {sorted(expected.items())}")
 
 
-def _receive_file(sock: socket.socket, path: Path, entry: records.FileEntry, buffers: list[memoryview]) -> None:
+def _receive_file(sock: socket.socket, path: Path, entry: records.FileEntry, buffers: list[memoryview], deadline: Deadline | None) -> None:
     """Write ``entry.size`` bytes from ``sock`` into the new file ``path``, checksummed; fsynced.
 
     The socket is read on this thread while a writer thread checksums and writes the chunks
@@ -178,7 +218,7 @@ def _receive_file(sock: socket.socket, path: Path, entry: records.FileEntry, buf
         left = entry.size
         while left:
             view = writer.free_buffer()
-            count = sock.recv_into(view, min(left, len(view)))
+            count = _recv_into(sock, view, min(left, len(view)), deadline)
             if count == 0:
                 raise PeerProtocolError(f"{path}: the peer closed the connection {left} bytes short")
             writer.put(view, count)

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from coci import distributed, knobs
 from coci.checkpoint import commit, layout, retention
 from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
-from coci.checkpoint.peer_wire import open_part, receive_part, recv_header, send_header, send_part
+from coci.checkpoint.peer_wire import Deadline, open_part, receive_part, recv_header, send_header, send_part
 from coci.distributed import DistributedContext
 from coci.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from coci.events import EventLog
@@ -127,6 +127,8 @@ class PeerServer:
         self._work = threading.Lock()
         self._slots = threading.BoundedSemaphore(_PEER_CONNECTIONS)
         self._closed = False  # set by close() under _work: no transfer starts after it
+        self._refused = 0  # requests refused since the last one recorded (knobs.PEER_REFUSAL_LOG_SECONDS)
+        self._refusal_recorded_at = -float("inf")
         for source in sources:  # interrupted receipts of an earlier process are never copies
             layout.remove_stale_tmp(peer_dir(run_dir, source))
         self._listener = socket.create_server((host, 0))
@@ -154,6 +156,7 @@ class PeerServer:
         if self._work.acquire(timeout=knobs.PEER_SOCKET_TIMEOUT_SECONDS):
             self._closed = True
             self._work.release()
+        self._record_refusals(None)  # those not recorded yet
 
     def _serve(self) -> None:
         """Accept connections, each answered in its own thread, so that one that never sends
@@ -177,11 +180,17 @@ class PeerServer:
             self._slots.release()
 
     def _answer(self, conn: socket.socket) -> None:
-        """Handle one request; a failure is replied (when the peer still listens) and recorded."""
+        """Handle one request; a failure is replied (when the peer still listens) and recorded
+        (:meth:`_refuse`). A request whose header is not whole within ``knobs.PEER_HEADER_SECONDS``
+        of the connection is refused, so slow or idle clients free their slot by then."""
         try:
-            header = recv_header(conn)
+            header = recv_header(conn, Deadline(knobs.PEER_HEADER_SECONDS, "a peer request's header"))
             if not hmac.compare_digest(str(header.get("token", "")), self._token):
-                raise CorruptCheckpointError("a peer request without this job's token was refused")
+                raise _Unauthenticated("a peer request without this job's token was refused")
+        except (OSError, CheckpointError) as exc:
+            self._refuse(conn, exc, "refused")  # before the token: the client learns nothing of this node
+            return
+        try:
             node, step = _node_and_step(header, self.sources)
             if header.get("op") not in ("put", "get"):
                 raise CorruptCheckpointError(f"unknown peer request {str(header.get('op'))[:40]!r}")
@@ -193,10 +202,27 @@ class PeerServer:
                 else:
                     self._serve_copy(conn, node, step)
         except Exception as exc:
-            logger.warning("peer request refused on node %d: %s", self.node, exc)
-            self._events.emit("error", step=0, phase="peer_server", message=f"{type(exc).__name__}: {exc}")
-            with contextlib.suppress(OSError):
-                send_header(conn, {"error": f"{type(exc).__name__}: {exc}"})
+            self._refuse(conn, exc, f"{type(exc).__name__}: {exc}")
+
+    def _refuse(self, conn: socket.socket, exc: BaseException, reply: str) -> None:
+        """Answer ``reply`` (when the client still listens) and count the refusal; recorded at most
+        once per ``knobs.PEER_REFUSAL_LOG_SECONDS`` (a flood of bad requests never floods the log)."""
+        with contextlib.suppress(OSError):
+            conn.settimeout(1.0)  # a client that does not read gets no more of this thread's time
+            send_header(conn, {"error": reply})
+        self._record_refusals(exc)
+
+    def _record_refusals(self, exc: BaseException | None) -> None:
+        """Count ``exc`` (None: none, at close) and record what was counted when it is time to."""
+        with self._lock:
+            self._refused += exc is not None
+            now = time.monotonic()
+            if not self._refused or (exc is not None and now - self._refusal_recorded_at < knobs.PEER_REFUSAL_LOG_SECONDS):
+                return
+            refused, self._refused, self._refusal_recorded_at = self._refused, 0, now
+        message = "" if exc is None else f"{type(exc).__name__}: {exc}"
+        logger.warning("peer server of node %d refused %d request(s)%s", self.node, refused, f", the last: {message}" if message else "")
+        self._events.emit("error", step=0, phase="peer_server", refused=refused, message=message or f"{refused} refused requests")
 
     def _store(self, conn: socket.socket, header: dict[str, Any], node: int, step: int) -> None:
         """Receive node ``node``'s part of ``step`` and commit it as its peer copy; retention."""
@@ -206,7 +232,7 @@ class PeerServer:
         layout.make_root(peer_dir(self.run_dir, node))
         tmp = layout.tmp_dir(root, step)
         try:
-            receive_part(conn, header.get("files"), tmp, node, step)
+            receive_part(conn, header.get("files"), tmp, node, step, Deadline(0.0, f"node {node}'s copy of step {step}"))
             commit.rename_into_place(root, tmp, root / layout.step_dirname(step))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -230,6 +256,10 @@ class PeerServer:
         if record.node != node or record.step != step:
             raise CorruptCheckpointError(f"{path}: holds step {record.step} of node {record.node}")
         send_part(conn, {"ok": True}, open_part(path, record))
+
+
+class _Unauthenticated(CorruptCheckpointError):
+    """A peer request without this job's token."""
 
 
 def _node_and_step(header: dict[str, Any], sources: frozenset[int]) -> tuple[int, int]:
@@ -306,7 +336,7 @@ class PeerSender:
             opened = open_part(path, record)
             with socket.create_connection(self._addresses[holder], timeout=knobs.PEER_SOCKET_TIMEOUT_SECONDS) as conn:
                 nbytes = send_part(conn, {"token": self._token, "op": "put", "node": self.node, "step": step}, opened)
-                reply = recv_header(conn)
+                reply = recv_header(conn, Deadline(knobs.PEER_TRANSFER_SECONDS, f"node {holder}'s answer to the copy of step {step}"))
             if not reply.get("ok"):
                 raise CorruptCheckpointError(f"node {holder} refused the copy: {str(reply.get('error'))[:500]}")
         except (OSError, CheckpointError) as exc:
@@ -329,16 +359,19 @@ class PeerSender:
 def fetch_copy(address: tuple[str, int], token: str, node: int, step: int, root: Path, commit_id: str | None) -> int:
     """Node ``node``'s part of ``step`` fetched from the holder at ``address`` and committed as
     ``root/step_<n>`` (replacing a damaged one), checked on receipt and against ``commit_id``
-    (the other nodes' parts' id; None when no node holds one); its bytes."""
+    (the other nodes' parts' id; None when no node holds one); its bytes. The holder must answer
+    within ``knobs.PEER_TRANSFER_SECONDS`` (it verifies the copy first) and the whole part arrive
+    within that plus its bytes at ``knobs.PEER_TRANSFER_BYTES_PER_SECOND``: PeerProtocolError then."""
     tmp = root / (layout.step_dirname(step) + _FETCH_TMP)
+    deadline = Deadline(knobs.PEER_TRANSFER_SECONDS, f"the peer copy of node {node}'s step {step} from {address[0]}:{address[1]}")
     try:
         with socket.create_connection(address, timeout=knobs.PEER_SOCKET_TIMEOUT_SECONDS) as conn:
             send_header(conn, {"token": token, "op": "get", "node": node, "step": step})
-            reply = recv_header(conn)
+            reply = recv_header(conn, deadline)
             if not reply.get("ok"):
                 raise CorruptCheckpointError(str(reply.get("error"))[:1000])
             layout.make_root(root)
-            record = receive_part(conn, reply.get("files"), tmp, node, step)
+            record = receive_part(conn, reply.get("files"), tmp, node, step, deadline)
         if commit_id is not None and record.commit_id != commit_id:
             raise CorruptCheckpointError(f"commit id {record.commit_id}, the other nodes' parts have {commit_id}")
         commit.rename_into_place(root, tmp, root / layout.step_dirname(step))
