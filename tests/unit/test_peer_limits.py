@@ -79,7 +79,7 @@ def test_a_fetch_from_a_holder_that_trickles_fails_at_its_overall_deadline(tmp_p
         server = threading.Thread(target=serve, daemon=True)
         server.start()
         try:
-            with knobs.override(PEER_TRANSFER_SECONDS=1.0), pytest.raises(CheckpointError, match="did not end in time"):
+            with knobs.override(PEER_TRANSFER_SECONDS=1.0, PEER_TRANSFER_BYTES_PER_SECOND=1e12), pytest.raises(CheckpointError, match="did not end in time"):
                 fetch_copy(holder.getsockname(), "secret", 1, 8, tmp_path / "checkpoints", None)
         finally:
             stop.set()
