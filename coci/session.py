@@ -112,9 +112,6 @@ class Session:
         self.state = validate_state(state)
         self._sharded = ShardedState.detect(self.state)  # FSDP2 / DTensor state: through DCP's state_dict API
         self.config = build_config("Session", config, options)
-        missing = sorted(set(self.config.init_keys) - set(self.state)) if self.config.init_from is not None else []
-        if missing:
-            raise ConfigError(f"init_keys {missing} are not keys of state ({sorted(self.state)})")
         self._save_last = self.config.retention.save_last
         self.run_dir = Path(run_dir)
         try:
@@ -386,16 +383,22 @@ class Session:
             step=self._steps,
         ).run()
         if found is None and self.config.init_from is not None:
-            self._start_from_init()
+            self.start_from_init()
         return None if found is None else self._restored(found)
 
-    def _start_from_init(self) -> None:
-        """A run without checkpoints of its own starts from ``init_from``'s ``init_keys`` (read-only
-        on that run: ``coci.load``); recorded as an ``init_from`` event. Collective under
-        ``torch.distributed`` when the keys hold sharded state."""
+    def start_from_init(self) -> RestoreResult:
+        """Fill ``init_keys`` from ``init_from`` now (read-only on that run, as ``coci.load``), recorded
+        as an ``init_from`` event; ``restore()`` calls it on a run without checkpoints of its own.
+        ConfigError without ``init_from``. Collective under ``torch.distributed`` when the keys
+        hold sharded state."""
         config = self.config
+        if config.init_from is None:
+            raise ConfigError("start_from_init() needs Session(init_from=...): the run to start from")
+        missing = sorted(set(config.init_keys) - set(self.state))
+        if missing:
+            raise ConfigError(f"init_keys {missing} are not keys of state ({sorted(self.state)})")
         began = self._clock()
-        run = open_source(config.init_from)  # type: ignore[arg-type]  # checked not None by the caller
+        run = open_source(config.init_from)
         result = load_from(run, {key: self.state[key] for key in config.init_keys}, step=config.init_step, strict=True)
         self.initialized = result
         self.events.emit(
@@ -403,6 +406,7 @@ class Session:
             seconds=self._clock() - began, bytes=result.nbytes, skipped=[str(p) for p in result.skipped],
         )
         logger.info("coci: started from %s step %d (%s)", run.label, result.step, ", ".join(config.init_keys))
+        return result
 
     def _restored(self, found: Found) -> RestoreResult:
         """Book a restore that loaded ``found`` (profile, retention, events)."""

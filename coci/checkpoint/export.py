@@ -35,6 +35,7 @@ from coci._version import __version__
 from coci.checkpoint.checkpointer import reader_for
 from coci.checkpoint.dcp import read_dcp_tensors
 from coci.checkpoint.dcp_manifest import DcpManifest, checkpoint_id
+from coci.checkpoint.fileio import ChunkChecksum
 from coci.checkpoint.local import Manifest, torch_dtype
 from coci.checkpoint.read_only import DEFAULT_KEY, candidate_steps
 from coci.checkpoint.record_reads import open_no_follow
@@ -50,6 +51,7 @@ __all__ = [
     "export",
     "exportable",
     "read_model_record",
+    "record_hf_model",
     "write_model_record",
 ]
 
@@ -60,6 +62,9 @@ EXPORT_FORMATS: Final = ("safetensors", "torch", "hf")
 #: written by the Trainer integration; what ``--format hf`` builds ``config.json`` from.
 MODEL_RECORD_FILENAME: Final = "hf_model.json"
 _MODEL_RECORD_MAX_BYTES = 4 << 20
+#: The bytes of a coci data file between the exported tensors (other keys' tensors) are read and
+#: checksummed through a buffer of this size (at most ``knobs.EXPORT_BUFFER_BYTES``).
+_SCRATCH_BYTES = 8 << 20
 #: safetensors' dtype names (https://github.com/huggingface/safetensors, the format's spec).
 _SAFETENSORS_DTYPES: Final = {
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
@@ -147,11 +152,14 @@ def _export_verified(
     record = reader.read_record(path)
     if key not in record.state_keys:
         raise StateMismatchError(f"{path}: holds no state key {key!r} (it holds {', '.join(map(repr, record.state_keys))}): choose one with key=")
-    reader.verify(path)
     tensors = _tensors_of(record, key, path)
+    if isinstance(record, Manifest):  # verified while streamed: one pass over the data file
+        tensors.sort(key=lambda t: record.tensors[t.index].offset)
+    else:
+        reader.verify(path)
     if not tensors:
         raise StateMismatchError(f"{path}: state key {key!r} holds no tensors to export")
-    stream = _stream(path, record, tensors)
+    stream = _stream(path, record, tensors, reuse=format != "torch")
     if format == "torch":
         return _write_torch(out, tensors, stream, provenance)
     if format == "safetensors":
@@ -217,23 +225,62 @@ def _named_refs(skeleton: Any, prefix: str) -> Iterator[tuple[str, int]]:
 # --- reading, one tensor (or one buffer) at a time --------------------------------------------
 
 
-def _stream(path: Path, record: CommitRecord, tensors: list[ExportedTensor]) -> Iterator[torch.Tensor]:
-    """The full tensors of ``tensors``, in order, each read when the previous was consumed."""
+def _stream(path: Path, record: CommitRecord, tensors: list[ExportedTensor], reuse: bool) -> Iterator[torch.Tensor]:
+    """The full tensors of ``tensors``, in order, each read when the previous was consumed;
+    ``reuse``: each may be overwritten by the next (the caller wrote it out first)."""
     if isinstance(record, Manifest):
-        return _local_stream(path, record, tensors)
+        return _local_stream(path, record, tensors, reuse)
     assert isinstance(record, DcpManifest)
     return _dcp_stream(path, record, tensors)
 
 
-def _local_stream(path: Path, record: Manifest, tensors: list[ExportedTensor]) -> Iterator[torch.Tensor]:
-    with open(path / record.files[0].name, "rb", buffering=0, opener=open_no_follow) as handle:
+def _local_stream(path: Path, record: Manifest, tensors: list[ExportedTensor], reuse: bool) -> Iterator[torch.Tensor]:
+    """One pass over ``data.bin`` (``tensors`` in offset order): each tensor read into its own
+    buffer (with ``reuse``, one buffer of the largest, allocated once), the bytes between them through a small scratch buffer, all of it checksummed; the size
+    and checksum are checked once the last tensor was taken (CorruptCheckpointError: the caller
+    drops what it wrote)."""
+    entry = record.files[0]
+    checksum = ChunkChecksum(entry.algorithm, threaded=False)
+    scratch = torch.empty(max(min(_SCRATCH_BYTES, knobs.EXPORT_BUFFER_BYTES, entry.size), 1), dtype=torch.uint8).numpy().data
+    with open(path / entry.name, "rb", buffering=0, opener=open_no_follow) as handle:
+        if os.fstat(handle.fileno()).st_size != entry.size:
+            raise CorruptCheckpointError(f"{path / entry.name}: size {os.fstat(handle.fileno()).st_size} != manifest size {entry.size}")
+        position = 0
+        shared = torch.empty(max((t.nbytes for t in tensors), default=0), dtype=torch.uint8) if reuse else None
         for tensor in tensors:
-            entry = record.tensors[tensor.index]
-            raw = torch.empty(entry.nbytes, dtype=torch.uint8)
-            handle.seek(entry.offset)
-            if entry.nbytes and handle.readinto(raw.numpy().data) != entry.nbytes:
-                raise CorruptCheckpointError(f"{path}: tensor {tensor.name!r} is truncated")
-            yield raw.view(torch_dtype(entry.dtype, path)).view(entry.shape) if entry.nbytes else torch.empty(entry.shape, dtype=torch_dtype(entry.dtype, path))
+            table = record.tensors[tensor.index]
+            if table.offset < position:
+                raise CorruptCheckpointError(f"{path}: tensor {tensor.name!r} overlaps another in {entry.name} (never written so)")
+            position = _read_into(handle, checksum, scratch, position, table.offset - position, path)
+            raw = shared[: table.nbytes] if shared is not None else torch.empty(table.nbytes, dtype=torch.uint8)
+            if table.nbytes:
+                _read_exactly(handle, raw.numpy().data, path)
+                checksum.submit(raw.numpy().data)
+            position += table.nbytes
+            yield raw.view(torch_dtype(table.dtype, path)).view(table.shape) if table.nbytes else torch.empty(table.shape, dtype=torch_dtype(table.dtype, path))
+        _read_into(handle, checksum, scratch, position, entry.size - position, path)
+    if checksum.result() != entry.checksum:
+        raise CorruptCheckpointError(f"{path / entry.name}: checksum mismatch ({entry.algorithm} of the file != the manifest's)")
+
+
+def _read_into(handle: Any, checksum: ChunkChecksum, scratch: memoryview, position: int, length: int, path: Path) -> int:
+    """Read and checksum ``length`` bytes through ``scratch``; the position after them."""
+    while length > 0:
+        piece = scratch[: min(len(scratch), length)]
+        _read_exactly(handle, piece, path)
+        checksum.submit(piece)
+        position += len(piece)
+        length -= len(piece)
+    return position
+
+
+def _read_exactly(handle: Any, target: memoryview, path: Path) -> None:
+    done = 0
+    while done < len(target):
+        count = handle.readinto(target[done:])
+        if not count:
+            raise CorruptCheckpointError(f"{path}: data file ended early")
+        done += count
 
 
 def _dcp_stream(path: Path, record: DcpManifest, tensors: list[ExportedTensor]) -> Iterator[torch.Tensor]:
@@ -269,6 +316,16 @@ def _write_safetensors(out: Path, tensors: list[ExportedTensor], stream: Iterato
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
     tmp = out.with_name(out.name + ".tmp")
+    try:
+        _stream_safetensors(tmp, encoded, tensors, stream)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, out)
+    return offset
+
+
+def _stream_safetensors(tmp: Path, encoded: bytes, tensors: list[ExportedTensor], stream: Iterator[torch.Tensor]) -> None:
     with open(tmp, "wb") as handle:
         handle.write(struct.pack("<Q", len(encoded)))
         handle.write(encoded)
@@ -278,15 +335,21 @@ def _write_safetensors(out: Path, tensors: list[ExportedTensor], stream: Iterato
             if t.nbytes:
                 handle.write(value.contiguous().view(-1).view(torch.uint8).numpy().data)
             del value
+        _drain(stream)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(tmp, out)
-    return offset
+
+
+def _drain(stream: Iterator[Any]) -> None:
+    """Run ``stream`` to its end, where its final checks are (the data file's checksum)."""
+    for _ in stream:
+        raise CorruptCheckpointError("the checkpoint holds more tensors than its record lists")
 
 
 def _write_torch(out: Path, tensors: list[ExportedTensor], stream: Iterator[torch.Tensor], provenance: Mapping[str, str]) -> tuple[Path, int, int]:
     """``torch.save`` of the state dict (whole, in memory); its provenance in ``OUT.coci.json``."""
     state = {t.name: value for t, value in zip(tensors, stream)}
+    _drain(stream)
     tmp = out.with_name(out.name + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, out)
@@ -303,9 +366,17 @@ def _write_hf(
     out.mkdir(parents=True, exist_ok=True)
     config = dict(model["config"])
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    stream_kept = (value for t, value in zip(tensors, stream) if t.name not in tied)
+    stream_kept = _without(tensors, stream, tied)
     nbytes = _write_safetensors(out / "model.safetensors", kept, stream_kept, {"format": "pt", **provenance})
     return out, len(kept), nbytes
+
+
+def _without(tensors: list[ExportedTensor], stream: Iterator[torch.Tensor], names: set[str]) -> Iterator[torch.Tensor]:
+    """``stream`` without the tensors named ``names`` (run to its end: its final checks included)."""
+    for t, value in zip(tensors, stream):
+        if t.name not in names:
+            yield value
+    _drain(stream)
 
 
 # --- provenance and the model record -----------------------------------------------------------
@@ -338,6 +409,24 @@ def write_model_record(run_dir: Path, config: Mapping[str, Any], tied: Mapping[s
     it is tied to) with the run: what ``--format hf`` writes ``config.json`` from."""
     data = json.dumps({"config": dict(config), "tied": dict(tied)}, indent=2, sort_keys=True, default=str)
     safe_files.replace_file(run_dir / MODEL_RECORD_FILENAME, data.encode(), durable=True, error=ConfigError)
+
+
+def record_hf_model(run_dir: Path, model: Any) -> None:
+    """Record a ``transformers`` model's config (``config.to_dict()`` as JSON, ``architectures`` its
+    class as ``save_pretrained`` sets it) and its tied weights (a state-dict entry holding the same
+    tensor as an earlier one: written once by ``--format hf``, tied again by ``from_pretrained``)."""
+    config = json.loads(model.config.to_json_string(use_diff=False))
+    if not config.get("architectures"):
+        config["architectures"] = [type(model).__name__]
+    seen: dict[tuple[int, tuple[int, ...], torch.dtype], str] = {}
+    tied: dict[str, str] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        identity = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+        if tensor.numel() and identity in seen:
+            tied[name] = seen[identity]
+        else:
+            seen.setdefault(identity, name)
+    write_model_record(run_dir, config, tied)
 
 
 def read_model_record(run_dir: Path) -> dict[str, Any] | None:

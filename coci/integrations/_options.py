@@ -56,6 +56,15 @@ class SessionHolder:
         """What the current (or last) training run restored; None on a fresh run or with ``resume=False``."""
         return self._restored
 
+    def _restore_or_start(self, session: Session) -> RestoreResult | None:
+        """``session.restore()`` with ``resume``; without, the run starts afresh, from ``init_from``
+        when one is set (the restore returns None then too: training starts at step 0)."""
+        if self.resume:
+            return session.restore()
+        if session.config.init_from is not None:
+            session.start_from_init()
+        return None
+
     def _close_session(self) -> None:
         session, self._session = self._session, None
         if session is None:

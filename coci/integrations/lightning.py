@@ -133,7 +133,7 @@ class CociCallback(SessionHolder, Callback):
         self._session = Session(
             self.run_dir, state=_lightning_state(trainer, pl_module, self), config=self._config_for(trainer)
         )
-        self._restored = self._session.restore() if self.resume else None
+        self._restored = self._restore_or_start(self._session)
         if self._restored is not None:
             # Lightning builds the train iterator after this hook (a DataLoader iterator draws its
             # base seed from the global RNG); the restored RNG is applied again in on_train_start.

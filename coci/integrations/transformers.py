@@ -105,6 +105,7 @@ import torch
 
 from coci import checks
 from coci.checkpoint import rng_state
+from coci.checkpoint.export import record_hf_model
 from coci.config import SessionConfig
 from coci.errors import ConfigError, StateError, StateMismatchError
 from coci.integrations._options import SessionHolder, final_checkpoint_wanted, for_trainer
@@ -205,7 +206,8 @@ class CociCallback(SessionHolder, TrainerCallback):
         self._resume_step, self._pending_rng, self._loss_before, self._loss = None, None, None, None
         self._progress = _TrainerProgress(trainer, self)
         self._session = Session(self.run_dir, state=_trainer_state(trainer, self._progress), config=self._config_for(state.max_steps))
-        self._restored = self._session.restore() if self.resume else None
+        record_hf_model(self._session.run_dir, trainer.model)  # what `coci export --format hf` writes config.json from
+        self._restored = self._restore_or_start(self._session)
         if self._restored is not None:
             self._resume_step = state.global_step
             self._pending_rng = rng_state.capture()  # applied again once the resumed step's batches are fetched

@@ -55,6 +55,9 @@ VALUES: dict[str, Any] = {
     "peer_keep_last": 3,
     "peer_host": "127.0.0.1",
     "on_mismatch": "raise",
+    "init_from": "PRETRAINED",  # a run directory, made per test
+    "init_keys": ("w", "model"),
+    "init_step": 4,
 }
 #: The options a JSON file can hold (``coci plan --config``): all but objects and callables.
 JSON_OPTIONS: dict[str, Any] = {
@@ -85,6 +88,8 @@ def option(name: str, tmp_path: Path) -> dict[str, Any]:
     """``name``'s value, with a failure model where the default policy ("auto") needs one."""
     value = str(tmp_path / "remote") if name == "remote" else VALUES[name]
     failure_model = {} if name in ("mtbf", "failures", "plan_config", "policy") else {"mtbf": "8h"}
+    if name in ("init_from", "init_step"):  # a step of a run to start from
+        return {**failure_model, "init_from": str(tmp_path / "pretrained"), name: value if name == "init_step" else str(tmp_path / "pretrained")}
     return {**failure_model, name: value}
 
 

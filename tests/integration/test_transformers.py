@@ -85,6 +85,23 @@ def test_finished_run_restarted_trains_no_step(campaign: tuple[Path, dict[str, d
     assert not [event for event in events[last_session:] if event["event"] == "snapshot_start"]
 
 
+def test_a_killed_and_resumed_trainer_run_exports_a_folder_from_pretrained_loads_bitwise(
+    campaign: tuple[Path, dict[str, dict[str, int]]], tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from coci.cli import main
+
+    run = campaign[0] / TRAJECTORIES[0]["name"] / "coci"
+    assert main(["export", str(run / "coci"), str(tmp_path / "hf"), "--format", "hf"]) == 0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    want = torch.load(run / "final.pt", weights_only=True)["model"]
+    got = model.state_dict()
+    assert type(model).__name__ == "GPT2LMHeadModel" and set(got) == set(want)
+    assert all(torch.equal(got[name], value) for name, value in want.items())
+    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()  # written once, tied again
+
+
 def test_the_integration_adds_at_most_five_lines_and_the_plain_script_has_no_coci() -> None:
     source = JOB.read_text()
     assert 1 <= len(coci_lines(source)) <= 5
