@@ -253,11 +253,12 @@ def read_run_file(path: Path, max_bytes: int = MAX_RUN_FILE_BYTES) -> bytes:
     return safe_files.read_bytes(path, max_bytes, follow_dir=True)
 
 
-def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Yield the events of a run; a line that does not parse is skipped (a torn last line: the job
-    was killed mid-write; or a hostile one: an integer of thousands of digits, nesting too deep, a
-    line over ``MAX_EVENT_LINE_BYTES``). A symbolic link in the log's place yields nothing."""
-    path = Path(run_dir) / EVENTS_FILENAME
+def read_events(run_dir: str | os.PathLike[str], name: str = EVENTS_FILENAME) -> Iterator[dict[str, Any]]:
+    """Yield the events of a run (``name``: another rank's log in the run directory); a line that
+    does not parse is skipped (a torn last line: the job was killed mid-write; or a hostile one: an
+    integer of thousands of digits, nesting too deep, a line over ``MAX_EVENT_LINE_BYTES``). A
+    symbolic link in the log's place yields nothing."""
+    path = Path(run_dir) / name
     try:
         handle = open_run_file(path)
     except (OSError, ConfigError):

@@ -428,12 +428,21 @@ class Session:
             self._peers.copies.trust(loaded.step)
         self.events.emit(
             "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path), tier=tier,
-            **self._ledger_fields(),
+            **self._node_tiers(tier), **self._ledger_fields(),
         )
         self._start_resume_check(loaded.step)
         self._cadence.restart()
         self._profiler.mark()
         return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, found.skipped, tier)
+
+    def _node_tiers(self, tier: str) -> dict[str, Any]:
+        """Node-local run directories: where each node's part of the restored step came from, as
+        ``node_tiers`` of the ``restore`` event (collective), so rank 0's log lists every node's
+        source; nothing otherwise."""
+        if self._dist is None or not self._dist.node_local:
+            return {}
+        gathered = distributed.gather_objects((self._dist.node, tier), self._dist.control_group)
+        return {"node_tiers": {str(node): source for node, source in sorted(dict(gathered).items())}}
 
     def _open_remote(self, history_from: int) -> Promotion | None:
         """The remote tier (None without one), its prefix claimed for this run or refused with a

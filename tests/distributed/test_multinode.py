@@ -259,3 +259,20 @@ def test_a_restart_in_the_other_join_order_resumes_under_static_rendezvous_and_n
     assert_ok(run_nodes(tmp_path, "--stop-at", "9", start_order=[1, 0], rendezvous="static"))
     assert [[(e["step"], e["tier"]) for e in node_events(tmp_path, node, "restore")] for node in range(2)] == [[(8, "local")]] * 2
     assert_same_state(torch.load(node_dir(tmp_path, 0) / "restored.pt", weights_only=True), at_stop)
+
+
+def test_rank0s_node_lost_merges_the_history_back_and_the_report_lists_every_nodes_source(tmp_path: Path, s3_remote: str) -> None:  # noqa: F811
+    from coci.analysis.report.read import read_run
+
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "8"))  # closes: every upload and the history mirrored
+    at_stop = torch.load(node_dir(tmp_path, 0) / "stop.pt", weights_only=True)
+    shutil.rmtree(node_dir(tmp_path, 0))  # rank 0's node is lost with its disk (its history with it)
+    assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "9"))
+    assert_same_state(torch.load(node_dir(tmp_path, 0) / "restored.pt", weights_only=True), at_stop)
+    (merged,) = node_events(tmp_path, 0, "remote_history")  # the first process's events came back from the remote
+    assert merged["events"] > 0 and len(node_events(tmp_path, 0, "session")) == 2
+    (row,) = read_run(node_dir(tmp_path, 0)).restores
+    assert (row.step, row.failure, row.node_tiers) == (8, False, {0: "remote", 1: "local"})  # after a clean close, each node's source
+    on_node1 = read_run(node_dir(tmp_path, 1))  # node 1's own directory: its rank's log, said so
+    assert [(r.step, r.node_tiers) for r in on_node1.restores] == [(8, {0: "remote", 1: "local"})]
+    assert any("rank 1's log" in note for note in on_node1.notes)

@@ -546,3 +546,22 @@ def test_a_process_killed_before_its_first_checkpoint_is_timed_to_the_next_start
     rows = _restores(events, step_seconds=0.5)
     assert [(r.lost_steps, r.lost_exact) for r in rows[1:]] == [(20, True)]
     assert rows[1].lost_seconds == pytest.approx(20 * 2.9)
+
+
+def test_a_restore_lists_each_nodes_source_and_refuses_a_malformed_one() -> None:
+    from coci.analysis.report.text import _restore_lines
+
+    events = [
+        {"time": 1.0, "event": "session", "step": 0},
+        {"time": 2.0, "event": "progress", "step": 9},
+        {"time": 3.0, "event": "session", "step": 0},
+        {"time": 4.0, "event": "restore", "step": 8, "seconds": 0.5, "tier": "local", "node_tiers": {"1": "local", "0": "remote"}},
+        {"time": 5.0, "event": "restore", "step": 8, "seconds": 0.5, "tier": "local", "node_tiers": {"x": "local", "0": "tape"}},
+    ]
+    first, second = _restores(events, step_seconds=0.5)
+    assert first.failure and first.lost_steps == 1 and first.node_tiers == {0: "remote", 1: "local"}
+    assert second.node_tiers is None and second.tier == "local"  # an untrusted field that is not one: left out
+    data = ReportData.model_construct(restores=[first, second])
+    lines = _restore_lines(data)
+    assert "node 0 from the remote tier, node 1 local tier" in lines[1]
+    assert lines[-1] == "  by source: local 2, remote 1"

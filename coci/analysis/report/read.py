@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -223,7 +224,7 @@ def read_run(run_dir: Path) -> ReportData:
         profile = _profile_from_checkpoint(run_dir, notes)
     step_seconds = _step_seconds(profile, plan)
     events = _EventDigest(step_seconds)
-    for event in sane_events(read_events(run_dir), notes):  # streamed: the log is never held
+    for event in sane_events(read_events(run_dir, _event_log_name(run_dir, notes)), notes):  # streamed: the log is never held
         events.add(event)
     on_disk = {step for step, _ in committed_steps(checkpoints_dir(run_dir))}
     if not events.count and plan is None and profile is None and not on_disk:
@@ -266,13 +267,31 @@ def read_run(run_dir: Path) -> ReportData:
     )
 
 
+_RANK_LOG = re.compile(r"^events\.rank(\d{1,9})\.jsonl$")
+
+
+def _event_log_name(run_dir: Path, notes: list[str]) -> str:
+    """``events.jsonl``; in a node's own run directory without it (node-local directories: rank 0
+    writes it on its node only), the log of the lowest rank there, with a note saying so."""
+    if (run_dir / EVENTS_FILENAME).exists() or (run_dir / EVENTS_FILENAME).is_symlink():
+        return EVENTS_FILENAME
+    ranks = sorted(int(m.group(1)) for entry in run_dir.iterdir() if (m := _RANK_LOG.match(entry.name)) and entry.is_file())
+    if not ranks:
+        return EVENTS_FILENAME
+    notes.append(
+        f"no {EVENTS_FILENAME} here: this is another node's run directory; read rank {ranks[0]}'s log (that node's "
+        "restores and failures); rank 0's directory holds the run's whole history"
+    )
+    return f"events.rank{ranks[0]}.jsonl"
+
+
 #: Event fields whose value must be of one type (a list of steps, a process id used as a key...).
 _EVENT_FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "event": (str,),
     "message": (str,),
     "phase": (str,),
     "path": (str,),
-    "signal": (str,),
+    "signal": (str, type(None)),
     "pid": (int, str),
     "fits": (bool,),
     "planning": (bool,),

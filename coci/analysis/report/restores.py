@@ -37,6 +37,7 @@ class RestoreRow(BaseModel):
     lost_seconds: float | None = None
     lost_exact: bool = False
     tier: str | None = None  # where it came from: "local", "peer" (a peer node's copy), "remote"; None: not logged
+    node_tiers: dict[int, str] | None = None  # node-local run directories: where each node's part came from
     preempted: bool = False  # the process before it stopped on a preemption notice
 
 
@@ -138,13 +139,31 @@ class Restores:
                 lost_steps=lost,
                 lost_seconds=None if lost is None or per_step is None else lost * per_step,
                 lost_exact=failure and self.marked,
-                tier=event.get("tier") if event.get("tier") in ("local", "peer", "remote") else None,
+                tier=event.get("tier") if event.get("tier") in _TIERS else None,
+                node_tiers=_node_tiers(event.get("node_tiers")),
                 preempted=self.preempted,
             )
         )
         self.reached, self.closed, self.marked, self.preempted = step, False, False, False
         self.pace, self.previous_pace = _Pace(), None
         self.pace.add(event, step)  # this process trains on from here
+
+
+_TIERS = ("local", "peer", "remote")
+_MAX_NODES = 1 << 16
+
+
+def _node_tiers(value: Any) -> dict[int, str] | None:
+    """A ``restore`` event's ``node_tiers`` (node index as a string -> tier) as read from an
+    untrusted log: None unless every entry is a node index and a known tier."""
+    if not isinstance(value, dict) or not value or len(value) > _MAX_NODES:
+        return None
+    tiers: dict[int, str] = {}
+    for node, tier in value.items():
+        if not (isinstance(node, str) and node.isdigit() and len(node) <= 6 and tier in _TIERS):
+            return None
+        tiers[int(node)] = tier
+    return dict(sorted(tiers.items()))
 
 
 def _process_start(session: dict[str, Any]) -> float | None:

@@ -176,6 +176,9 @@ def _why_lines(data: ReportData) -> list[str]:
     return lines
 
 
+_SOURCES = {"local": "local tier", "peer": "from a peer node's copy", "remote": "from the remote tier"}
+
+
 def _restore_lines(data: ReportData) -> list[str]:
     """Each restore: the step it resumed from, why, its cost and the restart cost."""
     if not data.restores:
@@ -186,12 +189,17 @@ def _restore_lines(data: ReportData) -> list[str]:
         text = f"  step {row.step} ({why}"
         if row.lost_steps is not None:
             text += f", {'' if row.lost_exact else 'at least '}{row.lost_steps} steps lost"
-        text += {"local": "; local tier", "peer": "; from a peer node's copy", "remote": "; from the remote tier"}.get(row.tier or "", "")
+        if row.node_tiers:  # node-local run directories: each node's source
+            text += "; " + ", ".join(f"node {node} {_SOURCES[tier]}" for node, tier in row.node_tiers.items())
+        else:
+            text += {tier: f"; {source}" for tier, source in _SOURCES.items()}.get(row.tier or "", "")
         text += f"): restore {format_seconds(row.seconds)}"
         if row.restart_seconds is not None:
             text += f", restart {format_seconds(row.restart_seconds)} (process start to first step)"
         lines.append(text)
-    sources = Counter(row.tier for row in data.restores if row.tier is not None)
+    sources = Counter(
+        tier for row in data.restores for tier in (row.node_tiers.values() if row.node_tiers else [row.tier]) if tier is not None
+    )
     if sources:
         lines.append("  by source: " + ", ".join(f"{tier} {sources[tier]}" for tier in ("local", "peer", "remote") if sources[tier]))
     return lines
