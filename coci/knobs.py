@@ -247,6 +247,13 @@ REMOTE_READ_TIMEOUT_SECONDS: float = 15.0
 REMOTE_REQUEST_TIMEOUT_SECONDS: float = 3600.0
 REMOTE_RETRIES: int = 3
 REMOTE_RETRY_TIMEOUT_SECONDS: float = 30.0
+#: The overall limit of one request that moves no checkpoint data (a listing page, an owner or
+#: commit record, a history segment, a delete, an existence check), in place of
+#: ``REMOTE_REQUEST_TIMEOUT_SECONDS``; a whole listing gets this long per page and at most
+#: ``REMOTE_LIST_SECONDS`` in all. A server that answers such a request a byte at a time fails it
+#: then, so ``Session()`` and ``restore()`` keep to the local tier instead of waiting an hour.
+REMOTE_METADATA_TIMEOUT_SECONDS: float = 60.0
+REMOTE_LIST_SECONDS: float = 300.0
 #: The run's history on the remote tier (``coci.checkpoint.remote.history``): the process's
 #: segment of ``events.jsonl`` and its step are mirrored after each promotion, at ``close()``, and
 #: every this many seconds when they changed (one small put; the bound on what a lost node's

@@ -135,6 +135,67 @@ class SilentS3:
 _OWNER_RECORD = json.dumps({"run_id": "ab" * 16, "run_dir": "/elsewhere", "host": "other", "created": 0.0}).encode()
 
 
+class TricklingS3(SilentS3):
+    """An S3 endpoint that answers every request at once with its headers (200, a body of
+    ``_TRICKLE_BYTES``) and then sends the body a byte every ``every`` seconds: each read gets a
+    byte well within the read timeout, and only an overall limit ends the request."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        super().__init__(listing=[])
+
+    def _answer_listing(self, connection: socket.socket) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            try:
+                piece = connection.recv(65536)
+            except OSError:
+                return
+            if not piece:
+                return
+            head += piece
+        self.requests.append(head.split(b"\r\n", 1)[0].decode())
+        try:
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nETag: \"0\"\r\n"
+                               b"Last-Modified: Thu, 01 Jan 2026 00:00:00 GMT\r\nConnection: close\r\n"
+                               b"Content-Length: %d\r\n\r\n" % _TRICKLE_BYTES)
+            for _ in range(_TRICKLE_BYTES):
+                if self.stop.wait(self.every):
+                    return
+                connection.sendall(b" ")
+        except OSError:
+            return
+
+
+_TRICKLE_BYTES = 300
+
+
+@pytest.fixture
+def trickling_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[SilentS3]:
+    """An S3 endpoint whose every answer trickles (a byte every 0.5 s)."""
+    yield from _serving(TricklingS3(0.5), monkeypatch)
+
+
+def test_a_trickling_endpoint_never_holds_restore_with_a_good_local_checkpoint(
+    tmp_path: Path, trickling_endpoint: SilentS3, short_limits: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every answer trickles a byte per 0.5 s, inside the 1 s read timeout: only the overall limit
+    of a request that moves no checkpoint data (knobs.REMOTE_METADATA_TIMEOUT_SECONDS) ends it, so
+    Session() and restore() keep to the local checkpoint instead of waiting the hour a download may take."""
+    from coci import knobs
+
+    monkeypatch.setattr(knobs, "REMOTE_METADATA_TIMEOUT_SECONDS", 2.0)
+    monkeypatch.setattr(knobs, "REMOTE_LIST_SECONDS", 2.0)
+    run_dir = tmp_path / "run"
+    make_run(run_dir, steps=4, every=2)
+    began = time.monotonic()
+    result = restore_once(run_dir, "s3://bucket/run")
+    assert time.monotonic() - began < SILENT_BOUND_SECONDS  # 300 bytes at 0.5 s each would be 150 s per request
+    assert result is not None and (result.step, result.tier) == (4, "local")
+    assert trickling_endpoint.requests  # the remote was asked
+    assert [e for e in events_of(run_dir, "error") if e["phase"] == "remote_owner"]
+
+
 def _list_result(keys: list[str]) -> str:
     """An S3 ListObjectsV2 answer holding ``keys`` under ``run/`` (100 bytes each)."""
     contents = "".join(

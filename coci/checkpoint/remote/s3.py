@@ -12,6 +12,7 @@ benchmarks/results/2026-11-23.md, "Remote tier".
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -37,13 +38,17 @@ class S3Store:
         self._obstore = obstore
         self._url = url
         options = dict(storage_options or {})
-        client = client_options(options.pop("client_options", None))
+        given_client = options.pop("client_options", None)
+        client = client_options(given_client)
         retry = retry_config(options.pop("retry_config", None))
         endpoint = str(options.get("endpoint", options.get("aws_endpoint_url", os.environ.get("AWS_ENDPOINT_URL", ""))))
         if endpoint.startswith("http://"):
             client.setdefault("allow_http", True)
+        small_timeout = {} if given_client and "timeout" in given_client else {"timeout": timedelta(seconds=knobs.REMOTE_METADATA_TIMEOUT_SECONDS)}
         try:
             self._store = ObstoreS3.from_url(url, config=options or None, client_options=client, retry_config=retry)  # type: ignore[arg-type]
+            # requests that move no checkpoint data: bounded by REMOTE_METADATA_TIMEOUT_SECONDS, not an hour
+            self._small = ObstoreS3.from_url(url, config=options or None, client_options={**client, **small_timeout}, retry_config=retry)  # type: ignore[arg-type]
         except Exception as exc:
             raise ConfigError(f"remote {url!r}: cannot configure the S3 client ({type(exc).__name__}: {exc})") from exc
 
@@ -62,11 +67,11 @@ class S3Store:
         return crc[0]
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self._obstore.put(self._store, check_key(key), data, use_multipart=False)
+        self._obstore.put(self._small, check_key(key), data, use_multipart=False)
 
     def put_bytes_if_absent(self, key: str, data: bytes) -> bool:
         try:
-            self._obstore.put(self._store, check_key(key), data, mode="create", use_multipart=False)
+            self._obstore.put(self._small, check_key(key), data, mode="create", use_multipart=False)
         except Exception as exc:
             if type(exc).__name__ == "AlreadyExistsError":  # HTTP 412 to If-None-Match: *
                 return False
@@ -80,25 +85,28 @@ class S3Store:
         return download_to((bytes(b) for b in result.stream(knobs.UPLOAD_PART_BYTES)), dest, max_bytes, key)
 
     def get_bytes(self, key: str, max_bytes: int) -> bytes:
-        result = self._obstore.get(self._store, check_key(key))
+        result = self._obstore.get(self._small, check_key(key))
         if result.meta["size"] > max_bytes:
             raise _too_large(key, result.meta["size"], max_bytes)
         return b"".join(bounded_chunks((bytes(b) for b in result.stream(knobs.UPLOAD_PART_BYTES)), max_bytes, key))
 
     def list_objects(self, prefix: str = "") -> dict[str, int]:
         found: dict[str, int] = {}
-        for batch in self._obstore.list(self._store, prefix or None, chunk_size=1000):
+        deadline = time.monotonic() + knobs.REMOTE_LIST_SECONDS  # each page a request of its own
+        for batch in self._obstore.list(self._small, prefix or None, chunk_size=1000):
             for meta in batch:
                 found[str(meta["path"])] = int(meta["size"])
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"listing {self._url} took over {knobs.REMOTE_LIST_SECONDS:.0f} s (coci.knobs.REMOTE_LIST_SECONDS)")
         return found
 
     def delete(self, keys: list[str]) -> None:
         if keys:
-            self._obstore.delete(self._store, [check_key(key) for key in keys])
+            self._obstore.delete(self._small, [check_key(key) for key in keys])
 
     def exists(self, key: str) -> bool:
         try:
-            self._obstore.head(self._store, check_key(key))
+            self._obstore.head(self._small, check_key(key))
         except FileNotFoundError:
             return False
         except Exception as exc:
