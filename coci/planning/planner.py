@@ -51,6 +51,7 @@ revealed) is time-consistent with the offline plan:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -218,7 +219,33 @@ def _plan_auto(problem: Problem) -> Placement:
             baselines=baselines,
         )
     problem.notes.extend(result.notes)
+    _record_density_bound(problem, model, result.alpha, min_steps)
     return _mixture_placement(result, objective)
+
+
+def _record_density_bound(problem: Problem, model: CostModel, alpha: float, min_steps: int) -> None:
+    """Say where the shortest admissible interval (one persist in flight, or ``max_overhead``)
+    holds the plan sparser than its objective asks: ``details['density_bound_share']`` is the share
+    of the remaining run where the first-order optimal density ``sqrt(h w / 2C)`` exceeds one
+    checkpoint per ``min_steps`` steps, ``details['density_bound_steps']`` that interval, and a
+    note names the bound (the persist's seconds, or the overhead cap)."""
+    weight = alpha * model.weight + (1.0 - alpha)
+    wanted = np.sqrt(model.hazard * weight / (2.0 * model.checkpoint_seconds)) * (min_steps * model.step_seconds)
+    widths = np.diff(model.edges)
+    share = float(np.dot(widths, wanted > 1.0) / widths.sum()) if widths.sum() > 0 else 0.0
+    problem.details.update(density_bound_share=share, density_bound_steps=float(min_steps))
+    if share <= 0.0:
+        return
+    inputs = problem.inputs
+    by_persist = math.ceil(inputs.persist_seconds / inputs.step_seconds - 1e-9) >= min_steps
+    bound = (f"the persist ({inputs.persist_seconds:.3g} s: one in flight at a time)" if by_persist
+             else f"max_overhead ({inputs.max_overhead:g})")
+    densest = float(wanted.max())
+    problem.notes.append(
+        f"density bound: {bound} allows at most one checkpoint every {min_steps} steps; over {100 * share:.2g}% of the "
+        f"remaining run the plan would checkpoint more often (up to {densest:.2g}x as often), so no plan can "
+        f"save the work lost there; a faster persist (a cheaper local level first) is what would"
+    )
 
 
 def _mixture_placement(
