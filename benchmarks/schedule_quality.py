@@ -576,7 +576,9 @@ def quality3_report(frame: pd.DataFrame, trials: int) -> None:
     print("\nDomination check: baselines with both a lower mean wall-clock and a lower mean progress-weighted overhead than auto "
           "(significant: both paired 95% intervals below 0):")
     check = dominated_by(frame)
-    print(check.to_string(index=False))
+    flagged = check[check["dominated_by"] != "-"]
+    if len(flagged):
+        print(flagged.to_string(index=False))
     print(f"  auto dominated in {int((check['dominated_by'] != '-').sum())} of {len(check)} cells "
           f"(significantly in {int((check['significant'] != '-').sum())})")
     quality3_online_report(frame)

@@ -190,3 +190,42 @@ def test_offline_plan_is_within_two_percent_of_the_exact_constrained_optimum(job
     exact = constrained_optimum(model, budget_wall_seconds=mine.wall_seconds, min_steps=least, iterations=12)
     assert exact.dual_bound <= exact.overhead.progress_seconds + 1e-9
     assert mine.progress_seconds <= 1.02 * exact.dual_bound
+
+
+# --- where the persist bounds every plan ------------------------------------------------------------
+
+
+def test_the_plan_says_where_the_persist_bounds_how_densely_any_plan_can_checkpoint() -> None:
+    failures, figures = _job("large")
+    bound = coci.plan("auto", failures=failures, total_steps=STEPS, curve=_curve("fast early fall"), **figures)
+    assert bound.details["density_bound_steps"] == 75 and bound.details["density_bound_share"] > 0
+    assert bound.intervals[0] == 75  # held at the bound where the loss falls fastest
+    assert any(note.startswith("density bound: the persist (300 s") for note in bound.notes)
+    quick = dict(figures, persist_seconds=4.0)  # a persist of one step: nothing bounds the plan
+    free = coci.plan("auto", failures=failures, total_steps=STEPS, curve=_curve("fast early fall"), **quick)
+    assert free.details["density_bound_share"] == 0 and not any(n.startswith("density bound") for n in free.notes)
+
+
+# --- the report: the plan's value in hours -----------------------------------------------------------
+
+
+def test_the_report_states_the_hours_failures_cost_under_auto_and_young_with_intervals() -> None:
+    from coci.analysis.report.compare import compare_policies
+    from coci.analysis.report.text import _failure_hours_lines
+
+    failures, figures = _job("8h")
+    reference = coci.plan("auto", failures=failures, total_steps=STEPS, curve=_curve("fast early fall"), **figures)
+    rows, _ = compare_policies(reference, policies=("auto", "young", "continuous"), trials=200, seed=0)
+    by_name = {row.policy: row for row in rows}
+    for row in by_name.values():
+        assert row.failure_hours is not None and row.failure_hours_ci is not None
+        assert row.failure_hours_ci[0] <= row.failure_hours <= row.failure_hours_ci[1]
+        assert row.progress_failure_hours is not None and row.progress_failure_hours_ci is not None
+    # continuous loses the least work to failures, and pays for it in checkpoints (not in these hours)
+    assert by_name["continuous"].failure_hours < by_name["young"].failure_hours
+    lines = "\n".join(_failure_hours_lines(rows))
+    assert "auto:" in lines and "young:" in lines and "progress-weighted against young" in lines
+    expected, _ = compare_policies(reference, policies=("auto", "young"), trials=0)
+    young = next(row for row in expected if row.policy == "young")
+    plan_young = coci.plan("young", failures=failures, total_steps=STEPS, **figures).expected
+    assert young.failure_hours == pytest.approx((plan_young["restart_seconds"] + plan_young["lost_seconds"]) / 3600)

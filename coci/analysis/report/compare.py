@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from coci import knobs
 from coci.analysis.report.read import PolicyRow
 from coci.analysis.simulate import simulate as simulate_plan
+from coci.analysis.simulation_results import MetricSummary
 from coci.errors import CociError
 from coci.planning.config import POLICIES, PlanConfig
 from coci.planning.formulas import plan_size_cap
@@ -86,8 +89,17 @@ def _expected_row(planned: Plan, *, chosen: bool) -> PolicyRow:
         progress_seconds=expected.get("progress_seconds"),
         progress_percent=percent("progress_seconds"),
         lost_seconds=expected.get("lost_seconds"),
+        failure_hours=_hours(expected, "lost_seconds"),
+        progress_failure_hours=_hours(expected, "lost_progress_seconds"),
         fallbacks=list(planned.fallbacks),
     )
+
+
+def _hours(expected: dict[str, float], lost: str) -> float | None:
+    """Restarts plus lost work (``lost``: wall-clock or progress-weighted), in hours."""
+    if "restart_seconds" not in expected or lost not in expected:
+        return None
+    return (expected["restart_seconds"] + expected[lost]) / 3600.0
 
 
 def simulated_into(row: PolicyRow, simulate: Any, planned: Plan, failures: Any, trials: int, seed: int) -> None:
@@ -105,5 +117,10 @@ def simulated_into(row: PolicyRow, simulate: Any, planned: Plan, failures: Any, 
         setattr(row, f"{metric}_percent", percent.mean)
         setattr(row, f"{metric}_ci_percent", [percent.ci_low, percent.ci_high])
     row.lost_seconds = metrics["lost_seconds"].mean
+    restarts = np.asarray(result.samples["restart_seconds"], dtype=float)
+    for field, lost in (("failure_hours", "lost_seconds"), ("progress_failure_hours", "lost_progress_seconds")):
+        hours = MetricSummary.of((restarts + np.asarray(result.samples[lost], dtype=float)) / 3600.0)
+        setattr(row, field, hours.mean)
+        setattr(row, f"{field}_ci", [hours.ci_low, hours.ci_high])
     row.source = f"simulated, {trials} trials, mean [95% CI]"
 

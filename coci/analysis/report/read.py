@@ -157,6 +157,11 @@ class PolicyRow(BaseModel):
     progress_percent: float | None = None
     progress_ci_percent: list[float] | None = None
     lost_seconds: float | None = None
+    # what failures cost the run (restarts + lost work), in hours: wall-clock and progress-weighted, with 95% CIs when simulated
+    failure_hours: float | None = None
+    failure_hours_ci: list[float] | None = None
+    progress_failure_hours: float | None = None
+    progress_failure_hours_ci: list[float] | None = None
     source: str = "expected"
     fallbacks: list[str] = Field(default_factory=list)
     error: str | None = None

@@ -428,7 +428,35 @@ def _comparison_lines(data: ReportData) -> list[str]:
     )
     lines += ["  " + line for line in table.to_string(index=False).splitlines()]
     lines.append("  (* = this run's policy; wall: wall-clock overhead; progress: progress-weighted overhead)")
+    lines += _failure_hours_lines(rows)
     return lines
+
+
+def _failure_hours_lines(rows: list[PolicyRow]) -> list[str]:
+    """What failures cost the run in hours (restarts and lost work) under ``auto`` and under Young,
+    wall-clock and progress-weighted, with the 95% intervals where simulated."""
+    by_name = {row.policy: row for row in rows if row.failure_hours is not None}
+    if "auto" not in by_name or "young" not in by_name:
+        return []
+
+    def hours(row: PolicyRow) -> str:
+        wall = _hours_text(row.failure_hours, row.failure_hours_ci)
+        return f"{wall} of wall time, {_hours_text(row.progress_failure_hours, row.progress_failure_hours_ci)} progress-weighted"
+
+    auto, young = by_name["auto"], by_name["young"]
+    saved = (young.progress_failure_hours or 0.0) - (auto.progress_failure_hours or 0.0)
+    return [
+        "  hours lost to failures (restarts + lost work) over the run:",
+        f"    auto:  {hours(auto)}",
+        f"    young: {hours(young)}",
+        f"    auto saves {saved:.3g} h progress-weighted against young",
+    ]
+
+
+def _hours_text(value: float | None, ci: list[float] | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3g} h" + ("" if ci is None else f" [{ci[0]:.3g}, {ci[1]:.3g}]")
 
 
 # --- JSON and HTML -------------------------------------------------------------------------------
