@@ -267,7 +267,7 @@ class Session:
         pending = None
         if due or self.policy.should_checkpoint(self._steps):
             if self._warmup_skipped():
-                logger.debug("warm-up checkpoint at step %d skipped (persist in flight or stall budget)", self._steps)
+                self._record_warmup_skip()
             else:
                 pending = self._planned_checkpoint()
         self._account_step_work(entered, resumed, planning_before, pending is not None)
@@ -749,6 +749,13 @@ class Session:
             return skip
         return distributed.agree("skip" if skip else None, self._dist) is not None
 
+    def _record_warmup_skip(self) -> None:
+        """A skipped warm-up checkpoint: a ``warmup_skip`` event (the report counts them) naming why."""
+        pending = self._checkpointer.pending
+        reason = "persist_in_flight" if pending is not None and not pending.done() else "stall_budget"
+        logger.info("warm-up checkpoint at step %d skipped (%s)", self._steps, reason.replace("_", " "))
+        self.events.emit("warmup_skip", step=self._steps, reason=reason, stalled_seconds=self._stalled_total, elapsed_seconds=self._elapsed())
+
     def _start_probe(self) -> None:
         """The one-time bandwidth probe (the cost priors before any checkpoint), on a background
         thread from the first ``step()``: not inside ``Session(...)``, and not at all when
@@ -805,6 +812,8 @@ class Session:
         """Swap in the policy the planner thread observed (waiting for it if need be): its apply step."""
         began = self._clock()
         self.policy, worker_seconds = self._planner.take()
+        if isinstance(self.policy, PlanningPolicy):  # its steps passed since the observation are not lost
+            self.policy.take_effect(self._steps, self._checkpoint_steps)
         waited = self._clock() - began  # inside step(): booked as per-step work
         self._cadence.charge(worker_seconds + waited)
         self._overhead.book_planner_thread(self._planner.drain_cpu_seconds(), waited, self._contention.factor())

@@ -51,6 +51,14 @@ _PLAN_ASSUMED_STALL_STEPS: float = 1.0
 _PLAN_ASSUMED_PERSIST_STEPS: float = 10.0
 
 
+def _cadence_tail(steps: frozenset[int]) -> tuple[int, int]:
+    """The last warm-up step and the last interval of the warm-up steps (0: no warm-up cadence)."""
+    ordered = sorted(steps)
+    if not ordered:
+        return 0, 0
+    return ordered[-1], ordered[-1] - ordered[-2] if len(ordered) > 1 else ordered[-1]
+
+
 def make_policy(config: PlanConfig | str = "auto", *, prior: PriorLike | None = None, **choices: Any) -> PlanningPolicy:
     """The [``coci.planning.policy.CheckpointPolicy``][coci.CheckpointPolicy] the session uses: a ``PlanningPolicy``
     for ``config``, or for a policy name and the other [``PlanConfig``][coci.PlanConfig] fields as keywords;
@@ -65,8 +73,11 @@ class PlanningPolicy:
     """Plans online from the live profile (see ``make_policy``).
 
     Before its first plan (warm-up) only ``auto`` with the progress objective checkpoints, at
-    ``knobs.PLAN_WARMUP_CHECKPOINT_STEPS`` (``warming_up``: the session skips one that would wait
-    for a persist in flight); the other policies wait. Each ``observe`` reads the
+    ``knobs.PLAN_WARMUP_CHECKPOINT_STEPS`` and then every last interval of those (8 steps after 16:
+    24, 32, ...) until the first plan is in effect, so a slow first plan leaves no gap
+    (``warming_up``: the session skips one that would wait for a persist in flight); the other
+    policies wait. A plan made on the planner thread takes effect some steps after its observation
+    (``take_effect``): its steps already passed by then are not silently lost. Each ``observe`` reads the
     profile (step time, stall, persist, interference, restore) and the loss trace; it re-plans
     from the current step when there is no plan yet, when a cost moved by more than
     ``_PLAN_REPLAN_COST_CHANGE``, when the fitted progress weight moved by more than
@@ -91,6 +102,8 @@ class PlanningPolicy:
         self.plan: Plan | None = None
         self.replans = 0
         self._steps: frozenset[int] = self._warmup_steps()
+        self._warm_last, self._warm_every = _cadence_tail(self._steps)
+        self._in_effect = True  # the current plan has taken effect (take_effect); False from a new plan until then
         self._basis: tuple[float, ...] | None = None
         self._fit: ProgressCurve | None = None
         self._fit_family: str | None = None
@@ -141,7 +154,41 @@ class PlanningPolicy:
     # -- CheckpointPolicy ----------------------------------------------------------------------
 
     def should_checkpoint(self, step: int) -> bool:
-        return step in self._steps
+        if step in self._steps:
+            return True
+        return self.plan is None and self._warm_every > 0 and step > self._warm_last and (step - self._warm_last) % self._warm_every == 0 and (
+            self.total_steps is None or step < self.total_steps
+        )
+
+    def take_effect(self, step: int, taken: tuple[int, ...] | list[int]) -> None:
+        """The current plan, made from the observation at ``plan.inputs.start_step``, takes effect at
+        ``step`` (the planner thread's apply step) after the checkpoints ``taken``. Planned steps
+        between the two have passed: when no checkpoint was taken since the first of them, it moves
+        to ``step`` (promoted or copied if any of them was), else they are dropped; either way the
+        plan's notes say so. The planner itself stays a function of the observation."""
+        plan = self.plan
+        if plan is None or self._in_effect:
+            return
+        self._in_effect = True
+        start = int(plan.inputs.start_step)
+        passed = [s for s in plan.steps if start < s < step]
+        if not passed:
+            return
+        since = [t for t in taken if t >= passed[0]]
+        moved = not since
+        keep = [s for s in plan.steps if not start < s < step]
+        update: dict[str, Any] = {"steps": sorted({*keep, step}) if moved else keep}
+        for field in ("promote_steps", "peer_steps"):
+            chosen = getattr(plan, field)
+            if chosen is not None:
+                kept = [s for s in chosen if not start < s < step]
+                update[field] = sorted({*kept, step}) if moved and any(s in passed for s in chosen) else kept
+        what = f"moved to step {step}" if moved else f"dropped (checkpoint taken at step {since[-1]})"
+        note = f"planned at step {start}, in effect from step {step}: planned step(s) {passed} had passed; {what}"
+        update["notes"] = [*plan.notes, note]
+        self.plan = plan.model_copy(update=update)
+        self._steps = frozenset(self.plan.steps)
+        logger.info("%s", note)
 
     @property
     def warming_up(self) -> bool:
@@ -384,6 +431,7 @@ class PlanningPolicy:
 
     def _install(self, new_plan: Plan, basis: tuple[float, ...], fit: ProgressCurve | None, horizon: int) -> None:
         self.plan = new_plan
+        self._in_effect = False
         self._steps = frozenset(new_plan.steps)
         self._basis = basis
         self._fit_family = self._family(fit)

@@ -219,7 +219,8 @@ def test_planning_policy_checkpoints_on_doublings_during_warm_up_then_plans() ->
                       objective="progress", time_budget=0.05, max_overhead=None)
     assert isinstance(pol, CheckpointPolicy)
     assert pol.plan is None
-    assert [s for s in range(1, 2000) if pol.should_checkpoint(s)] == list(knobs.PLAN_WARMUP_CHECKPOINT_STEPS)
+    warmup = list(knobs.PLAN_WARMUP_CHECKPOINT_STEPS)  # then every last interval of them until the first plan
+    assert [s for s in range(1, 60) if pol.should_checkpoint(s)] == [*warmup, *range(2 * warmup[-1] - warmup[-2], 60, warmup[-1] - warmup[-2])]
     pol.observe(observation(500))
     assert pol.plan is not None and pol.plan.inputs.start_step == 500
     assert pol.plan.inputs.restart_seconds == 30.0  # measured restore

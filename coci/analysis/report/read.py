@@ -209,6 +209,7 @@ class ReportData(BaseModel):
     losses: list[float] = Field(default_factory=list)
     loss_source: str = "none"
     resume_checks: ResumeChecks = Field(default_factory=ResumeChecks)
+    warmup_skips: dict[int, str] = Field(default_factory=dict)  # step -> why (warmup_skip events)
     comparison: list[PolicyRow] = Field(default_factory=list)
     comparison_steps: dict[str, list[int]] = Field(default_factory=dict)
     errors: list[str] = Field(default_factory=list)
@@ -266,6 +267,7 @@ def read_run(run_dir: Path) -> ReportData:
         losses=[float(v) for v in losses],
         loss_source=loss_source,
         resume_checks=events.resume_checks,
+        warmup_skips=events.warmup_skips,
         errors=errors,
         notes=notes,
         initialized_from=events.initialized_from,
@@ -346,6 +348,7 @@ class _EventDigest:
         self.reached: int | None = None  # the furthest step a close, progress, stall, snapshot or step mark names
         self.ledger = _Ledger()
         self.resume_checks = ResumeChecks()
+        self.warmup_skips: dict[int, str] = {}
         self.peers: dict[str, float] = {"peer_sent": 0, "peer_bytes": 0, "peer_seconds": 0.0, "peer_received": 0, "peer_refused": 0}
         self.initialized_from: str | None = None  # the last init_from event, described
 
@@ -362,6 +365,8 @@ class _EventDigest:
         self.restores.add(event, kind, step)
         self.ledger.add(event, kind)
         self.resume_checks.add(event, kind)
+        if kind == "warmup_skip" and step is not None and len(self.warmup_skips) < knobs.PLAN_EVENT_MAX_STEPS:
+            self.warmup_skips[step] = str(event.get("reason"))
         self._preemption(event, kind, step)
         self._peer(event, kind)
         if kind == "init_from":

@@ -246,6 +246,10 @@ def _checkpoint_lines(data: ReportData) -> list[str]:
             f"{format_seconds(obs.peer_seconds)}{rate} (in the background); {obs.peer_received} received "
             f"for other nodes, {obs.peer_held} held now; {obs.peer_refused} refused on restore"
         )
+    if data.warmup_skips:
+        reasons = Counter(data.warmup_skips.values())
+        why = ", ".join(f"{reason.replace('_', ' ')} {count}" for reason, count in sorted(reasons.items()))
+        lines.append(f"  warm-up checkpoints skipped: {len(data.warmup_skips)} at steps {step_list(sorted(data.warmup_skips))} ({why})")
     if plan is not None:
         lines += _plan_against_taken_lines(data, plan)
     frame = checkpoint_frame(data)
