@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_report import make_run  # the same short real run (a crash, a restore, a clean close)
+from report_run import make_run  # the short real run of the report tests (a crash, a restore, a clean close)
 
 from coci.cli import main, read_curve
 from coci.planning.config import POLICIES
@@ -208,32 +206,6 @@ def test_help_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
         assert "usage: coci" in capsys.readouterr().out
     assert main([]) == 2  # no command: usage error
     assert "required" in capsys.readouterr().err
-
-
-@pytest.mark.slow  # a new Python process importing torch
-def test_console_script_runs_as_a_real_process() -> None:
-    script = Path(sys.executable).with_name("coci")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "coci.cli"]
-    result = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    for name in ("plan", "simulate", "report", "ls", "verify"):
-        assert name in result.stdout
-
-
-@pytest.mark.slow  # a new Python process importing torch
-def test_report_into_a_closed_pipe_exits_quietly(run_dir: Path) -> None:
-    """``coci report RUN | head``: the reader has gone before coci writes; no traceback, no error line."""
-    read_end, write_end = os.pipe()
-    os.close(read_end)  # every write to write_end now fails with EPIPE (Python ignores SIGPIPE)
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "coci.cli", "report", str(run_dir), "--no-files", "--trials", "0"],
-            stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=300,
-        )
-    finally:
-        os.close(write_end)
-    assert result.returncode == 141, result.stderr
-    assert result.stderr == ""
 
 
 def test_plan_configs_read_the_config_file_once_for_every_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

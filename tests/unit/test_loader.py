@@ -1,8 +1,5 @@
-"""Tests for coci.loader: the resume oracle, exactly-once, epoch boundaries, ranks, refusals.
-
-The oracle (the pattern of torchdata's stateful-dataloader tests, in our words): take k batches,
-save the state, drain the rest; build a fresh loader, load the state, drain it; the two drains are
-identical, and the first k batches plus the drain equal one uninterrupted epoch.
+"""Tests for coci.loader: the resume oracle (``loader_checks.oracle``), exactly-once, epoch
+boundaries, ranks, refusals. With DataLoader worker processes: ``tests/integration/test_loader_workers.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +14,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
+from loader_checks import IndexDataset, as_lists, json_round_trip, make_loader, oracle
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from coci.errors import ConfigError, StateMismatchError
 from coci.loader import (
@@ -28,57 +26,6 @@ from coci.loader import (
     samples_per_rank,
     split_for_rank,
 )
-
-
-class IndexDataset(Dataset):
-    """Sample i is the int i, so a batch is the tensor of the indices it holds."""
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> int:
-        return index
-
-
-def as_lists(batches: Any) -> list[list[int]]:
-    return [batch.tolist() for batch in batches]
-
-
-def json_round_trip(state: dict[str, Any]) -> dict[str, Any]:
-    text = json.dumps(state)
-    restored = json.loads(text)
-    assert restored == state
-    return restored
-
-
-def oracle(make: Callable[[], ResumableLoader], k: int) -> None:
-    """Take k batches, save, drain; fresh loader, load, drain; identical; next epoch too."""
-    uninterrupted = as_lists(make())
-    loader = make()
-    batches = iter(loader)
-    head = [next(batches).tolist() for _ in range(k)]
-    state = json_round_trip(loader.state_dict())
-    assert state["epoch"] == 0
-    assert state["position"] == min(k * loader.batch_size, len(loader.dataset))
-    tail = as_lists(batches)
-
-    resumed = make()
-    resumed.load_state_dict(state)
-    assert resumed.epoch == 0
-    assert as_lists(resumed) == tail
-    assert head + tail == uninterrupted
-    assert loader.epoch == resumed.epoch == 1
-    assert as_lists(resumed) == as_lists(loader)  # the following epoch agrees as well
-
-
-def make_loader(
-    length: int = 23, batch_size: int = 4, **kwargs: Any
-) -> Callable[[], ResumableLoader]:
-    return lambda: ResumableLoader(IndexDataset(length), batch_size, **kwargs)
-
 
 # --- the resume oracle grid -------------------------------------------------------------------
 
@@ -92,30 +39,6 @@ def test_resume_oracle_grid(where: str, shuffle: bool, drop_last: bool) -> None:
     assert batches == (5 if drop_last else 6)
     k = {"zero": 0, "one": 1, "middle": batches // 2, "last": batches - 1, "len": batches}[where]
     oracle(make, k)
-
-
-@pytest.mark.parametrize("k", [2, 6])
-def test_resume_oracle_with_workers_counts_delivered_not_prefetched(k: int) -> None:
-    # 2 workers x prefetch_factor 2 run up to 4 batches ahead of the user; only delivered count.
-    oracle(make_loader(23, 4, num_workers=2, seed=3), k)
-
-
-def test_persistent_workers_resume_across_epochs() -> None:
-    make = make_loader(10, 3, num_workers=2, persistent_workers=True, seed=5)
-    reference = make()
-    epochs = [as_lists(reference) for _ in range(3)]
-    assert len({tuple(map(tuple, epoch)) for epoch in epochs}) == 3
-    loader = make()
-    head = as_lists(loader)  # epoch 0 in full, through the persistent worker pool
-    it = iter(loader)
-    head1 = [next(it).tolist()]
-    state = loader.state_dict()
-    assert state["epoch"] == 1 and state["position"] == 3
-    resumed = make()
-    resumed.load_state_dict(state)
-    assert head == epochs[0]
-    assert head1 + as_lists(resumed) == epochs[1]
-    assert as_lists(resumed) == epochs[2]
 
 
 def test_collate_fn_passes_through() -> None:

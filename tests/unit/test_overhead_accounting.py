@@ -2,18 +2,12 @@
 
 The session books its own time on the training thread (per-step work, planning, stalls, the final
 wait) into ``events.jsonl``; the report sums it. Checked here against the time the training loop
-itself measured around every coci call, on a real run; and ``coci report`` on a SIGKILLed,
-never-restarted job shows its steps, losses and checkpoints.
+itself measured around every coci call, on a real run. ``coci report`` on a SIGKILLed,
+never-restarted job and the CPU contention under a busy process: ``tests/integration/test_overhead_processes.py``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,13 +16,10 @@ import torch
 
 import coci
 from coci.analysis.report import read_run
-from coci.cli import main
 from coci.events import read_events
-from coci.overhead import CpuContention, OverheadLedger
+from coci.overhead import OverheadLedger
 from coci.planning.failures import Failures
 from coci.planning.online import PlanningPolicy
-
-TRAIN_JOB = Path(__file__).resolve().parents[1] / "jobs" / "train_job.py"
 
 
 class SlowPlanner:
@@ -114,30 +105,6 @@ def test_planner_thread_booking_subtracts_the_wait_already_booked() -> None:
     assert ledger.total() == pytest.approx(0.7)
 
 
-@pytest.mark.slow  # a busy-looping process
-def test_cpu_contention_rises_when_a_busy_process_shares_the_core() -> None:
-    """Pinned to one core with a busy process, this thread waits in the runqueue about as long as it runs."""
-    contention = CpuContention()
-    assert contention.factor() >= 1.0
-    if not hasattr(os, "sched_setaffinity") or not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
-        pytest.skip("no per-thread scheduler statistics here")
-    cpu = min(os.sched_getaffinity(0))
-    before = os.sched_getaffinity(0)
-    busy = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
-    try:
-        os.sched_setaffinity(0, {cpu})
-        time.sleep(0.5)  # the busy process starts
-        contention = CpuContention()
-        began = time.thread_time()
-        while time.thread_time() - began < 0.3:
-            pass
-        assert contention.factor() > 1.3
-    finally:
-        os.sched_setaffinity(0, before)
-        busy.kill()
-        busy.wait()
-
-
 def test_snapshot_copy_time_includes_the_copy_made_inside_the_stall(tmp_path: Path) -> None:
     """Without an optimizer nothing is fenced: the whole copy runs inside ``checkpoint()``."""
     state = {"w": torch.randn(2048, 1024)}  # 8 MiB
@@ -148,25 +115,6 @@ def test_snapshot_copy_time_includes_the_copy_made_inside_the_stall(tmp_path: Pa
     assert len(ends) == len(stalls) == 1
     assert 0.0 < ends[0]["eager_seconds"] <= ends[0]["seconds"]
     assert ends[0]["eager_seconds"] <= stalls[0]["seconds"]  # the eager copy is part of the stall
-
-
-@pytest.mark.slow
-def test_report_of_a_killed_never_restarted_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    command = [sys.executable, str(TRAIN_JOB), str(tmp_path), "--steps", "40", "--every", "5", "--die-at", "23"]
-    assert subprocess.run(command, timeout=300, capture_output=True).returncode == -signal.SIGKILL
-    assert not (tmp_path / "profile.json").exists()
-    assert main(["report", str(tmp_path), "--no-files", "--json", "--trials", "0"]) == 0
-    payload = json.loads(capsys.readouterr().out)
-    newest = max(int(p.name.split("_")[1]) for p in (tmp_path / "checkpoints").glob("step_*") if p.suffix != ".tmp")
-    assert newest >= 15  # step_20 may still have been persisting when the kill came
-    assert payload["observed"]["steps"] >= 20  # the checkpoints started, or a later progress event
-    assert payload["observed"]["checkpoints"] >= 4 and payload["observed"]["committed"] >= 3
-    assert payload["profile"]["steps"] == newest  # the profile saved in the newest checkpoint
-    assert len(payload["losses"]) > 0 and payload["loss_source"].startswith("profiler trace in checkpoint")
-    assert main(["report", str(tmp_path), "--no-files", "--trials", "0"]) == 0
-    text = capsys.readouterr().out
-    assert " 0 steps" not in text and "checkpoints: " in text
-    assert "did not close" in text
 
 
 def test_restart_cost_prior_is_this_processes_start_up_plus_a_restore(tmp_path: Path) -> None:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import subprocess
-import sys
 import threading
 import time
 import zlib
@@ -24,8 +22,6 @@ from coci import knobs
 from coci.checkpoint import faults, fileio, records
 from coci.checkpoint.snapshot import CopyJob, StagingArena, aligned_empty, arena_bytes
 from coci.errors import CorruptCheckpointError
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _arena_payload(numel: int, seed: int = 0) -> tuple[StagingArena, memoryview]:
@@ -315,16 +311,6 @@ def test_a_job_without_fenced_cpu_tensors_is_done_at_once() -> None:
     job.finish_cpu_copies()
     job.run_cpu()
     assert torch.equal(view, source)
-
-
-@pytest.mark.slow  # runs benchmarks/cuda_path.py as a process
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit")
-def test_cuda_script_exits_cleanly_without_cuda() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "cuda_path.py")], capture_output=True, text=True, timeout=120, cwd=ROOT
-    )
-    assert result.returncode == 0
-    assert "CUDA is not available" in result.stdout
 
 
 def _scattered_pieces(size: int) -> list[tuple[int, memoryview]]:

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import base64
-import gc
 import json
-import os
 import shutil
-import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from report_run import CRASH_AT, PNG_MAGIC, TOTAL_STEPS, make_run, toy_job, toy_plan, train_until
 
 import coci
 from coci.analysis.report import FIGURES, Report, ReportData, report
@@ -25,57 +22,6 @@ from coci.events import read_events
 from coci.planning.config import POLICIES
 from coci.planning.planner import plan
 from coci.planning.records import Plan
-
-TOTAL_STEPS = 120
-CRASH_AT = 70
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _job(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
-    torch.manual_seed(seed)
-    generator = torch.Generator().manual_seed(1234)
-    x = torch.randn(256, 8, generator=generator)
-    y = x[:, :3].sum(dim=1, keepdim=True)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    return model, torch.optim.Adam(model.parameters(), lr=1e-2), x, y
-
-
-def _the_plan() -> Plan:
-    steps = np.arange(1, 400, dtype=float)
-    curve = 0.2 + 2.0 * (1.0 + steps / 20.0) ** -1.0
-    return plan(
-        "auto", failures="30s", total_steps=TOTAL_STEPS, step_seconds=0.01, stall_seconds=0.002,
-        persist_seconds=0.01, restart_seconds=1.0, curve=(steps, curve),
-    )
-
-
-def _train(session: coci.Session, model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, until: int, logged: dict[int, float]) -> None:
-    while session.steps < until:
-        index = torch.arange(session.steps * 16, session.steps * 16 + 16) % x.shape[0]
-        loss = torch.nn.functional.mse_loss(model(x[index]), y[index])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        logged[session.steps + 1] = loss.item()
-        session.step(loss.detach())
-
-
-def make_run(run_dir: Path) -> tuple[Plan, dict[int, float]]:
-    """A real run under a precomputed plan: crash (no close) at CRASH_AT, restore, finish."""
-    the_plan = _the_plan()
-    logged: dict[int, float] = {}
-    model, opt, x, y = _job()
-    first = coci.Session(run_dir, state={"model": model, "optimizer": opt}, policy=the_plan, keep_last=2)
-    _train(first, model, opt, x, y, CRASH_AT, logged)
-    first.wait()  # the "process" dies after its last persist finished, without close()
-    model, opt, x, y = _job()  # a fresh process: new objects
-    del first
-    gc.collect()  # the dead "process" lets go of the run directory's lock, as the kernel would
-    second = coci.Session(run_dir, state={"model": model, "optimizer": opt}, policy=the_plan, keep_last=2)
-    second.restore()
-    _train(second, model, opt, x, y, TOTAL_STEPS, logged)
-    second.close()
-    return the_plan, logged
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +90,7 @@ def _write_run(run_dir: Path, events: list[dict], profile: coci.Profile | None =
 
 
 def test_stall_overhead_and_planned_marks_from_a_hand_written_log(tmp_path: Path) -> None:
-    the_plan = _the_plan()
+    the_plan = toy_plan()
     first, second = the_plan.steps[:2]
     events = [
         {"event": "plan", "step": 0, "steps": [first, second + 1]},
@@ -186,7 +132,7 @@ def test_a_plan_made_on_the_planner_thread_is_compared_from_the_step_it_took_eff
     thread's lag; its plan event's step); until then the previous plan governs. At the step it
     takes effect both plans are asked. The report neither flags the earlier plan's checkpoints as
     unplanned nor the new plan's steps that were already past when it took effect as missed."""
-    made = _the_plan()
+    made = toy_plan()
     current = made.model_copy(update={"steps": [25, 30, 38], "inputs": made.inputs.model_copy(update={"start_step": 22})})
     events: list[dict] = [{"event": "plan", "step": 10, "steps": [20, 28, 40]}]
     for step in (20, 28, 30, 38):
@@ -429,37 +375,14 @@ def test_simulated_confidence_intervals_bracket_the_means(run, built) -> None:
             assert r.wall_ci_percent[0] <= r.wall_percent <= r.wall_ci_percent[1]
 
 
-#: Set by .ci/run where it installed Chromium: the browser test must then run, never skip.
-CHROMIUM_REQUIRED = os.environ.get("COCI_REQUIRE_CHROMIUM") == "1"
-CHROMIUM_MISSING = shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists()
-
-
-@pytest.mark.slow  # runs headless chromium as a process
-@pytest.mark.skipif(CHROMIUM_MISSING and not CHROMIUM_REQUIRED, reason="chromium is not installed")
-def test_html_renders_in_headless_chromium(built, tmp_path: Path) -> None:
-    assert not CHROMIUM_MISSING, "COCI_REQUIRE_CHROMIUM=1 but chromium is not installed"
-    page = tmp_path / "report.html"
-    page.write_text(built.to_html())
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    shot = tmp_path / "shot.png"
-    result = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}", "--window-size=1100,2000", page.as_uri()],
-        capture_output=True, timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert shot.read_bytes().startswith(PNG_MAGIC)
-    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()], capture_output=True, timeout=120, text=True)
-    assert dom.stdout.count("data:image/png;base64,") == len(FIGURES)
-
-
 def test_a_run_that_ended_before_its_first_plan_says_so(tmp_path: Path) -> None:
     """A planning policy whose run ends before the first plan arrives has no plan.json: the report
     says no plan was made yet, not that the policy does not plan; EveryN's report still says that."""
     for policy, expected in (("auto", "plan: none made: the run ended after 3 steps"), (coci.EveryN(2), "the policy does not plan")):
         run_dir = tmp_path / str(policy)
-        model, opt, x, y = _job()
+        model, opt, x, y = toy_job()
         session = coci.Session(run_dir, state={"model": model, "optimizer": opt}, policy=policy, mtbf="1h", total_steps=3)
-        _train(session, model, opt, x, y, 3, {})
+        train_until(session, model, opt, x, y, 3, {})
         session.close()
         assert session.plan is None
         text = report(run_dir).summary()
@@ -470,12 +393,12 @@ def test_checkpoints_the_plan_did_not_ask_for_say_why_they_were_taken(tmp_path: 
     """A real session logs why each checkpoint was taken: the policy's at 4 and 8, the user's
     ``session.checkpoint()`` at 6, ``save_last`` at ``close()`` at 10. The report's table names the
     off-plan ones instead of "no", and none of them is counted as "taken but not planned"."""
-    model, opt, x, y = _job()
+    model, opt, x, y = toy_job()
     run_dir = tmp_path / "run"
     session = coci.Session(run_dir, state={"model": model, "optimizer": opt}, policy=coci.EveryN(4), total_steps=10)
-    _train(session, model, opt, x, y, 6, {})
+    train_until(session, model, opt, x, y, 6, {})
     session.checkpoint()
-    _train(session, model, opt, x, y, 10, {})
+    train_until(session, model, opt, x, y, 10, {})
     session.close()
     logged = {e["step"]: e["reason"] for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
               if e["event"] == "snapshot_start"}
@@ -492,7 +415,7 @@ def test_the_plan_against_taken_lists_off_plan_checkpoints_apart_and_drops_an_un
     """Against the current plan (25, 30, 38): 30 and 38 are the plan's, 33 a request, 40 the final
     checkpoint at close(), 35 carries a reason coci never writes (dropped: a log is untrusted input),
     so only 35 is "taken but not planned"."""
-    made = _the_plan()
+    made = toy_plan()
     current = made.model_copy(update={"steps": [25, 30, 38], "inputs": made.inputs.model_copy(update={"start_step": 22})})
     events: list[dict] = [{"event": "plan", "step": 22, "steps": [25, 30, 38]}]
     for step, reason in ((30, "policy"), (33, "request"), (35, "<script>"), (38, "policy"), (40, "close")):
