@@ -40,6 +40,7 @@ import torch
 from coci import distributed, knobs, preemption, safe_files
 from coci.checkpoint import rng_state
 from coci.checkpoint.checkpointer import Checkpointer, PendingCheckpoint, PersistResult, writer_for
+from coci.checkpoint.job import describe_job, record_job
 from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir
 from coci.checkpoint.nodes import check_replicas_within_nodes
 from coci.checkpoint.peers import PeerCopying
@@ -150,6 +151,9 @@ class Session:
             layout = "node-local" if self._dist.node_local else "shared"
             self.events.emit("run_dir_layout", step=0, layout=layout, setting=self.config.io.run_dir_layout, nodes=nodes_seen, node=self._dist.node)
         self._mark = open_step_mark(self.run_dir, self.events) if self._dist is None or self._dist.is_coordinator else None
+        if self._dist is None or self._dist.is_coordinator:  # another job beside an existing run is named (job.json)
+            world, nodes = (1, 1) if self._dist is None else (self._dist.world_size, len(self._dist.nodes or ()) or 1)
+            record_job(self.run_dir, describe_job(self.state, world, nodes), self.events)
         writer = (self.config.io.writer or writer_for)(checkpoints_dir(self.run_dir), self._dist)
         persist = self.config.io.persist or knobs.PERSIST_MODE
         if persist not in PERSIST_MODES:

@@ -232,6 +232,7 @@ def read_run(run_dir: Path) -> ReportData:
     events = _EventDigest(step_seconds)
     for event in sane_events(read_events(run_dir, _event_log_name(run_dir, notes)), notes):  # streamed: the log is never held
         events.add(event)
+    notes += events.job_changes
     on_disk = {step for step, _ in committed_steps(checkpoints_dir(run_dir))}
     if not events.count and plan is None and profile is None and not on_disk:
         raise ConfigError(
@@ -274,6 +275,7 @@ def read_run(run_dir: Path) -> ReportData:
     )
 
 
+_REPORT_MAX_JOB_CHANGES = 10
 _RANK_LOG = re.compile(r"^events\.rank(\d{1,9})\.jsonl$")
 
 
@@ -351,6 +353,7 @@ class _EventDigest:
         self.warmup_skips: dict[int, str] = {}
         self.peers: dict[str, float] = {"peer_sent": 0, "peer_bytes": 0, "peer_seconds": 0.0, "peer_received": 0, "peer_refused": 0}
         self.initialized_from: str | None = None  # the last init_from event, described
+        self.job_changes: list[str] = []  # each job_changed event, described (at most _REPORT_MAX_JOB_CHANGES)
 
     def add(self, event: dict[str, Any]) -> None:
         kind, step = event.get("event"), event_step(event)
@@ -369,6 +372,10 @@ class _EventDigest:
             self.warmup_skips[step] = str(event.get("reason"))
         self._preemption(event, kind, step)
         self._peer(event, kind)
+        if kind == "job_changed" and len(self.job_changes) < _REPORT_MAX_JOB_CHANGES:
+            changes = event.get("changes")
+            listed = "; ".join(str(c)[:200] for c in changes[:20]) if isinstance(changes, list) else "?"
+            self.job_changes.append(f"another job configuration continued this run (a job_changed event): {listed}")
         if kind == "init_from":
             keys = event.get("keys")
             named = ", ".join(map(str, keys)) if isinstance(keys, list) else "?"
