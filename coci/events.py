@@ -5,7 +5,7 @@ persist_end, commit, retention, restore, restore_skip, restart, plan, stall, pro
 preempted, close, reached; with a remote tier promoted, promote_skip, remote_retention, remote_fetch,
 remote_ignored, remote_owner, remote_history, remote_unfinished (``close()``'s limit passed with
 promotions unfinished), remote_resumed (the next run promoting one of them); job_changed (another job configuration
-than the run directory's last, :mod:`coci.checkpoint.job`); persist_mode with ``Session(persist="process")``; resume_check
+than the run directory's last, ``coci.checkpoint.job``); persist_mode with ``Session(persist="process")``; resume_check
 and resume_mismatch after a restore, ``coci.resume_check``; warmup_skip: a warm-up checkpoint skipped), ``step`` and whatever the phase measured (``seconds``, ``bytes``, ``path``,
 ``message``; a ``snapshot_start`` says why it was taken, ``reason``: one of
 ``CHECKPOINT_REASONS``; a ``restore_skip`` why the checkpoint was passed over, ``reason``). Appends
