@@ -6,8 +6,7 @@ log-spaced series. This module sits between them and keeps three things:
 * **pending** losses: Python floats, and *detached* tensors left on their device. Nothing here calls
   ``.item()``/``.cpu()`` per step; every ``knobs.LOSS_TENSOR_BATCH`` tensors (or when the trace is
   read) they are materialised together with one ``torch.stack(...).cpu()``, i.e. one host
-  synchronisation per batch instead of one per step. Losses already on the host (floats, CPU
-  tensors) go in every ``knobs.LOSS_HOST_BATCH`` steps: there is no device to wait for.
+  synchronisation per batch instead of one per step; Python floats every ``_LOSS_FLOAT_BATCH``.
 * a **recent** window: the last ``_LOSS_RECENT_POINTS`` finite losses at full resolution.
 * a decimated **history** of everything older: log-spaced buckets of (sum of steps, sum of losses,
   count). A loss at step ``s`` goes to bucket ``floor(ln s / ln(1 + r)) >> level`` with ``r =
@@ -17,9 +16,10 @@ log-spaced series. This module sits between them and keeps three things:
   bounded for any run length, while early steps (where the loss falls fastest) keep fine resolution.
 
 NaN and infinite losses are dropped and counted (``dropped``). Every path (``add`` per step and the
-bulk ``extend``) ends in the same ``_ingest(steps, losses)``, which first hands each materialised
-batch, non-finite values included, to the listener set by :meth:`LossTrace.listen` (the session's
-loss log and resume self-check).
+bulk ``extend``) ends in the same ``_ingest(steps, losses)``. A listener set by ``LossTrace.listen``
+(the session's loss log and resume self-check) gets every loss once, as it is materialised: device
+tensors with their batch, values already on the host (floats, CPU tensors: no device to wait for)
+every ``knobs.LOSS_HOST_BATCH`` steps, ahead of the trace's own batch.
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ _LOSS_HISTORY_MAX_BUCKETS: int = 2048
 #: Default most points returned by ``loss_curve()`` (log-spaced bucket means) for the curve fitter.
 _LOSS_CURVE_POINTS: int = 512
 
+#: Python float losses buffered before they are moved into the trace arrays.
+_LOSS_FLOAT_BATCH: int = 1024
+
 _EMPTY_STEPS = np.empty(0, dtype=np.int64)
 _EMPTY_VALUES = np.empty(0, dtype=np.float64)
 
@@ -69,14 +72,17 @@ class LossTrace:
         resolution: float | None = None,
         max_buckets: int | None = None,
         tensor_batch: int | None = None,
+        float_batch: int | None = None,
         host_batch: int | None = None,
     ) -> None:
         self._recent_points = integer(_LOSS_RECENT_POINTS if recent_points is None else recent_points, "recent_points", positive=True)
         self._max_buckets = integer(_LOSS_HISTORY_MAX_BUCKETS if max_buckets is None else max_buckets, "max_buckets", positive=True)
         self._tensor_batch = integer(knobs.LOSS_TENSOR_BATCH if tensor_batch is None else tensor_batch, "tensor_batch", positive=True)
+        self._float_batch = integer(_LOSS_FLOAT_BATCH if float_batch is None else float_batch, "float_batch", positive=True)
         self._host_batch = integer(knobs.LOSS_HOST_BATCH if host_batch is None else host_batch, "host_batch", positive=True)
-        self._tensor_limit = self._tensor_batch  # the pending tensors' batch: host_batch when they are on the CPU
+        self._tensor_limit = self._tensor_batch  # the pending tensors' batch: host_batch for CPU ones with a listener
         self._listener: LossListener | None = None
+        self._heard = 0  # pending floats already given to the listener
         self._set_resolution(_LOSS_HISTORY_RESOLUTION if resolution is None else resolution)
         self._pending_float_steps: list[int] = []
         self._pending_floats: list[float] = []
@@ -97,8 +103,11 @@ class LossTrace:
             if math.isfinite(loss):
                 self._pending_float_steps.append(step)
                 self._pending_floats.append(loss)
-                if len(self._pending_floats) >= self._host_batch:
+                pending = len(self._pending_floats)
+                if pending >= self._float_batch:
                     self.flush()
+                elif self._listener is not None and pending - self._heard >= self._host_batch:
+                    self._tell_floats()
             else:
                 self._dropped += 1
         elif isinstance(loss, torch.Tensor):
@@ -107,11 +116,15 @@ class LossTrace:
                     f"loss must be a number or a one-element tensor, got a tensor of shape {tuple(loss.shape)}"
                 )
             if not self._pending_tensors:  # a CPU tensor's value is ready: no device to wait for
-                self._tensor_limit = self._host_batch if loss.is_cpu else self._tensor_batch
+                host = loss.is_cpu and self._listener is not None
+                self._tensor_limit = self._host_batch if host else self._tensor_batch
             self._pending_tensor_steps.append(step)
             self._pending_tensors.append(loss.detach())
             if len(self._pending_tensors) >= self._tensor_limit:
-                self.flush()
+                if self._tensor_limit == self._host_batch and self._pending_tensors[0].is_cpu:
+                    self._tensors_to_floats()
+                else:
+                    self.flush()
         elif loss is None:
             return
         else:
@@ -130,6 +143,8 @@ class LossTrace:
                 f"steps and losses must have the same length, got {step_array.size} and {loss_array.size}"
             )
         self.flush()
+        if self._listener is not None and step_array.size:
+            self._listener(step_array, loss_array)
         self._ingest(step_array, loss_array)
 
     def flush(self) -> None:
@@ -139,26 +154,31 @@ class LossTrace:
         steps_parts: list[np.ndarray] = []
         value_parts: list[np.ndarray] = []
         if self._pending_floats:
+            if self._listener is not None and len(self._pending_floats) > self._heard:
+                self._tell_floats()
             steps_parts.append(np.asarray(self._pending_float_steps, dtype=np.int64))
             value_parts.append(np.asarray(self._pending_floats, dtype=np.float64))
             self._pending_float_steps = []
             self._pending_floats = []
+            self._heard = 0
         if self._pending_tensors:
             steps_parts.append(np.asarray(self._pending_tensor_steps, dtype=np.int64))
             value_parts.append(_materialise(self._pending_tensors))
             self._pending_tensor_steps = []
             self._pending_tensors = []
+            if self._listener is not None:
+                self._listener(steps_parts[-1], value_parts[-1])
         steps = np.concatenate(steps_parts)
         values = np.concatenate(value_parts)
-        if len(steps_parts) > 1:
+        if len(steps_parts) > 1 or (steps.size > 1 and np.any(steps[1:] < steps[:-1])):  # CPU tensors join the floats late
             order = np.argsort(steps, kind="stable")
             steps, values = steps[order], values[order]
         self._ingest(steps, values)
 
     def listen(self, listener: LossListener | None) -> None:
-        """Call ``listener(steps, losses)`` with each batch as it is materialised (int64 steps,
-        float64 losses, NaN and inf included), before the trace takes it; None stops. It runs on
-        the thread that flushes (the training thread) and must not raise."""
+        """Call ``listener(steps, losses)`` (int64 steps, float64 losses) once for every loss as it
+        is materialised (module docstring), a tensor's NaN or inf included (a non-finite float is
+        dropped before); None stops. It runs on the training thread and must not raise."""
         self._listener = listener
 
     # ------------------------------------------------------------------ reading
@@ -241,7 +261,7 @@ class LossTrace:
         """Replace the trace with ``state`` (from ``state_dict``); pending losses are discarded."""
         try:
             self._set_resolution(float(state["resolution"]))
-            self._pending_float_steps, self._pending_floats = [], []
+            self._pending_float_steps, self._pending_floats, self._heard = [], [], 0
             self._pending_tensor_steps, self._pending_tensors = [], []
             self._recent_steps = np.asarray(state["recent_steps"], dtype=np.int64).reshape(-1).copy()
             self._recent_losses = np.asarray(state["recent_losses"], dtype=np.float64).reshape(-1).copy()
@@ -288,9 +308,33 @@ class LossTrace:
         logs = np.log(np.maximum(steps, 1).astype(np.float64)) / self._log_base
         return np.floor(logs).astype(np.int64) >> self._level
 
+    def _tell_floats(self) -> None:
+        """Give the listener the pending floats it has not had yet."""
+        start = self._heard
+        self._heard = len(self._pending_floats)
+        assert self._listener is not None
+        self._listener(np.asarray(self._pending_float_steps[start:], dtype=np.int64), np.asarray(self._pending_floats[start:], dtype=np.float64))
+
+    def _tensors_to_floats(self) -> None:
+        """Pending CPU tensors (a host batch of them) become pending floats, told to the listener
+        (NaN and inf too, counted as dropped); the trace takes them with its next float batch."""
+        steps = np.asarray(self._pending_tensor_steps, dtype=np.int64)
+        values = _materialise(self._pending_tensors)
+        self._pending_tensor_steps = []
+        self._pending_tensors = []
+        assert self._listener is not None
+        if len(self._pending_floats) > self._heard:
+            self._tell_floats()
+        self._listener(steps, values)
+        finite = np.isfinite(values)
+        self._dropped += int(finite.size - np.count_nonzero(finite))
+        self._pending_float_steps.extend(steps[finite].tolist())
+        self._pending_floats.extend(values[finite].tolist())
+        self._heard = len(self._pending_floats)
+        if self._heard >= self._float_batch:
+            self.flush()
+
     def _ingest(self, steps: np.ndarray, values: np.ndarray) -> None:
-        if self._listener is not None and steps.size:
-            self._listener(steps, values)
         finite = np.isfinite(values)
         if not finite.all():
             self._dropped += int(finite.size - np.count_nonzero(finite))

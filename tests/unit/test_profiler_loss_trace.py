@@ -45,8 +45,8 @@ def test_counting_tensor_sees_a_sync() -> None:
 
 
 def test_tensor_losses_are_not_synchronised_per_step() -> None:
-    batch = 64  # the CPU tensors stand for a device's: their own host batch is set to the same
-    prof = Profiler(warmup_steps=0, loss_trace=LossTrace(tensor_batch=batch, host_batch=batch))
+    batch = 64
+    prof = Profiler(warmup_steps=0, loss_trace=LossTrace(tensor_batch=batch))
     CountingTensor.calls.clear()
     for step in range(1, batch):
         prof.step(counting_loss(1.0 / step))
@@ -134,7 +134,7 @@ def test_per_step_path_and_bulk_path_give_the_same_trace() -> None:
     rng = np.random.default_rng(0)
     losses = 1.0 + 3.0 / np.sqrt(np.arange(1, n + 1)) + rng.normal(0, 0.01, n)
     losses[[5, 700, 20_000]] = np.nan
-    small = dict(recent_points=300, max_buckets=64, host_batch=100)
+    small = dict(recent_points=300, max_buckets=64, float_batch=100)
     per_step = Profiler(warmup_steps=0, loss_trace=LossTrace(**small))
     for value in losses.tolist():
         per_step.step(value)
@@ -173,7 +173,7 @@ def test_empty_trace_gives_empty_curve() -> None:
 
 
 def test_mixed_float_and_tensor_losses_keep_step_order() -> None:
-    prof = Profiler(warmup_steps=0, loss_trace=LossTrace(tensor_batch=4, host_batch=4))
+    prof = Profiler(warmup_steps=0, loss_trace=LossTrace(tensor_batch=4, float_batch=4))
     for step in range(1, 41):
         prof.step(float(step) if step % 3 else torch.tensor(float(step)))
     steps, losses = prof.recent_losses()

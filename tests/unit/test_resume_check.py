@@ -199,3 +199,16 @@ def test_the_likely_causes_name_the_setup() -> None:
     assert "the script's global 'noise' is a random.Random" in text and "'seeded'" not in text
     assert "the world size is 1 but the failed process ran with 2" in text
     assert json.dumps(causes)  # recorded in the event as is
+
+
+def test_the_listener_hears_every_loss_once_whatever_flushes_in_between() -> None:
+    heard: list[int] = []
+    trace = LossTrace(host_batch=4, float_batch=10, tensor_batch=7)
+    trace.listen(lambda steps, values: heard.extend(steps.tolist()))
+    for step in range(1, 61):
+        trace.add(step, float(step) if step % 3 else torch.tensor(float(step)))
+        if step % 11 == 0:
+            trace.state_dict()  # a checkpoint reads (and flushes) the trace
+    trace.flush()
+    assert sorted(heard) == list(range(1, 61))
+    assert trace.recent()[0].tolist() == list(range(1, 61))
