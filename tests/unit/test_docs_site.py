@@ -63,6 +63,51 @@ def test_the_width_check_sees_fenced_lines_only() -> None:
     assert wide_code_lines(text, "page.md") == ["page.md:5: 89 columns"]
 
 
+#: The longest prose paragraph the docs keep as one block; a longer one becomes a list or sections.
+PARAGRAPH_WORDS = 150
+
+_NOT_PROSE = re.compile(r"^(\s|[-*+]\s|[|#>]|\d+\.\s|<!--|--8<--)")
+
+
+def long_paragraphs(text: str, source: str, words: int = PARAGRAPH_WORDS) -> list[str]:
+    """``source:line: N words`` for each prose paragraph of ``text`` longer than ``words``: a block
+    of non-blank lines outside code blocks whose first line is not a list item, a table row, a
+    heading, a quote, a comment or indented (a list item's continuation)."""
+    found: list[str] = []
+    block: list[str] = []
+    start, inside = 0, False
+
+    def flush() -> None:
+        count = len(" ".join(block).split())
+        if block and not _NOT_PROSE.match(block[0]) and count > words:
+            found.append(f"{source}:{start}: {count} words")
+        block.clear()
+
+    for number, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line):
+            flush()
+            inside = not inside
+        elif inside or not line.strip():
+            flush()
+        else:
+            if not block:
+                start = number
+            block.append(line)
+    flush()
+    return found
+
+
+def test_no_prose_paragraph_of_the_readme_and_docs_is_a_wall_of_text() -> None:
+    long = [hit for path in markdown_files() for hit in long_paragraphs(path.read_text(encoding="utf-8"), path.name)]
+    assert not long, f"paragraphs over {PARAGRAPH_WORDS} words (make them a list or sections):\n" + "\n".join(long)
+
+
+def test_the_paragraph_check_counts_prose_only() -> None:
+    prose = " ".join(["word"] * 151)
+    text = f"# Title\n\n{prose}\n\n- {prose}\n\n```text\n{prose}\n```\n\n**Bold.** {prose}\n\nshort one\n"
+    assert long_paragraphs(text, "page.md") == ["page.md:3: 151 words", "page.md:11: 152 words"]
+
+
 class _PageText(HTMLParser):
     """The page's text outside ``<pre>`` and ``<code>``, one chunk per text node."""
 
