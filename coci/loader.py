@@ -64,15 +64,15 @@ uninterrupted run.
 
 Accelerate
 ----------
-``accelerator.prepare`` wraps a ``DataLoader`` over a :class:`ResumableSampler` in its own loader
+``accelerator.prepare`` wraps a ``DataLoader`` over a [``ResumableSampler``][coci.ResumableSampler] in its own loader
 (one process: the sampler stays inside, unchanged). That loader calls ``set_epoch`` with its own pass
 count, which starts at 0 in every process, at the start of each pass, and fetches one batch ahead of
 the one it yields. The sampler recognises it (Accelerate's ``GradientState`` names the loader that is
 iterating): its per-pass ``set_epoch`` sets the loader's count to the sampler's epoch instead of
 moving the sampler (a restored epoch is not reset to 0), and ``state_dict`` leaves out the batch
 fetched ahead (a resume does not skip it). Several Accelerate processes are refused: Accelerate would
-split the batches of a sampler that already gives each rank its share (use :class:`ResumableLoader`).
-A :class:`ResumableLoader` passes through ``prepare`` unchanged; while an ``Accelerator`` exists it
+split the batches of a sampler that already gives each rank its share (use [``ResumableLoader``][coci.ResumableLoader]).
+A [``ResumableLoader``][coci.ResumableLoader] passes through ``prepare`` unchanged; while an ``Accelerator`` exists it
 tells Accelerate's ``GradientState`` which loader is iterating and when its last batch is yielded, as
 Accelerate's own loaders do, so ``accelerator.accumulate`` synchronises the gradients at every epoch's
 end (``tests/integration/test_accelerate.py``).

@@ -196,7 +196,7 @@ class ResumeCheck:
     """One restore's comparison of the redone steps' losses with the logged ones (module docstring).
 
     ``causes`` is asked for the likely causes at the first mismatch only. With ``on_mismatch="raise"``
-    the error is kept in :attr:`error` for the session to raise at the end of its ``step()``."""
+    the error is kept in ``error`` for the session to raise at the end of its ``step()``."""
 
     def __init__(
         self, restored_step: int, logged: LoggedLosses, *, on_mismatch: str, events: EventLog, causes: Callable[[LoggedLosses], list[str]]

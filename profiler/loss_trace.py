@@ -58,7 +58,7 @@ _LOSS_FLOAT_BATCH: int = 1024
 _EMPTY_STEPS = np.empty(0, dtype=np.int64)
 _EMPTY_VALUES = np.empty(0, dtype=np.float64)
 
-#: What :meth:`LossTrace.listen` takes: called with each materialised batch ``(steps, losses)``.
+#: What ``LossTrace.listen`` takes: called with each materialised batch ``(steps, losses)``.
 LossListener = Callable[[np.ndarray, np.ndarray], None]
 
 

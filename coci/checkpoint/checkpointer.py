@@ -138,7 +138,7 @@ def register_reader(name: str, reader: CheckpointReader) -> None:
     _READERS[name] = reader
 
 
-#: What :func:`register_reader` checks a reader has (and ``record_type``, a class).
+#: What [``register_reader``][coci.register_reader] checks a reader has (and ``record_type``, a class).
 _READER_METHODS = ("read_record", "load", "verify", "load_entry")
 
 
@@ -284,7 +284,7 @@ class PendingCheckpoint:
         return self.upload_completion.done()
 
     def wait(self) -> BaseException | None:
-        """Wait for the persist to finish, at most its deadline (:func:`persist_deadline_seconds`
+        """Wait for the persist to finish, at most its deadline (``persist_deadline_seconds``
         plus ``_PERSIST_WAIT_SLACK_SECONDS``); its error, or None once committed. PersistError when
         it is still running then (a write stuck in the kernel: the staging arena stays in use)."""
         seconds = persist_deadline_seconds(self.nbytes) + _PERSIST_WAIT_SLACK_SECONDS
@@ -462,7 +462,7 @@ class Checkpointer:
         return self.clock() - began
 
     def close(self) -> PersistError | None:
-        """Wait for the last persist (at most its deadline: :meth:`PendingCheckpoint.wait`) and
+        """Wait for the last persist (at most its deadline: ``PendingCheckpoint.wait``) and
         stop the worker; a persist that never ends is left behind (its arena kept) and returned."""
         stuck = None
         if self.pending is not None:

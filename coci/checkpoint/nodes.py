@@ -29,7 +29,7 @@ from coci.errors import ConfigError, CorruptCheckpointError
 __all__ = ["NodePart", "check_parts", "check_replicas_within_nodes", "local_steps", "missing_pieces", "replicas_across_nodes"]
 
 
-#: What is wrong with a node's part (:attr:`NodePart.kind`): absent (never published there, or its
+#: What is wrong with a node's part (``NodePart.kind``): absent (never published there, or its
 #: disk lost), saved by another layout of nodes (a world-size change), or bytes that fail a check.
 MISSING, OTHER_LAYOUT, CORRUPT = "missing", "other_layout", "corrupt"
 
@@ -37,7 +37,7 @@ MISSING, OTHER_LAYOUT, CORRUPT = "missing", "other_layout", "corrupt"
 @dataclass(frozen=True)
 class NodePart:
     """One node's part of a step: its commit id when it verifies, else the problem and its kind
-    (:data:`MISSING`, :data:`OTHER_LAYOUT`, :data:`CORRUPT`); and the names of the checkpoint's
+    (``MISSING``, ``OTHER_LAYOUT``, ``CORRUPT``); and the names of the checkpoint's
     files as its record lists them (empty when it has no record)."""
 
     node: int

@@ -160,7 +160,7 @@ def receive_part(sock: socket.socket, listing: Any, tmp: Path, node: int, step: 
     """Receive node ``node``'s part of ``step`` into the fresh directory ``tmp``: every file
     checked against the record as it arrives, fsynced, and the directory fsynced; its record.
     CorruptCheckpointError (``tmp`` left for the caller to remove) on anything off, or once
-    ``deadline`` passes (extended by :func:`transfer_seconds` of the listed bytes)."""
+    ``deadline`` passes (extended by ``transfer_seconds`` of the listed bytes)."""
     files = _checked_listing(listing, tmp)
     need = sum(size for _, size in files)
     if deadline is not None:

@@ -181,7 +181,7 @@ class PeerServer:
 
     def _answer(self, conn: socket.socket) -> None:
         """Handle one request; a failure is replied (when the peer still listens) and recorded
-        (:meth:`_refuse`). A request whose header is not whole within ``knobs.PEER_HEADER_SECONDS``
+        (``_refuse``). A request whose header is not whole within ``knobs.PEER_HEADER_SECONDS``
         of the connection is refused, so slow or idle clients free their slot by then."""
         try:
             header = recv_header(conn, Deadline(knobs.PEER_HEADER_SECONDS, "a peer request's header"))

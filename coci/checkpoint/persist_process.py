@@ -175,7 +175,7 @@ class ProcessWriter:
 
     def _call(self, request: dict[str, Any], fds: list[int], what: str, seconds: float) -> dict[str, Any]:
         """Send ``request``; serve forwarded fault points until the answer, each awaited at most
-        ``seconds`` (:func:`persist_deadline_seconds`: else the helper is killed, PersistError);
+        ``seconds`` (``persist_deadline_seconds``: else the helper is killed, PersistError);
         raise the helper's error."""
         hooked = faults.fault_hook_installed()
         request["faults"] = hooked
@@ -297,7 +297,7 @@ def _send(sock: socket.socket, data: bytes, fds: list[int]) -> None:
 def _receive(sock: socket.socket, alive: Any = None, fds: list[int] | None = None, deadline: float | None = None) -> bytes | None:
     """One framed message (None at end of stream); file descriptors sent with it go to ``fds``.
     While nothing arrives, ``alive()`` is asked every ``_PERSIST_PROCESS_POLL_SECONDS``; past
-    ``deadline`` (``time.monotonic()``), :class:`_Overdue`. Without ``alive`` (the helper waiting
+    ``deadline`` (``time.monotonic()``), ``_Overdue``. Without ``alive`` (the helper waiting
     for its parent's next request) it blocks until a message or the end of the stream."""
     header = _exactly(sock, _HEADER.size, alive, fds, deadline)
     if header is None:

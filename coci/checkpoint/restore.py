@@ -194,7 +194,7 @@ class Restorer:
     def _node_parts_ready(self, step: int, remote_steps: set[int]) -> tuple[str, str | None, str | None]:
         """(this rank's tier, None, None) once every node holds a verified part of ``step`` (the
         nodes lacking theirs fetched it from a peer or the remote); else ('', what is missing, the
-        ``restore_skip`` reason: :func:`coci.checkpoint.nodes.skip_kind`). Collective."""
+        ``restore_skip`` reason: ``coci.checkpoint.nodes.skip_kind``). Collective."""
         assert self.dist is not None
         parts = nodes.check_parts(self.root, step, self.dist)
         ids = sorted({str(part.commit_id) for part in parts if part.problem is None})

@@ -87,7 +87,7 @@ def final_checkpoint_wanted(save_last: bool | None, reached_end: bool) -> bool:
     return reached_end if save_last is None else save_last
 
 
-#: The largest options file :func:`read_options` reads (a config is a few hundred bytes).
+#: The largest options file ``read_options`` reads (a config is a few hundred bytes).
 _CONFIG_MAX_BYTES = 1 << 20
 
 

@@ -307,7 +307,7 @@ def _skipping_trained_epochs(callback: CociCallback, run_epoch: Callable[..., An
 
 def _replaying_orders(callback: CociCallback, get_sampler: Callable[..., Any]) -> Callable[..., Any]:
     """``Trainer._get_train_sampler`` whose sampler, when it draws each epoch's order from the global
-    torch RNG (HF's length-grouped sampler), records the RNG state it drew from (:class:`_GlobalRngOrder`)."""
+    torch RNG (HF's length-grouped sampler), records the RNG state it drew from (``_GlobalRngOrder``)."""
 
     @functools.wraps(get_sampler)
     def build(*args: Any, **kwargs: Any) -> Any:
@@ -342,7 +342,7 @@ class _GlobalRngOrder(torch.utils.data.Sampler[int]):
 
 
 def _recording_collates(callback: CociCallback, get_train_dataloader: Callable[..., Any]) -> Callable[..., Any]:
-    """``Trainer.get_train_dataloader`` whose loader collates through :class:`_RecordedCollate` (the
+    """``Trainer.get_train_dataloader`` whose loader collates through ``_RecordedCollate`` (the
     evaluation loaders keep the collator as it is)."""
 
     @functools.wraps(get_train_dataloader)

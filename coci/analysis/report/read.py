@@ -168,7 +168,7 @@ class PolicyRow(BaseModel):
 
 
 class ResumeChecks(BaseModel):
-    """The resume self-check's events (:mod:`coci.resume_check`): ``restores`` whose redone steps
+    """The resume self-check's events (``coci.resume_check``): ``restores`` whose redone steps
     were compared (``resume_check``), the ``steps`` checked, the ``mismatches`` among them, the
     restores found inexact (``resume_mismatch``, one per restore at most) and the first of those."""
 

@@ -138,7 +138,7 @@ def step_owner(store: RemoteStore, step: int) -> str | None:
 def read_owner(store: RemoteStore) -> RemoteOwner | None:
     """The prefix's owner record; None without one; ConfigError when it is not one coci wrote
     (oversized, not a plain object, fields out of range). A store that does not answer raises
-    its own error (the claim is then tried again later, :meth:`RemoteTier.owned`)."""
+    its own error (the claim is then tried again later, ``RemoteTier.owned``)."""
     if not store.exists(OWNER_KEY):
         return None
     where = f"{store.url}/{OWNER_KEY}"

@@ -134,9 +134,9 @@ class Promotion:
 
     def finish_uploads(self, step: int, limit: float) -> list[int]:
         """``close()``'s wait for the queued promotions: ``limit`` seconds for them and the last
-        history mirror together (:meth:`close_history` gets what they leave, at least its share).
+        history mirror together (``close_history`` gets what they leave, at least its share).
         A promotion unfinished by then is stopped, recorded (a ``remote_unfinished`` event and
-        :data:`UNFINISHED_FILENAME`) and its steps returned; the local checkpoints are untouched."""
+        ``UNFINISHED_FILENAME``) and its steps returned; the local checkpoints are untouched."""
         began = time.monotonic()
         kept = min(_HISTORY_MAX_SECONDS, limit * _HISTORY_SHARE) if self.history is not None else 0.0
         self.tier.wait(limit - kept)
@@ -152,7 +152,7 @@ class Promotion:
         return unfinished
 
     def close_history(self) -> None:
-        """The last history mirror (the ``close`` event included), within what :meth:`finish_uploads`
+        """The last history mirror (the ``close`` event included), within what ``finish_uploads``
         left of ``close()``'s remote limit."""
         if self.history is not None:
             self.history.close(self._history_seconds)
@@ -167,7 +167,7 @@ class Promotion:
 
     def resume_unfinished(self, step: int, path: Path) -> bool:
         """After a restore of local (or peer) ``step`` from ``path``: promote it when the previous
-        run's ``close()`` left it unpromoted (:data:`UNFINISHED_FILENAME`, then removed); True when
+        run's ``close()`` left it unpromoted (``UNFINISHED_FILENAME``, then removed); True when
         handed to the tier."""
         if self.run_dir is None or not self.uploads:
             return False

@@ -97,7 +97,7 @@ class _NodesMissing(Exception):
 
 
 class _Stopped(Exception):
-    """The session closed with this promotion unfinished (:meth:`RemoteTier.stop`)."""
+    """The session closed with this promotion unfinished (``RemoteTier.stop``)."""
 
 
 @dataclass
@@ -261,7 +261,7 @@ class RemoteTier:
             return self.identity
 
     def owned(self) -> RunIdentity | None:
-        """:meth:`claimed`, or None (logged, an ``error`` event with ``phase: "remote_owner"``
+        """``claimed``, or None (logged, an ``error`` event with ``phase: "remote_owner"``
         once per distinct problem) while the prefix's owner is unknown or another run: with no
         identity nothing of the prefix is restored as this run's and nothing is written there."""
         try:
@@ -390,7 +390,7 @@ class RemoteTier:
     def committed_steps(self) -> list[int]:
         """Remote steps holding a commit marker, oldest first (not yet verified), of this run and
         of the runs it adopted (``step_<n>/run.json``); none while the run has no identity on the
-        prefix (:meth:`owned`): never another run's checkpoint."""
+        prefix (``owned``): never another run's checkpoint."""
         identity = self.owned()
         if identity is None:
             return []
