@@ -496,16 +496,17 @@ def _tensor_only_planner() -> Any:
     return TensorOnlyLoadPlanner()
 
 
-def _safe_reader(path: Path, manifest: DcpManifest) -> Any:
+def _safe_reader(path: Path, manifest: DcpManifest, checked: Any = None) -> Any:
     """DCP's FileSystemReader, reading ``.metadata`` through ``read_dcp_metadata``: nothing a
     checkpoint holds may run code when loaded (DCP itself would call ``pickle.load`` on it; it
-    loads the tensors with ``weights_only=True``) or make DCP read outside the checkpoint."""
+    loads the tensors with ``weights_only=True``) or make DCP read outside the checkpoint.
+    ``checked``: the metadata :func:`read_dcp_metadata` returned already (a reader of several batches reads it once)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     class SafeMetadataReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            metadata = read_dcp_metadata(Path(self.path), manifest)
+            metadata = checked if checked is not None else read_dcp_metadata(Path(self.path), manifest)
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -561,9 +562,12 @@ def entry_tensors(part: DcpPart, keys: frozenset[str]) -> list[DcpTensor]:
     return [t for t in part.tensors if t.index in indices]
 
 
-def read_dcp_tensors(path: Path, manifest: DcpManifest, wanted: dict[str, torch.Tensor], context: DistributedContext | None) -> None:
+def read_dcp_tensors(
+    path: Path, manifest: DcpManifest, wanted: dict[str, torch.Tensor], context: DistributedContext | None, metadata: Any = None
+) -> None:
     """Fill ``wanted`` (DCP key -> a tensor or DTensor of the saved shape) from the (verified) DCP
-    checkpoint in ``path``: DCP reads only the chunks those keys need. Collective under ``context``."""
+    checkpoint in ``path``: DCP reads only the chunks those keys need. Collective under ``context``.
+    ``metadata``: what :func:`read_dcp_metadata` returned for ``path`` (else read again here)."""
     from torch.distributed.checkpoint import CheckpointException
     from torch.distributed.checkpoint import load as dcp_load
 
@@ -572,7 +576,7 @@ def read_dcp_tensors(path: Path, manifest: DcpManifest, wanted: dict[str, torch.
         try:
             dcp_load(
                 wanted,
-                storage_reader=_safe_reader(path, manifest),
+                storage_reader=_safe_reader(path, manifest, metadata),
                 planner=_tensor_only_planner(),
                 process_group=None if context is None else context.control_group,
                 no_dist=context is None,

@@ -33,7 +33,7 @@ import torch
 from coci import knobs, safe_files
 from coci._version import __version__
 from coci.checkpoint.checkpointer import reader_for
-from coci.checkpoint.dcp import read_dcp_tensors
+from coci.checkpoint.dcp import read_dcp_metadata, read_dcp_tensors
 from coci.checkpoint.dcp_manifest import DcpManifest, checkpoint_id
 from coci.checkpoint.fileio import ChunkChecksum
 from coci.checkpoint.local import Manifest, torch_dtype
@@ -287,13 +287,14 @@ def _dcp_stream(path: Path, record: DcpManifest, tensors: list[ExportedTensor]) 
     """DCP reads a batch of at most ``knobs.EXPORT_BUFFER_BYTES`` (a larger tensor alone), each
     tensor whole, assembled from every rank's shards."""
     by_index = {t.index: t for t in record.shared.tensors}
+    metadata = read_dcp_metadata(path, record)  # checked once, used by every batch
     batch: list[ExportedTensor] = []
     for tensor in [*tensors, None]:
         if tensor is not None and (not batch or sum(t.nbytes for t in batch) + tensor.nbytes <= knobs.EXPORT_BUFFER_BYTES):
             batch.append(tensor)
             continue
         wanted = {record.key_of(by_index[t.index]): torch.empty(t.shape, dtype=torch_dtype(t.dtype, path)) for t in batch}
-        read_dcp_tensors(path, record, wanted, None)
+        read_dcp_tensors(path, record, wanted, None, metadata)
         for t in batch:
             yield wanted.pop(record.key_of(by_index[t.index]))
         batch = [tensor] if tensor is not None else []
@@ -304,7 +305,8 @@ def _dcp_stream(path: Path, record: DcpManifest, tensors: list[ExportedTensor]) 
 
 def _write_safetensors(out: Path, tensors: list[ExportedTensor], stream: Iterator[torch.Tensor], metadata: Mapping[str, str]) -> int:
     """Write ``out`` in the safetensors format, the header from the table, then each tensor's bytes
-    as it arrives (written to ``out.tmp``, fsynced, renamed); returns the bytes of tensors."""
+    as it arrives (written to ``out.tmp``, renamed once whole; not fsynced, as ``torch.save`` does
+    not: an export is written again, not recovered); returns the bytes of tensors."""
     header: dict[str, Any] = {"__metadata__": dict(metadata)}
     offset = 0
     for t in tensors:
@@ -336,8 +338,6 @@ def _stream_safetensors(tmp: Path, encoded: bytes, tensors: list[ExportedTensor]
                 handle.write(value.contiguous().view(-1).view(torch.uint8).numpy().data)
             del value
         _drain(stream)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def _drain(stream: Iterator[Any]) -> None:
