@@ -23,7 +23,7 @@ from coci.errors import ConfigError
 from coci.planning.fit import CurveFit, bin_trace, fit_curve
 from coci.planning.objective import RateFunction
 
-__all__ = ["EXTENSIONS", "EmpiricalCurve", "curve_pair", "empirical_curve", "empirical_progress_rate", "smoothed_trace"]
+__all__ = ["BLEND", "EXTENSIONS", "EmpiricalCurve", "curve_pair", "empirical_curve", "empirical_progress_rate", "forecast_curve", "smoothed_trace"]
 
 #: The simulator's "true" progress rate of a raw loss trace is the slope of an isotonic
 #: (non-increasing) fit to at most this many bins of the trace (half log-, half linearly spaced).
@@ -31,6 +31,9 @@ _SIMULATE_TRUTH_POINTS: int = 200
 
 #: How an empirical curve continues past its last point, in the order tried.
 EXTENSIONS: tuple[str, ...] = ("flat", "end slope", "parametric")
+
+#: The extension of :func:`forecast_curve`: the extensions blended by their held-out forecast errors.
+BLEND: str = "blend"
 
 
 def curve_pair(steps: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -131,6 +134,7 @@ class EmpiricalCurve:
     end_slope: float
     fit: CurveFit | None = None
     holdout_errors: dict[str, float] = field(default_factory=dict)
+    blend: dict[str, float] = field(default_factory=dict)  # extension: weight, for extension "blend"
 
     @property
     def last_step(self) -> float:
@@ -140,7 +144,10 @@ class EmpiricalCurve:
     @property
     def description(self) -> str:
         span = f"steps {self.centres[0]:.0f}-{self.centres[-1]:.0f}"
-        return f"empirical ({self.centres.size} smoothed points, {span}; past the end: {self.extension})"
+        past = self.extension
+        if self.extension == BLEND:
+            past = "blend of " + ", ".join(f"{name} {weight:.2f}" for name, weight in self.blend.items())
+        return f"empirical ({self.centres.size} smoothed points, {span}; past the end: {past})"
 
     def loss(self, steps: Any) -> np.ndarray:
         """The curve's loss at ``steps`` (interpolated; the extension past the end)."""
@@ -158,30 +165,42 @@ class EmpiricalCurve:
 
     @property
     def _extends(self) -> bool:
-        return self.extension in EXTENSIONS
+        return self.extension in EXTENSIONS or self.extension == BLEND
 
     def _extended_loss(self, s: np.ndarray) -> np.ndarray:
         if not self._extends:  # the trace covers the run: its last segment continues
             slope = float((self.levels[-2] - self.levels[-1]) / (self.centres[-1] - self.centres[-2]))
             return self.levels[-1] - slope * np.maximum(s - self.last_step, 0.0)
+        if self.extension == BLEND:
+            return sum((weight * self._loss_of(name, s) for name, weight in self.blend.items()), np.zeros_like(s))
+        return self._loss_of(self.extension, s)
+
+    def _extended_rate(self, s: np.ndarray) -> np.ndarray:
+        if self.extension == BLEND:
+            return sum((weight * self._rate_of(name, s) for name, weight in self.blend.items()), np.zeros_like(s))
+        return self._rate_of(self.extension, s)
+
+    def _loss_of(self, extension: str, s: np.ndarray) -> np.ndarray:
+        """One extension's loss past the trace's end (0 at the most, for a positive loss)."""
         beyond = np.maximum(s - self.last_step, 0.0)
         level = float(self.levels[-1])
-        if self.extension == "end slope":
+        if extension == "end slope":
             raw = level - self.end_slope * beyond
-        elif self.extension == "parametric" and self.fit is not None:
+        elif extension == "parametric" and self.fit is not None:
             raw = level + self.fit.loss(np.maximum(s, self.last_step)) - float(self.fit.loss(np.array([self.last_step]))[0])
         else:
             raw = np.full_like(s, level)
         return np.maximum(raw, 0.0) if level > 0 else raw
 
-    def _extended_rate(self, s: np.ndarray) -> np.ndarray:
-        if self.extension == "end slope":
+    def _rate_of(self, extension: str, s: np.ndarray) -> np.ndarray:
+        """One extension's progress rate past the trace's end (0 where its loss reached 0)."""
+        if extension == "end slope":
             rate = np.full_like(s, self.end_slope)
-        elif self.extension == "parametric" and self.fit is not None:
+        elif extension == "parametric" and self.fit is not None:
             rate = self.fit.progress_rate(s)
         else:
             return np.zeros_like(s)
-        floor_reached = (self._extended_loss(s) <= 0.0) & (float(self.levels[-1]) > 0)
+        floor_reached = (self._loss_of(extension, s) <= 0.0) & (float(self.levels[-1]) > 0)
         return np.where(floor_reached, 0.0, rate)
 
 
@@ -203,6 +222,91 @@ def empirical_curve(steps: Any, losses: Any, total_steps: int, fit: CurveFit | N
         usable.pop("parametric", None)
     extension = min(usable, key=lambda name: (usable[name], EXTENSIONS.index(name))) if usable else "flat"
     return EmpiricalCurve(centres, levels, extension, end_slope, fit, errors)
+
+
+def forecast_curve(steps: Any, losses: Any, fit: CurveFit) -> EmpiricalCurve:
+    """The online planner's curve of a run under way: the loss trace so far as it is, then the
+    future as a blend of the extensions.
+
+    The past is known exactly: up to its last point the curve is the trace's own monotone
+    smoothing (:func:`smoothed_trace`, the simulator's truth on the same points), so the early fall
+    keeps its full weight (a law fitted over a recent window flattens it to the window's average).
+    The future is uncertain, and the planner's objective is linear in the progress weight, so the
+    expected rate is what a plan should weigh: each extension (``"flat"``, ``"end slope"``,
+    ``"parametric"``: ``fit``, the law of the whole trace) gets a weight proportional to the inverse
+    square of its error forecasting the trace's held-back last ``knobs.FIT_HOLDOUT_FRACTION`` from the
+    rest (the parametric one: ``fit.holdout_error``, its own backtest, so nothing is fitted twice).
+    Without a usable backtest (a short trace) the parametric fit continues it, or the end slope
+    without a usable fit: never "flat" by default, which would put the whole run's progress in the
+    past. Raises :class:`ConfigError` (field ``curve``) for a trace that does not fall: one the
+    fitter finds flat, rising or too short (``fit``'s fallback), or that :func:`smoothed_trace` refuses.
+
+    Chosen over the alternatives measured on the project's curves and the GPT-2 runs (the
+    recent-window law alone, the single best extension): see ``docs/evidence/plan-quality.md``.
+    """
+    if not fit.usable and not _falls_without_law(fit):
+        raise ConfigError(f"curve: no forecast of a trace that does not fall ({fit.fallback})")
+    s, y = curve_pair(steps, losses)
+    centres, levels = smoothed_trace(s, y)
+    end_slope = _recent_slope(centres, levels)
+    errors = _simple_holdout_errors(s, y)
+    errors["parametric"] = (
+        float(fit.holdout_error) if fit.usable and fit.holdout_error is not None and math.isfinite(fit.holdout_error) else math.inf
+    )
+    return EmpiricalCurve(centres, levels, BLEND, end_slope, fit, errors, _blend_weights(errors, fit.usable))
+
+
+def _falls_without_law(fit: CurveFit) -> bool:
+    """True when the fitter found the trace falling (beyond its noise) but no law to fit it."""
+    return fit.n_points >= knobs.FIT_MIN_POINTS and (fit.fallback or "").startswith(("no family", "refitting"))
+
+
+def _blend_weights(errors: dict[str, float], parametric: bool) -> dict[str, float]:
+    """Weights proportional to ``1 / error**2`` over the extensions with a finite error (an exact
+    forecast takes all the weight); without any, the parametric law (else the end slope)."""
+    finite = {name: max(error, 0.0) for name, error in errors.items() if math.isfinite(error)}
+    if not finite:
+        return {"parametric": 1.0} if parametric else {"end slope": 1.0}
+    exact = [name for name, error in finite.items() if error <= 1e-12]
+    if exact:
+        return {name: 1.0 / len(exact) for name in exact}
+    inverse = {name: 1.0 / error**2 for name, error in finite.items()}
+    total = sum(inverse.values())
+    return {name: value / total for name, value in inverse.items()}
+
+
+def _simple_holdout_errors(s: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """``"flat"`` and ``"end slope"`` forecasting the held-back tail, as :func:`_holdout_errors`
+    (no parametric refit)."""
+    split = _holdout_split(s, y)
+    errors = {"flat": math.inf, "end slope": math.inf}
+    if split is None:
+        return errors
+    centres, levels, bins_s, bins_y = split
+    for name in errors:
+        forecast = EmpiricalCurve(centres, levels, name, _recent_slope(centres, levels)).loss(bins_s)
+        error = np.abs(forecast - bins_y)
+        errors[name] = float(np.mean(error)) if np.all(np.isfinite(error)) else math.inf
+    return errors
+
+
+def _holdout_split(s: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The smoothed head of a trace and the binned held-back tail (its last
+    ``knobs.FIT_HOLDOUT_FRACTION``); None when either is too short or the head does not fall."""
+    finite = np.isfinite(s) & np.isfinite(y)
+    s, y = s[finite], y[finite]
+    order = np.argsort(s, kind="stable")
+    s, y = s[order], y[order]
+    cut = s[-1] - knobs.FIT_HOLDOUT_FRACTION * (s[-1] - s[0])
+    head = s <= cut
+    bins_s, bins_y = bin_trace(s[~head], y[~head], knobs.FIT_MAX_POINTS)
+    if np.count_nonzero(head) < knobs.FIT_MIN_POINTS or bins_s.size < knobs.FIT_MIN_HOLDOUT_POINTS:
+        return None
+    try:
+        centres, levels = smoothed_trace(s[head], y[head])
+    except ConfigError:
+        return None
+    return centres, levels, bins_s, bins_y
 
 
 def _recent_slope(centres: np.ndarray, levels: np.ndarray) -> float:

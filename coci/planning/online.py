@@ -19,6 +19,7 @@ from coci import knobs
 from coci.errors import ConfigError
 from coci.planning.baselines import CheckFreqAdaptation
 from coci.planning.config import PlanConfig
+from coci.planning.empirical import EmpiricalCurve, forecast_curve
 from coci.planning.fit import CurveFit, fit_curve
 from coci.planning.planner import plan
 from coci.planning.policy import Observation
@@ -113,7 +114,7 @@ class PlanningPolicy:
         self._prior: PriorCurve | None = None
         self._warm: WarmStart | None = None
         self._prior_notes: list[str] = []
-        self._fitted: tuple[np.ndarray, np.ndarray, CurveFit] | None = None  # the last trace fitted and its fit
+        self._fitted: tuple[np.ndarray, np.ndarray, ProgressCurve] | None = None  # the last trace fitted and its curve
 
     def use_prior(self, source: PriorLike) -> None:
         """Warm start: plan from step 0 with an earlier run's curve (see ``coci.planning.prior``;
@@ -145,6 +146,12 @@ class PlanningPolicy:
     def objective(self) -> str:
         """The objective asked for (``auto``)."""
         return self.config.objective
+
+    @property
+    def curve(self) -> ProgressCurve | None:
+        """The progress curve the current plan weighs (for ``auto``: the trace so far and its
+        forecast, :func:`coci.planning.empirical.forecast_curve`; None before a curve is known)."""
+        return self._fit
 
     @property
     def total_steps(self) -> int | None:
@@ -341,16 +348,25 @@ class PlanningPolicy:
             return None
         return self._fit_of(np.asarray(observation.loss_steps, dtype=float), np.asarray(observation.losses, dtype=float))
 
-    def _fit_of(self, steps: np.ndarray, losses: np.ndarray) -> CurveFit:
-        """``fit_curve(steps, losses)``, reused when the trace equals the one fitted last: the fit is
+    def _fit_of(self, steps: np.ndarray, losses: np.ndarray) -> ProgressCurve:
+        """The curve of the trace so far: for ``auto``'s progress objective the trace itself, then its
+        forecast (:func:`coci.planning.empirical.forecast_curve`: the past as observed, the future
+        blended from extensions by held-out error; also where no law fits it); otherwise (or when the
+        smoothed trace does not fall) ``fit_curve(steps, losses)``. Reused when the trace equals the one fitted last: both are
         deterministic, so a trace that has not changed since (losses logged less often than the
-        policy observes: evaluation curves, sparse logging) gives the same fit without refitting."""
+        policy observes: evaluation curves, sparse logging) gives the same curve without refitting."""
         last = self._fitted
         if last is not None and np.array_equal(last[0], steps) and np.array_equal(last[1], losses):
             return last[2]
         fit = fit_curve(steps, losses)
-        self._fitted = (steps.copy(), losses.copy(), fit)
-        return fit
+        curve: ProgressCurve = fit
+        if self._weights_progress:  # even where no law fits: a falling trace is its own evidence
+            try:
+                curve = forecast_curve(steps, losses, fit)
+            except ConfigError:  # the smoothed trace does not fall: the law alone
+                curve = fit
+        self._fitted = (steps.copy(), losses.copy(), curve)
+        return curve
 
     def _warm_rate(self, observation: Observation, fallbacks: list[str]) -> CorrectedRate | None:
         """The warm start's progress rate, corrected by this run's losses so far (None: no prior)."""
@@ -377,6 +393,8 @@ class PlanningPolicy:
             return None
         if isinstance(curve, CorrectedRate):
             return "warm start"
+        if isinstance(curve, EmpiricalCurve):
+            return "trace and forecast"
         return curve.family if isinstance(curve, CurveFit) else "prior"
 
     @staticmethod

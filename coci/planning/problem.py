@@ -115,8 +115,11 @@ def build_problem(
     fit, rate, raw, description, fallbacks = resolve_curve(curve)
     details: dict[str, float] = {"min_interval_steps": float(min_steps)}
     notes: list[str] = []
-    empirical = _empirical(raw, fit, total_steps, details, notes) if rate is not None else None
-    if empirical is not None:
+    given = rate if isinstance(rate, EmpiricalCurve) else None  # a forecast curve (online), used as it is
+    empirical = given or (_empirical(raw, fit, total_steps, details, notes) if rate is not None else None)
+    if given is not None:
+        notes.append(f"curve: planned on the trace so far, then its forecast ({given.description})")
+    elif empirical is not None:
         rate, description = empirical, f"{description}, {empirical.description}"
     elif fit is not None and rate is not None:
         rate = observed_past_rate(fit, rate)

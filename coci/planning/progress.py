@@ -11,6 +11,7 @@ import numpy as np
 
 from coci.errors import ConfigError
 from coci.planning.arguments import CurveLike
+from coci.planning.empirical import EmpiricalCurve
 from coci.planning.fit import CurveFit, fit_curve
 from coci.planning.objective import whole_run_mean_rate
 from coci.planning.records import RateFunction
@@ -32,6 +33,8 @@ def resolve_curve(
     """``(fit, progress_rate, raw (steps, losses), description, fallbacks)`` for a ``curve`` input."""
     if curve is None:
         return None, None, None, "none", []
+    if isinstance(curve, EmpiricalCurve):  # a forecast of a run under way: its fit is recorded
+        return None if curve.fit is None else _clean_fit(curve.fit), curve, None, curve.description, []
     if isinstance(curve, CurveFit):
         fit, raw, description = curve, None, f"CurveFit ({curve.family})"
     elif callable(curve):

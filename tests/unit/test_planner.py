@@ -80,7 +80,7 @@ def test_curve_inputs_are_equivalent() -> None:
     assert a.fit is not None and a.fit.family == fit.family
     # a recorded trace is planned on what it shows (its empirical curve), a fit on the law
     shown = plan("auto", curve=empirical_curve(steps, y, BASE["total_steps"], fit), **BASE)
-    assert shown.steps == a.steps and shown.fit is None
+    assert shown.steps == a.steps and shown.fit == a.fit  # an empirical curve records its fit
     c = plan("auto", curve=fit, **BASE)
     v = plan("auto", curve=fit.progress_rate, **BASE)  # a progress-rate callable
     assert v.fit is None and c.steps != a.steps

@@ -50,7 +50,13 @@ def test_replay_with_the_reused_fit_is_the_replay_refitting_at_every_observation
     monkeypatch.setattr("coci.planning.progress.fit_curve", counted)
     fast = _replay(trace)
     reused_fits = calls["fits"]
-    monkeypatch.setattr(PlanningPolicy, "_fit_of", lambda self, steps, losses: counted(steps, losses))
+    reusing = PlanningPolicy._fit_of
+
+    def refitting(self: PlanningPolicy, steps: np.ndarray, losses: np.ndarray):
+        self._fitted = None  # nothing to reuse: the curve is made afresh at every observation
+        return reusing(self, steps, losses)
+
+    monkeypatch.setattr(PlanningPolicy, "_fit_of", refitting)
     calls["fits"] = 0
     slow = _replay(trace)
     assert fast == slow  # the same checkpoints, observations and final plan, bit for bit
