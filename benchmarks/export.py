@@ -164,11 +164,13 @@ def report(runs: dict[str, list[dict[str, Any]]], count: int, buffer_mb: float) 
     ratios = [c["seconds"] / d["seconds"] for c, d in zip(runs["coci"], runs["dcp"])]
     coci_peak = max(r["peak"] for r in runs["coci"])
     dcp_peak = max(r["peak"] for r in runs["dcp"])
-    print(f"FSDP2 checkpoint of 2 ranks: {count} x Linear({WIDTH}, {WIDTH}) = {model / mb:.0f} MB; largest tensor {LAYER_BYTES / mb:.0f} MB; export buffer {buffer_mb:.0f} MB")
-    print("export seconds  coci: " + ", ".join(f"{r['seconds']:.2f}" for r in runs["coci"]) + "   dcp_to_torch_save: " + ", ".join(f"{r['seconds']:.2f}" for r in runs["dcp"]))
-    print(f"time ratio coci / dcp_to_torch_save (median of {len(ratios)} pairs): {statistics.median(ratios):.2f} (goal <= 1.0)")
-    print(f"peak RSS growth  coci: {coci_peak / mb:.0f} MB = {coci_peak / bound:.2f} x (largest tensor + buffer) (goal <= 1.2); "
-          f"dcp_to_torch_save: {dcp_peak / mb:.0f} MB = {dcp_peak / model:.2f} x the model")
+    print(f"FSDP2 checkpoint, 2 ranks: {count} x Linear({WIDTH}, {WIDTH}) = {model / mb:.0f} MB")
+    print(f"largest tensor {LAYER_BYTES / mb:.0f} MB; export buffer {buffer_mb:.0f} MB")
+    print("export seconds, coci: " + ", ".join(f"{r['seconds']:.2f}" for r in runs["coci"]))
+    print("export seconds, dcp_to_torch_save: " + ", ".join(f"{r['seconds']:.2f}" for r in runs["dcp"]))
+    print(f"time, coci / dcp_to_torch_save (median of {len(ratios)} pairs): {statistics.median(ratios):.2f} (goal <= 1.0)")
+    print(f"peak RSS growth, coci: {coci_peak / mb:.0f} MB = {coci_peak / bound:.2f} x (largest tensor + buffer) (goal <= 1.2)")
+    print(f"peak RSS growth, dcp_to_torch_save: {dcp_peak / mb:.0f} MB = {dcp_peak / model:.2f} x the model")
     print(f"load average: {os.getloadavg()[0]:.2f}")
 
 
