@@ -15,7 +15,7 @@ from report_run import CRASH_AT, PNG_MAGIC, TOTAL_STEPS, make_run, toy_job, toy_
 import coci
 from coci.analysis.report import FIGURES, Report, ReportData, report
 from coci.analysis.report.restores import _restores
-from coci.analysis.report.text import display_checkpoints
+from coci.analysis.report.text import display_checkpoints, failure_count_flag
 from coci.checkpoint import layout
 from coci.errors import ConfigError
 from coci.events import read_events
@@ -488,3 +488,10 @@ def test_a_restore_lists_each_nodes_source_and_refuses_a_malformed_one() -> None
     lines = _restore_lines(data)
     assert "node 0 from the remote tier, node 1 local tier" in lines[1]
     assert lines[-1] == "  by source: local 2, remote 1"
+
+
+def test_far_more_failures_than_the_model_expects_are_flagged() -> None:
+    flag = failure_count_flag(4, 0.38)  # the count a trial saw, with no flag
+    assert flag is not None and "4 observed against 0.38 expected" in flag and "mtbf=" in flag
+    assert failure_count_flag(1, 0.38) is None and failure_count_flag(3, 2.5) is None
+    assert failure_count_flag(2, 0.0) is not None  # none expected at all

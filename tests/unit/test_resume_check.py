@@ -212,3 +212,4 @@ def test_the_listener_hears_every_loss_once_whatever_flushes_in_between() -> Non
     trace.flush()
     assert sorted(heard) == list(range(1, 61))
     assert trace.recent()[0].tolist() == list(range(1, 61))
+

@@ -384,7 +384,38 @@ def _lost_work_lines(data: ReportData, plans: dict[str, Plan]) -> list[str]:
     else:
         restarts = len(data.restores)
         lines.append(f"  observed: no failures ({restarts} restore(s) after a clean close)" if restarts else "  observed: no failures")
+    if reference is not None and obs.failures:
+        span = max(int(reference.inputs.total_steps) - int(reference.inputs.start_step), 1)
+        share = min(obs.steps / span, 1.0) if obs.steps else 1.0  # the part of the planned run done so far
+        flag = failure_count_flag(obs.failures, float(reference.expected.get("failures") or 0.0) * share)
+        if flag is not None:
+            lines.append(f"  {flag}")
     return lines
+
+
+#: A failure count whose chance under the failure model is below this is flagged by the report.
+_FAILURES_FLAG_CHANCE: float = 0.01
+
+
+def failure_count_flag(observed: int, expected: float) -> str | None:
+    """A warning line when ``observed`` failures are far more than the failure model's ``expected``
+    count for the steps run (a Poisson chance of at least that many below ``_FAILURES_FLAG_CHANCE``),
+    else None: the plan was made for a machine that fails less often than this one."""
+    if observed <= 0 or not math.isfinite(expected) or expected < 0:
+        return None
+    term = math.exp(-expected)
+    below = 0.0
+    for count in range(observed):  # P(N < observed)
+        below += term
+        term *= expected / (count + 1)
+    chance = max(1.0 - below, 0.0)
+    if chance >= _FAILURES_FLAG_CHANCE:
+        return None
+    return (
+        f"FAILURES ABOVE THE MODEL: {observed} observed against {expected:.3g} expected for the steps run "
+        f"(chance {chance:.2g} under it); the plan assumed fewer failures than this machine has: set mtbf= "
+        "(or failures=) from what you see"
+    )
 
 
 def _preemption_lines(data: ReportData) -> list[str]:
