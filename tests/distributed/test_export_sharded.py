@@ -3,12 +3,14 @@
 The job is tests/jobs/sharded_job.py stopped at step 4 (its checkpoint of step 4 committed); its
 ``stop.pt`` holds the full state it gathered itself (DSD's ``full_state_dict``). ``coci export``
 writes the model's full tensors as safetensors, and ``coci.load`` fills an unsharded model, with no
-process group: every tensor bitwise equal to the gathered one.
+process group: every tensor bitwise equal to the gathered one. Under a process group, ``coci.load``
+fills a model sharded on another layout (tensor parallel), each rank its own shards.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ import coci
 from coci.checkpoint.export import export
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "sharded_job.py"
+LOAD_JOB = JOB.with_name("load_job.py")
 launch = functools.partial(torchrun_helpers.launch, JOB, timeout=240)
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, torchrun_helpers.needs_gloo]
@@ -56,6 +59,17 @@ def test_load_of_a_2_rank_fsdp2_checkpoint_into_an_unsharded_model_is_the_gather
     assert result.step == 4 and result.skipped == ()
     want = gathered_model(fsdp_run)
     got = model.state_dict()
+    assert set(got) == set(want)
+    for name, value in want.items():
+        assert torch.equal(got[name], value), name
+
+
+def test_load_of_a_2_rank_fsdp2_checkpoint_into_a_tensor_parallel_mesh_is_the_gathered_state(fsdp_run: Path, tmp_path: Path) -> None:
+    """Under torch.distributed, each rank loads its shards of another layout (Colwise / Rowwise)."""
+    assert torchrun_helpers.launch(LOAD_JOB, tmp_path, 2, "--source", str(fsdp_run), "--layout", "tp", timeout=240) == [0, 0]
+    assert json.loads((tmp_path / "result.json").read_text())["step"] == 4
+    want = gathered_model(fsdp_run)
+    got = torch.load(tmp_path / "loaded.pt", weights_only=True)
     assert set(got) == set(want)
     for name, value in want.items():
         assert torch.equal(got[name], value), name
