@@ -488,6 +488,8 @@ def test_a_restore_lists_each_nodes_source_and_refuses_a_malformed_one() -> None
     lines = _restore_lines(data)
     assert "node 0 from the remote tier, node 1 local tier" in lines[1]
     assert lines[-1] == "  by source: local 2, remote 1"
+    unknown = first.model_copy(update={"lost_steps": 0, "lost_exact": False})
+    assert "lost steps unknown" in _restore_lines(ReportData.model_construct(restores=[unknown]))[1]  # never "at least 0"
 
 
 def test_far_more_failures_than_the_model_expects_are_flagged() -> None:

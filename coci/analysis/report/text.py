@@ -187,7 +187,9 @@ def _restore_lines(data: ReportData) -> list[str]:
     for row in data.restores:
         why = "after a failure" if row.failure else "after a preemption" if row.preempted else "after a clean close"
         text = f"  step {row.step} ({why}"
-        if row.lost_steps is not None:
+        if row.lost_steps == 0 and not row.lost_exact:  # the failed process's last known step is the restored one or older
+            text += ", lost steps unknown (no step of the failed process is known past the restored one)"
+        elif row.lost_steps is not None:
             text += f", {'' if row.lost_exact else 'at least '}{row.lost_steps} steps lost"
         if row.node_tiers:  # node-local run directories: each node's source
             text += "; " + ", ".join(f"node {node} {_SOURCES[tier]}" for node, tier in row.node_tiers.items())
