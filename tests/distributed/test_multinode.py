@@ -87,6 +87,25 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base
 
 
+def test_a_node_local_run_loads_and_exports_in_one_plain_process(reference: Path, tmp_path: Path) -> None:
+    """``coci.load`` / ``coci.export`` of both nodes' directories, no process group: their parts
+    joined (in a temporary directory) into full tensors equal to the gathered final state."""
+    from safetensors.torch import load_file
+
+    import coci
+
+    dirs = [node_dir(reference, node) for node in range(2)]
+    before = [verify_run(d) for d in dirs]
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1))
+    assert coci.load(dirs, model).step == STEPS
+    want = torch.load(node_dir(reference, 0) / "final.pt", weights_only=True)["model"]
+    assert all(torch.equal(model.state_dict()[key], value) for key, value in want.items())
+    coci.export(dirs, tmp_path / "model.safetensors")
+    got = load_file(tmp_path / "model.safetensors")
+    assert set(got) == set(want) and all(torch.equal(got[key], value) for key, value in want.items())
+    assert [verify_run(d) for d in dirs] == before
+
+
 @pytest.mark.parametrize("seed", [1, 5])  # kills after steps 9 and 11
 def test_both_nodes_killed_at_a_random_step_resume_bitwise_with_s3(tmp_path: Path, reference: Path, seed: int, s3_remote: str) -> None:  # noqa: F811
     kill_at = random.Random(seed).randint(9, STEPS - 1)  # after step 8's checkpoint began: step 4's is committed
