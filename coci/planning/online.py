@@ -323,11 +323,14 @@ class PlanningPolicy:
         return max(float(stall), floor), max(float(persist), floor), max(interference, 0.0), max(float(restart), 0.0)
 
     def _curve(self, observation: Observation, fallbacks: list[str]) -> ProgressCurve | None:
-        """The fit of the loss trace so far, or (``auto``) the prior while the trace is too short.
+        """The curve of the loss trace so far (:meth:`_fit_of`), or (``auto``) the prior while the
+        trace is too short.
 
         A trace with fewer than ``knobs.FIT_MIN_POINTS`` points (but at least one) gets
-        ``PRIOR_PROGRESS_RATE`` for ``auto``; a longer one its fit, which ``plan`` turns into the
-        time-optimal plan when the fitter finds it unusable (flat, rising). Even a fit of the first
+        ``PRIOR_PROGRESS_RATE`` for ``auto``; a longer one, for ``auto``'s progress objective, the
+        trace itself and its forecast (:func:`coci.planning.empirical.forecast_curve`), else its fit,
+        which ``plan`` turns into the time-optimal plan when the fitter finds it unusable (flat,
+        rising). Even a curve of the first
         few dozen steps is used: measured on GPT-2 and synthetic curves, waiting for the trace to
         cover 1% of the horizon lost more (the steepest, most valuable stretch passes meanwhile)
         than the extrapolation error cost."""

@@ -23,7 +23,9 @@ revealed) is time-consistent with the offline plan:
 
 * the progress weight is normalised over the whole run, from the trace's first step to the horizon
   (``coci.planning.objective``), never over the remaining steps; before a recent-window fit's window the
-  rate is the observed average (the law is not extrapolated backwards);
+  rate is the observed average (the law is not extrapolated backwards); ``auto``'s policy online
+  plans on the trace so far as it is and a forecast of the rest
+  (``coci.planning.empirical.forecast_curve``), not on a law;
 * the time budget belongs to the run: the whole run's expected wall-clock overhead (from step 0,
   the checkpoints already taken, ``taken_steps``, followed by the new plan; warm-up checkpoints and
   earlier plans' included) must stay within ``1 + time_budget`` times the whole run's time

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from coci.analysis.report.small_cut import attainable_cut, small_cut_reason
+from coci.planning.empirical import forecast_curve
 from coci.planning.failures import Failures
 from coci.planning.fit import fit_curve
 from coci.planning.planner import plan
@@ -37,6 +38,11 @@ def test_the_line_names_a_fit_that_hides_the_early_fall() -> None:
     planned = plan("auto", curve=flat_fit, **JOB)
     reason = small_cut_reason(planned, trace)
     assert reason is not None and "plans from this fit save little" in reason
+    # a plan on the trace and its forecast (auto online) records the same fit but weighs the early
+    # fall as the trace shows it: no such line
+    on_trace = plan("auto", curve=forecast_curve(*trace, flat_fit), **JOB)
+    assert on_trace.fit is not None and on_trace.fit.window_start == flat_fit.window_start
+    assert small_cut_reason(on_trace, trace) is None
 
 
 def test_attainable_cut_first_order_values() -> None:

@@ -90,6 +90,12 @@ def early_weight(weight: Weight, young_steps: float) -> float:
     return float(np.mean(np.maximum(np.nan_to_num(weight(steps), nan=0.0, posinf=0.0), 0.0)))
 
 
+def _planned_on_trace(plan: Plan) -> bool:
+    """True when the plan weighed the loss trace itself (an empirical curve: offline from a recorded
+    trace, online the trace so far and its forecast), not its recorded fit's law."""
+    return "empirical (" in plan.inputs.curve
+
+
 def small_cut_reason(plan: Plan, trace: tuple[np.ndarray, np.ndarray] | None = None) -> str | None:
     """One sentence saying why the progress objective cuts little against Young on this run, or
     None when it can cut at least ``_REPORT_SMALL_CUT`` (or there is no curve or failure model).
@@ -98,7 +104,8 @@ def small_cut_reason(plan: Plan, trace: tuple[np.ndarray, np.ndarray] | None = N
     recorded fit and, when given, the one the run's loss ``trace`` ``(steps, losses)`` shows. Two
     reasons: the loss falls too slowly early for what a checkpoint costs (the trace's weight, else
     the fit's, leaves no cut), or the trace allows a cut that the fit hides (a recent-window fit holds
-    the loss before its window at the observed average, so plans made from it stay near Young)."""
+    the loss before its window at the observed average, so plans made from it stay near Young); not
+    said of a plan that weighed the trace itself (``auto`` online, or from a recorded trace)."""
     inputs = plan.inputs
     if inputs.failures is None or not inputs.checkpoint_seconds > 0:
         return None
@@ -124,7 +131,7 @@ def small_cut_reason(plan: Plan, trace: tuple[np.ndarray, np.ndarray] | None = N
             "Young's progress-weighted overhead (first order); an online plan, which learns the curve as it comes, "
             "saves less."
         )
-    if shown is None or fitted is None or plan.fit is None:
+    if shown is None or fitted is None or plan.fit is None or _planned_on_trace(plan):
         return None
     fit_cut = cut_of(fitted)
     if fit_cut >= _REPORT_SMALL_CUT:
