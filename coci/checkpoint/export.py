@@ -320,11 +320,23 @@ def _write_safetensors(out: Path, tensors: list[ExportedTensor], stream: Iterato
     tmp = out.with_name(out.name + ".tmp")
     try:
         _stream_safetensors(tmp, encoded, tensors, stream)
+        _check_header(tmp, [t.name for t in tensors])
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, out)
     return offset
+
+
+def _check_header(path: Path, names: list[str]) -> None:
+    """The file as the reference reader (the ``safetensors`` package) opens it: every tensor listed
+    (its header only is read)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as handle:
+        listed = set(handle.keys())
+    if listed != set(names):
+        raise ConfigError(f"{path}: the safetensors reader lists {len(listed)} tensors, {len(names)} were written")
 
 
 def _stream_safetensors(tmp: Path, encoded: bytes, tensors: list[ExportedTensor], stream: Iterator[torch.Tensor]) -> None:
