@@ -102,6 +102,31 @@ def test_a_killed_and_resumed_trainer_run_exports_a_folder_from_pretrained_loads
     assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()  # written once, tied again
 
 
+def test_attach_starts_a_new_run_from_another_runs_weights_once(tmp_path: Path) -> None:
+    from transformers import TrainerCallback
+
+    import coci
+    from coci.integrations.transformers import attach
+
+    pretrain = small_trainer(tmp_path / "a")
+    attach(pretrain, tmp_path / "pretrain", policy=coci.EveryN(3))
+    pretrain.train()
+    seen: list[torch.Tensor] = []
+
+    class FirstWeights(TrainerCallback):  # after coci's on_train_begin: what training starts from
+        def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+            if not seen:
+                seen.append(model.transformer.wte.weight.detach().clone())
+
+    tune = small_trainer(tmp_path / "b", max_steps=3)
+    attach(tune, tmp_path / "tune", policy=coci.EveryN(3), init_from=str(tmp_path / "pretrain"))
+    tune.add_callback(FirstWeights())
+    tune.train()
+    assert torch.equal(seen[0], pretrain.model.transformer.wte.weight)
+    events = [json.loads(line) for line in (tmp_path / "tune" / "events.jsonl").read_text().splitlines()]
+    assert [(e["from_step"], e["keys"]) for e in events if e["event"] == "init_from"] == [(6, ["model"])]
+
+
 def test_the_integration_adds_at_most_five_lines_and_the_plain_script_has_no_coci() -> None:
     source = JOB.read_text()
     assert 1 <= len(coci_lines(source)) <= 5
