@@ -66,6 +66,15 @@ restart at each epoch and cannot know the batch's index: coci warns that their d
 restored. A dataset whose ``__getitem__`` draws random numbers is not covered. Single process only
 (``args.world_size == 1``).
 
+``load_best_model_at_end``
+--------------------------
+coci's final checkpoint holds the last step's trained state (weights, optimizer, scheduler): it is
+taken before HF loads the best model, so a re-run with a larger ``max_steps`` continues training from
+where it stopped. The best model is HF's artefact: HF's ``checkpoint-N`` folder named by
+``trainer.state.best_model_checkpoint`` (under ``output_dir``; HF requires ``save_strategy`` for
+it), loaded into ``trainer.model`` when ``train()`` returns, as without coci; save it from there
+(``trainer.save_model(path)``).
+
 HF's own checkpoints
 --------------------
 ``save_strategy`` may stay on: HF writes its ``checkpoint-N`` folders as before (with its own
@@ -80,6 +89,8 @@ skips (the Trainer calls them before the epoch runs); nothing is trained or eval
 from __future__ import annotations
 
 import collections
+import contextlib
+import copy
 import functools
 import inspect
 import logging
@@ -87,7 +98,7 @@ import math
 import os
 import random
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 try:
@@ -153,6 +164,7 @@ def attach(
     trainer._get_train_sampler = _replaying_orders(callback, trainer._get_train_sampler)  # type: ignore[method-assign]
     trainer.get_train_dataloader = _recording_collates(callback, trainer.get_train_dataloader)  # type: ignore[method-assign]
     trainer.train = _closing_on_error(callback, trainer.train)  # type: ignore[method-assign]
+    trainer._load_best_model = _checkpointing_first(callback, trainer._load_best_model)  # type: ignore[method-assign]
     return callback
 
 
@@ -184,6 +196,9 @@ class CociCallback(SessionHolder, TrainerCallback):
         self._loss: torch.Tensor | None = None
         self._order: _GlobalRngOrder | None = None  # the train sampler, when its order draws from the global RNG
         self._collate: _RecordedCollate | None = None  # the train loader's collator, as coci wraps it
+        self._pass = 0  # the Trainer's epoch (pass over the data) training now
+        self._pass_start_step = 0  # the global step the current pass began at
+        self._stream_resume: dict[str, Any] | None = None  # restored: where the iterable train dataset stood
 
     # -- Trainer hooks ---------------------------------------------------------------------------
 
@@ -204,11 +219,13 @@ class CociCallback(SessionHolder, TrainerCallback):
             )
         self._close_session()
         self._resume_step, self._pending_rng, self._loss_before, self._loss = None, None, None, None
+        self._stream_resume, self._pass, self._pass_start_step = None, 0, 0
         self._progress = _TrainerProgress(trainer, self)
         self._session = Session(self.run_dir, state=_trainer_state(trainer, self._progress), config=self._config_for(state.max_steps))
         record_hf_model(self._session.run_dir, trainer.model)  # what `coci export --format hf` writes config.json from
         self._restored = self._restore_or_start(self._session)
         if self._restored is not None:
+            _check_stream_resumable(trainer, self._restored.path)
             self._resume_step = state.global_step
             self._pending_rng = rng_state.capture()  # applied again once the resumed step's batches are fetched
             logger.info("coci: resumed from %s (global step %d)", self._restored.path, state.global_step)
@@ -227,6 +244,16 @@ class CociCallback(SessionHolder, TrainerCallback):
             self._loss = self._attached_trainer()._tr_loss.detach() - self._loss_before
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        session = self._session
+        if session is None:
+            return
+        self._final_checkpoint(state)
+        self._session = None
+        session.close()  # waits for the last persist; surfaces a background failure
+
+    def _final_checkpoint(self, state: TrainerState) -> None:
+        """Record the last step and checkpoint it (as ``save_last`` says), once the Trainer added its
+        running loss to the total; before ``load_best_model_at_end`` replaces the trained weights."""
         session, progress = self._session, self._progress
         if session is None or progress is None:
             return
@@ -237,8 +264,6 @@ class CociCallback(SessionHolder, TrainerCallback):
         last = session.checkpoint_steps[-1] if session.checkpoint_steps else None
         if session.steps > 0 and last != session.steps and final_checkpoint_wanted(self.config.retention.save_last, reached_end):
             session.checkpoint(reason="close")
-        self._session = None
-        session.close()  # waits for the last persist; surfaces a background failure
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -256,19 +281,43 @@ class CociCallback(SessionHolder, TrainerCallback):
         self._loss = None
 
     def _epoch_resume(self, epoch: int, per_epoch: int, max_steps: int) -> tuple[str, int]:
-        """What ``_run_epoch(epoch)`` does after a restore: ("skip", 0) for an epoch trained before
-        the checkpoint (every epoch when the run had finished), ("resume", batches) for the epoch the
+        """What ``_run_epoch(epoch)`` does after a restore: ("done", 0) when the run had finished,
+        ("skip", 0) for an epoch trained before the checkpoint, ("resume", batches) for the epoch the
         checkpoint lies in, ("run", 0) once resumed."""
         restored = self._resume_step
         if restored is None:
             return "run", 0
+        accumulation = self._attached_trainer().args.gradient_accumulation_steps
         resumed_epoch, done = divmod(restored, per_epoch)
-        if restored >= max_steps or epoch < resumed_epoch:
+        if self._stream_resume is not None:  # an iterable dataset: its passes end where its data does
+            resumed_epoch, done = self._stream_resume["pass"], self._stream_resume["trained_batches"] // accumulation
+        if restored >= max_steps:
+            return "done", 0
+        if epoch < resumed_epoch:
             return "skip", 0
         self._resume_step = None
         if epoch > resumed_epoch or done == 0:
             return "run", 0
-        return "resume", done * self._attached_trainer().args.gradient_accumulation_steps
+        return "resume", done * accumulation
+
+    def _stream_record(self) -> dict[str, Any] | None:
+        """Where a stateful iterable train dataset stands: the pass, the batches of it trained, and
+        the dataset's state after the last of them (None before the first)."""
+        collate = self._collate
+        if collate is None or collate.stream is None:
+            return None
+        trainer = self._attached_trainer()
+        trained = (trainer.state.global_step - self._pass_start_step) * trainer.args.gradient_accumulation_steps
+        state = collate.stream_state_after(self._pass, trained - 1) if trained > 0 else None
+        return {"pass": self._pass, "trained_batches": trained, "dataset": state}
+
+    def _begin_pass(self, epoch: int, trained_batches: int) -> None:
+        """The Trainer begins epoch ``epoch`` (``trained_batches`` of it trained before a restore)."""
+        trainer = self._attached_trainer()
+        self._pass = epoch
+        self._pass_start_step = trainer.state.global_step - trained_batches // trainer.args.gradient_accumulation_steps
+        if self._collate is not None:
+            self._collate.begin_epoch(epoch, trained_batches)
 
     def _attached_trainer(self) -> Trainer:
         if self._trainer is None:
@@ -293,13 +342,21 @@ def _skipping_trained_epochs(callback: CociCallback, run_epoch: Callable[..., An
                 f"{callback.restored.path if callback.restored else ''} both restore this run: remove one"
             )
         action, batches = callback._epoch_resume(kwargs["epoch"], kwargs["num_update_steps_per_epoch"], trainer.state.max_steps)
+        if action == "done":  # the run had finished: no epoch is left (an iterable dataset's epochs never end)
+            trainer.control.should_training_stop = True
+            return None
         if action == "skip":
             return None
-        if callback._collate is not None:
-            callback._collate.begin_epoch(kwargs["epoch"], batches)
+        callback._begin_pass(kwargs["epoch"], batches)
+        stream, callback._stream_resume = callback._stream_resume, None
         if action == "resume":  # HF's resume: skip_first_batches, the step counter; its RNG file is absent
             kwargs.update(epochs_trained=kwargs["epoch"], steps_trained_in_current_epoch=batches)
             kwargs["resume_from_checkpoint"] = str(callback.restored.path) if callback.restored else None
+            if stream is not None:  # the dataset resumes itself: nothing is skipped
+                dataset: Any = trainer.train_dataset
+                dataset.load_state_dict(stream["dataset"])
+                with _batches_not_skipped():
+                    return run_epoch(**kwargs)
         return run_epoch(**kwargs)
 
     return run
@@ -341,6 +398,50 @@ class _GlobalRngOrder(torch.utils.data.Sampler[int]):
         return iter(list(self.sampler))
 
 
+def _is_stream(dataset: Any) -> bool:
+    return isinstance(dataset, torch.utils.data.IterableDataset)
+
+
+def _is_stateful(dataset: Any) -> bool:
+    return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
+
+
+def _check_stream_resumable(trainer: Trainer, checkpoint: Any) -> None:
+    """ConfigError naming the train dataset when it is an iterable dataset coci cannot put back where
+    ``checkpoint`` left it: without ``state_dict``/``load_state_dict`` (HF's resume would replay the
+    stream from its start, silently another run), or iterated in worker processes."""
+    dataset = trainer.train_dataset
+    if not _is_stream(dataset):
+        return
+    name = f"train_dataset {type(dataset).__name__}"
+    if not _is_stateful(dataset):
+        raise ConfigError(
+            f"coci cannot resume the Trainer's {name} from {checkpoint}: it is an IterableDataset without "
+            "state_dict()/load_state_dict(), so its position in the stream is not in the checkpoint and the resumed run "
+            "would read other data. Give it state_dict and load_state_dict (the torch Stateful protocol), or start "
+            "afresh (attach(..., resume=False) or another run_dir)"
+        )
+    if trainer.args.dataloader_num_workers > 0:
+        raise ConfigError(
+            f"coci cannot resume the Trainer's {name} from {checkpoint} with dataloader_num_workers="
+            f"{trainer.args.dataloader_num_workers}: its position lives in the worker processes; use "
+            "dataloader_num_workers=0"
+        )
+
+
+@contextlib.contextmanager
+def _batches_not_skipped() -> Iterator[None]:
+    """The Trainer's resumed epoch without its ``skip_first_batches`` (the dataset resumed itself)."""
+    import transformers.trainer as trainer_module
+
+    skip = trainer_module.skip_first_batches
+    trainer_module.skip_first_batches = lambda dataloader, num_batches=0: dataloader
+    try:
+        yield
+    finally:
+        trainer_module.skip_first_batches = skip
+
+
 def _recording_collates(callback: CociCallback, get_train_dataloader: Callable[..., Any]) -> Callable[..., Any]:
     """``Trainer.get_train_dataloader`` whose loader collates through ``_RecordedCollate`` (the
     evaluation loaders keep the collator as it is)."""
@@ -350,7 +451,9 @@ def _recording_collates(callback: CociCallback, get_train_dataloader: Callable[.
         trainer = callback._attached_trainer()
         collate = trainer.data_collator
         seed = trainer.args.data_seed if trainer.args.data_seed is not None else trainer.args.seed
-        trainer.data_collator = callback._collate = _RecordedCollate(collate, seed, trainer.args.gradient_accumulation_steps)
+        dataset, in_main = trainer.train_dataset, trainer.args.dataloader_num_workers == 0
+        stream = dataset if _is_stream(dataset) and _is_stateful(dataset) and in_main else None  # in workers: refused at restore
+        trainer.data_collator = callback._collate = _RecordedCollate(collate, seed, trainer.args.gradient_accumulation_steps, stream)
         try:
             return get_train_dataloader(*args, **kwargs)
         finally:
@@ -371,9 +474,11 @@ class _RecordedCollate:
     resumed batch, draw what the uninterrupted run's drew for it.
     """
 
-    def __init__(self, collate: Callable[[Any], Any], seed: int, accumulation: int) -> None:
+    def __init__(self, collate: Callable[[Any], Any], seed: int, accumulation: int, stream: Any = None) -> None:
         self.collate = collate
         self.seed = seed
+        self.stream = stream  # a stateful iterable train dataset: its state after each batch is kept
+        self.stream_states: collections.deque[tuple[int, int, Any]] = collections.deque(maxlen=accumulation + 2)
         self.epoch = 0
         self.first_batch = 0  # the index in the epoch of the first batch the current loader fetches
         self.calls = 0  # batches collated since (in this process)
@@ -395,7 +500,17 @@ class _RecordedCollate:
             batch = self.first_batch + worker.id + self.calls * worker.num_workers
             _seed_everything(epoch_seed(self.seed, self.epoch, f"collate/{batch}"))
         self.calls += 1
-        return self.collate(features)
+        collated = self.collate(features)
+        if worker is None and self.stream is not None:
+            self.stream_states.append((self.epoch, batch, copy.deepcopy(self.stream.state_dict())))
+        return collated
+
+    def stream_state_after(self, epoch: int, batch: int) -> Any:
+        """The stream's state after batch ``batch`` of epoch ``epoch`` was fetched (one of the last)."""
+        for saved_epoch, saved_batch, state in self.stream_states:
+            if (saved_epoch, saved_batch) == (epoch, batch):
+                return state
+        raise StateError(f"coci kept no state of the train dataset after batch {batch} of epoch {epoch}")
 
     def __getattr__(self, name: str) -> Any:  # the collator's own attributes (HF reads some)
         if name == "collate":
@@ -407,6 +522,18 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     random.seed(seed)
     numpy.random.seed(seed % 2**32)
+
+
+def _checkpointing_first(callback: CociCallback, load_best_model: Callable[[], Any]) -> Callable[[], Any]:
+    """``Trainer._load_best_model`` (``load_best_model_at_end``) that first takes coci's final
+    checkpoint: it holds the trained weights of the last step, never the best step's."""
+
+    @functools.wraps(load_best_model)
+    def load() -> Any:
+        callback._final_checkpoint(callback._attached_trainer().state)
+        return load_best_model()
+
+    return load
 
 
 def _closing_on_error(callback: CociCallback, train: Callable[..., Any]) -> Callable[..., Any]:
@@ -468,6 +595,7 @@ class _TrainerProgress:
             "callbacks": {key: callback.state()["attributes"] for key, callback in self._callbacks().items()},
             "order_rng": self._owner._order.drawn_from if self._owner._order is not None else None,
             "collates": list(self._owner._collate.recent) if self._owner._collate is not None else [],
+            "stream": self._owner._stream_record(),
         }
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
@@ -488,6 +616,13 @@ class _TrainerProgress:
                     "checkpoint holds no record of it (written by a run without train_sampling_strategy='group_by_length'?)"
                 )
             order.replay = order_rng
+        streaming = self._owner._collate is not None and self._owner._collate.stream is not None
+        if (saved.get("stream") is not None) != streaming:
+            raise StateMismatchError(
+                "the checkpoint's train data " + ("is" if saved.get("stream") is not None else "is not")
+                + " a stateful iterable dataset and this Trainer's " + ("is" if streaming else "is not")
+            )
+        self._owner._stream_resume = saved.get("stream")
         if self._owner._collate is not None:
             self._owner._collate.replay = {(entry["epoch"], entry["batch"]): entry["rng"] for entry in saved.get("collates", [])}
         callbacks = self._callbacks()
@@ -532,6 +667,12 @@ def _check_progress(saved: Any) -> None:
     order_rng = saved.get("order_rng")
     if order_rng is not None and not (isinstance(order_rng, torch.Tensor) and order_rng.dtype == torch.uint8 and order_rng.dim() == 1):
         raise StateError(f"checkpoint's trainer progress: order_rng must be a torch RNG state (1-d uint8 tensor), got {order_rng!r}")
+    stream = saved.get("stream")
+    if stream is not None and not (
+        isinstance(stream, Mapping) and _is_index(stream.get("pass")) and _is_index(stream.get("trained_batches"))
+        and (stream.get("dataset") is not None or stream["trained_batches"] == 0)
+    ):
+        raise StateError(f"checkpoint's trainer progress: 'stream' must be {{pass, trained_batches, dataset}}, got {stream!r}")
     collates = saved.get("collates", [])
     if not isinstance(collates, list) or not all(_is_collate_record(entry) for entry in collates):
         raise StateError("checkpoint's trainer progress: 'collates' must list {epoch, batch, rng} records")

@@ -51,10 +51,16 @@ TRAJECTORIES: list[dict[str, Any]] = [
     # a collator that draws from torch's, Python's and NumPy's RNGs: in the main process the killed
     # run's draws are collated again; in 2 workers each batch's seeds come from its position, so the
     # reference is the job as written, never killed
-    {"name": "seed5-random-collator-accumulate2", "config": {"seed": 5, "accumulate": 2, "horizon": "steps", "collate": "random"},
+    {"name": "seed5-random-collator-accumulate2-best", "config": {"seed": 5, "accumulate": 2, "horizon": "steps", "collate": "random", "best_at_end": True},
      "kills": ["persist:3", "epoch:3"], "restores": [6, 18, 30]},
     {"name": "seed6-random-collator-2-workers", "config": {"seed": 6, "accumulate": 1, "horizon": "steps", "collate": "random", "workers": 2},
      "kills": ["persist:3", "eval:20"], "restores": [6, 18, 30], "reference": "coci"},
+    # a stateful IterableDataset (passes of 9 batches, 30 steps): restored at a pass's end (9) and
+    # in the second pass (12, 14: the dataset resumes itself, nothing is skipped)
+    {"name": "seed7-stateful-stream", "config": {"seed": 7, "accumulate": 1, "horizon": "steps", "data": "stateful-stream"},
+     "kills": ["persist:4", "eval:15"], "restores": [9, 12, 30]},
+    {"name": "seed8-stateful-stream-accumulate2", "config": {"seed": 8, "accumulate": 2, "horizon": "steps", "data": "stateful-stream"},
+     "kills": ["persist:3", "eval:15"], "restores": [6, 12, 30]},
 ]
 
 
@@ -226,6 +232,61 @@ def test_epochs_as_the_horizon_take_the_final_checkpoint(tmp_path: Path) -> None
     assert trainer.state.global_step == 18
     assert sorted(int(p.name.split("_")[1]) for p in (tmp_path / "coci" / "checkpoints").iterdir()) == [4, 8, 12, 16, 18]
     assert callback.restored is None
+
+
+def test_with_load_best_model_at_end_the_final_checkpoint_holds_the_last_steps_weights(tmp_path: Path) -> None:
+    """HF loads the best step's weights after training (here the highest eval loss: the first
+    evaluation's); coci's final checkpoint holds the weights the last step trained, and the best model
+    is HF's folder named in ``best_model_checkpoint``."""
+    from transformers import TrainerCallback
+
+    import coci
+    from coci.checkpoint.checkpointer import load_committed
+    from coci.integrations.transformers import attach
+
+    trained: dict[str, torch.Tensor] = {}
+
+    class Last(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+            trained.update({key: value.clone() for key, value in model.state_dict().items()})
+
+    trainer = small_trainer(
+        tmp_path, callbacks=[Last()], eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=2,
+        load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=True,
+    )
+    attach(trainer, tmp_path / "coci", policy=coci.EveryN(100))
+    trainer.train()
+    assert trainer.state.best_global_step == 2 and trainer.state.best_model_checkpoint.endswith("checkpoint-2")
+    saved = load_committed(tmp_path / "coci" / "checkpoints" / "step_6", None).tree["model"]
+    assert all(torch.equal(saved[key], value) for key, value in trained.items())
+    best = trainer.model.state_dict()
+    assert not all(torch.equal(best[key], value) for key, value in trained.items())  # the best model is in memory
+
+
+def test_an_iterable_dataset_without_state_is_refused_at_restore_naming_it(tmp_path: Path) -> None:
+    """Its position is in no checkpoint and HF's resume would read the stream from its start: the
+    restore refuses (a fresh run trains as usual) and frees the run directory."""
+    from hf_job import ByteStream, StatefulByteStream
+
+    import coci
+    from coci.integrations.transformers import attach
+
+    for steps in (2, 4):
+        trainer = small_trainer(tmp_path, max_steps=steps)
+        trainer.train_dataset = ByteStream(trainer.train_dataset)
+        attach(trainer, tmp_path / "coci", policy=coci.EveryN(1))
+        if steps == 2:
+            trainer.train()
+            continue
+        with pytest.raises(coci.ConfigError, match=r"train_dataset ByteStream .*step_2.*without state_dict"):
+            trainer.train()
+    trainer = small_trainer(tmp_path, max_steps=4, dataloader_num_workers=1)
+    trainer.train_dataset = StatefulByteStream(trainer.train_dataset)  # its position would live in the worker
+    attach(trainer, tmp_path / "coci", policy=coci.EveryN(1))
+    with pytest.raises(coci.ConfigError, match="train_dataset StatefulByteStream .*dataloader_num_workers=1"):
+        trainer.train()
+    with coci.Session(tmp_path / "coci", state={"x": torch.zeros(1)}, policy=coci.EveryN(10)):
+        pass
 
 
 def test_persistent_workers_warn_that_their_collator_draws_are_not_restored(tmp_path: Path) -> None:

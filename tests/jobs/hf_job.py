@@ -7,7 +7,9 @@ HF's own checkpoints every 10. Nothing is downloaded. ``tests/integration/test_t
 lines removed (the plain script), whose results the killed run must equal bitwise; it also counts
 the ``# coci`` lines (at most five). Its keyword arguments choose the shapes the tests cover:
 ``sampling="group_by_length"`` (HF's length-grouped sampler, whose order draws from the global RNG),
-``collate="random"`` (a collator that draws from the global RNGs), ``workers`` (loader worker processes).
+``collate="random"`` (a collator that draws from the global RNGs), ``workers`` (loader worker processes),
+``data="stream"`` / ``"stateful-stream"`` (an ``IterableDataset``, without or with ``state_dict``),
+``best_at_end`` (``load_best_model_at_end``).
 
 ``hooks`` (from the campaign) records every log entry and may SIGKILL the process during an
 evaluation or at an epoch's end; the plain script has the same hooks.
@@ -42,6 +44,36 @@ class ByteBlocks(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
+
+
+class ByteStream(torch.utils.data.IterableDataset):
+    """The training blocks as a stream (an ``IterableDataset``, no ``__len__``): one pass, in order."""
+
+    def __init__(self, blocks: ByteBlocks) -> None:
+        self.blocks = blocks
+
+    def __iter__(self) -> Any:
+        yield from (self.blocks[index] for index in range(len(self.blocks)))
+
+
+class StatefulByteStream(ByteStream):
+    """The stream with its position in ``state_dict`` / ``load_state_dict`` (torch's Stateful protocol)."""
+
+    def __init__(self, blocks: ByteBlocks) -> None:
+        super().__init__(blocks)
+        self.position = 0
+
+    def __iter__(self) -> Any:
+        while self.position < len(self.blocks):
+            self.position += 1
+            yield self.blocks[self.position - 1]
+        self.position = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
 
 
 def datasets() -> tuple[ByteBlocks, ByteBlocks]:
@@ -80,10 +112,12 @@ class Hooked(TrainerCallback):
 
 
 def train(
-    out: Path, hooks: Any, seed: int, accumulate: int, horizon: str, sampling: str = "random", collate: str = "default", workers: int = 0
+    out: Path, hooks: Any, seed: int, accumulate: int, horizon: str, sampling: str = "random", collate: str = "default", workers: int = 0,
+    data: str = "blocks", best_at_end: bool = False,
 ) -> dict[str, Any]:
     set_seed(seed)
-    train_set, eval_set = datasets()
+    blocks, eval_set = datasets()
+    train_set = {"blocks": blocks, "stream": ByteStream(blocks), "stateful-stream": StatefulByteStream(blocks)}[data]
     model = tiny_gpt2()
     limit = {"max_steps": 30} if horizon == "steps" else {"num_train_epochs": 3}
     args = TrainingArguments(
@@ -91,7 +125,7 @@ def train(
         gradient_accumulation_steps=accumulate, learning_rate=3e-3, warmup_steps=3, lr_scheduler_type="cosine",
         logging_steps=4, eval_strategy="steps", eval_steps=5, save_strategy="steps", save_steps=10,
         metric_for_best_model="eval_loss", seed=seed, use_cpu=True, report_to="none", disable_tqdm=True,
-        train_sampling_strategy=sampling, dataloader_num_workers=workers, **limit,
+        train_sampling_strategy=sampling, dataloader_num_workers=workers, load_best_model_at_end=best_at_end, **limit,
     )
     collator = random_masking if collate == "random" else None
     trainer = Trainer(model=model, args=args, train_dataset=train_set, eval_dataset=eval_set, data_collator=collator, callbacks=[Hooked(hooks)])
