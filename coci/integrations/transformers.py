@@ -531,6 +531,8 @@ def _checkpointing_first(callback: CociCallback, load_best_model: Callable[[], A
     @functools.wraps(load_best_model)
     def load() -> Any:
         callback._final_checkpoint(callback._attached_trainer().state)
+        if callback._session is not None:
+            callback._session.wait_snapshot()  # the weights are copied before HF overwrites them in place
         return load_best_model()
 
     return load

@@ -8,6 +8,9 @@ the finished run. Final weights, AdamW state, scheduler, best metric, log histor
 of every process must equal the plain script's (the ``# coci`` lines removed), run in the same test.
 The restored steps show which resume path each restart took: 9 and 15 are epoch starts (no batch
 skipped), the others mid-epoch; the checkpoints at 3 precede the first log (the running loss sum).
+The later trajectories cover the shapes the HF guide's table lists: HF's length-grouped sampler, a
+collator that draws random numbers (in the main process and in 2 workers), ``load_best_model_at_end``
+and a stateful ``IterableDataset``.
 """
 
 from __future__ import annotations
@@ -42,24 +45,22 @@ TRAJECTORIES: list[dict[str, Any]] = [
     # start 15), at epoch 4's end
     {"name": "seed2-steps-accumulate2", "config": {"seed": 2, "accumulate": 2, "horizon": "steps"},
      "kills": ["eval:10", "persist:3", "epoch:4"], "restores": [9, 15, 24, 30]},
-    # HF's length-grouped sampler draws each epoch's order from the global RNG: restored mid-epoch (6,
-    # 12) and at an epoch's start (9, 18)
-    {"name": "seed3-group-by-length", "config": {"seed": 3, "accumulate": 1, "horizon": "steps", "sampling": "group_by_length"},
+    # HF's length-grouped sampler draws each epoch's order from the global RNG, the collator draws from
+    # torch's, Python's and NumPy's (the killed run's draws are collated again): restored mid-epoch (6
+    # and 3) and at an epoch's start (9); the second loads the best model at the end
+    {"name": "seed3-group-by-length-random-collator",
+     "config": {"seed": 3, "accumulate": 1, "horizon": "steps", "sampling": "group_by_length", "collate": "random"},
      "kills": ["persist:3", "eval:10"], "restores": [6, 9, 30]},
-    {"name": "seed4-group-by-length-accumulate2", "config": {"seed": 4, "accumulate": 2, "horizon": "epochs", "sampling": "group_by_length"},
+    {"name": "seed4-group-by-length-random-collator-accumulate2-best",
+     "config": {"seed": 4, "accumulate": 2, "horizon": "epochs", "sampling": "group_by_length", "collate": "random", "best_at_end": True},
      "kills": ["eval:5", "persist:3"], "restores": [3, 9, 15]},
-    # a collator that draws from torch's, Python's and NumPy's RNGs: in the main process the killed
-    # run's draws are collated again; in 2 workers each batch's seeds come from its position, so the
-    # reference is the job as written, never killed
-    {"name": "seed5-random-collator-accumulate2-best", "config": {"seed": 5, "accumulate": 2, "horizon": "steps", "collate": "random", "best_at_end": True},
-     "kills": ["persist:3", "epoch:3"], "restores": [6, 18, 30]},
-    {"name": "seed6-random-collator-2-workers", "config": {"seed": 6, "accumulate": 1, "horizon": "steps", "collate": "random", "workers": 2},
+    # the collator in 2 workers: each batch's seeds come from its position, so the reference is the
+    # job as written, never killed
+    {"name": "seed5-random-collator-2-workers", "config": {"seed": 5, "accumulate": 1, "horizon": "steps", "collate": "random", "workers": 2},
      "kills": ["persist:3", "eval:20"], "restores": [6, 18, 30], "reference": "coci"},
-    # a stateful IterableDataset (passes of 9 batches, 30 steps): restored at a pass's end (9) and
-    # in the second pass (12, 14: the dataset resumes itself, nothing is skipped)
-    {"name": "seed7-stateful-stream", "config": {"seed": 7, "accumulate": 1, "horizon": "steps", "data": "stateful-stream"},
-     "kills": ["persist:4", "eval:15"], "restores": [9, 12, 30]},
-    {"name": "seed8-stateful-stream-accumulate2", "config": {"seed": 8, "accumulate": 2, "horizon": "steps", "data": "stateful-stream"},
+    # a stateful IterableDataset (passes of 9 batches, the last step of a pass takes 1): restored in
+    # the first pass (6) and the second (12: the dataset resumes itself, nothing is skipped)
+    {"name": "seed6-stateful-stream-accumulate2", "config": {"seed": 6, "accumulate": 2, "horizon": "steps", "data": "stateful-stream"},
      "kills": ["persist:3", "eval:15"], "restores": [6, 12, 30]},
 ]
 
@@ -234,15 +235,29 @@ def test_epochs_as_the_horizon_take_the_final_checkpoint(tmp_path: Path) -> None
     assert callback.restored is None
 
 
-def test_with_load_best_model_at_end_the_final_checkpoint_holds_the_last_steps_weights(tmp_path: Path) -> None:
+def test_with_load_best_model_at_end_the_final_checkpoint_holds_the_last_steps_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """HF loads the best step's weights after training (here the highest eval loss: the first
-    evaluation's); coci's final checkpoint holds the weights the last step trained, and the best model
-    is HF's folder named in ``best_model_checkpoint``."""
+    evaluation's) into the model's own tensors; coci's final checkpoint holds the weights the last
+    step trained, even with its copy slowed down, and the best model is HF's folder named in
+    ``best_model_checkpoint``."""
+    import time
+
     from transformers import TrainerCallback
 
     import coci
+    from coci.checkpoint import snapshot
     from coci.checkpoint.checkpointer import load_committed
     from coci.integrations.transformers import attach
+
+    copy = snapshot.CopyJob.run_cpu
+
+    def slow_copy(job: Any) -> None:
+        time.sleep(0.5)
+        copy(job)
+
+    monkeypatch.setattr(snapshot.CopyJob, "run_cpu", slow_copy)
 
     trained: dict[str, torch.Tensor] = {}
 
