@@ -509,6 +509,7 @@ def quality3_cell(task: tuple[Curve, str, int, float, bool, float]) -> list[dict
         row = dict(curve=curve.name, group=curve.group, job=job_name, policy=name, checkpoints=len(result.steps),
                    wall_percent=result.metrics["wall_percent"].mean, progress_percent=result.metrics["progress_percent"].mean,
                    hours_lost=(result.mean("restart_seconds") + result.mean("lost_seconds")) / 3600.0,
+                   progress_hours_lost=(result.mean("restart_seconds") + result.mean("lost_progress_seconds")) / 3600.0,
                    expected_wall_seconds=plans[name].expected.get("wall_seconds", math.nan),
                    observations=observations if name == "auto online" else 0)
         for against in (a for a in ("young", "auto", "auto online") if a in results):
@@ -566,6 +567,9 @@ def quality3_report(frame: pd.DataFrame, trials: int) -> None:
         print(f"  {job}: offline cut median {part['cut'].median():.1%} (min {part['cut'].min():.1%}, max {part['cut'].max():.1%}); "
               f"budget used max {part['budget_used'].max():+.2%}; simulated wall vs Young max {part['wall_vs_young'].max():+.1%} "
               f"(its 95% interval's lower end max {auto.loc[job]['wall_vs_young_low'].max():+.1%})")
+    hours = frame[frame["policy"].isin(["auto", "young"])].groupby(["job", "policy"])[["hours_lost", "progress_hours_lost"]].median()
+    print("\nHours lost to failures (restarts + lost work) over the run, median over curves (wall-clock; progress-weighted):")
+    print(hours.round(3).to_string())
     print("\nEvery baseline (mean wall % / progress % of the run, simulated):")
     wide = frame.pivot_table(index=["job", "curve"], columns="policy", values=["wall_percent", "progress_percent"])
     for job in wide.index.get_level_values("job").unique():
