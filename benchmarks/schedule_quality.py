@@ -520,7 +520,7 @@ def quality3_cell(task: tuple[Curve, str, int, float, bool, float]) -> list[dict
                     paired.mean, paired.ci_low, paired.ci_high)
         if name == "auto":
             row["budget_used"] = plans[name].expected["exposed_wall_seconds"] / plans[name].expected["time_optimal_wall_seconds"] - 1
-            row["persist_bound"] = plans[name].details.get("persist_bound_share", math.nan)
+            row["density_bound_share"] = plans[name].details.get("density_bound_share", math.nan)
         rows.append(row)
     return rows
 
