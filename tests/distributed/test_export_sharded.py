@@ -73,3 +73,17 @@ def test_load_of_a_2_rank_fsdp2_checkpoint_into_a_tensor_parallel_mesh_is_the_ga
     assert set(got) == set(want)
     for name, value in want.items():
         assert torch.equal(got[name], value), name
+
+
+def test_a_corrupt_shard_fails_the_export_and_leaves_no_output(fsdp_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(fsdp_run, copy)
+    shard = sorted((copy / "checkpoints" / "step_4").glob("__1_*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(coci.CorruptCheckpointError, match="__1_"):
+        export(copy, tmp_path / "model.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
