@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -152,3 +153,41 @@ def test_callback_takes_a_plan_config_and_fills_its_horizon_from_max_steps(tmp_p
     assert session_config.total_steps is None and session_config.plan is not None and session_config.plan.total_steps is None
     session_config = CociCallback(tmp_path, mtbf="8h", total_steps=50)._config_for(SimpleNamespace(max_steps=300))
     assert session_config.total_steps == 50  # a horizon given is kept
+
+
+def test_the_callback_starts_a_new_run_from_another_runs_weights(tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+
+    import coci
+    from coci.integrations.lightning import CociCallback
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, index: int) -> torch.Tensor:
+            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    seen: list[torch.Tensor] = []
+
+    class FirstWeights(pl.Callback):  # after coci's on_fit_start: what training starts from
+        def on_train_start(self, trainer: Any, module: Any) -> None:
+            seen.append(module.layer.weight.detach().clone())
+
+    def fit(module: Tiny, steps: int, *callbacks: Any) -> None:
+        trainer = pl.Trainer(max_steps=steps, callbacks=list(callbacks), logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1)
+        trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+
+    pretrained = Tiny()
+    fit(pretrained, 4, CociCallback(tmp_path / "pretrain", policy=coci.EveryN(2)))
+    tuned = Tiny()
+    fit(tuned, 1, CociCallback(tmp_path / "tune", policy=coci.EveryN(2), resume=False, init_from=str(tmp_path / "pretrain")), FirstWeights())
+    assert torch.equal(seen[0], pretrained.layer.weight)
+    events = [json.loads(line) for line in (tmp_path / "tune" / "events.jsonl").read_text().splitlines()]
+    assert [(e["from_step"], e["keys"]) for e in events if e["event"] == "init_from"] == [(4, ["model"])]
