@@ -500,7 +500,7 @@ def _safe_reader(path: Path, manifest: DcpManifest, checked: Any = None) -> Any:
     """DCP's FileSystemReader, reading ``.metadata`` through ``read_dcp_metadata``: nothing a
     checkpoint holds may run code when loaded (DCP itself would call ``pickle.load`` on it; it
     loads the tensors with ``weights_only=True``) or make DCP read outside the checkpoint.
-    ``checked``: the metadata :func:`read_dcp_metadata` returned already (a reader of several batches reads it once)."""
+    ``checked``: the metadata ``read_dcp_metadata`` returned already (a reader of several batches reads it once)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -567,7 +567,7 @@ def read_dcp_tensors(
 ) -> None:
     """Fill ``wanted`` (DCP key -> a tensor or DTensor of the saved shape) from the (verified) DCP
     checkpoint in ``path``: DCP reads only the chunks those keys need. Collective under ``context``.
-    ``metadata``: what :func:`read_dcp_metadata` returned for ``path`` (else read again here)."""
+    ``metadata``: what ``read_dcp_metadata`` returned for ``path`` (else read again here)."""
     from torch.distributed.checkpoint import CheckpointException
     from torch.distributed.checkpoint import load as dcp_load
 

@@ -32,7 +32,7 @@ _SIMULATE_TRUTH_POINTS: int = 200
 #: How an empirical curve continues past its last point, in the order tried.
 EXTENSIONS: tuple[str, ...] = ("flat", "end slope", "parametric")
 
-#: The extension of :func:`forecast_curve`: the extensions blended by their held-out forecast errors.
+#: The extension of ``forecast_curve``: the extensions blended by their held-out forecast errors.
 BLEND: str = "blend"
 
 
@@ -229,7 +229,7 @@ def forecast_curve(steps: Any, losses: Any, fit: CurveFit) -> EmpiricalCurve:
     future as a blend of the extensions.
 
     The past is known exactly: up to its last point the curve is the trace's own monotone
-    smoothing (:func:`smoothed_trace`, the simulator's truth on the same points), so the early fall
+    smoothing (``smoothed_trace``, the simulator's truth on the same points), so the early fall
     keeps its full weight (a law fitted over a recent window flattens it to the window's average).
     The future is uncertain, and the planner's objective is linear in the progress weight, so the
     expected rate is what a plan should weigh: each extension (``"flat"``, ``"end slope"``,
@@ -238,8 +238,8 @@ def forecast_curve(steps: Any, losses: Any, fit: CurveFit) -> EmpiricalCurve:
     rest (the parametric one: ``fit.holdout_error``, its own backtest, so nothing is fitted twice).
     Without a usable backtest (a short trace) the parametric fit continues it, or the end slope
     without a usable fit: never "flat" by default, which would put the whole run's progress in the
-    past. Raises :class:`ConfigError` (field ``curve``) for a trace that does not fall: one the
-    fitter finds flat, rising or too short (``fit``'s fallback), or that :func:`smoothed_trace` refuses.
+    past. Raises [``ConfigError``][coci.ConfigError] (field ``curve``) for a trace that does not fall: one the
+    fitter finds flat, rising or too short (``fit``'s fallback), or that ``smoothed_trace`` refuses.
 
     Chosen over the alternatives measured on the project's curves and the GPT-2 runs (the
     recent-window law alone, the single best extension): see ``docs/evidence/plan-quality.md``.
@@ -276,7 +276,7 @@ def _blend_weights(errors: dict[str, float], parametric: bool) -> dict[str, floa
 
 
 def _simple_holdout_errors(s: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    """``"flat"`` and ``"end slope"`` forecasting the held-back tail, as :func:`_holdout_errors`
+    """``"flat"`` and ``"end slope"`` forecasting the held-back tail, as ``_holdout_errors``
     (no parametric refit)."""
     split = _holdout_split(s, y)
     errors = {"flat": math.inf, "end slope": math.inf}

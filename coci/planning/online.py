@@ -150,7 +150,7 @@ class PlanningPolicy:
     @property
     def curve(self) -> ProgressCurve | None:
         """The progress curve the current plan weighs (for ``auto``: the trace so far and its
-        forecast, :func:`coci.planning.empirical.forecast_curve`; None before a curve is known)."""
+        forecast, ``coci.planning.empirical.forecast_curve``; None before a curve is known)."""
         return self._fit
 
     @property
@@ -323,12 +323,12 @@ class PlanningPolicy:
         return max(float(stall), floor), max(float(persist), floor), max(interference, 0.0), max(float(restart), 0.0)
 
     def _curve(self, observation: Observation, fallbacks: list[str]) -> ProgressCurve | None:
-        """The curve of the loss trace so far (:meth:`_fit_of`), or (``auto``) the prior while the
+        """The curve of the loss trace so far (``_fit_of``), or (``auto``) the prior while the
         trace is too short.
 
         A trace with fewer than ``knobs.FIT_MIN_POINTS`` points (but at least one) gets
         ``PRIOR_PROGRESS_RATE`` for ``auto``; a longer one, for ``auto``'s progress objective, the
-        trace itself and its forecast (:func:`coci.planning.empirical.forecast_curve`), else its fit,
+        trace itself and its forecast (``coci.planning.empirical.forecast_curve``), else its fit,
         which ``plan`` turns into the time-optimal plan when the fitter finds it unusable (flat,
         rising). Even a curve of the first
         few dozen steps is used: measured on GPT-2 and synthetic curves, waiting for the trace to
@@ -353,7 +353,7 @@ class PlanningPolicy:
 
     def _fit_of(self, steps: np.ndarray, losses: np.ndarray) -> ProgressCurve:
         """The curve of the trace so far: for ``auto``'s progress objective the trace itself, then its
-        forecast (:func:`coci.planning.empirical.forecast_curve`: the past as observed, the future
+        forecast (``coci.planning.empirical.forecast_curve``: the past as observed, the future
         blended from extensions by held-out error; also where no law fits it); otherwise (or when the
         smoothed trace does not fall) ``fit_curve(steps, losses)``. Reused when the trace equals the one fitted last: both are
         deterministic, so a trace that has not changed since (losses logged less often than the
