@@ -314,6 +314,15 @@ class Session:
         self.close()
         return stopped
 
+    def mark_reached(self, step: int) -> None:
+        """Say that the work of ``step`` is done before ``step()`` is called for it (an integration
+        that calls ``step()`` late, as the Hugging Face callback does at the next step's start so a
+        checkpoint holds the logging and evaluation after the optimizer step). Only the step mark
+        moves, the record of how far a failed process got: the report counts that step as lost if
+        the process dies before its ``step()``. No-op for a step not ahead of ``steps``."""
+        if self._mark is not None and step > self._steps:
+            self._mark.set(int(step))
+
     def checkpoint(self, *, reason: CheckpointReason = "request") -> PendingCheckpoint:
         """Start a checkpoint of the current state now (also used by ``step``). ``reason`` is
         recorded with it in ``events.jsonl`` and shown by the report: ``"request"`` (a call of

@@ -240,6 +240,8 @@ class CociCallback(SessionHolder, TrainerCallback):
         self._loss_before = self._attached_trainer()._tr_loss.detach().clone()
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self._session is not None:  # step() comes at the next step's start: a failure before it loses this step too
+            self._session.mark_reached(state.global_step)
         if self._loss_before is not None:  # this step's loss: the running sum's increase (a device op)
             self._loss = self._attached_trainer()._tr_loss.detach() - self._loss_before
 

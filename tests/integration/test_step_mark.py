@@ -43,6 +43,16 @@ def test_a_kill_between_checkpoints_is_counted_to_the_step_the_process_reached(t
 
 
 @pytest.mark.slow
+def test_a_step_done_before_its_late_step_call_is_counted_lost(tmp_path: Path) -> None:
+    """The Hugging Face callback calls ``step()`` for a step at the next one's start; it marks the
+    step reached at its end, so a kill in between (an evaluation, an epoch's end) loses that step too."""
+    assert run_job(tmp_path, "--die-at", "13", "--mark-next-before-kill") == -signal.SIGKILL
+    assert run_job(tmp_path) == 0
+    (restore,) = read_run(tmp_path).restores
+    assert restore.reached_step == 14 and restore.lost_exact and restore.lost_steps == 14 - restore.step
+
+
+@pytest.mark.slow
 def test_the_restart_after_a_kill_is_measured_from_the_killed_process_not_from_its_step_mark(tmp_path: Path) -> None:
     """The restore event's ``restart_seconds`` is the downtime from the killed process's last event;
     the ``reached`` event the new process writes for the step mark is its own, not the killed one's."""

@@ -3,6 +3,7 @@
 Usage: python tests/jobs/train_job.py RUN_DIR --steps N --every K [--die-at STEP]
        [--die-in-persist POINT[:K]] [--loader] [--state-mb MB] [--remote URL --keep-last-remote N]
        [--persist thread|process] [--wait-before-kill] [--unrestored-noise]
+       [--mark-next-before-kill]
 
 Trains a small MLP with dropout (consumes RNG), Adam and a LambdaLR schedule, checkpointing every
 K steps through coci.Session. Each process appends "step loss_hex" lines to losses_<pid>.txt and,
@@ -13,6 +14,8 @@ installs a checkpoint fault hook (coci.checkpoint.faults.set_fault_hook) that SI
 remote tier (S3 settings from the AWS environment variables). --wait-before-kill waits for the
 checkpoint in flight to commit before a --die-at kill. --unrestored-noise adds noise drawn from
 ``NOISE``, a ``random.Random`` coci does not restore: a resume that is not exact on purpose.
+--mark-next-before-kill trains one more step before a --die-at kill and only says it is done
+(``session.mark_reached``), as an integration that calls ``step()`` late does.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def main() -> None:
     parser.add_argument("--persist", default="thread")  # Session(persist=...)
     parser.add_argument("--wait-before-kill", action="store_true")
     parser.add_argument("--unrestored-noise", action="store_true")
+    parser.add_argument("--mark-next-before-kill", action="store_true")
     args = parser.parse_args()
 
     torch.use_deterministic_algorithms(True)
@@ -129,6 +133,9 @@ def main() -> None:
         if args.die_at is not None and session.steps == args.die_at:
             if args.wait_before_kill:
                 session.wait()
+            if args.mark_next_before_kill:
+                train_step(*next(stream))
+                session.mark_reached(session.steps + 1)
             os.kill(os.getpid(), signal.SIGKILL)
     session.close()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(args.run_dir, "final.pt"))
