@@ -25,8 +25,8 @@ _CHECKFREQ_MAX_OVERHEAD: float = 0.05
 #: Fixed intervals ``auto`` compares itself with: a geometric grid this many per doubling, from the
 #: shortest admissible interval to ``_FIXED_GRID_YOUNG_MULTIPLE`` times Young's (and the round
 #: numbers 1, 2, 5 x 10^k a user picks for ``save_steps`` in that range).
-_FIXED_GRID_PER_DOUBLING: int = 8
-_FIXED_GRID_YOUNG_MULTIPLE: float = 8.0
+_FIXED_GRID_PER_DOUBLING: int = 2
+_FIXED_GRID_YOUNG_MULTIPLE: float = 4.0
 
 #: Fixed-interval candidates holding more checkpoints than this are not compared (memory and time).
 _FIXED_GRID_MAX_CHECKPOINTS: int = 200_000

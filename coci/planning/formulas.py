@@ -501,8 +501,9 @@ def _bisect_alpha(
             low = mid
         else:
             high = mid
-    if consider(low, place(model, low, min_steps, offsets, max_steps)):
-        return
+    boundary = place(model, low, min_steps, offsets, max_steps)
+    if consider(low, boundary) or all(steps.size > knobs.PLAN_REFINE_MAX_CHECKPOINTS for steps in boundary):
+        return  # fits, or too many checkpoints to be refined: the unrefined bisection stands
     floor, ceiling = 0.0, low
     for _ in range(knobs.PLAN_REFINED_BISECTION_STEPS):
         mid = 0.5 * (floor + ceiling)
@@ -580,19 +581,25 @@ def auto_steps(
 
     if not consider(1.0, progress_candidates):
         _bisect_alpha(consider, model, min_steps, offsets, max_steps)
-    steps, alpha, notes = _best_feasible(feasible, baselines or {}, model.expected, budget)
+    floor = model.restart_seconds * float(model.failures_until(model.horizon_seconds))
+    steps, alpha, notes = _best_feasible(feasible, baselines or {}, model.expected, budget, model.checkpoint_seconds, floor)
     return AutoResult(steps, alpha, time_wall, budget, notes)
 
 
 def _best_feasible(
     feasible: list[tuple[float, float, np.ndarray]], baselines: dict[str, np.ndarray],
-    score: Callable[[np.ndarray], Overhead], budget: float,
+    score: Callable[[np.ndarray], Overhead], budget: float, checkpoint_seconds: float, restart_seconds: float,
 ) -> tuple[np.ndarray, float, tuple[str, ...]]:
     """The feasible plan of least progress-weighted overhead (ties: the larger progress weight),
-    the baselines within the budget competing at alpha 0; a note names a baseline that wins."""
+    the baselines within the budget competing at alpha 0; a note names a baseline that wins. A
+    baseline whose checkpoints and restarts alone (``restart_seconds``: every plan pays them) cost
+    more than the budget or the best plan's progress overhead is not scored: it can be neither
+    feasible nor better."""
     progress, alpha, steps = min(feasible, key=lambda item: (item[0], -item[1]))
     winner = None
     for name, candidate in baselines.items():
+        if candidate.size * checkpoint_seconds + restart_seconds > min(budget, progress):
+            continue
         overhead = score(candidate)
         if overhead.exposed_wall_seconds <= budget and overhead.progress_seconds < progress:
             progress, alpha, steps, winner = overhead.progress_seconds, 0.0, candidate, name
@@ -652,5 +659,6 @@ def auto_steps_within_run_budget(
         return AutoResult(time_plan, 0.0, whole_time, budget, (spent,))
     if not consider(1.0, place(model, 1.0, min_steps, offsets, max_steps)):
         _bisect_alpha(consider, model, min_steps, offsets, max_steps)
-    steps, alpha, notes = _best_feasible(feasible, baselines or {}, run, budget)
+    floor = whole.restart_seconds * float(whole.failures_until(whole.horizon_seconds))
+    steps, alpha, notes = _best_feasible(feasible, baselines or {}, run, budget, model.checkpoint_seconds, floor)
     return AutoResult(steps, alpha, whole_time, budget, notes)
