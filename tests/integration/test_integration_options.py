@@ -46,6 +46,7 @@ VALUES: dict[str, Any] = {
     "storage_options": {"allow_http": "true"},
     "keep_last_remote": 3,
     "remote_owner": "adopt",
+    "remote_close_timeout": "30s",
     "run_dir_layout": "node-local",
     "writer": writer_for,  # coci's default writer, given explicitly
     "retention": coci.KeepAny(coci.KeepEvery(10), coci.KeepLast(1)),
@@ -63,7 +64,8 @@ VALUES: dict[str, Any] = {
 JSON_OPTIONS: dict[str, Any] = {
     "mtbf": "6h", "total_steps": 50, "restart_seconds": 3.0, "objective": "time", "time_budget": 0.1,
     "max_overhead": 0.2, "keep_last": 3, "keep_last_remote": 3, "save_last": True, "on_error": "log",
-    "grace": "10s", "preemption_signals": [int(signal.SIGUSR1)], "remote_owner": "adopt", "run_dir_layout": "node-local",
+    "grace": "10s", "preemption_signals": [int(signal.SIGUSR1)], "remote_owner": "adopt", "remote_close_timeout": "30s",
+    "run_dir_layout": "node-local",
     "peer_keep_last": 3, "peer_host": "127.0.0.1",
     "on_mismatch": "ignore",
 }
