@@ -78,7 +78,7 @@ from coci.planning.formulas import (
 from coci.planning.levels import TwoLevelResult, auto_two_level, min_promote_steps
 from coci.planning.objective import CostModel, TwoLevelCostModel, build_cost_model, expected_failures
 from coci.planning.problem import Placement, Problem, build_problem, finish_plan
-from coci.planning.records import Plan
+from coci.planning.records import Plan, PlanInputs
 from coci.planning.three_levels import PEER_TIER, REMOTE_TIER, ThreeLevelCostModel, ThreeLevelResult, auto_three_level, tier_costs
 
 __all__ = ["POLICY_PLANNERS", "plan"]
@@ -225,6 +225,18 @@ def _plan_auto(problem: Problem) -> Placement:
     return _mixture_placement(result, objective)
 
 
+def _density_bound_name(inputs: PlanInputs, min_steps: int) -> str:
+    """What sets the shortest admissible interval: the persist, ``max_overhead``, or a transfer to an
+    upper level (an upload or a peer copy, one in flight at a time)."""
+    if math.ceil(inputs.persist_seconds / inputs.step_seconds - 1e-9) >= min_steps:
+        return f"the persist ({inputs.persist_seconds:.3g} s: one in flight at a time)"
+    if inputs.max_overhead is not None and math.ceil(
+        inputs.checkpoint_seconds / (inputs.max_overhead * inputs.step_seconds) - 1e-9
+    ) >= min_steps:
+        return f"max_overhead ({inputs.max_overhead:g})"
+    return "a transfer to an upper level (an upload or a peer copy: one in flight at a time)"
+
+
 def _record_density_bound(problem: Problem, model: CostModel, alpha: float, min_steps: int) -> None:
     """Say where the shortest admissible interval (one persist in flight, or ``max_overhead``)
     holds the plan sparser than its objective asks: ``details['density_bound_share']`` is the share
@@ -238,10 +250,7 @@ def _record_density_bound(problem: Problem, model: CostModel, alpha: float, min_
     problem.details.update(density_bound_share=share, density_bound_steps=float(min_steps))
     if share <= 0.0:
         return
-    inputs = problem.inputs
-    by_persist = math.ceil(inputs.persist_seconds / inputs.step_seconds - 1e-9) >= min_steps
-    bound = (f"the persist ({inputs.persist_seconds:.3g} s: one in flight at a time)" if by_persist
-             else f"max_overhead ({inputs.max_overhead:g})")
+    bound = _density_bound_name(problem.inputs, min_steps)
     densest = float(wanted.max())
     problem.notes.append(
         f"density bound: {bound} allows at most one checkpoint every {min_steps} steps; over {100 * share:.2g}% of the "
