@@ -162,9 +162,6 @@ PLAN_REFINE_MAX_CHECKPOINTS: int = 256
 #: Bisection steps on mu (as alpha = 1/(1+mu) in [0, 1]) for the time budget of "auto".
 PLAN_BISECTION_STEPS: int = 24
 
-#: Further bisection steps on alpha with refined placements, when no refined plan at the boundary
-#: alpha fits the budget (more: closer to the exact optimum, each step a few refinements' time).
-PLAN_REFINED_BISECTION_STEPS: int = 8
 
 #: Horizon (steps) planned over when total_steps is unknown; it is doubled (at least to twice the
 #: current step) whenever the run passes PLAN_HORIZON_EXTEND_AT of it.
@@ -201,11 +198,6 @@ REPORT_MAX_PLAN_CHECKPOINTS: int = 100_000
 #: most this long (a peer's closed connection is usually detected at once), so nothing is committed
 #: and no survivor waits forever. Must exceed the longest persist of one rank's share.
 DIST_TIMEOUT_SECONDS: float = 600.0
-#: One shared run directory: how long rank 0 lists a checkpoint's ``.tmp`` directory again for
-#: the files the other ranks wrote before it refuses to commit (the directory is not shared: a
-#: node-local disk under ``run_dir_layout="shared"``). A network file system's cache may show a
-#: new name late; a few seconds spent once per checkpoint only when a file is missing.
-COMMIT_VISIBLE_SECONDS: float = 5.0
 
 # --- simulate (coci.analysis.simulate) --------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from coci import distributed, knobs
+from coci import distributed
 from coci.checkpoint import commit, dcp_checks, faults, fileio, layout, record_reads, records, retention
 from coci.checkpoint.dcp_manifest import (
     DCP_FORMAT,
@@ -55,6 +55,12 @@ from coci.distributed import DistributedContext
 from coci.errors import CorruptCheckpointError, PersistError, StateError
 
 logger = logging.getLogger(__name__)
+
+#: How long rank 0 lists a checkpoint's ``.tmp`` directory again for the files the other ranks
+#: wrote before it refuses to commit: a network file system's cache may show a new name late; a
+#: few seconds spent once per checkpoint only when a file is missing (a node-local disk under
+#: ``run_dir_layout="shared"``).
+_COMMIT_VISIBLE_SECONDS = 5.0
 
 _DCP_METADATA = dcp_checks.DCP_METADATA
 
@@ -370,9 +376,9 @@ class DcpWriter:
 def _unseen_files(tmp: Path, written: list[tuple[int, FileEntry]]) -> str:
     """The files other ranks reported writing into ``tmp`` that this process does not see at
     their size (``"rank 1's __1_0.distcp, ..."``), after listing ``tmp`` again for at most
-    ``knobs.COMMIT_VISIBLE_SECONDS`` (a shared file system's cache may show a new name late);
+    ``_COMMIT_VISIBLE_SECONDS`` (a shared file system's cache may show a new name late);
     empty when every one is there. A commit never lists a file its writer cannot see."""
-    deadline = time.monotonic() + knobs.COMMIT_VISIBLE_SECONDS
+    deadline = time.monotonic() + _COMMIT_VISIBLE_SECONDS
     while True:
         missing = [(rank, entry.name) for rank, entry in written if not _has_size(tmp / entry.name, entry.size)]
         if not missing or time.monotonic() >= deadline:

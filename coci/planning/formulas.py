@@ -54,6 +54,10 @@ from coci import knobs
 from coci.errors import ConfigError
 from coci.planning.objective import CostModel, Overhead, mu_from_alpha
 
+#: Further bisection steps on alpha with refined placements, when no refined plan at the boundary
+#: alpha fits the budget (more: closer to the exact optimum, each step a few refinements' time).
+_REFINED_BISECTION_STEPS = 8
+
 __all__ = [
     "AutoResult",
     "arange_steps",
@@ -493,7 +497,7 @@ def _bisect_alpha(
     Refining a placement moves its checkpoints towards the steep part of the curve, which costs
     wall-clock time: at the boundary alpha the refined plans can all exceed the budget while a
     refined plan at a slightly smaller alpha fits and beats every unrefined one. When none fits,
-    the refined placements are bisected again below it (``knobs.PLAN_REFINED_BISECTION_STEPS``)."""
+    the refined placements are bisected again below it (``_REFINED_BISECTION_STEPS``)."""
     low, high = 0.0, 1.0
     for _ in range(knobs.PLAN_BISECTION_STEPS):
         mid = 0.5 * (low + high)
@@ -505,7 +509,7 @@ def _bisect_alpha(
     if consider(low, boundary) or all(steps.size > knobs.PLAN_REFINE_MAX_CHECKPOINTS for steps in boundary):
         return  # fits, or too many checkpoints to be refined: the unrefined bisection stands
     floor, ceiling = 0.0, low
-    for _ in range(knobs.PLAN_REFINED_BISECTION_STEPS):
+    for _ in range(_REFINED_BISECTION_STEPS):
         mid = 0.5 * (floor + ceiling)
         if consider(mid, place(model, mid, min_steps, offsets, max_steps)):
             floor = mid
