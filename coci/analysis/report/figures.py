@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -88,13 +88,16 @@ def _draw_checkpoint_marks(ax: Axes, data: ReportData) -> None:
     """Vertical lines at the checkpoints (committed or not) and failures; ticks at planned steps ahead."""
     committed = [r.step for r in data.checkpoints if r.committed]
     other = [r.step for r in data.checkpoints if not r.committed]
-    for index, step in enumerate(committed):
-        ax.axvline(step, color="C2", lw=0.8, alpha=0.6, label="checkpoint committed" if index == 0 else None)
-    for index, step in enumerate(other):
-        ax.axvline(step, color="C3", lw=1.0, ls=":", label="checkpoint not committed" if index == 0 else None)
-    for index, restore in enumerate(r for r in data.restores if r.failure):
-        ax.axvline(restore.step, color="C3", lw=1.6, ls="--",
-                   label="failure: resumed from this checkpoint" if index == 0 else None)
+    failures = [r.step for r in data.restores if r.failure]
+    across = ax.get_xaxis_transform()  # each a full-height line, all of a kind one artist (not one per checkpoint)
+    marks: list[tuple[list[int], str, float, Literal["-", ":", "--"], float, str]] = [
+        (committed, "C2", 0.8, "-", 0.6, "checkpoint committed"),
+        (other, "C3", 1.0, ":", 1.0, "checkpoint not committed"),
+        (failures, "C3", 1.6, "--", 1.0, "failure: resumed from this checkpoint"),
+    ]
+    for steps, color, width, style, alpha, label in marks:
+        if steps:
+            ax.vlines(steps, 0.0, 1.0, transform=across, colors=color, linewidths=width, linestyles=style, alpha=alpha, label=label)
     future = [s for s in data.plan.steps if s > data.observed.steps] if data.plan is not None else []
     if future:
         ax.plot(future, np.zeros(len(future)), "|", color="C1", ms=12, transform=ax.get_xaxis_transform(),
