@@ -128,7 +128,9 @@ class Plan(BaseModel):
     [``copies_to_peer``][coci.Plan.copies_to_peer] and [``promotes``][coci.Plan.promotes] whether the session sends it on.
     """
 
-    model_config = ConfigDict(frozen=True, defer_build=True)
+    # An expected figure can be infinite (failures costing the whole run: the exposed wall-clock
+    # overhead); JSON carries it as ``Infinity``, which the policy state's round trip reads back.
+    model_config = ConfigDict(frozen=True, defer_build=True, ser_json_inf_nan="constants")
 
     policy: str
     objective: str

@@ -449,3 +449,11 @@ def test_a_restart_long_against_the_mtbf_is_noted_as_understating_the_wall_time(
         realistic = plan(policy, failures="8h", restart_seconds=60, **costs)
         assert not any("restart" in n for n in realistic.notes)
     assert not any("restart" in n for n in plan("auto", failures="10s", restart_seconds=1, **costs).notes)
+
+
+def test_a_plan_whose_failures_cost_the_whole_run_round_trips_its_infinite_figures() -> None:
+    """An MTBF shorter than a restart makes the exposed wall-clock overhead infinite; the policy
+    state carries the plan as JSON between ranks and across restores, so ``inf`` must come back."""
+    p = plan("young", **{**BASE, "failures": Failures.exponential(2.0), "restart_seconds": 10.0})
+    assert math.isinf(p.expected["exposed_wall_seconds"])
+    assert Plan.model_validate_json(p.model_dump_json()) == p
