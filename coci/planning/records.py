@@ -128,9 +128,7 @@ class Plan(BaseModel):
     [``copies_to_peer``][coci.Plan.copies_to_peer] and [``promotes``][coci.Plan.promotes] whether the session sends it on.
     """
 
-    # An expected figure can be infinite (failures costing the whole run: the exposed wall-clock
-    # overhead); JSON carries it as ``Infinity``, which the policy state's round trip reads back.
-    model_config = ConfigDict(frozen=True, defer_build=True, ser_json_inf_nan="constants")
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     policy: str
     objective: str
@@ -158,6 +156,16 @@ class Plan(BaseModel):
     def promotes(self, step: int) -> bool:
         """Whether the checkpoint of ``step`` is uploaded to the remote tier (every one when ``promote_steps`` is None)."""
         return self.promote_steps is None or step in self.promote_steps
+
+    @field_validator("expected", mode="before")
+    @classmethod
+    def _null_is_infinite(cls, expected: object) -> object:
+        """Standard JSON has no infinity: an infinite expected figure (failures that cost the whole
+        run make the exposed wall-clock overhead infinite) is written as ``null`` and read back as
+        ``inf``, so the policy state's round trip between ranks and across restores keeps it."""
+        if isinstance(expected, dict):
+            return {key: float("inf") if value is None else value for key, value in expected.items()}
+        return expected
 
     @field_validator("steps")
     @classmethod
