@@ -50,7 +50,7 @@ def node_events(base: Path, node: int, kind: str) -> list[dict]:
 
 
 def assert_ok(outcomes: list[torchrun_helpers.NodeOutcome]) -> None:
-    assert [o.code for o in outcomes] == [0, 0], "\n".join(o.output[-3000:] for o in outcomes)
+    assert [o.code for o in outcomes] == [0, 0], "\n".join(o.output[:6000] + "\n...\n" + o.output[-1500:] for o in outcomes)
 
 
 def assert_bitwise(base: Path, reference: Path) -> None:

@@ -49,7 +49,7 @@ def launch(script: Path, run_dir: Path, world: int, *args: str, timeout: float) 
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1")
+                   OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
         procs.append(subprocess.Popen([sys.executable, str(script), str(run_dir), *args], env=env, cwd=REPO,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
     codes = []
@@ -106,7 +106,7 @@ def launch_nodes(
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(run_dirs)}", f"--nproc-per-node={nproc}",
                f"--node-rank={node}", *rdzv, "--max-restarts=0",
                str(script), str(run_dir), *args, *(node_args or {}).get(node, [])]
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONFAULTHANDLER="1")  # a worker's abort prints every thread
         agents[node] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         logs[node] = log
     started = [agent for agent in agents if agent is not None]
