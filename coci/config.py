@@ -3,41 +3,45 @@
 ``SessionConfig(plan=PlanConfig(...), retention=RetentionConfig(...), remote=RemoteConfig(...),
 preemption=PreemptionConfig(...), io=IOConfig(...))`` is validated on construction (a
 [``coci.ConfigError``][coci.ConfigError] names the field) and accepted by ``Session(run_dir, state,
-config=...)``, by both framework callbacks and by ``coci plan --config``. ``Session``'s keyword
-arguments (``mtbf=``, ``keep_last=``, ``remote=``, ...) are sugar: ``build_config`` turns them
-into the same object, and is the one path every entry point takes.
+config=...)``, by both framework callbacks and by ``coci plan --config``. Each part lives beside
+what it configures and validates its own fields: ``PlanConfig`` in ``coci.planning.config``,
+``RetentionConfig`` in ``coci.checkpoint.retention``, ``RemoteConfig`` in
+``coci.checkpoint.remote.schemes``, ``PreemptionConfig`` in ``coci.preemption``, ``IOConfig`` in
+``coci.checkpoint.checkpointer``.
+
+``Session``'s keyword arguments (``mtbf=``, ``keep_last=``, ``remote=``, ...) are sugar: ``OPTIONS``
+says which part and field each one sets, and the defaults (``OPTION_DEFAULTS``) are those fields'
+own. ``build_config`` turns the keywords into the same object, and is the one path every entry
+point (``Session``, the callbacks, the command line) takes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypedDict, cast
+from typing import Any, TypedDict
 
-from coci import checks, distributed, knobs
-from coci.checkpoint.checkpointer import WriterFactory
-from coci.checkpoint.peers import check_peer_copies
-from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES
-from coci.checkpoint.remote.schemes import RemoteLike
-from coci.checkpoint.remote.store import RemoteStore
-from coci.checkpoint.retention import RetentionPolicy, check_keep_last, retention_policy
+from coci import checks, knobs
+from coci.checkpoint.checkpointer import PERSIST_MODES, IOConfig, WriterFactory
+from coci.checkpoint.remote.schemes import RemoteConfig, RemoteLike
+from coci.checkpoint.retention import RetentionConfig, RetentionPolicy
 from coci.checkpoint.run_source import SourceLike
 from coci.errors import ConfigError
 from coci.planning.arguments import FailuresLike, PolicyLike, PriorLike, TakesPrior
 from coci.planning.config import PlanConfig
-from coci.planning.failures import Failures, mtbf_model
+from coci.planning.failures import mtbf_model
 from coci.planning.online import make_policy
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from coci.planning.records import Plan
-from coci.preemption import catchable_signals
-from coci.units import parse_duration
+from coci.preemption import PreemptionConfig
 
 __all__ = [
+    "OPTIONS",
     "OPTION_DEFAULTS",
+    "PERSIST_MODES",
     "IOConfig",
     "PreemptionConfig",
     "RemoteConfig",
@@ -48,157 +52,6 @@ __all__ = [
     "policy_object",
     "session_policy",
 ]
-
-#: What ``on_error`` accepts.
-ON_ERROR: tuple[str, ...] = ("raise", "log")
-#: What ``on_mismatch`` accepts (``coci.resume_check``).
-ON_MISMATCH: tuple[str, ...] = ("warn", "raise", "ignore")
-#: Where a persist may run (``IOConfig.persist``).
-PERSIST_MODES: tuple[str, ...] = ("thread", "process")
-
-
-#: ``keep_last`` and ``keep_last_remote`` unless given.
-_DEFAULT_KEEP_LAST = 2
-
-
-@dataclass(frozen=True)
-class RetentionConfig:
-    """Which committed checkpoints are kept, and whether the final state is saved."""
-
-    keep_last: int | None = _DEFAULT_KEEP_LAST
-    """Committed local checkpoints to keep (>= 1; None keeps all); a restored one is kept until a newer one commits."""
-
-    keep_last_remote: int | None = _DEFAULT_KEEP_LAST
-    """Committed remote checkpoints to keep (>= 1; None keeps all); only this run's trusted ones count."""
-
-    save_last: bool | None = None
-    """Checkpoint the final state at ``close()``: None when the run reached ``total_steps``, True always, False never."""
-
-    policy: RetentionPolicy | None = None
-    """Which local checkpoints stay ([``coci.KeepLast``][coci.KeepLast], ``KeepEvery``, ``KeepAny`` or your own), replacing ``keep_last``."""
-
-    remote_policy: RetentionPolicy | None = None
-    """Which remote checkpoints stay, replacing ``keep_last_remote`` (the same rules as ``policy``)."""
-
-    peer_copies: int = 0
-    """Node-local run directories: 1 keeps a copy of each node's part (those the plan copies) on the next node; 0 none."""
-
-    peer_keep_last: int | None = _DEFAULT_KEEP_LAST
-    """Peer copies each node keeps of every node it holds copies for (>= 1; None keeps all), apart from its own ``keep_last``."""
-
-    def __post_init__(self) -> None:
-        for name in ("keep_last", "keep_last_remote", "peer_keep_last"):
-            check_keep_last(getattr(self, name), name)
-        if self.save_last is not None and not isinstance(self.save_last, bool):
-            raise ConfigError(f"save_last must be True, False or None, got {self.save_last!r}")
-        object.__setattr__(self, "peer_copies", check_peer_copies(self.peer_copies))
-        _one_of_two(self.keep_last, self.policy, "keep_last", "retention")
-        _one_of_two(self.keep_last_remote, self.remote_policy, "keep_last_remote", "remote_retention")
-        self.local_policy()  # a ConfigError naming retention / remote_retention
-        self.remote_tier_policy()
-
-    def local_policy(self) -> RetentionPolicy | None:
-        """The local tier's policy: ``policy``, else ``KeepLast(keep_last)``; None keeps all
-        (``coci.checkpoint.retention``: only trusted checkpoints count, the newest always stays)."""
-        return retention_policy(self.keep_last, self.policy)
-
-    def remote_tier_policy(self) -> RetentionPolicy | None:
-        """The remote tier's policy: ``remote_policy``, else ``KeepLast(keep_last_remote)``; None keeps all."""
-        return retention_policy(self.keep_last_remote, self.remote_policy, remote=True)
-
-
-def _one_of_two(keep_last: int | None, policy: RetentionPolicy | None, count_name: str, policy_name: str) -> None:
-    """A retention policy replaces the count: a count other than its default beside one is a
-    ConfigError naming both (it would be silently ignored)."""
-    if policy is not None and keep_last != _DEFAULT_KEEP_LAST:
-        raise ConfigError(f"{policy_name}={policy!r} replaces {count_name}={keep_last!r}: pass one of them")
-
-
-@dataclass(frozen=True)
-class RemoteConfig:
-    """The remote tier committed checkpoints are promoted to and restored from."""
-
-    store: RemoteLike | None = None
-    """A [``coci.RemoteStore``][coci.RemoteStore] (used as it is), a URL (``s3://``, or a scheme of [``coci.register_remote_scheme``][coci.register_remote_scheme]) or a shared directory; None: no remote tier."""
-
-    storage_options: Mapping[str, Any] | None = None
-    """Extra client options for a URL remote (obstore's S3 config keys; another scheme's factory gets them)."""
-
-    owner: str = "refuse"
-    """Another run's prefix: ``"refuse"`` (ConfigError naming its owner) or ``"adopt"`` (continue from its checkpoints, never deleting them)."""
-
-    close_timeout: float = 60.0
-    """Seconds ``close()`` spends at most on the remote tier (the last uploads, then the history); a step not uploaded by then stays committed locally, is recorded, and is promoted by the next run that restores it (a duration such as ``"5min"`` is accepted)."""
-
-    def __post_init__(self) -> None:
-        if self.store is not None and not _is_store(self.store) and not (isinstance(self.store, (str, os.PathLike)) and os.fspath(self.store)):
-            raise ConfigError(f"remote must be a coci.RemoteStore, a URL or a directory path, got {self.store!r}")
-        if self.storage_options and _is_store(self.store):
-            raise ConfigError("storage_options= configures a store coci opens from a URL; the remote store given is already open")
-        if self.storage_options is not None:
-            if not isinstance(self.storage_options, Mapping):
-                raise ConfigError(f"storage_options must be a mapping of S3 options, got {self.storage_options!r}")
-            object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
-        object.__setattr__(self, "close_timeout", parse_duration(self.close_timeout, field="remote_close_timeout", positive=True))
-        if self.owner not in REMOTE_OWNER_MODES:
-            raise ConfigError(f"remote_owner must be one of {', '.join(map(repr, REMOTE_OWNER_MODES))}, got {self.owner!r}")
-
-
-@dataclass(frozen=True)
-class PreemptionConfig:
-    """What counts as a preemption notice, and how long the scheduler waits before the kill."""
-
-    signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)
-    """Signals that count as a notice (the next ``step()`` checkpoints and raises ``coci.Preempted``); ``()`` turns it off."""
-
-    grace: float = 30.0
-    """Seconds from the notice to the kill (a duration such as ``"30s"`` is accepted)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "signals", catchable_signals(self.signals))
-        object.__setattr__(self, "grace", parse_duration(self.grace, field="grace", positive=True))
-
-
-@dataclass(frozen=True)
-class IOConfig:
-    """How the run directory is shared, what a failed background write does and what a resume that
-    is not exact does."""
-
-    on_error: str = "raise"
-    """A failed background persist: ``"raise"`` (PersistError at the next ``step``/``close``) or ``"log"`` (always in ``events.jsonl``)."""
-
-    run_dir_layout: str = "auto"
-    """Under ``torch.distributed``: ``"auto"`` (probed), ``"shared"`` (one directory for every rank) or ``"node-local"`` (each host its own)."""
-
-    writer: WriterFactory | None = None
-    """Builds each checkpoint's [``coci.CheckpointWriter``][coci.CheckpointWriter] as ``writer(checkpoints_root, context)``; None: coci's (its format, DCP under ``torch.distributed``)."""
-
-    persist: str | None = None
-    """Where checkpoint files are written: ``"thread"`` (a background thread) or ``"process"`` (a helper process, ``coci.checkpoint.persist_process``); None: ``knobs.PERSIST_MODE``."""
-
-    peer_host: str | None = None
-    """With peer copies: the address each node's peer server listens on and advertises; None: its address on the route to ``MASTER_ADDR``."""
-
-    on_mismatch: str = "warn"
-    """A step redone after a restore whose loss differs from the one logged before the failure
-    (``coci.resume_check``): ``"warn"`` (a ``coci.ResumeMismatchWarning`` and a ``resume_mismatch``
-    event), ``"raise"`` (``coci.ResumeMismatchError`` at that ``step()``, after the event) or ``"ignore"`` (no check)."""
-
-    def __post_init__(self) -> None:
-        if self.on_mismatch not in ON_MISMATCH:
-            raise ConfigError(f"on_mismatch must be one of {', '.join(map(repr, ON_MISMATCH))}, got {self.on_mismatch!r}")
-        if self.persist is not None and self.persist not in PERSIST_MODES:
-            raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {self.persist!r}")
-        if self.writer is not None and not callable(self.writer):
-            raise ConfigError(f"writer must be a callable (root, context) -> CheckpointWriter, got {self.writer!r}")
-        if self.on_error not in ON_ERROR:
-            raise ConfigError(f"on_error must be 'raise' or 'log', got {self.on_error!r}")
-        if self.run_dir_layout not in distributed.RUN_DIR_LAYOUTS:
-            layouts = ", ".join(distributed.RUN_DIR_LAYOUTS)
-            raise ConfigError(f"run_dir_layout must be one of {layouts}, got {self.run_dir_layout!r}")
-        if self.peer_host is not None and not (isinstance(self.peer_host, str) and self.peer_host.strip()):
-            raise ConfigError(f"peer_host must be a host name or address, or None, got {self.peer_host!r}")
-
 
 @dataclass(frozen=True)
 class SessionConfig:
@@ -311,101 +164,118 @@ class SessionConfig:
 
     @classmethod
     def from_options(cls, **options: Any) -> SessionConfig:
-        """The config ``Session``'s keyword arguments describe (``SessionOptions``; the
-        defaults in ``OPTION_DEFAULTS``); ConfigError naming an unknown one."""
+        """The config ``Session``'s keyword arguments describe: each sets the field ``OPTIONS``
+        names, a field not given keeps its part's default; ConfigError naming an unknown option."""
         _refuse_unknown("SessionConfig.from_options", options)
-        given = {**OPTION_DEFAULTS, **options}
-        parts: dict[str, Any] = {  # built (and checked) before the plan, whose failure model "auto" requires
-            "retention": RetentionConfig(
-                given["keep_last"], given["keep_last_remote"], given["save_last"], given["retention"], given["remote_retention"],
-                given["peer_copies"], peer_keep_last=given["peer_keep_last"],
-            ),
-            "remote": RemoteConfig(given["remote"], given["storage_options"], given["remote_owner"], given["remote_close_timeout"]),
-            "preemption": PreemptionConfig(_signals_tuple(given["preemption_signals"]), given["grace"]),
-            "io": IOConfig(given["on_error"], given["run_dir_layout"], given["writer"], given["persist"], peer_host=given["peer_host"], on_mismatch=given["on_mismatch"]),
-        }
-        init = {"init_from": given["init_from"], "init_keys": given["init_keys"], "init_step": given["init_step"]}
-        return cls(**_policy_fields(given), total_steps=given["total_steps"], prior=given["prior"], clock=given["clock"], **init, **parts)
+        fields: dict[str, dict[str, Any]] = {part: {} for part in _PARTS}
+        for option, value in options.items():
+            part, name = OPTIONS[option]
+            if option not in ("mtbf", "failures", "policy", "plan_config"):  # _plan_fields reads these four
+                fields[part][name] = value
+        plan_options = fields.pop("plan")
+        session = fields.pop("")
+        parts = {part: _PARTS[part](**given) for part, given in fields.items()}  # checked before the plan: "auto" requires a failure model
+        return cls(**_plan_fields(options, plan_options, session.get("total_steps")), **session, **parts)
 
 
 class SessionOptions(TypedDict, total=False):
-    """``Session``'s keyword arguments, each a field of ``SessionConfig`` (defaults: ``OPTION_DEFAULTS``)."""
+    """``Session``'s keyword arguments, for type checkers: each sets the field of ``SessionConfig``
+    that ``OPTIONS`` names (defaults: ``OPTION_DEFAULTS``)."""
 
-    policy: PolicyLike  # a policy name builds the plan; a policy object is SessionConfig.policy
-    plan_config: PlanConfig | None  # SessionConfig.plan
-    mtbf: str | float | None  # plan.failures = Failures.exponential(mtbf)
-    failures: FailuresLike | None  # plan.failures
-    total_steps: int | None  # total_steps
-    restart_seconds: float | None  # plan.restart_seconds
-    keep_last: int | None  # retention.keep_last
-    objective: str  # plan.objective
-    time_budget: float | None  # plan.time_budget
-    max_overhead: float | None  # plan.max_overhead
-    on_error: str  # io.on_error
-    save_last: bool | None  # retention.save_last
-    clock: Callable[[], float] | None  # clock
-    preemption_signals: Iterable[int]  # preemption.signals
-    grace: str | float  # preemption.grace
-    prior: PriorLike | None  # prior
-    remote: RemoteLike | None  # remote.store
-    storage_options: Mapping[str, Any] | None  # remote.storage_options
-    keep_last_remote: int | None  # retention.keep_last_remote
-    remote_owner: str  # remote.owner
-    remote_close_timeout: str | float  # remote.close_timeout
-    run_dir_layout: str  # io.run_dir_layout
-    writer: WriterFactory | None  # io.writer
-    retention: RetentionPolicy | None  # retention.policy
-    remote_retention: RetentionPolicy | None  # retention.remote_policy
-    peer_copies: int  # retention.peer_copies
-    persist: str | None  # io.persist
-    init_from: SourceLike | None  # init_from
-    init_keys: tuple[str, ...]  # init_keys
-    init_step: int | None  # init_step
-    peer_keep_last: int | None  # retention.peer_keep_last
-    peer_host: str | None  # io.peer_host
-    on_mismatch: str  # io.on_mismatch
+    policy: PolicyLike
+    plan_config: PlanConfig | None
+    mtbf: str | float | None
+    failures: FailuresLike | None
+    total_steps: int | None
+    restart_seconds: float | None
+    keep_last: int | None
+    objective: str
+    time_budget: float | None
+    max_overhead: float | None
+    on_error: str
+    save_last: bool | None
+    clock: Callable[[], float] | None
+    preemption_signals: Iterable[int]
+    grace: str | float
+    prior: PriorLike | None
+    remote: RemoteLike | None
+    storage_options: Mapping[str, Any] | None
+    keep_last_remote: int | None
+    remote_owner: str
+    remote_close_timeout: str | float
+    run_dir_layout: str
+    writer: WriterFactory | None
+    retention: RetentionPolicy | None
+    remote_retention: RetentionPolicy | None
+    peer_copies: int
+    persist: str | None
+    init_from: SourceLike | None
+    init_keys: tuple[str, ...]
+    init_step: int | None
+    peer_keep_last: int | None
+    peer_host: str | None
+    on_mismatch: str
 
 
-#: The default of each of ``Session``'s keyword arguments (the one table of them).
-OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+#: Where each of ``Session``'s keyword options lands: option -> (part, field) of ``SessionConfig``
+#: (part ``""``: a field of ``SessionConfig`` itself). ``policy`` is ``plan.policy`` when it names a
+#: policy and ``SessionConfig.policy`` when it is a policy object; ``mtbf`` sets ``plan.failures`` as
+#: ``Failures.exponential(mtbf)``. The keyword sugar, the defaults and the callbacks' options are read from it.
+OPTIONS: Mapping[str, tuple[str, str]] = MappingProxyType(
     {
-        "policy": "auto",
-        "plan_config": None,
-        "mtbf": None,
-        "failures": None,
-        "total_steps": None,
-        "restart_seconds": None,
-        "keep_last": _DEFAULT_KEEP_LAST,
-        "objective": "progress",
-        "time_budget": 0.05,
-        "max_overhead": None,
-        "on_error": "raise",
-        "save_last": None,
-        "clock": None,
-        "preemption_signals": (signal.SIGTERM,),
-        "grace": "30s",
-        "prior": None,
-        "remote": None,
-        "storage_options": None,
-        "keep_last_remote": _DEFAULT_KEEP_LAST,
-        "remote_owner": "refuse",
-        "remote_close_timeout": 60.0,
-        "run_dir_layout": "auto",
-        "writer": None,
-        "retention": None,
-        "remote_retention": None,
-        "peer_copies": 0,
-        "persist": None,
-        "init_from": None,
-        "init_keys": ("model",),
-        "init_step": None,
-        "peer_keep_last": _DEFAULT_KEEP_LAST,
-        "peer_host": None,
-        "on_mismatch": "warn",
+        "policy": ("plan", "policy"),
+        "plan_config": ("", "plan"),
+        "mtbf": ("plan", "failures"),
+        "failures": ("plan", "failures"),
+        "total_steps": ("", "total_steps"),
+        "restart_seconds": ("plan", "restart_seconds"),
+        "objective": ("plan", "objective"),
+        "time_budget": ("plan", "time_budget"),
+        "max_overhead": ("plan", "max_overhead"),
+        "prior": ("", "prior"),
+        "clock": ("", "clock"),
+        "init_from": ("", "init_from"),
+        "init_keys": ("", "init_keys"),
+        "init_step": ("", "init_step"),
+        "keep_last": ("retention", "keep_last"),
+        "keep_last_remote": ("retention", "keep_last_remote"),
+        "save_last": ("retention", "save_last"),
+        "retention": ("retention", "policy"),
+        "remote_retention": ("retention", "remote_policy"),
+        "peer_copies": ("retention", "peer_copies"),
+        "peer_keep_last": ("retention", "peer_keep_last"),
+        "remote": ("remote", "store"),
+        "storage_options": ("remote", "storage_options"),
+        "remote_owner": ("remote", "owner"),
+        "remote_close_timeout": ("remote", "close_timeout"),
+        "preemption_signals": ("preemption", "signals"),
+        "grace": ("preemption", "grace"),
+        "on_error": ("io", "on_error"),
+        "run_dir_layout": ("io", "run_dir_layout"),
+        "writer": ("io", "writer"),
+        "persist": ("io", "persist"),
+        "peer_host": ("io", "peer_host"),
+        "on_mismatch": ("io", "on_mismatch"),
     }
 )
+#: The class of each part ``OPTIONS`` names.
+_PARTS: Mapping[str, type] = MappingProxyType(
+    {"": SessionConfig, "plan": PlanConfig, "retention": RetentionConfig, "remote": RemoteConfig, "preemption": PreemptionConfig, "io": IOConfig}
+)
+
+
+def _field_default(part: type, name: str) -> Any:
+    """The default of ``part``'s field ``name`` (its factory's value for a part of ``SessionConfig``)."""
+    found = {item.name: item for item in dataclasses.fields(part)}[name]
+    if found.default_factory is not dataclasses.MISSING:
+        return found.default_factory()
+    return found.default
+
+
+#: The default of each of ``Session``'s keyword arguments: its field's default (read from ``OPTIONS``).
+OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType({option: _field_default(_PARTS[part], name) for option, (part, name) in OPTIONS.items()})
 #: The keywords that describe the plan (with ``policy``): a ``plan_config`` holds them all.
-_PLANNING = ("mtbf", "failures", "total_steps", "restart_seconds", "objective", "time_budget", "max_overhead")
+_PLANNING = ("mtbf", "failures", "total_steps", *(option for option, (part, _) in OPTIONS.items() if part == "plan" and option not in ("policy", "mtbf", "failures")))
 
 
 def build_config(owner: str, config: SessionConfig | None, options: Mapping[str, Any]) -> SessionConfig:
@@ -435,38 +305,28 @@ def policy_object(policy: PolicyLike) -> PolicyLike:
     )
 
 
-def _is_store(remote: object) -> bool:
-    """A [``coci.RemoteStore``][coci.RemoteStore] instance (a path or URL string is not one)."""
-    return isinstance(remote, RemoteStore) and not isinstance(remote, (str, os.PathLike))
-
-
-def _policy_fields(given: Mapping[str, Any]) -> dict[str, Any]:
-    """``plan`` (a policy name or ``plan_config``, with the planning keywords) or ``policy`` (an object)."""
-    policy, plan_config = given["policy"], given["plan_config"]
+def _plan_fields(options: Mapping[str, Any], planning: dict[str, Any], total_steps: int | None) -> dict[str, Any]:
+    """``plan`` (a policy name or ``plan_config``, with the planning keywords ``planning``) or
+    ``policy`` (an object)."""
+    policy, plan_config = options.get("policy", OPTION_DEFAULTS["policy"]), options.get("plan_config")
     if plan_config is None and not isinstance(policy, str):
-        return {"policy": policy}  # the planning keywords have nothing to plan (as before: ignored)
+        return {"policy": policy}  # the planning keywords have nothing to plan (ignored)
     if plan_config is None:
-        planning = {name: given[name] for name in _PLANNING if name not in ("mtbf", "failures")}
-        failures = cast(Failures | None, _failures(given["mtbf"], given["failures"]))  # PlanConfig models an MTBF itself
-        return {"plan": PlanConfig(policy=policy, failures=failures, **planning)}
+        failures = _failures(options.get("mtbf"), options.get("failures"))
+        return {"plan": PlanConfig(policy=policy, failures=failures, total_steps=total_steps, **planning)}  # PlanConfig models an MTBF itself
     if not isinstance(plan_config, PlanConfig):
         raise ConfigError(f"plan_config must be a coci.PlanConfig or None, got {plan_config!r}")
-    changed = [name for name in _PLANNING if given[name] != OPTION_DEFAULTS[name]]
+    changed = [name for name in _PLANNING if name in options and options[name] != OPTION_DEFAULTS[name]]
     if changed or not (isinstance(policy, str) and policy in ("auto", plan_config.policy)):
         raise ConfigError(f"pass either plan_config= or the planning arguments ({', '.join(changed or ['policy'])}), not both")
     return {"plan": plan_config}
 
 
-def _failures(mtbf: str | float | None, failures: FailuresLike | None) -> FailuresLike | None:
+def _failures(mtbf: str | float | None, failures: FailuresLike | None) -> Any:
     """The failure model from ``mtbf=`` (an exponential model) or ``failures=``, never both."""
     if mtbf is not None and failures is not None:
         raise ConfigError("pass either mtbf= or failures=, not both")
     return failures if mtbf is None else mtbf_model(mtbf)
-
-
-def _signals_tuple(signals: Any) -> Any:
-    """A collection of signals as a tuple (anything else is left for the check to name)."""
-    return tuple(signals) if isinstance(signals, Iterable) and not isinstance(signals, (str, bytes)) else signals
 
 
 def _refuse_unknown(owner: str, options: Mapping[str, Any]) -> None:

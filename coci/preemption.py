@@ -22,6 +22,8 @@ worker. ``Preemption`` turns such a notice into a committed checkpoint:
    ``--requeue`` or a Kubernetes ``restartPolicy: OnFailure`` restart it, and ``session.restore()``
    resumes at the committed step. ``except Exception`` in a training loop does not swallow it.
 
+[``PreemptionConfig``][coci.PreemptionConfig] is the session's part that chooses the signals and the grace.
+
 The grace budget: when the profile's stall + persist estimate exceeds the grace, the session logs
 a warning at start, and the ``preempted`` event and the report say the checkpoint did not fit.
 """
@@ -53,6 +55,7 @@ __all__ = [
     "Notice",
     "Preempted",
     "Preemption",
+    "PreemptionConfig",
     "agreement_interval",
     "grace_fits",
     "last_event_time",
@@ -155,6 +158,21 @@ def catchable_signals(signals: Iterable[Any]) -> tuple[signal.Signals, ...]:
 
 #: Signals the kernel raises for a fault of the running code: never a preemption notice.
 _FAULT_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT, signal.SIGTRAP})
+
+
+@dataclass(frozen=True)
+class PreemptionConfig:
+    """What counts as a preemption notice, and how long the scheduler waits before the kill."""
+
+    signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)
+    """Signals that count as a notice (the next ``step()`` checkpoints and raises ``coci.Preempted``); ``()`` turns it off."""
+
+    grace: float = 30.0
+    """Seconds from the notice to the kill (a duration such as ``"30s"`` is accepted)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "signals", catchable_signals(self.signals))
+        object.__setattr__(self, "grace", parse_duration(self.grace, field="grace", positive=True))
 
 
 class Preemption:

@@ -57,9 +57,12 @@ from coci import safe_files
 from coci.errors import ConfigError, ResumeMismatchError, ResumeMismatchWarning
 from coci.events import EventLog
 
-__all__ = ["LOSS_LOG_FILENAME", "LoggedLosses", "LossLog", "ResumeCheck", "likely_causes", "loss_log_path"]
+__all__ = ["LOSS_LOG_FILENAME", "ON_MISMATCH", "LoggedLosses", "LossLog", "ResumeCheck", "likely_causes", "loss_log_path"]
 
 logger = logging.getLogger(__name__)
+
+#: What ``on_mismatch`` accepts: warn, raise, or no check.
+ON_MISMATCH: tuple[str, ...] = ("warn", "raise", "ignore")
 
 #: Name of the loss log in the run directory (rank 0's; rank N writes ``losses.rankN.bin``).
 LOSS_LOG_FILENAME = "losses.bin"

@@ -52,7 +52,7 @@ from coci.checkpoint.run_lock import lock_for_job
 from coci.checkpoint.run_source import open_source
 from coci.checkpoint.sharded import ShardedState, fenced_ptrs, state_tensor_bytes
 from coci.checkpoint.stateful import is_stateful, state_epoch, validate_state
-from coci.config import PERSIST_MODES, SessionConfig, SessionOptions, build_config, session_policy
+from coci.config import SessionConfig, SessionOptions, build_config, session_policy
 from coci.errors import ConfigError, PersistError, StateError
 from coci.events import CHECKPOINT_REASONS, CheckpointReason, EventLog, RunFiles, open_step_mark
 from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
@@ -87,8 +87,8 @@ class Session:
         config: every choice of the session, a ``coci.SessionConfig`` (its parts document
             each field): the plan, retention, the remote tier, preemption, I/O.
         options: instead of ``config``, its fields as keywords (``policy="auto"``, ``mtbf="8h"``,
-            ``keep_last=2``, ``remote=...``; ``coci.config.SessionOptions`` lists each and
-            its place in the config); one passed next to ``config`` is a ConfigError naming it.
+            ``keep_last=2``, ``remote=...``; ``coci.config.OPTIONS`` names each one's part and
+            field in the config); one passed next to ``config`` is a ConfigError naming it.
 
     A persist that fails in the background raises at the next ``step``/``close`` (``on_error``);
     a preemption notice makes the next ``step()`` checkpoint, wait for the commit and raise
@@ -155,10 +155,7 @@ class Session:
             world, nodes = (1, 1) if self._dist is None else (self._dist.world_size, len(self._dist.nodes or ()) or 1)
             record_job(self.run_dir, describe_job(self.state, world, nodes), self.events)
         writer = (self.config.io.writer or writer_for)(checkpoints_dir(self.run_dir), self._dist)
-        persist = self.config.io.persist or knobs.PERSIST_MODE
-        if persist not in PERSIST_MODES:
-            raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {persist!r} (coci.knobs.PERSIST_MODE)")
-        self._checkpointer = Checkpointer(writer, self.events, self.config.retention.local_policy(), self._clock, persist)
+        self._checkpointer = Checkpointer(writer, self.events, self.config.retention.local_policy(), self._clock, self.config.io.persist_mode())
         self._remote = self._open_remote(events_start)  # collective
         self._peers = PeerCopying.start(
             self.run_dir, self._dist, self.config.retention.peer_copies, self.events, self._profiler,

@@ -21,7 +21,8 @@ previous committed checkpoint is untouched because nothing becomes visible befor
 Reading goes through ``load_committed``, which picks the [``CheckpointReader``][coci.CheckpointReader] from the
 format the commit record declares (``reader_named``; [``register_reader``][coci.register_reader] adds a format),
 so callers never branch on the format. Which writer a session uses is ``writer_for``'s choice
-unless ``Session(writer=...)`` gives a ``WriterFactory``.
+unless ``Session(writer=...)`` gives a ``WriterFactory``; [``IOConfig``][coci.IOConfig] is the
+session's part that chooses it, where it runs and what its failures do.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any, Protocol, TypeAlias
 
 import torch
 
-from coci import distributed
+from coci import distributed, knobs
 from coci.checkpoint import layout, record_reads, records
 from coci.checkpoint.dcp import DCP_FORMAT, DcpReader, DcpWriter
 from coci.checkpoint.dcp_manifest import checkpoint_id
@@ -50,6 +51,7 @@ from coci.checkpoint.tree import flatten
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError, IncompleteCheckpointError, PersistError
 from coci.events import EventLog
+from coci.resume_check import ON_MISMATCH
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +123,62 @@ _BUILT_IN_FORMATS = frozenset(_READERS)
 #: Builds a session's writer: ``factory(checkpoints_root, context)``, with ``context`` None in one
 #: process (see ``writer_for``, the default).
 WriterFactory: TypeAlias = Callable[[Path, DistributedContext | None], CheckpointWriter]
+
+#: What ``on_error`` accepts.
+ON_ERROR: tuple[str, ...] = ("raise", "log")
+#: Where a persist may run (``IOConfig.persist``).
+PERSIST_MODES: tuple[str, ...] = ("thread", "process")
+
+
+@dataclass(frozen=True)
+class IOConfig:
+    """How the run directory is shared, what a failed background write does and what a resume that
+    is not exact does."""
+
+    on_error: str = "raise"
+    """A failed background persist: ``"raise"`` (PersistError at the next ``step``/``close``) or ``"log"`` (always in ``events.jsonl``)."""
+
+    run_dir_layout: str = "auto"
+    """Under ``torch.distributed``: ``"auto"`` (probed), ``"shared"`` (one directory for every rank) or ``"node-local"`` (each host its own)."""
+
+    writer: WriterFactory | None = None
+    """Builds each checkpoint's [``coci.CheckpointWriter``][coci.CheckpointWriter] as ``writer(checkpoints_root, context)``; None: coci's (its format, DCP under ``torch.distributed``)."""
+
+    persist: str | None = None
+    """Where checkpoint files are written: ``"thread"`` (a background thread) or ``"process"`` (a helper process, ``coci.checkpoint.persist_process``); None: ``knobs.PERSIST_MODE``."""
+
+    peer_host: str | None = None
+    """With peer copies: the address each node's peer server listens on and advertises; None: its address on the route to ``MASTER_ADDR``."""
+
+    on_mismatch: str = "warn"
+    """A step redone after a restore whose loss differs from the one logged before the failure
+    (``coci.resume_check``): ``"warn"`` (a ``coci.ResumeMismatchWarning`` and a ``resume_mismatch``
+    event), ``"raise"`` (``coci.ResumeMismatchError`` at that ``step()``, after the event) or ``"ignore"`` (no check)."""
+
+    def __post_init__(self) -> None:
+        if self.on_mismatch not in ON_MISMATCH:
+            raise ConfigError(f"on_mismatch must be one of {', '.join(map(repr, ON_MISMATCH))}, got {self.on_mismatch!r}")
+        if self.persist is not None:
+            _check_persist(self.persist, "persist")
+        if self.writer is not None and not callable(self.writer):
+            raise ConfigError(f"writer must be a callable (root, context) -> CheckpointWriter, got {self.writer!r}")
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(f"on_error must be 'raise' or 'log', got {self.on_error!r}")
+        if self.run_dir_layout not in distributed.RUN_DIR_LAYOUTS:
+            layouts = ", ".join(distributed.RUN_DIR_LAYOUTS)
+            raise ConfigError(f"run_dir_layout must be one of {layouts}, got {self.run_dir_layout!r}")
+        if self.peer_host is not None and not (isinstance(self.peer_host, str) and self.peer_host.strip()):
+            raise ConfigError(f"peer_host must be a host name or address, or None, got {self.peer_host!r}")
+
+    def persist_mode(self) -> str:
+        """Where the persist runs: ``persist``, else ``knobs.PERSIST_MODE`` (checked as ``persist`` is)."""
+        return self.persist or _check_persist(knobs.PERSIST_MODE, "coci.knobs.PERSIST_MODE")
+
+
+def _check_persist(mode: str, field: str) -> str:
+    if mode not in PERSIST_MODES:
+        raise ConfigError(f"persist must be one of {PERSIST_MODES}, got {mode!r} ({field})")
+    return mode
 
 
 def register_reader(name: str, reader: CheckpointReader) -> None:

@@ -40,6 +40,7 @@ from coci import distributed, knobs
 from coci.checkpoint import commit, layout, retention
 from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
 from coci.checkpoint.peer_wire import Deadline, open_part, receive_part, recv_header, send_header, send_part
+from coci.checkpoint.retention import PEER_COPIES, check_peer_copies
 from coci.distributed import DistributedContext
 from coci.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from coci.events import EventLog
@@ -52,8 +53,6 @@ logger = logging.getLogger(__name__)
 #: closes the others unanswered.
 _PEER_CONNECTIONS: int = 8
 
-#: ``Session(peer_copies=...)``: the number of other nodes that hold a copy of each node's part.
-PEER_COPIES: tuple[int, ...] = (0, 1)
 PEER_DIRNAME = "peer"
 
 
@@ -67,13 +66,6 @@ class CopyListener(Protocol):
 
     def peer_copy_aborted(self) -> None: ...
 _FETCH_TMP = ".peer" + layout.TMP_SUFFIX
-
-
-def check_peer_copies(value: Any) -> int:
-    """``peer_copies`` validated; ConfigError naming the field otherwise."""
-    if type(value) is not int or value not in PEER_COPIES:
-        raise ConfigError(f"peer_copies must be one of {', '.join(map(str, PEER_COPIES))}, got {value!r}")
-    return value
 
 
 def peer_copy_wanted(plan: Any, step: int) -> bool:

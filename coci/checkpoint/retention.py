@@ -16,6 +16,9 @@ The safety rules stay here, outside any policy, in ``kept_steps``:
 Then ``apply_retention`` deletes each trusted checkpoint the policy did not keep, and every
 committed one (trusted or not) older than the oldest kept; untrusted ones newer than that are left
 in place (restore reports them). With no policy (``keep_last=None``) nothing is deleted.
+
+[``RetentionConfig``][coci.RetentionConfig] is the session's part that chooses the policies (local,
+remote, peer copies) and the final checkpoint.
 """
 
 from __future__ import annotations
@@ -31,9 +34,24 @@ from coci.checkpoint.layout import committed_steps
 from coci.errors import ConfigError
 
 __all__ = [
-    "KeepAny", "KeepEvery", "KeepLast", "RetentionPolicy", "apply_retention", "check_keep_last", "doomed_steps", "kept_steps",
-    "retention_policy",
+    "DEFAULT_KEEP_LAST", "PEER_COPIES", "KeepAny", "KeepEvery", "KeepLast", "RetentionConfig", "RetentionPolicy", "apply_retention",
+    "check_keep_last", "check_peer_copies", "doomed_steps", "kept_steps", "retention_policy",
 ]
+
+#: What ``peer_copies`` accepts: 0 (no peer level) or 1 (one copy of each node's part on the next node).
+PEER_COPIES: tuple[int, ...] = (0, 1)
+
+
+class _DefaultCount(int):
+    """The default count of checkpoints kept, told apart from the same count given: a count given
+    beside a policy that replaces it is refused, the default is not."""
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+#: ``keep_last``, ``keep_last_remote`` and ``peer_keep_last`` unless given.
+DEFAULT_KEEP_LAST: int = _DefaultCount(2)
 
 
 @runtime_checkable
@@ -104,7 +122,7 @@ def retention_policy(keep_last: int | None, retention: RetentionPolicy | None, *
     if retention is not None:
         return check_policy(retention, "remote_retention" if remote else "retention")
     count = check_keep_last(keep_last, "keep_last_remote" if remote else "keep_last")
-    return None if count is None else KeepLast(count)
+    return None if count is None else KeepLast(int(count))
 
 
 def check_keep_last(value: Any, field: str) -> int | None:
@@ -113,6 +131,66 @@ def check_keep_last(value: Any, field: str) -> int | None:
     if value is not None and (not checks.is_int(value) or value < 1):
         raise ConfigError(f"{field} must be a positive integer or None, got {value!r}")
     return value
+
+
+def check_peer_copies(value: Any) -> int:
+    """``peer_copies`` validated; ConfigError naming the field otherwise."""
+    if type(value) is not int or value not in PEER_COPIES:
+        raise ConfigError(f"peer_copies must be one of {', '.join(map(str, PEER_COPIES))}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """Which committed checkpoints are kept, and whether the final state is saved."""
+
+    keep_last: int | None = DEFAULT_KEEP_LAST
+    """Committed local checkpoints to keep (>= 1; None keeps all); a restored one is kept until a newer one commits."""
+
+    keep_last_remote: int | None = DEFAULT_KEEP_LAST
+    """Committed remote checkpoints to keep (>= 1; None keeps all); only this run's trusted ones count."""
+
+    save_last: bool | None = None
+    """Checkpoint the final state at ``close()``: None when the run reached ``total_steps``, True always, False never."""
+
+    policy: RetentionPolicy | None = None
+    """Which local checkpoints stay ([``coci.KeepLast``][coci.KeepLast], ``KeepEvery``, ``KeepAny`` or your own), replacing ``keep_last``."""
+
+    remote_policy: RetentionPolicy | None = None
+    """Which remote checkpoints stay, replacing ``keep_last_remote`` (the same rules as ``policy``)."""
+
+    peer_copies: int = 0
+    """Node-local run directories: 1 keeps a copy of each node's part (those the plan copies) on the next node; 0 none."""
+
+    peer_keep_last: int | None = DEFAULT_KEEP_LAST
+    """Peer copies each node keeps of every node it holds copies for (>= 1; None keeps all), apart from its own ``keep_last``."""
+
+    def __post_init__(self) -> None:
+        for name in ("keep_last", "keep_last_remote", "peer_keep_last"):
+            check_keep_last(getattr(self, name), name)
+        if self.save_last is not None and not isinstance(self.save_last, bool):
+            raise ConfigError(f"save_last must be True, False or None, got {self.save_last!r}")
+        check_peer_copies(self.peer_copies)
+        _one_of_two(self.keep_last, self.policy, "keep_last", "retention")
+        _one_of_two(self.keep_last_remote, self.remote_policy, "keep_last_remote", "remote_retention")
+        self.local_policy()  # a ConfigError naming retention / remote_retention
+        self.remote_tier_policy()
+
+    def local_policy(self) -> RetentionPolicy | None:
+        """The local tier's policy: ``policy``, else ``KeepLast(keep_last)``; None keeps all
+        (only trusted checkpoints count, the newest always stays)."""
+        return retention_policy(self.keep_last, self.policy)
+
+    def remote_tier_policy(self) -> RetentionPolicy | None:
+        """The remote tier's policy: ``remote_policy``, else ``KeepLast(keep_last_remote)``; None keeps all."""
+        return retention_policy(self.keep_last_remote, self.remote_policy, remote=True)
+
+
+def _one_of_two(keep_last: int | None, policy: RetentionPolicy | None, count_name: str, policy_name: str) -> None:
+    """A retention policy replaces the count: any count given beside one (even the default's value)
+    is a ConfigError naming both (it would be silently ignored)."""
+    if policy is not None and type(keep_last) is not _DefaultCount:
+        raise ConfigError(f"{policy_name}={policy!r} replaces {count_name}={keep_last!r}: pass one of them")
 
 
 def kept_steps(policy: RetentionPolicy, trusted: Sequence[int]) -> set[int]:

@@ -17,7 +17,7 @@ import coci
 from coci import ConfigError, Failures, IOConfig, PlanConfig, PreemptionConfig, RemoteConfig, RetentionConfig, SessionConfig
 from coci.checkpoint.checkpointer import writer_for
 from coci.checkpoint.remote.filesystem import DirectoryStore
-from coci.config import build_config
+from coci.config import OPTION_DEFAULTS, OPTIONS, SessionOptions, build_config
 
 PLAN = PlanConfig(policy="young", failures=Failures.exponential("8h"))
 
@@ -57,6 +57,8 @@ PLAN = PlanConfig(policy="young", failures=Failures.exponential("8h"))
         (lambda: RetentionConfig(peer_keep_last=0), "peer_keep_last"),
         (lambda: IOConfig(peer_host=""), "peer_host"),
         (lambda: IOConfig(peer_host=8), "peer_host"),  # type: ignore[arg-type]
+        (lambda: IOConfig(persist="fork"), "persist"),
+        (lambda: RemoteConfig(store="/r", storage_options={"region": "x"}), "storage_options"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_field(make: Any, field: str) -> None:
@@ -86,11 +88,26 @@ def test_the_peer_listen_address_and_retention_are_options_of_their_parts() -> N
 
 
 def test_the_option_defaults_are_the_defaults_of_the_parts() -> None:
-    """``OPTION_DEFAULTS`` (Session's keywords) and the parts' own defaults are two tables: they agree."""
     config = SessionConfig.from_options(policy=coci.EveryN(2))
     assert (config.retention, config.remote, config.preemption, config.io) == (RetentionConfig(), RemoteConfig(), PreemptionConfig(), IOConfig())
     assert config.total_steps is None and config.prior is None and config.clock is None
     assert SessionConfig.from_options(mtbf="8h").plan == PlanConfig(failures=Failures.exponential("8h"))
+
+
+def test_one_table_names_each_options_part_and_field() -> None:
+    """``OPTIONS`` is the one table: every keyword (``SessionOptions``) sets a real field of its part,
+    and its default is that field's default."""
+    parts = {"": SessionConfig, "plan": PlanConfig, "retention": RetentionConfig, "remote": RemoteConfig,
+             "preemption": PreemptionConfig, "io": IOConfig}
+    assert set(OPTIONS) == set(SessionOptions.__annotations__) == set(OPTION_DEFAULTS)
+    for option, (part, name) in OPTIONS.items():
+        fields = {item.name: item for item in dataclasses.fields(parts[part])}
+        assert name in fields, option
+        if fields[name].default is not dataclasses.MISSING:
+            assert OPTION_DEFAULTS[option] == fields[name].default, option
+    set_by_option = {OPTIONS[option] for option in OPTIONS}  # every field of a session part has its keyword
+    for part in ("retention", "remote", "preemption", "io"):
+        assert {(part, item.name) for item in dataclasses.fields(parts[part])} <= set_by_option, part
 
 
 def test_retention_policies_and_a_store_instance_are_fields_of_their_parts(tmp_path: Path) -> None:
@@ -101,9 +118,12 @@ def test_retention_policies_and_a_store_instance_are_fields_of_their_parts(tmp_p
     )
     assert config.retention.local_policy() is milestones  # retention= replaces keep_last
     for count, policy in (("keep_last", "retention"), ("keep_last_remote", "remote_retention")):
-        for value in (5, None):  # a count beside the policy that replaces it would be ignored: refused, naming both
+        for value in (5, None, 2):  # a count beside the policy that replaces it would be ignored: refused, naming both (2 too)
             with pytest.raises(ConfigError, match=f"{policy}=.* replaces {count}={value}"):
                 SessionConfig.from_options(policy=coci.EveryN(2), **{count: value, policy: milestones})
+    with pytest.raises(ConfigError, match="retention=.* replaces keep_last=2"):
+        RetentionConfig(keep_last=2, policy=milestones)
+    assert dataclasses.replace(config.retention, save_last=False).local_policy() is milestones  # the default count is not "given"
     assert config.retention.remote_tier_policy() == coci.KeepLast(4)
     assert RetentionConfig(keep_last=3).local_policy() == coci.KeepLast(3) and RetentionConfig(keep_last=None).local_policy() is None
     assert config.remote.store is store and config.io.writer is writer_for

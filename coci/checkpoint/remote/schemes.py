@@ -15,6 +15,8 @@ give it back: events and errors name it) and must return a [``RemoteStore``][coc
 a session opens its remote, never at import. Anything else is a [``coci.ConfigError``][coci.ConfigError] naming
 ``remote``: a scheme nobody registered (the error lists the known ones), a factory that fails to
 load or raises, or one that returns something that is not a store.
+
+[``RemoteConfig``][coci.RemoteConfig] is the session's part that names the remote and how it is used.
 """
 
 from __future__ import annotations
@@ -22,16 +24,22 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES
 from coci.checkpoint.remote.store import RemoteStore
 from coci.errors import ConfigError
+from coci.units import parse_duration
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
-__all__ = ["ENTRY_POINT_GROUP", "RemoteLike", "StoreFactory", "known_schemes", "open_store", "register_remote_scheme"]
+__all__ = [
+    "ENTRY_POINT_GROUP", "RemoteConfig", "RemoteLike", "StoreFactory", "check_remote", "known_schemes", "open_store", "register_remote_scheme",
+]
 
 #: Opens the store a URL names: ``factory(url, storage_options) -> RemoteStore``.
 StoreFactory: TypeAlias = Callable[[str, Mapping[str, Any] | None], RemoteStore]
@@ -42,6 +50,50 @@ RemoteLike: TypeAlias = RemoteStore | str | os.PathLike[str]
 ENTRY_POINT_GROUP = "coci.remote_stores"
 
 _SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*$")
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """The remote tier committed checkpoints are promoted to and restored from."""
+
+    store: RemoteLike | None = None
+    """A [``coci.RemoteStore``][coci.RemoteStore] (used as it is), a URL (``s3://``, or a scheme of [``coci.register_remote_scheme``][coci.register_remote_scheme]) or a shared directory; None: no remote tier."""
+
+    storage_options: Mapping[str, Any] | None = None
+    """Extra client options for a URL remote (obstore's S3 config keys; another scheme's factory gets them)."""
+
+    owner: str = "refuse"
+    """Another run's prefix: ``"refuse"`` (ConfigError naming its owner) or ``"adopt"`` (continue from its checkpoints, never deleting them)."""
+
+    close_timeout: float = 60.0
+    """Seconds ``close()`` spends at most on the remote tier (the last uploads, then the history); a step not uploaded by then stays committed locally, is recorded, and is promoted by the next run that restores it (a duration such as ``"5min"`` is accepted)."""
+
+    def __post_init__(self) -> None:
+        if self.store is not None:
+            check_remote(self.store, self.storage_options)
+        if self.storage_options is not None:
+            if not isinstance(self.storage_options, Mapping):
+                raise ConfigError(f"storage_options must be a mapping of S3 options, got {self.storage_options!r}")
+            object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
+        object.__setattr__(self, "close_timeout", parse_duration(self.close_timeout, field="remote_close_timeout", positive=True))
+        if self.owner not in REMOTE_OWNER_MODES:
+            raise ConfigError(f"remote_owner must be one of {', '.join(map(repr, REMOTE_OWNER_MODES))}, got {self.owner!r}")
+
+
+def check_remote(remote: RemoteLike, storage_options: Mapping[str, Any] | None) -> RemoteStore | str:
+    """``remote`` checked against what it may be: a store instance as it is, or the text of a URL or
+    path; a ConfigError naming ``remote`` or ``storage_options`` (options for a store already
+    open, or for a directory path) otherwise."""
+    if isinstance(remote, RemoteStore) and not isinstance(remote, (str, os.PathLike)):
+        if storage_options:
+            raise ConfigError("storage_options= configures a store coci opens from a URL; the remote store given is already open")
+        return remote
+    text = os.fspath(remote) if isinstance(remote, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"remote must be a RemoteStore, a URL (schemes: {', '.join(known_schemes())}) or a directory path, got {remote!r}")
+    if storage_options and "://" not in text:
+        raise ConfigError("storage_options= applies to a URL remote only, not a directory path")
+    return text
 
 
 def _open_s3(url: str, storage_options: Mapping[str, Any] | None) -> RemoteStore:
@@ -73,17 +125,11 @@ def known_schemes() -> list[str]:
 def open_store(remote: RemoteLike, storage_options: Mapping[str, Any] | None = None) -> RemoteStore:
     """The store ``remote`` names: itself when it is a [``RemoteStore``][coci.checkpoint.remote.store.RemoteStore], the registered
     factory's for a ``<scheme>://`` URL, a ``DirectoryStore`` for a path."""
-    if isinstance(remote, RemoteStore) and not isinstance(remote, (str, os.PathLike)):
-        if storage_options:
-            raise ConfigError("storage_options= configures a store coci opens from a URL; the remote store given is already open")
-        return remote
-    text = os.fspath(remote) if isinstance(remote, (str, os.PathLike)) else None
-    if not isinstance(text, str) or not text:
-        raise ConfigError(f"remote must be a RemoteStore, a URL (schemes: {', '.join(known_schemes())}) or a directory path, got {remote!r}")
+    text = check_remote(remote, storage_options)
+    if not isinstance(text, str):
+        return text  # a store instance, used as it is
     if "://" in text:
         return _open_url(text, storage_options)
-    if storage_options:
-        raise ConfigError("storage_options= applies to a URL remote only, not a directory path")
     from coci.checkpoint.remote.filesystem import DirectoryStore
 
     return DirectoryStore(Path(text))
