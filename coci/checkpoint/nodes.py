@@ -26,25 +26,30 @@ from coci.checkpoint.dcp_manifest import checkpoint_id, file_rank
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError
 
-__all__ = ["NodePart", "check_parts", "check_replicas_within_nodes", "local_steps", "missing_pieces", "replicas_across_nodes"]
+__all__ = ["ELSEWHERE", "NodePart", "check_parts", "check_replicas_within_nodes", "local_steps", "missing_pieces", "replicas_across_nodes"]
 
 
 #: What is wrong with a node's part (``NodePart.kind``): absent (never published there, or its
-#: disk lost), saved by another layout of nodes (a world-size change), or bytes that fail a check.
-MISSING, OTHER_LAYOUT, CORRUPT = "missing", "other_layout", "corrupt"
+#: disk lost), saved by another layout of nodes (a world-size change), bytes that fail a check, or
+#: the directory holds another node's part of the same layout (the nodes joined in another order:
+#: ``coci.checkpoint.node_exchange`` sends it to that node).
+MISSING, OTHER_LAYOUT, CORRUPT, ELSEWHERE = "missing", "other_layout", "corrupt", "elsewhere"
 
 
 @dataclass(frozen=True)
 class NodePart:
     """One node's part of a step: its commit id when it verifies, else the problem and its kind
-    (``MISSING``, ``OTHER_LAYOUT``, ``CORRUPT``); and the names of the checkpoint's
-    files as its record lists them (empty when it has no record)."""
+    (``MISSING``, ``OTHER_LAYOUT``, ``CORRUPT``, ``ELSEWHERE``); and the names of the checkpoint's
+    files as its record lists them (empty when it has no record). ``ELSEWHERE``: the directory
+    holds node ``holds``'s verified part, of commit id ``held_id``."""
 
     node: int
     commit_id: str | None
     problem: str | None
     files: tuple[str, ...] = ()
     kind: str | None = None
+    holds: int | None = None
+    held_id: str | None = None
 
 
 def local_steps(root: Path, context: DistributedContext) -> list[int]:
@@ -85,10 +90,9 @@ def _check_own_part(root: Path, step: int, context: DistributedContext) -> NodeP
     now = [list(r) for r in context.nodes or ()]
     if not whole and record.nodes == now and record.node != context.node:
         return NodePart(
-            context.node, None, f"{path} holds node {record.node}'s part, but this directory is node {context.node}'s now: the "
-            "nodes joined in another order than when it was written (torchrun's c10d rendezvous numbers nodes by arrival "
-            "and ignores --node-rank); start every agent with --rdzv-backend static --node-rank K --master-addr NODE0 "
-            "(the multi-node guide), so each node keeps its ranks", names, kind=OTHER_LAYOUT,
+            context.node, None, f"{path} holds node {record.node}'s part, but this directory is node {context.node}'s now (the "
+            "nodes joined in another order than when it was written: torchrun's c10d rendezvous numbers nodes by arrival "
+            "or host name and ignores --node-rank)", names, kind=ELSEWHERE, holds=record.node, held_id=checkpoint_id(record),
         )
     if not whole and (record.node != context.node or record.nodes != now):
         return NodePart(

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from coci import distributed
-from coci.checkpoint import nodes, restore_checks, rng_state
+from coci.checkpoint import node_exchange, nodes, restore_checks, rng_state
 from coci.checkpoint.checkpointer import load_committed, restore_candidates
 from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir, step_dirname
 from coci.checkpoint.peers import PeerCopies
@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 _POLICY_ENTRY = SESSION_KEY + "policy"
 #: How a restore problem that is a state mismatch (not damage) starts.
 _MISMATCH = "state mismatch: "
+_NOT_EXCHANGED = "no node holds another's part"  # Restorer._exchanged: nothing to move between the nodes
 _OTHER_LAYOUT = "another layout of nodes: "  # a node-local part read on another layout (IncompleteCheckpointError)
 
 
@@ -203,6 +204,9 @@ class Restorer:
         lacking = {part.node for part in parts if part.problem is not None}
         if not lacking:
             return "local", None, None
+        exchange_problem = self._exchanged(step, parts)
+        if exchange_problem is None:
+            return "local", None, None
         peer_problem = self._from_peers(step, lacking, ids)
         if peer_problem is None:
             return ("peer" if self.dist.node in lacking else "local"), None, None
@@ -210,7 +214,8 @@ class Restorer:
         if self.remote is None or step not in remote_steps:
             where = " (and the remote tier does not hold it)" if self.remote is not None else " (no remote tier)"
             peers = "" if self.peers is None else f"; its peer copies: {peer_problem}"
-            return "", nodes.missing_pieces(step, parts, self.dist) + where + peers, kind
+            moved = "" if exchange_problem == _NOT_EXCHANGED else f"; moving the parts between nodes: {exchange_problem}"
+            return "", nodes.missing_pieces(step, parts, self.dist) + where + peers + moved, kind
         fetching = self.dist.node in lacking
         try:
             self.remote.fetch_node_parts(step, self.root, self.dist, fetching)
@@ -218,6 +223,20 @@ class Restorer:
             reason = "remote_unavailable" if UNAVAILABLE in str(exc) else "corrupt" if isinstance(exc, CorruptCheckpointError) else kind
             return "", f"{nodes.missing_pieces(step, parts, self.dist)}; its remote copy: {exc}", reason
         return ("remote" if fetching else "local"), None, None
+
+    def _exchanged(self, step: int, parts: list[nodes.NodePart]) -> str | None:
+        """None once every node lacking its part of ``step`` received it from the node whose
+        directory holds it (the nodes joined in another order: ``coci.checkpoint.node_exchange``);
+        else ``_NOT_EXCHANGED`` or what failed (collective)."""
+        assert self.dist is not None
+        sources = node_exchange.exchange_sources(parts)
+        if sources is None:
+            return _NOT_EXCHANGED
+        commit_id = next(str(part.held_id) for part in parts if part.kind == nodes.ELSEWHERE)
+        problem = node_exchange.exchange_parts(self.root, step, sources, commit_id, self.dist, self.events)
+        if problem is not None:
+            logger.warning("step_%d: the parts held by other nodes were not moved: %s", step, problem)
+        return problem
 
     def _from_peers(self, step: int, lacking: set[int], ids: list[str]) -> str | None:
         """None once the ``lacking`` nodes fetched their parts of ``step`` from the nodes holding

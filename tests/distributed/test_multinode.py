@@ -53,9 +53,9 @@ def assert_ok(outcomes: list[torchrun_helpers.NodeOutcome]) -> None:
     assert [o.code for o in outcomes] == [0, 0], "\n".join(o.output[:6000] + "\n...\n" + o.output[-1500:] for o in outcomes)
 
 
-def assert_bitwise(base: Path, reference: Path) -> None:
-    """Final parameters and optimizer state (gathered by rank 0) equal to the reference's."""
-    got = torch.load(node_dir(base, 0) / "final.pt", weights_only=True)
+def assert_bitwise(base: Path, reference: Path, rank0_node: int = 0) -> None:
+    """Final parameters and optimizer state (gathered by rank 0, on node ``rank0_node``'s directory) equal to the reference's."""
+    got = torch.load(node_dir(base, rank0_node) / "final.pt", weights_only=True)
     want = torch.load(node_dir(reference, 0) / "final.pt", weights_only=True)
     assert got["steps"] == want["steps"] == STEPS
     for key, value in want["model"].items():
@@ -265,19 +265,50 @@ def test_node_local_forced_on_one_shared_directory_is_refused_naming_the_layout(
         assert "RunDirLockedError" not in outcome.output
 
 
-def test_a_restart_in_the_other_join_order_resumes_under_static_rendezvous_and_names_c10d(tmp_path: Path) -> None:
-    assert_ok(run_nodes(tmp_path, "--stop-at", "8", rendezvous="static"))
-    at_stop = torch.load(node_dir(tmp_path, 0) / "stop.pt", weights_only=True)
-    # c10d numbers the nodes by arrival: node 1's agent first makes its directory rank 0's; refused, naming the cause
-    swapped = run_nodes(tmp_path, "--stop-at", "9", start_order=[1, 0], survivor_grace=60.0)
-    assert [o.code for o in swapped] != [0, 0]
-    for outcome in swapped:
-        assert "IncompleteCheckpointError" in outcome.output and "the nodes joined in another order" in outcome.output, outcome.output[-3000:]
-        assert "--rdzv-backend static --node-rank K" in outcome.output and "CorruptCheckpointError" not in outcome.output
-    # the static rendezvous keeps --node-rank: started in the other order, each node resumes from its own disk
-    assert_ok(run_nodes(tmp_path, "--stop-at", "9", start_order=[1, 0], rendezvous="static"))
-    assert [[(e["step"], e["tier"]) for e in node_events(tmp_path, node, "restore")] for node in range(2)] == [[(8, "local")]] * 2
-    assert_same_state(torch.load(node_dir(tmp_path, 0) / "restored.pt", weights_only=True), at_stop)
+def swapped_events(base: Path, node: int, kind: str) -> list[dict]:
+    """The ``kind`` events of the rank that ran in node ``node``'s directory after a restart whose
+    two nodes joined in the other order (rank ``1 - node``)."""
+    rank = 1 - node
+    path = node_dir(base, node) / ("events.jsonl" if rank == 0 else f"events.rank{rank}.jsonl")
+    return [event for event in map(json.loads, path.read_text().splitlines()) if event["event"] == kind]
+
+
+def assert_resumed_after_the_swap(base: Path, reference: Path) -> None:
+    """Each node's own part of step 8 came from the other node's directory, loaded from there
+    (tier local), and the run ended bitwise equal to the uninterrupted one (rank 0 ran on node 1's directory)."""
+    for node in range(2):
+        assert [(e["step"], e["tier"]) for e in swapped_events(base, node, "restore")] == [(8, "local")]
+        (moved,) = swapped_events(base, node, "node_exchange")  # its ranks' part came from the other directory
+        assert (moved["step"], moved["node"], moved["from_node"]) == (8, 1 - node, node) and moved["bytes"] > 0
+        assert not swapped_events(base, node, "restore_skip")
+        record = json.loads((layout.checkpoints_dir(node_dir(base, node)) / "step_8" / "manifest.json").read_text())
+        assert record["node"] == 1 - node  # the part of the ranks now running there
+    assert_bitwise(base, reference, rank0_node=1)
+    assert_clean(base)
+
+
+def test_a_restart_in_the_other_join_order_resumes_from_each_nodes_disk_bitwise(tmp_path: Path, reference: Path) -> None:
+    for node in range(2):  # the reference's directories as a run killed after step 8's checkpoint (no remote)
+        shutil.copytree(node_dir(reference, node), node_dir(tmp_path, node))
+        shutil.rmtree(layout.checkpoints_dir(node_dir(tmp_path, node)) / "step_12")
+    (node_dir(tmp_path, 0) / "final.pt").unlink()
+    # c10d numbers the nodes by arrival (on one host, by the agents' process ids): node 1's agent first runs rank 0 on node 1's directory
+    assert_ok(run_nodes(tmp_path, start_order=[1, 0]))
+    assert_resumed_after_the_swap(tmp_path, reference)
+
+
+def test_a_restart_in_the_other_join_order_with_s3_and_peer_copies_keeps_the_run(tmp_path: Path, reference: Path, s3_remote: str) -> None:  # noqa: F811
+    both = ("--remote", s3_remote, "--peer-copies", "1")
+    assert_ok(run_nodes(tmp_path, *both, "--stop-at", "8"))  # close() waits for the uploads and copies
+    (claimed,) = node_events(tmp_path, 0, "remote_owner")
+    assert_ok(run_nodes(tmp_path, *both, start_order=[1, 0]))
+    owned = swapped_events(tmp_path, 1, "remote_owner")  # rank 0's history came back from the remote, then its claim
+    assert owned[0] == claimed and (owned[-1]["action"], owned[-1]["run_id"]) == ("owned", claimed["run_id"])  # the same run
+    assert_resumed_after_the_swap(tmp_path, reference)  # from the intact disks: nothing fetched from S3 or a peer copy
+    for node in range(2):
+        assert not swapped_events(tmp_path, node, "remote_fetch") and not swapped_events(tmp_path, node, "peer_fetch")
+        assert [e["step"] for e in swapped_events(tmp_path, node, "node_upload")][-1] == STEPS  # uploads went on
+    assert STEPS in committed_steps(open_store(s3_remote).list_objects())
 
 
 def test_rank0s_node_lost_merges_the_history_back_and_the_report_lists_every_nodes_source(tmp_path: Path, s3_remote: str) -> None:  # noqa: F811

@@ -56,6 +56,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("coci/checkpoint/peer_wire.py", "_drain", "get"): "the writer thread idles for its next chunk; a stop() sentinel always follows",
     ("coci/checkpoint/peer_wire.py", "_recv_into", "recv_into"): "armed by Deadline (PEER_HEADER_SECONDS / PEER_TRANSFER_SECONDS) or the socket timeout",
     # daemon threads idling for their next piece of work
+    ("coci/checkpoint/node_exchange.py", "_receive", "accept"): "the listener's settimeout(knobs.PEER_TRANSFER_SECONDS) in _listen",
     ("coci/checkpoint/peers.py", "_serve", "accept"): "the server's daemon thread idles for connections; close() shuts the socket down",
     ("coci/checkpoint/peers.py", "_drain", "wait"): "the sender's daemon thread idles for its next copy (submit() notifies)",
     # the persist helper's socket: the parent side polls with a deadline, the helper idles

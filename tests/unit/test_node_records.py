@@ -120,3 +120,19 @@ def test_a_replicated_mesh_dimension_across_node_local_directories_is_named() ->
     assert replicas_across_nodes([[0], [1]], [True, False], (), [[0], [1]]) is not None  # (2, 1): every replica on its own node
     assert "dimension 0" in (replicas_across_nodes([[0], [1]], [True, False], (), [[0], [1]]) or "")
     assert replicas_across_nodes(hsdp, [True, False], ("replicate", "shard"), [[0, 1, 2, 3]]) is None  # one node
+
+
+def test_parts_held_by_another_node_are_moved_only_when_every_lacking_part_is_held_and_of_one_commit() -> None:
+    from coci.checkpoint.node_exchange import exchange_sources
+    from coci.checkpoint.nodes import ELSEWHERE, MISSING, NodePart
+
+    def held(node: int, holds: int, commit_id: str = "c1") -> NodePart:
+        return NodePart(node, None, "elsewhere", kind=ELSEWHERE, holds=holds, held_id=commit_id)
+
+    own = NodePart(2, "c1", None)
+    assert exchange_sources([held(0, 1), held(1, 0)]) == {0: 1, 1: 0}  # two nodes joined in the other order
+    assert exchange_sources([held(0, 1), held(1, 0), own]) == {0: 1, 1: 0}
+    assert exchange_sources([held(0, 1), NodePart(1, None, "absent", kind=MISSING)]) is None  # node 0's part is nowhere
+    assert exchange_sources([held(0, 1), held(1, 0, "c2")]) is None  # parts of two checkpoints of the step
+    assert exchange_sources([held(0, 1), held(1, 0), NodePart(2, "c2", None)]) is None
+    assert exchange_sources([NodePart(0, "c1", None), NodePart(1, "c1", None)]) is None  # nothing lacking
