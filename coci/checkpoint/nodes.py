@@ -12,6 +12,7 @@ from the remote when the checkpoint was saved by another layout (resharding).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,16 @@ from coci.checkpoint.dcp_manifest import checkpoint_id, file_rank
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError
 
-__all__ = ["ELSEWHERE", "NodePart", "check_parts", "check_replicas_within_nodes", "local_steps", "missing_pieces", "replicas_across_nodes"]
+__all__ = [
+    "ELSEWHERE",
+    "NodePart",
+    "check_parts",
+    "check_replicas_within_nodes",
+    "commits_by_holders",
+    "local_steps",
+    "missing_pieces",
+    "replicas_across_nodes",
+]
 
 
 #: What is wrong with a node's part (``NodePart.kind``): absent (never published there, or its
@@ -100,6 +110,13 @@ def _check_own_part(root: Path, step: int, context: DistributedContext) -> NodeP
             f"this job runs on nodes {now}", names, kind=OTHER_LAYOUT,
         )
     return NodePart(context.node, checkpoint_id(record), None, names)
+
+
+def commits_by_holders(parts: list[NodePart]) -> list[str]:
+    """The commit ids of the verified ``parts``, held by the most nodes first (then by id): the
+    order in which a restore tries to make one of them whole from the peer copies."""
+    counts = Counter(part.commit_id for part in parts if part.problem is None and part.commit_id is not None)
+    return sorted(counts, key=lambda commit_id: (-counts[commit_id], commit_id))
 
 
 def skip_kind(parts: list[NodePart]) -> str:

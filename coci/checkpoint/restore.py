@@ -200,7 +200,7 @@ class Restorer:
         parts = nodes.check_parts(self.root, step, self.dist)
         ids = sorted({str(part.commit_id) for part in parts if part.problem is None})
         if len(ids) > 1:
-            return "", f"step_{step}: the nodes hold parts of different checkpoints (commit ids {ids})", "incomplete"
+            return self._one_checkpoint_from_peers(step, parts, ids)
         lacking = {part.node for part in parts if part.problem is not None}
         if not lacking:
             return "local", None, None
@@ -237,6 +237,21 @@ class Restorer:
         if problem is not None:
             logger.warning("step_%d: the parts held by other nodes were not moved: %s", step, problem)
         return problem
+
+    def _one_checkpoint_from_peers(self, step: int, parts: list[nodes.NodePart], ids: list[str]) -> tuple[str, str | None, str | None]:
+        """The nodes hold verified parts of different checkpoints of ``step`` (a part an earlier
+        attempt at that step left on one node): for each commit, held by the most nodes first, the
+        other nodes fetch their peer copy of that commit (a copy of any other is refused before it
+        replaces anything); the first commit complete on every node is restored. Collective."""
+        assert self.dist is not None
+        problems = [f"step_{step}: the nodes hold parts of different checkpoints (commit ids {ids})"]
+        for commit_id in nodes.commits_by_holders(parts) if self.peers is not None else ():
+            others = {part.node for part in parts if part.commit_id != commit_id}
+            problem = self.peers.fetch_lacking(step, self.root, others, commit_id) if self.peers is not None else None
+            if problem is None:
+                return ("peer" if self.dist.node in others else "local"), None, None
+            problems.append(f"the peer copies of commit {commit_id}: {problem}")
+        return "", "; ".join(problems), "incomplete"
 
     def _from_peers(self, step: int, lacking: set[int], ids: list[str]) -> str | None:
         """None once the ``lacking`` nodes fetched their parts of ``step`` from the nodes holding

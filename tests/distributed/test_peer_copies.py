@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torchrun_helpers
 
-from coci.checkpoint import layout
+from coci.checkpoint import commit, layout
+from coci.checkpoint.dcp_manifest import DcpManifest
 from coci.checkpoint.peers import peer_dir
 from tests.distributed.test_multinode import (  # noqa: F401 (the reference fixture)
     STEPS,
@@ -71,6 +72,27 @@ def test_a_tampered_peer_copy_is_refused_and_an_older_copy_restores(tmp_path: Pa
     assert "checksum mismatch" in skips[0]["message"] and "__1_0.distcp" in skips[0]["message"]
     assert [e["step"] for e in node_events(tmp_path, 0, "restore_skip")] == [8]  # every rank skipped step 8 together
     assert_bitwise(tmp_path, reference)
+
+
+def test_a_part_of_another_checkpoint_of_the_step_is_replaced_by_its_peer_copy(tmp_path: Path, reference: Path) -> None:  # noqa: F811
+    """Finding 12: node 1's step_8 is a verified part of another checkpoint of step 8 (as an earlier
+    attempt at the step leaves one: another commit id, resealed); the nodes' parts disagree. Each
+    commit is tried: node 0's peer copy of the stale one does not exist (its holder's copy is of the
+    other commit, refused before it replaces anything), node 1's copy of the good one does, and
+    step 8 restores instead of the older step 4."""
+    assert_ok(run_nodes(tmp_path, "--peer-copies", "1", "--stop-at", "8"))
+    record_path = layout.checkpoints_dir(node_dir(tmp_path, 1)) / layout.step_dirname(8) / layout.MANIFEST_FILENAME
+    record = DcpManifest.model_validate_json(record_path.read_text())
+    stale = record.model_copy(update={"commit_id": "0-an-earlier-attempt"}).sealed()  # sorts first: tried first
+    commit.write_durably(record_path, stale.model_dump_json().encode())
+    assert_ok(run_nodes(tmp_path, "--peer-copies", "1"))
+    assert restored(tmp_path) == [[(8, "local")], [(8, "peer")]]
+    skips = node_events(tmp_path, 0, "peer_skip")
+    assert [(e["step"], e["holder"]) for e in skips] == [(8, 1)] and "commit id" in skips[0]["message"]
+    assert [(e["step"], e["holder"]) for e in node_events(tmp_path, 1, "peer_fetch")] == [(8, 0)]
+    assert not node_events(tmp_path, 0, "restore_skip")
+    assert_bitwise(tmp_path, reference)
+    assert_clean(tmp_path)
 
 
 def test_the_peer_copies_lost_too_the_node_is_recovered_from_s3(tmp_path: Path, reference: Path, s3_remote: str) -> None:  # noqa: F811

@@ -15,6 +15,7 @@ import pytest
 from coci.checkpoint import commit, fileio, layout, records
 from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
 from coci.checkpoint.dcp_manifest import DcpManifest, DcpPart, full_record
+from coci.checkpoint.nodes import MISSING, NodePart, commits_by_holders
 from coci.errors import CorruptCheckpointError
 
 
@@ -136,3 +137,14 @@ def test_parts_held_by_another_node_are_moved_only_when_every_lacking_part_is_he
     assert exchange_sources([held(0, 1), held(1, 0, "c2")]) is None  # parts of two checkpoints of the step
     assert exchange_sources([held(0, 1), held(1, 0), NodePart(2, "c2", None)]) is None
     assert exchange_sources([NodePart(0, "c1", None), NodePart(1, "c1", None)]) is None  # nothing lacking
+
+
+def test_the_commits_of_disagreeing_parts_are_tried_most_held_first() -> None:
+    """Finding 12: the restore makes a step whole from the peer copies of each commit its verified
+    parts hold, the one most nodes hold first (then by id); a failing part names no commit."""
+    parts = [
+        NodePart(0, "b", None), NodePart(1, "a", None), NodePart(2, "b", None),
+        NodePart(3, None, "absent", kind=MISSING), NodePart(4, "c", None),
+    ]
+    assert commits_by_holders(parts) == ["b", "a", "c"]
+    assert commits_by_holders([NodePart(0, "x", None), NodePart(1, "w", None)]) == ["w", "x"]
