@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
@@ -183,7 +183,7 @@ def _unlink_at(dir_fd: int, name: str, path: Path, error: ErrorClass) -> None:
         pass
 
 
-def write_all(fd: int, data: bytes | memoryview) -> None:
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     """Write every byte of ``data`` to ``fd``."""
     view = memoryview(data)
     while len(view):
@@ -191,10 +191,15 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
 
 
 def replace_file(
-    path: Path, data: bytes, *, follow_dir: bool = False, durable: bool = False, error: ErrorClass = ConfigError
+    path: Path,
+    data: bytes | bytearray | memoryview | Iterable[bytes],
+    *,
+    follow_dir: bool = False,
+    durable: bool = False,
+    error: ErrorClass = ConfigError,
 ) -> None:
-    """Write ``data`` as file ``path`` atomically: into a fresh hidden name (``O_EXCL``), then
-    renamed over the previous file. ``error`` when a link or anything but a regular file is in
+    """Write ``data`` (bytes, or pieces of bytes written one at a time) as file ``path``
+    atomically: into a fresh hidden name (``O_EXCL``), then renamed over the previous file. ``error`` when a link or anything but a regular file is in
     ``path``'s place (it is left as it is: never followed, never silently replaced)."""
     temporary = f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part"
     with opened_dir(path.parent, follow=follow_dir, error=error) as dir_fd:
@@ -202,7 +207,8 @@ def replace_file(
         fd = create_at(dir_fd, temporary, path=path.parent / temporary, error=error)
         try:
             try:
-                write_all(fd, data)
+                for piece in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
+                    write_all(fd, piece)
                 if durable:
                     os.fsync(fd)
             finally:

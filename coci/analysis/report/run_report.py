@@ -112,12 +112,14 @@ class Report:
         """Write ``report.json``, ``report.html`` and the PNG figures into ``run_dir`` (default: the
         run's own directory); return the paths by name."""
         target = Path(self.data.run_dir if run_dir is None else run_dir)
-        figures = self.figures()
+        figures, summary_text = self.figures(), self.summary()
         paths: dict[str, Path] = dict(zip(figures, self.plot(target)))
         paths["json"] = target / REPORT_JSON_FILENAME
-        safe_files.replace_file(paths["json"], self.to_json().encode("utf-8"), follow_dir=True)
+        pieces = (piece.encode("utf-8") for piece in text.json_pieces(self.data, summary_text))
+        safe_files.replace_file(paths["json"], pieces, follow_dir=True)  # streamed: never the whole text at once
         paths["html"] = target / REPORT_HTML_FILENAME
-        safe_files.replace_file(paths["html"], self.to_html(figures).encode("utf-8"), follow_dir=True)
+        pages = (piece.encode("utf-8") for piece in text.html_pieces(self.data, summary_text, figures))
+        safe_files.replace_file(paths["html"], pages, follow_dir=True)
         return paths
 
     def _repr_html_(self) -> str:  # Jupyter

@@ -7,14 +7,16 @@ import html
 import json
 import math
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pydantic_core
 
 from coci import knobs
 from coci.analysis.report.figures import FIGURES
-from coci.analysis.report.read import PolicyRow, ReportData
+from coci.analysis.report.read import CheckpointRow, PolicyRow, ReportData
 from coci.analysis.report.small_cut import small_cut_reason
 from coci.planning.records import Plan
 from coci.units import format_duration
@@ -28,6 +30,8 @@ __all__ = [
     "display_checkpoints",
     "format_bytes",
     "format_seconds",
+    "html_pieces",
+    "json_pieces",
     "step_list",
     "summary",
     "to_html",
@@ -42,7 +46,11 @@ def checkpoint_frame(data: ReportData) -> pd.DataFrame:
     """One row per checkpoint: step, planned (True/False/None = earlier plan), stall, staging
     and persist seconds, bytes, committed, still on disk, error; its promotion to the remote tier
     (upload seconds, bytes, still there); why it was taken (``reason``)."""
-    rows = [row.model_dump() for row in data.checkpoints]
+    return _rows_frame(data.checkpoints)
+
+
+def _rows_frame(checkpoints: list[CheckpointRow]) -> pd.DataFrame:
+    rows = [row.model_dump() for row in checkpoints]
     dtypes = {"step": "int64", "planned": object, "stall_seconds": "float64", "staging_seconds": "float64",
               "persist_seconds": "float64", "bytes": "Int64", "committed": "bool", "on_disk": "bool", "error": object,
               "upload_seconds": "float64", "remote_bytes": "Int64", "in_remote": "bool", "reason": object}
@@ -254,12 +262,12 @@ def _checkpoint_lines(data: ReportData) -> list[str]:
         lines.append(f"  warm-up checkpoints skipped: {len(data.warmup_skips)} at steps {step_list(sorted(data.warmup_skips))} ({why})")
     if plan is not None:
         lines += _plan_against_taken_lines(data, plan)
-    frame = checkpoint_frame(data)
-    if not frame.empty:
-        table = display_checkpoints(frame)
-        if len(table) > 12:
-            table = pd.concat([table.head(6), table.tail(6)])
-            lines.append(f"  (first and last 6 of {len(frame)} checkpoints)")
+    rows = data.checkpoints
+    if rows:
+        remote = any(row.upload_seconds is not None for row in rows)
+        table = display_checkpoints(_rows_frame(rows if len(rows) <= 12 else [*rows[:6], *rows[-6:]]), remote=remote)
+        if len(rows) > 12:
+            lines.append(f"  (first and last 6 of {len(rows)} checkpoints)")
         lines += ["  " + line for line in table.to_string(index=False).splitlines()]
     return lines
 
@@ -499,37 +507,94 @@ def _hours_text(value: float | None, ci: list[float] | None) -> str:
 # --- JSON and HTML -------------------------------------------------------------------------------
 
 
+#: Items of a list field (checkpoint rows, restores, loss points) serialised per piece of
+#: ``json_pieces``: what writing ``report.json`` holds at once, whatever the number of checkpoints.
+_JSON_ITEMS_PER_PIECE: int = 200
+
+
 def to_json(data: ReportData, summary_text: str) -> str:
-    """The report as JSON (``ReportData`` plus the figure file names)."""
-    payload = json.loads(data.model_dump_json())
-    payload["figures"] = dict(FIGURES)
-    payload["summary"] = summary_text
-    return json.dumps(payload, indent=2, allow_nan=False)
+    """The report as JSON (``ReportData`` plus the figure file names and the summary)."""
+    return "".join(json_pieces(data, summary_text))
+
+
+def json_pieces(data: ReportData, summary_text: str) -> Iterator[str]:
+    """``to_json``'s text in pieces, each at most ``_JSON_ITEMS_PER_PIECE`` items of a list: writing
+    them one by one (``Report.write``) holds one piece, never the whole report, so a run of 100,000
+    checkpoints is written in the memory of 200. Infinite and NaN numbers are ``null``, as in
+    ``ReportData.model_dump_json``; one list item (a checkpoint row) per line."""
+    fields: dict[str, Any] = {name: getattr(data, name) for name in ReportData.model_fields}
+    fields.update(figures=dict(FIGURES), summary=summary_text)
+    yield "{"
+    for index, (name, value) in enumerate(fields.items()):
+        yield ("," if index else "") + f"\n  {json.dumps(name)}: "
+        if isinstance(value, list) and value:
+            yield from _json_list_pieces(value)
+        else:
+            yield _json_text(value, indent=2).replace("\n", "\n  ")  # JSON strings hold no raw newline
+    yield "\n}\n"
+
+
+def _json_list_pieces(items: list[Any]) -> Iterator[str]:
+    yield "["
+    for start in range(0, len(items), _JSON_ITEMS_PER_PIECE):
+        batch = items[start:start + _JSON_ITEMS_PER_PIECE]
+        yield ("," if start else "") + ",".join("\n    " + _json_text(item) for item in batch)
+    yield "\n  ]"
+
+
+def _json_text(value: Any, indent: int | None = None) -> str:
+    return pydantic_core.to_json(value, indent=indent, inf_nan_mode="null").decode("utf-8")
+
+
+#: Checkpoint rows rendered per piece of ``html_pieces`` (see ``_JSON_ITEMS_PER_PIECE``).
+_HTML_ROWS_PER_PIECE: int = 200
 
 
 def to_html(data: ReportData, summary_text: str, figures: dict[str, bytes]) -> str:
     """A self-contained HTML page: summary, tables and every figure embedded as base64 PNG."""
+    return "".join(html_pieces(data, summary_text, figures))
+
+
+def html_pieces(data: ReportData, summary_text: str, figures: dict[str, bytes]) -> Iterator[str]:
+    """``to_html``'s page in pieces: the checkpoint table at most ``_HTML_ROWS_PER_PIECE`` rows a
+    piece, so writing them one by one (``Report.write``) never holds the whole table."""
     images = "\n".join(
         f'<figure><img alt="{html.escape(name)} figure" src="data:image/png;base64,'
         f'{base64.b64encode(png).decode("ascii")}"/><figcaption>{html.escape(FIGURES[name])}</figcaption></figure>'
         for name, png in figures.items()
     )
-    checkpoints = display_checkpoints(checkpoint_frame(data)).to_html(index=False, border=0, na_rep="-")
+    title = f"coci report: {html.escape(data.run_dir)}"
+    yield (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>"
+        f"<title>{title}</title><style>{_CSS}</style></head><body>\n"
+        f"<h1>{title}</h1>\n<h2>Summary</h2>\n<pre>{html.escape(summary_text)}</pre>\n"
+        f"<h2>Figures</h2>\n{images}\n"
+        "<h2>Checkpoints</h2>\n"
+    )
+    yield from _checkpoint_table_pieces(data.checkpoints)
     comparison = comparison_frame(data)
     comparison_html = (
         comparison.drop(columns=["fallbacks"]).to_html(index=False, border=0, na_rep="-", float_format=lambda v: f"{v:.4g}")
         if not comparison.empty else "<p>No plan was recorded, so no comparison.</p>"
     )
-    title = f"coci report: {html.escape(data.run_dir)}"
-    return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>"
-        f"<title>{title}</title><style>{_CSS}</style></head><body>\n"
-        f"<h1>{title}</h1>\n<h2>Summary</h2>\n<pre>{html.escape(summary_text)}</pre>\n"
-        f"<h2>Figures</h2>\n{images}\n"
-        f"<h2>Checkpoints</h2>\n{checkpoints}\n"
-        f"<h2>Policies over the whole run</h2>\n{comparison_html}\n"
-        "</body></html>\n"
-    )
+    yield f"\n<h2>Policies over the whole run</h2>\n{comparison_html}\n</body></html>\n"
+
+
+def _checkpoint_table_pieces(rows: list[CheckpointRow]) -> Iterator[str]:
+    """The checkpoint table (``display_checkpoints``' columns) as HTML, one piece per block of rows."""
+    if not rows:
+        yield "<p>No checkpoint was taken.</p>"
+        return
+    remote = any(row.upload_seconds is not None for row in rows)
+    for start in range(0, len(rows), _HTML_ROWS_PER_PIECE):
+        table = display_checkpoints(_rows_frame(rows[start:start + _HTML_ROWS_PER_PIECE]), remote=remote)
+        head = "".join(f"<th>{html.escape(str(name))}</th>" for name in table.columns)
+        opening = f'<table class="dataframe">\n<thead><tr style="text-align: right;">{head}</tr></thead>\n<tbody>\n'
+        yield (opening if not start else "") + "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(value))}</td>" for value in values) + "</tr>\n"
+            for values in table.itertuples(index=False, name=None)
+        )
+    yield "</tbody>\n</table>"
 
 
 _CSS = (
@@ -540,8 +605,11 @@ _CSS = (
 )
 
 
-def display_checkpoints(frame: pd.DataFrame) -> pd.DataFrame:
-    """The checkpoint table with readable units (ms, kB) for text and HTML."""
+def display_checkpoints(frame: pd.DataFrame, remote: bool | None = None) -> pd.DataFrame:
+    """The checkpoint table with readable units (ms, kB) for text and HTML; with the remote tier's
+    columns when ``remote`` (default: when a row of ``frame`` was promoted)."""
+    if remote is None:
+        remote = bool(frame["upload_seconds"].notna().any()) if not frame.empty else False
     if frame.empty:
         return frame
     planned = [_planned_label(v, reason) for v, reason in zip(frame["planned"], frame["reason"])]
@@ -556,7 +624,7 @@ def display_checkpoints(frame: pd.DataFrame) -> pd.DataFrame:
             "committed": frame["committed"].map(lambda v: "yes" if v else "NO"),
             "on disk": frame["on_disk"].map(lambda v: "yes" if v else "-"),
         }
-    ) if not frame["upload_seconds"].notna().any() else _with_remote_columns(frame)
+    ) if not remote else _with_remote_columns(frame)
 
 
 def _planned_label(planned: Any, reason: Any) -> str:
@@ -572,7 +640,7 @@ def _planned_label(planned: Any, reason: Any) -> str:
 
 def _with_remote_columns(frame: pd.DataFrame) -> pd.DataFrame:
     """The checkpoint table of a run with a remote tier: where each checkpoint lives, its upload."""
-    table = display_checkpoints(frame.assign(upload_seconds=float("nan")))
+    table = display_checkpoints(frame, remote=False)
     where = [("local+remote" if local and remote else "local" if local else "remote" if remote else "-")
              for local, remote in zip(frame["on_disk"], frame["in_remote"])]
     return table.drop(columns=["on disk"]).assign(**{"upload ms": frame["upload_seconds"].map(_ms), "where": where})
