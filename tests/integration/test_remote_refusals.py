@@ -272,6 +272,31 @@ def test_silent_endpoint_restores_locally_and_close_gives_up(tmp_path: Path, sil
     assert (step_dir(run_dir, 6) / "manifest.json").is_file()  # the local tier is untouched
 
 
+def test_session_against_a_silent_endpoint_waits_its_start_limit_then_goes_on_local_only(
+    tmp_path: Path, silent_endpoint: SilentS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ``Session()`` against an endpoint that accepts connections and never answers waited
+    out the owner record's request limits (30 s by default; here 10 minutes). It waits
+    ``knobs.REMOTE_START_SECONDS``, records that the remote did not answer, and its restore loads
+    the local step 4 at once."""
+    from coci import knobs
+
+    for name in ("REMOTE_READ_TIMEOUT_SECONDS", "REMOTE_RETRY_TIMEOUT_SECONDS"):
+        monkeypatch.setattr(knobs, name, 600.0)
+    monkeypatch.setattr(knobs, "REMOTE_START_SECONDS", 1.0)
+    run_dir = tmp_path / "run"
+    make_run(run_dir, steps=4, every=2)
+    began = time.monotonic()
+    with coci.Session(run_dir, state=build_state(), policy=coci.EveryN(100), remote="s3://bucket/run", remote_close_timeout=1) as session:
+        opened = time.monotonic() - began
+        result = session.restore()
+    assert result is not None and (result.step, result.tier) == (4, "local")
+    assert opened < SILENT_BOUND_SECONDS  # the owner record's own limits: 600 s
+    problems = [e["message"] for e in events_of(run_dir, "error") if e["phase"] == "remote_owner"]
+    assert problems and "REMOTE_START_SECONDS" in problems[0]
+    assert silent_endpoint.connections  # asked over the real socket, never answered
+
+
 def test_close_against_a_silent_endpoint_returns_within_its_limit_and_the_next_run_promotes(
     tmp_path: Path, silent_endpoint: SilentS3, short_limits: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

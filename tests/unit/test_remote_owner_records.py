@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -141,3 +143,49 @@ def test_a_remote_factory_that_raises_is_a_config_error_naming_remote(tmp_path: 
         coci.Session(tmp_path / "run", state=build_state(), policy=coci.EveryN(2), remote="broken://b")
     with coci.Session(tmp_path / "run", state=build_state(), policy=coci.EveryN(2)):  # the lock was released
         pass
+
+
+class SilentOwner(DirectoryStore):
+    """The shared directory, whose owner record gets no answer until ``answer`` is set (a store
+    that accepts the request and says nothing; 60 s at most)."""
+
+    def __init__(self, root: Path, answer: threading.Event) -> None:
+        super().__init__(root)
+        self.answer = answer
+
+    def exists(self, key: str) -> bool:
+        if key == OWNER_KEY:
+            self.answer.wait(60)
+        return super().exists(key)
+
+
+def test_a_silent_owner_record_holds_session_for_its_start_limit_only_and_its_later_answer_is_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ``Session()`` against a silent endpoint waited out the owner record's request limits
+    (30 s by default) and its ``restore()`` as long again. Past ``knobs.REMOTE_START_SECONDS`` the
+    session goes on local-only, recorded, and its restore does not wait; the claim still running
+    answers later, and the tier then uses it (no second claim) and promotes."""
+    from coci import knobs
+
+    monkeypatch.setattr(knobs, "REMOTE_START_SECONDS", 0.2)
+    answer, prefix, run_dir = threading.Event(), tmp_path / "prefix", tmp_path / "run"
+    state = build_state()
+    try:
+        session = coci.Session(run_dir, state=state, policy=coci.EveryN(2), remote=SilentOwner(prefix, answer))
+        with session:
+            assert session.restore() is None  # local-only at once: the record is still unanswered
+            problems = [e["message"] for e in events_of(run_dir, "error") if e["phase"] == "remote_owner"]
+            assert problems and all("REMOTE_START_SECONDS" in p for p in problems)  # at Session(), at restore()
+            assert not events_of(run_dir, "remote_owner")
+            answer.set()
+            for _ in range(600):  # the start's claim answers (bounded: 60 s)
+                if events_of(run_dir, "remote_owner"):
+                    break
+                time.sleep(0.1)
+            train(session, state, 2)
+    finally:
+        answer.set()
+    (owner,) = events_of(run_dir, "remote_owner")
+    assert owner["action"] == "claimed"
+    assert committed_steps(DirectoryStore(prefix).list_objects()) == [2]  # promoted once the claim answered

@@ -33,15 +33,17 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, ValidationError
 
-from coci import distributed
+from coci import distributed, knobs
 from coci.checkpoint import layout
 from coci.checkpoint.remote.store import RemoteStore
 from coci.distributed import DistributedContext
@@ -54,6 +56,7 @@ __all__ = [
     "REMOTE_OWNER_MODES",
     "RemoteOwner",
     "RunIdentity",
+    "StartClaim",
     "claim",
     "claim_for_job",
     "read_local_id",
@@ -238,22 +241,68 @@ def _refusal(store: RemoteStore, owner: RemoteOwner, local: str | None, here: Pa
     )
 
 
+class StartClaim:
+    """The claim ``Session()`` begins (rank 0), on a thread of its own: ``Session()`` waits for it
+    at most ``knobs.REMOTE_START_SECONDS``. A tier that goes on without it takes its identity from
+    it once it answers (``identity_or``), and never claims again while it is still waiting."""
+
+    def __init__(self, attempt: Callable[[], RunIdentity]) -> None:
+        self._attempt = attempt
+        self._done = threading.Event()
+        self._identity: RunIdentity | None = None
+        self._error: Exception | None = None
+        threading.Thread(target=self._run, name="coci-remote-claim", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self._identity = self._attempt()
+        except Exception as exc:  # whoever asks for the identity gets it
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def wait(self, seconds: float) -> bool:
+        """Whether the claim answered (an identity or an error) within ``seconds``."""
+        return self._done.wait(seconds)
+
+    def identity(self) -> RunIdentity:
+        """The identity claimed; the claim's error; TimeoutError while the store has not answered."""
+        if not self._done.is_set():
+            raise TimeoutError(
+                f"the owner record did not answer within knobs.REMOTE_START_SECONDS ({knobs.REMOTE_START_SECONDS:g} s) "
+                "and is still awaited: local-only until it answers"
+            )
+        if self._error is not None:
+            raise self._error
+        assert self._identity is not None
+        return self._identity
+
+    def identity_or(self, again: Callable[[], RunIdentity]) -> RunIdentity:
+        """``identity`` while the claim waits or when it succeeded; once it failed, ``again()``."""
+        return again() if self._done.is_set() and self._error is not None else self.identity()
+
+
 def claim_for_job(
     store: RemoteStore, run_dir: Path, mode: str, events: EventLog, context: DistributedContext | None
-) -> RunIdentity | None:
+) -> tuple[RunIdentity | None, StartClaim | None]:
     """``claim`` on rank 0, its verdict on every rank (collective under ``torch.distributed``):
-    the same identity, or the same ConfigError, everywhere. None (logged, an ``error`` event) when
-    the store cannot be reached now: the tier then claims before its first upload."""
+    the same identity, or the same ConfigError, everywhere. No identity (logged, an ``error``
+    event) when the store cannot be reached now or does not answer within
+    ``knobs.REMOTE_START_SECONDS``: the tier then claims before it is used; on rank 0, with the
+    claim still running in the background (``StartClaim``), returned beside the identity."""
 
     known = _other_nodes_id(run_dir, context)
+    started: list[StartClaim] = []
 
     def attempt() -> tuple[RunIdentity | None, str | None]:
+        started.append(StartClaim(lambda: claim(store, run_dir, mode, events, known)))
         try:
-            return claim(store, run_dir, mode, events, known), None
+            started[0].wait(knobs.REMOTE_START_SECONDS)
+            return started[0].identity(), None  # a TimeoutError while it is still waiting on the store
         except ConfigError as exc:
             return None, str(exc)
-        except Exception as exc:  # an unreachable store: the owner is unknown, claimed before the first upload
-            logger.warning("remote %s: owner record not read now (%s: %s); claimed before the first upload", store.url, type(exc).__name__, exc)
+        except Exception as exc:  # an unreachable or silent store: the owner is unknown, claimed before the tier is used
+            logger.warning("remote %s: owner record not read now (%s: %s); claimed before the remote tier is used", store.url, type(exc).__name__, exc)
             events.emit("error", step=0, phase="remote_owner", message=f"{type(exc).__name__}: {exc}")
             return None, None
 
@@ -265,7 +314,7 @@ def claim_for_job(
             _write_local_id(run_dir, identity.run_id)
         except (OSError, ConfigError) as exc:
             logger.warning("cannot keep the run id in %s: %s", run_dir, exc)
-    return identity
+    return identity, (started[0] if started else None)
 
 
 def _other_nodes_id(run_dir: Path, context: DistributedContext | None) -> str | None:

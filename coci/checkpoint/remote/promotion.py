@@ -10,6 +10,7 @@ directory, each node's leader on node-local ones).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from coci.checkpoint.remote.history import HistoryMirror, merge_history
-from coci.checkpoint.remote.identity import claim, claim_for_job
+from coci.checkpoint.remote.identity import RunIdentity, claim, claim_for_job
 from coci.checkpoint.remote.schemes import RemoteLike, open_store
 from coci.checkpoint.remote.tier import NodeRole, RemoteTier, UploadListener
 from coci.checkpoint.retention import RetentionPolicy
@@ -72,9 +73,13 @@ class Promotion:
         ``"adopt"``; ConfigError naming the owner, collective) and, on rank 0, the history mirror
         (from ``history_from``, this process's first event; ``steps`` reads the session's step)."""
         tier = RemoteTier(open_store(remote, storage_options), retention, events, listener, role=NodeRole.of(dist))
-        tier.identity = claim_for_job(tier.store, run_dir, owner, events, dist)
-        if tier.identity is None:  # the store did not answer: claimed before the first upload
-            tier.claim = lambda: claim(tier.store, run_dir, owner, events)
+        tier.identity, started = claim_for_job(tier.store, run_dir, owner, events, dist)
+        if tier.identity is None:  # the store did not answer (in time): claimed before it is used
+
+            def again() -> RunIdentity:
+                return claim(tier.store, run_dir, owner, events)
+
+            tier.claim = again if started is None else functools.partial(started.identity_or, again)
         promotion = cls(tier, events, dist, run_dir)
         if dist is None or dist.is_coordinator:
             promotion.history = HistoryMirror(tier.store, events, steps, history_from, owned=lambda: tier.owned() is not None)
