@@ -169,3 +169,14 @@ def test_every_field_has_a_docstring_line(part: type) -> None:
         and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)
     }
     assert documented == {field.name for field in dataclasses.fields(part)}
+
+
+def test_the_persist_mode_is_the_option_else_the_knob_checked_the_same_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    from coci import knobs
+
+    assert IOConfig(persist="process").persist_mode() == "process"
+    monkeypatch.setattr(knobs, "PERSIST_MODE", "process")
+    assert IOConfig().persist_mode() == "process" and IOConfig(persist="thread").persist_mode() == "thread"
+    monkeypatch.setattr(knobs, "PERSIST_MODE", "fork")
+    with pytest.raises(ConfigError, match=r"persist must be one of .*'fork' \(coci.knobs.PERSIST_MODE\)"):
+        IOConfig().persist_mode()
