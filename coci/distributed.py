@@ -17,6 +17,7 @@ checkpoint format written under a process group is in ``coci.checkpoint.dcp``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
@@ -72,8 +73,8 @@ class DistributedContext:
 
     rank: int
     world_size: int
-    control_group: Any
-    persist_group: Any
+    #: coci's two groups by name (``control``, ``persist``); emptied by ``release``.
+    groups: dict[str, Any]
     timeout_seconds: float
     #: Node-local run directories: the ranks of each node (the ranks that share one directory),
     #: ascending; None when every rank sees the same run directory (the shared layout).
@@ -89,9 +90,38 @@ class DistributedContext:
             return None
         seconds = knobs.DIST_TIMEOUT_SECONDS if timeout_seconds is None else float(timeout_seconds)
         timeout = timedelta(seconds=seconds)
-        control = dist.new_group(backend="gloo", timeout=timeout)
-        persist = dist.new_group(backend="gloo", timeout=timeout)
-        return cls(dist.get_rank(), dist.get_world_size(), control, persist, seconds)
+        groups = {name: dist.new_group(backend="gloo", timeout=timeout) for name in ("control", "persist")}
+        return cls(dist.get_rank(), dist.get_world_size(), groups, seconds)
+
+    @property
+    def control_group(self) -> Any:
+        """The training thread's group: profile aggregation, plan broadcast, restore."""
+        return self._group("control")
+
+    @property
+    def persist_group(self) -> Any:
+        """The background writer's group."""
+        return self._group("persist")
+
+    def _group(self, name: str) -> Any:
+        try:
+            return self.groups[name]
+        except KeyError:
+            raise RuntimeError(f"coci's {name} process group was released (the session is closed)") from None
+
+    def release(self) -> None:
+        """Destroy coci's groups now (local, not collective; after this rank's last collective on them).
+
+        A gloo group's worker threads end only when its last reference goes: a group left to the
+        interpreter's exit is torn down while Python finalizes, where a gloo thread that needs the GIL
+        aborts the process ("terminate called without an active exception"). Every copy of this
+        context (``dataclasses.replace``) shares ``groups``, so they are all released.
+        """
+        while self.groups:
+            _, group = self.groups.popitem()
+            if dist.is_initialized():
+                with contextlib.suppress(ValueError):  # the user destroyed it already
+                    dist.destroy_process_group(group)
 
     @property
     def is_coordinator(self) -> bool:

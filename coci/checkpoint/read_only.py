@@ -95,6 +95,18 @@ def load_from(run: RunSource, state: dict[str, Any], *, step: int | None, strict
     refuse_newer(run, candidates[0])
     sharded = ShardedState.detect(state)
     context = distributed.DistributedContext.detect() if sharded.keys else None
+    try:
+        return _first_loaded(run, state, candidates, sharded, context, strict, began)
+    finally:
+        if context is not None:  # every rank tried the same candidates: its groups are idle
+            context.release()
+
+
+def _first_loaded(
+    run: RunSource, state: dict[str, Any], candidates: list[int], sharded: ShardedState,
+    context: distributed.DistributedContext | None, strict: bool, began: float,
+) -> RestoreResult:
+    """The newest of ``candidates`` that loads into ``state``; CorruptCheckpointError when none does."""
     skipped: list[Path] = []
     problems: list[str] = []
     for candidate in candidates:
