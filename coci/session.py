@@ -150,7 +150,8 @@ class Session:
             nodes_seen = [list(ranks) for ranks in self._dist.nodes or ()]
             layout = "node-local" if self._dist.node_local else "shared"
             self.events.emit("run_dir_layout", step=0, layout=layout, setting=self.config.io.run_dir_layout, nodes=nodes_seen, node=self._dist.node)
-        self._mark = open_step_mark(self.run_dir, self.events) if self._dist is None or self._dist.is_coordinator else None
+        # each run directory's leader (every node's, on node-local directories): the report on any node's directory counts lost steps exactly
+        self._mark = open_step_mark(self.run_dir, self.events) if self._dist is None or self._dist.is_node_leader else None
         if self._dist is None or self._dist.is_coordinator:  # another job beside an existing run is named (job.json)
             world, nodes = (1, 1) if self._dist is None else (self._dist.world_size, len(self._dist.nodes or ()) or 1)
             record_job(self.run_dir, describe_job(self.state, world, nodes), self.events)

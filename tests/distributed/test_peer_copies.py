@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torchrun_helpers
 
+from coci.analysis.report.read import read_run
 from coci.checkpoint import commit, layout
 from coci.checkpoint.dcp_manifest import DcpManifest
 from coci.checkpoint.peers import peer_dir
@@ -56,6 +57,12 @@ def test_a_lost_node_is_recovered_from_its_peer_copy_bitwise(tmp_path: Path, ref
     assert [(e["step"], e["holder"]) for e in fetched] == [(8, 0)] and fetched[0]["bytes"] > 0
     assert_bitwise(tmp_path, reference)
     assert_clean(tmp_path)
+    for node in range(2):  # the report, on either node's directory: every restore, each node's source, the steps the kill lost
+        rows = read_run(node_dir(tmp_path, node)).restores
+        assert [(r.step, r.failure, r.node_tiers) for r in rows] == [
+            (8, False, {0: "local", 1: "local"}), (8, True, {0: "local", 1: "peer"})
+        ], (node, rows)
+        assert (rows[1].reached_step, rows[1].lost_steps, rows[1].lost_exact) == (kill_at, kill_at - 8, True), (node, rows[1])
 
 
 def test_a_tampered_peer_copy_is_refused_and_an_older_copy_restores(tmp_path: Path, reference: Path) -> None:  # noqa: F811
