@@ -332,6 +332,7 @@ class PendingCheckpoint:
         self.step = step
         self.job = job
         self.nbytes = nbytes
+        self.overdue = False  # a wait for it already ran out its deadline: later waits only look
         self.host_fence = host_fence
         self.staging_completion: Future[None] = Future()
         self.upload_completion: Future[PersistResult] = Future()
@@ -343,14 +344,17 @@ class PendingCheckpoint:
 
     def wait(self) -> BaseException | None:
         """Wait for the persist to finish, at most its deadline (``persist_deadline_seconds``
-        plus ``_PERSIST_WAIT_SLACK_SECONDS``); its error, or None once committed. PersistError when
-        it is still running then (a write stuck in the kernel: the staging arena stays in use)."""
-        seconds = persist_deadline_seconds(self.nbytes) + _PERSIST_WAIT_SLACK_SECONDS
+        plus ``_PERSIST_WAIT_SLACK_SECONDS``) once: a later wait only looks. Its error, or None
+        once committed. PersistError when it is still running (a write stuck in the kernel, which a
+        thread cannot be made to leave: the staging arena stays in use), so each checkpoint after it
+        is refused at once, never held for another deadline, until the write returns."""
+        seconds = 0.0 if self.overdue else persist_deadline_seconds(self.nbytes) + _PERSIST_WAIT_SLACK_SECONDS
         try:
             return self.upload_completion.exception(timeout=seconds)
         except FutureTimeout:
+            self.overdue = True
             raise PersistError(
-                f"the checkpoint at step {self.step} is still persisting after {seconds:.0f} s (a write stuck in the kernel?); "
+                f"the checkpoint at step {self.step} is still persisting after its deadline (a write stuck in the kernel?); "
                 "no checkpoint can start until it ends (coci.knobs.PERSIST_DEADLINE_SECONDS)"
             ) from None
 
