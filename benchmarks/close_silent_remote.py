@@ -43,7 +43,7 @@ def main() -> None:
         closed = time.monotonic() - closing
     finally:
         server.close()
-    print(f"Session() {opened - began:.1f} s (owner record not read: claimed before the first upload)")
+    print(f"Session() {opened - began:.1f} s (owner record unanswered: local-only after knobs.REMOTE_START_SECONDS, claimed before the first upload)")
     print(f"close() {closed:.1f} s with remote_close_timeout={args.limit:g}: ratio {closed / args.limit:.2f}")
 
 
