@@ -176,11 +176,10 @@ PLAN_HORIZON_EXTEND_AT: float = 0.9
 
 #: ``auto`` with the progress objective checkpoints at these steps before its first plan (the
 #: warm-up, while step time and costs are still being measured and no curve is fitted). Training
-#: from scratch loses loss fastest in its first steps, and under the planner's prior progress rate
-#: ``v(s) = 1 / max(s, 1)`` (which ``auto`` plans with until the loss trace holds
-#: ``FIT_MIN_POINTS`` points) each doubling of the step count carries the same progress, so the doubling steps protect equal
-#: shares of it; they also give the first plan measured stall and persist times. Empty: no
-#: checkpoints before the first plan.
+#: from scratch often loses loss fastest in its first steps (a GPT-2 training run falls from 10.8 to
+#: 7.5 in its first 40), and doubling steps protect the equal shares of progress that each doubling
+#: of the step count carries under diminishing returns; they also give the first plan measured
+#: stall and persist times. Empty: no checkpoints before the first plan.
 PLAN_WARMUP_CHECKPOINT_STEPS: tuple[int, ...] = (1, 2, 4, 8, 16)
 
 # --- report (coci.analysis.report, coci.cli) ------------------------------------------------------

@@ -23,10 +23,10 @@ __all__ = ["PRIOR_PROGRESS_RATE", "Plan", "PlanInputs"]
 #: The prior's offset ``s0`` (steps): ``v(s) = 1 / (max(s, 1) + s0)``, so the run's first ``s0``
 #: steps carry about one doubling's progress between them instead of most of it in their first few.
 #: Measured (benchmarks/results/2026-11-29.md, "Schedule quality III, online: the prior"): on the
-#: GPT-2 validation curves, whose first loss after step 1 comes 2% of the run later, ``s0 = 0``
-#: spent the prior's checkpoints in the first few hundred steps and kept 0.75-0.85 of the offline
-#: cut; 300 kept 0.93-1.00 with the dense GPT-2 training curves unchanged (0.90-1.01); 150
-#: (0.3% of the 50,000-step job) kept 0.81-0.87.
+#: GPT-2 validation curves, whose second loss is logged 2% of the run in, ``s0 = 0`` spent the
+#: prior's checkpoints in the first few hundred steps and online ``auto`` kept 0.75-0.85 of the
+#: offline cut; ``s0 = 300`` keeps 0.89-1.01, the dense GPT-2 training curves 0.90-0.98 (were
+#: 0.91-0.98). A bet made before the trace can say anything, chosen on those curves.
 _PRIOR_OFFSET_STEPS: float = 300.0
 
 

@@ -85,6 +85,27 @@ def test_a_curve_that_flattens_moves_the_plan_off_its_first_guess() -> None:
     assert pol.plan is not None and pol.plan.steps[0] > 2000
 
 
+def test_a_curve_flat_at_first_that_then_falls_moves_the_plan_off_its_first_guess() -> None:
+    # flat (noise only) to step 3000, then falls by 1.0 over 3000 steps, flat after: the first guess
+    # (a flat trace) is the time-optimal plan; once the fall shows, the plan must weigh it
+    losses = 3.0 + np.clip((6000.0 - STEPS) / 3000.0, 0.0, 1.0) + NOISE
+    pol, taken = policy(), []
+    observe(pol, 250, losses, taken)
+    assert pol.plan is not None and pol.plan.mu is None and not isinstance(pol.curve, EmpiricalCurve)
+    first = np.asarray(pol.plan.steps)
+    replans, moved_at = pol.replans, None
+    for at in range(500, 6001, 250):
+        observe(pol, at, losses, taken)
+        assert pol.plan is not None
+        ahead, window = np.asarray(pol.plan.steps), (at, at + 1500)  # the next 1500 steps, against the first guess
+        denser = np.count_nonzero((ahead > window[0]) & (ahead <= window[1])) > np.count_nonzero(
+            (first > window[0]) & (first <= window[1]))
+        if moved_at is None and isinstance(pol.curve, EmpiricalCurve) and pol.plan.mu is not None and denser:
+            moved_at = at
+    assert moved_at is not None and moved_at <= 4000  # within 1000 steps of the fall's start
+    assert pol.replans - replans <= 5
+
+
 @pytest.mark.parametrize("shape", ["noisy", "two phases", "fast early fall"])
 def test_the_forecast_is_well_behaved(shape: str) -> None:
     rng = np.random.default_rng(1)
