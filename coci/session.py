@@ -52,6 +52,7 @@ from coci.checkpoint.run_lock import lock_for_job
 from coci.checkpoint.run_source import open_source
 from coci.checkpoint.sharded import ShardedState, fenced_ptrs, state_tensor_bytes
 from coci.checkpoint.stateful import is_stateful, state_epoch, validate_state
+from coci.checkpoint.storage_level import StorageLevel
 from coci.config import SessionConfig, SessionOptions, build_config, session_policy
 from coci.errors import ConfigError, PersistError, StateError
 from coci.events import CHECKPOINT_REASONS, CheckpointReason, EventLog, RunFiles, open_step_mark
@@ -67,9 +68,6 @@ from coci.profiler import Profile, Profiler
 from coci.resume_check import LoggedLosses, LossLog, ResumeCheck, likely_causes, loss_log_path
 
 logger = logging.getLogger(__name__)
-
-#: How long ``close()`` waits for this node's last peer transfer.
-_PEER_CLOSE_SECONDS: float = 120.0
 
 #: The session writes a ``progress`` event (just the step) at most this often, so the report can
 #: tell how far a killed process got (the work a failure lost) to within this many seconds.
@@ -162,6 +160,8 @@ class Session:
             self.run_dir, self._dist, self.config.retention.peer_copies, self.events, self._profiler,
             host=self.config.io.peer_host, keep_last=self.config.retention.peer_keep_last,
         )
+        #: The storage levels, local first, each driven through ``StorageLevel`` (its docstring says the call order).
+        self._levels: tuple[StorageLevel, ...] = tuple(level for level in (self._checkpointer, self._remote, self._peers) if level is not None)
         self._failed_close = False  # close() reached through an exception (__exit__)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
@@ -306,7 +306,7 @@ class Session:
         seconds = self._preemption.seconds_since_notice()
         left = self._preemption.grace_seconds - seconds
         if result is not None and self._remote is not None and self._remote.uploads:
-            self._copy_always(step)
+            self._promote_always(step)  # every level; the remote one's upload is waited for below
         promoted = None if result is None or self._remote is None else self._remote.promote_within(step, left)
         stopped = preemption.record_stop(self.events, self._preemption, step, path, self.profile, seconds, promoted)
         self.close()
@@ -427,16 +427,12 @@ class Session:
         self._overhead.restore += seconds
         self._restored_at_age = process_age_seconds()
         self._profiler.record_restore(seconds, loaded.nbytes)
-        self._checkpointer.trust(loaded.step)  # retention keeps it until a newer one commits
+        for level in self._levels:  # retention keeps it until a newer one commits; the remote may promote it
+            level.restored(loaded.step, path, tier)
         if tier == "remote" and self._remote is not None:
-            self._remote.tier.trust(loaded.step)
             self._profiler.record_remote_restore(seconds)
-        elif self._remote is not None:  # the previous close() may have left it unpromoted
-            self._remote.resume_unfinished(loaded.step, path)
         if tier == "peer":
             self._profiler.record_peer_restore(seconds)
-        if self._peers is not None:
-            self._peers.copies.trust(loaded.step)
         self.events.emit(
             "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path), tier=tier,
             **self._node_tiers(tier), **self._ledger_fields(),
@@ -470,7 +466,7 @@ class Session:
         return Promotion.open(
             remote.store, remote.storage_options, retention=self.config.retention.remote_tier_policy(), owner=remote.owner,
             run_dir=self.run_dir, events=self.events, listener=self._profiler, dist=self._dist, steps=steps,
-            history_from=history_from,
+            history_from=history_from, close_timeout=remote.close_timeout,
         )
 
     def close(self) -> None:
@@ -486,9 +482,7 @@ class Session:
             self.checkpoint(reason="close")
             waited_from += self._stall_seconds
         if final:  # copied and promoted whatever the plan says, once committed
-            self._copy_always(self._steps)
-            if self._remote is not None:
-                self._remote.promote_always(self._steps)
+            self._promote_always(self._steps)
         self._record_pending_stall(block=True)  # the last checkpoint's stall has no next step to record it
         self._closed = True
         try:
@@ -496,16 +490,15 @@ class Session:
             self._planner.close()  # an observation still in flight is dropped: the run ends first
             dropped = self._planner.drain_cpu_seconds()  # its wait is in the final wait
             self._overhead.book_planner_thread(dropped, self._clock() - closing, self._contention.factor())
-            stuck = self._checkpointer.close()
+            local, *upper = self._levels
+            stuck = local.close(self._steps, self._failed_close)
             if stuck is not None and self._error is None:
                 self._error = stuck
-            self._poll_persist()
-            if self._remote is not None:  # the last promotion finishes before the run ends
+            self._poll_persist()  # the last commit, promoted
+            for level in upper:  # the last promotion and copy finish before the run ends, each bounded
                 if final:
-                    self._remote.promote_always(self._steps)
-                self._remote.finish_uploads(self._steps, self.config.remote.close_timeout)  # with the history's: bounded
-            if self._peers is not None:  # the last peer copy too (collective unless failing: no server stops first)
-                self._peers.copies.close(_PEER_CLOSE_SECONDS, collective=not self._failed_close)
+                    level.promote_always(self._steps, self.plan)
+                level.close(self._steps, self._failed_close)
         finally:
             for hook in self._hooks:
                 hook.remove()
@@ -730,18 +723,16 @@ class Session:
             self._observe()  # steps, so they observe at the (collective) step cadence only
 
     def _committed(self, step: int, path: Path) -> None:
-        """A committed checkpoint: to the remote tier when the plan promotes it, to a peer when the
-        plan copies it (each also when it must be: ``_copy_always``, ``Promotion.promote_always``)."""
+        """A committed checkpoint: to each level that the plan sends it to (the remote tier when
+        it promotes it, a peer when it copies it), or that it must reach (``_promote_always``)."""
         plan = self.plan
-        if self._remote is not None:
-            self._remote.committed(step, path, plan is None or plan.promote_steps is None or step in plan.promote_steps)
-        if self._peers is not None:
-            self._peers.committed(step, path, plan)
+        for level in self._levels:
+            level.promote(step, path, plan)
 
-    def _copy_always(self, step: int) -> None:
-        """Checkpoint ``step`` goes to a peer whatever the plan copies (a preemption's, the final one)."""
-        if self._peers is not None:
-            self._peers.copy_always(step, self.plan)
+    def _promote_always(self, step: int) -> None:
+        """Checkpoint ``step`` goes to every level whatever the plan says (a preemption's, the final one)."""
+        for level in self._levels:
+            level.promote_always(step, self.plan)
 
     def _warmup_skipped(self) -> bool:
         """Skip this due checkpoint? Only a planning policy's warm-up checkpoint (before its first
@@ -804,14 +795,15 @@ class Session:
 
     def _observe_now(self) -> None:
         loss_steps, losses = self._profiler.loss_curve()
+        newest = {level.name: level.newest_step for level in self._levels}
         observation = Observation(
             step=self._steps,
             profile=self._profiler.profile,
             loss_steps=loss_steps,
             losses=losses,
             checkpoint_steps=tuple(self._checkpoint_steps),
-            last_promoted_step=None if self._remote is None else self._remote.tier.last_promoted_step,
-            last_peer_step=None if self._peers is None else self._peers.copies.last_copied_step,
+            last_promoted_step=newest.get("remote"),
+            last_peer_step=newest.get("peer"),
         )
         if self._dist is None and knobs.PLAN_IN_BACKGROUND and isinstance(self.policy, PlanningPolicy):
             self._planner.submit(self.policy, observation)  # applies at a step fixed by the observation

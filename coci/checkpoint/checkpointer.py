@@ -47,6 +47,7 @@ from coci.checkpoint.records import CommitRecord, LoadedCheckpoint
 from coci.checkpoint.retention import RetentionPolicy
 from coci.checkpoint.sharded import local_shards
 from coci.checkpoint.snapshot import CopyJob, StagedCheckpoint, StagingArena
+from coci.checkpoint.storage_level import LevelPlan
 from coci.checkpoint.tree import flatten
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError, IncompleteCheckpointError, PersistError
@@ -373,7 +374,13 @@ class PendingCheckpoint:
 
 
 class Checkpointer:
-    """Owns the staging arena and the background worker; ``writer`` owns the checkpoint directory."""
+    """Owns the staging arena and the background worker; ``writer`` owns the checkpoint directory.
+
+    The local [``StorageLevel``][coci.checkpoint.storage_level.StorageLevel]: the level each
+    checkpoint commits to, so ``promote`` and ``promote_always`` have nothing to do."""
+
+    #: The level's name (``StorageLevel.name``).
+    name = "local"
 
     def __init__(
         self,
@@ -398,6 +405,7 @@ class Checkpointer:
         self._executor: ThreadPoolExecutor | None = None
         self.pending: PendingCheckpoint | None = None
         self._trusted: set[int] = set()  # steps known to load: committed here or restored from
+        self.newest_step: int | None = None  # the newest step committed here or restored (StorageLevel.newest_step)
         self._shard_specs: dict[int, tuple[Any, ...]] = {}  # the last checkpoint's, for local_shards
         self._retention_problem: str | None = None  # the last failure of the retention policy, recorded once
 
@@ -409,6 +417,17 @@ class Checkpointer:
     def trust(self, step: int) -> None:
         """Count ``step`` (the checkpoint a restore loaded) as good for retention."""
         self._trusted.add(step)
+        self.newest_step = max(step, self.newest_step or step)
+
+    def restored(self, step: int, path: Path, source: str) -> None:
+        """A restore loaded ``step`` (from any level): it counts for retention (``trust``)."""
+        self.trust(step)
+
+    def promote(self, step: int, path: Path, plan: LevelPlan | None) -> None:
+        """Nothing: ``step`` committed to this level."""
+
+    def promote_always(self, step: int, plan: LevelPlan | None) -> None:
+        """Nothing: every checkpoint commits to this level."""
 
     def start(
         self,
@@ -456,7 +475,7 @@ class Checkpointer:
             path = self.writer.write(staged)
             committed = self.clock()
             self.events.emit("commit", step=pending.step, seconds=committed - copied, bytes=pending.nbytes, path=str(path))
-            self._trusted.add(pending.step)
+            self.trust(pending.step)
             removed = self._retain(pending.step)
             self._trusted.difference_update(removed)
             if removed:
@@ -523,9 +542,10 @@ class Checkpointer:
             pending.staging_completion.exception()
         return self.clock() - began
 
-    def close(self) -> PersistError | None:
+    def close(self, step: int | None = None, failing: bool = False) -> PersistError | None:
         """Wait for the last persist (at most its deadline: ``PendingCheckpoint.wait``) and
-        stop the worker; a persist that never ends is left behind (its arena kept) and returned."""
+        stop the worker; a persist that never ends is left behind (its arena kept) and returned
+        (``step`` and ``failing``: ``StorageLevel.close``'s, not needed here)."""
         stuck = None
         if self.pending is not None:
             try:

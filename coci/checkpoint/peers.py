@@ -41,6 +41,7 @@ from coci.checkpoint import commit, layout, retention
 from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
 from coci.checkpoint.peer_wire import Deadline, open_part, receive_part, recv_header, send_header, send_part
 from coci.checkpoint.retention import PEER_COPIES, check_peer_copies
+from coci.checkpoint.storage_level import LevelPlan, plan_copies
 from coci.distributed import DistributedContext
 from coci.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from coci.events import EventLog
@@ -54,6 +55,8 @@ logger = logging.getLogger(__name__)
 _PEER_CONNECTIONS: int = 8
 
 PEER_DIRNAME = "peer"
+#: How long ``close()`` waits for this node's last peer transfer.
+PEER_CLOSE_SECONDS: float = 120.0
 
 
 class CopyListener(Protocol):
@@ -68,7 +71,7 @@ class CopyListener(Protocol):
 _FETCH_TMP = ".peer" + layout.TMP_SUFFIX
 
 
-def peer_copy_wanted(plan: Any, step: int) -> bool:
+def peer_copy_wanted(plan: LevelPlan | None, step: int) -> bool:
     """Whether the committed local checkpoint of ``step`` is copied to a peer node.
 
     The plan's choice: ``Plan.peer_steps`` (the subset of ``plan.steps`` a three-level plan copies
@@ -77,8 +80,7 @@ def peer_copy_wanted(plan: Any, step: int) -> bool:
     checkpoint. The final and the preemption checkpoints are copied whatever the plan says
     ([``coci.Session``][coci.Session] asks for those itself).
     """
-    steps = getattr(plan, "peer_steps", None)
-    return steps is None or step in steps
+    return plan is None or plan_copies(plan.peer_steps, step)
 
 
 def peer_dir(run_dir: Path, node: int) -> Path:
@@ -514,7 +516,11 @@ class PeerCopying:
     """The session's half of peer copies, as ``Promotion``
     is the remote tier's: which committed checkpoints this node hands to its peer. Those the plan
     copies (``peer_copy_wanted``) and those that must be (a preemption's, the final one), each once.
+    The peer [``StorageLevel``][coci.checkpoint.storage_level.StorageLevel].
     """
+
+    #: The level's name (``StorageLevel.name``).
+    name = "peer"
 
     def __init__(self, copies: PeerCopies) -> None:
         self.copies = copies
@@ -534,18 +540,32 @@ class PeerCopying:
                         reason="peer copies need node-local run directories on two or more nodes")
         return None if peers is None else cls(peers)
 
-    def committed(self, step: int, path: Path, plan: Any) -> None:
+    def restored(self, step: int, path: Path, source: str) -> None:
+        """The job restored ``step`` (from any level): the copies of it this node holds count for retention."""
+        self.copies.trust(step)
+
+    def promote(self, step: int, path: Path, plan: LevelPlan | None) -> None:
         """Local checkpoint ``step`` committed at ``path``: sent when ``plan`` copies it or it must be."""
         self._last_commit = (step, path)
         self._send(step, path, plan)
 
-    def copy_always(self, step: int, plan: Any) -> None:
+    def promote_always(self, step: int, plan: LevelPlan | None) -> None:
         """Checkpoint ``step`` goes to a peer whatever ``plan`` copies; sent now if it already committed."""
         self._must.add(step)
         if self._last_commit is not None and self._last_commit[0] == step:
             self._send(*self._last_commit, plan)
 
-    def _send(self, step: int, path: Path, plan: Any) -> None:
+    @property
+    def newest_step(self) -> int | None:
+        """The newest step of this node whose copy reached its holders (``PeerCopies.last_copied_step``)."""
+        return self.copies.last_copied_step
+
+    def close(self, step: int, failing: bool) -> None:
+        """Wait at most ``PEER_CLOSE_SECONDS`` for this node's last transfer, then stop the server
+        (collective unless ``failing``: no server stops before every node is done sending)."""
+        self.copies.close(PEER_CLOSE_SECONDS, collective=not failing)
+
+    def _send(self, step: int, path: Path, plan: LevelPlan | None) -> None:
         if step not in self._sent and (peer_copy_wanted(plan, step) or step in self._must):
             self._sent.add(step)
             self.copies.send(step, path)  # node leaders only; training never waits for it

@@ -23,6 +23,7 @@ from coci.checkpoint.remote.identity import RunIdentity, claim, claim_for_job
 from coci.checkpoint.remote.schemes import RemoteLike, open_store
 from coci.checkpoint.remote.tier import NodeRole, RemoteTier, UploadListener
 from coci.checkpoint.retention import RetentionPolicy
+from coci.checkpoint.storage_level import LevelPlan, plan_copies
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError
 from coci.events import EventLog, read_run_file, write_run_file
@@ -40,10 +41,18 @@ _HISTORY_MAX_SECONDS = 15.0
 
 
 class Promotion:
-    """The remote tier of one session (rank 0's or a node leader's uploads, every rank's restores)."""
+    """The remote tier of one session (rank 0's or a node leader's uploads, every rank's restores):
+    the remote [``StorageLevel``][coci.checkpoint.storage_level.StorageLevel]. ``close_timeout``:
+    the seconds its ``close`` spends at most (``finish_uploads``)."""
 
-    def __init__(self, tier: RemoteTier, events: EventLog, dist: DistributedContext | None, run_dir: Path | None = None) -> None:
+    #: The level's name (``StorageLevel.name``).
+    name = "remote"
+
+    def __init__(
+        self, tier: RemoteTier, events: EventLog, dist: DistributedContext | None, run_dir: Path | None = None, close_timeout: float = 60.0,
+    ) -> None:
         self.tier = tier
+        self.close_timeout = close_timeout
         self.run_dir = run_dir
         self.history: HistoryMirror | None = None  # rank 0's mirror of the run's history
         self._events = events
@@ -67,11 +76,13 @@ class Promotion:
         dist: DistributedContext | None,
         steps: Callable[[], int | None],
         history_from: int,
+        close_timeout: float = 60.0,
     ) -> Promotion:
         """The tier ``remote`` names (``coci.checkpoint.remote.schemes.open_store``), kept by
         ``retention``, its prefix claimed for this run (``owner``: ``"refuse"`` or
         ``"adopt"``; ConfigError naming the owner, collective) and, on rank 0, the history mirror
-        (from ``history_from``, this process's first event; ``steps`` reads the session's step)."""
+        (from ``history_from``, this process's first event; ``steps`` reads the session's step);
+        ``close`` waits ``close_timeout`` seconds at most."""
         tier = RemoteTier(open_store(remote, storage_options), retention, events, listener, role=NodeRole.of(dist))
         tier.identity, started = claim_for_job(tier.store, run_dir, owner, events, dist)
         if tier.identity is None:  # the store did not answer (in time): claimed before it is used
@@ -80,7 +91,7 @@ class Promotion:
                 return claim(tier.store, run_dir, owner, events)
 
             tier.claim = again if started is None else functools.partial(started.identity_or, again)
-        promotion = cls(tier, events, dist, run_dir)
+        promotion = cls(tier, events, dist, run_dir, close_timeout)
         if dist is None or dist.is_coordinator:
             promotion.history = HistoryMirror(tier.store, events, steps, history_from, owned=lambda: tier.owned() is not None)
             tier.after_promotion = promotion.history.request
@@ -101,7 +112,28 @@ class Promotion:
             self._promoted.add(step)
             self.tier.promote(step, path)
 
-    def promote_always(self, step: int) -> None:
+    def restored(self, step: int, path: Path, source: str) -> None:
+        """A restore loaded ``step`` at ``path`` from the level ``source``: from this tier it counts
+        for its retention; from another it is promoted when the previous run left it unpromoted."""
+        if source == self.name:
+            self.tier.trust(step)
+        else:
+            self.resume_unfinished(step, path)
+
+    def promote(self, step: int, path: Path, plan: LevelPlan | None) -> None:
+        """Checkpoint ``step`` committed at ``path``: promoted when ``plan`` promotes it (None: every one)."""
+        self.committed(step, path, plan is None or plan_copies(plan.promote_steps, step))
+
+    @property
+    def newest_step(self) -> int:
+        """The newest step committed remotely by this process or restored from the tier."""
+        return self.tier.last_promoted_step
+
+    def close(self, step: int, failing: bool) -> None:
+        """``finish_uploads`` within ``close_timeout`` (the history's last mirror is ``close_history``)."""
+        self.finish_uploads(step, self.close_timeout)
+
+    def promote_always(self, step: int, plan: LevelPlan | None = None) -> None:
         """Checkpoint ``step`` goes to the remote tier whatever a two-level plan promotes: the
         preemption checkpoint (a reclaimed node resumes from it) and the final one (the run's
         result must not live on one local disk only). Handed over now when it already committed."""
