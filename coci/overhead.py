@@ -30,7 +30,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from coci.events import EventLog
+from coci.profiler import Profiler
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +64,95 @@ class OverheadLedger:
     def as_event(self) -> dict[str, float]:
         """The totals as event fields (``overhead_<kind>``)."""
         return {f"overhead_{name}": round(value, 6) for name, value in asdict(self).items()}
+
+
+class StallingCheckpoint(Protocol):
+    """What ``OwnTime`` reads of the checkpoint in flight (``coci.checkpoint.checkpointer.PendingCheckpoint``)."""
+
+    step: int
+    nbytes: int
+
+    def device_wait_seconds(self, *, block: bool) -> float | None: ...
+
+
+class OwnTime:
+    """A session's booking of its own time on the training thread: the ``ledger`` by kind, the
+    stall of the checkpoint in flight (its copy, then the fence waits, then on a GPU the compute
+    stream's wait), and the restart cost at the first step after a restore. The profiler gets the
+    stalls and the busy intervals; ``events`` the ``stall`` and ``restart`` events."""
+
+    def __init__(self, profiler: Profiler, events: EventLog, clock: Callable[[], float]) -> None:
+        self.ledger = OverheadLedger()
+        self.stall_seconds = 0.0  # the checkpoint in flight's stall so far
+        self.stalled_total = 0.0  # every stall of this process (the warm-up bet's budget)
+        self.restored_at_age: float | None = None  # process age when restore() finished; None: no restart
+        self._stalling: StallingCheckpoint | None = None
+        self._profiler = profiler
+        self._events = events
+        self._clock = clock
+
+    def event_fields(self) -> dict[str, Any]:
+        """This process's overhead totals so far, for the ``progress``, ``stall`` and ``restore``
+        events: a process killed before its first ``progress`` event still leaves the report what it spent."""
+        return {"pid": os.getpid(), **self.ledger.as_event()}
+
+    def booked_wait(self, seconds: float) -> float:
+        """A snapshot wait inside the training step: off the profiler's step interval; returned."""
+        now = self._clock()
+        self._profiler.record_busy(now - seconds, now)
+        return seconds
+
+    def stall_wait(self, seconds: float) -> None:
+        """A wait for the checkpoint in flight (its staging, the optimizer fence): part of its stall."""
+        self.stall_seconds += self.booked_wait(seconds)
+
+    def checkpoint_started(self, pending: StallingCheckpoint, began: float, planning_before: float) -> None:
+        """``checkpoint()`` returned ``pending`` (called at ``began``): its stall so far is that
+        call's time, less the planning a commit polled inside it booked apart."""
+        self._stalling = pending
+        self.stall_seconds = self._clock() - began - (self.ledger.planning - planning_before)
+
+    def account_step_work(self, entered: float, resumed: float, planning_before: float, checkpointed: bool) -> None:
+        """Book this ``step()`` call's own time, minus its checkpoint and planning (booked apart), as
+        per-step work; the profiler takes the whole call off the step interval it fell in."""
+        ended = self._clock()
+        self._profiler.record_busy(resumed, ended)
+        own = ended - entered - (self.ledger.planning - planning_before)
+        if checkpointed:
+            own -= self.stall_seconds  # still just checkpoint()'s own time here; fence waits come later
+        self.ledger.step_work += max(own, 0.0)
+
+    def record_pending_stall(self, *, block: bool = False) -> None:
+        """The stall of the checkpoint started at the previous step (its copy and the fence waits
+        since): into the profile, the ledger and ``events.jsonl``. On a GPU the stall also holds the
+        compute stream's wait at the fence, timed by events; while the GPU has not passed the fence
+        the record waits for a later step (the host runs ahead), except where ``block`` (the next
+        checkpoint, ``close()``) waits for that one event."""
+        stalled = self._stalling
+        if stalled is None:
+            return
+        device_wait = stalled.device_wait_seconds(block=block)
+        if device_wait is None:
+            return
+        self.stall_seconds += device_wait
+        self._profiler.record_stall(self.stall_seconds, stalled.nbytes)
+        self.stalled_total += self.stall_seconds
+        self.ledger.stall += self.stall_seconds
+        self._events.emit("stall", step=stalled.step, seconds=self.stall_seconds, bytes=stalled.nbytes, **self.event_fields())
+        self._stalling = None
+
+    def record_restart(self, step: int) -> None:
+        """The first ``step()`` after a restore: the restart cost is the process's age now, less
+        this first step's own training time (the profile's step time), never less than the age
+        when ``restore()`` finished. Kept in the profile (so across restarts) and in events."""
+        restored_at, self.restored_at_age = self.restored_at_age, None
+        age = process_age_seconds()
+        if age is None or restored_at is None:
+            return
+        step_seconds = self._profiler.profile.step_seconds.value or 0.0
+        restart = max(age - step_seconds, restored_at)
+        self._profiler.record_restart(restart)
+        self._events.emit("restart", step=step, seconds=restart, pid=os.getpid())
 
 
 class CpuContention:

@@ -57,7 +57,7 @@ from coci import safe_files
 from coci.errors import ConfigError, ResumeMismatchError, ResumeMismatchWarning
 from coci.events import EventLog
 
-__all__ = ["LOSS_LOG_FILENAME", "ON_MISMATCH", "LoggedLosses", "LossLog", "ResumeCheck", "likely_causes", "loss_log_path"]
+__all__ = ["LOSS_LOG_FILENAME", "ON_MISMATCH", "LoggedLosses", "LossLog", "ResumeCheck", "ResumeChecking", "likely_causes", "loss_log_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -264,6 +264,56 @@ class ResumeCheck:
             self.error = ResumeMismatchError(message)
         elif self._on_mismatch == "warn":
             warnings.warn(message, ResumeMismatchWarning, stacklevel=2)
+
+
+class ResumeChecking:
+    """A session's side of the self-check: every materialised loss goes to ``log``, and after each
+    restore one ``ResumeCheck`` compares the redone steps with the losses logged for them (none
+    with ``on_mismatch="ignore"``). ``state`` and ``world_size`` name the likely causes."""
+
+    def __init__(self, log: LossLog, state: Mapping[str, Any], world_size: int, *, on_mismatch: str, events: EventLog) -> None:
+        self.log = log
+        self.check: ResumeCheck | None = None
+        self._state = state
+        self._world_size = world_size
+        self._on_mismatch = on_mismatch
+        self._events = events
+
+    def materialised(self, steps: Any, values: Any) -> None:
+        """The loss trace's listener: each materialised batch is compared with the losses logged
+        before a failure (after a restore) and then logged itself."""
+        if self.check is not None:
+            self.check.compare(steps, values)
+        self.log.append(steps, values)
+
+    def restored(self, restored_step: int, step: int) -> None:
+        """After a restore of ``restored_step`` (the session at ``step``): the previous check ends,
+        a new one compares the redone steps."""
+        if self.check is not None:
+            self.check.finish(step)
+        self.check = None
+        if self._on_mismatch == "ignore":
+            return
+
+        def causes(logged: LoggedLosses) -> list[str]:
+            return likely_causes(self._state, logged, self._world_size)
+
+        logged = self.log.read_after(restored_step)
+        self.check = ResumeCheck(restored_step, logged, on_mismatch=self._on_mismatch, events=self._events, causes=causes)
+
+    def close(self, step: int) -> None:
+        """At ``close()``, after the last losses materialised: the check's ``resume_check`` event
+        (if the redone steps were not all passed), and the log closed."""
+        if self.check is not None:
+            self.check.finish(step)
+        self.log.close()
+
+    def take_error(self) -> ResumeMismatchError | None:
+        """The mismatch to raise (``on_mismatch="raise"``), once."""
+        if self.check is None:
+            return None
+        error, self.check.error = self.check.error, None
+        return error
 
 
 # -- likely causes --------------------------------------------------------------------------------

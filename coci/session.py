@@ -42,21 +42,21 @@ from coci.checkpoint import rng_state
 from coci.checkpoint.checkpointer import Checkpointer, PendingCheckpoint, PersistResult, writer_for
 from coci.checkpoint.job import describe_job, record_job
 from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir
-from coci.checkpoint.nodes import check_replicas_within_nodes
+from coci.checkpoint.nodes import check_replicas_within_nodes, node_tiers
 from coci.checkpoint.peers import PeerCopying
-from coci.checkpoint.read_only import load_from
+from coci.checkpoint.read_only import start_from
 from coci.checkpoint.remote.history import history_offset
 from coci.checkpoint.remote.promotion import Promotion
 from coci.checkpoint.restore import Found, Restorer, RestoreResult, apply_checkpoint
+from coci.checkpoint.retention import final_checkpoint_wanted
 from coci.checkpoint.run_lock import lock_for_job
-from coci.checkpoint.run_source import open_source
 from coci.checkpoint.sharded import ShardedState, fenced_ptrs, state_tensor_bytes
-from coci.checkpoint.stateful import is_stateful, state_epoch, validate_state
+from coci.checkpoint.stateful import state_epoch, validate_state
 from coci.checkpoint.storage_level import StorageLevel
 from coci.config import SessionConfig, SessionOptions, build_config, session_policy
 from coci.errors import ConfigError, PersistError, StateError
 from coci.events import CHECKPOINT_REASONS, CheckpointReason, EventLog, RunFiles, open_step_mark
-from coci.overhead import CpuContention, OverheadLedger, process_age_seconds
+from coci.overhead import CpuContention, OwnTime, process_age_seconds
 from coci.planning.arguments import PlansAhead, SavesPolicyState, warming_up
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
@@ -65,7 +65,7 @@ from coci.planning.policy import Observation
 from coci.planning.records import Plan
 from coci.preemption import Preempted
 from coci.profiler import Profile, Profiler
-from coci.resume_check import LoggedLosses, LossLog, ResumeCheck, likely_causes, loss_log_path
+from coci.resume_check import LossLog, ResumeChecking, loss_log_path
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,8 @@ class Session:
         self.policy = session_policy(self.config)
         self._profiler = Profiler(clock=self._clock)
         # distributed: coci's gloo groups (collective), per-rank event logs
-        self._dist = _with_layout(distributed.DistributedContext.detect(), self.run_dir, self.config.io.run_dir_layout)
+        detected = distributed.DistributedContext.detect()
+        self._dist = None if detected is None else distributed.with_run_dir_layout(detected, self.run_dir, self.config.io.run_dir_layout)
         if self._dist is not None:  # a mesh whose replicas span node-local directories could never be restored
             check_replicas_within_nodes(self._sharded.dtensors(), self._dist)
         self._lock = lock_for_job(self.run_dir, self._dist)  # one session per run directory
@@ -141,9 +142,10 @@ class Session:
         previous_end = preemption.last_event_time(self.events.path)
         events_start = history_offset(self.events.path)  # where this process's events begin: before its first event
         # the resume self-check (coci.resume_check): the losses the trace materialises, logged per rank
-        self._loss_log = LossLog(loss_log_path(self.run_dir, None if self._dist is None else self._dist.rank), self._world_size)
-        self._resume_check: ResumeCheck | None = None
-        self._profiler.loss_trace.listen(self._losses_materialised)
+        world_size = 1 if self._dist is None else self._dist.world_size
+        log = LossLog(loss_log_path(self.run_dir, None if self._dist is None else self._dist.rank), world_size)
+        self._resume = ResumeChecking(log, self.state, world_size, on_mismatch=self.config.io.on_mismatch, events=self.events)
+        self._profiler.loss_trace.listen(self._resume.materialised)
         if self._dist is not None:
             nodes_seen = [list(ranks) for ranks in self._dist.nodes or ()]
             layout = "node-local" if self._dist.node_local else "shared"
@@ -167,17 +169,13 @@ class Session:
         self._checkpoint_steps: list[int] = []
         self._error: BaseException | None = None
         self._run_files = RunFiles(self.run_dir, self.events, self._dist is None or self._dist.is_coordinator)
-        self._stall_pending: PendingCheckpoint | None = None
-        self._stall_seconds = 0.0
-        self._stalled_total = 0.0  # every stall of this process (the warm-up bet's budget)
+        self._time = OwnTime(self._profiler, self.events, self._clock)  # coci's own seconds on the training thread (the report's total)
         self._cadence = Cadence(collective=self._dist is not None)  # when the policy observes
         self._planner = BackgroundPlanner()  # coci's planning policies observe off the training thread
         self._closed = False
         self._started = self._clock()
         self._progress_at = self._started
-        self._overhead = OverheadLedger()  # coci's own seconds on the training thread (the report's total)
         self._contention = CpuContention()  # on the training thread: what a planner CPU second costs it
-        self._restored_at_age: float | None = None  # process age when restore() finished; None: no restart
         #: What ``restore()`` loaded from ``init_from`` (a run without checkpoints of its own); None otherwise.
         self.initialized: RestoreResult | None = None
         self._hooks = [opt.register_step_pre_hook(self._fence_hook) for opt in self._optimizers()]
@@ -189,7 +187,7 @@ class Session:
         startup = process_age_seconds()
         if startup is not None:
             self._profiler.set_startup_seconds(startup)  # the restart cost's prior
-        self._overhead.setup = time.perf_counter() - constructed
+        self._time.ledger.setup = time.perf_counter() - constructed
         self.events.emit("session", step=0, pid=os.getpid(), startup_seconds=startup, planning=isinstance(self.policy, PlansAhead))
         self._profiler.mark()
 
@@ -246,10 +244,10 @@ class Session:
         if isinstance(loss, torch.Tensor) and loss.is_meta:  # a device check, never a sync
             raise StateError("session.step(loss): the loss is on the meta device and holds no value")
         entered = self._clock()
-        planning_before = self._overhead.planning
-        if self._restored_at_age is not None:
-            self._record_restart()
-        self._record_pending_stall()
+        planning_before = self._time.ledger.planning
+        if self._time.restored_at_age is not None:
+            self._time.record_restart(self._steps)
+        self._time.record_pending_stall()
         self._profiler.record_busy(entered, self._clock())
         self._profiler.step(loss)
         resumed = self._clock()
@@ -259,7 +257,7 @@ class Session:
         now = self._clock()
         if now - self._progress_at >= _PROGRESS_EVENT_SECONDS:  # bounds what a crash loses
             self._progress_at = now
-            self.events.emit("progress", step=self._steps, **self._ledger_fields())
+            self.events.emit("progress", step=self._steps, **self._time.event_fields())
         due = self.policy.should_checkpoint(self._steps)  # asked before any re-plan made at this step
         self._poll_persist()
         if self._planner.due(self._steps):
@@ -272,7 +270,7 @@ class Session:
                 self._record_warmup_skip()
             else:
                 pending = self._planned_checkpoint()
-        self._account_step_work(entered, resumed, planning_before, pending is not None)
+        self._time.account_step_work(entered, resumed, planning_before, pending is not None)
         if self._probe_due:
             self._start_probe()
         if self._preemption.due(self._steps):  # distributed: collective at agreed steps
@@ -330,9 +328,9 @@ class Session:
         self._check_open()
         if reason not in CHECKPOINT_REASONS:
             raise ConfigError(f"checkpoint(reason=...) must be one of {', '.join(CHECKPOINT_REASONS)}, got {reason!r}")
-        self._record_pending_stall(block=True)  # the previous one's GPU wait, before its figures are replaced
+        self._time.record_pending_stall(block=True)  # the previous one's GPU wait, before its figures are replaced
         began = self._clock()
-        planning_before = self._overhead.planning  # a commit polled below may re-plan: booked apart
+        planning_before = self._time.ledger.planning  # a commit polled below may re-plan: booked apart
         previous = self._checkpointer.pending
         if previous is not None:  # at most one persist in flight; never drop its outcome
             previous.wait()  # PersistError when it never ends (coci.knobs.PERSIST_DEADLINE_SECONDS)
@@ -344,14 +342,13 @@ class Session:
         self._checkpoint_steps.append(self._steps)
         self._profiler.set_state_bytes(pending.nbytes)  # what a checkpoint holds (optimizer state appears at its first step)
         self._profiler.persist_started()
-        self._stall_pending = pending
-        self._stall_seconds = self._clock() - began - (self._overhead.planning - planning_before)
+        self._time.checkpoint_started(pending, began, planning_before)
         return pending
 
     def wait_snapshot(self) -> None:
         """Block until the in-flight snapshot is copied (call before changing state outside an
         optimizer step)."""
-        self._stall_seconds += self._booked_wait(self._checkpointer.wait_staging())
+        self._time.stall_wait(self._checkpointer.wait_staging())
 
     def wait(self) -> PersistResult | None:
         """Block until the in-flight checkpoint is committed (or failed); surface a failure."""
@@ -405,27 +402,16 @@ class Session:
         config = self.config
         if config.init_from is None:
             raise ConfigError("start_from_init() needs Session(init_from=...): the run to start from")
-        missing = sorted(set(config.init_keys) - set(self.state))
-        if missing:
-            raise ConfigError(f"init_keys {missing} are not keys of state ({sorted(self.state)})")
-        began = self._clock()
-        run = open_source(config.init_from)
-        result = load_from(run, {key: self.state[key] for key in config.init_keys}, step=config.init_step, strict=True)
-        self.initialized = result
-        self.events.emit(
-            "init_from", step=self._steps, source=run.label, from_step=result.step, keys=list(config.init_keys), path=str(result.path),
-            seconds=self._clock() - began, bytes=result.nbytes, skipped=[str(p) for p in result.skipped],
-        )
-        logger.info("coci: started from %s step %d (%s)", run.label, result.step, ", ".join(config.init_keys))
-        return result
+        self.initialized = start_from(config.init_from, self.state, config.init_keys, config.init_step, self.events, self._steps)
+        return self.initialized
 
     def _restored(self, found: Found) -> RestoreResult:
         """Book a restore that loaded ``found`` (profile, retention, events)."""
         loaded, path, tier = found.loaded, found.path, found.tier
         seconds = self._clock() - found.began
         restart = self._preemption.restart_seconds(seconds)  # from the previous process's last event
-        self._overhead.restore += seconds
-        self._restored_at_age = process_age_seconds()
+        self._time.ledger.restore += seconds
+        self._time.restored_at_age = process_age_seconds()
         self._profiler.record_restore(seconds, loaded.nbytes)
         for level in self._levels:  # retention keeps it until a newer one commits; the remote may promote it
             level.restored(loaded.step, path, tier)
@@ -435,21 +421,12 @@ class Session:
             self._profiler.record_peer_restore(seconds)
         self.events.emit(
             "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path), tier=tier,
-            **self._node_tiers(tier), **self._ledger_fields(),
+            **node_tiers(self._dist, tier), **self._time.event_fields(),
         )
-        self._start_resume_check(loaded.step)
+        self._resume.restored(loaded.step, self._steps)
         self._cadence.restart()
         self._profiler.mark()
         return RestoreResult(loaded.step, loaded.epoch, path, seconds, loaded.nbytes, found.skipped, tier)
-
-    def _node_tiers(self, tier: str) -> dict[str, Any]:
-        """Node-local run directories: where each node's part of the restored step came from, as
-        ``node_tiers`` of the ``restore`` event (collective), so rank 0's log lists every node's
-        source; nothing otherwise."""
-        if self._dist is None or not self._dist.node_local:
-            return {}
-        gathered = distributed.gather_objects((self._dist.node, tier), self._dist.control_group)
-        return {"node_tiers": {str(node): source for node, source in sorted(dict(gathered).items())}}
 
     def _open_remote(self, history_from: int) -> Promotion | None:
         """The remote tier (None without one), its prefix claimed for this run or refused with a
@@ -478,18 +455,18 @@ class Session:
             return
         waited_from = self._clock()  # the last persist and the run files (a final checkpoint: a stall)
         final = self._final_wanted()
-        if self._final_checkpoint_due():
+        if final and self._steps not in self._checkpoint_steps:  # save_last, and no checkpoint of the final step yet
             self.checkpoint(reason="close")
-            waited_from += self._stall_seconds
+            waited_from += self._time.stall_seconds
         if final:  # copied and promoted whatever the plan says, once committed
             self._promote_always(self._steps)
-        self._record_pending_stall(block=True)  # the last checkpoint's stall has no next step to record it
+        self._time.record_pending_stall(block=True)  # the last checkpoint's stall has no next step to record it
         self._closed = True
         try:
             closing = self._clock()
             self._planner.close()  # an observation still in flight is dropped: the run ends first
             dropped = self._planner.drain_cpu_seconds()  # its wait is in the final wait
-            self._overhead.book_planner_thread(dropped, self._clock() - closing, self._contention.factor())
+            self._time.ledger.book_planner_thread(dropped, self._clock() - closing, self._contention.factor())
             local, *upper = self._levels
             stuck = local.close(self._steps, self._failed_close)
             if stuck is not None and self._error is None:
@@ -504,15 +481,16 @@ class Session:
                 hook.remove()
             self._hooks = []
             self._preemption.uninstall()
-        self._close_resume_check()
+        self._profiler.loss_trace.flush()  # the last losses reach the log and the check (one host copy)
+        self._resume.close(self._steps)
         if self._run_files.writes:  # distributed: rank 0 writes run files
             self._run_files.write("profile.json", self._profiler.profile.model_dump_json(indent=2), self._steps)
             loss_steps, losses = self._profiler.loss_curve()
             self._run_files.write("loss_curve.json", json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()}), self._steps)
         self._run_files.write_plan(self.plan, self._steps)
-        self._overhead.close_wait += self._clock() - waited_from
+        self._time.ledger.close_wait += self._clock() - waited_from
         self.events.emit(
-            "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._overhead.as_event()
+            "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._time.ledger.as_event()
         )
         if self._remote is not None:  # the close event included: this process closed (within the remote limit)
             self._remote.close_history()
@@ -542,107 +520,10 @@ class Session:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _final_checkpoint_due(self) -> bool:
-        """``save_last`` at ``close()``: asked for (or the run reached ``total_steps``) and the
-        final step has no checkpoint yet."""
-        return self._final_wanted() and self._steps not in self._checkpoint_steps
-
     def _final_wanted(self) -> bool:
         """``save_last`` asked for the final state (or the run reached ``total_steps``)."""
-        wanted = self._save_last
-        if wanted is None:
-            wanted = self.config.total_steps is not None and self._steps >= self.config.total_steps
-        return wanted and self._steps > 0
-
-    def _account_step_work(self, entered: float, resumed: float, planning_before: float, checkpointed: bool) -> None:
-        """Book this ``step()`` call's own time, minus its checkpoint and planning (booked apart), as
-        per-step work; the profiler takes the whole call off the step interval it fell in."""
-        ended = self._clock()
-        self._profiler.record_busy(resumed, ended)
-        own = ended - entered - (self._overhead.planning - planning_before)
-        if checkpointed:
-            own -= self._stall_seconds  # still just checkpoint()'s own time here; fence waits come later
-        self._overhead.step_work += max(own, 0.0)
-
-    def _record_pending_stall(self, *, block: bool = False) -> None:
-        """The stall of the checkpoint started at the previous step (its copy and the fence waits
-        since): into the profile, the ledger and ``events.jsonl``. On a GPU the stall also holds the
-        compute stream's wait at the fence, timed by events; while the GPU has not passed the fence
-        the record waits for a later step (the host runs ahead), except where ``block`` (the next
-        checkpoint, ``close()``) waits for that one event."""
-        stalled = self._stall_pending
-        if stalled is None:
-            return
-        device_wait = stalled.device_wait_seconds(block=block)
-        if device_wait is None:
-            return
-        self._stall_seconds += device_wait
-        self._profiler.record_stall(self._stall_seconds, stalled.nbytes)
-        self._stalled_total += self._stall_seconds
-        self._overhead.stall += self._stall_seconds
-        self.events.emit("stall", step=stalled.step, seconds=self._stall_seconds, bytes=stalled.nbytes, **self._ledger_fields())
-        self._stall_pending = None
-
-    def _ledger_fields(self) -> dict[str, Any]:
-        """This process's overhead totals so far, for the ``progress``, ``stall`` and ``restore``
-        events: a process killed before its first ``progress`` event (a restart that failed again
-        within ``_PROGRESS_EVENT_SECONDS``) still leaves the report what it spent."""
-        return {"pid": os.getpid(), **self._overhead.as_event()}
-
-    def _booked_wait(self, seconds: float) -> float:
-        """A snapshot wait inside the training step: off the profiler's step interval; returned."""
-        now = self._clock()
-        self._profiler.record_busy(now - seconds, now)
-        return seconds
-
-    def _record_restart(self) -> None:
-        """The first ``step()`` after a restore: the restart cost is the process's age now, less
-        this first step's own training time (the profile's step time), never less than the age
-        when ``restore()`` finished. Kept in the profile (so across restarts) and in events."""
-        restored_at, self._restored_at_age = self._restored_at_age, None
-        age = process_age_seconds()
-        if age is None or restored_at is None:
-            return
-        step_seconds = self._profiler.profile.step_seconds.value or 0.0
-        restart = max(age - step_seconds, restored_at)
-        self._profiler.record_restart(restart)
-        self.events.emit("restart", step=self._steps, seconds=restart, pid=os.getpid())
-
-    @property
-    def _world_size(self) -> int:
-        return 1 if self._dist is None else self._dist.world_size
-
-    def _losses_materialised(self, steps: Any, values: Any) -> None:
-        """The loss trace's listener: each materialised batch is compared with the losses logged
-        before a failure (after a restore) and then logged itself (``coci.resume_check``)."""
-        check = self._resume_check
-        if check is not None:
-            check.compare(steps, values)
-        self._loss_log.append(steps, values)
-
-    def _start_resume_check(self, restored_step: int) -> None:
-        """After a restore of ``restored_step``: compare the redone steps with the newest losses
-        logged for them (none with ``on_mismatch="ignore"``)."""
-        if self._resume_check is not None:
-            self._resume_check.finish(self._steps)
-        self._resume_check = None
-        if self.config.io.on_mismatch == "ignore":
-            return
-        world_size = self._world_size
-
-        def causes(logged: LoggedLosses) -> list[str]:
-            return likely_causes(self.state, logged, world_size)
-
-        logged = self._loss_log.read_after(restored_step)
-        self._resume_check = ResumeCheck(restored_step, logged, on_mismatch=self.config.io.on_mismatch, events=self.events, causes=causes)
-
-    def _close_resume_check(self) -> None:
-        """At ``close()``: the last losses reach the log and the check (one host copy), whose
-        ``resume_check`` event is written if the redone steps were not all passed."""
-        self._profiler.loss_trace.flush()
-        if self._resume_check is not None:
-            self._resume_check.finish(self._steps)
-        self._loss_log.close()
+        reached = self.config.total_steps is not None and self._steps >= self.config.total_steps
+        return self._steps > 0 and final_checkpoint_wanted(self._save_last, reached)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -652,9 +533,8 @@ class Session:
         error, self._error = self._error, None
         if error is not None:
             raise PersistError(f"background checkpoint failed: {type(error).__name__}: {error}") from error
-        check = self._resume_check
-        if check is not None and check.error is not None:  # on_mismatch="raise"
-            mismatch, check.error = check.error, None
+        mismatch = self._resume.take_error()  # on_mismatch="raise"
+        if mismatch is not None:
             raise mismatch
         run_file_error = self._run_files.take_error()
         if run_file_error is not None:
@@ -665,18 +545,13 @@ class Session:
 
     def _fence_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._checkpointer.pending is not None:
-            self._stall_seconds += self._booked_wait(self._checkpointer.fence())
+            self._time.stall_wait(self._checkpointer.fence())
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:
         return [value for value in self.state.values() if isinstance(value, torch.optim.Optimizer)]
 
     def _collect_tree(self) -> dict[str, Any]:
-        tree: dict[str, Any] = {
-            key: value.state_dict() if is_stateful(value) else value
-            for key, value in self.state.items()
-            if key not in self._sharded.keys
-        }
-        tree.update(self._sharded.state_dicts())
+        tree = self._sharded.state_tree(self.state)
         own: dict[str, Any] = {
             "steps": self._steps,
             "checkpoint_steps": list(self._checkpoint_steps) + [self._steps],
@@ -747,7 +622,7 @@ class Session:
         skip = Cadence.skip_warmup_checkpoint(
             warming_up=warming,
             persist_in_flight=pending is not None and not pending.done(),
-            stalled_seconds=self._stalled_total,
+            stalled_seconds=self._time.stalled_total,
             elapsed=self._elapsed,
         )
         if self._dist is None or not warming:
@@ -759,7 +634,7 @@ class Session:
         pending = self._checkpointer.pending
         reason = "persist_in_flight" if pending is not None and not pending.done() else "stall_budget"
         logger.info("warm-up checkpoint at step %d skipped (%s)", self._steps, reason.replace("_", " "))
-        self.events.emit("warmup_skip", step=self._steps, reason=reason, stalled_seconds=self._stalled_total, elapsed_seconds=self._elapsed())
+        self.events.emit("warmup_skip", step=self._steps, reason=reason, stalled_seconds=self._time.stalled_total, elapsed_seconds=self._elapsed())
 
     def _start_probe(self) -> None:
         """The one-time bandwidth probe (the cost priors before any checkpoint), on a background
@@ -790,7 +665,7 @@ class Session:
             self._observe_now()
         finally:
             seconds = self._clock() - began
-            self._overhead.planning += seconds
+            self._time.ledger.planning += seconds
             self._cadence.record_observation(self._steps, seconds)
 
     def _observe_now(self) -> None:
@@ -822,12 +697,6 @@ class Session:
             self.policy.take_effect(self._steps, self._checkpoint_steps)
         waited = self._clock() - began  # inside step(): booked as per-step work
         self._cadence.charge(worker_seconds + waited)
-        self._overhead.book_planner_thread(self._planner.drain_cpu_seconds(), waited, self._contention.factor())
+        self._time.ledger.book_planner_thread(self._planner.drain_cpu_seconds(), waited, self._contention.factor())
         self._run_files.write_plan(self.plan, self._steps)
         self._profiler.mark()  # a wait for the planner is coci's time, not the training step's
-
-
-def _with_layout(context: distributed.DistributedContext | None, run_dir: Path, setting: str) -> distributed.DistributedContext | None:
-    """The context with its run directory layout (``coci.distributed.with_run_dir_layout``)."""
-    return None if context is None else distributed.with_run_dir_layout(context, run_dir, setting)
-

@@ -35,6 +35,7 @@ __all__ = [
     "commits_by_holders",
     "local_steps",
     "missing_pieces",
+    "node_tiers",
     "replicas_across_nodes",
 ]
 
@@ -145,6 +146,16 @@ def missing_pieces(step: int, parts: list[NodePart], context: DistributedContext
 
 
 _LABELS = {"incomplete": "not on every node", OTHER_LAYOUT: "saved by another layout of nodes", CORRUPT: "a part fails its checks"}
+
+
+def node_tiers(context: DistributedContext | None, tier: str) -> dict[str, Any]:
+    """Node-local run directories: where each node's part of the restored step came from (``tier``
+    is this node's), as ``node_tiers`` of the ``restore`` event (collective), so rank 0's log lists
+    every node's source; nothing otherwise."""
+    if context is None or not context.node_local:
+        return {}
+    gathered = distributed.gather_objects((context.node, tier), context.control_group)
+    return {"node_tiers": {str(node): source for node, source in sorted(dict(gathered).items())}}
 
 
 def check_replicas_within_nodes(tensors: Iterable[torch.Tensor], context: DistributedContext) -> None:

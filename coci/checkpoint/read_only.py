@@ -34,8 +34,9 @@ from coci.checkpoint.run_source import RunSource, SourceLike, open_source, refus
 from coci.checkpoint.sharded import ShardedState
 from coci.checkpoint.stateful import validate_state
 from coci.errors import CheckpointError, ConfigError, CorruptCheckpointError, StateError, StateMismatchError
+from coci.events import EventLog
 
-__all__ = ["DEFAULT_KEY", "as_state", "candidate_steps", "load", "load_from"]
+__all__ = ["DEFAULT_KEY", "as_state", "candidate_steps", "load", "load_from", "start_from"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,24 @@ def candidate_steps(run: RunSource, step: int | None) -> list[int]:
         shown = ", ".join(map(str, sorted(run.steps)[-10:]))
         raise ConfigError(f"step={step} is not a committed checkpoint of {run.label} (committed: {shown})")
     return [step]
+
+
+def start_from(source: SourceLike, state: Mapping[str, Any], keys: tuple[str, ...], step: int | None, events: EventLog, at_step: int) -> RestoreResult:
+    """A session's ``init_from``: fill the ``keys`` of ``state`` from ``source`` (its committed
+    ``step``, None: the newest that verifies), read-only as ``load``; recorded as an ``init_from``
+    event at the session's step ``at_step``. ConfigError for a key ``state`` lacks."""
+    missing = sorted(set(keys) - set(state))
+    if missing:
+        raise ConfigError(f"init_keys {missing} are not keys of state ({sorted(state)})")
+    began = time.perf_counter()
+    run = open_source(source)
+    result = load_from(run, {key: state[key] for key in keys}, step=step, strict=True)
+    events.emit(
+        "init_from", step=at_step, source=run.label, from_step=result.step, keys=list(keys), path=str(result.path),
+        seconds=time.perf_counter() - began, bytes=result.nbytes, skipped=[str(p) for p in result.skipped],
+    )
+    logger.info("coci: started from %s step %d (%s)", run.label, result.step, ", ".join(keys))
+    return result
 
 
 def load_from(run: RunSource, state: dict[str, Any], *, step: int | None, strict: bool, began: float | None = None) -> RestoreResult:

@@ -35,7 +35,7 @@ from coci.errors import ConfigError
 
 __all__ = [
     "DEFAULT_KEEP_LAST", "PEER_COPIES", "KeepAny", "KeepEvery", "KeepLast", "RetentionConfig", "RetentionPolicy", "apply_retention",
-    "check_keep_last", "check_peer_copies", "doomed_steps", "kept_steps", "retention_policy",
+    "check_keep_last", "check_peer_copies", "doomed_steps", "final_checkpoint_wanted", "kept_steps", "retention_policy",
 ]
 
 #: What ``peer_copies`` accepts: 0 (no peer level) or 1 (one copy of each node's part on the next node).
@@ -184,6 +184,12 @@ class RetentionConfig:
     def remote_tier_policy(self) -> RetentionPolicy | None:
         """The remote tier's policy: ``remote_policy``, else ``KeepLast(keep_last_remote)``; None keeps all."""
         return retention_policy(self.keep_last_remote, self.remote_policy, remote=True)
+
+
+def final_checkpoint_wanted(save_last: bool | None, reached_end: bool) -> bool:
+    """``save_last`` (``RetentionConfig.save_last``) for a run that closes: True always, None when
+    the run reached its horizon (not when stopped early), False never."""
+    return reached_end if save_last is None else save_last
 
 
 def _one_of_two(keep_last: int | None, policy: RetentionPolicy | None, count_name: str, policy_name: str) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from coci.checkpoint.stateful import is_stateful
 from coci.errors import StateError
 
 logger = logging.getLogger(__name__)
@@ -247,6 +248,13 @@ class ShardedState:
         trees.update(self.tensors)
         trees.update((key, view.state_dict()) for key, view in self._optimizer_views.items())
         return trees
+
+    def state_tree(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """What a checkpoint of ``state`` holds of it: each entry's ``state_dict()`` (a stateful
+        object) or the entry itself, the sharded entries' through ``state_dicts``."""
+        tree = {key: value.state_dict() if is_stateful(value) else value for key, value in state.items() if key not in self.keys}
+        tree.update(self.state_dicts())
+        return tree
 
     def load_targets(self) -> dict[str, Any]:
         """What a restore loads sharded tensors into: the current state dicts, whose DTensors give

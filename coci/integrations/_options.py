@@ -81,12 +81,6 @@ def for_trainer(config: SessionConfig, steps: int | None) -> SessionConfig:
     return config.with_horizon(steps).replace(retention=dataclasses.replace(config.retention, save_last=False))
 
 
-def final_checkpoint_wanted(save_last: bool | None, reached_end: bool) -> bool:
-    """``save_last`` as ``Session`` reads it, for a callback that takes the final checkpoint itself:
-    True always, None when the run reached its horizon (not when stopped early), False never."""
-    return reached_end if save_last is None else save_last
-
-
 #: The largest options file ``read_options`` reads (a config is a few hundred bytes).
 _CONFIG_MAX_BYTES = 1 << 20
 

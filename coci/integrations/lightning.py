@@ -85,9 +85,10 @@ import torch
 
 from coci import checks
 from coci.checkpoint import rng_state
+from coci.checkpoint.retention import final_checkpoint_wanted
 from coci.config import SessionConfig
 from coci.errors import ConfigError
-from coci.integrations._options import SessionHolder, final_checkpoint_wanted, for_trainer
+from coci.integrations._options import SessionHolder, for_trainer
 from coci.session import Session
 
 __all__ = ["CociCallback"]

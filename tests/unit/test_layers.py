@@ -13,7 +13,7 @@ draws the same order):
 4. earlier runs' loss curves: ``coci.curves``
 5. planning: ``coci.planning``
 6. analysis: ``coci.analysis`` (the report, the simulator)
-7. the training loop's objects: ``coci.config`` (the session's configuration), ``coci.session``, ``coci.loader``
+7. the training loop's objects: ``coci.config`` (the session's configuration), ``coci.session``, ``coci.loader`` (and its order, ``coci.sample_order``)
 8. framework integrations: ``coci.integrations``
 9. the command line: ``coci.cli``
 10. the package's public names: ``coci`` (its ``__init__``)
@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("coci.curves",),
     ("coci.planning",),
     ("coci.analysis",),
-    ("coci.config", "coci.session", "coci.loader"),
+    ("coci.config", "coci.session", "coci.loader", "coci.sample_order"),
     ("coci.integrations",),
     ("coci.cli",),
 )
