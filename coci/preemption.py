@@ -197,6 +197,11 @@ class Preemption:
 
     # -- the handler ---------------------------------------------------------------------------
 
+    def check_grace(self, profile: Profile) -> None:
+        """While the handler is installed: warn when ``profile``'s estimates exceed the grace (``warn_if_grace_too_short``)."""
+        if self.installed:
+            warn_if_grace_too_short(self, profile)
+
     def install(self) -> bool:
         """Listen for each signal; False (and a warning) outside the main thread, where Python
         cannot install signal handlers."""

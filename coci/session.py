@@ -587,11 +587,7 @@ class Session:
         result = pending.upload_completion.result()
         self._profiler.persist_finished(result.persist_seconds, result.nbytes)
         self.events.emit(
-            "persist_end",
-            step=result.step,
-            seconds=result.persist_seconds,
-            staging_seconds=result.staging_seconds,
-            bytes=result.nbytes,
+            "persist_end", step=result.step, seconds=result.persist_seconds, staging_seconds=result.staging_seconds, bytes=result.nbytes
         )
         self._committed(result.step, result.path)
         if self._cadence.observe_after_commit(self._elapsed):  # distributed: ranks commit at different
@@ -641,14 +637,8 @@ class Session:
         thread from the first ``step()``: not inside ``Session(...)``, and not at all when
         ``restore()`` brought the measured bandwidth back. The grace check is repeated with it."""
         self._probe_due = False
-        notice = self._preemption
-        profiler = self._profiler
-
-        def check_grace() -> None:
-            if notice.installed:
-                preemption.warn_if_grace_too_short(notice, profiler.profile)
-
-        profiler.probe_in_background(self.run_dir, on_done=check_grace)
+        notice, profiler = self._preemption, self._profiler
+        profiler.probe_in_background(self.run_dir, on_done=lambda: notice.check_grace(profiler.profile))
 
     def _should_observe(self) -> bool:
         return self._cadence.observe_at_step(self._steps, self._profiler.steps, warming_up(self.policy), self._elapsed)
