@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from coci import distributed
-from coci.checkpoint import node_exchange, nodes, restore_checks, rng_state
+from coci.checkpoint import commit, node_exchange, nodes, restore_checks, rng_state
 from coci.checkpoint.checkpointer import load_committed, restore_candidates
 from coci.checkpoint.layout import RNG_KEY, SESSION_KEY, checkpoints_dir, step_dirname
 from coci.checkpoint.peers import PeerCopies
@@ -167,10 +167,32 @@ class Restorer:
                 problems.append(problem)
                 reasons.append(reason or "corrupt")
                 continue
+            self._discard_orphans([p for p, why in zip(skipped, reasons) if why == "incomplete"])
             return Found(loaded, path, tier, began, tuple(skipped))
         if steps:
             raise self._none_on_every_node(len(steps), problems, reasons)
         return None
+
+    def _discard_orphans(self, paths: list[Path]) -> None:
+        """Each node leader's parts of the newer steps passed over as not on every node (a node
+        died between prepare and publish; no peer copy or remote holds its part): no restore can
+        load them and the run resumes from an older step, so they are discarded (an
+        ``orphan_discarded`` event) instead of being listed as checkpoints by ``coci verify``.
+        Parts whose bytes fail a check are left for inspection."""
+        assert self.dist is not None
+        if not self.dist.is_node_leader:
+            return
+        for path in paths:
+            if not path.is_dir() or path.is_symlink():
+                continue
+            try:
+                commit.discard_checkpoint(path)
+            except OSError as exc:
+                logger.warning("cannot discard %s, a part no node can restore: %s", path, exc)
+                continue
+            step = int(path.name.removeprefix("step_"))
+            logger.info("discarded %s: node %d's part of a step not published on every node", path, self.dist.node)
+            self.events.emit("orphan_discarded", step=step, path=str(path), node=self.dist.node)
 
     def _none_on_every_node(self, tried: int, problems: list[str], reasons: list[str]) -> CheckpointError:
         """The error when no step loads on node-local directories: corrupt only when some part's

@@ -191,6 +191,9 @@ def test_a_node_killed_between_prepare_and_publish_leaves_a_step_no_node_loads(t
     skips = node_events(tmp_path, 0, "restore_skip")
     assert [e["step"] for e in skips] == [8] and "node 1 (ranks 1) lacks its shards __1_0.distcp" in skips[0]["message"]
     assert skips[0]["reason"] == "incomplete"  # a step not published on every node is not "corrupt"
+    # node 0's orphan part was discarded at the restore (step 8 was committed again since, of this timeline)
+    assert [(e["step"], e["node"]) for e in node_events(tmp_path, 0, "orphan_discarded")] == [(8, 0)]
+    assert not node_events(tmp_path, 1, "orphan_discarded")  # node 1 had none
     assert_bitwise(tmp_path, reference)
     assert_clean(tmp_path)
 
