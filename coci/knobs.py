@@ -248,7 +248,7 @@ REMOTE_LIST_SECONDS: float = 300.0
 #: How long ``Session()`` waits for the remote's owner record (its claim of the prefix). Past it
 #: the session goes on local-only (an ``error`` event, ``phase: "remote_owner"``): ``restore()``
 #: keeps to the local tier and nothing is written to the remote until the claim, still running in
-#: the background within the request limits above, answers (then uploads go on as usual).
+#: the background within the request limits above, answers (the upload worker waits for it).
 REMOTE_START_SECONDS: float = 10.0
 #: The run's history on the remote tier (``coci.checkpoint.remote.history``): the process's
 #: segment of ``events.jsonl`` and its step are mirrored after each promotion, at ``close()``, and

@@ -165,10 +165,12 @@ def test_a_silent_owner_record_holds_session_for_its_start_limit_only_and_its_la
     """Every ``Session()`` against a silent endpoint waited out the owner record's request limits
     (30 s by default) and its ``restore()`` as long again. Past ``knobs.REMOTE_START_SECONDS`` the
     session goes on local-only, recorded, and its restore does not wait; the claim still running
-    answers later, and the tier then uses it (no second claim) and promotes."""
+    answers later, and the tier then uses it (no second claim) and promotes the checkpoint its
+    upload worker held meanwhile."""
     from coci import knobs
 
     monkeypatch.setattr(knobs, "REMOTE_START_SECONDS", 0.2)
+    monkeypatch.setattr(knobs, "UPLOAD_ATTEMPTS", 1)
     answer, prefix, run_dir = threading.Event(), tmp_path / "prefix", tmp_path / "run"
     state = build_state()
     try:
@@ -178,14 +180,16 @@ def test_a_silent_owner_record_holds_session_for_its_start_limit_only_and_its_la
             problems = [e["message"] for e in events_of(run_dir, "error") if e["phase"] == "remote_owner"]
             assert problems and all("REMOTE_START_SECONDS" in p for p in problems)  # at Session(), at restore()
             assert not events_of(run_dir, "remote_owner")
-            answer.set()
-            for _ in range(600):  # the start's claim answers (bounded: 60 s)
-                if events_of(run_dir, "remote_owner"):
+            train(session, state, 2)
+            session.wait()  # step 2 committed locally and handed to the upload worker
+            for _ in range(20):  # its one upload attempt would fail now, the record unanswered
+                if [e for e in events_of(run_dir, "error") if e["phase"] == "promote"]:
                     break
                 time.sleep(0.1)
-            train(session, state, 2)
+            answer.set()  # the start's claim answers; the worker waited for it
     finally:
         answer.set()
     (owner,) = events_of(run_dir, "remote_owner")
     assert owner["action"] == "claimed"
     assert committed_steps(DirectoryStore(prefix).list_objects()) == [2]  # promoted once the claim answered
+    assert not [e for e in events_of(run_dir, "error") if e["phase"] == "promote"]

@@ -91,6 +91,7 @@ class Promotion:
                 return claim(tier.store, run_dir, owner, events)
 
             tier.claim = again if started is None else functools.partial(started.identity_or, again)
+            tier.start_claim = None if started is None else started.wait
         promotion = cls(tier, events, dist, run_dir, close_timeout)
         if dist is None or dist.is_coordinator:
             promotion.history = HistoryMirror(tier.store, events, steps, history_from, owned=lambda: tier.owned() is not None)

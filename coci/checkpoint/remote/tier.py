@@ -140,6 +140,8 @@ class RemoteTier:
         self.last_promoted_step = 0  # newest step committed remotely by this process or restored from it
         self.identity: RunIdentity | None = None  # the run on the prefix (Session sets it): see .identity
         self.claim: Callable[[], RunIdentity] | None = None  # where the store was unreachable at the start
+        # the wait for the claim Session() began and went on without (StartClaim.wait); None: none running
+        self.start_claim: Callable[[float], bool] | None = None
         self._claim_lock = threading.Lock()  # one claim at a time (the upload worker, the mirror, a restore)
         self._claim_problem: str | None = None  # the last failed claim's, recorded once
         self.after_promotion: Callable[[int], None] | None = None  # the history mirror's cue
@@ -279,6 +281,7 @@ class RemoteTier:
         """Data objects (each one's crc32c checked against the record), then the manifest: the commit."""
         prefix = f"{layout.step_dirname(job.step)}/"
         self._check_stopping()
+        self._await_start_claim()
         if self.claimed() is not None:
             assert self.identity is not None  # the checkpoint's run record first: a partial upload is ours too
             self.identity.claim_step(self.store, job.step)
@@ -301,6 +304,14 @@ class RemoteTier:
         self.store.put_bytes(prefix + layout.MANIFEST_FILENAME, job.manifest)
         faults.fault("after_remote_commit")
         return sum(entry.size for entry in job.record.files) + len(job.manifest)
+
+    def _await_start_claim(self) -> None:
+        """The upload worker (never the training thread) waits for the claim ``Session()`` went on
+        without, so a checkpoint committed while the owner record is slow is promoted once it
+        answers; in slices, so that ``close()`` stops it. Bounded: the claim's own requests are
+        (the remote request limits of ``coci.knobs``)."""
+        while self.start_claim is not None and not self.start_claim(0.5):
+            self._check_stopping()
 
     def _check_stopping(self) -> None:
         if self._stopping:
