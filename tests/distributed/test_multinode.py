@@ -157,20 +157,22 @@ def test_a_lost_node_directory_is_recovered_from_s3_bitwise(tmp_path: Path, refe
     assert_clean(tmp_path)
 
 
-def test_a_lost_node_without_a_remote_is_one_clear_error_naming_its_shards(tmp_path: Path) -> None:
-    assert_ok(run_nodes(tmp_path, "--stop-at", "8", "--run-dir-layout", "node-local"))  # told, not probed: by host and GROUP_RANK
-    assert [(e["setting"], e["layout"], e["nodes"]) for e in node_events(tmp_path, 1, "run_dir_layout")] == [("node-local", "node-local", [[0], [1]])]
+def test_a_lost_node_without_a_remote_is_one_clear_error_naming_its_shards(tmp_path: Path, reference: Path) -> None:
+    for node in range(2):  # the reference's two directories (steps 8 and 12 committed), node 1's checkpoints lost
+        shutil.copytree(node_dir(reference, node), node_dir(tmp_path, node))
     shutil.rmtree(layout.checkpoints_dir(node_dir(tmp_path, 1)))
-    outcomes = run_nodes(tmp_path, survivor_grace=60.0)
+    outcomes = run_nodes(tmp_path, "--run-dir-layout", "node-local", survivor_grace=60.0)  # told, not probed: by host and GROUP_RANK
     assert [o.code for o in outcomes] != [0, 0]
+    assert [(e["setting"], e["layout"], e["nodes"]) for e in node_events(tmp_path, 1, "run_dir_layout")][-1] == ("node-local", "node-local", [[0], [1]])
     for outcome in outcomes:  # every rank fails with the same message, before any training step: not "corrupt", and what to do
         assert "IncompleteCheckpointError: no checkpoint is complete on every node" in outcome.output, outcome.output[-3000:]
+        assert "step_12 (not on every node): node 1 (ranks 1) lacks its shards __1_0.distcp" in outcome.output
         assert "step_8 (not on every node): node 1 (ranks 1) lacks its shards __1_0.distcp" in outcome.output
-        assert "step_4 (not on every node): node 1 (ranks 1) lacks its shards __1_0.distcp" in outcome.output
         assert "delete the run directory's checkpoints/ on every node" in outcome.output
-    assert [int(line.split()[0]) for line in (node_dir(tmp_path, 0) / "samples_rank0.txt").read_text().splitlines()] == list(range(1, 9))
+    samples = (node_dir(tmp_path, 0) / "samples_rank0.txt").read_text().splitlines()
+    assert [int(line.split()[0]) for line in samples] == list(range(1, STEPS + 1))  # the reference's steps, none since
     skips = node_events(tmp_path, 0, "restore_skip")
-    assert [(e["step"], e["reason"]) for e in skips] == [(8, "incomplete"), (4, "incomplete")]
+    assert [(e["step"], e["reason"]) for e in skips] == [(12, "incomplete"), (8, "incomplete")]
     # node 0's directory alone, on one node of 2 ranks (a world-size change, no remote): its parts are intact but
     # not the whole checkpoint; never "corrupt", never an opaque DCP error
     (alone,) = torchrun_helpers.launch_nodes(JOB, [node_dir(tmp_path, 0)], "--epochs", str(EPOCHS), timeout=TIMEOUT, nproc=2)
