@@ -161,6 +161,7 @@ def test_offline_plan_stays_within_the_budget_of_the_exact_time_optimum(job: str
     assert model.expected(np.asarray(auto.steps, dtype=np.int64)).exposed_wall_seconds <= 1.05 * _time_optimum(job) * (1 + 1e-9)
 
 
+@pytest.mark.slow  # an online run over the whole horizon, every re-plan replayed
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_online_run_stays_within_the_budget_re_plans_and_warm_up_included(shape: str) -> None:
     """The whole schedule an online run takes (warm-up checkpoints, every re-plan's steps) within

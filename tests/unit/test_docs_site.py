@@ -169,12 +169,14 @@ def api_page(tmp_path_factory: pytest.TempPathFactory) -> str:
     return (site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow  # builds the docs site (mkdocs, every page)
 def test_the_api_page_shows_no_raw_rest(api_page: str) -> None:
     assert "coci.Session" in api_page
     found = raw_rest(api_page)
     assert not found, f"{len(found)} raw reST roles or :: markers on the API page:\n" + "\n".join(found[:20])
 
 
+@pytest.mark.slow  # builds the docs site (mkdocs, every page)
 def test_the_api_page_gives_coci_plan_an_argument_table(api_page: str) -> None:
     start = api_page.index('id="coci.plan"')
     section = api_page[start : api_page.index('class="doc doc-heading"', start + 100)]
@@ -184,6 +186,7 @@ def test_the_api_page_gives_coci_plan_an_argument_table(api_page: str) -> None:
     assert not missing, f"coci.plan's arguments without a row in its table: {sorted(missing)}"
 
 
+@pytest.mark.slow  # builds the docs site (mkdocs, every page)
 def test_the_api_page_links_cross_references(api_page: str) -> None:
     """A docstring's ``[Name][coci.Name]`` becomes a link to the object's anchor."""
     assert re.search(r'<a [^>]*href="#coci\.(session\.)?Session"', api_page)

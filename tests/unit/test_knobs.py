@@ -3,6 +3,7 @@ and what stays global is set by tests for a ``with`` block only (``knobs.overrid
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -18,18 +19,21 @@ def _knob_names(path: Path) -> list[str]:
     return re.findall(r"^([A-Z][A-Z0-9_]*)\s*:", path.read_text(), re.MULTILINE)
 
 
+@functools.cache
+def _names(*folders: str) -> dict[Path, frozenset[str]]:
+    """The upper-case names (the knobs' shape) each Python file under ``folders`` holds, read once."""
+    files = {f.resolve() for folder in folders for f in (ROOT / folder).rglob("*.py")}
+    return {f: frozenset(re.findall(r"\b[A-Z][A-Z0-9_]*\b", f.read_text())) for f in files}
+
+
 def _readers(name: str, knob_file: Path) -> set[Path]:
     """The library modules (coci/ and profiler/) that name ``name``, its own knob file left out."""
-    files = [*(ROOT / "coci").rglob("*.py"), *(ROOT / "profiler").rglob("*.py")]
-    word = re.compile(rf"\b{name}\b")
-    return {f.resolve() for f in files if f.resolve() != knob_file.resolve() and word.search(f.read_text())}
+    return {f for f, names in _names("coci", "profiler").items() if f != knob_file.resolve() and name in names}
 
 
 def _set_outside_the_library(name: str) -> bool:
     """Named by a test, a job script or a benchmark (each sets the knobs it names, or reads them to check)."""
-    files = [*(ROOT / "tests").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
-    word = re.compile(rf"\b{name}\b")
-    return any(word.search(f.read_text()) for f in files if f.name != "test_knobs.py")
+    return any(name in names for f, names in _names("tests", "benchmarks").items() if f.name != "test_knobs.py")
 
 
 @pytest.mark.parametrize("knob_file", [ROOT / "coci" / "knobs.py", ROOT / "profiler" / "knobs.py"], ids=["coci", "profiler"])

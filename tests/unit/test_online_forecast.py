@@ -68,6 +68,7 @@ def test_the_observed_past_is_the_trace_and_keeps_the_early_fall() -> None:
     assert pol.plan is not None and pol.plan.fit is not None and "blend" in pol.plan.inputs.curve
 
 
+@pytest.mark.slow  # an online run of re-plans over thousands of steps
 def test_a_curve_that_flattens_moves_the_plan_off_its_first_guess() -> None:
     # falls steadily to step 2000, flat after: early, every forecast expects the fall to go on
     losses = 5.0 + np.clip(1.0 - STEPS / 2000.0, 0.0, None) + NOISE
@@ -85,6 +86,7 @@ def test_a_curve_that_flattens_moves_the_plan_off_its_first_guess() -> None:
     assert pol.plan is not None and pol.plan.steps[0] > 2000
 
 
+@pytest.mark.slow  # an online run of re-plans over thousands of steps
 def test_a_curve_flat_at_first_that_then_falls_moves_the_plan_off_its_first_guess() -> None:
     # flat (noise only) to step 3000, then falls by 1.0 over 3000 steps, flat after: the first guess
     # (a flat trace) is the time-optimal plan; once the fall shows, the plan must weigh it
