@@ -199,12 +199,13 @@ class PeerServer:
             self._refuse(conn, exc, f"{type(exc).__name__}: {exc}")
 
     def _refuse(self, conn: socket.socket, exc: BaseException, reply: str) -> None:
-        """Answer ``reply`` (when the client still listens) and count the refusal; recorded at most
-        once per ``knobs.PEER_REFUSAL_LOG_SECONDS`` (a flood of bad requests never floods the log)."""
+        """Count the refusal, then answer ``reply`` (when the client still listens): counted before
+        the client hears it, so a ``close()`` after the answer records it. Recorded at most once per
+        ``knobs.PEER_REFUSAL_LOG_SECONDS`` (a flood of bad requests never floods the log)."""
+        self._record_refusals(exc)
         with contextlib.suppress(OSError):
             conn.settimeout(1.0)  # a client that does not read gets no more of this thread's time
             send_header(conn, {"error": reply})
-        self._record_refusals(exc)
 
     def _record_refusals(self, exc: BaseException | None) -> None:
         """Count ``exc`` (None: none, at close) and record what was counted when it is time to."""
