@@ -178,6 +178,7 @@ faults.set_fault_hook(lambda point: time.sleep(2) if point == "mid_write" else N
 state = {"weights": torch.arange(8 << 20, dtype=torch.float32)}
 session = coci.Session(sys.argv[1], state=state, policy=coci.EveryN(1000))
 session.checkpoint()
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell's background job inherits SIGINT ignored
 signal.raise_signal(signal.SIGINT)  # KeyboardInterrupt: the interpreter exits without close()
 """
 
