@@ -450,7 +450,14 @@ class Session:
         """Checkpoint the final state when ``save_last`` says so, wait for the last persist, write
         ``profile.json``, ``plan.json`` and ``loss_curve.json`` (the smoothed trace the report
         plots), release the fence hooks and, under ``torch.distributed``, coci's own process groups
-        (the job's groups stay the job's to destroy)."""
+        (the job's groups stay the job's to destroy), even when closing fails."""
+        try:
+            self._close()
+        finally:  # after this rank's last collective: coci's gloo threads end here, never while Python finalizes
+            if self._dist is not None:
+                self._dist.release()
+
+    def _close(self) -> None:
         if self._closed:
             return
         waited_from = self._clock()  # the last persist and the run files (a final checkpoint: a stall)
@@ -500,8 +507,6 @@ class Session:
             self._mark = None
         if self._lock is not None:  # last write done: the run directory is free (a failed close frees it at exit)
             self._lock.release()
-        if self._dist is not None:  # this rank's last collective is done: coci's gloo threads end here, not at exit
-            self._dist.release()
         self._raise_error()
 
     def __enter__(self) -> Session:
