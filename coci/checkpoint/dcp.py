@@ -22,6 +22,7 @@ records global shapes) and loaded into fresh DTensors of the reader's mesh (resh
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import pickle
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 
 from coci import distributed
-from coci.checkpoint import commit, dcp_checks, faults, fileio, layout, record_reads, records, retention
+from coci.checkpoint import commit, dcp_checks, dcp_reads, faults, fileio, layout, record_reads, records, retention
 from coci.checkpoint.dcp_manifest import (
     DCP_FORMAT,
     DcpManifest,
@@ -417,12 +418,12 @@ class DcpReader:
         targets: Mapping[str, Any] | None = None,
         keys: frozenset[str] | None = None,
     ) -> LoadedCheckpoint:
-        """Verify this process's share of the files, agree with the others, then load (collective).
-        ``keys``: only these state keys are read (``load_dcp_checkpoint``)."""
+        """Check ``.metadata`` (its checksum, its tensors, its items' bounds), agree with the others,
+        then load (collective): each data file DCP reads is checksummed on the bytes it loads
+        (``coci.checkpoint.dcp_reads``), so the state never holds a byte that was not verified and no
+        file is read twice. ``keys``: only these state keys are read (``load_dcp_checkpoint``)."""
         assert isinstance(record, DcpManifest)
-        group = (0,) if context is None else context.node_ranks  # the ranks sharing this directory: a share each
-        share = record.present_files()[group.index(0 if context is None else context.rank) :: len(group)]
-        problem = distributed.agree(_verify_files(path, share) or _metadata_problem(path, record), context)
+        problem = distributed.agree(_metadata_problem(path, record), context)  # the data files: checksummed as DCP reads them
         if problem is not None:
             raise CorruptCheckpointError(problem)
         tree, nbytes = load_dcp_checkpoint(path, record, context, targets, keys)
@@ -473,13 +474,16 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def read_dcp_metadata(path: Path, manifest: DcpManifest) -> Any:
-    """DCP's ``.metadata`` read through the restricted unpickler and checked against the manifest
+    """DCP's ``.metadata``, checksummed, read through the restricted unpickler and checked against the manifest
     (``coci.checkpoint.dcp_checks.check_dcp_metadata``), and every stored item's zip directory
     bounded by its chunk (``coci.checkpoint.dcp_checks.check_dcp_items``), before DCP may act
     on any of it."""
+    entry = next((e for e in manifest.present_files() if e.name == _DCP_METADATA), None)
+    if entry is None:
+        raise CorruptCheckpointError(f"{path}: manifest lists no {_DCP_METADATA}")
+    raw = fileio.read_verified(path / _DCP_METADATA, entry)  # the bytes unpickled are the bytes checksummed
     try:
-        with open(path / _DCP_METADATA, "rb", opener=record_reads.open_no_follow) as handle:
-            metadata = _MetadataUnpickler(handle).load()
+        metadata = _MetadataUnpickler(io.BytesIO(raw.numpy().tobytes())).load()
     except CorruptCheckpointError:
         raise
     except Exception as exc:  # a damaged pickle fails in many ways; all of them mean corrupt
@@ -502,13 +506,18 @@ def _tensor_only_planner() -> Any:
     return TensorOnlyLoadPlanner()
 
 
-def _safe_reader(path: Path, manifest: DcpManifest, checked: Any = None) -> Any:
+def _safe_reader(path: Path, manifest: DcpManifest, checked: Any = None, verify_reads: bool = True) -> Any:
     """DCP's FileSystemReader, reading ``.metadata`` through ``read_dcp_metadata``: nothing a
     checkpoint holds may run code when loaded (DCP itself would call ``pickle.load`` on it; it
     loads the tensors with ``weights_only=True``) or make DCP read outside the checkpoint.
-    ``checked``: the metadata ``read_dcp_metadata`` returned already (a reader of several batches reads it once)."""
+    ``checked``: the metadata ``read_dcp_metadata`` returned already (a reader of several batches reads it once).
+    ``verify_reads``: the data files are read once and checksummed on the bytes loaded
+    (``coci.checkpoint.dcp_reads``); False: DCP's own reads (the caller verified the files itself)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
+    from torch.futures import Future
+
+    files = {entry.name: entry for entry in manifest.files if entry.name != _DCP_METADATA}
 
     class SafeMetadataReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
@@ -516,7 +525,16 @@ def _safe_reader(path: Path, manifest: DcpManifest, checked: Any = None) -> Any:
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
+            self.chunk_bytes = dcp_reads.chunk_bytes_of(metadata)
             return metadata
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            if not verify_reads:
+                return super().read_data(plan, planner)
+            dcp_reads.read_verified_items(Path(self.path), files, self.storage_data, self.chunk_bytes, plan, planner)
+            done: Future[None] = Future()
+            done.set_result(None)
+            return done
 
     return SafeMetadataReader(path)
 
@@ -569,26 +587,48 @@ def entry_tensors(part: DcpPart, keys: frozenset[str]) -> list[DcpTensor]:
 
 
 def read_dcp_tensors(
-    path: Path, manifest: DcpManifest, wanted: dict[str, torch.Tensor], context: DistributedContext | None, metadata: Any = None
+    path: Path,
+    manifest: DcpManifest,
+    wanted: dict[str, torch.Tensor],
+    context: DistributedContext | None,
+    metadata: Any = None,
+    verify_reads: bool = True,
 ) -> None:
-    """Fill ``wanted`` (DCP key -> a tensor or DTensor of the saved shape) from the (verified) DCP
+    """Fill ``wanted`` (DCP key -> a fresh tensor or DTensor of the saved shape) from the DCP
     checkpoint in ``path``: DCP reads only the chunks those keys need. Collective under ``context``.
-    ``metadata``: what ``read_dcp_metadata`` returned for ``path`` (else read again here)."""
+    ``metadata``: what ``read_dcp_metadata`` returned for ``path`` (else read again here).
+    ``verify_reads``: each data file read is checksummed on the bytes loaded (its whole file is
+    read); False only for files the caller verified itself. On CorruptCheckpointError ``wanted``
+    holds unverified bytes: the caller drops it. Fault point ``dcp_before_read`` (before DCP opens a file)."""
     from torch.distributed.checkpoint import CheckpointException
     from torch.distributed.checkpoint import load as dcp_load
 
+    faults.fault("dcp_before_read")
     with warnings.catch_warnings():  # DCP warns on every load without a process group: intended here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
             dcp_load(
                 wanted,
-                storage_reader=_safe_reader(path, manifest, metadata),
+                storage_reader=_safe_reader(path, manifest, metadata, verify_reads),
                 planner=_tensor_only_planner(),
                 process_group=None if context is None else context.control_group,
                 no_dist=context is None,
             )
         except CheckpointException as exc:  # a BaseException: every failure of DCP's load ends here
+            refused = _refusal(exc)
+            if refused is not None:  # a rank's checks refused a file: say which and why
+                raise CorruptCheckpointError(str(refused)) from exc
             raise CorruptCheckpointError(f"{path}: DCP could not load the checkpoint ({_first_line(exc)})") from exc
+
+
+def _refusal(exc: Any) -> CorruptCheckpointError | None:
+    """The first CorruptCheckpointError a rank raised inside DCP's load (``exc.failures``), if any."""
+    failures = getattr(exc, "failures", None)
+    for _, wrapped in sorted(failures.items()) if isinstance(failures, dict) else ():
+        error = wrapped[0] if isinstance(wrapped, tuple) and wrapped else wrapped
+        if isinstance(error, CorruptCheckpointError):
+            return error
+    return None
 
 
 def _sharded_targets(path: Path, part: DcpPart, targets: Mapping[str, Any] | None) -> dict[str, torch.Tensor]:

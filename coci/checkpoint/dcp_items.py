@@ -63,7 +63,39 @@ class ItemView(io.RawIOBase):
         return self.read(size) or b""
 
 
-def check_item(view: ItemView, length: int, chunk_bytes: int, where: str) -> None:
+class BufferView(io.RawIOBase):
+    """A read-only, seekable view of an item already read into memory (no copy of it)."""
+
+    def __init__(self, data: bytearray | memoryview) -> None:
+        super().__init__()
+        self._data, self._position = memoryview(data), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, position: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: len(self._data)}[whence]
+        self._position = min(max(base + position, 0), len(self._data))
+        return self._position
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        count = max(0, min(len(buffer), len(self._data) - self._position))
+        buffer[:count] = self._data[self._position : self._position + count]
+        self._position += count
+        return count
+
+    def read_at(self, position: int, size: int) -> bytes:
+        self.seek(position)
+        return self.read(size) or b""
+
+
+def check_item(view: ItemView | BufferView, length: int, chunk_bytes: int, where: str) -> None:
     """Refuse (CorruptCheckpointError naming ``where``) an item whose records could expand past
     ``chunk_bytes`` plus the overhead knob, or whose zip directory readers could see differently."""
     records = _records(view, length, where)
@@ -80,7 +112,7 @@ def check_item(view: ItemView, length: int, chunk_bytes: int, where: str) -> Non
         )
 
 
-def _records(view: ItemView, length: int, where: str) -> list[zipfile.ZipInfo]:
+def _records(view: ItemView | BufferView, length: int, where: str) -> list[zipfile.ZipInfo]:
     directory_start = _directory_start(view, length, where)
     try:
         archive = zipfile.ZipFile(view)
@@ -92,7 +124,7 @@ def _records(view: ItemView, length: int, where: str) -> list[zipfile.ZipInfo]:
     return archive.infolist()
 
 
-def _directory_start(view: ItemView, length: int, where: str) -> int:
+def _directory_start(view: ItemView | BufferView, length: int, where: str) -> int:
     """Where the central directory begins, from the end record that ends the item (and its zip64
     record right before it, when there is one); the directory must end where those begin."""
     if length < _END.size:

@@ -294,7 +294,7 @@ def _dcp_stream(path: Path, record: DcpManifest, tensors: list[ExportedTensor]) 
             batch.append(tensor)
             continue
         wanted = {record.key_of(by_index[t.index]): torch.empty(t.shape, dtype=torch_dtype(t.dtype, path)) for t in batch}
-        read_dcp_tensors(path, record, wanted, None, metadata)
+        read_dcp_tensors(path, record, wanted, None, metadata, verify_reads=False)  # verified whole before: per batch would re-read files
         for t in batch:
             yield wanted.pop(record.key_of(by_index[t.index]))
         batch = [tensor] if tensor is not None else []

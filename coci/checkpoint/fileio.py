@@ -225,11 +225,11 @@ def read_verified(path: Path, entry: records.FileEntry, keep: bool = True) -> to
     finally:
         checksum.close()
         os.close(fd)
-    _check_checksum(path, entry, crc)
+    check_checksum(path, entry, crc)
     return buffer[:size] if keep else buffer
 
 
-def _check_checksum(path: Path, entry: records.FileEntry, crc: int) -> None:
+def check_checksum(path: Path, entry: records.FileEntry, crc: int) -> None:
     """CorruptCheckpointError naming ``path`` unless ``crc`` is the checksum ``entry`` records."""
     if crc != entry.checksum:
         raise CorruptCheckpointError(f"{path}: checksum mismatch ({entry.algorithm} {crc:#010x} != {entry.checksum:#010x})")
@@ -264,7 +264,7 @@ def read_verified_into(path: Path, entry: records.FileEntry, allocate: Callable[
     finally:
         checksum.close()
         os.close(fd)
-    _check_checksum(path, entry, crc)
+    check_checksum(path, entry, crc)
 
 
 def _read_pieces(fd: int, path: Path, size: int, pieces: list[tuple[int, memoryview]], checksum: ChunkChecksum) -> None:
@@ -282,7 +282,7 @@ def _read_pieces(fd: int, path: Path, size: int, pieces: list[tuple[int, memoryv
                 piece, scratch_index = scratch[: min(chunk, length - low)], index
             else:
                 piece = target[low : low + chunk]
-            _pread_fully(fd, path, piece, start + low)
+            pread_fully(fd, path, piece, start + low)
             checksum.submit(piece)
             index += 1
 
@@ -304,7 +304,7 @@ def _file_order(size: int, pieces: list[tuple[int, memoryview]]) -> list[tuple[i
     return spans
 
 
-def _pread_fully(fd: int, path: Path, piece: memoryview, offset: int) -> None:
+def pread_fully(fd: int, path: Path, piece: memoryview, offset: int) -> None:
     """Fill ``piece`` from byte ``offset``; CorruptCheckpointError if the file ends first."""
     done = 0
     while done < len(piece):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import pickle
 import zipfile
 from pathlib import Path
@@ -20,11 +21,12 @@ from typing import Any
 import pytest
 import test_security
 import torch
-from ckpt_helpers import restore_fresh
+from ckpt_helpers import events_of, restore_fresh
 from test_security import plant_dcp, reseal_dcp, rewrite_metadata
 
 from coci import cli
 from coci.analysis.report.read import run_loss_trace
+from coci.checkpoint import faults
 from coci.checkpoint.verify import verify_run
 
 #: What the bomb's single record claims when inflated (it takes about 64 KB deflated).
@@ -172,3 +174,42 @@ def test_the_bomb_inflates_when_loaded_unchecked(pristine: tuple[Path, Path]) ->
     loaded = torch.load(io.BytesIO(bomb(like)), weights_only=True)
     assert torch.equal(loaded, like) and loaded.untyped_storage().nbytes() == BOMB_BYTES
     assert math.prod(loaded.shape) * loaded.element_size() < BOMB_BYTES
+
+
+def swapped_copy(target: Path, key: str) -> tuple[Path, Path]:
+    """(the data file holding ``key``, a copy of it of the same size with one byte of that
+    tensor's values changed): a real file to swap in, different only where torch loads values."""
+    ((_, info),) = [(i, v) for i, v in metadata_of(target).storage_data.items() if i.fqn == key]
+    data_file = target / info.relative_path
+    raw = bytearray(data_file.read_bytes())
+    values = stored_tensor(target, key).numpy().tobytes()
+    at = raw.find(values, info.offset, info.offset + info.length)
+    assert at >= 0 and len(values) > 8
+    raw[at + len(values) // 2] ^= 0xFF
+    copy = target.parent / "swapped.bin"
+    copy.write_bytes(bytes(raw))
+    return data_file, copy
+
+
+def test_a_data_file_swapped_after_the_checks_is_refused_where_dcp_reads_it(run: Path, pristine: tuple[Path, Path]) -> None:
+    """Item 8 of issue 48: a file replaced between coci's checks (record, ``.metadata``, items)
+    and DCP's opening of it is refused, because the bytes DCP loads are the bytes checksummed;
+    restore falls back to step 4. Without the hook the same planted checkpoint loads."""
+    target = plant_dcp(run, pristine[1])
+    data_file, copy = swapped_copy(target, a_matrix_key(target))
+    swaps: list[str] = []
+
+    def swap_before_dcp_reads(point: str) -> None:
+        if point == "dcp_before_read" and not swaps:
+            os.replace(copy, data_file)  # a different inode, same size and name
+            swaps.append(point)
+
+    faults.set_fault_hook(swap_before_dcp_reads)
+    try:
+        session, _, result = restore_fresh(run)
+        session.close()
+    finally:
+        faults.set_fault_hook(None)
+    assert swaps and result is not None and result.step == 4 and target in result.skipped
+    (skip,) = [e for e in events_of(run, "restore_skip") if e["path"] == str(target)]
+    assert "checksum mismatch" in skip["message"] and data_file.name in skip["message"], skip

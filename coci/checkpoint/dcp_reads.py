@@ -1,0 +1,129 @@
+"""DCP's reads of a checkpoint's data files, checksummed on the very bytes torch loads.
+
+``read_verified_items`` takes the place of ``FileSystemReader.read_data``. For each data file the
+load plan touches it opens the file once (never through a link), checks its size against the
+commit record and reads it front to back, feeding every byte to the checksum the record names.
+The bytes of each stored item the plan needs are kept as they pass, bounded by their chunk
+(``dcp_items.check_item``) and loaded by ``torch.load(weights_only=True)`` into the load's own
+tensors; the bytes between them only feed the checksum. After a file's last byte its checksum
+must match the record, else ``CorruptCheckpointError``: DCP gathers every rank's read error, so the
+load fails on every rank and its tensors, which then hold unverified bytes, are discarded by the
+caller (they are the load's fresh tensors, never the live state).
+
+So a file replaced or rewritten after coci's checks of the record and ``.metadata`` never reaches
+the state, and each byte a restore loads is read and checksummed once (no verification pass before
+DCP's own reads). Memory: one stored item (a tensor chunk) and one read chunk at a time.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any, cast
+
+import torch
+
+from coci import knobs
+from coci.checkpoint import dcp_items, fileio, record_reads
+from coci.checkpoint.records import FileEntry
+from coci.errors import CorruptCheckpointError
+
+__all__ = ["chunk_bytes_of", "read_verified_items"]
+
+
+def chunk_bytes_of(metadata: Any) -> dict[tuple[str, tuple[int, ...]], int]:
+    """Each stored chunk's bytes in memory by (tensor key, chunk offsets): what its item may expand to."""
+    found: dict[tuple[str, tuple[int, ...]], int] = {}
+    for key, entry in metadata.state_dict_metadata.items():
+        itemsize = entry.properties.dtype.itemsize
+        for chunk in entry.chunks:
+            found[(key, tuple(chunk.offsets))] = math.prod(chunk.sizes) * itemsize
+    return found
+
+
+def read_verified_items(
+    path: Path, files: Mapping[str, FileEntry], storage_data: Mapping[Any, Any], chunk_bytes: Mapping[Any, int], plan: Any, planner: Any
+) -> None:
+    """Serve DCP's load ``plan`` (its ``ReadItem``s) to ``planner`` from the data files of ``path``,
+    each file read once and checked against its entry of ``files`` (see the module)."""
+    per_file: dict[str, dict[Any, list[Any]]] = {}
+    for request in plan.items:
+        info = storage_data[request.storage_index]
+        per_file.setdefault(info.relative_path, {}).setdefault(request.storage_index, []).append(request)
+    for name, items in sorted(per_file.items()):
+        entry = files.get(name)
+        if entry is None:
+            raise CorruptCheckpointError(f"{path}: DCP would read {name!r}, which the commit record does not list")
+        ordered = sorted(items.items(), key=lambda pair: storage_data[pair[0]].offset)
+        _read_file(path / name, entry, [(storage_data[index], index, requests) for index, requests in ordered], chunk_bytes, planner)
+
+
+def _read_file(path: Path, entry: FileEntry, items: list[tuple[Any, Any, list[Any]]], chunk_bytes: Mapping[Any, int], planner: Any) -> None:
+    """Read ``path`` once in file order: the items' bytes loaded as they pass, every byte checksummed."""
+    try:
+        fd = record_reads.open_no_follow(path, os.O_RDONLY)
+    except FileNotFoundError as exc:
+        raise CorruptCheckpointError(f"{path}: data file is missing") from exc
+    checksum = fileio.ChunkChecksum(entry.algorithm, threaded=False)
+    try:
+        actual = os.fstat(fd).st_size
+        if actual != entry.size:
+            raise CorruptCheckpointError(f"{path}: size {actual} != manifest size {entry.size}")
+        if hasattr(os, "posix_fadvise"):  # read once, front to back: let the kernel read ahead
+            os.posix_fadvise(fd, 0, entry.size, os.POSIX_FADV_SEQUENTIAL)
+        position = 0
+        for info, index, requests in items:
+            if info.offset < position or info.offset + info.length > entry.size:
+                raise CorruptCheckpointError(f"{path}: DCP stored item {index.fqn!r} overlaps another or leaves the file")
+            _checksum_span(fd, path, position, info.offset, checksum)
+            data = bytearray(info.length)
+            fileio.pread_fully(fd, path, memoryview(data), info.offset)
+            checksum.submit(memoryview(data))
+            position = info.offset + info.length
+            where = f"{path}: DCP stored item {index.fqn!r} at {list(index.offset)}"
+            _load_item(data, requests, chunk_bytes.get((index.fqn, tuple(index.offset)), 0), where, planner)
+        _checksum_span(fd, path, position, entry.size, checksum)
+        crc = checksum.result()
+    finally:
+        checksum.close()
+        os.close(fd)
+    fileio.check_checksum(path, entry, crc)
+
+
+def _checksum_span(fd: int, path: Path, start: int, end: int, checksum: fileio.ChunkChecksum) -> None:
+    """Feed bytes ``start`` to ``end`` of the file (bytes no item of the plan holds) to ``checksum``."""
+    if end <= start:
+        return
+    scratch = memoryview(bytearray(min(knobs.READ_CHUNK_BYTES, end - start)))
+    while start < end:
+        piece = scratch[: min(len(scratch), end - start)]
+        fileio.pread_fully(fd, path, piece, start)
+        checksum.submit(piece)
+        start += len(piece)
+
+
+def _load_item(data: bytearray, requests: list[Any], chunk_bytes: int, where: str, planner: Any) -> None:
+    """Bound the item's archive by its chunk, load it once and copy each request's slice into its target."""
+    from torch.distributed._shard._utils import narrow_tensor_by_index
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    if any(request.type == LoadItemType.BYTE_IO for request in requests):
+        planner.load_bytes(requests[0], io.BytesIO(bytes(data)))  # coci's planner refuses every bytes item
+        return
+    dcp_items.check_item(dcp_items.BufferView(data), len(data), chunk_bytes, where)
+    try:
+        stored = torch.load(cast(IO[bytes], dcp_items.BufferView(data)), map_location="cpu", weights_only=True)
+    except Exception as exc:  # a damaged archive fails in many ways; the checksum would refuse it too
+        raise CorruptCheckpointError(f"{where}: cannot be loaded ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(stored, torch.Tensor):
+        raise CorruptCheckpointError(f"{where}: holds a {type(stored).__name__}, not a tensor")
+    for request in requests:
+        piece = narrow_tensor_by_index(stored, request.storage_offsets, request.lengths)
+        target = planner.resolve_tensor(request).detach()
+        if target.size() != piece.size():
+            raise CorruptCheckpointError(f"{where}: holds {list(piece.size())} where the load expects {list(target.size())}")
+        target.copy_(piece)
+        planner.commit_tensor(request, target)
