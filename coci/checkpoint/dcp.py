@@ -9,9 +9,10 @@ The ranks agree on the step and the replicated layout before writing; after the 
 checksums the files it wrote and votes, and only once every vote arrived does the coordinator
 write the commit record (``"format": "dcp"``, sizes and crc32c of every file) and publish it.
 
-Reading (``DcpReader``): the ranks verify the files' checksums, a share each, agree on the
-verdict and load through ``torch.distributed.checkpoint.load``. DCP unpickles its ``.metadata``;
-coci reads it through a restricted unpickler that only builds DCP's plain records. A rank that did
+Reading (``DcpReader``): the ranks check ``.metadata`` (its checksum, then through a restricted
+unpickler that only builds DCP's plain records, against the record), agree on the verdict and load
+through ``torch.distributed.checkpoint.load``, whose reads of the data files coci serves: each file
+read once and checksummed on the bytes loaded (``coci.checkpoint.dcp_reads``). A rank that did
 not exist when the checkpoint was saved keeps its own RNG streams and takes rank 0's profiler.
 Without a process group the same checkpoint is read by one process.
 
