@@ -108,6 +108,31 @@ def test_a_curve_flat_at_first_that_then_falls_moves_the_plan_off_its_first_gues
     assert pol.replans - replans <= 5
 
 
+@pytest.mark.slow  # an online run of re-plans over thousands of steps
+def test_a_second_fall_after_a_plateau_moves_the_plan_within_a_few_re_plans() -> None:
+    # falls by 1.0 to step 2000, flat (noise only) to step 6000, then falls by 1.0 again over 3000
+    # steps: on the plateau the forecast expects little more progress; once the second fall shows,
+    # the plan must checkpoint more densely ahead than the plan made on the plateau
+    second = 6000
+    losses = 5.0 + np.clip(1.0 - STEPS / 2000.0, 0.0, None) + np.clip((second + 3000.0 - STEPS) / 3000.0, 0.0, 1.0) + NOISE
+    pol, taken = policy(), []
+    for at in range(250, second + 1, 250):
+        observe(pol, at, losses, taken)
+    assert pol.plan is not None
+    plateau, replans = np.asarray(pol.plan.steps), pol.replans
+    assert weight(pol.curve, np.linspace(second, second + 1500, 50)).mean() < 0.1  # the plateau's guess
+    moved_at = None
+    for at in range(second + 250, second + 2001, 250):
+        observe(pol, at, losses, taken)
+        ahead, window = np.asarray(pol.plan.steps), (at, at + 1500)
+        denser = np.count_nonzero((ahead > window[0]) & (ahead <= window[1])) > np.count_nonzero(
+            (plateau > window[0]) & (plateau <= window[1]))
+        if moved_at is None and denser and weight(pol.curve, np.linspace(at, at + 1500, 50)).mean() > 0.5:
+            moved_at, replans_to_move = at, pol.replans - replans
+    assert moved_at is not None and moved_at <= second + 1000  # within 1000 steps of the second fall's start
+    assert replans_to_move <= 4
+
+
 @pytest.mark.parametrize("shape", ["noisy", "two phases", "fast early fall"])
 def test_the_forecast_is_well_behaved(shape: str) -> None:
     rng = np.random.default_rng(1)
