@@ -1,9 +1,9 @@
 """Plans and simulations of one, two and three levels on a grid, written as JSON: run it on two
 commits and compare the files to check that a refactoring of the level fields changed no plan.
 
-It plans through ``coci.plan``'s level keywords (``upload_seconds``, ``peer_seconds``, ...), the
-online policy (a ``Profile`` with measured transfers) and the CLI's level flags, then simulates
-each offline plan (fixed seed). Every figure is written with ``repr`` precision; ``--against FILE``
+It plans through ``coci.plan``'s ``levels`` (one ``coci.LevelCosts`` per level above the local
+one), the online policy (a ``Profile`` with measured transfers) and the CLI's level flags, then
+simulates each offline plan (fixed seed). Every figure is written with ``repr`` precision; ``--against FILE``
 compares with an earlier run's file and prints how many entries differ (0 means identical).
 
     python benchmarks/level_grid.py --out /tmp/before.json
@@ -29,8 +29,8 @@ from coci.planning.failures import FailureClass, Failures
 
 LOSSES = 2 + 3 * (np.arange(1, 2001) + 50.0) ** -0.5
 COSTS = dict(total_steps=2000, step_seconds=2.0, stall_seconds=0.3, persist_seconds=3.0, interference_seconds=0.2, restart_seconds=60.0)
-REMOTE = dict(upload_seconds=120.0, upload_interference_seconds=4.0, remote_restart_seconds=600.0)
-PEER = dict(peer_seconds=10.0, peer_interference_seconds=0.5, peer_restart_seconds=90.0)
+REMOTE = coci.LevelCosts(level=coci.Level.REMOTE, seconds=120.0, interference=4.0, restart=600.0)
+PEER = coci.LevelCosts(level=coci.Level.PEER, seconds=10.0, interference=0.5, restart=90.0)
 
 
 def failure_models() -> dict[str, Failures]:
@@ -48,13 +48,14 @@ def failure_models() -> dict[str, Failures]:
     }
 
 
-def level_sets() -> dict[str, dict[str, Any]]:
+def level_sets() -> dict[str, tuple[coci.LevelCosts, ...]]:
     return {
-        "one": {},
-        "remote": dict(REMOTE),
-        "peer": dict(PEER),
-        "three": {**REMOTE, **PEER},
-        "three_unmeasured_restarts": {"upload_seconds": 90.0, "peer_seconds": 6.0},
+        "one": (),
+        "remote": (REMOTE,),
+        "peer": (PEER,),
+        "three": (REMOTE, PEER),
+        "three_unmeasured_restarts": (coci.LevelCosts(level=coci.Level.REMOTE, seconds=90.0),
+                                      coci.LevelCosts(level=coci.Level.PEER, seconds=6.0)),
     }
 
 
@@ -62,9 +63,12 @@ def replans() -> dict[str, dict[str, Any]]:
     return {
         "offline": {},
         "replan": dict(start_step=600, last_checkpoint_step=580, taken_steps=[100, 300, 580], failure_origin_step=200),
-        "replan_levels": dict(start_step=600, last_checkpoint_step=580, taken_steps=[100, 300, 580], last_promoted_step=300,
-                              last_peer_step=500),
+        "replan_levels": dict(start_step=600, last_checkpoint_step=580, taken_steps=[100, 300, 580]),
     }
+
+
+#: The newest step on each level for the "replan_levels" re-plans.
+LAST_STEPS = {coci.Level.REMOTE: 300, coci.Level.PEER: 500}
 
 
 def plan_record(plan: coci.Plan) -> dict[str, Any]:
@@ -81,10 +85,9 @@ def offline(entries: dict[str, Any]) -> None:
         if rname == "replan_levels" and not levels:
             continue
         if rname == "replan_levels":
-            replan = {k: v for k, v in replan.items() if not (k == "last_peer_step" and "peer_seconds" not in levels)}
-            replan = {k: v for k, v in replan.items() if not (k == "last_promoted_step" and "upload_seconds" not in levels)}
+            levels = tuple(level.model_copy(update={"last_step": LAST_STEPS[level.level]}) for level in levels)
         key = f"plan/{fname}/{lname}/{rname}/{policy}/{objective}"
-        plan = coci.plan(policy, failures=failures, curve=LOSSES, objective=objective, **COSTS, **levels, **replan)
+        plan = coci.plan(policy, failures=failures, curve=LOSSES, objective=objective, levels=levels, **COSTS, **replan)
         entries[key] = plan_record(plan)
         if rname == "offline" and objective == "time":
             result = simulate(plan, trials=150, seed=3)
@@ -96,16 +99,17 @@ def offline(entries: dict[str, Any]) -> None:
 
 def online(entries: dict[str, Any]) -> None:
     from coci.planning.online import make_policy
-    from coci.planning.policy import Observation
-    from coci.profiler import Estimate, Profile
+    from coci.planning.policy import Observation, committed_levels
+    from coci.profiler import Estimate, LevelEstimates, Profile
 
-    measured = {
-        "none": {},
-        "upload": dict(upload_seconds=Estimate(value=120.0, count=2), upload_interference=Estimate(value=1.05, count=30)),
-        "upload_restore": dict(upload_seconds=Estimate(value=120.0, count=2), remote_restore_seconds=Estimate(value=400.0, count=1)),
-        "peer": dict(peer_seconds=Estimate(value=10.0, count=2), peer_interference=Estimate(value=1.2, count=40)),
-        "both": dict(upload_seconds=Estimate(value=120.0, count=2), peer_seconds=Estimate(value=10.0, count=2),
-                     peer_restore_seconds=Estimate(value=50.0, count=1), upload_interference=Estimate(value=1.1, count=9)),
+    two = Estimate(value=120.0, count=2)
+    measured: dict[str, tuple[LevelEstimates, ...]] = {
+        "none": (),
+        "upload": (LevelEstimates(name="remote", seconds=two, interference=Estimate(value=1.05, count=30)),),
+        "upload_restore": (LevelEstimates(name="remote", seconds=two, restore_seconds=Estimate(value=400.0, count=1)),),
+        "peer": (LevelEstimates(name="peer", seconds=Estimate(value=10.0, count=2), interference=Estimate(value=1.2, count=40)),),
+        "both": (LevelEstimates(name="remote", seconds=two, interference=Estimate(value=1.1, count=9)),
+                 LevelEstimates(name="peer", seconds=Estimate(value=10.0, count=2), restore_seconds=Estimate(value=50.0, count=1))),
     }
     for (fname, failures), (mname, estimates), objective in itertools.product(
         failure_models().items(), measured.items(), ["time", "progress"],
@@ -114,12 +118,12 @@ def online(entries: dict[str, Any]) -> None:
         for step in (300, 700):
             profile = Profile(
                 steps=step, step_seconds=Estimate(value=2.0, count=50), stall_seconds=Estimate(value=0.3, count=3),
-                persist_seconds=Estimate(value=3.0, count=3), restore_seconds=Estimate(value=30.0, count=1), **estimates,
+                persist_seconds=Estimate(value=3.0, count=3), restore_seconds=Estimate(value=30.0, count=1), levels=estimates,
             )
+            newest = {"remote": 100, "peer": 250}
             policy.observe(Observation(
                 step=step, profile=profile, loss_steps=np.arange(1.0, step + 1), losses=LOSSES[:step],
-                checkpoint_steps=(100, 250), last_promoted_step=100 if "upload_seconds" in estimates else None,
-                last_peer_step=250 if "peer_seconds" in estimates else None,
+                checkpoint_steps=(100, 250), levels=committed_levels((level.name, newest[level.name]) for level in estimates),
             ))
             assert policy.plan is not None
             entries[f"online/{fname}/{mname}/{objective}/{step}"] = plan_record(policy.plan)

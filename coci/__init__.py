@@ -38,7 +38,7 @@ from coci.planning.arguments import CurveLike, FailuresLike, PolicyLike, PriorLi
 from coci.planning.config import PlanConfig
 from coci.planning.failures import FailureClass, Failures
 from coci.planning.fit import CurveFit, fit_curve
-from coci.planning.levels import Level
+from coci.planning.levels import Level, LevelCosts
 from coci.planning.planner import plan
 from coci.planning.policy import AtSteps, CheckpointPolicy, EveryN, Observation
 from coci.planning.records import Plan
@@ -97,6 +97,7 @@ __all__ = [
     "KeepEvery",
     "KeepLast",
     "Level",
+    "LevelCosts",
     "NewerCheckpointError",
     "Observation",
     "PendingCheckpoint",

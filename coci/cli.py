@@ -119,8 +119,13 @@ def _plan_configs(args: argparse.Namespace, policies: Sequence[str | None]) -> l
 
 def _make_plans(args: argparse.Namespace) -> list[Plan]:
     """One plan per policy asked for (``--policy all``: every policy), from the same options."""
+    from coci.planning.levels import Level, levels_from_keywords
     from coci.planning.planner import plan
 
+    levels = levels_from_keywords({  # the level flags: one LevelCosts per level
+        Level.REMOTE: (args.upload_seconds, args.upload_interference_seconds, args.remote_restart_seconds, None),
+        Level.PEER: (args.peer_seconds, args.peer_interference_seconds, args.peer_restart_seconds, None),
+    })
     asked = getattr(args, "policy", None)
     configs = _plan_configs(args, _policies("all") if asked == "all" else [asked])
     curve: CurveLike | None = read_curve(args.curve, args.curve_run) if args.curve is not None else None
@@ -136,12 +141,7 @@ def _make_plans(args: argparse.Namespace) -> list[Plan]:
             stall_seconds=args.stall_seconds,
             persist_seconds=args.persist_seconds,
             interference_seconds=args.interference_seconds,
-            upload_seconds=args.upload_seconds,
-            upload_interference_seconds=args.upload_interference_seconds,
-            remote_restart_seconds=args.remote_restart_seconds,
-            peer_seconds=args.peer_seconds,
-            peer_interference_seconds=args.peer_interference_seconds,
-            peer_restart_seconds=args.peer_restart_seconds,
+            levels=levels,
         )
         for config in configs
     ]

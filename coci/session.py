@@ -61,7 +61,7 @@ from coci.planning.arguments import PlansAhead, SavesPolicyState, warming_up
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
 from coci.planning.online import PlanningPolicy
-from coci.planning.policy import Observation
+from coci.planning.policy import Observation, committed_levels
 from coci.planning.records import Plan
 from coci.preemption import Preempted
 from coci.profiler import Profile, Profiler
@@ -665,15 +665,13 @@ class Session:
 
     def _observe_now(self) -> None:
         loss_steps, losses = self._profiler.loss_curve()
-        newest = {level.name: level.newest_step for level in self._levels}
         observation = Observation(
             step=self._steps,
             profile=self._profiler.profile,
             loss_steps=loss_steps,
             losses=losses,
             checkpoint_steps=tuple(self._checkpoint_steps),
-            last_promoted_step=newest.get("remote"),
-            last_peer_step=newest.get("peer"),
+            levels=committed_levels((level.name, level.newest_step) for level in self._levels),
         )
         if self._dist is None and knobs.PLAN_IN_BACKGROUND and isinstance(self.policy, PlanningPolicy):
             self._planner.submit(self.policy, observation)  # applies at a step fixed by the observation

@@ -8,7 +8,8 @@ nothing of plans: its modules import one another (relatively) and nothing else o
 * ``Profiler``: ``step(loss)`` once per training step, checkpoint reports (``record_stall``,
   ``persist_started``/``persist_finished``, ``record_restore``), priors (``set_state_bytes``,
   ``probe``), ``profile``, ``loss_curve()``, ``state_dict()``/``load_state_dict()``.
-* [``Profile``][coci.Profile], [``Estimate``][coci.Estimate], ``Bandwidth``: pydantic models of what was measured.
+* [``Profile``][coci.Profile], [``Estimate``][coci.Estimate], ``LevelEstimates`` (one storage level's
+  transfers), ``Bandwidth``: pydantic models of what was measured.
 * ``LossTrace``: the bounded-memory loss record behind ``Profiler.loss_curve``.
 * ``interference_cost``: seconds one background persist costs training.
 """
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 from .loss_trace import LossTrace
 from .probe import probe_bandwidth
-from .profile import Bandwidth, Estimate, Profile, interference_cost
+from .profile import Bandwidth, Estimate, LevelEstimates, Profile, interference_cost
 from .profiler import Profiler
 
 __all__ = [
     "Bandwidth",
     "Estimate",
+    "LevelEstimates",
     "LossTrace",
     "Profile",
     "Profiler",

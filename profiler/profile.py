@@ -25,8 +25,9 @@ What one checkpoint costs training (the planner's C)
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 
 class Estimate(BaseModel):
@@ -60,6 +61,45 @@ class Bandwidth(BaseModel):
     write_bytes_per_second: float = Field(gt=0)
     copy_bytes: int = Field(ge=0)
     write_bytes: int = Field(ge=0)
+
+
+class LevelEstimates(BaseModel):
+    """What one storage level above the local one measured (``name``: ``"peer"`` for the copies to
+    a peer node, ``"remote"`` for the remote tier): a transfer's wall time from the local commit
+    (``seconds``) and bytes, the slow-down of the steps it overlapped (``interference``: median
+    step time during a transfer, no persist or lower transfer in flight / median clean step time)
+    and a restore from it (``restore_seconds``: fetch, verify, load)."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    name: str
+    seconds: Estimate = Field(default_factory=Estimate)
+    bytes: Estimate = Field(default_factory=Estimate)
+    interference: Estimate = Field(default_factory=Estimate)
+    restore_seconds: Estimate = Field(default_factory=Estimate)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def interference_seconds(self) -> float:
+        """Extra wall time one transfer costs training: ``seconds * (1 - 1/r)``, 0 if unknown."""
+        return interference_cost(self.seconds.value, self.interference.value)
+
+
+#: Per level name: ``LevelEstimates`` field -> the flat name it had in an older ``profile.json``
+#: (and still has as a series of the profiler's state dict).
+FLAT_LEVEL_FIELDS: dict[str, dict[str, str]] = {
+    "remote": {"seconds": "upload_seconds", "bytes": "upload_bytes", "interference": "upload_interference",
+               "restore_seconds": "remote_restore_seconds"},
+    "peer": {"seconds": "peer_seconds", "bytes": "peer_bytes", "interference": "peer_interference",
+             "restore_seconds": "peer_restore_seconds"},
+}
+
+
+def _holds_something(value: Any) -> bool:
+    """Whether an old flat estimate (a dict or an ``Estimate``) holds a value or samples."""
+    if isinstance(value, Estimate):
+        return value.known or value.count > 0
+    return isinstance(value, dict) and (value.get("value") is not None or bool(value.get("count")))
 
 
 class Profile(BaseModel):
@@ -102,42 +142,38 @@ class Profile(BaseModel):
         description="process start to the first step after a restore (start-up, imports, set-up, restore)",
     )
     bandwidth: Bandwidth | None = Field(default=None, description="one-time micro-probe result")
-    upload_seconds: Estimate = Field(default_factory=Estimate, description="background promotion to the remote tier, wall time")
-    upload_bytes: Estimate = Field(default_factory=Estimate, description="bytes uploaded per promotion")
-    upload_interference: Estimate = Field(
-        default_factory=Estimate, description="median step time during a promotion (no persist) / median clean step time"
-    )
-    remote_restore_seconds: Estimate = Field(
-        default_factory=Estimate, description="time to restore from the remote tier (download, verify, load)"
-    )
-    peer_seconds: Estimate = Field(default_factory=Estimate, description="copy of this node's checkpoint to a peer node, wall time")
-    peer_bytes: Estimate = Field(default_factory=Estimate, description="bytes sent per peer copy")
-    peer_interference: Estimate = Field(
-        default_factory=Estimate, description="median step time during a peer copy (no persist, no promotion) / median clean step time"
-    )
-    peer_restore_seconds: Estimate = Field(
-        default_factory=Estimate, description="time to restore from a peer's copy (fetch, verify, load)"
+    levels: tuple[LevelEstimates, ...] = Field(
+        default=(), description="each storage level above the local one that measured something (peer copies, the remote tier)"
     )
     loss_points: int = Field(default=0, ge=0, description="finite losses recorded")
     dropped_losses: int = Field(default=0, ge=0, description="NaN/inf losses dropped")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_level_fields(cls, data: Any) -> Any:
+        """An older ``profile.json`` held each level's estimates as flat fields (``upload_seconds``,
+        ``peer_seconds``, ...: ``FLAT_LEVEL_FIELDS``): read them as ``levels``."""
+        if not isinstance(data, dict) or not any(old in data for fields in FLAT_LEVEL_FIELDS.values() for old in fields.values()):
+            return data
+        data = dict(data)
+        levels = []
+        for name, fields in FLAT_LEVEL_FIELDS.items():
+            found = {new: data.pop(old) for new, old in fields.items() if old in data}
+            data.pop(f"{fields['interference']}_seconds", None)  # a computed figure, recomputed
+            if any(_holds_something(value) for value in found.values()):
+                levels.append({"name": name, **found})
+        data.setdefault("levels", levels)
+        return data
+
+    def level(self, name: str) -> LevelEstimates | None:
+        """The estimates of the level named ``name`` (``"peer"``, ``"remote"``); None: nothing measured there."""
+        return next((level for level in self.levels if level.name == name), None)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def interference_seconds(self) -> float:
         """Extra wall time one background persist costs training: ``P * (1 - 1/r)``, 0 if unknown."""
         return interference_cost(self.persist_seconds.value, self.interference.value)
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def upload_interference_seconds(self) -> float:
-        """Extra wall time one promotion costs training: ``U * (1 - 1/r)``, 0 if unknown."""
-        return interference_cost(self.upload_seconds.value, self.upload_interference.value)
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def peer_interference_seconds(self) -> float:
-        """Extra wall time one peer copy costs training: ``D * (1 - 1/r)``, 0 if unknown."""
-        return interference_cost(self.peer_seconds.value, self.peer_interference.value)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -54,7 +54,7 @@ from . import knobs
 from .checks import integer, non_negative_number, optional_integer
 from .loss_trace import LossTrace
 from .probe import probe_bandwidth
-from .profile import Bandwidth, Estimate, Profile
+from .profile import FLAT_LEVEL_FIELDS, Bandwidth, Estimate, LevelEstimates, Profile
 from .stats import prior, ratio_estimate, recent_regime, robust_estimate
 
 logger = logging.getLogger(__name__)
@@ -539,14 +539,10 @@ class Profiler:
             restore_bytes=_measured_or(costs["restore_bytes"], state_bytes),
             restart_seconds=_measured_or(costs["restart_seconds"], _restart_prior(startup, restore)),
             bandwidth=bandwidth,
-            upload_seconds=costs["upload_seconds"],
-            upload_bytes=costs["upload_bytes"],
-            upload_interference=ratio_estimate(uploading, step) if source != "overlapped" else Estimate(),
-            remote_restore_seconds=costs["remote_restore_seconds"],
-            peer_seconds=costs["peer_seconds"],
-            peer_bytes=costs["peer_bytes"],
-            peer_interference=ratio_estimate(copying, step) if source != "overlapped" else Estimate(),
-            peer_restore_seconds=costs["peer_restore_seconds"],
+            levels=_measured_levels(costs, {
+                "remote": ratio_estimate(uploading, step) if source != "overlapped" else Estimate(),
+                "peer": ratio_estimate(copying, step) if source != "overlapped" else Estimate(),
+            }),
             loss_points=self._trace.points,
             dropped_losses=self._trace.dropped,
         )
@@ -652,3 +648,17 @@ def _float_array(value: Any, field: str) -> np.ndarray:
     if not np.all(np.isfinite(array)):
         raise ValueError(f"profiler state field {field!r} holds NaN or infinite samples")
     return array
+
+
+def _measured_levels(costs: dict[str, Estimate], interference: dict[str, Estimate]) -> tuple[LevelEstimates, ...]:
+    """The levels above the local one that measured something, from the cost series named as
+    ``FLAT_LEVEL_FIELDS`` names them (the state dict's series keep those names)."""
+    levels = []
+    for name, fields in FLAT_LEVEL_FIELDS.items():
+        level = LevelEstimates(
+            name=name, seconds=costs[fields["seconds"]], bytes=costs[fields["bytes"]],
+            interference=interference[name], restore_seconds=costs[fields["restore_seconds"]],
+        )
+        if any(estimate.count > 0 or estimate.known for estimate in (level.seconds, level.bytes, level.interference, level.restore_seconds)):
+            levels.append(level)
+    return tuple(levels)

@@ -41,6 +41,7 @@ import numpy as np
 from coci import knobs
 from coci.analysis.simulated_job import Job, Timeline
 from coci.planning.failures import Failures
+from coci.planning.levels import Level
 from coci.planning.objective import CostModel, ExpectedFailures, RateFunction, build_cost_model
 from coci.planning.records import Plan
 
@@ -274,11 +275,11 @@ def _restore_cost(state: _Trials, peers: _PeerState, hit: np.ndarray, level: int
     """Trials restoring from ``level``: its restart cost and count; a remote restore leaves nothing
     newer on the peer level."""
     if level == REMOTE:
-        state.restart_cost[hit] = job.remote_restart_seconds
+        state.restart_cost[hit] = job.level_restart(Level.REMOTE)
         state.remote_restores[hit] += 1
         peers.back[hit] = np.minimum(peers.back[hit], state.remote_back[hit])
     else:
-        state.restart_cost[hit] = job.peer_restart_seconds
+        state.restart_cost[hit] = job.level_restart(Level.PEER)
         peers.restores[hit] += 1
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from coci import checks
 from coci.errors import ConfigError
 from coci.planning.failures import Failures, as_failures
+from coci.planning.levels import Level, LevelCosts
 from coci.planning.records import Plan, PlanInputs
 
 __all__ = ["daly_expected_seconds", "failure_model"]
@@ -19,7 +20,8 @@ __all__ = ["daly_expected_seconds", "failure_model"]
 
 @dataclass(frozen=True)
 class Job:
-    """The figures of one simulated job (seconds, steps)."""
+    """The figures of one simulated job (seconds, steps); ``levels`` the storage levels above the
+    local one, each with its ``restart`` resolved (``LevelCosts.restart_seconds``)."""
 
     total_steps: int
     step_seconds: float
@@ -27,20 +29,29 @@ class Job:
     persist_seconds: float
     interference_seconds: float
     restart_seconds: float
-    upload_seconds: float | None = None
-    upload_interference_seconds: float = 0.0
-    remote_restart_seconds: float = 0.0
-    peer_seconds: float | None = None
-    peer_interference_seconds: float = 0.0
-    peer_restart_seconds: float = 0.0
+    levels: tuple[LevelCosts, ...] = ()
+
+    def level(self, level: Level) -> LevelCosts | None:
+        """The costs of ``level`` (None: the job has no such level)."""
+        return next((record for record in self.levels if record.level == level), None)
+
+    def interference(self, level: Level) -> float:
+        """The training seconds one transfer to ``level`` costs (0 without it)."""
+        record = self.level(level)
+        return 0.0 if record is None else record.interference
+
+    def level_restart(self, level: Level) -> float:
+        """The restart from ``level`` (0 without it)."""
+        record = self.level(level)
+        return 0.0 if record is None or record.restart is None else record.restart
 
     @property
     def has_remote_tier(self) -> bool:
-        return self.upload_seconds is not None
+        return self.level(Level.REMOTE) is not None
 
     @property
     def has_peer_level(self) -> bool:
-        return self.peer_seconds is not None
+        return self.level(Level.PEER) is not None
 
     @classmethod
     def of(cls, inputs: PlanInputs) -> Job:
@@ -61,15 +72,10 @@ class Job:
             persist_seconds=float(inputs.persist_seconds),
             interference_seconds=float(inputs.interference_seconds),
             restart_seconds=float(inputs.restart_seconds),
-            upload_seconds=inputs.upload_seconds,
-            upload_interference_seconds=float(inputs.upload_interference_seconds or 0.0),
-            remote_restart_seconds=float(
-                inputs.restart_seconds if inputs.remote_restart_seconds is None else inputs.remote_restart_seconds
+            levels=tuple(
+                record.model_copy(update={"restart": float(record.restart_seconds(inputs.restart_seconds))})
+                for record in inputs.levels
             ),
-            peer_seconds=inputs.peer_seconds,
-            peer_interference_seconds=float(inputs.peer_interference_seconds or 0.0),
-            peer_restart_seconds=float(inputs.restart_seconds + (inputs.peer_seconds or 0.0) if inputs.peer_restart_seconds is None
-                                       else inputs.peer_restart_seconds),
         )
 
     @property
@@ -120,7 +126,7 @@ class Timeline:
         promoted = np.zeros(steps.size, dtype=bool) if promote is None else np.isin(steps, promote)
         copied = np.zeros(steps.size, dtype=bool) if copies is None else np.isin(steps, copies)
         t, persist = job.step_seconds, job.persist_seconds
-        stall = job.stall_seconds + job.upload_interference_seconds * promoted + job.peer_interference_seconds * copied
+        stall = job.stall_seconds + job.interference(Level.REMOTE) * promoted + job.interference(Level.PEER) * copied
         r, q = job.slowdown, job.window_progress
         horizon = job.run_seconds
         x = steps.astype(float) * t
@@ -155,8 +161,8 @@ class Timeline:
             progress.append(prog.reshape(-1))
         wall.append(np.array([end]))
         progress.append(np.array([horizon]))
-        remote = _remote_commits(commit, np.concatenate([[False], promoted]), job.upload_seconds)
-        peer = _remote_commits(commit, np.concatenate([[False], copied]), job.peer_seconds)
+        remote = _remote_commits(commit, np.concatenate([[False], promoted]), job.level(Level.REMOTE))
+        peer = _remote_commits(commit, np.concatenate([[False], copied]), job.level(Level.PEER))
         return cls(
             steps=np.concatenate([[0], steps]).astype(np.int64),
             x=np.concatenate([[0.0], x]),
@@ -217,13 +223,14 @@ def _newest(commits: np.ndarray, sent: np.ndarray, at: np.ndarray, after: np.nda
     return np.where(newest > after, np.maximum(newest, floor), floor)
 
 
-def _remote_commits(commit: np.ndarray, promoted: np.ndarray, upload: float | None) -> np.ndarray:
-    """Remote commit time per checkpoint: uploads start at the local commit, one at a time
-    (queued behind the previous one), and take ``upload`` seconds; ``inf`` where not promoted."""
+def _remote_commits(commit: np.ndarray, promoted: np.ndarray, level: LevelCosts | None) -> np.ndarray:
+    """Commit time per checkpoint on ``level``: transfers start at the local commit, one at a time
+    (queued behind the previous one), and take ``level.seconds``; ``inf`` where not sent."""
     remote = np.full(commit.size, math.inf)
     remote[0] = -math.inf
-    if upload is None:
+    if level is None or level.seconds is None:
         return remote
+    upload = level.seconds
     previous = -math.inf
     for i in np.flatnonzero(promoted).tolist():
         previous = max(float(commit[i]), previous) + upload

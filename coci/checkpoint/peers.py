@@ -61,7 +61,7 @@ PEER_CLOSE_SECONDS: float = 120.0
 
 class CopyListener(Protocol):
     """Told of each copy of this node's part, from the sender's thread (``coci.profiler.Profiler``
-    measures ``peer_seconds``, ``peer_bytes`` and the steps that overlap a copy, ``peer_interference``)."""
+    measures the profile's ``level("peer")``: each copy's seconds and bytes and the steps that overlap a copy)."""
 
     def peer_copy_started(self) -> None: ...
 
@@ -278,7 +278,7 @@ class PeerSender:
     ) -> None:
         self.node = node
         self._listener = listener
-        #: The newest step whose copy reached every holder (None: none yet): the plan's ``last_peer_step``.
+        #: The newest step whose copy reached every holder (None: none yet): the peer level's ``last_step``.
         self.last_copied_step: int | None = None
         self._addresses = addresses
         self._token = token

@@ -37,11 +37,13 @@ import enum
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
-from coci import knobs
+from coci import checks, knobs
+from coci.errors import ConfigError
 from coci.planning.formulas import (
     checkpoint_density,
     max_checkpoints,
@@ -52,9 +54,10 @@ from coci.planning.formulas import (
     snap_to_steps,
 )
 from coci.planning.objective import CostModel, Overhead, TwoLevelCostModel, mu_from_alpha
+from coci.units import parse_duration
 
 __all__ = [
-    "Level", "TwoLevelResult", "against_all", "auto_two_level", "charged", "level_of", "levels_of", "local_around", "min_promote_steps", "two_level_candidates",
+    "Level", "LevelCosts", "TwoLevelResult", "against_all", "auto_two_level", "charged", "level_of", "levels_of", "local_around", "min_promote_steps", "two_level_candidates",
 ]
 
 TwoLevelPlan = tuple[np.ndarray, np.ndarray]
@@ -67,6 +70,98 @@ class Level(enum.IntEnum):
     LOCAL = 1
     PEER = 2
     REMOTE = 3
+
+
+class LevelCosts(BaseModel):
+    """One storage level above the local tier, as a value: what the planner, the simulator and the
+    report read of it. ``seconds`` is what one transfer takes, from the local commit to this level's
+    commit (None in an [``Observation``][coci.planning.policy.Observation]: not measured yet);
+    ``interference`` the training seconds one transfer costs; ``restart`` the restart when a
+    failure restores from this level (None: the local restart, plus one transfer's time for the
+    peer level: fetching the same bytes back); ``keep_last`` the checkpoints the level retains
+    (None: its default); ``last_step`` the newest step committed on it (for a re-plan; None: the
+    last local checkpoint). The local tier's own costs are the plan's ``stall_seconds``,
+    ``persist_seconds``, ``interference_seconds`` and ``restart_seconds``."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    level: Level
+    seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    interference: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    restart: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    keep_last: int | None = Field(default=None, ge=1)
+    last_step: int | None = Field(default=None, ge=0)
+
+    @property
+    def rank(self) -> int:
+        """Restore rank: of two levels holding the same newest step, a restore reads the lower rank
+        (the cheaper fetch) first; the levels nest in this order (``Level``)."""
+        return int(self.level)
+
+    @property
+    def transfer_seconds(self) -> float:
+        """``seconds``, 0 where not measured."""
+        return float(self.seconds or 0.0)
+
+    def restart_seconds(self, local_restart: float) -> float:
+        """The restart from this level: ``restart``, or its default from the local one (class docstring)."""
+        if self.restart is not None:
+            return self.restart
+        return local_restart + (self.seconds or 0.0) if self.level == Level.PEER else local_restart
+
+
+#: The compatibility keywords of [``coci.plan``][coci.plan] (and the CLI's flags), per level: its
+#: ``seconds``, ``interference``, ``restart`` and ``last_step``. A plan's levels are a tuple of
+#: ``LevelCosts``; these flat names are kept for callers written before.
+LEGACY_KEYWORDS: dict[Level, tuple[str, str, str, str]] = {
+    Level.REMOTE: ("upload_seconds", "upload_interference_seconds", "remote_restart_seconds", "last_promoted_step"),
+    Level.PEER: ("peer_seconds", "peer_interference_seconds", "peer_restart_seconds", "last_peer_step"),
+}
+
+
+def check_levels(levels: Any) -> tuple[LevelCosts, ...]:
+    """``levels`` as a tuple of ``LevelCosts`` sorted by level; a ``ConfigError`` naming ``levels``
+    unless each is a level above the local one with its ``seconds``, each at most once.
+
+    At most three levels (local, peer, remote): the failure model names what a failure class
+    destroys with these levels only (``coci.FailureClass.destroys``), and the planner's and the
+    simulator's chains are written for them (``coci.planning.three_levels``)."""
+    records = tuple(levels)
+    for index, record in enumerate(records):
+        if not isinstance(record, LevelCosts):
+            raise ConfigError(f"levels[{index}] must be a LevelCosts, got {type(record).__name__}")
+        if record.level == Level.LOCAL:
+            raise ConfigError(f"levels[{index}]: the local tier's costs are stall_seconds, persist_seconds, ... not a level")
+        if record.seconds is None:
+            raise ConfigError(f"levels[{index}].seconds is required (one transfer's seconds)")
+    names = [record.level for record in records]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"levels: each level at most once (local, peer, remote: at most three levels), got {[n.name for n in names]}")
+    return tuple(sorted(records, key=lambda record: record.level))
+
+
+def levels_from_keywords(given: dict[Level, tuple[Any, Any, Any, Any]]) -> tuple[LevelCosts, ...]:
+    """The compatibility path: each level's ``(seconds, interference, restart, last_step)`` as
+    given to the flat keywords (``LEGACY_KEYWORDS``), validated with errors naming those keywords;
+    a level whose seconds are None is absent (the remote tier's ``last_promoted_step`` alone is
+    ignored, the peer level's ``last_peer_step`` is refused)."""
+    levels: list[LevelCosts] = []
+    for level, (seconds, interference, restart, last_step) in given.items():
+        names = LEGACY_KEYWORDS[level]
+        if seconds is None:
+            others = {names[1]: interference, names[2]: restart, **({names[3]: last_step} if level == Level.PEER else {})}
+            if any(value is not None for value in others.values()):
+                *first, last = others
+                raise ConfigError(f"{names[0]} is required with {', '.join(first)} or {last}")
+            continue
+        levels.append(LevelCosts(
+            level=level,
+            seconds=parse_duration(seconds, field=names[0], positive=True),
+            interference=0.0 if interference is None else parse_duration(interference, field=names[1], positive=False),
+            restart=None if restart is None else parse_duration(restart, field=names[2], positive=False),
+            last_step=checks.optional_integer(last_step, names[3], minimum=0),
+        ))
+    return check_levels(levels)
 
 
 def level_of(

@@ -21,12 +21,13 @@ from coci.planning.baselines import CheckFreqAdaptation
 from coci.planning.config import PlanConfig
 from coci.planning.empirical import EmpiricalCurve, forecast_curve
 from coci.planning.fit import CurveFit, fit_curve
+from coci.planning.levels import Level
 from coci.planning.planner import plan
 from coci.planning.policy import Observation
 from coci.planning.prior import CorrectedRate, PriorCurve, PriorLike, WarmStart, load_prior
 from coci.planning.progress import run_mean_rate
 from coci.planning.records import PRIOR_PROGRESS_RATE, Plan, ProgressCurve
-from coci.planning.three_levels import PEER_TIER, REMOTE_TIER, measured_tier_costs
+from coci.planning.three_levels import measured_levels
 
 __all__ = ["PlanningPolicy", "make_policy"]
 
@@ -218,8 +219,9 @@ class PlanningPolicy:
         fallbacks: list[str] = []
         stall, persist, interference, restart = self._costs(profile, step_seconds, fallbacks)
         cost = stall + interference
-        remote = {**measured_tier_costs(REMOTE_TIER, observation, restart, fallbacks), **measured_tier_costs(PEER_TIER, observation, restart, fallbacks)}
-        basis = (step_seconds, cost, persist, float(remote.get("upload_seconds") or 0.0), float(remote.get("peer_seconds") or 0.0))
+        levels = measured_levels(observation, restart, fallbacks)
+        transfer = {record.level: record.transfer_seconds for record in levels}
+        basis = (step_seconds, cost, persist, transfer.get(Level.REMOTE, 0.0), transfer.get(Level.PEER, 0.0))
         taken = self._taken_by(observation, now)
         last_checkpoint = max((s for s in taken if s <= now), default=0)
         grew = self._checkfreq is not None and self._checkfreq.observe(observation.checkpoint_steps, cost, step_seconds)
@@ -232,7 +234,7 @@ class PlanningPolicy:
                 config=self.config.replace(total_steps=horizon, restart_seconds=restart), curve=curve,
                 step_seconds=step_seconds, stall_seconds=stall, persist_seconds=persist,
                 interference_seconds=interference, start_step=now, last_checkpoint_step=last_checkpoint,
-                failure_origin_step=min(self._origin, now), taken_steps=taken, **remote,
+                failure_origin_step=min(self._origin, now), taken_steps=taken, levels=levels,
             )
         except ConfigError as exc:  # a measured figure out of range: keep the current plan
             logger.warning("re-planning at step %d failed, keeping the current plan: %s", now, exc)

@@ -75,11 +75,11 @@ from coci.planning.formulas import (
     min_interval_steps,
     snap_to_steps,
 )
-from coci.planning.levels import TwoLevelResult, auto_two_level, min_promote_steps
+from coci.planning.levels import Level, LevelCosts, TwoLevelResult, auto_two_level, check_levels, levels_from_keywords, min_promote_steps
 from coci.planning.objective import CostModel, TwoLevelCostModel, build_cost_model, expected_failures
 from coci.planning.problem import Placement, Problem, build_problem, finish_plan
 from coci.planning.records import Plan, PlanInputs
-from coci.planning.three_levels import PEER_TIER, REMOTE_TIER, ThreeLevelCostModel, ThreeLevelResult, auto_three_level, tier_costs
+from coci.planning.three_levels import ThreeLevelCostModel, ThreeLevelResult, auto_three_level
 
 __all__ = ["POLICY_PLANNERS", "plan"]
 
@@ -103,6 +103,7 @@ def plan(
     last_checkpoint_step: int = 0,
     failure_origin_step: int = 0,
     taken_steps: Iterable[int] | None = None,
+    levels: Iterable[LevelCosts] | None = None,
     upload_seconds: float | str | None = None,
     upload_interference_seconds: float | str | None = None,
     remote_restart_seconds: float | str | None = None,
@@ -142,23 +143,24 @@ def plan(
         failure_origin_step: for re-planning mid-run: the step the failure clock (re)started at.
         taken_steps: for re-planning mid-run: the checkpoints the run has already taken (default:
             ``last_checkpoint_step`` alone); ``auto`` charges them to the whole run's time budget.
-        upload_seconds: a remote tier's cost: seconds from a local commit to the remote commit. With
-            it and a failure class that destroys the local tier
-            ([``coci.Failures.compose``][coci.Failures.compose]), ``auto`` plans two levels (``Plan.promote_steps``, see
-            ``coci.planning.levels``); None (the default) plans exactly as without a remote tier.
-        upload_interference_seconds: the training time one upload costs (default 0).
-        remote_restart_seconds: the restart from the remote tier (default ``restart_seconds``).
-        last_promoted_step: for re-planning mid-run: the newest promoted checkpoint (default
-            ``last_checkpoint_step``).
-        peer_seconds: the peer level's cost (a copy of each node's checkpoint on another node):
-            seconds from a local commit to the peer copy's commit. With it and a class that destroys
-            the local tier, ``auto`` plans three levels (``Plan.peer_steps``,
-            ``coci.planning.three_levels``).
-        peer_interference_seconds: the training time one peer copy costs (default 0).
-        peer_restart_seconds: the restart from a peer's copy (default
-            ``restart_seconds + peer_seconds``).
-        last_peer_step: for re-planning mid-run: the newest copied checkpoint (default
-            ``last_checkpoint_step``).
+        levels: the storage levels above the local one, each a [``LevelCosts``][coci.LevelCosts]
+            (its transfer's seconds, interference, restart and newest step). With a remote tier
+            (``Level.REMOTE``) and a failure class that destroys the local tier
+            ([``coci.Failures.compose``][coci.Failures.compose]), ``auto`` plans two levels
+            (``Plan.promote_steps``, ``coci.planning.levels``); with a peer level too
+            (``Level.PEER``), three (``Plan.peer_steps``, ``coci.planning.three_levels``). None
+            or empty plans a single level.
+        upload_seconds: compatibility keyword, ``LevelCosts(level=Level.REMOTE, seconds=...)``
+            (with ``upload_interference_seconds``, ``remote_restart_seconds`` and
+            ``last_promoted_step``: its ``interference``, ``restart`` and ``last_step``).
+        upload_interference_seconds: compatibility keyword (see ``upload_seconds``).
+        remote_restart_seconds: compatibility keyword (see ``upload_seconds``).
+        last_promoted_step: compatibility keyword (see ``upload_seconds``).
+        peer_seconds: compatibility keyword, ``LevelCosts(level=Level.PEER, seconds=...)`` (with
+            ``peer_interference_seconds``, ``peer_restart_seconds`` and ``last_peer_step``).
+        peer_interference_seconds: compatibility keyword (see ``peer_seconds``).
+        peer_restart_seconds: compatibility keyword (see ``peer_seconds``).
+        last_peer_step: compatibility keyword (see ``peer_seconds``).
 
     Returns:
         The [``Plan``][coci.Plan]: the checkpoint steps and the numbers behind them.
@@ -177,12 +179,21 @@ def plan(
         interference_seconds=interference_seconds, start_step=start_step,
         last_checkpoint_step=last_checkpoint_step, failure_origin_step=failure_origin_step,
         taken_steps=taken_steps,
-        remote={
-            **tier_costs(REMOTE_TIER, upload_seconds, upload_interference_seconds, remote_restart_seconds, last_promoted_step),
-            **tier_costs(PEER_TIER, peer_seconds, peer_interference_seconds, peer_restart_seconds, last_peer_step),
-        },
+        levels=_levels(levels, {
+            Level.REMOTE: (upload_seconds, upload_interference_seconds, remote_restart_seconds, last_promoted_step),
+            Level.PEER: (peer_seconds, peer_interference_seconds, peer_restart_seconds, last_peer_step),
+        }),
     )
     return finish_plan(problem, POLICY_PLANNERS[config.policy](problem))
+
+
+def _levels(levels: Iterable[LevelCosts] | None, keywords: dict[Level, tuple[Any, Any, Any, Any]]) -> tuple[LevelCosts, ...]:
+    """``levels``, or the levels of the compatibility keywords; not both."""
+    if levels is None:
+        return levels_from_keywords(keywords)
+    if any(value is not None for values in keywords.values() for value in values):
+        raise ConfigError("pass either levels= or the flat level keywords (upload_seconds, peer_seconds, ...), not both")
+    return check_levels(levels)
 
 
 def _plan_coci(problem: Problem) -> Placement:
@@ -276,7 +287,7 @@ def _plan_two_levels(problem: Problem, model: TwoLevelCostModel, objective: str)
     A re-plan measures the time budget against the remaining steps' two-level time optimum."""
     inputs, config = problem.inputs, problem.config
     local_min = min_interval_steps(inputs.step_seconds, inputs.persist_seconds, inputs.checkpoint_seconds, config.max_overhead)
-    min_promote = min_promote_steps(inputs.step_seconds, float(inputs.upload_seconds or 0.0), local_min)
+    min_promote = min_promote_steps(inputs.step_seconds, _transfer(inputs, Level.REMOTE), local_min)
     result = auto_two_level(
         model, objective=objective, time_budget=config.time_budget, min_steps=local_min, min_promote=min_promote,
     )
@@ -295,8 +306,8 @@ def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: 
     against the remaining steps' three-level time optimum."""
     inputs, config = problem.inputs, problem.config
     local_min = min_interval_steps(inputs.step_seconds, inputs.persist_seconds, inputs.checkpoint_seconds, config.max_overhead)
-    min_peer = min_promote_steps(inputs.step_seconds, float(inputs.peer_seconds or 0.0), local_min)
-    min_promote = min_promote_steps(inputs.step_seconds, float(inputs.upload_seconds or 0.0), local_min)
+    min_peer = min_promote_steps(inputs.step_seconds, _transfer(inputs, Level.PEER), local_min)
+    min_promote = min_promote_steps(inputs.step_seconds, _transfer(inputs, Level.REMOTE), local_min)
     result = auto_three_level(
         model, objective=objective, time_budget=config.time_budget, min_steps=local_min, min_peer=min_peer,
         min_promote=min_promote,
@@ -306,6 +317,12 @@ def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: 
         f"three levels: {len(result.peer)} of {len(result.steps)} checkpoints copied to a peer, {len(result.promote)} uploaded"
     )
     return _mixture_placement(result, objective, promote=result.promote, peer=result.peer)
+
+
+def _transfer(inputs: PlanInputs, level: Level) -> float:
+    """One transfer's seconds to ``level`` (0 without it)."""
+    record = inputs.level(level)
+    return 0.0 if record is None else record.transfer_seconds
 
 
 def _plan_rest_within_run_budget(

@@ -20,6 +20,7 @@ import numpy as np
 
 from coci import checks, knobs
 from coci.errors import ConfigError
+from coci.planning.levels import Level, LevelCosts
 
 if TYPE_CHECKING:
     from coci.profiler import Profile
@@ -28,16 +29,23 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Observation:
     """What a policy may use to (re-)plan: the live profile and the loss trace so far.
-    ``last_promoted_step`` is the newest checkpoint committed to the remote tier (None: no remote tier),
-    ``last_peer_step`` the newest one committed on the peer level (None: no peer copies)."""
+    ``levels`` holds a [``LevelCosts``][coci.LevelCosts] per storage level the session keeps above
+    the local one, its ``last_step`` the newest checkpoint committed on it (None: none yet); its
+    costs are measured in ``profile.levels`` (``committed_levels`` builds them from a session's
+    levels)."""
 
     step: int
     profile: Profile
     loss_steps: np.ndarray = field(default_factory=lambda: np.empty(0))
     losses: np.ndarray = field(default_factory=lambda: np.empty(0))
     checkpoint_steps: tuple[int, ...] = ()
-    last_promoted_step: int | None = None
-    last_peer_step: int | None = None
+    levels: tuple[LevelCosts, ...] = ()
+
+
+def committed_levels(newest: Iterable[tuple[str, int | None]]) -> tuple[LevelCosts, ...]:
+    """An ``Observation``'s ``levels`` from each storage level's name (``"local"``, ``"peer"``,
+    ``"remote"``: ``coci.checkpoint.storage_level.StorageLevel.name``) and newest committed step."""
+    return tuple(LevelCosts(level=Level[name.upper()], last_step=step) for name, step in newest if name != "local")
 
 
 @runtime_checkable

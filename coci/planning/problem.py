@@ -19,7 +19,7 @@ from coci.planning.empirical import EmpiricalCurve, empirical_curve
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit
 from coci.planning.formulas import check_plan_size, min_interval_steps
-from coci.planning.levels import min_promote_steps
+from coci.planning.levels import Level, LevelCosts, min_promote_steps
 from coci.planning.objective import CostModel, ExpectedFailures, TwoLevelCostModel, build_cost_model, expected_failures
 from coci.planning.progress import observed_past_rate, resolve_curve, run_mean_rate
 from coci.planning.records import Plan, PlanInputs, RateFunction
@@ -92,7 +92,7 @@ def build_problem(
     last_checkpoint_step: Any,
     failure_origin_step: Any,
     taken_steps: Iterable[int] | None = None,
-    remote: dict[str, Any] | None = None,
+    levels: tuple[LevelCosts, ...] = (),
 ) -> Problem:
     """Validate the measurements, resolve the curve and build the cost model."""
     total_steps = checks.integer(config.total_steps, "total_steps", minimum=1)
@@ -106,11 +106,9 @@ def build_problem(
     persist = parse_duration(persist_seconds, field="persist_seconds", positive=True)
     interference = parse_duration(interference_seconds, field="interference_seconds", positive=False)
     cost = stall + interference
-    remote = remote or {}
     min_steps = min_interval_steps(step, persist, cost, config.max_overhead)
-    for key in ("upload_seconds", "peer_seconds"):  # a single-level plan promotes and copies every checkpoint
-        if key in remote:  # one upload, one copy in flight
-            min_steps = min_promote_steps(step, remote[key], min_steps)
+    for level in levels:  # a single-level plan sends every checkpoint to every level, one transfer in flight
+        min_steps = min_promote_steps(step, level.transfer_seconds, min_steps)
 
     fit, rate, raw, description, fallbacks = resolve_curve(curve)
     details: dict[str, float] = {"min_interval_steps": float(min_steps)}
@@ -135,7 +133,7 @@ def build_problem(
         interference_seconds=interference, checkpoint_seconds=cost, max_overhead=config.max_overhead,
         failures=config.failures, curve=description, start_step=start,
         last_checkpoint_step=min(last_checkpoint, start), failure_origin_step=origin, min_interval_steps=min_steps,
-        **remote,
+        levels=levels,
     )
     model = _cost_model(inputs, last_checkpoint, rate, mean_rate, fallbacks)
     weighted = rate if model is not None and model.has_progress else None
@@ -187,7 +185,7 @@ def _empirical(
 def single_level_cost(inputs: PlanInputs) -> float:
     """What one checkpoint of a single-level plan costs training: with a remote tier every
     checkpoint is promoted (and copied to a peer), so those interferences are added to the local cost."""
-    extra = float(inputs.upload_interference_seconds or 0.0) + float(inputs.peer_interference_seconds or 0.0)
+    extra = sum((level.interference for level in inputs.levels), 0.0)
     return inputs.checkpoint_seconds + extra
 
 
@@ -247,9 +245,9 @@ def _two_level_model(
     origin = inputs.failure_origin_step * step
     span = inputs.total_steps * step - origin
     sparing = failures.sparing("local")
-    upload = float(inputs.upload_seconds or 0.0)
-    remote_restart = inputs.restart_seconds if inputs.remote_restart_seconds is None else inputs.remote_restart_seconds
-    last_promoted = last_checkpoint_step if inputs.last_promoted_step is None else inputs.last_promoted_step
+    tier = inputs.level(Level.REMOTE)
+    assert tier is not None
+    last_promoted = last_checkpoint_step if tier.last_step is None else tier.last_step
 
     def build(group: Failures | None, cost: float, persist: float, restart: float, last: int) -> CostModel:
         hazard = ExpectedFailures.none(origin) if group is None else expected_failures(group, span, origin)
@@ -261,8 +259,8 @@ def _two_level_model(
 
     return TwoLevelCostModel(
         local=build(sparing, inputs.checkpoint_seconds, inputs.persist_seconds, inputs.restart_seconds, last_checkpoint_step),
-        remote=build(destroying, float(inputs.upload_interference_seconds or 0.0), inputs.persist_seconds + upload,
-                     remote_restart, min(last_promoted, last_checkpoint_step)),
+        remote=build(destroying, tier.interference, inputs.persist_seconds + tier.transfer_seconds,
+                     tier.restart_seconds(inputs.restart_seconds), min(last_promoted, last_checkpoint_step)),
     )
 
 

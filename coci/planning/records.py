@@ -4,14 +4,14 @@ and the prior progress rate used before a curve can be fitted."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit
-from coci.planning.levels import Level, level_of, levels_of
+from coci.planning.levels import LEGACY_KEYWORDS, Level, LevelCosts, level_of, levels_of
 from coci.planning.objective import RateFunction
 
 if TYPE_CHECKING:
@@ -76,24 +76,38 @@ class PlanInputs(BaseModel):
     last_checkpoint_step: int = 0
     failure_origin_step: int = 0
     min_interval_steps: int = 1
-    upload_seconds: float | None = None
-    upload_interference_seconds: float | None = None
-    remote_restart_seconds: float | None = None
-    last_promoted_step: int | None = None
-    peer_seconds: float | None = None
-    peer_interference_seconds: float | None = None
-    peer_restart_seconds: float | None = None
-    last_peer_step: int | None = None
+    levels: tuple[LevelCosts, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_level_fields(cls, data: Any) -> Any:
+        """An older ``plan.json`` recorded each level's costs as flat fields (``upload_seconds``,
+        ``peer_seconds``, ...: ``coci.planning.levels.LEGACY_KEYWORDS``): read them as ``levels``."""
+        if not isinstance(data, dict) or not any(name in data for names in LEGACY_KEYWORDS.values() for name in names):
+            return data
+        data = dict(data)
+        levels = []
+        for level, names in LEGACY_KEYWORDS.items():
+            seconds, interference, restart, last_step = (data.pop(name, None) for name in names)
+            if seconds is not None:
+                levels.append({"level": level, "seconds": seconds, "interference": interference or 0.0, "restart": restart,
+                               "last_step": last_step})
+        data.setdefault("levels", sorted(levels, key=lambda record: record["level"]))
+        return data
+
+    def level(self, level: Level) -> LevelCosts | None:
+        """The costs of ``level`` (None: the plan was given no such level)."""
+        return next((record for record in self.levels if record.level == level), None)
 
     @property
     def has_remote_tier(self) -> bool:
-        """True when the plan was given a remote tier's costs (``upload_seconds``)."""
-        return self.upload_seconds is not None
+        """True when the plan was given a remote tier's costs."""
+        return self.level(Level.REMOTE) is not None
 
     @property
     def has_peer_level(self) -> bool:
-        """True when the plan was given the peer level's costs (``peer_seconds``)."""
-        return self.peer_seconds is not None
+        """True when the plan was given the peer level's costs."""
+        return self.level(Level.PEER) is not None
 
     def planned_failures(self) -> Failures | None:
         """The failures periodic checkpoints must cover: those without a warning that a

@@ -37,20 +37,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from coci import checks
 from coci.errors import ConfigError
 from coci.planning.failures import Failures
 from coci.planning.formulas import max_interval_steps, periodic_candidates, place
-from coci.planning.levels import MixtureChoice, against_all, auto_mixture, charged, local_around
+from coci.planning.levels import Level, LevelCosts, MixtureChoice, against_all, auto_mixture, charged, check_levels, local_around
 from coci.planning.objective import CostModel, ExpectedFailures, Overhead, build_cost_model, expected_failures, level_figures
-from coci.units import parse_duration
 
 if TYPE_CHECKING:
     from coci.planning.policy import Observation
     from coci.planning.records import PlanInputs
 
 __all__ = [
-    "ThreeLevelCostModel", "ThreeLevelResult", "auto_three_level", "measured_tier_costs", "tier_costs",
+    "ThreeLevelCostModel", "ThreeLevelResult", "auto_three_level", "measured_levels",
     "three_level_candidates", "three_level_model",
 ]
 
@@ -197,77 +195,40 @@ def auto_three_level(
 # --- from a plan's inputs --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class UpperTier:
-    """The names of an upper level's costs: ``coci.planning.planner.PlanInputs`` fields, which
-    are also the ``Profile`` estimates (``seconds``, ``interference``, ``restore``) and the
-    ``Observation`` step (``last_step``) they are measured as."""
-
-    seconds: str
-    interference: str
-    restart: str
-    last_step: str
-    restore: str
-    unmeasured_restore: str  # the fallback note, with ``{seconds:.3g}``: one transfer's time
-    last_step_needs_seconds: bool = True
+#: Per level above the local one: the ``Profile`` level's name and the fallback note when a restore
+#: from it is not measured yet (``{seconds:.3g}``: one transfer's time).
+_UNMEASURED_RESTORE: dict[Level, str] = {
+    Level.REMOTE: "remote restore not measured yet: assumed one upload's time ({seconds:.3g} s)",
+    Level.PEER: "restore from a peer's copy not measured yet: assumed one copy's time ({seconds:.3g} s)",
+}
 
 
-REMOTE_TIER = UpperTier(
-    "upload_seconds", "upload_interference_seconds", "remote_restart_seconds", "last_promoted_step",
-    "remote_restore_seconds", "remote restore not measured yet: assumed one upload's time ({seconds:.3g} s)",
-    last_step_needs_seconds=False,
-)
-PEER_TIER = UpperTier(
-    "peer_seconds", "peer_interference_seconds", "peer_restart_seconds", "last_peer_step",
-    "peer_restore_seconds", "restore from a peer's copy not measured yet: assumed one copy's time ({seconds:.3g} s)",
-)
-
-
-def tier_costs(tier: UpperTier, seconds: Any, interference: Any, restart: Any, last_step: Any) -> dict[str, Any]:
-    """An upper level's costs as ``coci.planning.planner.PlanInputs`` fields, validated (empty
-    without that level: ``seconds`` None)."""
-    if seconds is None:
-        given = {tier.interference: interference, tier.restart: restart}
-        if tier.last_step_needs_seconds:
-            given[tier.last_step] = last_step
-        if any(value is not None for value in given.values()):
-            *names, last = given
-            raise ConfigError(f"{tier.seconds} is required with {', '.join(names)} or {last}")
-        return {}
-    return {
-        tier.seconds: parse_duration(seconds, field=tier.seconds, positive=True),
-        tier.interference: 0.0 if interference is None else parse_duration(
-            interference, field=tier.interference, positive=False),
-        tier.restart: None if restart is None else parse_duration(restart, field=tier.restart, positive=False),
-        tier.last_step: checks.optional_integer(last_step, tier.last_step, minimum=0),
-    }
-
-
-def measured_tier_costs(tier: UpperTier, observation: Observation, restart: float, fallbacks: list[str]) -> dict[str, Any]:
-    """An upper level's measured costs (``observation.profile``) as [``coci.plan``][coci.plan] keywords;
-    empty (every checkpoint at that level, as a plan without it has) without that level or before
-    its first transfer is measured. Unmeasured, a transfer's interference is 0 and a restart from
-    that level costs the local restart plus one transfer's time (fetching the same bytes back),
-    recorded as a fallback; measured, the local restart plus what a restore from that level took
-    over a local one."""
+def measured_levels(observation: Observation, restart: float, fallbacks: list[str]) -> tuple[LevelCosts, ...]:
+    """The measured costs of each level the observation holds (``observation.levels``, measured in
+    ``observation.profile.levels``) as [``coci.plan``][coci.plan]'s ``levels``; a level before its
+    first transfer is measured, or with nothing committed on it, is left out (every checkpoint at
+    that level, as a plan without it has). Unmeasured, a transfer's interference is 0 and a
+    restart from that level costs the local restart plus one transfer's time (fetching the same
+    bytes back), recorded as a fallback; measured, the local restart plus what a restore from that
+    level took over a local one."""
     profile = observation.profile
-    measured = getattr(profile, tier.seconds, None)
-    last_step = getattr(observation, tier.last_step)
-    if last_step is None or measured is None or not measured.known:
-        return {}
-    seconds = float(measured.value)
-    restore = getattr(profile, tier.restore).value
-    if restore is None:
-        extra = seconds
-        fallbacks.append(tier.unmeasured_restore.format(seconds=seconds))
-    else:
-        extra = max(float(restore) - float(profile.restore_seconds.value or 0.0), 0.0)
-    return {
-        tier.seconds: seconds,
-        tier.interference: float(getattr(profile, tier.interference)),
-        tier.restart: restart + extra,
-        tier.last_step: last_step,
-    }
+    measured: list[LevelCosts] = []
+    for level in (Level.REMOTE, Level.PEER):
+        held = next((record for record in observation.levels if record.level == level), None)
+        estimates = profile.level(level.name.lower())
+        if held is None or held.last_step is None or estimates is None or not estimates.seconds.known:
+            continue
+        seconds = float(estimates.seconds.value)  # type: ignore[arg-type]
+        restore = estimates.restore_seconds.value
+        if restore is None:
+            extra = seconds
+            fallbacks.append(_UNMEASURED_RESTORE[level].format(seconds=seconds))
+        else:
+            extra = max(float(restore) - float(profile.restore_seconds.value or 0.0), 0.0)
+        measured.append(held.model_copy(update={
+            "seconds": seconds, "interference": float(estimates.interference_seconds), "restart": restart + extra,
+        }))
+    return check_levels(measured)
 
 
 def three_level_model(
@@ -279,7 +240,8 @@ def three_level_model(
     planner plans without a remote tier; a warning protects only the classes that spare the local
     tier (a checkpoint taken on a notice is local)."""
     failures = inputs.planned_failures()
-    if failures is None or inputs.peer_seconds is None:
+    peer_level, remote_level = inputs.level(Level.PEER), inputs.level(Level.REMOTE)
+    if failures is None or peer_level is None:
         return None
     assert inputs.failures is not None
     unwarned = inputs.failures.model_copy(update={"warned_fraction": 0.0, "warning_seconds": None})
@@ -291,10 +253,9 @@ def three_level_model(
     if not inputs.has_remote_tier and unwarned.destroying("peer") is not None:
         notes.append("failure classes destroy the peer copies but no remote tier is given: planned as if a peer's copy restored them")
     restart = inputs.restart_seconds
-    peer_restart = restart + inputs.peer_seconds if inputs.peer_restart_seconds is None else inputs.peer_restart_seconds
-    remote_restart = restart if inputs.remote_restart_seconds is None else inputs.remote_restart_seconds
-    copied = last_checkpoint_step if inputs.last_peer_step is None else min(inputs.last_peer_step, last_checkpoint_step)
-    promoted = copied if inputs.last_promoted_step is None else min(inputs.last_promoted_step, copied)
+    remote_level = remote_level or LevelCosts(level=Level.REMOTE)  # no remote tier: no class left to plan it for
+    copied = last_checkpoint_step if peer_level.last_step is None else min(peer_level.last_step, last_checkpoint_step)
+    promoted = copied if remote_level.last_step is None else min(remote_level.last_step, copied)
     step, persist = inputs.step_seconds, inputs.persist_seconds
     origin = inputs.failure_origin_step * step
 
@@ -309,9 +270,8 @@ def three_level_model(
 
     return ThreeLevelCostModel(
         local=build(failures.sparing("local"), inputs.checkpoint_seconds, 0.0, restart, last_checkpoint_step),
-        peer=build(node, float(inputs.peer_interference_seconds or 0.0), inputs.peer_seconds, peer_restart, copied),
-        remote=build(multi, float(inputs.upload_interference_seconds or 0.0), float(inputs.upload_seconds or 0.0),
-                     remote_restart, promoted),
+        peer=build(node, peer_level.interference, peer_level.transfer_seconds, peer_level.restart_seconds(restart), copied),
+        remote=build(multi, remote_level.interference, remote_level.transfer_seconds, remote_level.restart_seconds(restart), promoted),
     )
 
 

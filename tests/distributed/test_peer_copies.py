@@ -45,7 +45,8 @@ def test_a_lost_node_is_recovered_from_its_peer_copy_bitwise(tmp_path: Path, ref
     sent = node_events(tmp_path, 1, "peer_send")
     assert [(e["step"], e["to_node"]) for e in sent] == [(4, 0), (8, 0)] and all(e["bytes"] > 0 for e in sent)
     profile = json.loads((node_dir(tmp_path, 0) / "profile.json").read_text())  # rank 0 leads node 0: its copies
-    assert profile["peer_seconds"]["count"] == 2 and profile["peer_bytes"]["value"] > 0
+    peer = next(level for level in profile["levels"] if level["name"] == "peer")
+    assert peer["seconds"]["count"] == 2 and peer["bytes"]["value"] > 0
     kill_at = random.Random(3).randint(9, STEPS - 1)  # before step 12's checkpoint
     outcomes = run_nodes(tmp_path, "--peer-copies", "1", "--kill-at", str(kill_at), survivor_grace=10.0)
     assert all(o.code != 0 for o in outcomes)  # both nodes SIGKILLed

@@ -111,7 +111,8 @@ def test_sigkill_during_upload_leaves_no_remote_commit(tmp_path: Path, s3_remote
                       remote=s3_remote) as session:  # the same run directory on a fresh disk: the same run
         restored = session.restore()
         assert restored is not None and (restored.step, restored.tier) == (4, "remote")
-        assert session.profile.remote_restore_seconds.measured
+        remote_level = session.profile.level("remote")
+        assert remote_level is not None and remote_level.restore_seconds.measured
 
 
 @pytest.mark.slow
@@ -245,7 +246,8 @@ def test_shared_directory_remote_node_loss_is_bitwise(tmp_path: Path) -> None:
         session.wait()
     assert torch.equal(model.weight.detach(), uninterrupted)
     profile = session.profile
-    assert profile.upload_seconds.measured and profile.upload_bytes.measured and profile.remote_restore_seconds.measured
+    uploads = profile.level("remote")
+    assert uploads is not None and uploads.seconds.measured and uploads.bytes.measured and uploads.restore_seconds.measured
     assert (tmp_path / "shared" / "step_10" / "manifest.json").is_file()
 
 
@@ -312,8 +314,9 @@ def test_auto_plans_two_levels_from_the_measured_upload(tmp_path: Path) -> None:
         assert plan is not None and plan.promote_steps is not None
         assert set(plan.promote_steps) <= set(plan.steps)
         inputs = plan.inputs
-        assert inputs.upload_seconds is not None and inputs.upload_seconds > 0  # measured: the plan may predate the last upload
-        assert session.profile.upload_seconds.measured
-        assert inputs.remote_restart_seconds is not None and inputs.remote_restart_seconds >= inputs.restart_seconds
+        tier, measured = inputs.level(coci.Level.REMOTE), session.profile.level("remote")
+        assert tier is not None and tier.transfer_seconds > 0  # measured: the plan may predate the last upload
+        assert measured is not None and measured.seconds.measured
+        assert tier.restart is not None and tier.restart >= inputs.restart_seconds
         promoted = [event["step"] for event in events(tmp_path / "run", "promoted")]
-        assert promoted and inputs.last_promoted_step in promoted
+        assert promoted and tier.last_step in promoted

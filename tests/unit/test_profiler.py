@@ -486,16 +486,17 @@ def test_peer_copies_are_timed_and_their_steps_kept_apart() -> None:
     run_steps(prof, clock, [0.1] * 20)
     prof.record_peer_restore(7.0)
     p = prof.profile
-    assert p.step_seconds.value == pytest.approx(0.1)
-    assert p.peer_seconds.value == pytest.approx(1.5) and p.peer_seconds.count == 5
-    assert p.peer_bytes.value == 4096
-    assert p.peer_interference.value == pytest.approx(1.5)
-    assert p.peer_interference_seconds == pytest.approx(1.5 * (1 - 1 / 1.5))
-    assert p.peer_restore_seconds.value == 7.0
-    assert p.interference.count == 0 and p.upload_interference.count == 0  # not mistaken for a persist or an upload
+    peer = p.level("peer")
+    assert p.step_seconds.value == pytest.approx(0.1) and peer is not None
+    assert peer.seconds.value == pytest.approx(1.5) and peer.seconds.count == 5
+    assert peer.bytes.value == 4096
+    assert peer.interference.value == pytest.approx(1.5)
+    assert peer.interference_seconds == pytest.approx(1.5 * (1 - 1 / 1.5))
+    assert peer.restore_seconds.value == 7.0
+    assert p.interference.count == 0 and p.level("remote") is None  # not mistaken for a persist or an upload
     resumed = Profiler(clock=clock, warmup_steps=0)
     resumed.load_state_dict(prof.state_dict())
     assert resumed.profile == p
     old = {k: v for k, v in prof.state_dict().items() if not k.startswith("peer_")}  # written before the peer level
     resumed.load_state_dict(old)
-    assert resumed.profile.peer_seconds.count == 0
+    assert resumed.profile.level("peer") is None

@@ -268,7 +268,8 @@ def test_a_checkpoint_not_copied_is_not_restored_from_a_peer() -> None:
 
 def test_peer_interference_is_paid_per_copy() -> None:
     base = leveled_plan()
-    costly = base.model_copy(update={"inputs": base.inputs.model_copy(update={"peer_interference_seconds": 2.0})})
+    levels = tuple(level.model_copy(update={"interference": 2.0}) if level.level == Level.PEER else level for level in base.inputs.levels)
+    costly = base.model_copy(update={"inputs": base.inputs.model_copy(update={"levels": levels})})
     never = scripted([], [], [])
     plain = simulate(base, failures=never, trials=1, seed=0).values("checkpoint_seconds")[0]
     both = simulate(costly, failures=scripted([], [], []), trials=1, seed=0).values("checkpoint_seconds")[0]
@@ -280,9 +281,10 @@ def test_peer_interference_is_paid_per_copy() -> None:
 def test_restore_levels_follow_the_levels_the_job_has() -> None:
     plan = coci.plan(failures=large_job(2048), curve=LOSSES, objective="time", **REMOTE, **PEER, **COSTS)
     both = Job.of(plan.inputs)
-    no_peer = Job.of(plan.inputs.model_copy(update={"peer_seconds": None}))
-    no_remote = Job.of(plan.inputs.model_copy(update={"upload_seconds": None}))
-    neither = Job.of(plan.inputs.model_copy(update={"upload_seconds": None, "peer_seconds": None}))
+    def only(*kept: Level) -> Job:
+        return Job.of(plan.inputs.model_copy(update={"levels": tuple(r for r in plan.inputs.levels if r.level in kept)}))
+
+    no_peer, no_remote, neither = only(Level.REMOTE), only(Level.PEER), only()
     failures = large_job(2048)  # process, node, multi_node
     assert restore_levels(failures, both).tolist() == [LOCAL, PEER_LEVEL, REMOTE_LEVEL]
     assert restore_levels(failures, no_peer).tolist() == [LOCAL, REMOTE_LEVEL, REMOTE_LEVEL]  # the two-level replay
@@ -315,31 +317,32 @@ def test_simulated_three_level_overhead_matches_the_first_order_expectation() ->
 
 def test_the_policy_plans_a_peer_level_from_the_measured_copies() -> None:
     from coci.planning.online import make_policy
-    from coci.planning.policy import Observation
-    from coci.profiler import Estimate, Profile
+    from coci.planning.policy import Observation, committed_levels
+    from coci.profiler import Estimate, LevelEstimates, Profile
 
-    def observe(step: int, **peer: Estimate) -> coci.Plan:
+    def observe(step: int, *peer: LevelEstimates) -> coci.Plan:
         profile = Profile(
             steps=step, step_seconds=Estimate(value=2.0, count=50), stall_seconds=Estimate(value=0.3, count=3),
             persist_seconds=Estimate(value=3.0, count=3), restore_seconds=Estimate(value=30.0, count=1),
-            upload_seconds=Estimate(value=120.0, count=2), **peer,
+            levels=(LevelEstimates(name="remote", seconds=Estimate(value=120.0, count=2)), *peer),
         )
         policy.observe(Observation(
             step=step, profile=profile, loss_steps=np.arange(1.0, step + 1), losses=LOSSES[:step],
-            checkpoint_steps=(100,), last_promoted_step=100, last_peer_step=100,
+            checkpoint_steps=(100,), levels=committed_levels([("remote", 100), ("peer", 100)]),
         ))
         assert policy.plan is not None
         return policy.plan
 
     policy = make_policy("auto", failures=large_job(), total_steps=3000, restart_seconds=None, objective="time")
     unmeasured = observe(200)
-    assert unmeasured.peer_steps is None and unmeasured.inputs.peer_seconds is None  # every checkpoint copied
-    measured = observe(300, peer_seconds=Estimate(value=10.0, count=2), peer_interference=Estimate(value=1.2, count=40))
-    assert measured.peer_steps is not None and measured.inputs.peer_seconds == 10.0
-    assert measured.inputs.peer_interference_seconds == pytest.approx(10.0 * (1 - 1 / 1.2))
-    assert measured.inputs.peer_restart_seconds == pytest.approx(30.0 + 10.0)  # no peer restore measured: one copy's time
+    assert unmeasured.peer_steps is None and unmeasured.inputs.level(Level.PEER) is None  # every checkpoint copied
+    measured = observe(300, LevelEstimates(name="peer", seconds=Estimate(value=10.0, count=2), interference=Estimate(value=1.2, count=40)))
+    peer = measured.inputs.level(Level.PEER)
+    assert measured.peer_steps is not None and peer is not None and peer.seconds == 10.0
+    assert peer.interference == pytest.approx(10.0 * (1 - 1 / 1.2))
+    assert peer.restart == pytest.approx(30.0 + 10.0)  # no peer restore measured: one copy's time
     assert any("peer's copy not measured" in f for f in measured.fallbacks)
-    assert measured.inputs.last_peer_step == 100
+    assert peer.last_step == 100
     assert set(measured.promote_steps or []) <= set(measured.peer_steps) <= set(measured.steps)
 
 
@@ -372,7 +375,7 @@ def test_plan_command_plans_three_levels(capsys: pytest.CaptureFixture[str]) -> 
     assert set(plan.promote_steps) <= set(plan.peer_steps) <= set(plan.steps)
     assert plan.inputs.failures is not None
     assert [c.name for c in plan.inputs.failures.classes] == ["process", "node", "multi_node"]
-    assert plan.inputs.peer_seconds == 20.0 and plan.inputs.peer_restart_seconds == 180.0
+    assert plan.inputs.level(Level.PEER) == coci.LevelCosts(level=Level.PEER, seconds=20.0, interference=1.0, restart=180.0)
     assert main(args) == 0
     assert f"{len(plan.peer_steps)} copied to a peer" in capsys.readouterr().out
     assert main([a for a in args if a not in ("--node-share", "0.78")]) != 0  # a multi-node share needs the node share

@@ -181,7 +181,8 @@ def test_plan_promotes_a_subset_and_beats_promoting_every_checkpoint() -> None:
     assert plan.promote_steps is not None and 0 < len(plan.promote_steps) < len(plan.steps)
     assert set(plan.promote_steps) <= set(plan.steps)
     assert np.all(np.diff(plan.promote_steps) >= 20)  # one 40 s upload in flight at 2 s a step
-    assert plan.inputs.upload_seconds == 40.0 and plan.inputs.remote_restart_seconds == 300.0
+    tier = plan.inputs.level(coci.Level.REMOTE)
+    assert tier is not None and tier.seconds == 40.0 and tier.restart == 300.0
     assert plan.expected["promotions"] == len(plan.promote_steps)
     young = coci.plan("young", failures=failures, **remote, **COSTS)
     assert young.promote_steps is None and young.expected["promotions"] == len(young.steps)
@@ -243,7 +244,8 @@ def test_without_a_remote_tier_every_failure_restores_locally() -> None:
 
 def test_upload_interference_is_paid_per_promotion() -> None:
     base = tiered_plan()
-    costly = base.model_copy(update={"inputs": base.inputs.model_copy(update={"upload_interference_seconds": 4.0})})
+    levels = tuple(level.model_copy(update={"interference": 4.0}) for level in base.inputs.levels)
+    costly = base.model_copy(update={"inputs": base.inputs.model_copy(update={"levels": levels})})
     never = scripted([], [])
     one = simulate(costly, failures=never, trials=1, seed=0).values("checkpoint_seconds")[0]
     both = simulate(costly.model_copy(update={"promote_steps": [100, 200]}), failures=scripted([], []), trials=1, seed=0)
@@ -283,7 +285,7 @@ def test_plan_command_plans_two_levels(capsys: pytest.CaptureFixture[str]) -> No
     assert plan.promote_steps is not None and set(plan.promote_steps) <= set(plan.steps)
     assert plan.inputs.failures is not None and [c.name for c in plan.inputs.failures.classes] == ["process", "node"]
     assert plan.inputs.failures.mean_seconds == pytest.approx(50_700 * 3600 / 4096)
-    assert plan.inputs.remote_restart_seconds == 600.0
+    assert plan.inputs.levels[0].restart == 600.0
 
 
 def test_with_node_share_splits_the_hazard() -> None:
