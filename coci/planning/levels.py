@@ -75,7 +75,7 @@ class Level(enum.IntEnum):
 class LevelCosts(BaseModel):
     """One storage level above the local tier, as a value: what the planner, the simulator and the
     report read of it. ``seconds`` is what one transfer takes, from the local commit to this level's
-    commit (None in an [``Observation``][coci.planning.policy.Observation]: not measured yet);
+    commit (None in an [``Observation``][coci.Observation]: not measured yet);
     ``interference`` the training seconds one transfer costs; ``restart`` the restart when a
     failure restores from this level (None: the local restart, plus one transfer's time for the
     peer level: fetching the same bytes back); ``keep_last`` the checkpoints the level retains
