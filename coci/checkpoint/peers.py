@@ -1,9 +1,11 @@
-"""Peer copies: each node's part of a local checkpoint also kept on the next node of a ring.
+"""Peer copies: each node's part of a local checkpoint also kept on the next nodes of a ring.
 
-``Session(peer_copies=1)`` on node-local run directories (``coci.checkpoint.nodes``): once a
+``Session(peer_copies=k)`` on node-local run directories (``coci.checkpoint.nodes``): once a
 checkpoint is committed on a node, that node's leader sends its part (its ranks' files,
-``.metadata`` and its record) to node ``(K + 1) % N`` in a background thread; training never
-waits for it. The receiving node keeps it under ``run_dir/peer/node<K>/step_<n>``, committed like
+``.metadata`` and its record) to nodes ``(K + 1) % N`` to ``(K + k) % N`` (``holders``: at most
+the ``N - 1`` others; a larger ``k`` is a recorded fallback) in a background thread, one holder
+after the other; training never waits for it. A restore asks the holders in that order, so a
+part survives up to ``k`` lost nodes beside its own. The receiving node keeps it under ``run_dir/peer/node<K>/step_<n>``, committed like
 a local checkpoint (written into ``step_<n>.tmp``, every file checked against the record and
 fsynced, then renamed), with a retention of its own (``peer_keep_last`` per source node).
 On restore, a node whose own part of a step is missing or damaged takes it from the node that
@@ -92,8 +94,9 @@ def peer_dir(run_dir: Path, node: int) -> Path:
 
 
 def holders(node: int, count: int, copies: int) -> list[int]:
-    """The nodes that hold copies of node ``node``'s parts, in the order a restore asks them."""
-    return [(node + offset) % count for offset in range(1, copies + 1) if (node + offset) % count != node]
+    """The nodes that hold copies of node ``node``'s parts, in the order a restore asks them: the
+    next ``copies`` nodes of the ring, at most every other node (each once)."""
+    return [(node + offset) % count for offset in range(1, min(copies, count - 1) + 1)]
 
 
 # --- receiving side: one server per node leader --------------------------------------------------
@@ -314,18 +317,30 @@ class PeerSender:
                     self._lock.wait()
                 (step, path), self._waiting, self._busy = self._waiting, None, True
             try:
-                if all([self._send(step, path, holder) for holder in self._addresses]):
-                    self.last_copied_step = max(step, self.last_copied_step or 0)
+                self._send_to_all(step, path)
             finally:
                 with self._lock:
                     self._busy = False
                     self._lock.notify_all()
 
-    def _send(self, step: int, path: Path, holder: int) -> bool:
-        """Send the part of ``step`` in ``path`` to ``holder``; True once it is committed there."""
+    def _send_to_all(self, step: int, path: Path) -> None:
+        """Send the part to every holder in turn; the listener measures them as one copy (the peer
+        level's cost per checkpoint, what the plan weighs), aborted when no holder got it."""
         began = time.perf_counter()
         if self._listener is not None:
             self._listener.peer_copy_started()
+        sent = [self._send(step, path, holder) for holder in self._addresses]
+        if self._listener is not None:
+            if any(nbytes is not None for nbytes in sent):
+                self._listener.peer_copy_finished(time.perf_counter() - began, sum(n for n in sent if n is not None))
+            else:
+                self._listener.peer_copy_aborted()
+        if all(nbytes is not None for nbytes in sent):
+            self.last_copied_step = max(step, self.last_copied_step or 0)
+
+    def _send(self, step: int, path: Path, holder: int) -> int | None:
+        """Send the part of ``step`` in ``path`` to ``holder``; its bytes once it is committed there, None on failure."""
+        began = time.perf_counter()
         try:
             record = read_dcp_manifest(path)
             opened = open_part(path, record)
@@ -337,15 +352,11 @@ class PeerSender:
         except (OSError, CheckpointError) as exc:
             logger.warning("peer copy of step %d to node %d failed: %s", step, holder, exc)
             self._events.emit("error", step=step, phase="peer_send", to_node=holder, message=f"{type(exc).__name__}: {exc}")
-            if self._listener is not None:
-                self._listener.peer_copy_aborted()
-            return False
+            return None
         seconds = time.perf_counter() - began
-        if self._listener is not None:
-            self._listener.peer_copy_finished(seconds, nbytes)
         self._events.emit("peer_send", step=step, node=self.node, to_node=holder, bytes=nbytes, seconds=seconds,
                           bytes_per_second=nbytes / seconds if seconds > 0 else None)
-        return True
+        return nbytes
 
 
 # --- restore side: fetching a node's part back from its holder -----------------------------------
@@ -425,8 +436,10 @@ class PeerCopies:
         if context.is_node_leader:
             targets = {n: peers.addresses[n] for n in holders(context.node, peers._count, copies)}
             peers.sender = PeerSender(context.node, targets, token, events, listener)
-        events.emit("peer_copies", step=0, copies=copies, node=context.node,
-                    holders=holders(context.node, peers._count, copies), holds_for=sorted(sources))
+        effective = len(holders(context.node, peers._count, copies))
+        fallback = {} if effective == copies else {"requested": copies, "reason": f"a part has {effective} other node(s) to be copied to"}
+        events.emit("peer_copies", step=0, copies=effective, node=context.node,
+                    holders=holders(context.node, peers._count, copies), holds_for=sorted(sources), **fallback)
         return peers
 
     def send(self, step: int, path: Path) -> None:

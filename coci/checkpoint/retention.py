@@ -38,8 +38,9 @@ __all__ = [
     "check_keep_last", "check_peer_copies", "doomed_steps", "final_checkpoint_wanted", "kept_steps", "retention_policy",
 ]
 
-#: What ``peer_copies`` accepts: 0 (no peer level) or 1 (one copy of each node's part on the next node).
-PEER_COPIES: tuple[int, ...] = (0, 1)
+#: The fewest ``peer_copies`` accepted: 0 (no peer level); ``k`` keeps a copy of each node's part
+#: on each of the next ``k`` nodes of the ring (at most the other nodes: ``coci.checkpoint.peers.holders``).
+PEER_COPIES: int = 0
 
 
 class _DefaultCount(int):
@@ -135,8 +136,8 @@ def check_keep_last(value: Any, field: str) -> int | None:
 
 def check_peer_copies(value: Any) -> int:
     """``peer_copies`` validated; ConfigError naming the field otherwise."""
-    if type(value) is not int or value not in PEER_COPIES:
-        raise ConfigError(f"peer_copies must be one of {', '.join(map(str, PEER_COPIES))}, got {value!r}")
+    if type(value) is not int or value < PEER_COPIES:
+        raise ConfigError(f"peer_copies must be an integer >= {PEER_COPIES} (copies of each node's part on the next nodes), got {value!r}")
     return value
 
 
@@ -160,7 +161,7 @@ class RetentionConfig:
     """Which remote checkpoints stay, replacing ``keep_last_remote`` (the same rules as ``policy``)."""
 
     peer_copies: int = 0
-    """Node-local run directories: 1 keeps a copy of each node's part (those the plan copies) on the next node; 0 none."""
+    """Node-local run directories: k keeps a copy of each node's part (those the plan copies) on each of the next k nodes (at most the others); 0 none."""
 
     peer_keep_last: int | None = DEFAULT_KEEP_LAST
     """Peer copies each node keeps of every node it holds copies for (>= 1; None keeps all), apart from its own ``keep_last``."""

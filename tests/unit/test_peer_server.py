@@ -21,12 +21,13 @@ import coci
 from coci.checkpoint import commit, layout
 from coci.checkpoint.dcp import read_dcp_manifest
 from coci.checkpoint.peer_wire import open_part, recv_header, send_header
-from coci.checkpoint.peers import PeerSender, PeerServer, peer_dir
+from coci.checkpoint.peers import PeerCopies, PeerSender, PeerServer, holders, peer_dir
+from coci.distributed import DistributedContext
 from coci.events import EventLog
 from tests.unit.test_node_records import FILES, whole_record
 
 
-@pytest.mark.parametrize("value", [2, -1, True, "1", 1.0])
+@pytest.mark.parametrize("value", [-1, True, "1", 1.0, None])
 def test_peer_copies_is_validated_naming_the_field(tmp_path: Path, value: object) -> None:
     with pytest.raises(coci.ConfigError, match="peer_copies"):
         coci.Session(tmp_path, {"t": torch.zeros(2)}, policy=coci.EveryN(1), peer_copies=value)  # type: ignore[arg-type]
@@ -238,3 +239,52 @@ def test_the_holder_keeps_the_newest_peer_keep_last_copies(tmp_path: Path, keep_
         assert held(run_dir) == kept
     finally:
         server.close()
+
+
+class CopyCounter:
+    """A ``CopyListener`` that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.started, self.finished, self.aborted = 0, [], 0
+
+    def peer_copy_started(self) -> None:
+        self.started += 1
+
+    def peer_copy_finished(self, seconds: float, nbytes: int | None = None) -> None:
+        self.finished.append(nbytes)
+
+    def peer_copy_aborted(self) -> None:
+        self.aborted += 1
+
+
+def test_k_peer_copies_reach_the_next_k_nodes_and_a_restore_takes_the_first_holder_that_serves(tmp_path: Path) -> None:
+    """``peer_copies=2`` on a ring of three nodes: node 1's part is committed on nodes 2 and 0 (one
+    measured copy of twice the part's bytes, what the plan weighs); node 2's copy lost, node 1
+    restores from node 0's (a ``peer_skip``, then a ``peer_fetch``). More copies than other nodes: each other node once."""
+    assert holders(1, 3, 2) == [2, 0] and holders(0, 3, 5) == [1, 2] and holders(0, 2, 1) == [1] and holders(0, 1, 3) == []
+    runs = {node: tmp_path / f"node{node}" for node in (0, 1, 2)}
+    for path in runs.values():
+        path.mkdir()
+    servers = {n: PeerServer(runs[n], n, frozenset({1}), "secret", EventLog(runs[n]), "127.0.0.1", keep_last=2) for n in (2, 0)}
+    try:
+        counter = CopyCounter()
+        sender = PeerSender(1, {n: servers[n].address for n in holders(1, 3, 2)}, "secret", EventLog(runs[1]), counter)
+        part = node1_part(tmp_path / "parts", 4)
+        sender.submit(4, part)
+        assert sender.wait(60) and sender.last_copied_step == 4
+        assert held(runs[2]) == held(runs[0]) == [4]
+        part_bytes = sum(p.stat().st_size for p in part.iterdir())
+        assert (counter.started, counter.finished, counter.aborted) == (1, [2 * part_bytes], 0)
+        shutil.rmtree(peer_dir(runs[2], 1) / "step_4")  # the first holder lost its copy
+        context = DistributedContext(rank=1, world_size=3, groups={}, timeout_seconds=30.0, nodes=((0,), (1,), (2,)))
+        peers = PeerCopies(runs[1], context, 2, "secret", EventLog(runs[1]))
+        peers.addresses = {n: servers[n].address for n in servers}
+        assert peers._fetch_own(4, runs[1] / "checkpoints", "parts-4") is None
+    finally:
+        for server in servers.values():
+            server.close()
+    assert sorted(p.name for p in (runs[1] / "checkpoints" / "step_4").iterdir()) == sorted(p.name for p in part.iterdir())
+    events = [json.loads(line) for line in (runs[1] / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e.get("holder", e.get("to_node"))) for e in events if e["event"] != "error"] == [
+        ("peer_send", 2), ("peer_send", 0), ("peer_skip", 2), ("peer_fetch", 0),
+    ]
