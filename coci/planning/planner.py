@@ -75,7 +75,16 @@ from coci.planning.formulas import (
     min_interval_steps,
     snap_to_steps,
 )
-from coci.planning.levels import Level, LevelCosts, TwoLevelResult, auto_two_level, check_levels, levels_from_keywords, min_promote_steps
+from coci.planning.levels import (
+    Level,
+    LevelCosts,
+    TwoLevelResult,
+    auto_two_level,
+    charged,
+    check_levels,
+    levels_from_keywords,
+    min_promote_steps,
+)
 from coci.planning.objective import CostModel, TwoLevelCostModel, build_cost_model, expected_failures
 from coci.planning.problem import Placement, Problem, build_problem, finish_plan
 from coci.planning.records import Plan, PlanInputs
@@ -248,26 +257,60 @@ def _density_bound_name(inputs: PlanInputs, min_steps: int) -> str:
     return "a transfer to an upper level (an upload or a peer copy: one in flight at a time)"
 
 
+def _bound_share(chain: CostModel, alpha: float, min_steps: int) -> tuple[float, float]:
+    """The share of ``chain``'s remaining run where the first-order optimal density
+    ``sqrt(h w / 2C)`` exceeds one checkpoint per ``min_steps`` steps, and the most it exceeds it by."""
+    weight = alpha * chain.weight + (1.0 - alpha)
+    wanted = np.sqrt(chain.hazard * weight / (2.0 * max(chain.checkpoint_seconds, 1e-12))) * (min_steps * chain.step_seconds)
+    widths = np.diff(chain.edges)
+    share = float(np.dot(widths, wanted > 1.0) / widths.sum()) if widths.sum() > 0 else 0.0
+    return share, float(wanted.max()) if wanted.size else 0.0
+
+
 def _record_density_bound(problem: Problem, model: CostModel, alpha: float, min_steps: int) -> None:
     """Say where the shortest admissible interval (one persist in flight, or ``max_overhead``)
     holds the plan sparser than its objective asks: ``details['density_bound_share']`` is the share
     of the remaining run where the first-order optimal density ``sqrt(h w / 2C)`` exceeds one
     checkpoint per ``min_steps`` steps, ``details['density_bound_steps']`` that interval, and a
     note names the bound (the persist's seconds, or the overhead cap)."""
-    weight = alpha * model.weight + (1.0 - alpha)
-    wanted = np.sqrt(model.hazard * weight / (2.0 * model.checkpoint_seconds)) * (min_steps * model.step_seconds)
-    widths = np.diff(model.edges)
-    share = float(np.dot(widths, wanted > 1.0) / widths.sum()) if widths.sum() > 0 else 0.0
+    share, densest = _bound_share(model, alpha, min_steps)
     problem.details.update(density_bound_share=share, density_bound_steps=float(min_steps))
     if share <= 0.0:
         return
     bound = _density_bound_name(problem.inputs, min_steps)
-    densest = float(wanted.max())
     problem.notes.append(
         f"density bound: {bound} allows at most one checkpoint every {min_steps} steps; over {100 * share:.2g}% of the "
         f"remaining run the plan would checkpoint more often (up to {densest:.2g}x as often), so no plan can "
         f"save the work lost there; a faster persist (a cheaper local level first) is what would"
     )
+
+
+def _record_level_density_bounds(
+    problem: Problem, local: CostModel, alpha: float, local_min: int, levels: list[tuple[str, CostModel, int, str]],
+) -> None:
+    """``_record_density_bound`` for a multi-level plan: the local chain against its persist, and
+    each upper level's chain (``(name, chain, fewest steps between its copies, what sets that)``,
+    each copy charged the checkpoint it needs) against the transfer one in flight at a time allows.
+    ``details['density_bound_share']`` / ``['density_bound_steps']`` are the most bound level's and
+    ``details['density_bound_level']`` its index (1 local, 2 peer, 3 remote, as ``Level``); a note
+    names each bound level and the room the plan uses below it (the local level's checkpoints)."""
+    _record_density_bound(problem, local, alpha, local_min)
+    problem.details["density_bound_level"] = float(Level.LOCAL)
+    most = problem.details["density_bound_share"]
+    for name, chain, min_steps, bound in levels:
+        share, densest = _bound_share(chain, alpha, min_steps)
+        problem.details[f"{name}_density_bound_share"] = share
+        if share <= 0.0:
+            continue
+        if share > most:
+            most = share
+            problem.details.update(density_bound_share=share, density_bound_steps=float(min_steps),
+                                   density_bound_level=float(Level[name.upper()]))
+        problem.notes.append(
+            f"density bound: {bound} allows at most one {name} copy every {min_steps} steps; over {100 * share:.2g}% "
+            f"of the remaining run the {name} level would be denser (up to {densest:.2g}x as often); the plan "
+            f"checkpoints locally between them (at most one every {local_min} steps) instead"
+        )
 
 
 def _mixture_placement(
@@ -292,6 +335,9 @@ def _plan_two_levels(problem: Problem, model: TwoLevelCostModel, objective: str)
         model, objective=objective, time_budget=config.time_budget, min_steps=local_min, min_promote=min_promote,
     )
     problem.details.update(min_interval_steps=float(local_min), min_promote_steps=float(min_promote))
+    upload = f"the upload ({_transfer(inputs, Level.REMOTE):.3g} s: one in flight at a time)"
+    _record_level_density_bounds(problem, model.local, result.alpha, local_min, [
+        ("remote", charged(model.remote, model.local.checkpoint_seconds), min_promote, upload)])
     problem.notes.append(
         f"two levels: {len(result.promote)} of {len(result.steps)} checkpoints promoted to the remote tier"
     )
@@ -313,6 +359,12 @@ def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: 
         min_promote=min_promote,
     )
     problem.details.update(min_interval_steps=float(local_min), min_peer_steps=float(min_peer), min_promote_steps=float(min_promote))
+    copy = f"the peer copy ({_transfer(inputs, Level.PEER):.3g} s: one in flight at a time)"
+    upload = f"the upload ({_transfer(inputs, Level.REMOTE):.3g} s: one in flight at a time)"
+    local_cost = model.local.checkpoint_seconds
+    _record_level_density_bounds(problem, model.local, result.alpha, local_min, [
+        ("peer", charged(model.peer, local_cost), min_peer, copy),
+        ("remote", charged(model.remote, local_cost + model.peer.checkpoint_seconds), min_promote, upload)])
     problem.notes.append(
         f"three levels: {len(result.peer)} of {len(result.steps)} checkpoints copied to a peer, {len(result.promote)} uploaded"
     )

@@ -14,8 +14,9 @@ import coci
 from coci.analysis.online_replay import online_schedule
 from coci.analysis.simulate import simulate
 from coci.planning.config import PlanConfig
-from coci.planning.failures import Failures
+from coci.planning.failures import FailureClass, Failures
 from coci.planning.formulas import auto_steps, periodic_steps
+from coci.planning.levels import Level
 from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model
 from coci.planning.online import make_policy
 from coci.planning.problem import build_problem
@@ -204,6 +205,29 @@ def test_the_plan_says_where_the_persist_bounds_how_densely_any_plan_can_checkpo
     assert any(note.startswith("density bound: the persist (300 s") for note in bound.notes)
     quick = dict(figures, persist_seconds=4.0)  # a persist of one step: nothing bounds the plan
     free = coci.plan("auto", failures=failures, total_steps=STEPS, curve=_curve("fast early fall"), **quick)
+    assert free.details["density_bound_share"] == 0 and not any(n.startswith("density bound") for n in free.notes)
+
+
+def test_with_a_remote_tier_the_plan_names_the_upload_bound_and_checkpoints_locally_between_uploads() -> None:
+    failures = Failures.compose(
+        FailureClass(name="process", failures=Failures.exponential("2h")),
+        FailureClass(name="node", failures=Failures.exponential("2h"), destroys=("local",)),
+    )
+    local = dict(step_seconds=4.0, stall_seconds=1.0, persist_seconds=8.0, restart_seconds=600.0, remote_restart_seconds=900.0)
+
+    def two_levels(upload_seconds: float) -> coci.Plan:
+        return coci.plan("auto", failures=failures, total_steps=STEPS, curve=_curve("fast early fall"),
+                         upload_seconds=upload_seconds, **local)
+
+    bound = two_levels(300.0)  # one upload in flight: at most one every 75 steps
+    assert bound.promote_steps is not None and min(np.diff(bound.promote_steps)) >= 75
+    assert bound.details["density_bound_level"] == Level.REMOTE and bound.details["density_bound_steps"] == 75
+    assert bound.details["remote_density_bound_share"] > 0
+    assert any(note.startswith("density bound: the upload (300 s") for note in bound.notes)
+    # the room below the bound: local checkpoints between the uploads where the loss falls fastest
+    first_upload = bound.promote_steps[0]
+    assert len([s for s in bound.steps if s < bound.promote_steps[3]]) > 4 and bound.steps[0] < first_upload
+    free = two_levels(4.0)  # an upload of one step: nothing bounds the plan
     assert free.details["density_bound_share"] == 0 and not any(n.startswith("density bound") for n in free.notes)
 
 
