@@ -12,14 +12,14 @@ import numpy as np
 from coci import checks
 from coci.errors import ConfigError
 from coci.planning.failures import Failures, as_failures
-from coci.planning.levels import Level, LevelCosts
+from coci.planning.levels import HoldsLevels, Level, LevelCosts
 from coci.planning.records import Plan, PlanInputs
 
 __all__ = ["daly_expected_seconds", "failure_model"]
 
 
 @dataclass(frozen=True)
-class Job:
+class Job(HoldsLevels):
     """The figures of one simulated job (seconds, steps); ``levels`` the storage levels above the
     local one, each with its ``restart`` resolved (``LevelCosts.restart_seconds``)."""
 
@@ -31,10 +31,6 @@ class Job:
     restart_seconds: float
     levels: tuple[LevelCosts, ...] = ()
 
-    def level(self, level: Level) -> LevelCosts | None:
-        """The costs of ``level`` (None: the job has no such level)."""
-        return next((record for record in self.levels if record.level == level), None)
-
     def interference(self, level: Level) -> float:
         """The training seconds one transfer to ``level`` costs (0 without it)."""
         record = self.level(level)
@@ -45,13 +41,6 @@ class Job:
         record = self.level(level)
         return 0.0 if record is None or record.restart is None else record.restart
 
-    @property
-    def has_remote_tier(self) -> bool:
-        return self.level(Level.REMOTE) is not None
-
-    @property
-    def has_peer_level(self) -> bool:
-        return self.level(Level.PEER) is not None
 
     @classmethod
     def of(cls, inputs: PlanInputs) -> Job:

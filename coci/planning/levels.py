@@ -57,7 +57,7 @@ from coci.planning.objective import CostModel, Overhead, TwoLevelCostModel, mu_f
 from coci.units import parse_duration
 
 __all__ = [
-    "Level", "LevelCosts", "TwoLevelResult", "against_all", "auto_two_level", "charged", "level_of", "levels_of", "local_around", "min_promote_steps", "two_level_candidates",
+    "HoldsLevels", "Level", "LevelCosts", "TwoLevelResult", "against_all", "auto_two_level", "charged", "level_of", "levels_of", "local_around", "min_promote_steps", "two_level_candidates",
 ]
 
 TwoLevelPlan = tuple[np.ndarray, np.ndarray]
@@ -108,6 +108,27 @@ class LevelCosts(BaseModel):
         if self.restart is not None:
             return self.restart
         return local_restart + (self.seconds or 0.0) if self.level == Level.PEER else local_restart
+
+
+class HoldsLevels:
+    """What a record with a ``levels`` tuple of ``LevelCosts`` (``PlanInputs``, the simulator's
+    ``Job``) answers about them."""
+
+    levels: tuple[LevelCosts, ...]
+
+    def level(self, level: Level) -> LevelCosts | None:
+        """The costs of ``level`` (None: no such level)."""
+        return next((record for record in self.levels if record.level == level), None)
+
+    @property
+    def has_remote_tier(self) -> bool:
+        """True when a remote tier's costs are given (``Level.REMOTE``)."""
+        return self.level(Level.REMOTE) is not None
+
+    @property
+    def has_peer_level(self) -> bool:
+        """True when the peer level's costs are given (``Level.PEER``)."""
+        return self.level(Level.PEER) is not None
 
 
 #: The compatibility keywords of [``coci.plan``][coci.plan] (and the CLI's flags), per level: its

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit
-from coci.planning.levels import LEGACY_KEYWORDS, Level, LevelCosts, level_of, levels_of
+from coci.planning.levels import LEGACY_KEYWORDS, HoldsLevels, Level, LevelCosts, level_of, levels_of
 from coci.planning.objective import RateFunction
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ PRIOR_PROGRESS_RATE = PriorProgressRate()
 ProgressCurve = CurveFit | RateFunction
 
 
-class PlanInputs(BaseModel):
+class PlanInputs(HoldsLevels, BaseModel):
     """Everything a plan was computed from (seconds, steps), for the record and the report."""
 
     model_config = ConfigDict(frozen=True, defer_build=True)
@@ -94,20 +94,6 @@ class PlanInputs(BaseModel):
                                "last_step": last_step})
         data.setdefault("levels", sorted(levels, key=lambda record: record["level"]))
         return data
-
-    def level(self, level: Level) -> LevelCosts | None:
-        """The costs of ``level`` (None: the plan was given no such level)."""
-        return next((record for record in self.levels if record.level == level), None)
-
-    @property
-    def has_remote_tier(self) -> bool:
-        """True when the plan was given a remote tier's costs."""
-        return self.level(Level.REMOTE) is not None
-
-    @property
-    def has_peer_level(self) -> bool:
-        """True when the plan was given the peer level's costs."""
-        return self.level(Level.PEER) is not None
 
     def planned_failures(self) -> Failures | None:
         """The failures periodic checkpoints must cover: those without a warning that a

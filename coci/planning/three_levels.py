@@ -28,6 +28,24 @@ level also collapsed onto the one above it; with no uploads, the copies also pla
 two-level promotions are) is scored by the exact three-level objective. The
 mixture weight and the time budget are handled as ``coci.planning.levels.auto_two_level`` does.
 Peer copies are at least ``ceil(D / t)`` steps apart (one copy in flight), uploads ``ceil(U / t)``.
+
+At most three levels
+--------------------
+A plan's levels are ``coci.LevelCosts`` records (``PlanInputs.levels``), but a fourth is refused
+(``coci.planning.levels.check_levels``: each of ``Level.PEER`` and ``Level.REMOTE`` at most once,
+a ``ConfigError`` naming ``levels``). The placement above nests level by level and would extend
+(each level around the one above, the top one placed alone), but what the plan is scored and
+replayed against names the three levels and nothing else:
+
+* the failure model: a class says what it destroys as ``("local",)`` or ``("local", "peer")``
+  (``coci.FailureClass.destroys``), so there is no class that destroys a third level and spares a
+  fourth, and a fourth level's chain would have no hazard of its own to be planned against;
+* the objective's sum is exact to first order only while every transfer to a higher level starts
+  after the one below commits and takes longer (``D <= U`` above); a fourth level needs that
+  ordering of its delay stated and checked;
+* the plan records one subset per level by name (``Plan.peer_steps``, ``Plan.promote_steps``),
+  which the session's levels, the simulator (``coci.analysis.simulate_levels``) and the report
+  read.
 """
 
 from __future__ import annotations
