@@ -101,15 +101,16 @@ def test_the_level_tuple_plans_and_simulates_as_the_compatibility_keywords(failu
     keywords = {**LEVEL_SETS[levels], **REPLANS[replan]}
     flat = {k: v for k, v in keywords.items() if k in COMPATIBILITY_KEYWORDS and (k in LEVEL_SETS[levels] or _level_given(k, keywords))}
     rest = {k: v for k, v in keywords.items() if k not in COMPATIBILITY_KEYWORDS}
-    for objective in ("time", "progress") if replan == "offline" else ("time",):
+    progress = (failures, levels, replan) == ("three_classes", "three", "offline")  # the progress objective once: it costs most
+    for objective in ("time", "progress") if progress else ("time",):
         by_keywords = coci.plan(failures=model, curve=LOSSES, objective=objective, **COSTS, **rest, **flat)
         by_tuple = coci.plan(failures=model, curve=LOSSES, objective=objective, **COSTS, **rest, levels=as_levels(flat))
         assert by_tuple.steps == by_keywords.steps  # integer steps, from both paths on this machine
         assert by_tuple.promote_steps == by_keywords.promote_steps and by_tuple.peer_steps == by_keywords.peer_steps
         assert by_tuple == by_keywords
     if replan == "offline":
-        first = simulate(by_tuple, trials=40, seed=5)
-        second = simulate(by_keywords, trials=40, seed=5)
+        first = simulate(by_tuple, trials=20, seed=5)
+        second = simulate(by_keywords, trials=20, seed=5)
         for name in ("wall_seconds", "lost_seconds", "remote_restores", "peer_restores"):
             np.testing.assert_array_equal(first.values(name), second.values(name))
 
