@@ -20,8 +20,9 @@ the peer copies are planned on the peer chain (``three_level_model``, with a not
 peer level the two-level model of ``coci.planning.levels`` applies.
 
 The planner (``auto_three_level``) extends ``coci.planning.levels`` by one level: the
-uploads ``y`` are placed as the two-level promotions are (each charged ``C_u + C_p + C``, and on the
-model of every checkpoint at every level), the peer copies around them (in each gap between
+uploads ``y`` are placed as the two-level promotions are (each charged ``C_u + C_p + C``; charged
+``C_u`` alone, riding on copies the peer chain takes anyway; and on the model of every checkpoint at
+every level), the peer copies around them (in each gap between
 uploads, ``coci.planning.levels.local_around`` on the peer chain, each copy charged ``C_p +
 C``, uploads held in place), the local steps around the peer copies, and every candidate (each
 level also collapsed onto the one above it; with no uploads, the copies also placed as the
@@ -142,13 +143,17 @@ def _everything(model: ThreeLevelCostModel) -> CostModel:
 
 
 def _uploads(model: ThreeLevelCostModel, alpha: float, min_promote: int, refined: bool) -> list[np.ndarray]:
-    """Candidate upload sets: the single-level placement on the charged remote chain and on the
-    chain of every level (``m - 1``, ``m``, ``m + 1`` uploads; at ``alpha = 0`` the Young intervals)."""
+    """Candidate upload sets: the single-level placement on the charged remote chain, on the remote
+    chain alone and on the chain of every level (``m - 1``, ``m``, ``m + 1`` uploads; at
+    ``alpha = 0`` the Young intervals)."""
     local, peer, remote = model.chains()
     uploads: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
     if not np.any(remote.hazard > 0):  # no class destroys the peer copies (or no remote tier): no uploads
         return uploads
-    for chain in (charged(remote, local.checkpoint_seconds + peer.checkpoint_seconds), _everything(model)):
+    # each upload charged the peer copy and local checkpoint it needs; charged its own interference
+    # only (it rides on a copy the peer chain would take anyway: where copies are dense, the
+    # marginal cost); and every checkpoint at every level
+    for chain in (charged(remote, local.checkpoint_seconds + peer.checkpoint_seconds), remote, _everything(model)):
         uploads += place(chain, alpha, min_promote, (-1, 0, 1), max_interval_steps(chain, min_promote), refined)
         if alpha == 0.0:
             uploads += periodic_candidates(chain, min_promote)
