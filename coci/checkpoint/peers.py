@@ -30,6 +30,7 @@ import contextlib
 import hmac
 import logging
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -57,6 +58,8 @@ logger = logging.getLogger(__name__)
 _PEER_CONNECTIONS: int = 8
 
 PEER_DIRNAME = "peer"
+#: A node's copies of node ``K``'s parts: ``peer/node<K>``.
+_NODE_DIR = re.compile(r"^node(\d+)$")
 #: How long ``close()`` waits for this node's last peer transfer.
 PEER_CLOSE_SECONDS: float = 120.0
 
@@ -128,10 +131,31 @@ class PeerServer:
         self._refusal_recorded_at = -float("inf")
         for source in sources:  # interrupted receipts of an earlier process are never copies
             layout.remove_stale_tmp(peer_dir(run_dir, source))
+        self._discard_stale_copies()
         self._listener = socket.create_server((host, 0))
         self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
         self._thread = threading.Thread(target=self._serve, name="coci-peer-server", daemon=True)
         self._thread.start()
+
+    def _discard_stale_copies(self) -> None:
+        """Remove the copies of nodes this node no longer holds copies for (``peer/node<K>`` with
+        ``K`` not among ``sources``), each with a ``peer_stale_discarded`` event: after a restart in
+        another join order (c10d numbers nodes by arrival) or with another ring, they sit under a
+        numbering nothing asks any more (a restore asks each node's holders in the ring, and a
+        copy of this node's own part on its own disk guards against no node loss), and no
+        retention would ever remove them. A link in a copy's place is left alone (never followed)."""
+        root = self.run_dir / PEER_DIRNAME
+        if not root.is_dir() or root.is_symlink():
+            return
+        for entry in sorted(root.iterdir()):
+            match = _NODE_DIR.match(entry.name)
+            if match is None or int(match.group(1)) in self.sources or entry.is_symlink() or not entry.is_dir():
+                continue
+            steps = sorted(step for step, _ in layout.committed_steps(entry))
+            shutil.rmtree(entry, ignore_errors=True)
+            logger.info("node %d removed its stale peer copies of node %s (steps %s)", self.node, match.group(1), steps)
+            self._events.emit("peer_stale_discarded", step=0, node=self.node, source=int(match.group(1)), steps=steps,
+                              holds_for=sorted(self.sources), path=str(entry))
 
     def trust(self, step: int) -> None:
         """The job restored ``step``: its copies held here count for retention (kept until newer

@@ -21,6 +21,7 @@ import torch
 import torchrun_helpers
 
 from coci.checkpoint import layout
+from coci.checkpoint.peers import peer_dir
 from coci.checkpoint.remote.tier import committed_steps, open_store
 from coci.checkpoint.verify import verify_run
 from tests.integration.test_remote import s3_remote, s3_server  # noqa: F401 (fixtures)
@@ -144,17 +145,28 @@ def test_rank0_killed_during_an_upload_commits_nothing_remotely_and_resumes(tmp_
 
 
 def test_a_lost_node_directory_is_recovered_from_s3_bitwise(tmp_path: Path, reference: Path, s3_remote: str) -> None:  # noqa: F811
-    assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "8"))  # close() waits for every node's upload
-    assert 8 in committed_steps(open_store(s3_remote).list_objects())
-    remote_names = set(open_store(s3_remote).list_objects("step_8/"))
-    assert {"step_8/__0_0.distcp", "step_8/__1_0.distcp", "step_8/.metadata", "step_8/manifest.json"} <= remote_names
+    """Rank 0 SIGKILLed right after its second remote commit (node 1 killed by the harness), node 1's
+    disk lost: node 1 fetches its part from S3, node 0 loads its own, bitwise; the report lists the
+    restore with each node's source and the steps the kill lost."""
+    from coci.analysis.report.read import read_run
+
+    outcomes = run_nodes(tmp_path, "--remote", s3_remote, "--fault", "0:after_remote_commit:2", survivor_grace=10.0)
+    assert all(o.code != 0 for o in outcomes)
+    step = max(committed_steps(open_store(s3_remote).list_objects()))  # no later one: its committer died there
+    remote_names = set(open_store(s3_remote).list_objects(f"step_{step}/"))
+    assert {f"step_{step}/{name}" for name in ("__0_0.distcp", "__1_0.distcp", ".metadata", "manifest.json")} <= remote_names
+    reached = int((node_dir(tmp_path, 0) / "samples_rank0.txt").read_text().splitlines()[-1].split()[0])  # rank 0's last step
     shutil.rmtree(node_dir(tmp_path, 1))  # node 1's disk is gone
     assert_ok(run_nodes(tmp_path, "--remote", s3_remote))
-    assert restored(tmp_path) == [[(8, "local")], [(8, "remote")]]
+    assert restored(tmp_path) == [[(step, "local")], [(step, "remote")]]
     fetched = node_events(tmp_path, 1, "remote_fetch")
-    assert [e["step"] for e in fetched] == [8] and set(fetched[0]["files"]) == {"__1_0.distcp", ".metadata"}
+    assert [e["step"] for e in fetched] == [step] and set(fetched[0]["files"]) == {"__1_0.distcp", ".metadata"}
     assert_bitwise(tmp_path, reference)
     assert_clean(tmp_path)
+    (row,) = read_run(node_dir(tmp_path, 0)).restores  # the report: the restore, each node's source, the steps lost
+    assert (row.step, row.failure, row.node_tiers, row.reached_step, row.lost_steps) == (
+        step, True, {0: "local", 1: "remote"}, reached, reached - step
+    ), row
 
 
 def test_a_lost_node_without_a_remote_is_one_clear_error_naming_its_shards(tmp_path: Path, reference: Path) -> None:
@@ -314,6 +326,11 @@ def test_a_restart_in_the_other_join_order_with_s3_and_peer_copies_keeps_the_run
         assert not swapped_events(tmp_path, node, "remote_fetch") and not swapped_events(tmp_path, node, "peer_fetch")
         assert [e["step"] for e in swapped_events(tmp_path, node, "node_upload")][-1] == STEPS  # uploads went on
     assert STEPS in committed_steps(open_store(s3_remote).list_objects())
+    for node in range(2):  # each directory's copies of the node that now runs on it: discarded, the new ring's kept
+        (stale,) = swapped_events(tmp_path, node, "peer_stale_discarded")
+        assert (stale["node"], stale["source"], stale["holds_for"]) == (1 - node, 1 - node, [node]) and 8 in stale["steps"], stale
+        assert not peer_dir(node_dir(tmp_path, node), 1 - node).exists()
+        assert STEPS in [step for step, _ in layout.committed_steps(peer_dir(node_dir(tmp_path, node), node))]
 
 
 def test_rank0s_node_lost_merges_the_history_back_and_the_report_lists_every_nodes_source(tmp_path: Path, s3_remote: str) -> None:  # noqa: F811

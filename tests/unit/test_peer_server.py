@@ -288,3 +288,21 @@ def test_k_peer_copies_reach_the_next_k_nodes_and_a_restore_takes_the_first_hold
     assert [(e["event"], e.get("holder", e.get("to_node"))) for e in events if e["event"] != "error"] == [
         ("peer_send", 2), ("peer_send", 0), ("peer_skip", 2), ("peer_fetch", 0),
     ]
+
+
+def test_copies_of_a_node_this_node_no_longer_holds_for_are_discarded_with_an_event(tmp_path: Path) -> None:
+    """After a restart in another join order, this node (now node 0, holding copies of node 1) finds
+    copies under ``peer/node0`` (its own ranks' parts, from when it was node 1): never asked again,
+    never retained, so removed, named in a ``peer_stale_discarded`` event. Node 1's copies, a link
+    and an unknown entry stay."""
+    run_dir, outside = tmp_path / "run", tmp_path / "outside"
+    outside.mkdir()
+    stale = node1_part(peer_dir(run_dir, 0), 8)  # a committed copy under the old numbering
+    kept = node1_part(peer_dir(run_dir, 1), 4)
+    (run_dir / "peer" / "node2").symlink_to(outside)
+    (run_dir / "peer" / "notes").mkdir()
+    server = PeerServer(run_dir, 0, frozenset({1}), "secret", EventLog(run_dir), "127.0.0.1", keep_last=2)
+    server.close()
+    assert not stale.parent.exists() and kept.is_dir() and (run_dir / "peer" / "node2").is_symlink() and (run_dir / "peer" / "notes").is_dir()
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["node"], e["source"], e["steps"], e["holds_for"]) for e in events] == [("peer_stale_discarded", 0, 0, [8], [1])]
