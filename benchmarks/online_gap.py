@@ -8,6 +8,8 @@ offline cut (``(Young - plan) / (Young - offline)``, progress-weighted overhead)
 * ``online``: ``auto`` as the session drives it (``schedule_quality.quality3_online_steps``);
 * ``oracle``: the same replay, the policy planning on the true curve at every observation (what
   the re-planning machinery itself costs: cadence, warm-up, re-plan placement, the budget);
+* ``oracle a-b`` (``--windows a:b,...``): the true curve only at observations between fractions
+  ``a`` and ``b`` of the run (where in the run the shortfall lies);
 * ``oracle after W``: the policy's own curve before step ``W``, the true curve from ``W`` on, where
   ``W`` is the step by which the trace can show the fall: the later of the true curve's first 10%
   of its whole fall and its second logged loss. The gap this arm leaves lies before ``W``, where
@@ -44,14 +46,15 @@ FALL_SHOWN: float = 0.10
 
 
 class OraclePolicy(PlanningPolicy):
-    """``auto`` planning on ``truth`` at observations from ``from_step`` on (its own curve before)."""
+    """``auto`` planning on ``truth`` at observations from ``from_step`` on, up to ``until_step``
+    (its own curve elsewhere)."""
 
-    def __init__(self, truth: Any, from_step: int, **choices: Any) -> None:
+    def __init__(self, truth: Any, from_step: int, until_step: float = float("inf"), **choices: Any) -> None:
         super().__init__("auto", **choices)
-        self._truth, self._from_step = truth, from_step
+        self._truth, self._from_step, self._until_step = truth, from_step, until_step
 
     def _curve(self, observation: Observation, fallbacks: list[str]) -> ProgressCurve | None:
-        if observation.step >= self._from_step:
+        if self._from_step <= observation.step < self._until_step:
             return self._truth
         return super()._curve(observation, fallbacks)
 
@@ -79,8 +82,8 @@ def progress_seconds(job: quality.JobShape, inputs: dict, truth: Any, steps: Any
     return float(model.expected(chosen).progress_seconds)
 
 
-def gap_cell(task: tuple[quality.Curve, str]) -> dict:
-    curve, job_name = task
+def gap_cell(task: tuple[quality.Curve, str, tuple[tuple[float, float], ...]]) -> dict:
+    curve, job_name, windows = task
     logging.basicConfig(level=logging.ERROR)
     job = quality.JOB_SHAPES[job_name]
     inputs = job.inputs(0.08)
@@ -93,6 +96,10 @@ def gap_cell(task: tuple[quality.Curve, str]) -> dict:
         policy = OraclePolicy(truth, start, failures=inputs["failures"], total_steps=job.total_steps,
                               restart_seconds=job.restart_seconds)
         arms[name] = online_schedule(policy, plans["auto"].inputs, trace, plan_seconds=0.3)[0].tolist()
+    for low, high in windows:
+        policy = OraclePolicy(truth, int(low * job.total_steps), high * job.total_steps, failures=inputs["failures"],
+                              total_steps=job.total_steps, restart_seconds=job.restart_seconds)
+        arms[f"oracle {low:g}-{high:g}"] = online_schedule(policy, plans["auto"].inputs, trace, plan_seconds=0.3)[0].tolist()
     young = progress_seconds(job, inputs, truth, plans["young"].steps)
     offline = progress_seconds(job, inputs, truth, plans["auto"].steps)
     row: dict = dict(job=job_name, curve=curve.name, W=end, offline_cut=1.0 - offline / young)
@@ -107,17 +114,20 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated curve name prefixes")
     parser.add_argument("--val-curves", type=int, default=5)
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--windows", default="", help='oracle windows as fractions of the run, e.g. "0:0.2,0.2:1": the '
+                        "true curve inside the window only")
     args = parser.parse_args()
+    windows = tuple(tuple(float(x) for x in w.split(":")) for w in args.windows.split(",") if w)
     names = [n for n in args.only.split(",") if n]
     curves = [c for c in quality.load_curves(False, args.val_curves) if not names or any(c.name.startswith(n) for n in names)]
-    tasks = [(c, job) for c in curves for job in args.jobs.split(",")]
+    tasks = [(c, job, windows) for c in curves for job in args.jobs.split(",")]
     with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
         rows = pool.map(gap_cell, tasks)
     print("kept share of the offline cut (first-order model, the true curve weighing lost work):")
     print(f"{'job':9s} {'curve':28s} {'W':>6s} {'offline cut':>11s} {'online':>7s} {'oracle':>7s} {'oracle after W':>15s}")
     for r in rows:
         print(f"{r['job']:9s} {r['curve']:28s} {r['W']:6d} {r['offline_cut']:11.1%} {r['online']:7.2f} {r['oracle']:7.2f} "
-              f"{r['oracle after W']:15.2f}")
+              f"{r['oracle after W']:15.2f}" + "".join(f"  {k} {v:.2f}" for k, v in r.items() if k.startswith("oracle ") and k != "oracle after W"))
 
 
 if __name__ == "__main__":
