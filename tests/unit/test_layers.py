@@ -25,6 +25,7 @@ A module may import its own layer or any lower one; ``from coci import knobs`` i
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import tomllib
 from pathlib import Path
@@ -59,6 +60,12 @@ def _files() -> dict[str, tuple[Path, bool]]:
     return found
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """``path``'s syntax tree, parsed once per test process (four tests walk every module)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def _targets(module: str, package: bool, node: ast.Import | ast.ImportFrom, modules: set[str]) -> set[str]:
     """The coci modules ``node`` (in ``module``) imports."""
     if isinstance(node, ast.Import):
@@ -87,7 +94,7 @@ def _graph() -> dict[str, dict[str, int]]:
     graph: dict[str, dict[str, int]] = {}
     for module, (path, package) in files.items():
         edges = graph.setdefault(module, {})
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for target in _targets(module, package, node, set(files)):
                     edges.setdefault(target, node.lineno)
@@ -161,7 +168,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_no_coci_module_imports_the_top_level_profiler() -> None:
     """Only ``coci.profiler``: a top-level ``profiler`` is what a user's own ``profiler.py`` shadows."""
     for module, (path, _) in _files().items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_tree(path)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.level == 0:
                 names = [node.module or ""]
