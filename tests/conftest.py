@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,13 @@ _PROCESS_CALLS = {
     "signal": ("raise_signal", "pthread_kill", "alarm", "setitimer"),
     "concurrent.futures": ("ProcessPoolExecutor",),
 }
+
+# Where PYTHONDONTWRITEBYTECODE is set (this machine's shells, some CI images) no process writes a
+# bytecode cache, so every pytest worker compiles coci's modules and rewrites every test module again
+# (4 of the 10 CPU seconds of each worker's collection) and every job a test starts compiles coci
+# again (~0.3 s each). The suite writes the caches (__pycache__/, git-ignored) from its own
+# processes; the processes it starts keep the environment they were given and read them.
+sys.dont_write_bytecode = False
 
 EXTERNAL_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "external-data")
 
