@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from built_once import built_once
 from kill_campaign import assert_resumed_bitwise, run_campaign
 
 pytest.importorskip("accelerate")
@@ -44,8 +45,7 @@ TRAJECTORIES: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, int]]]:
-    out = tmp_path_factory.mktemp("accelerate-campaign")
-    return out, run_campaign(JOB, out, TRAJECTORIES)
+    return built_once(tmp_path_factory, "accelerate-campaign", lambda out: run_campaign(JOB, out, TRAJECTORIES))
 
 
 @pytest.mark.parametrize("trajectory", TRAJECTORIES, ids=[t["name"] for t in TRAJECTORIES])

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from built_once import built_once
 from optional_imports import assert_coci_does_not_import, assert_missing_package_names_its_extra
 
 pytest.importorskip("lightning")
@@ -69,13 +70,17 @@ def assert_same_as_reference(run_dir: Path, reference: Path) -> None:
 def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Uninterrupted runs per loader; worker processes change the global RNG draws, so 2 workers
     get their own reference."""
-    paths = {}
-    for loader, workers in (("stateful", 0), ("stateful", 2), ("resumable", 0)):
-        path = tmp_path_factory.mktemp(f"reference-{loader}-{workers}")
-        assert run(path, "--loader", loader, "--workers", str(workers)) == 0
-        assert sorted(step_lines(path)) == list(range(1, STEPS + 1))
-        paths[f"{loader}-{workers}"] = path
-    return paths
+
+    def build(folder: Path) -> list[str]:
+        for loader, workers in (("stateful", 0), ("stateful", 2), ("resumable", 0)):
+            path = folder / f"{loader}-{workers}"
+            path.mkdir()
+            assert run(path, "--loader", loader, "--workers", str(workers)) == 0
+            assert sorted(step_lines(path)) == list(range(1, STEPS + 1))
+        return sorted(path.name for path in folder.iterdir())
+
+    folder, names = built_once(tmp_path_factory, "lightning-references", build)
+    return {name: folder / name for name in names}
 
 
 @pytest.mark.parametrize(

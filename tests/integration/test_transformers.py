@@ -27,6 +27,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+from built_once import built_once
 from kill_campaign import assert_resumed_bitwise, coci_lines, plain_source, run_campaign
 from optional_imports import assert_coci_does_not_import, assert_missing_package_names_its_extra
 
@@ -67,8 +68,7 @@ TRAJECTORIES: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, int]]]:
-    out = tmp_path_factory.mktemp("hf-campaign")
-    return out, run_campaign(JOB, out, TRAJECTORIES)
+    return built_once(tmp_path_factory, "hf-campaign", lambda out: run_campaign(JOB, out, TRAJECTORIES))
 
 
 @pytest.mark.parametrize("trajectory", TRAJECTORIES, ids=[t["name"] for t in TRAJECTORIES])
