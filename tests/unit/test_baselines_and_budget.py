@@ -4,7 +4,9 @@ offline and re-planned online."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from exact_optimum import constrained_optimum, optimal_steps, optimal_three_leve
 
 import coci
 from coci.analysis.online_replay import online_schedule
+from coci.analysis.report import report
 from coci.analysis.simulate import empirical_progress_rate, simulate
 from coci.errors import ConfigError
 from coci.planning.config import PlanConfig
@@ -247,7 +250,7 @@ def test_the_plan_says_where_the_persist_bounds_how_densely_any_plan_can_checkpo
     assert free.details["density_bound_share"] == 0 and not any(n.startswith("density bound") for n in free.notes)
 
 
-def test_with_a_remote_tier_the_plan_names_the_upload_bound_and_checkpoints_locally_between_uploads() -> None:
+def test_with_a_remote_tier_the_plan_names_the_upload_bound_and_checkpoints_locally_between_uploads(tmp_path: Path) -> None:
     failures = Failures.compose(
         FailureClass(name="process", failures=Failures.exponential("2h")),
         FailureClass(name="node", failures=Failures.exponential("2h"), destroys=("local",)),
@@ -268,6 +271,11 @@ def test_with_a_remote_tier_the_plan_names_the_upload_bound_and_checkpoints_loca
     assert len([s for s in bound.steps if s < bound.promote_steps[3]]) > 4 and bound.steps[0] < first_upload
     free = two_levels(4.0)  # an upload of one step: nothing bounds the plan
     assert free.details["density_bound_share"] == 0 and not any(n.startswith("density bound") for n in free.notes)
+    # coci report names the bound (the run directory holds the plan and its event)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "plan.json").write_text(bound.model_dump_json())
+    (tmp_path / "run" / "events.jsonl").write_text(json.dumps({"event": "plan", "step": 0, "steps": bound.steps}) + "\n")
+    assert "density bound: the upload (300 s: one in flight at a time)" in report(tmp_path / "run", compare=False).summary()
 
 
 # --- the report: the plan's value in hours -----------------------------------------------------------
