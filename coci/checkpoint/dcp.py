@@ -90,6 +90,26 @@ def verify_dcp_checkpoint(path: Path) -> DcpManifest:
     return manifest
 
 
+def check_dcp_sizes(path: Path) -> DcpManifest:
+    """Check a DCP checkpoint's record, ``.metadata`` (checksum and contents, ``read_dcp_metadata``)
+    and that every data file it names here is a regular file of its recorded size, without reading
+    the data: their checksums are checked by the load, on the bytes it reads (``coci.checkpoint.dcp_reads``)."""
+    manifest = read_dcp_manifest(path)
+    for entry in manifest.present_files():
+        try:
+            fd = record_reads.open_no_follow(path / entry.name, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise CorruptCheckpointError(f"{path / entry.name}: data file is missing") from exc
+        try:
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if size != entry.size:
+            raise CorruptCheckpointError(f"{path / entry.name}: size {size} != manifest size {entry.size}")
+    read_dcp_metadata(path, manifest)
+    return manifest
+
+
 def _metadata_problem(path: Path, manifest: DcpManifest) -> str | None:
     """None when ``.metadata`` is safe to hand to DCP (``read_dcp_metadata``), else why not."""
     try:

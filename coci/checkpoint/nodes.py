@@ -22,7 +22,7 @@ import torch
 
 from coci import distributed
 from coci.checkpoint import layout
-from coci.checkpoint.dcp import verify_dcp_checkpoint
+from coci.checkpoint.dcp import check_dcp_sizes, verify_dcp_checkpoint
 from coci.checkpoint.dcp_manifest import checkpoint_id, file_rank
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError
@@ -80,20 +80,22 @@ def local_steps(root: Path, context: DistributedContext) -> list[int]:
     return sorted({step for steps in gathered for step in steps}, reverse=True)
 
 
-def check_parts(root: Path, step: int, context: DistributedContext) -> list[NodePart]:
-    """Each node's verdict on its part of ``step``, by node (collective)."""
-    part = _check_own_part(root, step, context) if context.is_node_leader else None
+def check_parts(root: Path, step: int, context: DistributedContext, checksums: bool = True) -> list[NodePart]:
+    """Each node's verdict on its part of ``step``, by node (collective). ``checksums`` False: the
+    record, ``.metadata`` and the data files' sizes only (``dcp.check_dcp_sizes``; the load checksums
+    the bytes it reads, so a restore reads each byte once)."""
+    part = _check_own_part(root, step, context, checksums) if context.is_node_leader else None
     gathered = distributed.gather_objects(part, context.control_group)
     nodes = context.nodes or (tuple(range(context.world_size)),)
     return [gathered[ranks[0]] for ranks in nodes]
 
 
-def _check_own_part(root: Path, step: int, context: DistributedContext) -> NodePart:
+def _check_own_part(root: Path, step: int, context: DistributedContext, checksums: bool = True) -> NodePart:
     path = root / layout.step_dirname(step)
     if not path.is_dir():
         return NodePart(context.node, None, f"absent from {root}", kind=MISSING)
     try:
-        record = verify_dcp_checkpoint(path)
+        record = verify_dcp_checkpoint(path) if checksums else check_dcp_sizes(path)
     except (CorruptCheckpointError, OSError) as exc:
         return NodePart(context.node, None, str(exc), kind=CORRUPT)
     names = tuple(entry.name for entry in record.files)

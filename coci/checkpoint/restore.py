@@ -52,6 +52,7 @@ _POLICY_ENTRY = SESSION_KEY + "policy"
 #: How a restore problem that is a state mismatch (not damage) starts.
 _MISMATCH = "state mismatch: "
 _NOT_EXCHANGED = "no node holds another's part"  # Restorer._exchanged: nothing to move between the nodes
+_ALL_PARTS_VERIFY = "every node's part verifies"  # Restorer._refetch_corrupt_parts: nothing to fetch
 _OTHER_LAYOUT = "another layout of nodes: "  # a node-local part read on another layout (IncompleteCheckpointError)
 
 
@@ -154,13 +155,21 @@ class Restorer:
         reasons: list[str] = []
         for step in steps:
             began = self.clock()
-            tier, problem, reason = self._node_parts_ready(step, remote_steps)
+            tier, problem, reason = self._node_parts_ready(step, remote_steps, checksums=False)
             path = self.root / step_dirname(step)
+            loaded, load_failed = None, False
             if problem is None:
                 loaded, problem = self._load_and_apply(path, targets)
                 reason = _skip_reason(problem) if loaded is None else None
-            else:
-                loaded = None
+                load_failed = loaded is None
+            if load_failed and reason == "corrupt":  # the load refused some part's bytes: find which, fetch it, load again
+                refetched, again, again_reason = self._refetch_corrupt_parts(step, remote_steps)
+                tier = tier if refetched in ("", "local") else refetched  # a part fetched in the first pass keeps its source
+                if again is None:
+                    loaded, problem = self._load_and_apply(path, targets)
+                    reason = _skip_reason(problem) if loaded is None else None
+                elif again != _ALL_PARTS_VERIFY:
+                    problem, reason = again, again_reason
             if loaded is None:
                 self._record_skip(step, str(path), problem, reason)
                 skipped.append(path)
@@ -214,12 +223,27 @@ class Restorer:
             "promotion), nothing can resume this run: delete the run directory's checkpoints/ on every node and start again"
         )
 
-    def _node_parts_ready(self, step: int, remote_steps: set[int]) -> tuple[str, str | None, str | None]:
-        """(this rank's tier, None, None) once every node holds a verified part of ``step`` (the
-        nodes lacking theirs fetched it from a peer or the remote); else ('', what is missing, the
-        ``restore_skip`` reason: ``coci.checkpoint.nodes.skip_kind``). Collective."""
+    def _refetch_corrupt_parts(self, step: int, remote_steps: set[int]) -> tuple[str, str | None, str | None]:
+        """After a load of ``step`` refused for its bytes: every node checksums its whole part; the
+        nodes whose part fails fetch it as a lacking one (``_parts_ready``). ``_ALL_PARTS_VERIFY``
+        as the problem when every part verifies (nothing to fetch: the load's own problem stands). Collective."""
         assert self.dist is not None
         parts = nodes.check_parts(self.root, step, self.dist)
+        if all(part.problem is None for part in parts) and len({part.commit_id for part in parts}) == 1:
+            return "", _ALL_PARTS_VERIFY, None
+        return self._parts_ready(step, parts, remote_steps)
+
+    def _node_parts_ready(self, step: int, remote_steps: set[int], checksums: bool = True) -> tuple[str, str | None, str | None]:
+        """(this rank's tier, None, None) once every node holds a verified part of ``step`` (the
+        nodes lacking theirs fetched it from a peer or the remote); else ('', what is missing, the
+        ``restore_skip`` reason: ``coci.checkpoint.nodes.skip_kind``). ``checksums`` False: the parts'
+        sizes are checked, their bytes by the load (``nodes.check_parts``). Collective."""
+        assert self.dist is not None
+        return self._parts_ready(step, nodes.check_parts(self.root, step, self.dist, checksums), remote_steps)
+
+    def _parts_ready(self, step: int, parts: list[nodes.NodePart], remote_steps: set[int]) -> tuple[str, str | None, str | None]:
+        """``_node_parts_ready`` once each node's verdict on its part is known (collective)."""
+        assert self.dist is not None
         ids = sorted({str(part.commit_id) for part in parts if part.problem is None})
         if len(ids) > 1:
             return self._one_checkpoint_from_peers(step, parts, ids)

@@ -339,12 +339,17 @@ def test_rank0s_node_lost_merges_the_history_back_and_the_report_lists_every_nod
     assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "8"))  # closes: every upload and the history mirrored
     at_stop = torch.load(node_dir(tmp_path, 0) / "stop.pt", weights_only=True)
     shutil.rmtree(node_dir(tmp_path, 0))  # rank 0's node is lost with its disk (its history with it)
+    shard = layout.checkpoints_dir(node_dir(tmp_path, 1)) / "step_8" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # node 1's part: same size, one byte flipped (found by the load's checksum, then fetched)
+    shard.write_bytes(bytes(data))
     assert_ok(run_nodes(tmp_path, "--remote", s3_remote, "--stop-at", "9"))
     assert_same_state(torch.load(node_dir(tmp_path, 0) / "restored.pt", weights_only=True), at_stop)
+    assert [e["step"] for e in node_events(tmp_path, 1, "remote_fetch")] == [8] and not node_events(tmp_path, 1, "restore_skip")
     (merged,) = node_events(tmp_path, 0, "remote_history")  # the first process's events came back from the remote
     assert merged["events"] > 0 and len(node_events(tmp_path, 0, "session")) == 2
     (row,) = read_run(node_dir(tmp_path, 0)).restores
-    assert (row.step, row.failure, row.node_tiers) == (8, False, {0: "remote", 1: "local"})  # after a clean close, each node's source
+    assert (row.step, row.failure, row.node_tiers) == (8, False, {0: "remote", 1: "remote"})  # after a clean close, each node's source
     on_node1 = read_run(node_dir(tmp_path, 1))  # node 1's own directory: its rank's log, said so
-    assert [(r.step, r.node_tiers) for r in on_node1.restores] == [(8, {0: "remote", 1: "local"})]
+    assert [(r.step, r.node_tiers) for r in on_node1.restores] == [(8, {0: "remote", 1: "remote"})]
     assert any("rank 1's log" in note for note in on_node1.notes)

@@ -213,3 +213,28 @@ def test_a_data_file_swapped_after_the_checks_is_refused_where_dcp_reads_it(run:
     assert swaps and result is not None and result.step == 4 and target in result.skipped
     (skip,) = [e for e in events_of(run, "restore_skip") if e["path"] == str(target)]
     assert "checksum mismatch" in skip["message"] and data_file.name in skip["message"], skip
+
+
+def test_a_parts_cheap_check_reads_sizes_and_metadata_and_leaves_the_bytes_to_the_load(run: Path, pristine: tuple[Path, Path]) -> None:
+    """``check_dcp_sizes`` (a node-local restore's first look at each part): a flipped byte passes
+    it (the load's checksum finds it), a file of another size or a damaged ``.metadata`` does not."""
+    from coci.checkpoint.dcp import check_dcp_sizes, verify_dcp_checkpoint
+    from coci.errors import CorruptCheckpointError
+
+    target = plant_dcp(run, pristine[1])
+    data_file, copy = swapped_copy(target, a_matrix_key(target))
+    os.replace(copy, data_file)
+    check_dcp_sizes(target)
+    with pytest.raises(CorruptCheckpointError, match="checksum mismatch"):
+        verify_dcp_checkpoint(target)
+    with data_file.open("ab") as handle:
+        handle.write(b"\0")
+    with pytest.raises(CorruptCheckpointError, match="size"):
+        check_dcp_sizes(target)
+    with data_file.open("r+b") as handle:
+        handle.truncate(data_file.stat().st_size - 1)
+    metadata = bytearray((target / ".metadata").read_bytes())
+    metadata[len(metadata) // 2] ^= 0xFF
+    (target / ".metadata").write_bytes(bytes(metadata))
+    with pytest.raises(CorruptCheckpointError, match=r"\.metadata"):
+        check_dcp_sizes(target)
