@@ -19,31 +19,34 @@ U``; the simulator plays the other case too). Without a remote tier the classes 
 the peer copies are planned on the peer chain (``three_level_model``, with a note); without a
 peer level the two-level model of ``coci.planning.levels`` applies.
 
-The planner (``auto_three_level``) extends ``coci.planning.levels`` by one level: the
-uploads ``y`` are placed as the two-level promotions are (each charged ``C_u + C_p + C``; charged
-``C_u`` alone, riding on copies the peer chain takes anyway; and on the model of every checkpoint at
-every level), the peer copies around them (in each gap between
-uploads, ``coci.planning.levels.local_around`` on the peer chain, each copy charged ``C_p +
-C``, uploads held in place), the local steps around the peer copies, and every candidate (each
-level also collapsed onto the one above it; with no uploads, the copies also placed as the
-two-level promotions are) is scored by the exact three-level objective. The
-mixture weight and the time budget are handled as ``coci.planning.levels.auto_two_level`` does.
-Peer copies are at least ``ceil(D / t)`` steps apart (one copy in flight), uploads ``ceil(U / t)``.
+The planner is one chain over ``N`` levels (``LevelChainModel``, ``level_candidates``,
+``auto_levels``; three levels are ``auto_three_level``). The top level's steps are placed as the
+two-level promotions are (each charged the interference of every level below it; charged its own
+interference alone, riding on transfers the level below takes anyway; and on the model of every
+checkpoint at every level), plus none; then level by level down, each level's steps around the
+ones above (``coci.planning.levels.local_around`` on its chain, each charged the levels below it,
+the ones above held in place) or the same as the level above, and where the level above takes
+nothing, also placed alone as the top one. Every candidate is scored by the exact chain objective;
+the mixture weight and the time budget are handled as ``coci.planning.levels.auto_two_level``
+does. Each level's steps are at least ``ceil(transfer / t)`` apart (one transfer in flight). Two
+levels keep their own planner (``auto_two_level``): its candidates hold neither the empty top
+level nor the top chain charged its own interference alone, so the chain of two would plan
+differently.
 
-At most three levels
---------------------
-A plan's levels are ``coci.LevelCosts`` records (``PlanInputs.levels``), but a fourth is refused
-(``coci.planning.levels.check_levels``: each of ``Level.PEER`` and ``Level.REMOTE`` at most once,
-a ``ConfigError`` naming ``levels``). The placement above nests level by level and would extend
-(each level around the one above, the top one placed alone), but what the plan is scored and
-replayed against names the three levels and nothing else:
+At most three levels through ``coci.plan``
+------------------------------------------
+The chain plans any number of levels (``tests/unit/test_level_chain.py`` plans four), but a plan's
+``levels`` (``coci.LevelCosts``, ``PlanInputs.levels``) hold at most the peer and remote levels
+(``coci.planning.levels.check_levels``, a ``ConfigError`` naming ``levels``), because what a plan
+is built from and replayed against names those levels:
 
+* a level is a ``Level`` member, and ``Level`` has three;
 * the failure model: a class says what it destroys as ``("local",)`` or ``("local", "peer")``
-  (``coci.FailureClass.destroys``), so there is no class that destroys a third level and spares a
-  fourth, and a fourth level's chain would have no hazard of its own to be planned against;
-* the objective's sum is exact to first order only while every transfer to a higher level starts
-  after the one below commits and takes longer (``D <= U`` above); a fourth level needs that
-  ordering of its delay stated and checked;
+  (``coci.FailureClass.destroys``), so no class destroys a third level and spares a fourth, and a
+  fourth level's chain would have no hazard of its own (``three_level_model`` plans chain ``k``
+  against the classes that destroy every level below it and spare it);
+* the objective's sum is exact to first order only while every transfer to a higher level takes
+  longer than the one below (``D <= U`` above); a fourth level needs that order checked;
 * the plan records one subset per level by name (``Plan.peer_steps``, ``Plan.promote_steps``),
   which the session's levels, the simulator (``coci.analysis.simulate_levels``) and the report
   read.
@@ -51,6 +54,7 @@ replayed against names the three levels and nothing else:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,40 +71,71 @@ if TYPE_CHECKING:
     from coci.planning.records import PlanInputs
 
 __all__ = [
-    "ThreeLevelCostModel", "ThreeLevelResult", "auto_three_level", "measured_levels",
-    "three_level_candidates", "three_level_model",
+    "LevelChainModel", "LevelsResult", "ThreeLevelCostModel", "ThreeLevelResult", "auto_levels", "auto_three_level",
+    "level_candidates", "measured_levels", "three_level_candidates", "three_level_model",
 ]
 
-ThreeLevelPlan = tuple[np.ndarray, np.ndarray, np.ndarray]
+LevelsPlan = tuple[np.ndarray, ...]
+ThreeLevelPlan = LevelsPlan
+
+#: The names of a chain model's levels by position (local first); a level past these is ``level<k>``.
+CHAIN_NAMES: tuple[str, ...] = ("local", "peer", "remote")
+#: What ``as_dict`` calls an upper level's transfers and their seconds (``coci.planning.objective.level_figures``).
+_TRANSFER_FIGURES: dict[str, tuple[str, str]] = {
+    "peer": ("peer_copies", "peer_copy_seconds"), "remote": ("promotions", "promotion_seconds"),
+}
 
 
-@dataclass(frozen=True)
-class ThreeLevelCostModel:
-    """The three-level objective (module docstring): ``local`` scores the local steps against the
-    failures that spare the local tier, ``peer`` the peer copies against those that destroy the
-    local tier only (its ``checkpoint_seconds`` is the copy's interference, its ``persist_seconds``
-    the persist plus the copy, its ``restart_seconds`` the restore from a peer), ``remote`` the
-    uploads against those that destroy the peer copies too."""
+def chain_name(position: int) -> str:
+    """The name of a chain model's level at ``position`` (0: the local tier)."""
+    return CHAIN_NAMES[position] if position < len(CHAIN_NAMES) else f"level{position + 1}"
 
-    local: CostModel
-    peer: CostModel
-    remote: CostModel
 
-    def chains(self) -> tuple[CostModel, CostModel, CostModel]:
-        return self.local, self.peer, self.remote
+@dataclass(frozen=True, init=False)
+class LevelChainModel:
+    """The objective over ``N`` nested levels (module docstring): ``chains[0]`` scores the local
+    steps against the failures that spare the local tier, ``chains[k]`` the subset at level ``k``
+    against those that destroy the levels below it and spare it (its ``checkpoint_seconds`` is the
+    transfer's interference, its ``persist_seconds`` the persist plus the transfer, its
+    ``restart_seconds`` the restore from it), the top chain against every class that destroys the
+    levels below it. Built as ``LevelChainModel(local, peer, remote, ...)``."""
 
-    def parts(self, steps: Any, peer: Any, promote: Any) -> tuple[Overhead, Overhead, Overhead]:
-        """Expected overhead of each chain; raises [``ConfigError``][coci.ConfigError] unless ``promote`` is a
-        subset of ``peer`` and ``peer`` of ``steps``."""
-        local, copied, uploaded = (m.check_steps(s) for m, s in zip(self.chains(), (steps, peer, promote)))
-        if not (np.all(np.isin(copied, local)) and np.all(np.isin(uploaded, copied))):
-            raise ConfigError("peer_steps must be a subset of steps, and promote_steps a subset of peer_steps")
-        return self.local.expected(local), self.peer.expected(copied), self.remote.expected(uploaded)
+    chains: tuple[CostModel, ...]
 
-    def expected(self, steps: Any, peer: Any, promote: Any) -> Overhead:
-        """Expected overhead of a three-level plan, the three chains added (``checkpoints`` counts
-        the local ones; peer copies and uploads are in ``as_dict``)."""
-        parts = self.parts(steps, peer, promote)
+    def __init__(self, *chains: CostModel) -> None:
+        if len(chains) < 2:
+            raise ConfigError(f"a level chain needs the local tier and at least one level above it, got {len(chains)} chains")
+        object.__setattr__(self, "chains", tuple(chains))
+
+    @property
+    def local(self) -> CostModel:
+        return self.chains[0]
+
+    @property
+    def peer(self) -> CostModel:
+        return self.chains[1]
+
+    @property
+    def remote(self) -> CostModel:
+        return self.chains[2]
+
+    def parts(self, *plan: Any) -> tuple[Overhead, ...]:
+        """Expected overhead of each chain, ``plan`` one step list per level (local first); raises
+        [``ConfigError``][coci.ConfigError] unless each level's steps are a subset of the one below."""
+        if len(plan) != len(self.chains):
+            raise ConfigError(f"a plan of {len(self.chains)} levels needs {len(self.chains)} step lists, got {len(plan)}")
+        checked = [m.check_steps(s) for m, s in zip(self.chains, plan)]
+        for position in range(1, len(checked)):
+            if not np.all(np.isin(checked[position], checked[position - 1])):
+                if len(checked) == 3:
+                    raise ConfigError("peer_steps must be a subset of steps, and promote_steps a subset of peer_steps")
+                raise ConfigError(f"the {chain_name(position)} steps must be a subset of the {chain_name(position - 1)} steps")
+        return tuple(m.expected(s) for m, s in zip(self.chains, checked))
+
+    def expected(self, *plan: Any) -> Overhead:
+        """Expected overhead of a plan, the chains added (``checkpoints`` counts the local ones;
+        each upper level's transfers are in ``as_dict``)."""
+        parts = self.parts(*plan)
         return Overhead(
             checkpoints=parts[0].checkpoints,
             checkpoint_seconds=sum(p.checkpoint_seconds for p in parts),
@@ -111,53 +146,74 @@ class ThreeLevelCostModel:
             run_seconds=parts[0].run_seconds,
         )
 
-    def as_dict(self, steps: Any, peer: Any, promote: Any) -> dict[str, float]:
-        """``Overhead.as_dict`` of the plan, with the copies, uploads and each class group's part."""
-        local, copied, uploaded = self.parts(steps, peer, promote)
-        figures = self.expected(steps, peer, promote).as_dict()
-        figures.update(level_figures(local, [
-            ("peer", "peer_copies", "peer_copy_seconds", copied), ("remote", "promotions", "promotion_seconds", uploaded),
-        ]))
+    def as_dict(self, *plan: Any) -> dict[str, float]:
+        """``Overhead.as_dict`` of the plan, with each upper level's transfers and each class group's part."""
+        parts = self.parts(*plan)
+        figures = self.expected(*plan).as_dict()
+        uppers = []
+        for position, part in enumerate(parts[1:], start=1):
+            name = chain_name(position)
+            transfers, seconds = _TRANSFER_FIGURES.get(name, (f"{name}_copies", f"{name}_copy_seconds"))
+            uppers.append((name, transfers, seconds, part))
+        figures.update(level_figures(parts[0], uppers))
         return figures
 
-    def objective(self, steps: Any, peer: Any, promote: Any, alpha: float) -> float:
-        """The ``w_alpha`` objective of a three-level plan (what its planner and DP minimise)."""
-        return sum(m.objective(s, alpha) for m, s in zip(self.chains(), (steps, peer, promote)))
+    def objective(self, *plan_and_alpha: Any) -> float:
+        """The ``w_alpha`` objective of a plan: ``objective(steps, ..., top_steps, alpha)`` (what
+        its planner and DP minimise)."""
+        *plan, alpha = plan_and_alpha
+        return sum(m.objective(s, alpha) for m, s in zip(self.chains, plan))
+
+
+#: The three-level model (local, peer, remote chains) is the chain model of three levels.
+ThreeLevelCostModel = LevelChainModel
 
 
 @dataclass(frozen=True)
-class ThreeLevelResult(MixtureChoice):
-    """What ``auto_three_level`` chose: local steps, peer copies, uploads, the mixture and the budget."""
+class LevelsResult(MixtureChoice):
+    """What ``auto_levels`` chose: each level's steps (local first, each a subset of the one
+    below), the mixture and the budget."""
 
-    steps: np.ndarray
-    peer: np.ndarray
-    promote: np.ndarray
+    levels: tuple[np.ndarray, ...]
     alpha: float
     time_optimal_wall_seconds: float
     budget_wall_seconds: float | None
 
+    @property
+    def steps(self) -> np.ndarray:
+        """The local steps."""
+        return self.levels[0]
 
-def _everything(model: ThreeLevelCostModel) -> CostModel:
-    """Every checkpoint at every level."""
-    return against_all(model.remote, model.local, model.peer)
+    @property
+    def peer(self) -> np.ndarray:
+        """The steps copied to the level above the local tier."""
+        return self.levels[1]
+
+    @property
+    def promote(self) -> np.ndarray:
+        """The steps uploaded to the third level (the remote tier)."""
+        return self.levels[2]
 
 
-def _uploads(model: ThreeLevelCostModel, alpha: float, min_promote: int, refined: bool) -> list[np.ndarray]:
-    """Candidate upload sets: the single-level placement on the charged remote chain, on the remote
-    chain alone and on the chain of every level (``m - 1``, ``m``, ``m + 1`` uploads; at
-    ``alpha = 0`` the Young intervals)."""
-    local, peer, remote = model.chains()
-    uploads: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
-    if not np.any(remote.hazard > 0):  # no class destroys the peer copies (or no remote tier): no uploads
-        return uploads
-    # each upload charged the peer copy and local checkpoint it needs; charged its own interference
-    # only (it rides on a copy the peer chain would take anyway: where copies are dense, the
-    # marginal cost); and every checkpoint at every level
-    for chain in (charged(remote, local.checkpoint_seconds + peer.checkpoint_seconds), remote, _everything(model)):
-        uploads += place(chain, alpha, min_promote, (-1, 0, 1), max_interval_steps(chain, min_promote), refined)
+ThreeLevelResult = LevelsResult
+
+
+def _top_sets(model: LevelChainModel, alpha: float, spacing: int, refined: bool) -> list[np.ndarray]:
+    """Candidate step sets of the top level: none, and the single-level placement on the top chain
+    charged every level below, on the top chain alone and on the chain of every checkpoint at every
+    level (``m - 1``, ``m``, ``m + 1``; at ``alpha = 0`` the Young intervals)."""
+    *below, top = model.chains
+    sets: list[np.ndarray] = [np.zeros(0, dtype=np.int64)]
+    if not np.any(top.hazard > 0):  # no class destroys the level below the top (or no top level): none
+        return sets
+    # each charged the transfers and local checkpoint it needs; charged its own interference only
+    # (it rides on a transfer the level below takes anyway: where those are dense, the marginal
+    # cost); and every checkpoint at every level
+    for chain in (charged(top, sum(c.checkpoint_seconds for c in below)), top, against_all(top, *below)):
+        sets += place(chain, alpha, spacing, (-1, 0, 1), max_interval_steps(chain, spacing), refined)
         if alpha == 0.0:
-            uploads += periodic_candidates(chain, min_promote)
-    return uploads
+            sets += periodic_candidates(chain, spacing)
+    return sets
 
 
 def _placed(chain: CostModel, alpha: float, spacing: int, refined: bool) -> list[np.ndarray]:
@@ -175,26 +231,63 @@ def _around(chain: CostModel, fixed: np.ndarray, alpha: float, spacing: int, ref
     return local_around(chain, fixed, alpha, spacing, max_interval_steps(chain, spacing), refined)
 
 
+def level_candidates(
+    model: LevelChainModel, alpha: float, spacings: Sequence[int], refined: bool = True,
+) -> list[LevelsPlan]:
+    """Plans (one step list per level, local first) for one mixture weight (module docstring):
+    the top level's sets, then level by level down, each level's steps around the ones above
+    (``local_around`` on its chain charged the levels below it, the ones above held in place) or
+    the same as the level above; a level whose level above takes nothing is also placed alone.
+    ``spacings``: each level's fewest steps between two of its checkpoints."""
+    chains = model.chains
+    plans: list[tuple[np.ndarray, ...]] = [(top,) for top in _top_sets(model, alpha, spacings[-1], refined)]
+    for position in range(len(chains) - 2, -1, -1):
+        below = chains[:position]
+        chain = charged(chains[position], sum(c.checkpoint_seconds for c in below)) if below else chains[position]
+        spacing = spacings[position]
+        alone = [] if not below else _placed(chain, alpha, spacing, refined) + _placed(against_all(chains[position], *below), alpha, spacing, refined)
+        expanded: list[tuple[np.ndarray, ...]] = []
+        for plan in plans:
+            above = plan[0]
+            sets = [_around(chain, above, alpha, spacing, refined), above]
+            if below and above.size == 0:  # the problem one level down: place this level as the top one
+                sets += alone
+            expanded += [(steps, *plan) for steps in sets]
+        plans = expanded
+    return plans
+
+
 def three_level_candidates(
-    model: ThreeLevelCostModel, alpha: float, min_steps: int, min_peer: int, min_promote: int, refined: bool = True,
-) -> list[ThreeLevelPlan]:
-    """``(steps, peer, promote)`` candidates for one mixture weight (module docstring)."""
-    local, peer, _ = model.chains()
-    peer_chain = charged(peer, local.checkpoint_seconds)
-    candidates: list[ThreeLevelPlan] = []
-    placed = _placed(peer_chain, alpha, min_peer, refined) + _placed(against_all(peer, local), alpha, min_peer, refined)
-    for uploads in _uploads(model, alpha, min_promote, refined):
-        copy_sets = [_around(peer_chain, uploads, alpha, min_peer, refined), uploads]
-        if uploads.size == 0:  # the two-level problem one level down: place the copies as promotions
-            copy_sets += placed
-        for copies in copy_sets:
-            candidates.append((_around(local, copies, alpha, min_steps, refined), copies, uploads))
-            candidates.append((copies, copies, uploads))
-    return candidates
+    model: LevelChainModel, alpha: float, min_steps: int, min_peer: int, min_promote: int, refined: bool = True,
+) -> list[LevelsPlan]:
+    """``(steps, peer, promote)`` candidates for one mixture weight (``level_candidates``)."""
+    return level_candidates(model, alpha, (min_steps, min_peer, min_promote), refined)
+
+
+def auto_levels(
+    model: LevelChainModel,
+    spacings: Sequence[int],
+    *,
+    objective: str = "progress",
+    time_budget: float | None = 0.05,
+    alpha: float | None = None,
+) -> LevelsResult:
+    """``auto`` over ``N`` levels: ``coci.planning.levels.auto_mixture`` over the plans of
+    ``level_candidates`` scored by the chain objective (module docstring)."""
+    if len(spacings) != len(model.chains):
+        raise ConfigError(f"spacings: one per level ({len(model.chains)}), got {len(spacings)}")
+
+    def candidates(weight: float, refined: bool) -> list[LevelsPlan]:
+        return level_candidates(model, weight, spacings, refined)
+
+    plan, weight, time_wall, budget = auto_mixture(
+        candidates, model.objective, model.expected, model.local.has_progress,
+        objective=objective, time_budget=time_budget, alpha=alpha)
+    return LevelsResult(tuple(plan), weight, time_wall, budget)
 
 
 def auto_three_level(
-    model: ThreeLevelCostModel,
+    model: LevelChainModel,
     *,
     objective: str = "progress",
     time_budget: float | None = 0.05,
@@ -202,17 +295,9 @@ def auto_three_level(
     min_peer: int = 1,
     min_promote: int = 1,
     alpha: float | None = None,
-) -> ThreeLevelResult:
-    """``auto`` for three levels: ``coci.planning.levels.auto_mixture`` over ``(steps, peer,
-    promote)`` plans scored by the three-level objective (module docstring)."""
-
-    def candidates(weight: float, refined: bool) -> list[ThreeLevelPlan]:
-        return three_level_candidates(model, weight, min_steps, min_peer, min_promote, refined)
-
-    plan, weight, time_wall, budget = auto_mixture(
-        candidates, model.objective, model.expected, model.local.has_progress,
-        objective=objective, time_budget=time_budget, alpha=alpha)
-    return ThreeLevelResult(*plan, weight, time_wall, budget)
+) -> LevelsResult:
+    """``auto`` for three levels: ``auto_levels`` with the local, peer and upload spacings."""
+    return auto_levels(model, (min_steps, min_peer, min_promote), objective=objective, time_budget=time_budget, alpha=alpha)
 
 
 # --- from a plan's inputs --------------------------------------------------------------------------
@@ -256,30 +341,30 @@ def measured_levels(observation: Observation, restart: float, fallbacks: list[st
 
 def three_level_model(
     inputs: PlanInputs, last_checkpoint_step: int, rate: Any, mean_rate: float | None, notes: list[str],
-) -> ThreeLevelCostModel | None:
-    """The three-level cost model of a plan's inputs, or None without a peer level, a failure model
-    or a class that destroys the local tier (then a note). Without a remote tier the classes that
-    destroy the peer copies are planned as if a peer's copy survived them (a note), as the two-level
-    planner plans without a remote tier; a warning protects only the classes that spare the local
-    tier (a checkpoint taken on a notice is local)."""
+) -> LevelChainModel | None:
+    """The chain model of a plan's inputs (local, then each level of ``inputs.levels`` by rank), or
+    None without a peer level, a failure model or a class that destroys the local tier (then a
+    note). Chain ``k`` is planned against the classes that destroy every level below it and spare
+    it, the top level's against every class that destroys the levels below it (``_classes``).
+    Without a remote tier the classes that destroy the peer copies are planned as if a peer's copy
+    survived them (a note; an empty remote chain stands above it), as the two-level planner plans
+    without a remote tier; a warning protects only the classes that spare the local tier (a
+    checkpoint taken on a notice is local)."""
     failures = inputs.planned_failures()
-    peer_level, remote_level = inputs.level(Level.PEER), inputs.level(Level.REMOTE)
-    if failures is None or peer_level is None:
+    if failures is None or inputs.level(Level.PEER) is None:
         return None
     assert inputs.failures is not None
     unwarned = inputs.failures.model_copy(update={"warned_fraction": 0.0, "warning_seconds": None})
     if unwarned.destroying("local") is None:
         notes.append("no failure class destroys the local tier: no peer level planned (every checkpoint copied)")
         return None
-    multi = unwarned.destroying("peer") if inputs.has_remote_tier else None
-    node = _spare(unwarned, "peer") if inputs.has_remote_tier else unwarned.destroying("local")
-    if not inputs.has_remote_tier and unwarned.destroying("peer") is not None:
-        notes.append("failure classes destroy the peer copies but no remote tier is given: planned as if a peer's copy restored them")
-    restart = inputs.restart_seconds
-    remote_level = remote_level or LevelCosts(level=Level.REMOTE)  # no remote tier: no class left to plan it for
-    copied = last_checkpoint_step if peer_level.last_step is None else min(peer_level.last_step, last_checkpoint_step)
-    promoted = copied if remote_level.last_step is None else min(remote_level.last_step, copied)
-    step, persist = inputs.step_seconds, inputs.persist_seconds
+    uppers = list(inputs.levels)
+    if not inputs.has_remote_tier:
+        if unwarned.destroying("peer") is not None:
+            notes.append("failure classes destroy the peer copies but no remote tier is given: planned as if a peer's copy restored them")
+        uppers.insert(1, LevelCosts(level=Level.REMOTE))  # no remote tier: no class left to plan it for
+    names = tuple(chain_name(position) for position in range(len(inputs.levels) + 1))
+    restart, step, persist = inputs.restart_seconds, inputs.step_seconds, inputs.persist_seconds
     origin = inputs.failure_origin_step * step
 
     def build(group: Failures | None, cost: float, delay: float, restart: float, last: int) -> CostModel:
@@ -291,16 +376,22 @@ def three_level_model(
             last_checkpoint_step=last, mean_rate=mean_rate if rate is not None else None,
         )
 
-    return ThreeLevelCostModel(
-        local=build(failures.sparing("local"), inputs.checkpoint_seconds, 0.0, restart, last_checkpoint_step),
-        peer=build(node, peer_level.interference, peer_level.transfer_seconds, peer_level.restart_seconds(restart), copied),
-        remote=build(multi, remote_level.interference, remote_level.transfer_seconds, remote_level.restart_seconds(restart), promoted),
-    )
+    chains = [build(failures.sparing("local"), inputs.checkpoint_seconds, 0.0, restart, last_checkpoint_step)]
+    last = last_checkpoint_step
+    for position, level in enumerate(uppers, start=1):
+        last = last if level.last_step is None else min(level.last_step, last)
+        group = _classes(unwarned, names, position) if position < len(names) else None
+        chains.append(build(group, level.interference, level.transfer_seconds, level.restart_seconds(restart), last))
+    return LevelChainModel(*chains)
 
 
-def _spare(failures: Failures, tier: str) -> Failures | None:
-    """The classes that destroy the local tier but spare ``tier``."""
-    group = [c for c in failures.failure_classes if "local" in c.destroys and tier not in c.destroys]
+def _classes(failures: Failures, names: tuple[str, ...], position: int) -> Failures | None:
+    """The classes chain ``position`` of levels ``names`` is planned against: those that destroy
+    every level below it and spare it (the top level: every class that destroys the levels below
+    it, the classes that destroy it too included: nothing above it to restore from)."""
+    below, this = names[:position], names[position]
+    top = position == len(names) - 1
+    group = [c for c in failures.failure_classes if all(n in c.destroys for n in below) and (top or this not in c.destroys)]
     if not group:
         return None
     return group[0].failures if len(group) == 1 else Failures.compose(*group)

@@ -272,7 +272,7 @@ def optimal_three_level(
     the peer link plus ``L[c, d]``), and the uploads a DP over links costing the remote link plus
     ``Q[a, b]``; after the last upload, a peer chain, then a local chain, then the horizon.
     """
-    local, peer, remote = model.chains()
+    local, peer, remote = model.chains
     if local.total_steps - local.start_step > 400:
         raise ConfigError("the three-level DP is cubic: at most 400 steps")
     steps, links, ends = _grid(((local, min_steps), (peer, min_peer), (remote, min_promote)), alpha)
@@ -283,7 +283,7 @@ def optimal_three_level(
     uploaded, parent = _top_chain(links[2], best_peer)
     finals = uploaded + ends[2] + peer_tail
     last = int(np.argmin(finals))
-    restarts = sum(float(m.failures_until(m.horizon_seconds)) * m.restart_seconds for m in model.chains())
+    restarts = sum(float(m.failures_until(m.horizon_seconds)) * m.restart_seconds for m in model.chains)
     upload_nodes = _walk(parent, last)
     peer_nodes = _stretches(via_peer, [0, *upload_nodes], int(peer_last[last]))
     last_peer = peer_nodes[-1] if peer_nodes else 0

@@ -1,0 +1,74 @@
+"""The level planner as one chain over N levels: three levels are its N = 3 case, and a toy fourth
+level (a second, slower store above the remote tier, with a failure class of its own) is planned by
+the same code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from coci.errors import ConfigError
+from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model
+from coci.planning.three_levels import LevelChainModel, auto_levels, auto_three_level, level_candidates
+
+
+def chain(total: int, cost: float, persist: float, restart: float, rate: float) -> CostModel:
+    failures = ExpectedFailures.constant(rate) if rate > 0 else ExpectedFailures.none()
+    return build_cost_model(
+        total_steps=total, step_seconds=1.0, checkpoint_seconds=cost, persist_seconds=persist,
+        restart_seconds=restart, failures=failures,
+    )
+
+
+def four_levels(total: int = 400, archive_rate: float = 1 / 150) -> LevelChainModel:
+    """Local, peer, remote and a toy archive: each chain against the failures that destroy the
+    levels below it and spare it (the archive's: those that destroy the remote tier too)."""
+    return LevelChainModel(
+        chain(total, 0.3, 1.0, 5.0, 1 / 40), chain(total, 0.5, 3.0, 10.0, 1 / 80),
+        chain(total, 2.0, 9.0, 30.0, 1 / 300), chain(total, 3.0, 40.0, 90.0, archive_rate),
+    )
+
+
+def nested(levels: tuple[np.ndarray, ...]) -> bool:
+    return all(np.all(np.isin(upper, lower)) for lower, upper in zip(levels, levels[1:]))
+
+
+def test_three_levels_are_the_chain_of_three() -> None:
+    model = LevelChainModel(*four_levels().chains[:3])
+    three = auto_three_level(model, objective="time", min_steps=2, min_peer=4, min_promote=10)
+    chain_of_three = auto_levels(model, (2, 4, 10), objective="time")
+    assert all(np.array_equal(a, b) for a, b in zip(three.levels, chain_of_three.levels))
+    assert three.steps is three.levels[0] and three.peer is three.levels[1] and three.promote is three.levels[2]
+
+
+def test_a_fourth_level_is_planned_by_the_same_chain() -> None:
+    model = four_levels()
+    spacings = (2, 4, 10, 40)
+    result = auto_levels(model, spacings, objective="time")
+    assert len(result.levels) == 4 and nested(result.levels)
+    for steps, spacing in zip(result.levels, spacings):
+        assert np.all(np.diff(steps) >= spacing)
+    archived = result.levels[3]
+    assert archived.size > 0  # its class is planned against: the toy level takes checkpoints
+    never_archived = [plan for plan in level_candidates(model, 0.0, spacings) if plan[3].size == 0]
+    assert never_archived, "the candidates hold plans without the fourth level"
+    best_without = min(model.objective(*plan, 0.0) for plan in never_archived)
+    assert model.objective(*result.levels, 0.0) < best_without
+    figures = model.as_dict(*result.levels)
+    assert figures["level4_copies"] == archived.size
+    assert figures["level4_failures"] > 0 and figures["promotions"] == result.levels[2].size
+
+
+def test_a_fourth_level_without_failures_of_its_own_takes_nothing() -> None:
+    result = auto_levels(four_levels(archive_rate=0.0), (2, 4, 10, 40), objective="time")
+    assert result.levels[3].size == 0 and result.levels[2].size > 0
+
+
+def test_a_chain_plan_must_nest_and_give_one_list_per_level() -> None:
+    model = four_levels(total=100)
+    with pytest.raises(ConfigError, match="level4 steps must be a subset of the remote steps"):
+        model.expected(np.array([10, 20]), np.array([20]), np.array([20]), np.array([10]))
+    with pytest.raises(ConfigError, match="4 step lists"):
+        model.expected(np.array([10]), np.array([10]), np.array([10]))
+    with pytest.raises(ConfigError, match="spacings"):
+        auto_levels(model, (1, 1, 1))
