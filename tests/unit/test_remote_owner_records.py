@@ -104,8 +104,11 @@ class FailsOnce(DirectoryStore):
 
 @pytest.mark.parametrize("failures", [1, 100], ids=["transient", "lasting"])
 def test_an_owner_record_not_read_at_the_start_never_restores_another_runs_checkpoint(
-    promoted: Path, tmp_path: Path, failures: int
+    promoted: Path, tmp_path: Path, failures: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from coci import knobs
+
+    monkeypatch.setattr(knobs, "UPLOAD_RETRY_SECONDS", 0.01)  # the same retries, without 1 s + 2 s between them
     prefix = _prefix(promoted, tmp_path)
     state = build_state(seed=5)
     before = {k: v.clone() for k, v in state["model"].state_dict().items()}
