@@ -121,7 +121,7 @@ from coci.analysis.simulation_results import METRICS, MetricSummary, SimulationR
 from coci.errors import ConfigError
 from coci.planning.arguments import CurveLike, FailuresLike
 from coci.planning.empirical import curve_pair, empirical_progress_rate
-from coci.planning.failures import Failures
+from coci.planning.failures import Failures, check_survivable
 from coci.planning.fit import CurveFit, LossCurve
 from coci.planning.objective import RateFunction
 from coci.planning.policy import CheckpointPolicy
@@ -194,6 +194,7 @@ def simulate(
     plan, inputs, policy_name = _target(plan_or_policy, job)
     model_failures = failure_model(failures, inputs)
     job_figures = Job.of(inputs)
+    check_survivable(model_failures, len(job_figures.levels) + 1)
     if inputs.start_step != 0:
         raise ConfigError(
             f"plan.inputs.start_step must be 0 (simulate whole runs; re-plan online instead), got {inputs.start_step}"

@@ -49,7 +49,10 @@ Weibull) and the tiers it destroys: nothing (a process crash: every persisted fi
 ``("local",)`` (a node lost: its own local files and the peer copies it holds for other nodes are
 gone, so it restores from the copy a peer holds of its files) or ``("local", "peer")`` (several
 nodes lost at once, a rack or a switch: a node and the peer holding its copy can both be gone, so
-only the remote tier restores). The remote tier survives every class. The job fails at the first
+only the remote tier restores). A class destroys the levels below a given rank (``TIERS``,
+``FailureClass.depth``): ``("local", "peer", "remote")`` needs a level above the remote tier,
+which ``coci.plan`` does not plan yet (``coci.planning.three_levels``), so a model with such a class
+is refused there (``check_survivable``). The job fails at the first
 failure of any class (hazards add; all clocks restart together at every (re)start); [``Failures.sample_classes``][coci.Failures.sample_classes]
 also says which class struck. A plain model is one class that destroys nothing, so everything
 recovers from the local tier, as before classes existed. A warning ([``Failures.warned``][coci.Failures.warned]) belongs
@@ -101,7 +104,7 @@ from coci.errors import ConfigError
 from coci.planning.failure_log import read_failure_log
 from coci.units import parse_duration
 
-__all__ = ["TIERS", "FailureClass", "Failures", "LogFit", "as_failures", "mtbf_model"]
+__all__ = ["TIERS", "FailureClass", "Failures", "LogFit", "as_failures", "check_survivable", "mtbf_model"]
 
 #: Failure-model ranges: a scale beyond ~3e10 years or a Weibull shape outside these bounds
 #: overflows the planner's arithmetic (gamma(1 + 1/shape), failure probabilities) and means nothing.
@@ -112,9 +115,10 @@ _WEIBULL_SHAPE_RANGE: tuple[float, float] = (0.05, 20.0)
 #: enough that ``nodes ** (1 / shape)`` stays a float (a larger count is a typo or a hostile plan.json).
 _MAX_FAILURE_NODES: int = 10**9
 
-#: The checkpoint tiers a failure class can destroy (the remote tier survives every class); a class
-#: that destroys the peer copies destroys the local files too (the levels nest).
-TIERS: tuple[str, ...] = ("local", "peer")
+#: The checkpoint levels a failure class can destroy, by restore rank; a class destroys the levels
+#: below a given rank (those before it here: one that destroys the peer copies destroys the local
+#: files too), and a level above the ones it names survives it.
+TIERS: tuple[str, ...] = ("local", "peer", "remote")
 #: The share of interruptions that lose the node (hardware) in the Llama 3 405B report; see the module docstring.
 LARGE_JOB_NODE_SHARE = 0.78
 #: Per-GPU MTBF over all interruptions in the Llama 3 405B report (about 50,700 h).
@@ -164,14 +168,16 @@ class FailureClass(BaseModel):
     ``failures`` is a plain (single-class) [``Failures``][coci.Failures] without a warning (a warning is a
     property of the composed model); ``destroys`` names tiers of ``TIERS`` (``("local",)``: the
     node-local checkpoints are gone, a restore needs a peer's copy or the remote tier; ``("local",
-    "peer")``: the peer copies too, a restore needs the remote tier).
+    "peer")``: the peer copies too, a restore needs the remote tier; ``("local", "peer",
+    "remote")``: the remote tier too, a restore needs a level above it). A class destroys the
+    levels below a given rank, its ``depth``.
     """
 
     model_config = ConfigDict(frozen=True, defer_build=True)
 
     name: str
     failures: Failures
-    destroys: tuple[Literal["local", "peer"], ...] = ()
+    destroys: tuple[Literal["local", "peer", "remote"], ...] = ()
 
     @field_validator("failures")
     @classmethod
@@ -183,9 +189,32 @@ class FailureClass(BaseModel):
     @field_validator("destroys")
     @classmethod
     def _nested(cls, destroys: tuple[str, ...]) -> tuple[str, ...]:
-        if "peer" in destroys and "local" not in destroys:
-            raise ValueError("a class that destroys the peer copies destroys the local tier too: destroys=('local', 'peer')")
+        if set(destroys) != set(TIERS[: len(set(destroys))]):
+            raise ValueError(
+                "a class destroys the levels below a given rank: one that destroys the peer copies destroys the local tier "
+                "too, one that destroys the remote tier both: destroys=('local', 'peer') or ('local', 'peer', 'remote')"
+            )
         return destroys
+
+    @property
+    def depth(self) -> int:
+        """How many levels it destroys, from the local tier up (``TIERS``): 0 a process crash, 1 a
+        node lost, 2 several nodes at once, 3 the remote tier too."""
+        return len(self.destroys)
+
+
+def check_survivable(failures: Failures | None, levels: int) -> None:
+    """Raise a ``ConfigError`` naming ``failures`` when a class destroys every level of a job
+    with ``levels`` levels, the local tier counted, and the remote tier among them (nothing to restore
+    from); a job without the peer or remote levels restores from the ones it has, as planned."""
+    if failures is None:
+        return
+    for failure_class in failures.failure_classes:
+        if failure_class.depth >= max(levels, len(TIERS)):
+            raise ConfigError(
+                f"failures: class {failure_class.name!r} destroys {'+'.join(failure_class.destroys)}: no level above "
+                "the remote tier holds a copy to restore from"
+            )
 
 
 class Failures(BaseModel):
@@ -355,6 +384,12 @@ class Failures(BaseModel):
     def sparing(self, tier: str = "local") -> Failures | None:
         """The failures that leave ``tier`` intact (None when every class destroys it)."""
         return self._subset([c for c in self.failure_classes if tier not in c.destroys])
+
+    def of_depth(self, low: int, high: int | None = None) -> Failures | None:
+        """The failures of the classes that destroy at least ``low`` levels and fewer than
+        ``high`` (None: no bound; ``FailureClass.depth``), with this model's warning (None when no
+        class does)."""
+        return self._subset([c for c in self.failure_classes if c.depth >= low and (high is None or c.depth < high)])
 
     def _subset(self, classes: list[FailureClass]) -> Failures | None:
         if not classes:

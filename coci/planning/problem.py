@@ -16,7 +16,7 @@ from coci.errors import ConfigError
 from coci.planning.arguments import CurveLike
 from coci.planning.config import PlanConfig
 from coci.planning.empirical import EmpiricalCurve, empirical_curve
-from coci.planning.failures import Failures
+from coci.planning.failures import Failures, check_survivable
 from coci.planning.fit import CurveFit
 from coci.planning.formulas import check_plan_size, min_interval_steps
 from coci.planning.levels import Level, LevelCosts, min_promote_steps
@@ -96,6 +96,7 @@ def build_problem(
 ) -> Problem:
     """Validate the measurements, resolve the curve and build the cost model."""
     total_steps = checks.integer(config.total_steps, "total_steps", minimum=1)
+    check_survivable(config.failures, len(levels) + 1)
     start = checks.integer(start_step, "start_step", minimum=0)
     last_checkpoint = checks.integer(last_checkpoint_step, "last_checkpoint_step", minimum=0)
     origin = checks.integer(failure_origin_step, "failure_origin_step", minimum=0)

@@ -41,10 +41,10 @@ The chain plans any number of levels (``tests/unit/test_level_chain.py`` plans f
 is built from and replayed against names those levels:
 
 * a level is a ``Level`` member, and ``Level`` has three;
-* the failure model: a class says what it destroys as ``("local",)`` or ``("local", "peer")``
-  (``coci.FailureClass.destroys``), so no class destroys a third level and spares a fourth, and a
-  fourth level's chain would have no hazard of its own (``three_level_model`` plans chain ``k``
-  against the classes that destroy every level below it and spare it);
+* the failure model: a class destroys the levels below a given rank (``coci.FailureClass.depth``)
+  and chain ``k`` is planned against the classes of depth ``k`` (``_classes``), so a class that
+  destroys the remote tier too is what a fourth level's chain would be planned against; until a
+  fourth level can be given, such a class is refused (``coci.planning.failures.check_survivable``);
 * the objective's sum is exact to first order only while every transfer to a higher level takes
   longer than the one below (``D <= U`` above); a fourth level needs that order checked;
 * the plan records one subset per level by name (``Plan.peer_steps``, ``Plan.promote_steps``),
@@ -387,11 +387,6 @@ def three_level_model(
 
 def _classes(failures: Failures, names: tuple[str, ...], position: int) -> Failures | None:
     """The classes chain ``position`` of levels ``names`` is planned against: those that destroy
-    every level below it and spare it (the top level: every class that destroys the levels below
-    it, the classes that destroy it too included: nothing above it to restore from)."""
-    below, this = names[:position], names[position]
-    top = position == len(names) - 1
-    group = [c for c in failures.failure_classes if all(n in c.destroys for n in below) and (top or this not in c.destroys)]
-    if not group:
-        return None
-    return group[0].failures if len(group) == 1 else Failures.compose(*group)
+    every level below it and spare it (``coci.FailureClass.depth`` equal to ``position``; the top
+    level: at least ``position``)."""
+    return failures.of_depth(position, None if position == len(names) - 1 else position + 1)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import coci
 from coci.errors import ConfigError
+from coci.planning.failures import FailureClass, Failures, check_survivable
 from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model
 from coci.planning.three_levels import LevelChainModel, auto_levels, auto_three_level, level_candidates
 
@@ -72,3 +74,39 @@ def test_a_chain_plan_must_nest_and_give_one_list_per_level() -> None:
         model.expected(np.array([10]), np.array([10]), np.array([10]))
     with pytest.raises(ConfigError, match="spacings"):
         auto_levels(model, (1, 1, 1))
+
+
+# --- failure classes by rank -----------------------------------------------------------------------
+
+
+def classes_of_every_depth() -> Failures:
+    return Failures.compose(
+        FailureClass(name="process", failures=Failures.exponential("60h")),
+        FailureClass(name="node", failures=Failures.exponential("20h"), destroys=("local",)),
+        FailureClass(name="multi_node", failures=Failures.exponential("200h"), destroys=("local", "peer")),
+        FailureClass(name="region", failures=Failures.exponential("900h"), destroys=("local", "peer", "remote")),
+    )
+
+
+def test_a_class_destroys_the_levels_below_a_rank() -> None:
+    model = classes_of_every_depth()
+    assert [c.depth for c in model.failure_classes] == [0, 1, 2, 3]
+    exactly_node, from_multi = model.of_depth(1, 2), model.of_depth(2)
+    assert exactly_node is not None and from_multi is not None
+    assert exactly_node.rate == pytest.approx(1 / (20 * 3600))
+    assert from_multi.rate == pytest.approx(1 / (200 * 3600) + 1 / (900 * 3600))
+    assert model.of_depth(4) is None
+    for skipping in [("remote",), ("local", "remote"), ("peer", "remote")]:
+        with pytest.raises(ValueError, match="below a given rank"):
+            FailureClass(name="odd", failures=Failures.exponential("1h"), destroys=skipping)  # type: ignore[arg-type]
+    assert Failures.model_validate_json(model.model_dump_json()) == model
+
+
+def test_a_class_that_destroys_the_remote_tier_needs_a_level_above_it() -> None:
+    failures = classes_of_every_depth()
+    peer = coci.LevelCosts(level=coci.Level.PEER, seconds=10.0)
+    remote = coci.LevelCosts(level=coci.Level.REMOTE, seconds=120.0)
+    with pytest.raises(ConfigError, match="failures: class 'region' destroys local\\+peer\\+remote"):
+        coci.plan(total_steps=500, step_seconds=2.0, stall_seconds=0.3, persist_seconds=3.0, failures=failures, levels=[peer, remote])
+    check_survivable(failures, 4)  # a fourth level above the remote tier would hold a copy
+    check_survivable(Failures.compose(*failures.failure_classes[:3]), 3)
