@@ -123,6 +123,7 @@ from coci.planning.arguments import CurveLike, FailuresLike
 from coci.planning.empirical import curve_pair, empirical_progress_rate
 from coci.planning.failures import Failures, check_survivable
 from coci.planning.fit import CurveFit, LossCurve
+from coci.planning.levels import Level
 from coci.planning.objective import RateFunction
 from coci.planning.policy import CheckpointPolicy
 from coci.planning.records import Plan, PlanInputs
@@ -193,6 +194,11 @@ def simulate(
     seed = checks.integer(seed, "seed", minimum=0)
     plan, inputs, policy_name = _target(plan_or_policy, job)
     model_failures = failure_model(failures, inputs)
+    if any(record.rank > int(Level.REMOTE) for record in inputs.levels):
+        raise ConfigError(
+            "levels: the simulator plays the local, peer and remote levels (coci.analysis.simulate_levels); "
+            "a level above the remote tier is planned, not simulated"
+        )
     job_figures = Job.of(inputs)
     check_survivable(model_failures, len(job_figures.levels) + 1)
     if inputs.start_step != 0:

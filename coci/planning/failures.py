@@ -50,9 +50,9 @@ Weibull) and the tiers it destroys: nothing (a process crash: every persisted fi
 gone, so it restores from the copy a peer holds of its files) or ``("local", "peer")`` (several
 nodes lost at once, a rack or a switch: a node and the peer holding its copy can both be gone, so
 only the remote tier restores). A class destroys the levels below a given rank (``TIERS``,
-``FailureClass.depth``): ``("local", "peer", "remote")`` needs a level above the remote tier,
-which ``coci.plan`` does not plan yet (``coci.planning.three_levels``), so a model with such a class
-is refused there (``check_survivable``). The job fails at the first
+``FailureClass.depth``): ``("local", "peer", "remote")`` needs a level above the remote tier
+(``coci.LevelCosts(level=4, ...)``, ``coci.planning.three_levels``); without one a model with such
+a class is refused (``check_survivable``). The job fails at the first
 failure of any class (hazards add; all clocks restart together at every (re)start); [``Failures.sample_classes``][coci.Failures.sample_classes]
 also says which class struck. A plain model is one class that destroys nothing, so everything
 recovers from the local tier, as before classes existed. A warning ([``Failures.warned``][coci.Failures.warned]) belongs

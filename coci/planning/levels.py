@@ -37,7 +37,7 @@ import enum
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,7 +74,9 @@ class Level(enum.IntEnum):
 
 class LevelCosts(BaseModel):
     """One storage level above the local tier, as a value: what the planner, the simulator and the
-    report read of it. ``seconds`` is what one transfer takes, from the local commit to this level's
+    report read of it. ``level`` is a ``Level`` or, for a level above the remote tier (a second,
+    slower and more durable store), its restore rank (an integer above 3: planned by
+    ``coci.plan``, not yet simulated or run by a session). ``seconds`` is what one transfer takes, from the local commit to this level's
     commit (None in an [``Observation``][coci.Observation]: not measured yet);
     ``interference`` the training seconds one transfer costs; ``restart`` the restart when a
     failure restores from this level (None: the local restart, plus one transfer's time for the
@@ -85,12 +87,17 @@ class LevelCosts(BaseModel):
 
     model_config = ConfigDict(frozen=True, defer_build=True)
 
-    level: Level
+    level: Level | Annotated[int, Field(gt=int(Level.REMOTE))]
     seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     interference: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     restart: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     keep_last: int | None = Field(default=None, ge=1)
     last_step: int | None = Field(default=None, ge=0)
+
+    @property
+    def name(self) -> str:
+        """The level's name: ``peer``, ``remote``, or ``level<k>`` for a level above the remote tier."""
+        return self.level.name.lower() if isinstance(self.level, Level) else f"level{self.level}"
 
     @property
     def rank(self) -> int:
@@ -144,9 +151,8 @@ def check_levels(levels: Any) -> tuple[LevelCosts, ...]:
     """``levels`` as a tuple of ``LevelCosts`` sorted by level; a ``ConfigError`` naming ``levels``
     unless each is a level above the local one with its ``seconds``, each at most once.
 
-    At most three levels (local, peer, remote): the failure model names what a failure class
-    destroys with these levels only (``coci.FailureClass.destroys``), and the planner's and the
-    simulator's chains are written for them (``coci.planning.three_levels``)."""
+    A level above the remote tier (an integer rank) needs the peer and remote levels and a
+    transfer at least as long as the one below (``_check_above_remote``)."""
     records = tuple(levels)
     for index, record in enumerate(records):
         if not isinstance(record, LevelCosts):
@@ -157,8 +163,31 @@ def check_levels(levels: Any) -> tuple[LevelCosts, ...]:
             raise ConfigError(f"levels[{index}].seconds is required (one transfer's seconds)")
     names = [record.level for record in records]
     if len(set(names)) != len(names):
-        raise ConfigError(f"levels: each level at most once (local, peer, remote: at most three levels), got {[n.name for n in names]}")
-    return tuple(sorted(records, key=lambda record: record.level))
+        raise ConfigError(f"levels: each level at most once, got {[record.name for record in records]}")
+    ordered = tuple(sorted(records, key=lambda record: record.rank))
+    _check_above_remote(ordered, records)
+    return ordered
+
+
+def _check_above_remote(ordered: tuple[LevelCosts, ...], given: tuple[LevelCosts, ...]) -> None:
+    """A level above the remote tier needs the peer and remote levels below it, and its transfer
+    takes at least as long as the level's below (the chain objective is exact to first order only
+    while the delays grow with the rank: ``coci.planning.three_levels``); a ``ConfigError`` naming
+    the field otherwise."""
+    for position, record in enumerate(ordered):
+        if record.rank <= int(Level.REMOTE):
+            continue
+        index = given.index(record)
+        if [r.level for r in ordered[:2]] != [Level.PEER, Level.REMOTE]:
+            raise ConfigError(f"levels[{index}]: a level above the remote tier ({record.name}) needs the peer and remote levels below it")
+        below = ordered[position - 1]
+        if record.rank != below.rank + 1:
+            raise ConfigError(f"levels[{index}].level: the level above {below.name} is rank {below.rank + 1}, got {record.rank}")
+        if record.transfer_seconds < below.transfer_seconds:
+            raise ConfigError(
+                f"levels[{index}].seconds: a transfer to {record.name} takes at least as long as one to {below.name} "
+                f"({below.transfer_seconds:g} s), got {record.transfer_seconds:g}"
+            )
 
 
 def levels_from_keywords(given: dict[Level, tuple[Any, Any, Any, Any]]) -> tuple[LevelCosts, ...]:

@@ -53,6 +53,7 @@ revealed) is time-consistent with the offline plan:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -88,7 +89,7 @@ from coci.planning.levels import (
 from coci.planning.objective import CostModel, TwoLevelCostModel, build_cost_model, expected_failures
 from coci.planning.problem import Placement, Problem, build_problem, finish_plan
 from coci.planning.records import Plan, PlanInputs
-from coci.planning.three_levels import ThreeLevelCostModel, ThreeLevelResult, auto_three_level
+from coci.planning.three_levels import ThreeLevelCostModel, ThreeLevelResult, auto_levels
 
 __all__ = ["POLICY_PLANNERS", "plan"]
 
@@ -157,8 +158,9 @@ def plan(
             (``Level.REMOTE``) and a failure class that destroys the local tier
             ([``coci.Failures.compose``][coci.Failures.compose]), ``auto`` plans two levels
             (``Plan.promote_steps``, ``coci.planning.levels``); with a peer level too
-            (``Level.PEER``), three (``Plan.peer_steps``, ``coci.planning.three_levels``). None
-            or empty plans a single level.
+            (``Level.PEER``), three (``Plan.peer_steps``, ``coci.planning.three_levels``); a level
+            above the remote tier (``LevelCosts(level=4, ...)``) is one more (``Plan.higher_steps``;
+            planned, not yet simulated or run). None or empty plans a single level.
         upload_seconds: compatibility keyword, ``LevelCosts(level=Level.REMOTE, seconds=...)``
             (with ``upload_interference_seconds``, ``remote_restart_seconds`` and
             ``last_promoted_step``: its ``interference``, ``restart`` and ``last_step``).
@@ -305,7 +307,7 @@ def _record_level_density_bounds(
         if share > most:
             most = share
             problem.details.update(density_bound_share=share, density_bound_steps=float(min_steps),
-                                   density_bound_level=float(Level[name.upper()]))
+                                   density_bound_level=float(_rank(name)))
         problem.notes.append(
             f"density bound: {bound} allows at most one {name} copy every {min_steps} steps; over {100 * share:.2g}% "
             f"of the remaining run the {name} level would be denser (up to {densest:.2g}x as often); the plan "
@@ -346,29 +348,40 @@ def _plan_two_levels(problem: Problem, model: TwoLevelCostModel, objective: str)
     return _mixture_placement(result, objective, promote=result.promote)
 
 
+def _rank(name: str) -> int:
+    """The restore rank of the level named ``name`` (``Level``'s, or ``level<k>``'s ``k``)."""
+    return int(Level[name.upper()]) if name.upper() in Level.__members__ else int(name.removeprefix("level"))
+
+
 def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: str) -> Placement:
-    """``auto`` with a peer level: local steps, their copied subset and its uploaded subset
-    (``coci.planning.three_levels.auto_three_level``). A re-plan measures the time budget
-    against the remaining steps' three-level time optimum."""
+    """``auto`` with a peer level: local steps, their copied subset, its uploaded subset and each
+    level above the remote tier's subset of the one below (``coci.planning.three_levels.auto_levels``).
+    A re-plan measures the time budget against the remaining steps' chain time optimum."""
     inputs, config = problem.inputs, problem.config
     local_min = min_interval_steps(inputs.step_seconds, inputs.persist_seconds, inputs.checkpoint_seconds, config.max_overhead)
     min_peer = min_promote_steps(inputs.step_seconds, _transfer(inputs, Level.PEER), local_min)
     min_promote = min_promote_steps(inputs.step_seconds, _transfer(inputs, Level.REMOTE), local_min)
-    result = auto_three_level(
-        model, objective=objective, time_budget=config.time_budget, min_steps=local_min, min_peer=min_peer,
-        min_promote=min_promote,
-    )
+    higher = inputs.levels[2:]
+    higher_min = [min_promote_steps(inputs.step_seconds, record.transfer_seconds, local_min) for record in higher]
+    result = auto_levels(model, (local_min, min_peer, min_promote, *higher_min), objective=objective, time_budget=config.time_budget)
     problem.details.update(min_interval_steps=float(local_min), min_peer_steps=float(min_peer), min_promote_steps=float(min_promote))
+    problem.details.update({f"min_{record.name}_steps": float(spacing) for record, spacing in zip(higher, higher_min)})
     copy = f"the peer copy ({_transfer(inputs, Level.PEER):.3g} s: one in flight at a time)"
     upload = f"the upload ({_transfer(inputs, Level.REMOTE):.3g} s: one in flight at a time)"
     local_cost = model.local.checkpoint_seconds
-    _record_level_density_bounds(problem, model.local, result.alpha, local_min, [
-        ("peer", charged(model.peer, local_cost), min_peer, copy),
-        ("remote", charged(model.remote, local_cost + model.peer.checkpoint_seconds), min_promote, upload)])
+    bounds = [("peer", charged(model.peer, local_cost), min_peer, copy),
+              ("remote", charged(model.remote, local_cost + model.peer.checkpoint_seconds), min_promote, upload)]
+    for position, (record, spacing) in enumerate(zip(higher, higher_min), start=3):
+        below = sum(chain.checkpoint_seconds for chain in model.chains[:position])
+        transfer = f"the transfer to {record.name} ({record.transfer_seconds:.3g} s: one in flight at a time)"
+        bounds.append((record.name, charged(model.chains[position], below), spacing, transfer))
+    _record_level_density_bounds(problem, model.local, result.alpha, local_min, bounds)
+    sent_on = "".join(f", {len(steps)} sent to {record.name}" for record, steps in zip(higher, result.levels[3:]))
     problem.notes.append(
-        f"three levels: {len(result.peer)} of {len(result.steps)} checkpoints copied to a peer, {len(result.promote)} uploaded"
+        f"three levels: {len(result.peer)} of {len(result.steps)} checkpoints copied to a peer, {len(result.promote)} uploaded{sent_on}"
     )
-    return _mixture_placement(result, objective, promote=result.promote, peer=result.peer)
+    placement = _mixture_placement(result, objective, promote=result.promote, peer=result.peer)
+    return dataclasses.replace(placement, higher=tuple(result.levels[3:]))
 
 
 def _transfer(inputs: PlanInputs, level: Level) -> float:

@@ -78,6 +78,7 @@ class Placement:
     expected: dict[str, float] = field(default_factory=dict)
     promote: np.ndarray | None = None  # the promoted subset of ``steps`` (None: single level)
     peer: np.ndarray | None = None  # the subset of ``steps`` copied to a peer (None: no peer level planned)
+    higher: tuple[np.ndarray, ...] = ()  # each level above the remote tier's subset (empty: every upload goes on up)
 
 
 def build_problem(
@@ -265,6 +266,17 @@ def _two_level_model(
     )
 
 
+def _higher_steps(problem: Problem, placement: Placement) -> dict[str, list[int]] | None:
+    """``Plan.higher_steps``: each level above the remote tier's steps, by name (None without such
+    a level; a placement that chose none sends every upload on up)."""
+    higher = problem.inputs.levels[2:]
+    if problem.three_level is None or not higher:
+        return None
+    if not placement.higher:
+        return None
+    return {record.name: [int(s) for s in steps] for record, steps in zip(higher, placement.higher)}
+
+
 def finish_plan(problem: Problem, placement: Placement) -> Plan:
     """The [``Plan``][coci.Plan] of ``placement``, with its expected costs (two-level: with every checkpoint
     promoted unless the placement chose the promotions). Every policy's plan ends here: its size
@@ -275,7 +287,8 @@ def finish_plan(problem: Problem, placement: Placement) -> Plan:
         copies = steps if placement.peer is None else placement.peer
         every = copies if problem.inputs.has_remote_tier else copies[:0]
         promote = every if placement.promote is None else placement.promote
-        expected = problem.three_level.as_dict(steps, copies, promote)
+        higher = placement.higher or (promote,) * (len(problem.three_level.chains) - 3)
+        expected = problem.three_level.as_dict(steps, copies, promote, *higher)
         expected.update(placement.expected)
         local_only = {**expected, "failures": expected["local_failures"]}  # warnings spare local-tier failures only
         expected.update(warned_expected(problem.inputs, local_only, problem.notes))
@@ -292,6 +305,7 @@ def finish_plan(problem: Problem, placement: Placement) -> Plan:
     else:
         expected = {"checkpoints": float(len(steps)), "checkpoint_seconds": len(steps) * problem.inputs.checkpoint_seconds}
         problem.notes.append("no failure model: only checkpoint costs are expected")
+    higher_steps = _higher_steps(problem, placement)
     restart_note = _restart_note(problem.inputs)
     if restart_note is not None:
         problem.notes.append(restart_note)
@@ -309,6 +323,7 @@ def finish_plan(problem: Problem, placement: Placement) -> Plan:
         notes=problem.notes,
         promote_steps=None if placement.promote is None else [int(s) for s in placement.promote],
         peer_steps=None if placement.peer is None else [int(s) for s in placement.peer],
+        higher_steps=higher_steps,
     )
 
 

@@ -136,7 +136,9 @@ class Plan(BaseModel):
     tier; None (a single-level plan) promotes every checkpoint when a remote tier is configured.
     ``peer_steps`` is the subset of ``steps`` whose checkpoints are also copied to a peer node (a
     superset of ``promote_steps``); None (no peer level planned) copies every checkpoint where the
-    job keeps peer copies. [``level``][coci.Plan.level] reads one step's [``Level``][coci.Level],
+    job keeps peer copies. ``higher_steps``: for each level above the remote tier (by its
+    ``LevelCosts.name``, ``level4`` up), the subset of the level below's steps also sent there;
+    None without such a level. [``level``][coci.Plan.level] reads one step's [``Level``][coci.Level],
     [``copies_to_peer``][coci.Plan.copies_to_peer] and [``promotes``][coci.Plan.promotes] whether the session sends it on.
     """
 
@@ -155,6 +157,7 @@ class Plan(BaseModel):
     notes: list[str] = Field(default_factory=list)
     promote_steps: list[int] | None = None
     peer_steps: list[int] | None = None
+    higher_steps: dict[str, list[int]] | None = Field(default=None, exclude_if=lambda steps: steps is None)
 
     def level(self, step: int) -> Level | None:
         """Where the plan keeps the checkpoint of ``step`` (None: not planned); see

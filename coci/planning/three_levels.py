@@ -33,23 +33,21 @@ levels keep their own planner (``auto_two_level``): its candidates hold neither 
 level nor the top chain charged its own interference alone, so the chain of two would plan
 differently.
 
-At most three levels through ``coci.plan``
-------------------------------------------
-The chain plans any number of levels (``tests/unit/test_level_chain.py`` plans four), but a plan's
-``levels`` (``coci.LevelCosts``, ``PlanInputs.levels``) hold at most the peer and remote levels
-(``coci.planning.levels.check_levels``, a ``ConfigError`` naming ``levels``), because what a plan
-is built from and replayed against names those levels:
+Levels above the remote tier
+----------------------------
+A plan's ``levels`` (``coci.LevelCosts``, ``PlanInputs.levels``) may hold levels above the remote
+tier, each one more entry: ``LevelCosts(level=4, ...)`` (its restore rank), planned by the same
+chain against the failure classes that destroy the remote tier too (``FailureClass.depth``), its
+steps in ``Plan.higher_steps`` by name (``level4``). ``coci.planning.levels.check_levels`` keeps
+the chain exact to first order: such a level needs the peer and remote levels below it, the next
+rank, and a transfer at least as long as the one below (the delays grow with the rank, as ``D <=
+U`` above); a ``ConfigError`` names the field otherwise. What does not take such a level yet:
 
-* a level is a ``Level`` member, and ``Level`` has three;
-* the failure model: a class destroys the levels below a given rank (``coci.FailureClass.depth``)
-  and chain ``k`` is planned against the classes of depth ``k`` (``_classes``), so a class that
-  destroys the remote tier too is what a fourth level's chain would be planned against; until a
-  fourth level can be given, such a class is refused (``coci.planning.failures.check_survivable``);
-* the objective's sum is exact to first order only while every transfer to a higher level takes
-  longer than the one below (``D <= U`` above); a fourth level needs that order checked;
-* the plan records one subset per level by name (``Plan.peer_steps``, ``Plan.promote_steps``),
-  which the session's levels, the simulator (``coci.analysis.simulate_levels``) and the report
-  read.
+* the simulator (``coci.analysis.simulate_levels``) tracks the peer and remote commits by name
+  (its rollbacks, ``Timeline.newest_peer`` / ``newest_remote``), so ``coci.simulate`` refuses a
+  plan with a level above the remote tier (a ``ConfigError`` naming ``levels``);
+* a session's levels (``coci.checkpoint.storage_level``) and the report read ``Plan.peer_steps``
+  and ``Plan.promote_steps`` by name, and a session has no implementation of a fourth store.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import coci
+from coci.analysis.simulate import simulate
 from coci.errors import ConfigError
 from coci.planning.failures import FailureClass, Failures, check_survivable
 from coci.planning.objective import CostModel, ExpectedFailures, build_cost_model
@@ -110,3 +111,44 @@ def test_a_class_that_destroys_the_remote_tier_needs_a_level_above_it() -> None:
         coci.plan(total_steps=500, step_seconds=2.0, stall_seconds=0.3, persist_seconds=3.0, failures=failures, levels=[peer, remote])
     check_survivable(failures, 4)  # a fourth level above the remote tier would hold a copy
     check_survivable(Failures.compose(*failures.failure_classes[:3]), 3)
+
+
+# --- a fourth level through coci.plan ----------------------------------------------------------------
+
+TOY_COSTS = dict(total_steps=1500, step_seconds=2.0, stall_seconds=0.3, persist_seconds=3.0, interference_seconds=0.2,
+                 restart_seconds=60.0)
+PEER = coci.LevelCosts(level=coci.Level.PEER, seconds=10.0, interference=0.5, restart=90.0)
+REMOTE = coci.LevelCosts(level=coci.Level.REMOTE, seconds=60.0, interference=2.0, restart=300.0)
+#: The toy fourth level: a second, slower store above the remote tier (an integer rank above 3).
+ARCHIVE = coci.LevelCosts(level=4, seconds=300.0, interference=3.0, restart=900.0)
+
+
+def test_a_fourth_level_is_one_more_entry_in_coci_plans_levels() -> None:
+    failures = Failures.compose(*classes_of_every_depth().failure_classes[:3],
+                                FailureClass(name="region", failures=Failures.exponential("60h"), destroys=("local", "peer", "remote")))
+    plan = coci.plan(failures=failures, objective="time", **TOY_COSTS, levels=[ARCHIVE, PEER, REMOTE])
+    assert plan.inputs.levels == (PEER, REMOTE, ARCHIVE) and ARCHIVE.name == "level4"
+    assert plan.higher_steps is not None and plan.peer_steps is not None and plan.promote_steps is not None
+    archived = plan.higher_steps["level4"]
+    assert archived and set(archived) <= set(plan.promote_steps) <= set(plan.peer_steps) <= set(plan.steps)
+    assert min(np.diff(archived), default=150) >= plan.details["min_level4_steps"] == 150  # 300 s / 2 s: one in flight
+    assert plan.expected["level4_copies"] == len(archived) and plan.expected["level4_failures"] > 0
+    assert coci.Plan.model_validate_json(plan.model_dump_json()) == plan
+    three = coci.plan(failures=Failures.compose(*failures.failure_classes[:3]), objective="time", **TOY_COSTS, levels=[PEER, REMOTE])
+    assert three.higher_steps is None and "higher_steps" not in three.model_dump()
+    with pytest.raises(ConfigError, match="levels: the simulator plays the local, peer and remote levels"):
+        simulate(plan, failures=failures, trials=2)
+
+
+def test_a_fourth_level_is_checked() -> None:
+    def plan(*levels: coci.LevelCosts) -> coci.Plan:
+        return coci.plan(failures="8h", **TOY_COSTS, levels=list(levels))
+
+    with pytest.raises(ConfigError, match=r"levels\[1\]: a level above the remote tier \(level4\) needs the peer and remote"):
+        plan(REMOTE, ARCHIVE)
+    with pytest.raises(ConfigError, match=r"levels\[2\].seconds: a transfer to level4 takes at least as long as one to remote"):
+        plan(PEER, REMOTE, ARCHIVE.model_copy(update={"seconds": 30.0}))
+    with pytest.raises(ConfigError, match=r"levels\[2\].level: the level above remote is rank 4, got 5"):
+        plan(PEER, REMOTE, ARCHIVE.model_copy(update={"level": 5}))
+    with pytest.raises(ValueError):
+        coci.LevelCosts(level=0, seconds=1.0)
