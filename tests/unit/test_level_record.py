@@ -133,7 +133,7 @@ def test_the_record_holds_a_level_with_its_restore_rank_and_default_restart() ->
     assert coci.Plan.model_validate_json(plan.model_dump_json()) == plan
 
 
-def test_levels_are_checked_and_at_most_three() -> None:
+def test_levels_are_checked() -> None:
     remote = LevelCosts(level=Level.REMOTE, seconds=120.0)
     with pytest.raises(ConfigError, match="levels: each level at most once"):
         coci.plan(failures="8h", **COSTS, levels=[remote, LevelCosts(level=Level.REMOTE, seconds=60.0)])
