@@ -31,7 +31,7 @@ import secrets
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from coci.checkpoint.dcp_manifest import (
 from coci.checkpoint.local import dtype_name, torch_dtype
 from coci.checkpoint.records import CommitRecord, FileEntry, LoadedCheckpoint
 from coci.checkpoint.retention import RetentionPolicy
-from coci.checkpoint.sharded import ShardSpec, as_dtensors, local_nbytes, targets_by_index
+from coci.checkpoint.sharded import ShardSpec, as_dtensors, local_nbytes, spec_whole_on_every_node, targets_by_index
 from coci.checkpoint.snapshot import StagedCheckpoint
 from coci.checkpoint.tree import tensor_refs, unflatten
 from coci.distributed import DistributedContext
@@ -176,6 +176,25 @@ def staged_tensors(payload: memoryview, slots: list[Any]) -> list[torch.Tensor]:
     return tensors
 
 
+def _node_copies(shards: Mapping[int, ShardSpec], shared: DcpPart, nodes: Sequence[Sequence[int]]) -> set[int]:
+    """The indices of the replicated tensors of ``shared`` that each node of node-local run
+    directories saves as its own copy (``node_key``), so that no rank loads another node's files:
+    every plain tensor (replicated under DDP) and every DTensor of which each node holds a whole
+    replica (HSDP's replicate dimension across nodes); DCP deduplicates the rest across the job."""
+    whole: dict[tuple[int, tuple[Any, ...]], bool] = {}  # one answer per mesh and placements
+    copies = set()
+    for t in shared.tensors:
+        spec = shards.get(t.index)
+        if spec is not None:
+            layout_key = (id(spec.mesh), spec.placements)
+            if layout_key not in whole:
+                whole[layout_key] = spec_whole_on_every_node(spec, nodes)
+            if not whole[layout_key]:
+                continue
+        copies.add(t.index)
+    return copies
+
+
 class DcpWriter:
     """The checkpoint writer under ``torch.distributed`` (runs on every rank's worker).
 
@@ -274,7 +293,8 @@ class DcpWriter:
         shared_skeleton, rank_skeleton = split_skeleton(staged.skeleton)
         shared = _with_global_shapes(_part(shared_skeleton, slots, "shared"), staged.shards)
         mine = _part(rank_skeleton, slots, f"rank{context.rank}")
-        node_keys = [t.key for t in shared.tensors if t.index not in staged.shards]  # replicated: a copy per node
+        copies = _node_copies(staged.shards, shared, context.nodes or ())
+        node_keys = [t.key for t in shared.tensors if t.index in copies]  # replicated: a copy per node
         self._agree_on_layout(step, shared)  # also: nobody writes before its leader made tmp
         tensors = as_dtensors(staged_tensors(staged.payload, slots), staged.shards)
         written = self._save(tmp, tensors, shared, mine, frozenset(node_keys))

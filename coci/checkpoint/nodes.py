@@ -24,6 +24,7 @@ from coci import distributed
 from coci.checkpoint import layout
 from coci.checkpoint.dcp import check_dcp_sizes, verify_dcp_checkpoint
 from coci.checkpoint.dcp_manifest import checkpoint_id, file_rank
+from coci.checkpoint.sharded import whole_on_every_node
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError
 
@@ -162,10 +163,13 @@ def node_tiers(context: DistributedContext | None, tier: str) -> dict[str, Any]:
 
 def check_replicas_within_nodes(tensors: Iterable[torch.Tensor], context: DistributedContext) -> None:
     """ConfigError, before any checkpoint, when a DTensor of the state is replicated over a mesh
-    dimension whose ranks sit on different nodes of node-local run directories (HSDP's replicate
-    dimension across nodes, a tensor-parallel bias across nodes): DCP writes a replicated chunk
-    once in the whole job, so a node's part would lack chunks its ranks load and no restart could
-    load the checkpoint. The message names the mesh dimension and the fixes."""
+    dimension whose ranks sit on different nodes of node-local run directories while some node
+    does not hold a whole replica of it (a tensor-parallel bias across nodes, replicas sharded
+    across nodes too): DCP writes a replicated chunk once in the whole job, so a node's part would
+    lack chunks its ranks load and no restart could load the checkpoint. Where every node holds a
+    whole replica (HSDP's replicate dimension across nodes, its shard dimension within each node),
+    each node saves its own copy (``coci.checkpoint.dcp.DcpWriter``) and nothing is refused. The
+    message names the mesh dimension and the fixes."""
     if not context.node_local:
         return
     seen: set[tuple[int, tuple[Any, ...]]] = set()
@@ -176,13 +180,15 @@ def check_replicas_within_nodes(tensors: Iterable[torch.Tensor], context: Distri
         seen.add((id(mesh), placements))
         names = getattr(mesh, "mesh_dim_names", None) or ()
         replicated = [placement.is_replicate() or placement.is_partial() for placement in placements]
-        problem = replicas_across_nodes(mesh.mesh.tolist(), replicated, tuple(names), context.nodes or ())
-        if problem is not None:
+        ranks, nodes = mesh.mesh.tolist(), context.nodes or ()
+        problem = replicas_across_nodes(ranks, replicated, tuple(names), nodes)
+        if problem is not None and not whole_on_every_node(ranks, [not p.is_replicate() for p in placements], nodes):
             raise ConfigError(
-                f"{problem}: on node-local run directories DCP would write each replicated chunk on one node only, and no "
-                "node could restore its part. Use one shared run directory for every node (run_dir_layout='shared' on a "
-                "shared file system), or a mesh whose replicas of each chunk all sit on one node (the replicate "
-                "dimension within a node, the shard dimension across nodes)"
+                f"{problem}, and not every node holds a whole replica: on node-local run directories DCP would write each "
+                "replicated chunk on one node only, and no node could restore its part. Use one shared run directory for "
+                "every node (run_dir_layout='shared' on a shared file system), or a mesh whose replicas of each chunk all "
+                "sit on one node (the replicate dimension within a node), or one where each node holds a whole replica "
+                "(HSDP: the replicate dimension across nodes, the shard dimension within each node)"
             )
 
 

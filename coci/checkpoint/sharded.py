@@ -17,7 +17,9 @@ mesh (``ShardedState.load_targets``), which reshards when the world size changed
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +40,9 @@ __all__ = [
     "local_nbytes",
     "local_shards",
     "local_tensor",
+    "spec_whole_on_every_node",
     "targets_by_index",
+    "whole_on_every_node",
 ]
 
 
@@ -139,6 +143,26 @@ def _new_shard_spec(tensor: torch.Tensor) -> ShardSpec:
         tuple(tensor.shape),
         tuple(tensor.stride()),
     )
+
+
+def whole_on_every_node(ranks: Any, sharded: Sequence[bool], nodes: Sequence[Sequence[int]]) -> bool:
+    """Whether each of several ``nodes`` holds every chunk of a DTensor: ``ranks`` is its mesh's
+    global ranks (nested lists, one level per dimension), ``sharded[d]`` whether it is split over
+    dimension ``d`` (any placement but ``Replicate``), ``nodes`` the ranks of each node. HSDP with
+    its replicate dimension across nodes: each node's ranks hold one whole replica, so each node
+    can save and load its own copy (``coci.checkpoint.dcp_manifest.node_key``)."""
+    if len(nodes) < 2:
+        return False
+    grid = torch.tensor(ranks, dtype=torch.long)
+    dims = [d for d, split in enumerate(sharded) if split]
+    chunks = math.prod(grid.shape[d] for d in dims)
+    coordinates = {int(grid[index]): tuple(index[d] for d in dims) for index in itertools.product(*map(range, grid.shape))}
+    return all(len({coordinates[rank] for rank in members if rank in coordinates}) == chunks for members in nodes)
+
+
+def spec_whole_on_every_node(spec: ShardSpec, nodes: Sequence[Sequence[int]]) -> bool:
+    """``whole_on_every_node`` of a staged DTensor's mesh and placements."""
+    return whole_on_every_node(spec.mesh.mesh.tolist(), [not p.is_replicate() for p in spec.placements], nodes)
 
 
 def as_dtensors(tensors: Sequence[torch.Tensor], specs: Mapping[int, ShardSpec]) -> list[torch.Tensor]:

@@ -263,13 +263,24 @@ def test_shared_forced_on_node_local_directories_fails_the_first_commit_naming_t
     assert len(steps_run) < STEPS  # it stopped at the failed commit, not at the end of the run
 
 
-def test_hsdp_replicas_across_node_local_directories_are_refused_before_the_first_step(tmp_path: Path) -> None:
-    outcomes = run_nodes(tmp_path, "--layout", "hsdp", survivor_grace=60.0)  # mesh (2, 1): replicate across the two nodes
-    assert [o.code for o in outcomes] != [0, 0]
-    for node, outcome in enumerate(outcomes):
-        assert "ConfigError" in outcome.output and "mesh dimension 'replicate' (size 2)" in outcome.output, outcome.output[-3000:]
-        assert not (node_dir(tmp_path, node) / f"samples_rank{node}.txt").exists()  # refused in Session(), before any step
-        assert not layout.committed_steps(layout.checkpoints_dir(node_dir(tmp_path, node)))
+def test_hsdp_replicas_across_nodes_killed_with_a_node_lost_resume_bitwise_from_each_nodes_copy_and_s3(
+    tmp_path: Path, reference: Path, s3_remote: str  # noqa: F811
+) -> None:
+    """Mesh (2, 1), replicate across the two nodes: each node saves its own copy of every replicated
+    chunk. Rank 0 SIGKILLed after its second remote commit, node 1's disk lost: node 1 fetches only
+    its own rank's file from S3, node 0 loads its own part, bitwise."""
+    outcomes = run_nodes(tmp_path, "--layout", "hsdp", "--remote", s3_remote, "--fault", "0:after_remote_commit:2", survivor_grace=10.0)
+    assert all(o.code != 0 for o in outcomes)
+    step = max(committed_steps(open_store(s3_remote).list_objects()))
+    record = json.loads((layout.checkpoints_dir(node_dir(tmp_path, 1)) / f"step_{step}" / "manifest.json").read_text())
+    assert record["node"] == 1 and set(record["node_keys"]) == {t["key"] for t in record["shared"]["tensors"]}  # a copy per node
+    shutil.rmtree(node_dir(tmp_path, 1))  # node 1's disk is gone
+    assert_ok(run_nodes(tmp_path, "--layout", "hsdp", "--remote", s3_remote))
+    assert restored(tmp_path) == [[(step, "local")], [(step, "remote")]]
+    fetched = node_events(tmp_path, 1, "remote_fetch")
+    assert [e["step"] for e in fetched] == [step] and set(fetched[0]["files"]) == {"__1_0.distcp", ".metadata"}
+    assert_bitwise(tmp_path, reference)
+    assert_clean(tmp_path)
 
 
 def test_node_local_forced_on_one_shared_directory_is_refused_naming_the_layout(tmp_path: Path) -> None:

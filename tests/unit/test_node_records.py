@@ -11,6 +11,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+import torch
 
 from coci.checkpoint import commit, fileio, layout, records
 from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
@@ -121,6 +122,42 @@ def test_a_replicated_mesh_dimension_across_node_local_directories_is_named() ->
     assert replicas_across_nodes([[0], [1]], [True, False], (), [[0], [1]]) is not None  # (2, 1): every replica on its own node
     assert "dimension 0" in (replicas_across_nodes([[0], [1]], [True, False], (), [[0], [1]]) or "")
     assert replicas_across_nodes(hsdp, [True, False], ("replicate", "shard"), [[0, 1, 2, 3]]) is None  # one node
+
+
+def test_hsdp_across_nodes_holds_a_whole_replica_on_every_node_and_a_split_replica_does_not() -> None:
+    from coci.checkpoint.sharded import whole_on_every_node
+
+    two_nodes = [[0, 1], [2, 3]]
+    assert whole_on_every_node([[0, 1], [2, 3]], [False, True], two_nodes)  # HSDP: replicate across nodes, shard within each
+    assert not whole_on_every_node([[0, 2], [1, 3]], [False, True], two_nodes)  # replicas within a node: it holds one shard
+    assert whole_on_every_node([[0], [1]], [False, False], [[0], [1]])  # (2, 1): a whole tensor on each node
+    assert not whole_on_every_node([[0, 1], [2, 3]], [True, True], two_nodes)  # sharded on both: a node holds half
+    assert not whole_on_every_node([[0, 1, 2, 3]], [False, True], [[0], [1], [2], [3]])  # FSDP across nodes
+    assert not whole_on_every_node([[0, 2], [1, 3]], [False, True], [[0, 1, 2, 3]])  # one node: nothing to copy
+    assert not whole_on_every_node([[0, 1], [2, 3]], [False, True], [[0, 2], [1, 3], [4]])  # a node outside the mesh
+
+
+def test_session_accepts_replicas_across_nodes_only_where_every_node_holds_a_whole_replica() -> None:
+    from types import SimpleNamespace
+
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    from coci.checkpoint.nodes import check_replicas_within_nodes
+    from coci.distributed import DistributedContext
+    from coci.errors import ConfigError
+
+    def dtensor(ranks: list, placements: tuple) -> SimpleNamespace:  # what the check reads of a DTensor: its mesh and placements
+        return SimpleNamespace(device_mesh=SimpleNamespace(mesh=torch.tensor(ranks), mesh_dim_names=("replicate", "shard")), placements=placements)
+
+    def context(nodes: tuple) -> DistributedContext:
+        return DistributedContext(rank=0, world_size=4, groups={}, timeout_seconds=30.0, nodes=nodes)
+
+    hsdp = dtensor([[0, 1], [2, 3]], (Replicate(), Shard(0)))
+    check_replicas_within_nodes([hsdp], context(((0, 1), (2, 3))))  # each node a whole replica: a copy per node
+    with pytest.raises(ConfigError, match=r"mesh dimension 'replicate' \(size 2\).*not every node holds a whole replica"):
+        check_replicas_within_nodes([hsdp], context(((0,), (1,), (2,), (3,))))  # a replica split over nodes 0 and 1
+    with pytest.raises(ConfigError, match="not every node holds a whole replica"):  # partial sums: never one node's copy
+        check_replicas_within_nodes([dtensor([[0, 1], [2, 3]], (Partial(), Shard(0)))], context(((0, 1), (2, 3))))
 
 
 def test_parts_held_by_another_node_are_moved_only_when_every_lacking_part_is_held_and_of_one_commit() -> None:
