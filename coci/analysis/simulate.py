@@ -123,7 +123,6 @@ from coci.planning.arguments import CurveLike, FailuresLike
 from coci.planning.empirical import curve_pair, empirical_progress_rate
 from coci.planning.failures import Failures, check_survivable
 from coci.planning.fit import CurveFit, LossCurve
-from coci.planning.levels import Level
 from coci.planning.objective import RateFunction
 from coci.planning.policy import CheckpointPolicy
 from coci.planning.records import Plan, PlanInputs
@@ -194,11 +193,6 @@ def simulate(
     seed = checks.integer(seed, "seed", minimum=0)
     plan, inputs, policy_name = _target(plan_or_policy, job)
     model_failures = failure_model(failures, inputs)
-    if any(record.rank > int(Level.REMOTE) for record in inputs.levels):
-        raise ConfigError(
-            "levels: the simulator plays the local, peer and remote levels (coci.analysis.simulate_levels); "
-            "a level above the remote tier is planned, not simulated"
-        )
     job_figures = Job.of(inputs)
     check_survivable(model_failures, len(job_figures.levels) + 1)
     if inputs.start_step != 0:
@@ -222,7 +216,8 @@ def simulate(
 
     promote = _promoted(plan, steps, job_figures, model_failures, notes)
     copies = copied(plan, steps, promote, notes) if job_figures.has_peer_level else None
-    samples = run_levels(steps, job_figures, model_failures, trials, seed, stop_range, rate, promote, copies)
+    higher = _higher(plan, steps, promote, job_figures, notes)
+    samples = run_levels(steps, job_figures, model_failures, trials, seed, stop_range, rate, promote, copies, higher)
     unfinished = int(samples.pop("unfinished").sum())
     if unfinished:
         notes.append(
@@ -241,6 +236,7 @@ def simulate(
         steps=[int(s) for s in steps],
         promote_steps=None if promote is None else [int(s) for s in promote],
         peer_steps=None if copies is None else [int(s) for s in copies],
+        higher_steps={record.name: [int(s) for s in subset] for record, subset in zip(job_figures.levels[2:], higher)} or None,
         replans=replans,
         unfinished=unfinished,
         metrics={name: MetricSummary.of(samples[name]) for name in METRICS},
@@ -248,6 +244,22 @@ def simulate(
         expected=expected if stop_range is None else {},
         notes=notes,
     )
+
+
+def _higher(plan: Plan | None, steps: np.ndarray, promote: np.ndarray | None, job: Job, notes: list[str]) -> list[np.ndarray]:
+    """Each level above the remote tier's steps: the plan's ``higher_steps`` where it chose them
+    for these steps (each a subset of the level below's), else every promoted checkpoint."""
+    chosen: list[np.ndarray] = []
+    below = steps if promote is None else promote
+    for record in job.levels[2:]:
+        subset = None if plan is None or plan.higher_steps is None else plan.higher_steps.get(record.name)
+        picked = None if subset is None else np.asarray(subset, dtype=np.int64)
+        if picked is None or not np.all(np.isin(picked, below)):
+            notes.append(f"every uploaded checkpoint sent to {record.name}")
+            picked = below
+        chosen.append(picked)
+        below = picked
+    return chosen
 
 
 def _promoted(plan: Plan | None, steps: np.ndarray, job: Job, failures: Failures, notes: list[str]) -> np.ndarray | None:

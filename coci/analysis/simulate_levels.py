@@ -28,12 +28,17 @@ when their class destroys more. Approximation: the copies a lost node held for i
 taken to be restored with the restore (each node's own local files survive a single node loss, and
 every node resumes from the restored checkpoint); a second node loss hitting that very neighbour
 before its next copy commits is not played.
+
+A level above the remote tier (``Plan.higher_steps``, ``Job.levels[2:]``) is played the same way:
+its transfers start at the local commit, one at a time, its interference charged at the snapshot;
+a class that destroys the remote tier too restores from its newest commit (or a newer one above
+it), in its ``restart``, and leaves nothing newer on the levels below.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,7 +75,12 @@ def restore_levels(failures: Failures, job: Job) -> np.ndarray:
     local, peer = failures.destroys_mask("local"), failures.destroys_mask("peer")
     lost_local = np.where(job.has_peer_level, PEER, np.where(job.has_remote_tier, REMOTE, LOCAL))
     lost_peer = np.where(job.has_remote_tier, REMOTE, np.where(job.has_peer_level, PEER, LOCAL))
-    return np.where(~local, LOCAL, np.where(peer, lost_peer, lost_local)).astype(np.int64)
+    codes = np.where(~local, LOCAL, np.where(peer, lost_peer, lost_local)).astype(np.int64)
+    higher = len(job.levels[2:])
+    if higher:  # a class that destroys the remote tier too: the lowest level above it it spares (or the top)
+        depth = np.asarray([c.depth for c in failures.failure_classes], dtype=np.int64)
+        codes = np.where(depth >= 3, np.minimum(depth, REMOTE + higher), codes)
+    return codes
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,7 @@ class _PeerState:
 
     back: np.ndarray  # index of the newest checkpoint committed on the peer level
     restores: np.ndarray
+    higher: list[np.ndarray]  # per level above the remote tier: its newest committed checkpoint index
 
 
 def run_levels(
@@ -102,10 +113,11 @@ def run_levels(
     rate: RateFunction | None,
     promote: np.ndarray | None,
     copies: np.ndarray | None,
+    higher: Sequence[np.ndarray] = (),
 ) -> dict[str, np.ndarray]:
     """The vectorised event loop: one failure per trial per iteration (module docstring); ``copies``
-    None without a peer level."""
-    timeline = Timeline.build(steps, job, promote, copies)
+    None without a peer level; ``higher`` each level above the remote tier's steps."""
+    timeline = Timeline.build(steps, job, promote, copies, higher)
     levels = _Levels(timeline, job, restore_levels(failures, job), _weight_function(rate, job))
     streams = np.random.SeedSequence(seed).spawn(4)  # the first three as before a fourth was added
     run_stream, restart_stream, stop_stream, warn_stream = (np.random.default_rng(s) for s in streams)
@@ -114,7 +126,7 @@ def run_levels(
     stop_x = stop_steps * job.step_seconds
     last_checkpoint = np.searchsorted(timeline.steps[1:], stop_steps, side="left")
     state = _Trials.start(trials)
-    peers = _PeerState(np.zeros(trials, dtype=np.int64), np.zeros(trials))
+    peers = _PeerState(np.zeros(trials, dtype=np.int64), np.zeros(trials), [np.zeros(trials, dtype=np.int64) for _ in higher])
     iterations = 0
     while state.active.any():
         iterations += 1
@@ -233,7 +245,7 @@ def _restart_phase(
         state.wall[hit] += left[failing]
         state.restart_paid[hit] += left[failing]
         state.failure_count[hit] += 1
-        for level in (PEER, REMOTE):
+        for level in (PEER, REMOTE, *range(REMOTE + 1, REMOTE + 1 + len(peers.higher))):
             _roll_back(state, peers, hit[left_source[failing] == level], level, levels)
         drawn, which = failures.sample_classes(stream, len(state.active))
         left[failing], left_source[failing] = drawn[hit], levels.source[which[hit]]
@@ -265,16 +277,27 @@ def _roll_back(state: _Trials, peers: _PeerState, hit: np.ndarray, level: int, l
 
 
 def _surviving(state: _Trials, peers: _PeerState, hit: np.ndarray, level: int) -> np.ndarray:
-    """The newest checkpoint index on ``level`` (the peer level: or the remote, when newer)."""
-    if level == REMOTE:
-        return state.remote_back[hit]
-    return np.maximum(peers.back[hit], state.remote_back[hit])
+    """The newest checkpoint index on ``level`` or a level above it (the levels nest)."""
+    newest = state.remote_back[hit] if level == REMOTE else np.maximum(peers.back[hit], state.remote_back[hit])
+    if level > REMOTE:
+        newest = peers.higher[level - REMOTE - 1][hit]
+    for above in range(max(level, REMOTE) - REMOTE, len(peers.higher)):
+        newest = np.maximum(newest, peers.higher[above][hit])
+    return newest
 
 
 def _restore_cost(state: _Trials, peers: _PeerState, hit: np.ndarray, level: int, job: Job) -> None:
     """Trials restoring from ``level``: its restart cost and count; a remote restore leaves nothing
     newer on the peer level."""
-    if level == REMOTE:
+    if level > REMOTE:  # the levels below lost: nothing newer on them than the restored checkpoint
+        restored = _surviving(state, peers, hit, level)
+        record = job.levels[level - 1]
+        state.restart_cost[hit] = 0.0 if record.restart is None else record.restart
+        state.remote_back[hit] = np.minimum(state.remote_back[hit], restored)
+        peers.back[hit] = np.minimum(peers.back[hit], restored)
+        for below in range(level - REMOTE - 1):
+            peers.higher[below][hit] = np.minimum(peers.higher[below][hit], restored)
+    elif level == REMOTE:
         state.restart_cost[hit] = job.level_restart(Level.REMOTE)
         state.remote_restores[hit] += 1
         peers.back[hit] = np.minimum(peers.back[hit], state.remote_back[hit])
@@ -311,6 +334,8 @@ def _run_phase(
     state.restart_cost[hit] = job.restart_seconds
     state.remote_back[hit] = timeline.newest_remote(at_hit, j_hit, state.remote_back[hit])
     peers.back[hit] = timeline.newest_peer(at_hit, j_hit, peers.back[hit])
+    for index_above, backs in enumerate(peers.higher):
+        backs[hit] = timeline.newest_higher(index_above, at_hit, j_hit, backs[hit])
     progress = timeline.progress_at(at_hit, j_hit)
 
     notice = warned[fail]
@@ -326,6 +351,8 @@ def _run_phase(
     committed = np.searchsorted(timeline.commit, at_hit, side="right") - 1
     local_back = np.maximum(committed, j_hit)
     back = np.where(level == REMOTE, state.remote_back[hit], np.where(level == PEER, _surviving(state, peers, hit, PEER), local_back))
+    for above in range(REMOTE + 1, REMOTE + 1 + len(peers.higher)):
+        back = np.where(level == above, _surviving(state, peers, hit, above), back)
     floor = np.where(level == LOCAL, state.floor_x[hit], 0.0)
     to_floor = floor > timeline.x[back]
     rollback = np.where(to_floor, floor, timeline.x[back])
@@ -335,6 +362,6 @@ def _run_phase(
     state.resume[hit] = back
     state.rollback_x[hit] = rollback
     state.floor_x[hit[level != LOCAL]] = 0.0
-    for restored in (PEER, REMOTE):
+    for restored in (PEER, REMOTE, *range(REMOTE + 1, REMOTE + 1 + len(peers.higher))):
         _restore_cost(state, peers, hit[level == restored], restored, job)
     state.start_at[hit] = np.where(to_floor, timeline.wall_at(floor, back), timeline.offset[back])

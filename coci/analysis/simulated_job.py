@@ -4,6 +4,7 @@ failure-free timeline, and Daly's closed-form expected run time it is checked ag
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,7 +95,9 @@ class Timeline:
     ``progress_knots`` map wall time to progress (piecewise linear; flat during stalls and waits).
     ``remote_commit[i]`` is when checkpoint ``i`` commits on the remote tier (``inf``: not
     promoted; ``-inf`` for the start); ``promoted`` the indices promoted, in order; ``peer_commit``
-    and ``copied`` the same for the copies to a peer.
+    and ``copied`` the same for the copies to a peer, ``higher_commit[k]`` and ``higher_sent[k]``
+    for each level above the remote tier (``Job.levels[2:]``), its transfers queued from the local
+    commit as the others are.
     """
 
     steps: np.ndarray
@@ -109,13 +112,21 @@ class Timeline:
     promoted: np.ndarray
     peer_commit: np.ndarray
     copied: np.ndarray
+    higher_commit: tuple[np.ndarray, ...] = ()
+    higher_sent: tuple[np.ndarray, ...] = ()
 
     @classmethod
-    def build(cls, steps: np.ndarray, job: Job, promote: np.ndarray | None = None, copies: np.ndarray | None = None) -> Timeline:
+    def build(
+        cls, steps: np.ndarray, job: Job, promote: np.ndarray | None = None, copies: np.ndarray | None = None,
+        higher: Sequence[np.ndarray] = (),
+    ) -> Timeline:
         promoted = np.zeros(steps.size, dtype=bool) if promote is None else np.isin(steps, promote)
         copied = np.zeros(steps.size, dtype=bool) if copies is None else np.isin(steps, copies)
+        sent = [np.isin(steps, subset) for subset in higher]
         t, persist = job.step_seconds, job.persist_seconds
         stall = job.stall_seconds + job.interference(Level.REMOTE) * promoted + job.interference(Level.PEER) * copied
+        for record, mask in zip(job.levels[2:], sent):
+            stall = stall + record.interference * mask
         r, q = job.slowdown, job.window_progress
         horizon = job.run_seconds
         x = steps.astype(float) * t
@@ -152,6 +163,7 @@ class Timeline:
         progress.append(np.array([horizon]))
         remote = _remote_commits(commit, np.concatenate([[False], promoted]), job.level(Level.REMOTE))
         peer = _remote_commits(commit, np.concatenate([[False], copied]), job.level(Level.PEER))
+        highs = tuple(_remote_commits(commit, np.concatenate([[False], mask]), record) for record, mask in zip(job.levels[2:], sent))
         return cls(
             steps=np.concatenate([[0], steps]).astype(np.int64),
             x=np.concatenate([[0.0], x]),
@@ -165,7 +177,13 @@ class Timeline:
             promoted=np.flatnonzero(np.isfinite(remote[1:])) + 1,
             peer_commit=peer,
             copied=np.flatnonzero(np.isfinite(peer[1:])) + 1,
+            higher_commit=highs,
+            higher_sent=tuple(np.flatnonzero(np.isfinite(high[1:])) + 1 for high in highs),
         )
+
+    def newest_higher(self, index: int, at: np.ndarray, after: np.ndarray, floor: np.ndarray) -> np.ndarray:
+        """``newest_remote`` on the ``index``-th level above the remote tier."""
+        return _newest(self.higher_commit[index], self.higher_sent[index], at, after, floor)
 
     def newest_remote(self, at: np.ndarray, after: np.ndarray, floor: np.ndarray) -> np.ndarray:
         """Newest checkpoint on the remote tier at (timeline) wall time ``at``: uploaded in this life

@@ -85,6 +85,7 @@ class SimulationResult(BaseModel):
     steps: list[int]
     promote_steps: list[int] | None = None
     peer_steps: list[int] | None = None
+    higher_steps: dict[str, list[int]] | None = Field(default=None, exclude_if=lambda steps: steps is None)
     replans: int = 0
     unfinished: int = 0
     metrics: dict[str, MetricSummary]

@@ -76,7 +76,7 @@ class LevelCosts(BaseModel):
     """One storage level above the local tier, as a value: what the planner, the simulator and the
     report read of it. ``level`` is a ``Level`` or, for a level above the remote tier (a second,
     slower and more durable store), its restore rank (an integer above 3: planned by
-    ``coci.plan``, not yet simulated or run by a session). ``seconds`` is what one transfer takes, from the local commit to this level's
+    ``coci.plan`` and ``coci.simulate``, not yet run by a session). ``seconds`` is what one transfer takes, from the local commit to this level's
     commit (None in an [``Observation``][coci.Observation]: not measured yet);
     ``interference`` the training seconds one transfer costs; ``restart`` the restart when a
     failure restores from this level (None: the local restart, plus one transfer's time for the

@@ -160,7 +160,7 @@ def plan(
             (``Plan.promote_steps``, ``coci.planning.levels``); with a peer level too
             (``Level.PEER``), three (``Plan.peer_steps``, ``coci.planning.three_levels``); a level
             above the remote tier (``LevelCosts(level=4, ...)``) is one more (``Plan.higher_steps``;
-            planned, not yet simulated or run). None or empty plans a single level.
+            planned and simulated, not yet run by a session). None or empty plans a single level.
         upload_seconds: compatibility keyword, ``LevelCosts(level=Level.REMOTE, seconds=...)``
             (with ``upload_interference_seconds``, ``remote_restart_seconds`` and
             ``last_promoted_step``: its ``interference``, ``restart`` and ``last_step``).

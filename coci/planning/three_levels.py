@@ -41,13 +41,12 @@ chain against the failure classes that destroy the remote tier too (``FailureCla
 steps in ``Plan.higher_steps`` by name (``level4``). ``coci.planning.levels.check_levels`` keeps
 the chain exact to first order: such a level needs the peer and remote levels below it, the next
 rank, and a transfer at least as long as the one below (the delays grow with the rank, as ``D <=
-U`` above); a ``ConfigError`` names the field otherwise. What does not take such a level yet:
-
-* the simulator (``coci.analysis.simulate_levels``) tracks the peer and remote commits by name
-  (its rollbacks, ``Timeline.newest_peer`` / ``newest_remote``), so ``coci.simulate`` refuses a
-  plan with a level above the remote tier (a ``ConfigError`` naming ``levels``);
-* a session's levels (``coci.checkpoint.storage_level``) and the report read ``Plan.peer_steps``
-  and ``Plan.promote_steps`` by name, and a session has no implementation of a fourth store.
+U`` above); a ``ConfigError`` names the field otherwise. ``coci.simulate`` plays it
+(``coci.analysis.simulate_levels``: its transfers queued from the local commit, the classes that
+destroy the remote tier restored from it). What does not take such a level yet: a session's levels
+(``coci.checkpoint.storage_level``) and the report read ``Plan.peer_steps`` and
+``Plan.promote_steps`` by name, and a session has no implementation of a fourth store, so a
+session given such a plan sends nothing there.
 """
 
 from __future__ import annotations

@@ -136,8 +136,21 @@ def test_a_fourth_level_is_one_more_entry_in_coci_plans_levels() -> None:
     assert coci.Plan.model_validate_json(plan.model_dump_json()) == plan
     three = coci.plan(failures=Failures.compose(*failures.failure_classes[:3]), objective="time", **TOY_COSTS, levels=[PEER, REMOTE])
     assert three.higher_steps is None and "higher_steps" not in three.model_dump()
-    with pytest.raises(ConfigError, match="levels: the simulator plays the local, peer and remote levels"):
-        simulate(plan, failures=failures, trials=2)
+
+
+def test_a_fourth_level_is_simulated() -> None:
+    failures = Failures.compose(*classes_of_every_depth().failure_classes[:3],
+                                FailureClass(name="region", failures=Failures.exponential("5h"), destroys=("local", "peer", "remote")))
+    plan = coci.plan(failures=failures, objective="time", **{**TOY_COSTS, "total_steps": 6000}, levels=[PEER, REMOTE, ARCHIVE])
+    assert plan.higher_steps is not None and len(plan.higher_steps["level4"]) > 5
+    played = simulate(plan, failures=failures, trials=300, seed=5)
+    assert played.higher_steps == plan.higher_steps and not any("sent to level4" in n for n in played.notes)
+    assert played.metrics["wall_seconds"].mean == pytest.approx(plan.expected["wall_seconds"], rel=0.3)
+    # without copies on the fourth level a region failure rolls back to the start
+    never = simulate(plan.model_copy(update={"higher_steps": {"level4": []}}), failures=failures, trials=300, seed=5)
+    assert never.metrics["lost_seconds"].mean > 5 * played.metrics["lost_seconds"].mean
+    unplanned = simulate(plan.model_copy(update={"higher_steps": None}), failures=failures, trials=300, seed=5)
+    assert "every uploaded checkpoint sent to level4" in unplanned.notes
 
 
 def test_a_fourth_level_is_checked() -> None:
