@@ -200,5 +200,18 @@ def main() -> None:
     dist.destroy_process_group()
 
 
+def leave() -> None:
+    """Exit 0 without the interpreter's finalization, every file written and closed. A DTensor
+    job's mesh stays referenced from torch's sharding-propagation cache after
+    ``destroy_process_group``, so the default gloo group's threads outlive it (a plain
+    ``all_reduce`` job's do not) and run into finalization, where one that needs the GIL aborts the
+    process ("terminate called without an active exception": rare, twice in one CI run). coci's
+    own groups are released by ``Session.close``; this one is the job's and torch's."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    leave()
