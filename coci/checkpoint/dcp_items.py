@@ -29,13 +29,13 @@ _END64 = struct.Struct("<4sQHHIIQQQQ")  # zip64 end of central directory record 
 _NOT_IN_END = 0xFFFFFFFF
 
 
-class ItemView(io.RawIOBase):
-    """A read-only, seekable view of ``length`` bytes at ``offset`` of an open file (positional
-    reads: the file's own offset is never moved)."""
+class _SeekableSpan(io.RawIOBase):
+    """A read-only, seekable stream of ``length`` bytes: the position and seeking that
+    :class:`ItemView` and :class:`BufferView` share; a subclass reads with ``readinto``."""
 
-    def __init__(self, fd: int, offset: int, length: int) -> None:
+    def __init__(self, length: int) -> None:
         super().__init__()
-        self._fd, self._offset, self._length, self._position = fd, offset, length, 0
+        self._length, self._position = length, 0
 
     def readable(self) -> bool:
         return True
@@ -51,6 +51,19 @@ class ItemView(io.RawIOBase):
         self._position = min(max(base + position, 0), self._length)
         return self._position
 
+    def read_at(self, position: int, size: int) -> bytes:
+        self.seek(position)
+        return self.read(size) or b""
+
+
+class ItemView(_SeekableSpan):
+    """A read-only, seekable view of ``length`` bytes at ``offset`` of an open file (positional
+    reads: the file's own offset is never moved)."""
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        super().__init__(length)
+        self._fd, self._offset = fd, offset
+
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         wanted = min(len(buffer), self._length - self._position)
         data = os.pread(self._fd, wanted, self._offset + self._position) if wanted > 0 else b""
@@ -58,41 +71,19 @@ class ItemView(io.RawIOBase):
         self._position += len(data)
         return len(data)
 
-    def read_at(self, position: int, size: int) -> bytes:
-        self.seek(position)
-        return self.read(size) or b""
 
-
-class BufferView(io.RawIOBase):
+class BufferView(_SeekableSpan):
     """A read-only, seekable view of an item already read into memory (no copy of it)."""
 
     def __init__(self, data: bytearray | memoryview) -> None:
-        super().__init__()
-        self._data, self._position = memoryview(data), 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, position: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: len(self._data)}[whence]
-        self._position = min(max(base + position, 0), len(self._data))
-        return self._position
+        self._data = memoryview(data)
+        super().__init__(len(self._data))
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        count = max(0, min(len(buffer), len(self._data) - self._position))
+        count = max(0, min(len(buffer), self._length - self._position))
         buffer[:count] = self._data[self._position : self._position + count]
         self._position += count
         return count
-
-    def read_at(self, position: int, size: int) -> bytes:
-        self.seek(position)
-        return self.read(size) or b""
 
 
 def check_item(view: ItemView | BufferView, length: int, chunk_bytes: int, where: str) -> None:
