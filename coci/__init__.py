@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from coci._version import __version__
 from coci.checkpoint.checkpointer import CheckpointReader, CheckpointWriter, PendingCheckpoint, PersistResult, register_reader
+from coci.checkpoint.directory_level import DirectoryLevel
 from coci.checkpoint.export import export
 from coci.checkpoint.read_only import load
 from coci.checkpoint.remote import RemoteStore, register_remote_scheme
 from coci.checkpoint.retention import KeepAny, KeepEvery, KeepLast, RetentionPolicy
 from coci.checkpoint.stateful import Stateful
+from coci.checkpoint.storage_level import AddedLevel, LevelContext
 from coci.checkpoint.verify import CheckpointStatus, verify_run
 from coci.config import IOConfig, PreemptionConfig, RemoteConfig, RetentionConfig, SessionConfig
 from coci.errors import (
@@ -75,6 +77,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AddedLevel",
     "AtSteps",
     "CheckpointError",
     "CheckpointPolicy",
@@ -87,6 +90,7 @@ __all__ = [
     "IncompleteCheckpointError",
     "CurveFit",
     "CurveLike",
+    "DirectoryLevel",
     "Estimate",
     "EveryN",
     "FailureClass",
@@ -97,6 +101,7 @@ __all__ = [
     "KeepEvery",
     "KeepLast",
     "Level",
+    "LevelContext",
     "LevelCosts",
     "NewerCheckpointError",
     "Observation",

@@ -29,6 +29,7 @@ from coci.checkpoint.checkpointer import PERSIST_MODES, IOConfig, WriterFactory
 from coci.checkpoint.remote.schemes import RemoteConfig, RemoteLike
 from coci.checkpoint.retention import RetentionConfig, RetentionPolicy
 from coci.checkpoint.run_source import SourceLike
+from coci.checkpoint.storage_level import AddedLevel
 from coci.errors import ConfigError
 from coci.planning.arguments import FailuresLike, PolicyLike, PriorLike, TakesPrior
 from coci.planning.config import PlanConfig
@@ -203,6 +204,7 @@ class SessionOptions(TypedDict, total=False):
     keep_last_remote: int | None
     remote_owner: str
     remote_close_timeout: str | float
+    levels: tuple[AddedLevel, ...]
     run_dir_layout: str
     writer: WriterFactory | None
     retention: RetentionPolicy | None
@@ -248,6 +250,7 @@ OPTIONS: Mapping[str, tuple[str, str]] = MappingProxyType(
         "storage_options": ("remote", "storage_options"),
         "remote_owner": ("remote", "owner"),
         "remote_close_timeout": ("remote", "close_timeout"),
+        "levels": ("remote", "levels"),
         "preemption_signals": ("preemption", "signals"),
         "grace": ("preemption", "grace"),
         "on_error": ("io", "on_error"),

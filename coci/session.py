@@ -52,7 +52,7 @@ from coci.checkpoint.retention import final_checkpoint_wanted
 from coci.checkpoint.run_lock import lock_for_job
 from coci.checkpoint.sharded import ShardedState, fenced_ptrs, state_tensor_bytes
 from coci.checkpoint.stateful import state_epoch, validate_state
-from coci.checkpoint.storage_level import StorageLevel
+from coci.checkpoint.storage_level import StorageLevel, open_added_levels
 from coci.config import SessionConfig, SessionOptions, build_config, session_policy
 from coci.errors import ConfigError, PersistError, StateError
 from coci.events import CHECKPOINT_REASONS, CheckpointReason, EventLog, RunFiles, open_step_mark
@@ -162,8 +162,9 @@ class Session:
             self.run_dir, self._dist, self.config.retention.peer_copies, self.events, self._profiler,
             host=self.config.io.peer_host, keep_last=self.config.retention.peer_keep_last,
         )
-        #: The storage levels, local first, each driven through ``StorageLevel`` (its docstring says the call order).
-        self._levels: tuple[StorageLevel, ...] = tuple(level for level in (self._checkpointer, self._remote, self._peers) if level is not None)
+        self._added = open_added_levels(self.config.remote.levels, self.run_dir, self.events, self._dist, self._profiler.level_listener)
+        #: The storage levels, local first, the added ones last, each driven through ``StorageLevel`` (its docstring says the call order).
+        self._levels: tuple[StorageLevel, ...] = tuple(level for level in (self._checkpointer, self._remote, self._peers, *self._added) if level is not None)
         self._failed_close = False  # close() reached through an exception (__exit__)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
@@ -386,6 +387,7 @@ class Session:
             dist=self._dist,
             remote=None if self._remote is None else self._remote.tier,
             peers=None if self._peers is None else self._peers.copies,
+            added=self._added,
             events=self.events,
             clock=self._clock,
             step=self._steps,
@@ -415,10 +417,8 @@ class Session:
         self._profiler.record_restore(seconds, loaded.nbytes)
         for level in self._levels:  # retention keeps it until a newer one commits; the remote may promote it
             level.restored(loaded.step, path, tier)
-        if tier == "remote" and self._remote is not None:
-            self._profiler.record_remote_restore(seconds)
-        if tier == "peer":
-            self._profiler.record_peer_restore(seconds)
+        if tier != "local":
+            self._profiler.record_level_restore(tier, seconds)
         self.events.emit(
             "restore", step=loaded.step, seconds=seconds, restart_seconds=restart, bytes=loaded.nbytes, path=str(path), tier=tier,
             **node_tiers(self._dist, tier), **self._time.event_fields(),

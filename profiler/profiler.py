@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from . import knobs
+from .added_levels import AddedLevelCosts, LevelTransfers
 from .checks import integer, non_negative_number, optional_integer
 from .loss_trace import LossTrace
 from .probe import probe_bandwidth
@@ -158,6 +159,7 @@ class Profiler:
         self._interval_stall_seconds = 0.0
         self._interval_busy = 0.0  # seconds of the open interval the caller spent outside training
         self._costs: dict[str, deque[float]] = {name: deque(maxlen=cost_window) for name in _COST_SERIES}
+        self._added = AddedLevelCosts(cost_window)  # the levels a user added (level4, ...), by name
         self._trace = loss_trace if loss_trace is not None else LossTrace()
         self._steps = 0
         self._process_steps = 0
@@ -363,6 +365,17 @@ class Profiler:
         with self._lock:
             self._costs["remote_restore_seconds"].append(seconds)
 
+    def level_listener(self, name: str) -> LevelTransfers:
+        """The transfer listener of the added storage level ``name`` (``level4``, ...)."""
+        return self._added.listener(name)
+
+    def record_level_restore(self, name: str, seconds: float) -> None:
+        """A restore from the level ``name`` (not the local one) took ``seconds`` (fetch, verify, load)."""
+        if name in ("remote", "peer"):
+            (self.record_remote_restore if name == "remote" else self.record_peer_restore)(seconds)
+        else:
+            self._added.record(name, "restore_seconds", non_negative_number(seconds, "seconds"))
+
     def record_restore(self, seconds: float, nbytes: int | None = None) -> None:
         """Restoring a checkpoint of ``nbytes`` took ``seconds``."""
         seconds = non_negative_number(seconds, "seconds")
@@ -542,7 +555,7 @@ class Profiler:
             levels=_measured_levels(costs, {
                 "remote": ratio_estimate(uploading, step) if source != "overlapped" else Estimate(),
                 "peer": ratio_estimate(copying, step) if source != "overlapped" else Estimate(),
-            }),
+            }) + self._added.estimates(),
             loss_points=self._trace.points,
             dropped_losses=self._trace.dropped,
         )
@@ -587,6 +600,9 @@ class Profiler:
             for name, series in self._costs.items():
                 state[name] = np.asarray(series, dtype=np.float64)
         state["loss_trace"] = trace
+        added = self._added.state_dict()
+        if added:  # only a session with added levels saves their samples (older readers never see the key)
+            state["added_levels"] = added
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -609,6 +625,7 @@ class Profiler:
         except KeyError as exc:
             raise ValueError(f"profiler state is missing the field {exc.args[0]!r}") from exc
         self._trace.load_state_dict(trace_state)
+        self._added.load_state_dict(state.get("added_levels", {}))  # absent before levels could be added
         with self._lock:
             self._steps = steps
             self._process_steps = 0

@@ -13,6 +13,7 @@ and decides which remote candidates are tried) and the ranks skip a checkpoint t
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from coci.checkpoint.remote.fetch import UNAVAILABLE
 from coci.checkpoint.remote.refused import REFUSED_BEFORE, RemoteGate
 from coci.checkpoint.sharded import ShardedState
 from coci.checkpoint.stateful import Stateful, is_stateful, restore_in_place
+from coci.checkpoint.storage_level import AddedLevel
 from coci.checkpoint.tree import adopt_or_clone
 from coci.errors import (
     CheckpointError,
@@ -95,6 +97,7 @@ class Restorer:
     events: EventLog
     clock: Callable[[], float]
     step: int  # the session's step, for error events
+    added: tuple[AddedLevel, ...] = ()  # the levels added above the remote tier (coci.AddedLevel), lowest first
 
     @property
     def root(self) -> Path:
@@ -106,25 +109,28 @@ class Restorer:
         ([``coci.CorruptCheckpointError``][coci.CorruptCheckpointError], or the class of the last one's problem)."""
         if self.dist is not None and self.dist.node_local:
             return self._across_nodes()
-        candidates = self._with_remote(restore_candidates(self.root, self.dist))  # newest first; damaged ones too
+        candidates = self._with_added(self._with_remote(restore_candidates(self.root, self.dist)))  # newest first; damaged ones too
         skipped: list[Path] = []
         last_error = ""
         targets = self.sharded.load_targets() if candidates else None
         gate = self._remote_gate()
-        for step, local_path in candidates:
+        for step, source in candidates:
             began = self.clock()
-            if local_path is None:
+            if isinstance(source, Path):
+                path: Path | None = source
+                loaded, problem = self._load_and_apply(source, targets)
+            elif source is None:
                 path, loaded, problem = self._from_remote(gate, step, targets)
             else:
-                path = local_path
-                loaded, problem = self._load_and_apply(path, targets)
+                path, loaded, problem = self._from_added(source, step, targets)
             if loaded is None or path is None:
-                where = str(path) if local_path is not None else f"{self.remote.store.url}/step_{step}"  # type: ignore[union-attr]
+                where = self._where(step, source, path)
                 self._record_skip(step, where, problem)
                 skipped.append(Path(where))
                 last_error = problem
                 continue
-            return Found(loaded, path, "local" if local_path is not None else "remote", began, tuple(skipped))
+            tier = "local" if isinstance(source, Path) else "remote" if source is None else source.name
+            return Found(loaded, path, tier, began, tuple(skipped))
         if candidates:
             raise _restore_error(last_error)(
                 f"none of the {len(candidates)} committed checkpoints in {self.root} loads: "
@@ -328,6 +334,48 @@ class Restorer:
 
         merged: list[tuple[int, Path | None]] = [*local, *((step, None) for step in distributed.from_coordinator(remote_steps, self.dist))]
         return sorted(merged, key=lambda candidate: (candidate[0], candidate[1] is not None), reverse=True)
+
+    def _where(self, step: int, source: Path | AddedLevel | None, path: Path | None) -> str:
+        """Where a skipped candidate was: its directory, or the level that holds it."""
+        if isinstance(source, Path):
+            return str(path)
+        if source is None:
+            return f"{self.remote.store.url}/step_{step}"  # type: ignore[union-attr]
+        return f"{source.name}:{step_dirname(step)}"
+
+    def _with_added(self, lower: list[tuple[int, Path | None]]) -> list[tuple[int, Path | AddedLevel | None]]:
+        """``lower`` (the local and remote candidates) with each added level's committed steps,
+        newest step first; of the levels holding one step, the lower is tried first. Listed by
+        rank 0 (collective); a level that cannot be listed is left out (an ``error`` event)."""
+        if not self.added:
+            return list(lower)
+        merged: list[tuple[int, int, Path | AddedLevel | None]] = [
+            (step, 0 if isinstance(source, Path) else 1, source) for step, source in lower
+        ]
+        for rank, level in enumerate(self.added, start=2):
+            listed = distributed.from_coordinator(functools.partial(self._added_steps, level), self.dist)
+            merged += [(step, rank, level) for step in listed]
+        return [(step, source) for step, _, source in sorted(merged, key=lambda candidate: (-candidate[0], candidate[1]))]
+
+    def _added_steps(self, level: AddedLevel) -> list[int]:
+        """``level.committed_steps()``, or none when it cannot be listed (logged, an ``error`` event)."""
+        try:
+            return [int(step) for step in level.committed_steps()]
+        except Exception as exc:  # an unreachable level leaves the others
+            logger.warning("cannot list the storage level %s: %s", level.name, exc)
+            self.events.emit("error", step=self.step, phase="level_list", level=level.name, message=f"{type(exc).__name__}: {exc}")
+            return []
+
+    def _from_added(
+        self, level: AddedLevel, step: int, targets: Mapping[str, Any] | None
+    ) -> tuple[Path | None, LoadedCheckpoint | None, str]:
+        """Fetch ``step`` from the added ``level`` into the run directory and load it (collective)."""
+        try:
+            path = level.fetch(step, self.root)
+        except CheckpointError as exc:
+            return None, None, str(exc)
+        loaded, problem = self._load_and_apply(path, targets)
+        return path, loaded, problem
 
     def _remote_gate(self) -> RemoteGate | None:
         """What decides which remote candidates this restore tries (rank 0 holds it)."""

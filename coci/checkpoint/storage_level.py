@@ -1,18 +1,37 @@
-"""``StorageLevel``: the one shape of every storage level a session drives (local, peer, remote).
+"""``StorageLevel``: the one shape of every storage level a session drives (local, peer, remote),
+and ``AddedLevel``: a level a user adds above them (``Session(levels=(...))``).
 
 The local writer ([``Checkpointer``][coci.checkpoint.checkpointer.Checkpointer]), the peer copies
 ([``PeerCopying``][coci.checkpoint.peers.PeerCopying]) and the remote tier
-([``Promotion``][coci.checkpoint.remote.promotion.Promotion]) each implement it; a
-[``coci.Session``][coci.Session] holds them as a tuple, local first, and calls each the same way.
+([``Promotion``][coci.checkpoint.remote.promotion.Promotion]) each implement ``StorageLevel``; a
+[``coci.Session``][coci.Session] holds them as a tuple, local first, the added levels last, and
+calls each the same way. An added level ([``coci.AddedLevel``][coci.AddedLevel], such as
+[``coci.DirectoryLevel``][coci.DirectoryLevel]) also opens itself for the session and fetches its
+own checkpoints back, so ``restore()`` reads it without knowing what it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-__all__ = ["LevelPlan", "StorageLevel", "plan_copies"]
+from coci.errors import ConfigError
+
+if TYPE_CHECKING:
+    from coci.distributed import DistributedContext
+    from coci.events import EventLog
+
+__all__ = ["ADDED_RANK", "AddedLevel", "LevelContext", "LevelPlan", "StorageLevel", "TransferListener", "check_added_levels", "open_added_levels",
+           "plan_copies", "planned_steps"]
+
+#: The restore rank of the first added level (``level4``): the local tier, the peer level and the
+#: remote tier are ranks 1 to 3 (``coci.Level``); an added level is named ``level<rank>``, the name
+#: ``coci.plan`` gives its steps in ``Plan.higher_steps``.
+ADDED_RANK = 4
+_ADDED_NAME = re.compile(r"^level([1-9][0-9]{0,2})$")
 
 
 class LevelPlan(Protocol):
@@ -23,6 +42,9 @@ class LevelPlan(Protocol):
 
     @property
     def peer_steps(self) -> Collection[int] | None: ...
+
+    @property
+    def higher_steps(self) -> Mapping[str, Collection[int]] | None: ...
 
 
 @runtime_checkable
@@ -52,15 +74,16 @@ class StorageLevel(Protocol):
        level must not wait for other ranks. Returns a background failure the session raises (the
        local level's stuck persist), or None.
 
-    Fetching is not one call: ``restore()`` (``coci.checkpoint.restore.Restorer``) searches the
-    levels newest step first, and what each level gives is of a different shape (the local level
-    a directory, the peer level one node's part, the remote tier a whole step or a node's part),
-    so the restorer reads each level by its own method.
+    Fetching: ``restore()`` (``coci.checkpoint.restore.Restorer``) searches the levels newest
+    step first. What a built-in level gives is of a different shape (the local level a
+    directory, the peer level one node's part, the remote tier a whole step or a node's part), so
+    the restorer reads each of those by its own method; an added level fetches a whole step by
+    its ``fetch`` (``AddedLevel``).
     """
 
     @property
     def name(self) -> str:
-        """``"local"``, ``"peer"`` or ``"remote"``: the ``tier`` of a ``restore`` event."""
+        """``"local"``, ``"peer"``, ``"remote"`` or an added level's ``level<rank>``: the ``tier`` of a ``restore`` event."""
         ...
 
     def restored(self, step: int, path: Path, source: str) -> None: ...
@@ -73,6 +96,116 @@ class StorageLevel(Protocol):
     def newest_step(self) -> int | None: ...
 
     def close(self, step: int, failing: bool) -> BaseException | None: ...
+
+
+class TransferListener(Protocol):
+    """What a level reports its transfers to (the session's profiler, which measures the level's
+    ``seconds`` and ``bytes`` into ``Profile.levels`` under the level's name)."""
+
+    def upload_started(self) -> None: ...
+
+    def upload_finished(self, seconds: float, nbytes: int) -> None: ...
+
+    def upload_aborted(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class LevelContext:
+    """What a session gives an added level when it opens it (``AddedLevel.open``): the run
+    directory (``checkpoints/`` is the local tier; a level may keep a small record beside it), the
+    event log (each event the level writes names it: a ``level`` field), the process group's
+    context (None without ``torch.distributed``) and the listener of its transfers."""
+
+    run_dir: Path
+    events: EventLog
+    dist: DistributedContext | None
+    listener: TransferListener
+
+
+@runtime_checkable
+class AddedLevel(StorageLevel, Protocol):
+    """A storage level a user adds above the local, peer and remote ones: one value in
+    ``Session(levels=(...))`` (``RemoteConfig.levels``), such as
+    [``coci.DirectoryLevel``][coci.DirectoryLevel]. It is a ``StorageLevel`` that also opens
+    itself for a session and fetches its checkpoints back.
+
+    A session calls an added level in this order:
+
+    1. ``open(context)``: once, inside ``Session()``, after the built-in levels opened
+       (collective under ``torch.distributed``: every rank calls it); ``context`` is a
+       ``LevelContext``. A level that cannot be used raises a ``coci.ConfigError`` naming it.
+    2. ``committed_steps()``: at ``restore()`` (rank 0 only; the ranks get its answer): the steps
+       the level holds committed, oldest first. An unreachable level raises; the restore then
+       goes on without it (an ``error`` event).
+    3. ``fetch(step, root)``: at ``restore()``, when no lower level holds a committed step as new
+       as ``step`` that loads (of two levels holding the same step the lower one is read first):
+       put the committed checkpoint of ``step`` into ``root/step_<step>``, committed there as a
+       local write is (temporary name, fsync, rename), and return that directory. Its content
+       is untrusted: sizes bounded by the record, checksums verified, no link followed. A
+       ``coci.CheckpointError`` passes over the step (a ``restore_skip`` event). Collective.
+    4. ``restored(step, path, source)``: as for every level (``StorageLevel``, 2.).
+    5. ``promote(step, path, plan)``: after each local commit; the level takes the steps the plan
+       names for it (``Plan.higher_steps[name]``; a plan that names none: the steps the remote
+       tier takes, ``Plan.promote_steps``; no plan: every commit), in the background, and keeps
+       its own retention after each copy.
+    6. ``promote_always(step, plan)``, ``newest_step``, ``close(step, failing)``: as for every
+       level (``StorageLevel``, 4. to 6.).
+
+    ``name`` is ``level<rank>``, its restore rank ``ADDED_RANK`` or above: the added levels of a
+    session are ``level4``, ``level5``, ... in the order given (``check_added_levels``), the names
+    under which ``coci.plan`` places their steps, the profile measures their costs and the events
+    and the report name them.
+    """
+
+    def open(self, context: LevelContext) -> None: ...
+
+    def committed_steps(self) -> list[int]: ...
+
+    def fetch(self, step: int, root: Path) -> Path: ...
+
+
+def check_added_levels(levels: Iterable[object]) -> tuple[AddedLevel, ...]:
+    """``levels`` as a tuple of ``AddedLevel``; a ``ConfigError`` naming ``levels[i]`` unless each
+    is one, named ``level<rank>`` with ranks ``ADDED_RANK``, ``ADDED_RANK + 1``, ... in order."""
+    if isinstance(levels, (str, bytes)) or not isinstance(levels, Iterable):
+        raise ConfigError(f"levels must be a tuple of storage levels (e.g. coci.DirectoryLevel(path)), got {levels!r}")
+    checked: list[AddedLevel] = []
+    for index, level in enumerate(levels):
+        if not isinstance(level, AddedLevel):
+            raise ConfigError(
+                f"levels[{index}] must be a storage level (open, committed_steps, fetch, promote, promote_always, restored, "
+                f"newest_step, close: coci.AddedLevel), got {type(level).__name__}"
+            )
+        name = level.name
+        match = _ADDED_NAME.match(name) if isinstance(name, str) else None
+        if match is None or int(match.group(1)) != ADDED_RANK + index:
+            raise ConfigError(f"levels[{index}].name must be 'level{ADDED_RANK + index}' (the added levels' ranks, in order), got {name!r}")
+        checked.append(level)
+    return tuple(checked)
+
+
+def open_added_levels(
+    levels: tuple[AddedLevel, ...], run_dir: Path, events: EventLog, dist: DistributedContext | None,
+    listener_of: Callable[[str], TransferListener],
+) -> tuple[AddedLevel, ...]:
+    """Open each added level for a session (``AddedLevel``, 1.), in order; ``listener_of(name)``
+    is the profiler's listener of the level named ``name``."""
+    for level in levels:
+        level.open(LevelContext(run_dir, events, dist, listener_of(level.name)))
+    return levels
+
+
+def planned_steps(plan: LevelPlan, name: str) -> Collection[int] | None:
+    """The steps ``plan`` sends to the level ``name``: ``peer_steps`` for ``"peer"``,
+    ``promote_steps`` for ``"remote"``, ``higher_steps[name]`` for an added level, or where the
+    plan names none for it, the remote tier's (the levels nest: what goes above went up to the
+    remote tier first). None: every committed step."""
+    if name == "peer":
+        return plan.peer_steps
+    higher = plan.higher_steps if name != "remote" else None
+    if higher is not None and name in higher:
+        return higher[name]
+    return plan.promote_steps
 
 
 def plan_copies(steps: Collection[int] | None, step: int) -> bool:

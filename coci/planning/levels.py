@@ -57,7 +57,7 @@ from coci.planning.objective import CostModel, Overhead, TwoLevelCostModel, mu_f
 from coci.units import parse_duration
 
 __all__ = [
-    "HoldsLevels", "Level", "LevelCosts", "TwoLevelResult", "against_all", "auto_two_level", "charged", "level_of", "levels_of", "local_around", "min_promote_steps", "two_level_candidates",
+    "HoldsLevels", "Level", "LevelCosts", "TwoLevelResult", "against_all", "auto_two_level", "charged", "level_named", "level_of", "levels_of", "local_around", "min_promote_steps", "two_level_candidates",
 ]
 
 TwoLevelPlan = tuple[np.ndarray, np.ndarray]
@@ -115,6 +115,18 @@ class LevelCosts(BaseModel):
         if self.restart is not None:
             return self.restart
         return local_restart + (self.seconds or 0.0) if self.level == Level.PEER else local_restart
+
+
+def level_named(name: str) -> Level | int:
+    """The ``LevelCosts.level`` of the level named ``name`` (``LevelCosts.name``'s inverse:
+    ``"peer"``, ``"remote"``, or ``"level<k>"`` for a level above the remote tier); a ``ConfigError``
+    naming it otherwise."""
+    if name.upper() in Level.__members__:
+        return Level[name.upper()]
+    rank = name.removeprefix("level")
+    if name.startswith("level") and rank.isdigit() and int(rank) > int(Level.REMOTE):
+        return int(rank)
+    raise ConfigError(f"a storage level is named peer, remote or level<k> (k > {int(Level.REMOTE)}), got {name!r}")
 
 
 class HoldsLevels:

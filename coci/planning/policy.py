@@ -20,7 +20,7 @@ import numpy as np
 
 from coci import checks, knobs
 from coci.errors import ConfigError
-from coci.planning.levels import Level, LevelCosts
+from coci.planning.levels import LevelCosts, level_named
 
 if TYPE_CHECKING:
     from coci.profiler import Profile
@@ -44,8 +44,9 @@ class Observation:
 
 def committed_levels(newest: Iterable[tuple[str, int | None]]) -> tuple[LevelCosts, ...]:
     """An ``Observation``'s ``levels`` from each storage level's name (``"local"``, ``"peer"``,
-    ``"remote"``: ``coci.checkpoint.storage_level.StorageLevel.name``) and newest committed step."""
-    return tuple(LevelCosts(level=Level[name.upper()], last_step=step) for name, step in newest if name != "local")
+    ``"remote"``, an added level's ``"level4"``: ``coci.checkpoint.storage_level.StorageLevel.name``)
+    and newest committed step."""
+    return tuple(LevelCosts(level=level_named(name), last_step=step) for name, step in newest if name != "local")
 
 
 @runtime_checkable

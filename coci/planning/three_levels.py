@@ -302,10 +302,11 @@ def auto_three_level(
 
 #: Per level above the local one: the ``Profile`` level's name and the fallback note when a restore
 #: from it is not measured yet (``{seconds:.3g}``: one transfer's time).
-_UNMEASURED_RESTORE: dict[Level, str] = {
+_UNMEASURED_RESTORE: dict[Level | int, str] = {
     Level.REMOTE: "remote restore not measured yet: assumed one upload's time ({seconds:.3g} s)",
     Level.PEER: "restore from a peer's copy not measured yet: assumed one copy's time ({seconds:.3g} s)",
 }
+_UNMEASURED_ADDED = "restore from {name} not measured yet: assumed one copy's time ({seconds:.3g} s)"
 
 
 def measured_levels(observation: Observation, restart: float, fallbacks: list[str]) -> tuple[LevelCosts, ...]:
@@ -315,25 +316,41 @@ def measured_levels(observation: Observation, restart: float, fallbacks: list[st
     that level, as a plan without it has). Unmeasured, a transfer's interference is 0 and a
     restart from that level costs the local restart plus one transfer's time (fetching the same
     bytes back), recorded as a fallback; measured, the local restart plus what a restore from that
-    level took over a local one."""
-    profile = observation.profile
-    measured: list[LevelCosts] = []
-    for level in (Level.REMOTE, Level.PEER):
-        held = next((record for record in observation.levels if record.level == level), None)
-        estimates = profile.level(level.name.lower())
-        if held is None or held.last_step is None or estimates is None or not estimates.seconds.known:
-            continue
-        seconds = float(estimates.seconds.value)  # type: ignore[arg-type]
-        restore = estimates.restore_seconds.value
-        if restore is None:
-            extra = seconds
-            fallbacks.append(_UNMEASURED_RESTORE[level].format(seconds=seconds))
-        else:
-            extra = max(float(restore) - float(profile.restore_seconds.value or 0.0), 0.0)
-        measured.append(held.model_copy(update={
-            "seconds": seconds, "interference": float(estimates.interference_seconds), "restart": restart + extra,
-        }))
-    return check_levels(measured)
+    level took over a local one. A level added above the remote tier (``level4``, a session's
+    ``levels=``) is planned where ``check_levels`` takes it (the peer and remote levels measured
+    below it); otherwise it is left out with a fallback note, and takes what the remote tier takes."""
+    added = sorted({record.level for record in observation.levels if record.rank > int(Level.REMOTE)}, key=int)
+    measured = [
+        record for level in (Level.REMOTE, Level.PEER, *added)
+        if (record := _measured_level(observation, level, restart, fallbacks)) is not None
+    ]
+    built_in = [record for record in measured if record.rank <= int(Level.REMOTE)]
+    if len(built_in) == len(measured):
+        return check_levels(measured)
+    try:
+        return check_levels(measured)
+    except ConfigError as exc:
+        names = ", ".join(record.name for record in measured if record.rank > int(Level.REMOTE))
+        fallbacks.append(f"{names} not planned ({exc}): each takes the checkpoints the remote tier takes")
+        return check_levels(built_in)
+
+
+def _measured_level(observation: Observation, level: Level | int, restart: float, fallbacks: list[str]) -> LevelCosts | None:
+    """``measured_levels``' record of one level (None: not held, or no transfer measured yet)."""
+    held = next((record for record in observation.levels if record.level == level), None)
+    estimates = None if held is None else observation.profile.level(held.name)
+    if held is None or held.last_step is None or estimates is None or not estimates.seconds.known:
+        return None
+    seconds = float(estimates.seconds.value)  # type: ignore[arg-type]
+    restore = estimates.restore_seconds.value
+    if restore is None:
+        extra = seconds
+        fallbacks.append(_UNMEASURED_RESTORE.get(level, _UNMEASURED_ADDED).format(seconds=seconds, name=held.name))
+    else:
+        extra = max(float(restore) - float(observation.profile.restore_seconds.value or 0.0), 0.0)
+    return held.model_copy(update={
+        "seconds": seconds, "interference": float(estimates.interference_seconds), "restart": restart + extra,
+    })
 
 
 def three_level_model(

@@ -36,7 +36,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from coci import knobs
-from coci.analysis.report.restores import RestoreRow, Restores, event_step, finite_number, total_lost_seconds
+from coci.analysis.report.restores import RestoreRow, Restores, event_step, finite_number, is_level_name, total_lost_seconds
 from coci.checkpoint.checkpointer import load_entry
 from coci.checkpoint.layout import SESSION_KEY, checkpoints_dir, committed_steps, has_root
 from coci.checkpoint.peers import PEER_DIRNAME
@@ -140,6 +140,10 @@ class ObservedCosts(BaseModel):
     peer_received: int = 0
     peer_held: int = 0
     peer_refused: int = 0
+    # each level added above the remote tier (level4, ...): its copies, their bytes and seconds
+    level_copies: dict[str, int] = Field(default_factory=dict)
+    level_bytes: dict[str, int] = Field(default_factory=dict)
+    level_seconds: dict[str, float] = Field(default_factory=dict)
 
 
 class PolicyRow(BaseModel):
@@ -250,6 +254,7 @@ def read_run(run_dir: Path) -> ReportData:
         "remote_bytes": sum(row.remote_bytes or 0 for row in promoted),
         **{key: type(getattr(observed, key))(value) for key, value in events.peers.items()},
         "peer_held": _peer_copies_held(run_dir),
+        **{field: {name: copies[field] for name, copies in events.rows.levels.items()} for field in ("level_copies", "level_bytes", "level_seconds")},
     })
     loss_steps, losses, loss_source = _loss_trace(run_dir, notes)
     return ReportData(
@@ -466,9 +471,17 @@ class _Rows:
     def __init__(self) -> None:
         self.rows: dict[int, dict[str, Any]] = {}
         self.errors: list[str] = []
+        self.levels: dict[str, dict[str, Any]] = {}  # the added levels' copies (level4, ...), by name
 
     def add(self, event: dict[str, Any], kind: Any, step: int | None) -> None:
         if step is None or kind not in self._KINDS:
+            return
+        if kind in ("promoted", "remote_retention") and "level" in event:  # an added level's, not the remote tier's
+            if kind == "promoted" and is_level_name(event["level"]) and len(self.levels) < 16:
+                copies = self.levels.setdefault(event["level"], {"level_copies": 0, "level_bytes": 0, "level_seconds": 0.0})
+                copies["level_copies"] += 1
+                copies["level_bytes"] += int(finite_number(event.get("bytes")) or 0)
+                copies["level_seconds"] += finite_number(event.get("seconds")) or 0.0
             return
         if kind == "remote_retention":
             for removed in event.get("removed", []):

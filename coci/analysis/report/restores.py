@@ -9,6 +9,7 @@ event), else a lower bound from its last event (events come at checkpoints and e
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 
 from coci.checks import is_int
 
-__all__ = ["RestoreRow", "Restores", "event_step", "finite_number", "total_lost_seconds"]
+__all__ = ["RestoreRow", "Restores", "event_step", "finite_number", "is_level_name", "total_lost_seconds"]
 
 #: Fewest steps a failed process's own timed events must span for the report to time its lost
 #: steps at that process's pace (wall seconds per step) rather than the run's final step time
@@ -139,7 +140,7 @@ class Restores:
                 lost_steps=lost,
                 lost_seconds=None if lost is None or per_step is None else lost * per_step,
                 lost_exact=failure and self.marked,
-                tier=event.get("tier") if event.get("tier") in _TIERS else None,
+                tier=event.get("tier") if is_level_name(event.get("tier")) else None,
                 node_tiers=_node_tiers(event.get("node_tiers")),
                 preempted=self.preempted,
             )
@@ -150,6 +151,12 @@ class Restores:
 
 
 _TIERS = ("local", "peer", "remote")
+_ADDED_LEVEL = re.compile(r"^level[1-9][0-9]{0,2}$")  # a level added above the remote tier (coci.AddedLevel)
+
+
+def is_level_name(value: Any) -> bool:
+    """Whether ``value`` (read from an untrusted log) names a storage level: local, peer, remote or ``level<k>``."""
+    return isinstance(value, str) and (value in _TIERS or _ADDED_LEVEL.match(value) is not None)
 _MAX_NODES = 1 << 16
 
 

@@ -202,7 +202,7 @@ def _restore_lines(data: ReportData) -> list[str]:
         if row.node_tiers:  # node-local run directories: each node's source
             text += "; " + ", ".join(f"node {node} {_SOURCES[tier]}" for node, tier in row.node_tiers.items())
         else:
-            text += {tier: f"; {source}" for tier, source in _SOURCES.items()}.get(row.tier or "", "")
+            text += f"; {_SOURCES.get(row.tier, f'from {row.tier}')}" if row.tier else ""
         text += f"): restore {format_seconds(row.seconds)}"
         if row.restart_seconds is not None:
             text += f", restart {format_seconds(row.restart_seconds)} (process start to first step)"
@@ -211,7 +211,8 @@ def _restore_lines(data: ReportData) -> list[str]:
         tier for row in data.restores for tier in (row.node_tiers.values() if row.node_tiers else [row.tier]) if tier is not None
     )
     if sources:
-        lines.append("  by source: " + ", ".join(f"{tier} {sources[tier]}" for tier in ("local", "peer", "remote") if sources[tier]))
+        order = {tier: rank for rank, tier in enumerate(_SOURCES)}  # the built-in levels first, the added ones by name
+        lines.append("  by source: " + ", ".join(f"{tier} {sources[tier]}" for tier in sorted(sources, key=lambda t: (order.get(t, 3), t))))
     return lines
 
 
@@ -249,6 +250,9 @@ def _checkpoint_lines(data: ReportData) -> list[str]:
             f"{format_seconds(obs.upload_seconds)} (in the background), "
             f"{sum(row.in_remote for row in data.checkpoints)} there now"
         )
+    for name, copies in obs.level_copies.items():  # the levels added above the remote tier
+        lines.append(f"{name}: {copies} copied, {format_bytes(obs.level_bytes.get(name, 0))} in "
+                     f"{format_seconds(obs.level_seconds.get(name, 0.0))} (in the background)")
     if obs.peer_sent or obs.peer_received or obs.peer_held:
         rate = f", {format_bytes(int(obs.peer_bytes / obs.peer_seconds))}/s" if obs.peer_seconds > 0 else ""
         lines.append(

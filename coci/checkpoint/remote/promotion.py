@@ -23,7 +23,7 @@ from coci.checkpoint.remote.identity import RunIdentity, claim, claim_for_job
 from coci.checkpoint.remote.schemes import RemoteLike, open_store
 from coci.checkpoint.remote.tier import NodeRole, RemoteTier, UploadListener
 from coci.checkpoint.retention import RetentionPolicy
-from coci.checkpoint.storage_level import LevelPlan, plan_copies
+from coci.checkpoint.storage_level import LevelPlan, plan_copies, planned_steps
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError
 from coci.events import EventLog, read_run_file, write_run_file
@@ -47,6 +47,8 @@ class Promotion:
 
     #: The level's name (``StorageLevel.name``).
     name = "remote"
+    #: The run directory's record of the steps ``close()`` left unpromoted (``resume_unfinished``).
+    unfinished_filename = UNFINISHED_FILENAME
 
     def __init__(
         self, tier: RemoteTier, events: EventLog, dist: DistributedContext | None, run_dir: Path | None = None, close_timeout: float = 60.0,
@@ -77,12 +79,16 @@ class Promotion:
         steps: Callable[[], int | None],
         history_from: int,
         close_timeout: float = 60.0,
+        name: str = "remote",
     ) -> Promotion:
         """The tier ``remote`` names (``coci.checkpoint.remote.schemes.open_store``), kept by
         ``retention``, its prefix claimed for this run (``owner``: ``"refuse"`` or
         ``"adopt"``; ConfigError naming the owner, collective) and, on rank 0, the history mirror
         (from ``history_from``, this process's first event; ``steps`` reads the session's step);
-        ``close`` waits ``close_timeout`` seconds at most."""
+        ``close`` waits ``close_timeout`` seconds at most. ``name``: the level's name; a store
+        opened as an added level (``coci.DirectoryLevel``'s ``level4``) keeps its unpromoted
+        steps in ``<name>_unfinished.json`` and mirrors no history (the run's history goes to
+        the remote tier only)."""
         tier = RemoteTier(open_store(remote, storage_options), retention, events, listener, role=NodeRole.of(dist))
         tier.identity, started = claim_for_job(tier.store, run_dir, owner, events, dist)
         if tier.identity is None:  # the store did not answer (in time): claimed before it is used
@@ -93,7 +99,10 @@ class Promotion:
             tier.claim = again if started is None else functools.partial(started.identity_or, again)
             tier.start_claim = None if started is None else started.wait
         promotion = cls(tier, events, dist, run_dir, close_timeout)
-        if dist is None or dist.is_coordinator:
+        promotion.name = name
+        if name != cls.name:
+            promotion.unfinished_filename = f"{name}_unfinished.json"
+        elif dist is None or dist.is_coordinator:
             promotion.history = HistoryMirror(tier.store, events, steps, history_from, owned=lambda: tier.owned() is not None)
             tier.after_promotion = promotion.history.request
             promotion.history.start()
@@ -122,8 +131,9 @@ class Promotion:
             self.resume_unfinished(step, path)
 
     def promote(self, step: int, path: Path, plan: LevelPlan | None) -> None:
-        """Checkpoint ``step`` committed at ``path``: promoted when ``plan`` promotes it (None: every one)."""
-        self.committed(step, path, plan is None or plan_copies(plan.promote_steps, step))
+        """Checkpoint ``step`` committed at ``path``: promoted when ``plan`` sends it to this level
+        (``coci.checkpoint.storage_level.planned_steps``; None: every one)."""
+        self.committed(step, path, plan is None or plan_copies(planned_steps(plan, self.name), step))
 
     @property
     def newest_step(self) -> int:
@@ -199,7 +209,7 @@ class Promotion:
         if self.run_dir is None:
             return
         try:
-            write_run_file(self.run_dir / UNFINISHED_FILENAME, json.dumps({"steps": steps}))
+            write_run_file(self.run_dir / self.unfinished_filename, json.dumps({"steps": steps}))
         except (OSError, ConfigError) as exc:
             logger.warning("cannot record the unpromoted steps %s in %s: %s", steps, self.run_dir, exc)
 
@@ -209,7 +219,7 @@ class Promotion:
         handed to the tier."""
         if self.run_dir is None or not self.uploads:
             return False
-        record = self.run_dir / UNFINISHED_FILENAME
+        record = self.run_dir / self.unfinished_filename
         try:
             steps = json.loads(read_run_file(record, 1 << 16)).get("steps")
         except FileNotFoundError:

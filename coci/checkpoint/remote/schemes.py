@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from coci.checkpoint.remote.identity import REMOTE_OWNER_MODES
 from coci.checkpoint.remote.store import RemoteStore
+from coci.checkpoint.storage_level import AddedLevel, check_added_levels
 from coci.errors import ConfigError
 from coci.units import parse_duration
 
@@ -68,7 +69,15 @@ class RemoteConfig:
     close_timeout: float = 60.0
     """Seconds ``close()`` spends at most on the remote tier (the last uploads, then the history); a step not uploaded by then stays committed locally, is recorded, and is promoted by the next run that restores it (a duration such as ``"5min"`` is accepted)."""
 
+    levels: tuple[AddedLevel, ...] = ()
+    """Storage levels added above the remote tier, lowest first, each one value: a
+    [``coci.AddedLevel``][coci.AddedLevel] such as [``coci.DirectoryLevel``][coci.DirectoryLevel]
+    (``levels=(coci.DirectoryLevel(path),)``), named ``level4``, ``level5``, ... in order; a
+    session copies to each the steps its plan names and restores from it when no lower level
+    holds a newer checkpoint."""
+
     def __post_init__(self) -> None:
+        object.__setattr__(self, "levels", check_added_levels(self.levels))
         if self.store is not None:
             check_remote(self.store, self.storage_options)
         if self.storage_options is not None:
