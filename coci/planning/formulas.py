@@ -280,9 +280,16 @@ class AutoResult:
 
 def checkpoint_density(model: CostModel, alpha: float, min_steps: int, max_steps: int | None) -> np.ndarray:
     """First-order optimal checkpoints per second per cell: sqrt(h w_alpha / (2 C)), between
-    ``1 / (max_steps t)`` and ``1 / (min_steps t)``."""
+    ``1 / (max_steps t)`` and ``1 / (min_steps t)``. A checkpoint that stalls nothing (C = 0: an
+    upper level's chain, whose copy runs in the background) takes the limit C -> 0: as dense as
+    ``min_steps`` allows where failures cost anything (h w_alpha > 0), as sparse as ``max_steps``
+    allows where they cost nothing."""
     weight = alpha * model.weight + (1.0 - alpha)
-    density = np.sqrt(model.hazard * weight / (2.0 * model.checkpoint_seconds))
+    exposure = model.hazard * weight
+    if model.checkpoint_seconds > 0.0:
+        density = np.sqrt(exposure / (2.0 * model.checkpoint_seconds))
+    else:
+        density = np.where(exposure > 0.0, np.inf, 0.0)
     cap = 1.0 / (min_steps * model.step_seconds)
     density = np.minimum(density, cap)
     if max_steps is not None:

@@ -191,3 +191,18 @@ def test_weight_is_normalised_over_the_whole_run_wherever_the_plan_starts() -> N
     assert whole_run_mean_rate(None, 1000, origin_step=200, loss_drop=4.0) == pytest.approx(0.005)
     with pytest.raises(ConfigError, match="curve"):
         whole_run_mean_rate(None, 1000, loss_drop=-1.0)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_a_checkpoint_that_stalls_nothing_is_placed_as_densely_as_the_spacing_allows() -> None:
+    """The first-order density sqrt(h w / 2C) at C = 0 (an upper level's chain) is its limit, without
+    a division by zero: the cap ``1 / (min_steps t)`` where failures cost something, the floor of
+    ``max_steps`` where they cost nothing (no progress left to lose, progress-weighted)."""
+    from coci.planning.formulas import checkpoint_density
+
+    free = checkpoint_density(model(c=0.0, t=2.0), alpha=0.0, min_steps=5, max_steps=None)
+    assert np.all(free == 1.0 / (5 * 2.0))
+    assert np.array_equal(free, checkpoint_density(model(c=1e-12, t=2.0), alpha=0.0, min_steps=5, max_steps=None))
+    done = model(c=0.0, t=2.0, curve=lambda s: np.where(np.asarray(s) < 500, power_rate(s), 0.0))  # no progress past step 500
+    progress = checkpoint_density(done, alpha=1.0, min_steps=5, max_steps=50)
+    assert progress[0] == 1.0 / (5 * 2.0) and progress[-1] == 1.0 / (50 * 2.0)
