@@ -43,10 +43,10 @@ the chain exact to first order: such a level needs the peer and remote levels be
 rank, and a transfer at least as long as the one below (the delays grow with the rank, as ``D <=
 U`` above); a ``ConfigError`` names the field otherwise. ``coci.simulate`` plays it
 (``coci.analysis.simulate_levels``: its transfers queued from the local commit, the classes that
-destroy the remote tier restored from it). What does not take such a level yet: a session's levels
-(``coci.checkpoint.storage_level``) and the report read ``Plan.peer_steps`` and
-``Plan.promote_steps`` by name, and a session has no implementation of a fourth store, so a
-session given such a plan sends nothing there.
+destroy the remote tier restored from it). A session runs it as a level added by value
+(``coci.DirectoryLevel``, ``coci.checkpoint.storage_level.AddedLevel``): it copies there the steps
+``Plan.higher_steps`` names for it, and ``measured_levels`` plans it from the profile once the
+peer and remote levels are measured below it.
 """
 
 from __future__ import annotations

@@ -42,8 +42,10 @@ def small_state() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.Adam(model.parameters(), lr=1e-2)
 
 
-def train_to(session: coci.Session, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
-    """Train to ``steps``, waiting for each commit and promotion."""
+def train_to(
+    session: coci.Session, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int, levels: tuple[coci.DirectoryLevel, ...] = (),
+) -> None:
+    """Train to ``steps``, waiting for each commit and promotion (to the remote tier and to each added level of ``levels``)."""
     while session.steps < steps:
         optimizer.zero_grad()
         model(torch.randn(8, 4)).square().mean().backward()
@@ -52,6 +54,8 @@ def train_to(session: coci.Session, model: torch.nn.Module, optimizer: torch.opt
             session.wait()
             if session._remote is not None:
                 session._remote.tier.wait()
+            for level in levels:
+                level.promotion.tier.wait()
 
 
 def uninterrupted(run_dir: Path, steps: int) -> torch.Tensor:
