@@ -35,7 +35,7 @@ from typing import Any
 from coci import checks
 from coci.checkpoint.remote.filesystem import DirectoryStore
 from coci.checkpoint.remote.promotion import Promotion
-from coci.checkpoint.retention import KeepLast, check_keep_last
+from coci.checkpoint.retention import DEFAULT_KEEP_LAST, KeepLast, check_keep_last
 from coci.checkpoint.storage_level import ADDED_RANK, LevelContext, LevelPlan
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError
@@ -67,7 +67,8 @@ class DirectoryLevel:
         path: the directory (created at ``open``); claimed for one run, as a remote prefix is.
         rank: its restore rank, ``4`` for the first added level (its name is ``level<rank>``:
             the key of its steps in ``Plan.higher_steps`` and of its costs in ``Profile.levels``).
-        keep_last: the newest copies kept there (None: every one).
+        keep_last: the newest copies kept there (None: every one; by default as many as the
+            other levels keep, ``coci.checkpoint.retention.DEFAULT_KEEP_LAST``).
         owner: another run's directory: ``"refuse"`` (ConfigError naming its owner) or ``"adopt"``.
         close_timeout: the seconds ``Session.close()`` waits at most for its last copy (a copy
             unfinished then is recorded in ``<name>_unfinished.json`` and taken by the next run
@@ -75,7 +76,7 @@ class DirectoryLevel:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, rank: int = ADDED_RANK, keep_last: int | None = None, owner: str = "refuse",
+        self, path: str | os.PathLike[str], *, rank: int = ADDED_RANK, keep_last: int | None = DEFAULT_KEEP_LAST, owner: str = "refuse",
         close_timeout: float | str = 60.0,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):

@@ -59,11 +59,12 @@ def test_a_plan_with_a_fourth_level_drives_what_the_session_copies_there(tmp_pat
     assert plan.higher_steps is not None
     archived = set(plan.higher_steps["level4"])
     assert plan.promote_steps is not None and archived and archived < set(plan.promote_steps)  # not the remote tier's steps
-    train(tmp_path / "run", 900, policy=plan, save_last=False, levels=(coci.DirectoryLevel(tmp_path / "archive"),))
+    assert coci.simulate(plan, failures=FAILURES, trials=20, seed=1).higher_steps == plan.higher_steps  # the simulator plays them
+    train(tmp_path / "run", 900, policy=plan, save_last=False, levels=(coci.DirectoryLevel(tmp_path / "archive", keep_last=None),))
     handed = {event["step"] for event in level_events(tmp_path / "run") if event["event"] in ("promoted", "promote_skip")}
     assert handed == archived
     copied = {int(p.name.removeprefix("step_")) for p in (tmp_path / "archive").glob("step_*") if (p / "manifest.json").is_file()}
-    assert copied and copied <= archived
+    assert copied and copied <= archived  # keep_last=None: every copy that was not superseded stays
 
 
 def test_a_restore_reads_the_added_level_and_the_report_names_it(tmp_path: Path) -> None:
