@@ -193,12 +193,14 @@ class Session:
         self._profiler.mark()
 
     def _abandon_start(self) -> None:
-        """Undo what a failed ``Session()`` had started: the persist helper, the signal handlers,
-        the fence hooks, the event log, and last the run directory's lock."""
+        """Undo what a failed ``Session()`` had started: the persist helper, the added levels, the
+        signal handlers, the fence hooks, the event log, and last the run directory's lock."""
         try:
             checkpointer = getattr(self, "_checkpointer", None)
             if checkpointer is not None:
                 checkpointer.close()
+            for level in getattr(self, "_added", ()):  # an added level is opened again by the retry
+                level.close(0, True)
             notice = getattr(self, "_preemption", None)
             if notice is not None:
                 notice.uninstall()

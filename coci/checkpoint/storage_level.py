@@ -189,9 +189,17 @@ def open_added_levels(
     listener_of: Callable[[str], TransferListener],
 ) -> tuple[AddedLevel, ...]:
     """Open each added level for a session (``AddedLevel``, 1.), in order; ``listener_of(name)``
-    is the profiler's listener of the level named ``name``."""
-    for level in levels:
-        level.open(LevelContext(run_dir, events, dist, listener_of(level.name)))
+    is the profiler's listener of the level named ``name``. When one refuses to open, those opened
+    before it are closed again (a retry opens them anew) and its error is raised."""
+    opened: list[AddedLevel] = []
+    try:
+        for level in levels:
+            level.open(LevelContext(run_dir, events, dist, listener_of(level.name)))
+            opened.append(level)
+    except BaseException:
+        for level in opened:
+            level.close(0, True)
+        raise
     return levels
 
 

@@ -106,6 +106,19 @@ def test_added_levels_are_values_checked_by_name(tmp_path: Path) -> None:
     assert [level.name for level in coci.SessionConfig.from_options(policy=coci.EveryN(2), levels=two).remote.levels] == ["level4", "level5"]
 
 
+def test_a_session_that_fails_to_start_leaves_its_levels_to_the_retry(tmp_path: Path) -> None:
+    train(tmp_path / "other", 2, policy=coci.EveryN(2), levels=(coci.DirectoryLevel(tmp_path / "b"),))  # b is another run's
+    first = coci.DirectoryLevel(tmp_path / "a")
+    with pytest.raises(ConfigError, match="belongs to another run"):
+        train(tmp_path / "run", 2, policy=coci.EveryN(2), levels=(first, coci.DirectoryLevel(tmp_path / "b", rank=5)))
+    session, _ = train(tmp_path / "run", 2, policy=coci.EveryN(2), levels=(first,))  # the same value, opened again
+    assert first.committed_steps() == [2] and session.steps == 2
+    shared = coci.DirectoryLevel(tmp_path / "c")
+    with pytest.raises(ConfigError, match="serves one session at a time"):
+        with coci.Session(tmp_path / "third", {"x": torch.zeros(1)}, policy=coci.EveryN(2), levels=(shared,)):
+            coci.Session(tmp_path / "fourth", {"x": torch.zeros(1)}, policy=coci.EveryN(2), levels=(shared,))
+
+
 def test_an_added_levels_measured_costs_reach_the_planner() -> None:
     profiler = Profiler()
     for name, seconds in (("peer", 10.0), ("remote", 60.0), ("level4", 300.0)):
