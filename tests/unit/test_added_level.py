@@ -114,9 +114,9 @@ def test_a_session_that_fails_to_start_leaves_its_levels_to_the_retry(tmp_path: 
     session, _ = train(tmp_path / "run", 2, policy=coci.EveryN(2), levels=(first,))  # the same value, opened again
     assert first.committed_steps() == [2] and session.steps == 2
     shared = coci.DirectoryLevel(tmp_path / "c")
-    with pytest.raises(ConfigError, match="serves one session at a time"):
-        with coci.Session(tmp_path / "third", {"x": torch.zeros(1)}, policy=coci.EveryN(2), levels=(shared,)):
-            coci.Session(tmp_path / "fourth", {"x": torch.zeros(1)}, policy=coci.EveryN(2), levels=(shared,))
+    with coci.Session(tmp_path / "third", {"x": torch.zeros(1)}, policy=coci.EveryN(2), levels=(shared,)), \
+            pytest.raises(ConfigError, match="serves one session at a time"):
+        coci.Session(tmp_path / "fourth", {"x": torch.zeros(1)}, policy=coci.EveryN(2), levels=(shared,))
 
 
 def test_an_added_levels_measured_costs_reach_the_planner() -> None:
