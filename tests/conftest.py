@@ -23,6 +23,7 @@ import re
 import signal
 import subprocess
 import sys
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,21 @@ def _tier_problem(item: pytest.Item) -> str | None:
         return f"{item.nodeid}: its module launches torchrun, so it belongs in tests/distributed/"
     if tier == "unit" and item.path.suffix == ".py" and (use := _starts_processes(str(item.path))):
         return f"{item.nodeid}: its module {use}: a test that starts processes or sends signals belongs in tests/integration/"
+    if tier == "unit" and item.path.suffix == ".py" and (lines := _unexplained_slow_marks(str(item.path))):
+        return f"{item.nodeid}: its module marks a test slow without a comment saying what takes the time (line {', '.join(map(str, lines))})"
     return None
+
+
+@functools.cache
+def _unexplained_slow_marks(module_path: str) -> tuple[int, ...]:
+    """Lines of ``module_path`` that mark a unit test ``slow`` (``pytest.mark.slow``) with no comment
+    on the same line: every slow unit test says what makes it take seconds (CONTRIBUTING.md)."""
+    with open(module_path, "rb") as source:
+        tokens = list(tokenize.tokenize(source.readline))
+    commented = {token.start[0] for token in tokens if token.type == tokenize.COMMENT}
+    names = [(token.string, token.start[0]) for token in tokens if token.type in (tokenize.NAME, tokenize.OP)]
+    marks = {row for i, (name, row) in enumerate(names) if [n for n, _ in names[i : i + 5]] == ["pytest", ".", "mark", ".", "slow"]}
+    return tuple(sorted(marks - commented))
 
 
 @pytest.hookimpl(tryfirst=True)

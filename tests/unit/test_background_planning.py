@@ -62,7 +62,7 @@ def _uncapped(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_first_plan_applies_at_its_fixed_step_and_was_made_off_the_training_thread(tmp_path: Path) -> None:
-    session, plans = _run(tmp_path, delay=0.0)
+    session, plans = _run(tmp_path, delay=0.0, steps=3 * knobs.PLAN_WARMUP_STEPS)  # past the first plan's apply step (at most warm-up + lag)
     lag = apply_lag_steps(STEP_SECONDS)
     assert lag == math.ceil(knobs.PLAN_APPLY_SECONDS / STEP_SECONDS)
     first_applied = next(step for step, plan in plans if plan is not None)

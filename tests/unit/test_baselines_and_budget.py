@@ -4,6 +4,7 @@ offline and re-planned online."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -59,6 +60,14 @@ def _curve(shape: str) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(1, STEPS + 1, dtype=float), SHAPES[shape]
 
 
+@functools.cache  # several tests check the same plan: planned once per module
+def _auto(job: str, shape: str) -> coci.Plan:
+    """``auto``'s offline plan of ``job`` on the curve ``shape``."""
+    failures, figures = _job(job)
+    return coci.plan("auto", failures=failures, total_steps=STEPS, curve=_curve(shape), **figures)
+
+
+@functools.cache  # a pure function of its names, read by several tests
 def _model(job: str, shape: str) -> tuple[CostModel, int]:
     """The cost model ``auto`` plans with (the same curve handling), and the shortest interval."""
     failures, figures = _job(job)
@@ -69,6 +78,7 @@ def _model(job: str, shape: str) -> tuple[CostModel, int]:
     return problem.cost_model, problem.inputs.min_interval_steps
 
 
+@functools.cache
 def _time_optimum(job: str) -> float:
     """The exact time optimum's (the DP's, independent of the planner) expected wall-clock overhead,
     the failures during the overhead counted (``Overhead.exposed_wall_seconds``)."""
@@ -129,8 +139,7 @@ def _baselines(job: str, shape: str, least: int) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("job", list(JOBS))
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_no_baseline_has_both_less_wall_clock_and_less_progress_weighted_overhead(job: str, shape: str) -> None:
-    failures, figures = _job(job)
-    auto = coci.plan("auto", failures=failures, total_steps=STEPS, curve=_curve(shape), **figures)
+    auto = _auto(job, shape)
     model, least = _model(job, shape)
     mine = model.expected(np.asarray(auto.steps, dtype=np.int64))
     for name, steps in _baselines(job, shape, least).items():
@@ -161,8 +170,7 @@ def test_a_baseline_that_beats_the_placement_within_the_budget_is_planned() -> N
 @pytest.mark.parametrize("job", list(JOBS))
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_offline_plan_stays_within_the_budget_of_the_exact_time_optimum(job: str, shape: str) -> None:
-    failures, figures = _job(job)
-    auto = coci.plan("auto", failures=failures, total_steps=STEPS, curve=_curve(shape), **figures)
+    auto = _auto(job, shape)
     model, _ = _model(job, shape)
     assert model.expected(np.asarray(auto.steps, dtype=np.int64)).exposed_wall_seconds <= 1.05 * _time_optimum(job) * (1 + 1e-9)
 
@@ -193,6 +201,7 @@ def _chain(rate: object, checkpoint: float, persist: float, restart: float, haza
 LEVEL_STEPS = 200
 
 
+@pytest.mark.slow  # auto's two- and three-level plans, each refined over the horizon (~1 s per shape)
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_two_and_three_level_plans_stay_within_the_budget_of_the_exact_time_optimum(shape: str) -> None:
     """The time budget is a promise with levels too: the expected wall-clock overhead of ``auto``'s
@@ -227,8 +236,7 @@ def test_offline_plan_is_within_two_percent_of_the_exact_constrained_optimum(job
     """The DP's Lagrangian dual bound is a certified lower bound on the least progress-weighted
     overhead of any plan costing at most the wall-clock overhead ``auto``'s plan costs; ``auto``
     stays within 2% of it on shapes no one tuned on."""
-    failures, figures = _job(job)
-    auto = coci.plan("auto", failures=failures, total_steps=STEPS, curve=_curve(shape), **figures)
+    auto = _auto(job, shape)
     model, least = _model(job, shape)
     mine = model.expected(np.asarray(auto.steps, dtype=np.int64))
     exact = constrained_optimum(model, budget_wall_seconds=mine.wall_seconds, min_steps=least, iterations=12)

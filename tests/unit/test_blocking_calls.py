@@ -12,6 +12,7 @@ true). A ``with lock:`` is not listed: coci holds its locks for short critical s
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,9 +98,10 @@ def calls_in(module: str, source: str) -> set[tuple[str, str, str]]:
     return found
 
 
-def blocking_calls() -> set[tuple[str, str, str]]:
+@functools.cache  # both checks below read the same scan of the tree
+def blocking_calls() -> frozenset[tuple[str, str, str]]:
     """:func:`calls_in` over every module of ``coci/``."""
-    return {call for path in sorted((ROOT / "coci").rglob("*.py")) for call in calls_in(path.relative_to(ROOT).as_posix(), path.read_text())}
+    return frozenset({call for path in sorted((ROOT / "coci").rglob("*.py")) for call in calls_in(path.relative_to(ROOT).as_posix(), path.read_text())})
 
 
 def test_every_blocking_call_has_a_timeout_or_a_written_reason() -> None:

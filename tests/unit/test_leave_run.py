@@ -126,6 +126,7 @@ def test_export_writes_safetensors_and_torch_bitwise_with_provenance(finished: t
     assert json.loads((tmp_path / "opt.pt.coci.json").read_text())["coci_step"] == "4"
 
 
+@pytest.mark.slow  # three exports of a 64 MB model (~1.5 s)
 def test_export_streams_one_tensor_at_a_time(tmp_path: Path) -> None:
     """Peak resident memory of an export of a 64 MB model of 8 tensors stays near its largest
     tensor (8 MB) plus the buffer (8 MB), far from the model (Linux: VmHWM reset through clear_refs).

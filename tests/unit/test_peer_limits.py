@@ -35,6 +35,7 @@ def _trickle(conn: socket.socket, data: bytes, every: float, stop: threading.Eve
             return
 
 
+@pytest.mark.slow  # waits out the 1 s header deadline
 def test_slow_and_idle_clients_free_every_slot_within_the_header_deadline(tmp_path: Path) -> None:
     with knobs.override(PEER_HEADER_SECONDS=1.0):
         server = _server(tmp_path / "node0")
@@ -67,6 +68,7 @@ def test_a_flood_of_refused_requests_is_counted_not_logged_one_by_one(tmp_path: 
     assert all("secret" not in e["message"] for e in refusals)
 
 
+@pytest.mark.slow  # waits out the 1 s transfer deadline
 def test_a_fetch_from_a_holder_that_trickles_fails_at_its_overall_deadline(tmp_path: Path) -> None:
     stop = threading.Event()
     with socket.create_server(("127.0.0.1", 0)) as holder:

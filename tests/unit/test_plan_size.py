@@ -39,7 +39,7 @@ def test_every_policy_refuses_a_plan_over_the_cap(policy: str) -> None:
         coci.plan(policy, **JOB)
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", [pytest.param(p, marks=pytest.mark.slow) if p == "continuous" else p for p in POLICIES])  # slow: 2 million checkpoints (~1.3 s)
 def test_every_policy_plans_under_the_cap(policy: str) -> None:
     planned = coci.plan(policy, **JOB)
     assert 0 < len(planned.steps) <= knobs.PLAN_MAX_CHECKPOINTS

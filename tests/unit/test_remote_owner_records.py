@@ -162,6 +162,7 @@ class SilentOwner(DirectoryStore):
         return super().exists(key)
 
 
+@pytest.mark.slow  # waits 2 s for an upload attempt that must not fail
 def test_a_silent_owner_record_holds_session_for_its_start_limit_only_and_its_later_answer_is_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

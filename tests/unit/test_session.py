@@ -337,14 +337,14 @@ def test_replanning_time_is_capped_to_a_fraction_of_wall_time(tmp_path: Path) ->
         calls = 0
 
         def should_checkpoint(self, step: int) -> bool:
-            return step % 50 == 0
+            return step % 25 == 0
 
         def observe(self, observation: coci.Observation) -> None:
             SlowPlanner.calls += 1
             now[0] += 1.0  # each re-plan costs 1 s of the training thread
 
     session = coci.Session(tmp_path, {"w": torch.zeros(1)}, policy=SlowPlanner(), clock=lambda: now[0])
-    for _ in range(2000):
+    for _ in range(1000):
         now[0] += 0.05  # a 50 ms training step
         session.step(0.0)
         if session._checkpointer.pending is not None:

@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import QUICK, TESTS, TIERS, ProcessInUnitTest, _selects_quick_only, _starts_processes, _tier_of
+from conftest import QUICK, TESTS, TIERS, ProcessInUnitTest, _selects_quick_only, _starts_processes, _tier_of, _unexplained_slow_marks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,6 +67,18 @@ def test_a_unit_module_that_starts_processes_or_sends_signals_is_found(tmp_path:
 def test_every_unit_module_runs_in_process() -> None:
     """The rule the collection enforces, over the tree as it is (tests/integration/ holds the rest)."""
     assert {m.name: use for m in sorted((TESTS / "unit").glob("test_*.py")) if (use := _starts_processes(str(m)))} == {}
+
+
+def test_a_slow_mark_without_a_comment_saying_why_is_found(tmp_path: Path) -> None:
+    """The rule of CONTRIBUTING.md's tier table: a unit test marked slow says, on the mark's line, what
+    takes it seconds; the collection refuses one that does not."""
+    module = tmp_path / "test_module.py"
+    module.write_text(
+        "import pytest\n@pytest.mark.slow\ndef test_a(): pass\n@pytest.mark.slow  # a full plan (~2 s)\ndef test_b(): pass\n"
+        "CASES = [pytest.param(1, marks=pytest.mark.slow)]\nTEXT = 'pytest.mark.slow'\n"
+    )
+    assert _unexplained_slow_marks(str(module)) == (2, 6)
+    assert {m.name: lines for m in sorted((TESTS / "unit").glob("test_*.py")) if (lines := _unexplained_slow_marks(str(m)))} == {}
 
 
 def test_a_unit_test_that_starts_a_process_or_sends_a_signal_fails() -> None:
