@@ -83,6 +83,7 @@ from coci.planning.levels import (
     auto_two_level,
     charged,
     check_levels,
+    level_named,
     levels_from_keywords,
     min_promote_steps,
 )
@@ -307,7 +308,7 @@ def _record_level_density_bounds(
         if share > most:
             most = share
             problem.details.update(density_bound_share=share, density_bound_steps=float(min_steps),
-                                   density_bound_level=float(_rank(name)))
+                                   density_bound_level=float(level_named(name)))
         problem.notes.append(
             f"density bound: {bound} allows at most one {name} copy every {min_steps} steps; over {100 * share:.2g}% "
             f"of the remaining run the {name} level would be denser (up to {densest:.2g}x as often); the plan "
@@ -346,11 +347,6 @@ def _plan_two_levels(problem: Problem, model: TwoLevelCostModel, objective: str)
     if model.local.start_step > 0 and objective == "progress" and config.time_budget is not None:
         problem.notes.append("re-plan with a remote tier: the time budget is measured on the remaining steps")
     return _mixture_placement(result, objective, promote=result.promote)
-
-
-def _rank(name: str) -> int:
-    """The restore rank of the level named ``name`` (``Level``'s, or ``level<k>``'s ``k``)."""
-    return int(Level[name.upper()]) if name.upper() in Level.__members__ else int(name.removeprefix("level"))
 
 
 def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: str) -> Placement:
