@@ -53,6 +53,7 @@ def train(run_dir: Path, steps: int, restore: bool = False, **options: object) -
     return session, restored
 
 
+@pytest.mark.slow  # a 900-step session with real checkpoints (~1.2 CPU s, more wall)
 def test_a_plan_with_a_fourth_level_drives_what_the_session_copies_there(tmp_path: Path) -> None:
     plan = coci.plan(failures=FAILURES, objective="time", total_steps=900, step_seconds=2.0, stall_seconds=0.3, persist_seconds=3.0,
                      interference_seconds=0.2, restart_seconds=60.0, levels=[PEER, REMOTE, ARCHIVE])

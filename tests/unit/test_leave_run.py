@@ -151,6 +151,28 @@ def test_export_streams_one_tensor_at_a_time(tmp_path: Path) -> None:
     assert (_status_kb("VmHWM") - before) * 1024 > 6 * largest
 
 
+def test_export_reads_the_checkpoint_once(tmp_path: Path) -> None:
+    """The data file is verified while it is streamed (its size and checksum checked after the last
+    tensor, a corrupt byte refused: ``test_a_corrupt_newest_step_is_passed_over_and_named``), not in a
+    verification pass before a copy pass: an export reads about the data file's bytes, once
+    (Linux's ``rchar``: the bytes the process's read calls returned)."""
+    counters = Path("/proc/self/io")
+    if not counters.exists():
+        pytest.skip("needs Linux's /proc/self/io to count the bytes read")
+    with coci.Session(tmp_path / "run", state={"model": torch.nn.Linear(1024, 1024)}, policy=coci.EveryN(1)) as session:
+        session.step()
+    data = (step_dir(tmp_path / "run", 1) / "data.bin").stat().st_size
+    coci.export(tmp_path / "run", tmp_path / "warm.safetensors")  # the libraries' lazy imports read their files once
+    before = _read_bytes(counters)
+    coci.export(tmp_path / "run", tmp_path / "model.safetensors")
+    read = _read_bytes(counters) - before
+    assert data <= read < 1.5 * data, (read, data)  # two passes would read 2x
+
+
+def _read_bytes(counters: Path) -> int:
+    return int(next(line for line in counters.read_text().splitlines() if line.startswith("rchar:")).split()[1])
+
+
 def _reset_peak(clear_refs: Path) -> int:
     """Return memory the allocator keeps from earlier exports to the system (glibc's ``malloc_trim``;
     reused, it would hide the next export's allocations from RSS), reset VmHWM and return VmRSS in KiB."""

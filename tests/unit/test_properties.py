@@ -249,6 +249,7 @@ def stored_items(draw: Any) -> tuple[bytes, int]:
     return item, 4 * numel
 
 
+@pytest.mark.slow  # 150 generated items, each checked and loaded by torch (~1.3 s)
 @DCP_SETTINGS
 @given(stored_items())
 def test_a_dcp_item_that_passes_its_check_never_expands_past_its_bound(item_and_chunk: tuple[bytes, int]) -> None:
