@@ -1,9 +1,23 @@
 """Online re-planning in the simulator (see ``coci.analysis.simulate``): the schedule a policy
-object produces when replayed step by step as [``coci.Session``][coci.Session] drives it, seeing only the past."""
+object produces when replayed step by step as [``coci.Session``][coci.Session] drives it, seeing only the past.
+
+With storage levels above the local one (``Job.levels``) the replay plays them as a session does:
+each checkpoint goes to each level the plan in effect sends it to
+([``Plan.level_steps``][coci.Plan.level_steps]; before the first plan, every level), and each
+observation carries every level's measured costs (``Profile.levels``) and its copy history
+(``LevelCosts.taken_steps``: every step sent to it so far; ``last_step`` the newest, its transfer
+committed or in flight), so a re-plan places the next copies from the last one made and holds the
+whole run, every level's copies included, to the time budget. The trials then play the copies'
+transfers and their interference (``coci.analysis.simulate_levels``). Both matter
+(``benchmarks/level_budget.py --online``, the budget test's curve shapes, expected wall over the
+time optimum): with ``last_step`` the newest *committed* copy a re-plan made while an upload is in
+flight places another one at once (up to 1.163); without ``taken_steps`` each re-plan measures the
+budget on the remaining steps only (up to 1.072); with both, at most 1.050."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,14 +29,15 @@ from coci.planning.arguments import warming_up
 from coci.planning.cadence import Cadence, ElapsedClock
 from coci.planning.empirical import curve_pair
 from coci.planning.fit import CurveFit
+from coci.planning.levels import Level, LevelCosts
 from coci.planning.online import make_policy
 from coci.planning.policy import Observation
 from coci.planning.records import Plan, PlanInputs
-from coci.profiler import Estimate, Profile
+from coci.profiler import Estimate, LevelEstimates, Profile
 from coci.profiler import knobs as profiler_knobs
 from coci.profiler.loss_trace import LossTrace
 
-__all__ = ["online_policy", "online_schedule", "online_trace"]
+__all__ = ["OnlineRun", "online_policy", "online_run", "online_schedule", "online_trace"]
 
 
 class _RevealedTrace:
@@ -46,6 +61,29 @@ class _RevealedTrace:
         return self._trace.curve()
 
 
+@dataclass
+class _LevelCopies:
+    """One storage level's copies in the replay: the steps sent to it so far."""
+
+    record: LevelCosts
+    sent: list[int] = field(default_factory=list)
+
+    def history(self) -> LevelCosts:
+        """The level's copy history as an observation carries it: every step sent so far, the
+        newest one (committed or in flight) its ``last_step``."""
+        return LevelCosts(level=self.record.level, last_step=self.sent[-1] if self.sent else None, taken_steps=tuple(self.sent))
+
+
+@dataclass(frozen=True)
+class OnlineRun:
+    """What an online replay took: the checkpoint ``steps``, the ``observations`` made, and per
+    level above the local one (``LevelCosts.name``) the steps sent to it."""
+
+    steps: np.ndarray
+    observations: int
+    level_steps: dict[str, np.ndarray]
+
+
 class _OnlineReplay:
     """A policy driven step by step as [``coci.Session``][coci.Session] drives it, on the failure-free run,
     observing on a ``Cadence``."""
@@ -60,12 +98,15 @@ class _OnlineReplay:
         self.taken: list[int] = []
         self.commit_step: int | None = None  # step at which the persist in flight commits
         self.observations = 0
+        self.levels = [_LevelCopies(record) for record in job.levels]
+        self.level_paid = 0.0  # the transfers' interference paid so far (training seconds)
 
-    def run(self) -> tuple[np.ndarray, int]:
-        """``(checkpoint steps, observations)`` of the whole run."""
+    def run(self) -> OnlineRun:
+        """What the whole run took (``OnlineRun``)."""
         for step in range(1, self.job.total_steps + 1):
             self._advance(step)
-        return np.asarray(self.taken, dtype=np.int64), self.observations
+        sent = {level.record.name: np.asarray(level.sent, dtype=np.int64) for level in self.levels}
+        return OnlineRun(np.asarray(self.taken, dtype=np.int64), self.observations, sent)
 
     def _advance(self, step: int) -> None:
         committed = self.commit_step is not None and step >= self.commit_step
@@ -78,11 +119,20 @@ class _OnlineReplay:
         if not last and (planned or self.policy.should_checkpoint(step)) and not self._warmup_skipped(step):
             self.taken.append(step)
             self.commit_step = step + self.commit_lag
+            self._send(step)
+
+    def _send(self, step: int) -> None:
+        """Checkpoint ``step`` to each level the current plan sends it to (no plan: every level)."""
+        plan = getattr(self.policy, "plan", None)
+        for level in self.levels:
+            if not isinstance(plan, Plan) or step in plan.level_steps(level.record.name):
+                level.sent.append(step)
+                self.level_paid += level.record.interference
 
     def _wall_clock(self, step: int, per_checkpoint: float) -> ElapsedClock:
         """Failure-free wall time at ``step``: steps, ``per_checkpoint`` seconds per checkpoint taken,
         and the planning charged so far."""
-        return lambda: step * self.job.step_seconds + len(self.taken) * per_checkpoint + self.cadence.planning_seconds
+        return lambda: step * self.job.step_seconds + len(self.taken) * per_checkpoint + self.level_paid + self.cadence.planning_seconds
 
     def _observe_due(self, step: int, committed: bool) -> bool:
         elapsed = self._wall_clock(step, self.job.stall_seconds + self.job.interference_seconds)
@@ -106,6 +156,7 @@ class _OnlineReplay:
             loss_steps=loss_steps,
             losses=losses,
             checkpoint_steps=tuple(self.taken),
+            levels=tuple(level.history() for level in self.levels),
         )
         self.policy.observe(observation)
         self.observations += 1
@@ -124,6 +175,20 @@ def _replay_profile(job: Job, step: int) -> Profile:
         persist_seconds=Estimate(value=job.persist_seconds, count=1),
         interference=Estimate(value=job.slowdown, count=1),
         restore_seconds=Estimate(value=job.restart_seconds, count=1),
+        levels=tuple(_measured(record) for record in job.levels if record.rank <= int(Level.REMOTE)),
+    )
+
+
+def _measured(record: LevelCosts) -> LevelEstimates:
+    """A level's costs as the profiler measures them: a transfer's seconds, the slow-down of the
+    steps it overlaps (``interference`` over the transfer) and the restore (the level's restart)."""
+    seconds = record.transfer_seconds
+    ratio = seconds / (seconds - record.interference) if 0.0 < record.interference < seconds else 1.0
+    return LevelEstimates(
+        name=record.name,
+        seconds=Estimate(value=seconds, count=1),
+        interference=Estimate(value=ratio, count=1),
+        restore_seconds=Estimate(value=record.restart, count=1),
     )
 
 
@@ -144,6 +209,19 @@ def online_schedule(
     ``plan_seconds`` against the planning-time cap; see the module docstring. The profile carries
     the job's costs as measured values.
     """
+    run = online_run(policy, job, losses, observe_every=observe_every, plan_seconds=plan_seconds)
+    return run.steps, run.observations
+
+
+def online_run(
+    policy: Any,
+    job: Job | PlanInputs,
+    losses: Any,
+    *,
+    observe_every: int | None = None,
+    plan_seconds: float | None = None,
+) -> OnlineRun:
+    """``online_schedule`` with the steps sent to each level above the local one (module docstring)."""
     figures = job if isinstance(job, Job) else Job.of(job)
     every = checks.optional_integer(observe_every, "observe_every", minimum=1)
     charge = checks.number(knobs.SIMULATE_PLAN_SECONDS if plan_seconds is None else plan_seconds, "plan_seconds")

@@ -94,7 +94,10 @@ machine-dependent): each observation is charged ``plan_seconds`` of wall time (d
 time at step ``s`` is the failure-free ``s t + k (S + I) + planning`` (``k`` checkpoints taken so
 far; the warm-up checkpoints' stall budget is measured against ``s t + k S + planning``). The
 replay observes at most once per step, where the session may observe again right after a commit's
-observation that left the policy without a plan (the same inputs, so the same outcome).
+observation that left the policy without a plan (the same inputs, so the same outcome). With levels
+above the local one the replay sends each checkpoint where the plan in effect sends it and each
+observation carries every level's newest committed step (``coci.analysis.online_replay``); the
+trials then play those copies (``SimulationResult.promote_steps``, ``peer_steps``, ``higher_steps``).
 
 Approximation: the schedule is derived once, along the failure-free progression, and every
 trial replays it; a real run re-plans after each restore too (from the same curve prefix, so the
@@ -114,7 +117,7 @@ from typing import Any
 import numpy as np
 
 from coci import checks, knobs
-from coci.analysis.online_replay import online_policy, online_schedule, online_trace
+from coci.analysis.online_replay import online_policy, online_run, online_schedule, online_trace
 from coci.analysis.simulate_levels import copied, run_levels
 from coci.analysis.simulated_job import Job, daly_expected_seconds, failure_model
 from coci.analysis.simulation_results import METRICS, MetricSummary, SimulationResult, ratio_change
@@ -205,18 +208,25 @@ def simulate(
     replans = 0
     if plan is not None and not online:
         steps, expected = np.asarray(plan.steps, dtype=np.int64), _expected_percentages(plan)
+        sent = None
     else:
         trace = online_trace(losses if losses is not None else curve, plan, plan_or_policy, job_figures)
         policy = online_policy(plan) if plan is not None else plan_or_policy
-        steps, replans = online_schedule(policy, job_figures, trace, plan_seconds=plan_seconds)
+        run = online_run(policy, job_figures, trace, plan_seconds=plan_seconds)
+        steps, replans, sent = run.steps, run.observations, run.level_steps
         expected = {}
         notes.append(f"online: schedule re-derived by replaying the policy ({replans} observations, session cadence)")
     if steps.size and (steps[0] < 1 or steps[-1] > job_figures.total_steps or np.any(np.diff(steps) <= 0)):
         raise ConfigError("plan.steps must be strictly increasing within [1, total_steps]")
 
-    promote = _promoted(plan, steps, job_figures, model_failures, notes)
-    copies = copied(plan, steps, promote, notes) if job_figures.has_peer_level else None
-    higher = _higher(plan, steps, promote, job_figures, notes)
+    if sent is None:
+        promote = _promoted(plan, steps, job_figures, model_failures, notes)
+        copies = copied(plan, steps, promote, notes) if job_figures.has_peer_level else None
+        higher = _higher(plan, steps, promote, job_figures, notes)
+    else:  # online: each level's copies as the replay sent them (every re-plan's subsets)
+        promote = sent["remote"] if job_figures.has_remote_tier else _promoted(None, steps, job_figures, model_failures, notes)
+        copies = sent.get("peer")
+        higher = [sent[record.name] for record in job_figures.levels[2:]]
     samples = run_levels(steps, job_figures, model_failures, trials, seed, stop_range, rate, promote, copies, higher)
     unfinished = int(samples.pop("unfinished").sum())
     if unfinished:

@@ -57,7 +57,7 @@ from coci.planning.objective import CostModel, Overhead, TwoLevelCostModel, mu_f
 from coci.units import parse_duration
 
 __all__ = [
-    "HoldsLevels", "Level", "LevelCosts", "TwoLevelResult", "against_all", "auto_two_level", "charged", "level_named", "level_of", "levels_of", "local_around", "min_promote_steps", "two_level_candidates",
+    "HoldsLevels", "Level", "LevelCosts", "TwoLevelResult", "WholeRun", "against_all", "auto_two_level", "charged", "level_named", "level_of", "levels_of", "local_around", "min_promote_steps", "two_level_candidates",
 ]
 
 TwoLevelPlan = tuple[np.ndarray, np.ndarray]
@@ -80,9 +80,12 @@ class LevelCosts(BaseModel):
     commit (None in an [``Observation``][coci.Observation]: not measured yet);
     ``interference`` the training seconds one transfer costs; ``restart`` the restart when a
     failure restores from this level (None: the local restart, plus one transfer's time for the
-    peer level: fetching the same bytes back); ``keep_last`` the checkpoints the level retains
-    (None: its default); ``last_step`` the newest step committed on it (for a re-plan; None: the
-    last local checkpoint). The local tier's own costs are the plan's ``stall_seconds``,
+    peer level: fetching the same bytes back); ``last_step`` the newest step committed on it, or
+    whose transfer to it is in flight, as ``last_checkpoint_step`` counts a persist in flight (for
+    a re-plan; None: the last local checkpoint); ``taken_steps`` every step sent to it so far, its
+    copy history (for a re-plan: with it on every level, ``auto`` holds the whole run to the time
+    budget, as ``coci.plan``'s ``taken_steps`` does for one level; None: not known, the budget is
+    measured on the remaining steps). The local tier's own costs are the plan's ``stall_seconds``,
     ``persist_seconds``, ``interference_seconds`` and ``restart_seconds``."""
 
     model_config = ConfigDict(frozen=True, defer_build=True)
@@ -91,8 +94,8 @@ class LevelCosts(BaseModel):
     seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     interference: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     restart: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    keep_last: int | None = Field(default=None, ge=1)
     last_step: int | None = Field(default=None, ge=0)
+    taken_steps: tuple[Annotated[int, Field(ge=1)], ...] | None = Field(default=None, exclude_if=lambda steps: steps is None)
 
     @property
     def name(self) -> str:
@@ -360,6 +363,17 @@ def against_all(top: CostModel, *below: CostModel) -> CostModel:
     )
 
 
+@dataclass(frozen=True)
+class WholeRun:
+    """A re-plan's whole run (``auto_mixture``): ``expected(*plan)`` the whole run's expected
+    overhead with the checkpoints already taken at each level followed by ``plan``, ``time_wall``
+    the whole run's time optimum (expected wall seconds) and ``budget`` its wall budget."""
+
+    expected: Callable[..., Overhead]
+    time_wall: float
+    budget: float
+
+
 def auto_mixture(
     candidates: Callable[[float, bool], list[Plan]],
     objective_of: Callable[..., float],
@@ -369,12 +383,16 @@ def auto_mixture(
     objective: str,
     time_budget: float | None,
     alpha: float | None,
+    whole_run: WholeRun | None = None,
 ) -> tuple[Plan, float, float, float | None]:
     """``auto`` over multi-level plans (module docstring): the chosen plan, its mixture weight, the
     time optimum's expected wall seconds and the wall budget (None unless bisected).
 
     ``candidates(weight, refined)`` lists the plans for one weight; ``objective_of(*plan, weight)``
-    and ``expected_of(*plan)`` score one (a cost model's ``objective`` and ``expected``)."""
+    and ``expected_of(*plan)`` score one (a cost model's ``objective`` and ``expected``). A re-plan
+    given its ``whole_run`` holds the whole run, the checkpoints already taken included, to the
+    whole run's budget instead of granting the remaining steps a fresh one (the remaining steps'
+    time-optimal plan is always admitted: nothing better is possible once the past spent it)."""
 
     def best(plans: list[Plan], weight: float) -> Plan:
         return min(plans, key=lambda plan: objective_of(*plan, weight))
@@ -387,8 +405,15 @@ def auto_mixture(
         return best([time_plan, *candidates(alpha, True)], alpha), float(alpha), time_wall, None
     if time_budget is None:
         return best(candidates(1.0, True), 1.0), 1.0, time_wall, None
-    budget = (1.0 + time_budget) * time_wall
-    feasible: list[tuple[float, float, Plan]] = [(objective_of(*time_plan, 1.0), 0.0, time_plan)]
+    if whole_run is None:
+        budget = (1.0 + time_budget) * time_wall
+        feasible: list[tuple[float, float, Plan]] = [(objective_of(*time_plan, 1.0), 0.0, time_plan)]
+    else:
+        expected_of, time_wall, budget = whole_run.expected, whole_run.time_wall, whole_run.budget
+        first = expected_of(*time_plan)
+        feasible = [(first.progress_seconds, 0.0, time_plan)]
+        if first.wall_seconds > budget:
+            return time_plan, 0.0, time_wall, budget
 
     def consider(weight: float, refined: bool = True) -> bool:
         found = False
@@ -417,9 +442,11 @@ def auto_two_level(
     min_steps: int = 1,
     min_promote: int = 1,
     alpha: float | None = None,
+    whole_run: WholeRun | None = None,
 ) -> TwoLevelResult:
     """``auto`` for two levels: as ``coci.planning.formulas.auto_steps``, over ``(steps,
-    promote)`` plans scored by the two-level objective (module docstring)."""
+    promote)`` plans scored by the two-level objective (module docstring); ``whole_run``: a
+    re-plan's whole run (``auto_mixture``)."""
     max_steps = max_interval_steps(model.local, min_steps)
 
     def candidates(weight: float, refined: bool) -> list[TwoLevelPlan]:
@@ -427,5 +454,5 @@ def auto_two_level(
 
     plan, weight, time_wall, budget = auto_mixture(
         candidates, model.objective, model.expected, model.local.has_progress,
-        objective=objective, time_budget=time_budget, alpha=alpha)
+        objective=objective, time_budget=time_budget, alpha=alpha, whole_run=whole_run)
     return TwoLevelResult(*plan, weight, time_wall, budget)

@@ -32,6 +32,8 @@ revealed) is time-consistent with the offline plan:
   optimum, under the current costs and curve; ``auto`` plans the remaining steps with the largest
   progress weight ``alpha`` that keeps it there, instead of granting each re-plan a fresh 5% of the
   remaining time optimum (planning time itself is capped apart, ``knobs.PLANNING_TIME_FRACTION``);
+  with levels the same holds when every level's copy history is given (``LevelCosts.taken_steps``:
+  the steps already copied and uploaded, followed by the new plan's, in the whole run's chain model);
 * the segment already running counts: the first new checkpoint is placed from the last checkpoint,
   not from the re-plan's step;
 * before its first plan (warm-up) ``auto``'s progress objective checkpoints at
@@ -80,6 +82,7 @@ from coci.planning.levels import (
     Level,
     LevelCosts,
     TwoLevelResult,
+    WholeRun,
     auto_two_level,
     charged,
     check_levels,
@@ -87,8 +90,8 @@ from coci.planning.levels import (
     levels_from_keywords,
     min_promote_steps,
 )
-from coci.planning.objective import CostModel, TwoLevelCostModel, build_cost_model, expected_failures
-from coci.planning.problem import Placement, Problem, build_problem, finish_plan
+from coci.planning.objective import CostModel, Overhead, TwoLevelCostModel, build_cost_model, expected_failures
+from coci.planning.problem import Placement, Problem, build_problem, finish_plan, whole_run_levels
 from coci.planning.records import Plan, PlanInputs
 from coci.planning.three_levels import ThreeLevelCostModel, ThreeLevelResult, auto_levels
 
@@ -334,8 +337,13 @@ def _plan_two_levels(problem: Problem, model: TwoLevelCostModel, objective: str)
     inputs, config = problem.inputs, problem.config
     local_min = min_interval_steps(inputs.step_seconds, inputs.persist_seconds, inputs.checkpoint_seconds, config.max_overhead)
     min_promote = min_promote_steps(inputs.step_seconds, _transfer(inputs, Level.REMOTE), local_min)
+    def time_optimum(whole: Any) -> float:
+        return auto_two_level(whole, objective="time", min_steps=local_min, min_promote=min_promote).time_optimal_wall_seconds
+
+    whole_run = _whole_run(problem, objective, time_optimum)
     result = auto_two_level(
         model, objective=objective, time_budget=config.time_budget, min_steps=local_min, min_promote=min_promote,
+        whole_run=whole_run,
     )
     problem.details.update(min_interval_steps=float(local_min), min_promote_steps=float(min_promote))
     upload = f"the upload ({_transfer(inputs, Level.REMOTE):.3g} s: one in flight at a time)"
@@ -344,22 +352,53 @@ def _plan_two_levels(problem: Problem, model: TwoLevelCostModel, objective: str)
     problem.notes.append(
         f"two levels: {len(result.promote)} of {len(result.steps)} checkpoints promoted to the remote tier"
     )
-    if model.local.start_step > 0 and objective == "progress" and config.time_budget is not None:
+    if model.local.start_step > 0 and objective == "progress" and config.time_budget is not None and whole_run is None:
         problem.notes.append("re-plan with a remote tier: the time budget is measured on the remaining steps")
     return _mixture_placement(result, objective, promote=result.promote)
+
+
+def _whole_run(problem: Problem, objective: str, time_optimum: Callable[[Any], float]) -> WholeRun | None:
+    """A multi-level re-plan's whole run (``coci.planning.levels.auto_mixture``): the checkpoints
+    already taken at each level followed by the new plan, within ``1 + time_budget`` of the whole
+    run's time optimum (``time_optimum`` of the whole-run model); None unless a re-plan weighing
+    progress within a budget knows every level's copy history (``problem.whole_run_levels``)."""
+    budget = problem.config.time_budget
+    weighs = objective == "progress" and problem.model is not None and problem.model.has_progress
+    found = whole_run_levels(problem) if weighs and budget is not None else None
+    if found is None or budget is None:
+        return None
+    whole, past = found
+    time_wall = time_optimum(whole)
+
+    def expected(*plan: np.ndarray) -> Overhead:
+        return whole.expected(*(np.union1d(taken, steps).astype(np.int64) for taken, steps in zip(past, plan)))
+
+    problem.details["run_time_optimal_wall_seconds"] = time_wall
+    problem.notes.append(
+        f"re-plan: the time budget holds for the whole run, the {past[0].size} checkpoint(s) already taken and "
+        f"{', '.join(str(steps.size) for steps in past[1:])} sent to the levels above included"
+    )
+    return WholeRun(expected, time_wall, (1.0 + budget) * time_wall)
 
 
 def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: str) -> Placement:
     """``auto`` with a peer level: local steps, their copied subset, its uploaded subset and each
     level above the remote tier's subset of the one below (``coci.planning.three_levels.auto_levels``).
-    A re-plan measures the time budget against the remaining steps' chain time optimum."""
+    A re-plan measures the time budget against the whole run's chain time optimum when it knows
+    every level's copy history (``_whole_run``), else against the remaining steps'."""
     inputs, config = problem.inputs, problem.config
     local_min = min_interval_steps(inputs.step_seconds, inputs.persist_seconds, inputs.checkpoint_seconds, config.max_overhead)
     min_peer = min_promote_steps(inputs.step_seconds, _transfer(inputs, Level.PEER), local_min)
     min_promote = min_promote_steps(inputs.step_seconds, _transfer(inputs, Level.REMOTE), local_min)
     higher = inputs.levels[2:]
     higher_min = [min_promote_steps(inputs.step_seconds, record.transfer_seconds, local_min) for record in higher]
-    result = auto_levels(model, (local_min, min_peer, min_promote, *higher_min), objective=objective, time_budget=config.time_budget)
+    spacings = (local_min, min_peer, min_promote, *higher_min)
+
+    def time_optimum(whole: Any) -> float:
+        return auto_levels(whole, spacings, objective="time").time_optimal_wall_seconds
+
+    result = auto_levels(model, spacings, objective=objective, time_budget=config.time_budget,
+                         whole_run=_whole_run(problem, objective, time_optimum))
     problem.details.update(min_interval_steps=float(local_min), min_peer_steps=float(min_peer), min_promote_steps=float(min_promote))
     problem.details.update({f"min_{record.name}_steps": float(spacing) for record, spacing in zip(higher, higher_min)})
     copy = f"the peer copy ({_transfer(inputs, Level.PEER):.3g} s: one in flight at a time)"
@@ -374,10 +413,17 @@ def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: 
     _record_level_density_bounds(problem, model.local, result.alpha, local_min, bounds)
     sent_on = "".join(f", {len(steps)} sent to {record.name}" for record, steps in zip(higher, result.levels[3:]))
     problem.notes.append(
-        f"three levels: {len(result.peer)} of {len(result.steps)} checkpoints copied to a peer, {len(result.promote)} uploaded{sent_on}"
+        f"{_count_word(len(result.levels))} levels: {len(result.peer)} of {len(result.steps)} checkpoints copied to a peer, "
+        f"{len(result.promote)} uploaded{sent_on}"
     )
     placement = _mixture_placement(result, objective, promote=result.promote, peer=result.peer)
     return dataclasses.replace(placement, higher=tuple(result.levels[3:]))
+
+
+def _count_word(count: int) -> str:
+    """``count`` in words up to nine (a plan's note names its number of levels), else in digits."""
+    words = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+    return words[count] if 0 <= count < len(words) else str(count)
 
 
 def _transfer(inputs: PlanInputs, level: Level) -> float:

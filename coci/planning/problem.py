@@ -266,6 +266,37 @@ def _two_level_model(
     )
 
 
+def whole_run_levels(problem: Problem) -> tuple[TwoLevelCostModel | ThreeLevelCostModel, list[np.ndarray]] | None:
+    """A multi-level re-plan's model of the whole run (from step 0, as ``problem.two_level`` or
+    ``problem.three_level`` is of the remaining steps) and the steps already taken at each of its
+    levels (local first, each a subset of the one below); None for a first plan, or unless every
+    level's copy history is known (``LevelCosts.taken_steps``)."""
+    inputs = problem.inputs
+    start = inputs.start_step
+    if start == 0 or not inputs.levels or any(level.taken_steps is None for level in inputs.levels):
+        return None
+    whole = inputs.model_copy(update={
+        "start_step": 0, "last_checkpoint_step": 0, "failure_origin_step": 0,
+        "levels": tuple(level.model_copy(update={"last_step": None}) for level in inputs.levels),
+    })
+    rate = problem.rate if problem.model is not None and problem.model.has_progress else None
+    histories = [level.taken_steps or () for level in inputs.levels]
+    model: TwoLevelCostModel | ThreeLevelCostModel | None
+    if problem.three_level is not None:
+        model = three_level_model(whole, 0, rate, problem.mean_rate, [])
+        if not inputs.has_remote_tier:  # the empty remote chain above the peer level
+            histories.insert(1, ())
+    else:
+        model = _two_level_model(whole, 0, rate, problem.mean_rate, [])
+    if model is None:
+        return None
+    past = [np.asarray(problem.taken_steps, dtype=np.int64)]
+    for history in histories:
+        sent = np.asarray(sorted({int(s) for s in history if 1 <= s <= start}), dtype=np.int64)
+        past.append(np.intersect1d(sent, past[-1]))
+    return model, past
+
+
 def _higher_steps(problem: Problem, placement: Placement) -> dict[str, list[int]] | None:
     """``Plan.higher_steps``: each level above the remote tier's steps, by name (None without such
     a level; a placement that chose none sends every upload on up)."""

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from coci.planning.failures import Failures
 from coci.planning.fit import CurveFit
-from coci.planning.levels import LEGACY_KEYWORDS, HoldsLevels, Level, LevelCosts, level_of, levels_of
+from coci.planning.levels import LEGACY_KEYWORDS, HoldsLevels, Level, LevelCosts, level_named, level_of, levels_of
 from coci.planning.objective import RateFunction
 
 if TYPE_CHECKING:
@@ -138,7 +138,8 @@ class Plan(BaseModel):
     superset of ``promote_steps``); None (no peer level planned) copies every checkpoint where the
     job keeps peer copies. ``higher_steps``: for each level above the remote tier (by its
     ``LevelCosts.name``, ``level4`` up), the subset of the level below's steps also sent there;
-    None without such a level. [``level``][coci.Plan.level] reads one step's [``Level``][coci.Level],
+    None without such a level. [``level_steps``][coci.Plan.level_steps] reads any level's steps alike,
+[``level``][coci.Plan.level] one step's [``Level``][coci.Level],
     [``copies_to_peer``][coci.Plan.copies_to_peer] and [``promotes``][coci.Plan.promotes] whether the session sends it on.
     """
 
@@ -163,6 +164,23 @@ class Plan(BaseModel):
         """Where the plan keeps the checkpoint of ``step`` (None: not planned); see
         ``coci.planning.levels.level_of``."""
         return level_of(step, self.steps, self.peer_steps, self.promote_steps)
+
+    def level_steps(self, name: str) -> list[int]:
+        """The planned steps whose checkpoints reach the level ``name`` (``"local"``, or a
+        ``LevelCosts.name``: ``"peer"``, ``"remote"``, ``"level4"`` up), each level read alike from
+        ``steps``, ``peer_steps``, ``promote_steps`` and ``higher_steps``: where the plan chose no
+        subset for a level (None), every checkpoint of the level below it (``peer`` and ``remote``
+        below: every planned step, as ``level`` reads them); a [``ConfigError``][coci.ConfigError]
+        naming ``name`` for another name."""
+        if name == "local":
+            return list(self.steps)
+        level = level_named(name)
+        if level in (Level.PEER, Level.REMOTE):
+            subset = self.peer_steps if level == Level.PEER else self.promote_steps
+            return list(self.steps) if subset is None else list(subset)
+        subset = None if self.higher_steps is None else self.higher_steps.get(name)
+        below = "remote" if level == int(Level.REMOTE) + 1 else f"level{int(level) - 1}"
+        return self.level_steps(below) if subset is None else list(subset)
 
     def copies_to_peer(self, step: int) -> bool:
         """Whether the checkpoint of ``step`` is copied to a peer node (every one when ``peer_steps`` is None)."""

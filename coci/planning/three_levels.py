@@ -60,7 +60,17 @@ import numpy as np
 from coci.errors import ConfigError
 from coci.planning.failures import Failures
 from coci.planning.formulas import max_interval_steps, periodic_candidates, place
-from coci.planning.levels import Level, LevelCosts, MixtureChoice, against_all, auto_mixture, charged, check_levels, local_around
+from coci.planning.levels import (
+    Level,
+    LevelCosts,
+    MixtureChoice,
+    WholeRun,
+    against_all,
+    auto_mixture,
+    charged,
+    check_levels,
+    local_around,
+)
 from coci.planning.objective import CostModel, ExpectedFailures, Overhead, build_cost_model, expected_failures, level_figures
 
 if TYPE_CHECKING:
@@ -268,9 +278,11 @@ def auto_levels(
     objective: str = "progress",
     time_budget: float | None = 0.05,
     alpha: float | None = None,
+    whole_run: WholeRun | None = None,
 ) -> LevelsResult:
     """``auto`` over ``N`` levels: ``coci.planning.levels.auto_mixture`` over the plans of
-    ``level_candidates`` scored by the chain objective (module docstring)."""
+    ``level_candidates`` scored by the chain objective (module docstring); ``whole_run``: a
+    re-plan's whole run."""
     if len(spacings) != len(model.chains):
         raise ConfigError(f"spacings: one per level ({len(model.chains)}), got {len(spacings)}")
 
@@ -279,7 +291,7 @@ def auto_levels(
 
     plan, weight, time_wall, budget = auto_mixture(
         candidates, model.objective, model.expected, model.local.has_progress,
-        objective=objective, time_budget=time_budget, alpha=alpha)
+        objective=objective, time_budget=time_budget, alpha=alpha, whole_run=whole_run)
     return LevelsResult(tuple(plan), weight, time_wall, budget)
 
 

@@ -136,6 +136,9 @@ def test_a_fourth_level_is_one_more_entry_in_coci_plans_levels() -> None:
     assert coci.Plan.model_validate_json(plan.model_dump_json()) == plan
     three = coci.plan(failures=Failures.compose(*failures.failure_classes[:3]), objective="time", **TOY_COSTS, levels=[PEER, REMOTE])
     assert three.higher_steps is None and "higher_steps" not in three.model_dump()
+    # each plan's note counts the levels it has
+    assert any(note.startswith(f"four levels: {len(plan.peer_steps)} of {len(plan.steps)} checkpoints") for note in plan.notes)
+    assert any(note.startswith("three levels: ") for note in three.notes) and not any("four levels" in note for note in three.notes)
 
 
 def test_a_fourth_level_is_simulated() -> None:

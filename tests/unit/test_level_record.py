@@ -186,6 +186,12 @@ def test_an_older_plan_json_reads_its_flat_level_fields_as_levels() -> None:
     fresh = coci.plan(failures="8h", total_steps=100, step_seconds=1.0, stall_seconds=0.1, persist_seconds=0.5, upload_seconds=3.0,
                       remote_restart_seconds=9.0, last_promoted_step=4, peer_seconds=1.0, peer_interference_seconds=0.25)
     assert fresh.inputs.model_copy(update={"failures": None}) == inputs
+    # a level record written with the retention field it no longer has (nothing planned with it) reads back
+    written = json.loads(fresh.inputs.model_dump_json())
+    assert all("keep_last" not in level for level in written["levels"])
+    for level in written["levels"]:
+        level["keep_last"] = None
+    assert PlanInputs.model_validate(written) == fresh.inputs
 
 
 def test_an_older_profile_json_reads_its_flat_level_estimates_as_levels() -> None:
