@@ -352,6 +352,7 @@ def _plan_two_levels(problem: Problem, model: TwoLevelCostModel, objective: str)
     problem.notes.append(
         f"two levels: {len(result.promote)} of {len(result.steps)} checkpoints promoted to the remote tier"
     )
+    _note_spent(problem, whole_run, (result.steps, result.promote))
     if model.local.start_step > 0 and objective == "progress" and config.time_budget is not None and whole_run is None:
         problem.notes.append("re-plan with a remote tier: the time budget is measured on the remaining steps")
     return _mixture_placement(result, objective, promote=result.promote)
@@ -381,6 +382,12 @@ def _whole_run(problem: Problem, objective: str, time_optimum: Callable[[Any], f
     return WholeRun(expected, time_wall, (1.0 + budget) * time_wall)
 
 
+def _note_spent(problem: Problem, whole_run: WholeRun | None, levels: tuple[np.ndarray, ...]) -> None:
+    """A note when the copies already taken spent the whole run's budget (the rest is then time-optimal)."""
+    if whole_run is not None and whole_run.expected(*levels).wall_seconds > whole_run.budget:
+        problem.notes.append("the checkpoints and copies already taken spent the run's time budget: the rest is time-optimal")
+
+
 def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: str) -> Placement:
     """``auto`` with a peer level: local steps, their copied subset, its uploaded subset and each
     level above the remote tier's subset of the one below (``coci.planning.three_levels.auto_levels``).
@@ -397,8 +404,9 @@ def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: 
     def time_optimum(whole: Any) -> float:
         return auto_levels(whole, spacings, objective="time").time_optimal_wall_seconds
 
-    result = auto_levels(model, spacings, objective=objective, time_budget=config.time_budget,
-                         whole_run=_whole_run(problem, objective, time_optimum))
+    whole_run = _whole_run(problem, objective, time_optimum)
+    result = auto_levels(model, spacings, objective=objective, time_budget=config.time_budget, whole_run=whole_run)
+    _note_spent(problem, whole_run, result.levels)
     problem.details.update(min_interval_steps=float(local_min), min_peer_steps=float(min_peer), min_promote_steps=float(min_promote))
     problem.details.update({f"min_{record.name}_steps": float(spacing) for record, spacing in zip(higher, higher_min)})
     copy = f"the peer copy ({_transfer(inputs, Level.PEER):.3g} s: one in flight at a time)"

@@ -98,12 +98,23 @@ def test_each_re_plan_sees_every_levels_copy_history_and_simulate_plays_the_copi
 def test_a_re_plan_without_the_copy_history_measures_the_budget_on_the_remaining_steps() -> None:
     two = Failures.compose(*failures().failure_classes[:2])
     curve = (np.arange(1, 601, dtype=float), LOSSES[:600])
-    replan = dict(failures=two, total_steps=TOTAL, curve=curve, start_step=600, last_checkpoint_step=590, taken_steps=[1, 2, 4, 8, 16, 300, 590], **COSTS)
-    newest = coci.plan("auto", levels=[REMOTE.model_copy(update={"last_step": 300})], **replan)
+    offline = coci.plan("auto", failures=two, total_steps=TOTAL, curve=(np.arange(1, TOTAL + 1, dtype=float), LOSSES), levels=[REMOTE], **COSTS)
+    assert offline.promote_steps is not None
+    taken = tuple(s for s in offline.steps if s <= 600)  # the past as the offline plan placed it
+    uploaded = tuple(s for s in offline.promote_steps if s <= 600)
+    replan = dict(failures=two, total_steps=TOTAL, curve=curve, start_step=600, last_checkpoint_step=taken[-1], taken_steps=taken, **COSTS)
+    newest = coci.plan("auto", levels=[REMOTE.model_copy(update={"last_step": uploaded[-1]})], **replan)
     assert "re-plan with a remote tier: the time budget is measured on the remaining steps" in newest.notes
-    history = coci.plan("auto", levels=[REMOTE.model_copy(update={"last_step": 300, "taken_steps": (1, 2, 4, 8, 16, 300)})], **replan)
-    assert any(note.startswith("re-plan: the time budget holds for the whole run, the 7 checkpoint(s) already taken and 6") for note in history.notes)
+    history = coci.plan("auto", levels=[REMOTE.model_copy(update={"last_step": uploaded[-1], "taken_steps": uploaded})], **replan)
+    assert any(note.startswith(f"re-plan: the time budget holds for the whole run, the {len(taken)} checkpoint(s) already taken and "
+                               f"{len(uploaded)} sent") for note in history.notes)
     assert history.expected["time_optimal_wall_seconds"] == history.details["run_time_optimal_wall_seconds"]
     assert history.expected["budget_wall_seconds"] == pytest.approx(1.05 * history.details["run_time_optimal_wall_seconds"])
-    assert "taken_steps" not in newest.inputs.levels[0].model_dump() and history.inputs.levels[0].taken_steps == (1, 2, 4, 8, 16, 300)
+    assert "taken_steps" not in newest.inputs.levels[0].model_dump() and history.inputs.levels[0].taken_steps == uploaded
     assert coci.Plan.model_validate_json(history.model_dump_json()) == history
+    assert not any("spent the run's time budget" in note for note in history.notes) and history.mu is not None
+    # a past that copied and uploaded every few steps has spent the whole run's budget: the rest is time-optimal
+    dense = tuple(range(10, 600, 10))
+    spent = coci.plan("auto", levels=[REMOTE.model_copy(update={"last_step": 590, "taken_steps": dense})], **{**replan, "taken_steps": dense})
+    assert "the checkpoints and copies already taken spent the run's time budget: the rest is time-optimal" in spent.notes
+    assert spent.mu is None  # the time-optimal rest
