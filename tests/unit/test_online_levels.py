@@ -15,7 +15,7 @@ from coci.planning.levels import Level, LevelCosts
 from coci.planning.online import PlanningPolicy
 from coci.planning.policy import Observation
 
-TOTAL = 1500
+TOTAL = 1000
 FRACTION = np.arange(1, TOTAL + 1) / TOTAL
 LOSSES = 2.0 + 3.0 * np.exp(-20.0 * FRACTION) + 1.5 / (1.0 + np.exp((FRACTION - 0.6) * 60.0))  # two phases
 COSTS = dict(step_seconds=4.0, stall_seconds=1.6, persist_seconds=30.0, restart_seconds=120.0)
