@@ -1,8 +1,8 @@
 """Online re-planning in the simulator (see ``coci.analysis.simulate``): the schedule a policy
 object produces when replayed step by step as [``coci.Session``][coci.Session] drives it, seeing only the past.
 
-With storage levels above the local one (``Job.levels``) the replay plays them as a session does:
-each checkpoint goes to each level the plan in effect sends it to
+With storage levels above the local one (``Job.levels``) the replay sends the copies as a session
+does: each checkpoint goes to each level the plan in effect sends it to
 ([``Plan.level_steps``][coci.Plan.level_steps]; before the first plan, every level), and each
 observation carries every level's measured costs (``Profile.levels``) and its copy history
 (``LevelCosts.taken_steps``: every step sent to it so far; ``last_step`` the newest, its transfer
@@ -12,7 +12,9 @@ transfers and their interference (``coci.analysis.simulate_levels``). Both matte
 (``benchmarks/level_budget.py --online``, the budget test's curve shapes, expected wall over the
 time optimum): with ``last_step`` the newest *committed* copy a re-plan made while an upload is in
 flight places another one at once (up to 1.163); without ``taken_steps`` each re-plan measures the
-budget on the remaining steps only (up to 1.072); with both, at most 1.050."""
+budget on the remaining steps only (up to 1.072); with both, at most 1.050. A session's
+observation does not carry them yet (``coci.planning.policy.committed_levels``: each level's
+newest committed step, no history), so a session re-plans as the first of those does."""
 
 from __future__ import annotations
 
