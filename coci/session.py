@@ -61,7 +61,7 @@ from coci.planning.arguments import PlansAhead, SavesPolicyState, warming_up
 from coci.planning.background import BackgroundPlanner
 from coci.planning.cadence import Cadence
 from coci.planning.online import PlanningPolicy
-from coci.planning.policy import Observation, committed_levels
+from coci.planning.policy import Observation, sent_levels
 from coci.planning.records import Plan
 from coci.preemption import Preempted
 from coci.profiler import Profile, Profiler
@@ -168,6 +168,7 @@ class Session:
         self._failed_close = False  # close() reached through an exception (__exit__)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
+        self._history_from = 0  # the step the levels' copy histories start at (StorageLevel.sent_steps: a restore's)
         self._error: BaseException | None = None
         self._run_files = RunFiles(self.run_dir, self.events, self._dist is None or self._dist.is_coordinator)
         self._time = OwnTime(self._profiler, self.events, self._clock)  # coci's own seconds on the training thread (the report's total)
@@ -417,6 +418,7 @@ class Session:
         self._time.ledger.restore += seconds
         self._time.restored_at_age = process_age_seconds()
         self._profiler.record_restore(seconds, loaded.nbytes)
+        self._history_from = loaded.step
         for level in self._levels:  # retention keeps it until a newer one commits; the remote may promote it
             level.restored(loaded.step, path, tier)
         if tier != "local":
@@ -673,7 +675,7 @@ class Session:
             loss_steps=loss_steps,
             losses=losses,
             checkpoint_steps=tuple(self._checkpoint_steps),
-            levels=committed_levels((level.name, level.newest_step) for level in self._levels),
+            levels=sent_levels(((lv.name, lv.newest_step, lv.sent_steps) for lv in self._levels), whole_run=self._history_from == 0),
         )
         if self._dist is None and knobs.PLAN_IN_BACKGROUND and isinstance(self.policy, PlanningPolicy):
             self._planner.submit(self.policy, observation)  # applies at a step fixed by the observation

@@ -13,8 +13,9 @@ transfers and their interference (``coci.analysis.simulate_levels``). Both matte
 time optimum): with ``last_step`` the newest *committed* copy a re-plan made while an upload is in
 flight places another one at once (up to 1.163); without ``taken_steps`` each re-plan measures the
 budget on the remaining steps only (up to 1.072); with both, at most 1.050. A session's
-observation does not carry them yet (``coci.planning.policy.committed_levels``: each level's
-newest committed step, no history), so a session re-plans as the first of those does."""
+observation carries the same values (``coci.planning.policy.sent_levels`` of each level's
+``StorageLevel.sent_steps``), ``taken_steps`` while its history covers the run (before any
+restore; after one, not known: the second of those)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from coci import checks
 from coci.checkpoint.remote.filesystem import DirectoryStore
 from coci.checkpoint.remote.promotion import Promotion
 from coci.checkpoint.retention import DEFAULT_KEEP_LAST, KeepLast, check_keep_last
-from coci.checkpoint.storage_level import ADDED_RANK, LevelContext, LevelPlan
+from coci.checkpoint.storage_level import ADDED_RANK, LevelContext, LevelPlan, SentSteps
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError
 from coci.events import EventLog
@@ -139,6 +139,11 @@ class DirectoryLevel:
     def newest_step(self) -> int | None:
         """The newest step copied there by this session or restored from it (None before ``open``)."""
         return None if self._promotion is None else self._promotion.newest_step
+
+    @property
+    def sent_steps(self) -> SentSteps:
+        """The steps this session handed to the directory (none before ``open``)."""
+        return SentSteps() if self._promotion is None else self._promotion.sent_steps
 
     def close(self, step: int, failing: bool) -> BaseException | None:
         """The last copies, within ``close_timeout``; then the level may be opened again (by the next session)."""

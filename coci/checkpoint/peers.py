@@ -44,7 +44,7 @@ from coci.checkpoint import commit, layout, retention
 from coci.checkpoint.dcp import read_dcp_manifest, verify_dcp_checkpoint
 from coci.checkpoint.peer_wire import Deadline, open_part, receive_part, recv_header, send_header, send_part
 from coci.checkpoint.retention import PEER_COPIES, check_peer_copies
-from coci.checkpoint.storage_level import LevelPlan, plan_copies
+from coci.checkpoint.storage_level import LevelPlan, SentSteps, plan_copies
 from coci.distributed import DistributedContext
 from coci.errors import CheckpointError, ConfigError, CorruptCheckpointError
 from coci.events import EventLog
@@ -562,7 +562,9 @@ class PeerCopying:
 
     def __init__(self, copies: PeerCopies) -> None:
         self.copies = copies
-        self._sent: set[int] = set()  # handed to the peer sender
+        #: The steps handed to the peer sender (``StorageLevel.sent_steps``; a newer one may replace
+        #: one still waiting: ``PeerSender``).
+        self.sent_steps = SentSteps()
         self._must: set[int] = set()  # copied whatever the plan says
         self._last_commit: tuple[int, Path] | None = None
 
@@ -604,6 +606,6 @@ class PeerCopying:
         self.copies.close(PEER_CLOSE_SECONDS, collective=not failing)
 
     def _send(self, step: int, path: Path, plan: LevelPlan | None) -> None:
-        if step not in self._sent and (peer_copy_wanted(plan, step) or step in self._must):
-            self._sent.add(step)
+        if step not in self.sent_steps and (peer_copy_wanted(plan, step) or step in self._must):
+            self.sent_steps.add(step)
             self.copies.send(step, path)  # node leaders only; training never waits for it

@@ -12,8 +12,10 @@ own checkpoints back, so ``restore()`` reads it without knowing what it is.
 
 from __future__ import annotations
 
+import bisect
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping
+from array import array
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
     from coci.distributed import DistributedContext
     from coci.events import EventLog
 
-__all__ = ["ADDED_RANK", "AddedLevel", "LevelContext", "LevelPlan", "StorageLevel", "TransferListener", "check_added_levels", "open_added_levels",
+__all__ = ["ADDED_RANK", "AddedLevel", "LevelContext", "LevelPlan", "SentSteps", "StorageLevel", "TransferListener", "check_added_levels", "open_added_levels",
            "plan_copies", "planned_steps"]
 
 #: The restore rank of the first added level (``level4``): the local tier, the peer level and the
@@ -66,8 +68,15 @@ class StorageLevel(Protocol):
     4. ``promote_always(step, plan)``: ``step`` must reach the level whatever the plan says (a
        preemption's checkpoint, the final one); taken now when it already committed, else at its
        ``promote``.
-    5. ``newest_step``: read when the policy observes: the newest step this level holds durably
-       (the planner's position on each level).
+    5. ``newest_step`` and ``sent_steps``: read when the policy observes: the newest step this
+       level holds durably, and every step this process sent it, ascending (handed to the level
+       for its copy, committed or in flight; the local level's own commits; ``SentSteps`` keeps
+       them compactly).
+       The session's observation carries them as the level's ``LevelCosts.last_step`` (the newer
+       of the newest sent and the newest held) and ``taken_steps`` (the copy history a re-plan
+       holds the whole run's time budget with: ``coci.planning.policy.sent_levels``). A history
+       starts empty in each process: a restored run's earlier copies are not in it, so the session
+       passes it only while it covers the run (no step restored: the history from step 0).
     6. ``close(step, failing)``: at ``Session.close()``, in the tuple's order, after the local
        level's last commit has been promoted: finish what is in flight within the level's own
        limit, then stop. ``failing``: the session closes on the way out of an exception, so the
@@ -95,7 +104,47 @@ class StorageLevel(Protocol):
     @property
     def newest_step(self) -> int | None: ...
 
+    @property
+    def sent_steps(self) -> Collection[int]: ...
+
     def close(self, step: int, failing: bool) -> BaseException | None: ...
+
+
+class SentSteps:
+    """The steps a process sent one storage level (``StorageLevel.sent_steps``), ascending, each
+    once: 8 bytes a step (an ``array``), so a run that copies every one of its 10^6 steps holds 8 MB
+    per level, as many entries as the session's own ``checkpoint_steps``."""
+
+    def __init__(self) -> None:
+        self._steps = array("q")
+
+    def add(self, step: int) -> None:
+        """Record ``step`` as sent (in commit order an append; an older step, such as a restored
+        one promoted late, goes to its place; a step already recorded stays once)."""
+        steps = self._steps
+        if not steps or step > steps[-1]:
+            steps.append(step)
+            return
+        index = bisect.bisect_left(steps, step)
+        if steps[index] != step:
+            steps.insert(index, step)
+
+    @property
+    def newest(self) -> int | None:
+        """The newest step sent (None: none yet)."""
+        return self._steps[-1] if self._steps else None
+
+    def __contains__(self, step: object) -> bool:
+        if type(step) is not int:
+            return False
+        index = bisect.bisect_left(self._steps, step)
+        return index < len(self._steps) and self._steps[index] == step
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._steps)
+
+    def __len__(self) -> int:
+        return len(self._steps)
 
 
 class TransferListener(Protocol):
@@ -148,8 +197,8 @@ class AddedLevel(StorageLevel, Protocol):
        names for it (``Plan.higher_steps[name]``; a plan that names none: the steps the remote
        tier takes, ``Plan.promote_steps``; no plan: every commit), in the background, and keeps
        its own retention after each copy.
-    6. ``promote_always(step, plan)``, ``newest_step``, ``close(step, failing)``: as for every
-       level (``StorageLevel``, 4. to 6.).
+    6. ``promote_always(step, plan)``, ``newest_step``, ``sent_steps``, ``close(step, failing)``:
+       as for every level (``StorageLevel``, 4. to 6.).
 
     ``name`` is ``level<rank>``, its restore rank ``ADDED_RANK`` or above: the added levels of a
     session are ``level4``, ``level5``, ... in the order given (``check_added_levels``), the names
@@ -174,7 +223,7 @@ def check_added_levels(levels: Iterable[object]) -> tuple[AddedLevel, ...]:
         if not isinstance(level, AddedLevel):
             raise ConfigError(
                 f"levels[{index}] must be a storage level (open, committed_steps, fetch, promote, promote_always, restored, "
-                f"newest_step, close: coci.AddedLevel), got {type(level).__name__}"
+                f"newest_step, sent_steps, close: coci.AddedLevel), got {type(level).__name__}"
             )
         name = level.name
         match = _ADDED_NAME.match(name) if isinstance(name, str) else None

@@ -12,7 +12,7 @@ n-th ``session.step`` and a checkpoint taken then resumes at step ``n + 1``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sized
+from collections.abc import Collection, Iterable, Sized
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 class Observation:
     """What a policy may use to (re-)plan: the live profile and the loss trace so far.
     ``levels`` holds a [``LevelCosts``][coci.LevelCosts] per storage level the session keeps above
-    the local one, its ``last_step`` the newest checkpoint committed on it (None: none yet); its
-    costs are measured in ``profile.levels`` (``committed_levels`` builds them from a session's
-    levels)."""
+    the local one: its ``last_step`` the newest checkpoint sent to it (committed or in flight;
+    None: none yet) and its ``taken_steps`` every step sent to it so far (None: not known); its
+    costs are measured in ``profile.levels`` (``sent_levels`` builds them from a session's
+    levels, as the simulator's online replay does)."""
 
     step: int
     profile: Profile
@@ -47,6 +48,24 @@ def committed_levels(newest: Iterable[tuple[str, int | None]]) -> tuple[LevelCos
     ``"remote"``, an added level's ``"level4"``: ``coci.checkpoint.storage_level.StorageLevel.name``)
     and newest committed step."""
     return tuple(LevelCosts(level=level_named(name), last_step=step) for name, step in newest if name != "local")
+
+
+def sent_levels(levels: Iterable[tuple[str, int | None, Collection[int]]], *, whole_run: bool) -> tuple[LevelCosts, ...]:
+    """An ``Observation``'s ``levels`` from each storage level's name, newest step held
+    (``StorageLevel.newest_step``) and the steps sent to it, ascending (``StorageLevel.sent_steps``):
+    ``last_step`` the newer of the newest sent (committed or in flight, as ``last_checkpoint_step``
+    counts a persist in flight) and the newest held; ``taken_steps`` the steps sent, when
+    ``whole_run`` (they cover the run from step 0), else None (not known: a re-plan measures the
+    budget on the remaining steps). The same values as the simulator's online replay observes
+    (``coci.analysis.online_replay``), so a session and the replay re-plan alike."""
+    costs = []
+    for name, held, sent in levels:
+        if name == "local":
+            continue
+        steps = tuple(sorted(step for step in sent if step >= 1))  # ascending (linear when already); step 0 loses nothing
+        newest = max((step for step in (held, steps[-1] if steps else None) if step is not None), default=None)
+        costs.append(LevelCosts(level=level_named(name), last_step=newest, taken_steps=steps if whole_run else None))
+    return tuple(costs)
 
 
 @runtime_checkable

@@ -23,7 +23,7 @@ from coci.checkpoint.remote.identity import RunIdentity, claim, claim_for_job
 from coci.checkpoint.remote.schemes import RemoteLike, open_store
 from coci.checkpoint.remote.tier import NodeRole, RemoteTier, UploadListener
 from coci.checkpoint.retention import RetentionPolicy
-from coci.checkpoint.storage_level import LevelPlan, plan_copies, planned_steps
+from coci.checkpoint.storage_level import LevelPlan, SentSteps, plan_copies, planned_steps
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError
 from coci.events import EventLog, read_run_file, write_run_file
@@ -60,7 +60,8 @@ class Promotion:
         self._events = events
         self._dist = dist
         self._must_promote: set[int] = set()  # promoted whatever the plan says (preemption, final)
-        self._promoted: set[int] = set()
+        #: The steps this process handed to the tier (``StorageLevel.sent_steps``).
+        self.sent_steps = SentSteps()
         self._last_commit: tuple[int, Path] | None = None
         self._history_seconds = _HISTORY_MAX_SECONDS  # close()'s last mirror (finish_uploads sets it)
 
@@ -119,7 +120,7 @@ class Promotion:
         promotes it) or when it must be promoted (``promote_always``)."""
         self._last_commit = (step, path)
         if (planned or step in self._must_promote) and self.uploads:  # node-local: each node its own part
-            self._promoted.add(step)
+            self.sent_steps.add(step)
             self.tier.promote(step, path)
 
     def restored(self, step: int, path: Path, source: str) -> None:
@@ -149,7 +150,7 @@ class Promotion:
         preemption checkpoint (a reclaimed node resumes from it) and the final one (the run's
         result must not live on one local disk only). Handed over now when it already committed."""
         self._must_promote.add(step)
-        if self._last_commit is not None and self._last_commit[0] == step and step not in self._promoted:
+        if self._last_commit is not None and self._last_commit[0] == step and step not in self.sent_steps:
             self.committed(*self._last_commit, planned=True)
 
     def promote_within(self, step: int, seconds: float) -> bool | None:
