@@ -126,6 +126,7 @@ from coci.planning.arguments import CurveLike, FailuresLike
 from coci.planning.empirical import curve_pair, empirical_progress_rate
 from coci.planning.failures import Failures, check_survivable
 from coci.planning.fit import CurveFit, LossCurve
+from coci.planning.levels import Level
 from coci.planning.objective import RateFunction
 from coci.planning.policy import CheckpointPolicy
 from coci.planning.records import Plan, PlanInputs
@@ -197,7 +198,7 @@ def simulate(
     plan, inputs, policy_name = _target(plan_or_policy, job)
     model_failures = failure_model(failures, inputs)
     job_figures = Job.of(inputs)
-    check_survivable(model_failures, len(job_figures.levels) + 1)
+    check_survivable(model_failures, max((level.rank for level in job_figures.levels), default=int(Level.LOCAL)))
     if inputs.start_step != 0:
         raise ConfigError(
             f"plan.inputs.start_step must be 0 (simulate whole runs; re-plan online instead), got {inputs.start_step}"
@@ -222,11 +223,11 @@ def simulate(
     if sent is None:
         promote = _promoted(plan, steps, job_figures, model_failures, notes)
         copies = copied(plan, steps, promote, notes) if job_figures.has_peer_level else None
-        higher = _higher(plan, steps, promote, job_figures, notes)
+        higher = _higher(plan, steps, copies if promote is None else promote, job_figures, notes)
     else:  # online: each level's copies as the replay sent them (every re-plan's subsets)
         promote = sent["remote"] if job_figures.has_remote_tier else _promoted(None, steps, job_figures, model_failures, notes)
         copies = sent.get("peer")
-        higher = [sent[record.name] for record in job_figures.levels[2:]]
+        higher = [sent[record.name] for record in job_figures.higher_levels]
     samples = run_levels(steps, job_figures, model_failures, trials, seed, stop_range, rate, promote, copies, higher)
     unfinished = int(samples.pop("unfinished").sum())
     if unfinished:
@@ -246,7 +247,7 @@ def simulate(
         steps=[int(s) for s in steps],
         promote_steps=None if promote is None else [int(s) for s in promote],
         peer_steps=None if copies is None else [int(s) for s in copies],
-        higher_steps={record.name: [int(s) for s in subset] for record, subset in zip(job_figures.levels[2:], higher)} or None,
+        higher_steps={record.name: [int(s) for s in subset] for record, subset in zip(job_figures.higher_levels, higher)} or None,
         replans=replans,
         unfinished=unfinished,
         metrics={name: MetricSummary.of(samples[name]) for name in METRICS},
@@ -256,12 +257,13 @@ def simulate(
     )
 
 
-def _higher(plan: Plan | None, steps: np.ndarray, promote: np.ndarray | None, job: Job, notes: list[str]) -> list[np.ndarray]:
+def _higher(plan: Plan | None, steps: np.ndarray, below: np.ndarray | None, job: Job, notes: list[str]) -> list[np.ndarray]:
     """Each level above the remote tier's steps: the plan's ``higher_steps`` where it chose them
-    for these steps (each a subset of the level below's), else every promoted checkpoint."""
+    for these steps (each a subset of the level below's), else every checkpoint of the level below
+    (``below``: the promoted, else the copied steps; None: every checkpoint)."""
     chosen: list[np.ndarray] = []
-    below = steps if promote is None else promote
-    for record in job.levels[2:]:
+    below = steps if below is None else below
+    for record in job.higher_levels:
         subset = None if plan is None or plan.higher_steps is None else plan.higher_steps.get(record.name)
         picked = None if subset is None else np.asarray(subset, dtype=np.int64)
         if picked is None or not np.all(np.isin(picked, below)):
@@ -276,7 +278,7 @@ def _promoted(plan: Plan | None, steps: np.ndarray, job: Job, failures: Failures
     """The promoted steps (None without a remote tier): the plan's ``promote_steps`` where it
     chose them for these steps, else every checkpoint."""
     if not job.has_remote_tier:
-        if failures.destroying("local") is not None:
+        if failures.destroying("local") is not None and not job.higher_levels:
             notes.append("failure classes destroy the local tier but the job has no remote tier: every failure restores locally")
         return None
     chosen = None if plan is None or plan.promote_steps is None else np.asarray(plan.promote_steps, dtype=np.int64)

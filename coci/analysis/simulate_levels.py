@@ -29,10 +29,11 @@ taken to be restored with the restore (each node's own local files survive a sin
 every node resumes from the restored checkpoint); a second node loss hitting that very neighbour
 before its next copy commits is not played.
 
-A level above the remote tier (``Plan.higher_steps``, ``Job.levels[2:]``) is played the same way:
-its transfers start at the local commit, one at a time, its interference charged at the snapshot;
-a class that destroys the remote tier too restores from its newest commit (or a newer one above
-it), in its ``restart``, and leaves nothing newer on the levels below.
+A level above the remote tier (``Plan.higher_steps``, ``Job.higher_levels``) is played the same way,
+over any subset of the peer and remote levels below it: its transfers start at the local commit,
+one at a time, its interference charged at the snapshot; a class that destroys the levels below it
+(the remote tier too, or what the job has of the peer and remote levels) restores from its newest
+commit (or a newer one above it), in its ``restart``, and leaves nothing newer on the levels below.
 """
 
 from __future__ import annotations
@@ -71,15 +72,15 @@ def copied(plan: Plan | None, steps: np.ndarray, promote: np.ndarray | None, not
 
 def restore_levels(failures: Failures, job: Job) -> np.ndarray:
     """Per class index (as [``Failures.sample_classes``][coci.Failures.sample_classes] returns it): the level a failure of that
-    class restores from (``LOCAL``, ``PEER`` or ``REMOTE``), given the levels the job has (module docstring)."""
-    local, peer = failures.destroys_mask("local"), failures.destroys_mask("peer")
-    lost_local = np.where(job.has_peer_level, PEER, np.where(job.has_remote_tier, REMOTE, LOCAL))
-    lost_peer = np.where(job.has_remote_tier, REMOTE, np.where(job.has_peer_level, PEER, LOCAL))
-    codes = np.where(~local, LOCAL, np.where(peer, lost_peer, lost_local)).astype(np.int64)
-    higher = len(job.levels[2:])
-    if higher:  # a class that destroys the remote tier too: the lowest level above it it spares (or the top)
-        depth = np.asarray([c.depth for c in failures.failure_classes], dtype=np.int64)
-        codes = np.where(depth >= 3, np.minimum(depth, REMOTE + higher), codes)
+    class restores from (``LOCAL``, ``PEER``, ``REMOTE``, or ``REMOTE + k`` for the ``k``-th level
+    above the remote tier), given the levels the job has (module docstring): the lowest level the
+    job has above the ones the class destroys (restore rank above its ``depth``), else the job's top
+    level."""
+    ranks = sorted({int(Level.LOCAL), *(record.rank for record in job.levels)})
+    depth = np.asarray([c.depth for c in failures.failure_classes], dtype=np.int64)
+    codes = np.full(depth.size, ranks[-1] - 1, dtype=np.int64)
+    for rank in reversed(ranks):
+        codes = np.where(depth < rank, rank - 1, codes)
     return codes
 
 
@@ -291,7 +292,7 @@ def _restore_cost(state: _Trials, peers: _PeerState, hit: np.ndarray, level: int
     newer on the peer level."""
     if level > REMOTE:  # the levels below lost: nothing newer on them than the restored checkpoint
         restored = _surviving(state, peers, hit, level)
-        record = job.levels[level - 1]
+        record = job.higher_levels[level - REMOTE - 1]
         state.restart_cost[hit] = 0.0 if record.restart is None else record.restart
         state.remote_back[hit] = np.minimum(state.remote_back[hit], restored)
         peers.back[hit] = np.minimum(peers.back[hit], restored)

@@ -96,7 +96,7 @@ class Timeline:
     ``remote_commit[i]`` is when checkpoint ``i`` commits on the remote tier (``inf``: not
     promoted; ``-inf`` for the start); ``promoted`` the indices promoted, in order; ``peer_commit``
     and ``copied`` the same for the copies to a peer, ``higher_commit[k]`` and ``higher_sent[k]``
-    for each level above the remote tier (``Job.levels[2:]``), its transfers queued from the local
+    for each level above the remote tier (``Job.higher_levels``), its transfers queued from the local
     commit as the others are.
     """
 
@@ -125,7 +125,7 @@ class Timeline:
         sent = [np.isin(steps, subset) for subset in higher]
         t, persist = job.step_seconds, job.persist_seconds
         stall = job.stall_seconds + job.interference(Level.REMOTE) * promoted + job.interference(Level.PEER) * copied
-        for record, mask in zip(job.levels[2:], sent):
+        for record, mask in zip(job.higher_levels, sent):
             stall = stall + record.interference * mask
         r, q = job.slowdown, job.window_progress
         horizon = job.run_seconds
@@ -163,7 +163,7 @@ class Timeline:
         progress.append(np.array([horizon]))
         remote = _remote_commits(commit, np.concatenate([[False], promoted]), job.level(Level.REMOTE))
         peer = _remote_commits(commit, np.concatenate([[False], copied]), job.level(Level.PEER))
-        highs = tuple(_remote_commits(commit, np.concatenate([[False], mask]), record) for record, mask in zip(job.levels[2:], sent))
+        highs = tuple(_remote_commits(commit, np.concatenate([[False], mask]), record) for record, mask in zip(job.higher_levels, sent))
         return cls(
             steps=np.concatenate([[0], steps]).astype(np.int64),
             x=np.concatenate([[0.0], x]),

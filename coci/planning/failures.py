@@ -203,14 +203,15 @@ class FailureClass(BaseModel):
         return len(self.destroys)
 
 
-def check_survivable(failures: Failures | None, levels: int) -> None:
+def check_survivable(failures: Failures | None, top_rank: int) -> None:
     """Raise a ``ConfigError`` naming ``failures`` when a class destroys every level of a job
-    with ``levels`` levels, the local tier counted, and the remote tier among them (nothing to restore
-    from); a job without the peer or remote levels restores from the ones it has, as planned."""
+    whose top level has restore rank ``top_rank`` (1: the local tier alone; ``coci.Level``, a level
+    above the remote tier its rank), and the remote tier among them (nothing to restore from); a
+    job without the peer or remote levels restores from the ones it has, as planned."""
     if failures is None:
         return
     for failure_class in failures.failure_classes:
-        if failure_class.depth >= max(levels, len(TIERS)):
+        if failure_class.depth >= max(top_rank, len(TIERS)):
             raise ConfigError(
                 f"failures: class {failure_class.name!r} destroys {'+'.join(failure_class.destroys)}: no level above "
                 "the remote tier holds a copy to restore from"

@@ -152,6 +152,11 @@ class HoldsLevels:
         """True when the peer level's costs are given (``Level.PEER``)."""
         return self.level(Level.PEER) is not None
 
+    @property
+    def higher_levels(self) -> tuple[LevelCosts, ...]:
+        """The levels above the remote tier (restore rank above ``Level.REMOTE``), by rank."""
+        return tuple(sorted((record for record in self.levels if record.rank > int(Level.REMOTE)), key=lambda record: record.rank))
+
 
 #: The compatibility keywords of [``coci.plan``][coci.plan] (and the CLI's flags), per level: its
 #: ``seconds``, ``interference``, ``restart`` and ``last_step``. A plan's levels are a tuple of
@@ -166,8 +171,8 @@ def check_levels(levels: Any) -> tuple[LevelCosts, ...]:
     """``levels`` as a tuple of ``LevelCosts`` sorted by level; a ``ConfigError`` naming ``levels``
     unless each is a level above the local one with its ``seconds``, each at most once.
 
-    A level above the remote tier (an integer rank) needs the peer and remote levels and a
-    transfer at least as long as the one below (``_check_above_remote``)."""
+    A level above the remote tier (an integer rank) takes the next rank above the remote tier's
+    and a transfer at least as long as the one below it (``_check_above_remote``)."""
     records = tuple(levels)
     for index, record in enumerate(records):
         if not isinstance(record, LevelCosts):
@@ -185,20 +190,22 @@ def check_levels(levels: Any) -> tuple[LevelCosts, ...]:
 
 
 def _check_above_remote(ordered: tuple[LevelCosts, ...], given: tuple[LevelCosts, ...]) -> None:
-    """A level above the remote tier needs the peer and remote levels below it, and its transfer
-    takes at least as long as the level's below (the chain objective is exact to first order only
-    while the delays grow with the rank: ``coci.planning.three_levels``); a ``ConfigError`` naming
-    the field otherwise."""
+    """The levels above the remote tier take the ranks from ``Level.REMOTE + 1`` on, one each, over
+    any increasing subset of the peer and remote levels (none, either or both); each level's
+    transfer takes at least as long as the transfer of the level below it in the chain (enforced
+    here for the levels above the remote tier; the chain objective of
+    ``coci.planning.three_levels`` is exact to first order only while the delays grow with the
+    rank). A ``ConfigError`` names the field otherwise."""
     for position, record in enumerate(ordered):
         if record.rank <= int(Level.REMOTE):
             continue
         index = given.index(record)
-        if [r.level for r in ordered[:2]] != [Level.PEER, Level.REMOTE]:
-            raise ConfigError(f"levels[{index}]: a level above the remote tier ({record.name}) needs the peer and remote levels below it")
-        below = ordered[position - 1]
-        if record.rank != below.rank + 1:
-            raise ConfigError(f"levels[{index}].level: the level above {below.name} is rank {below.rank + 1}, got {record.rank}")
-        if record.transfer_seconds < below.transfer_seconds:
+        below = ordered[position - 1] if position else None
+        rank = below.rank + 1 if below is not None and below.rank > int(Level.REMOTE) else int(Level.REMOTE) + 1
+        if record.rank != rank:
+            under = below.name if below is not None and below.rank >= int(Level.REMOTE) else "the remote tier"
+            raise ConfigError(f"levels[{index}].level: the level above {under} is rank {rank}, got {record.rank}")
+        if below is not None and record.transfer_seconds < below.transfer_seconds:
             raise ConfigError(
                 f"levels[{index}].seconds: a transfer to {record.name} takes at least as long as one to {below.name} "
                 f"({below.transfer_seconds:g} s), got {record.transfer_seconds:g}"

@@ -93,7 +93,7 @@ from coci.planning.levels import (
 from coci.planning.objective import CostModel, Overhead, TwoLevelCostModel, build_cost_model, expected_failures
 from coci.planning.problem import Placement, Problem, build_problem, finish_plan, whole_run_levels
 from coci.planning.records import Plan, PlanInputs
-from coci.planning.three_levels import ThreeLevelCostModel, ThreeLevelResult, auto_levels
+from coci.planning.three_levels import ThreeLevelCostModel, ThreeLevelResult, auto_levels, chain_levels
 
 __all__ = ["POLICY_PLANNERS", "plan"]
 
@@ -389,17 +389,14 @@ def _note_spent(problem: Problem, whole_run: WholeRun | None, levels: tuple[np.n
 
 
 def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: str) -> Placement:
-    """``auto`` with a peer level: local steps, their copied subset, its uploaded subset and each
-    level above the remote tier's subset of the one below (``coci.planning.three_levels.auto_levels``).
-    A re-plan measures the time budget against the whole run's chain time optimum when it knows
+    """``auto`` over a chain of levels (a peer level, or a level above the remote tier): local steps
+    and each level's subset of the one below (``coci.planning.three_levels.auto_levels``). A
+    re-plan measures the time budget against the whole run's chain time optimum when it knows
     every level's copy history (``_whole_run``), else against the remaining steps'."""
     inputs, config = problem.inputs, problem.config
     local_min = min_interval_steps(inputs.step_seconds, inputs.persist_seconds, inputs.checkpoint_seconds, config.max_overhead)
-    min_peer = min_promote_steps(inputs.step_seconds, _transfer(inputs, Level.PEER), local_min)
-    min_promote = min_promote_steps(inputs.step_seconds, _transfer(inputs, Level.REMOTE), local_min)
-    higher = inputs.levels[2:]
-    higher_min = [min_promote_steps(inputs.step_seconds, record.transfer_seconds, local_min) for record in higher]
-    spacings = (local_min, min_peer, min_promote, *higher_min)
+    uppers = chain_levels(inputs)
+    spacings = (local_min, *(min_promote_steps(inputs.step_seconds, record.transfer_seconds, local_min) for record in uppers))
 
     def time_optimum(whole: Any) -> float:
         return auto_levels(whole, spacings, objective="time").time_optimal_wall_seconds
@@ -407,25 +404,35 @@ def _plan_three_levels(problem: Problem, model: ThreeLevelCostModel, objective: 
     whole_run = _whole_run(problem, objective, time_optimum)
     result = auto_levels(model, spacings, objective=objective, time_budget=config.time_budget, whole_run=whole_run)
     _note_spent(problem, whole_run, result.levels)
-    problem.details.update(min_interval_steps=float(local_min), min_peer_steps=float(min_peer), min_promote_steps=float(min_promote))
-    problem.details.update({f"min_{record.name}_steps": float(spacing) for record, spacing in zip(higher, higher_min)})
-    copy = f"the peer copy ({_transfer(inputs, Level.PEER):.3g} s: one in flight at a time)"
-    upload = f"the upload ({_transfer(inputs, Level.REMOTE):.3g} s: one in flight at a time)"
-    local_cost = model.local.checkpoint_seconds
-    bounds = [("peer", charged(model.peer, local_cost), min_peer, copy),
-              ("remote", charged(model.remote, local_cost + model.peer.checkpoint_seconds), min_promote, upload)]
-    for position, (record, spacing) in enumerate(zip(higher, higher_min), start=3):
+    _record_chain_bounds(problem, model, uppers, spacings, result.alpha)
+    steps_of = dict(zip((record.name for record in uppers), result.levels[1:]))
+    parts = [f"{len(steps_of['peer'])} of {len(result.steps)} checkpoints copied to a peer"] if "peer" in steps_of else []
+    if "remote" in steps_of:
+        parts.append(f"{len(steps_of['remote'])} uploaded" if parts else f"{len(steps_of['remote'])} of {len(result.steps)} checkpoints uploaded")
+    parts += [f"{len(steps_of[record.name])}{'' if parts else f' of {len(result.steps)} checkpoints'} sent to {record.name}"
+              for record in inputs.higher_levels]
+    problem.notes.append(f"{_count_word(len(result.levels))} levels: {', '.join(parts)}")
+    placement = _mixture_placement(result, objective, promote=steps_of.get("remote"), peer=steps_of.get("peer"))
+    return dataclasses.replace(placement, higher=tuple(steps_of[record.name] for record in inputs.higher_levels))
+
+
+def _record_chain_bounds(
+    problem: Problem, model: ThreeLevelCostModel, uppers: tuple[LevelCosts, ...], spacings: tuple[int, ...], alpha: float,
+) -> None:
+    """A chain plan's spacings in ``details`` (``min_peer_steps``, ``min_promote_steps``,
+    ``min_<level>_steps``) and its density bounds (``_record_level_density_bounds``), each level's
+    chain charged the levels below it."""
+    keys = {"peer": "min_peer_steps", "remote": "min_promote_steps"}
+    problem.details.update(min_interval_steps=float(spacings[0]))
+    problem.details.update({keys.get(record.name, f"min_{record.name}_steps"): float(spacing)
+                            for record, spacing in zip(uppers, spacings[1:])})
+    bounds = []
+    for position, (record, spacing) in enumerate(zip(uppers, spacings[1:]), start=1):
         below = sum(chain.checkpoint_seconds for chain in model.chains[:position])
-        transfer = f"the transfer to {record.name} ({record.transfer_seconds:.3g} s: one in flight at a time)"
-        bounds.append((record.name, charged(model.chains[position], below), spacing, transfer))
-    _record_level_density_bounds(problem, model.local, result.alpha, local_min, bounds)
-    sent_on = "".join(f", {len(steps)} sent to {record.name}" for record, steps in zip(higher, result.levels[3:]))
-    problem.notes.append(
-        f"{_count_word(len(result.levels))} levels: {len(result.peer)} of {len(result.steps)} checkpoints copied to a peer, "
-        f"{len(result.promote)} uploaded{sent_on}"
-    )
-    placement = _mixture_placement(result, objective, promote=result.promote, peer=result.peer)
-    return dataclasses.replace(placement, higher=tuple(result.levels[3:]))
+        what = {"peer": "the peer copy", "remote": "the upload"}.get(record.name, f"the transfer to {record.name}")
+        bound = f"{what} ({record.transfer_seconds:.3g} s: one in flight at a time)"
+        bounds.append((record.name, charged(model.chains[position], below), spacing, bound))
+    _record_level_density_bounds(problem, model.local, alpha, spacings[0], bounds)
 
 
 def _count_word(count: int) -> str:

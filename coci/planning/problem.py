@@ -23,7 +23,7 @@ from coci.planning.levels import Level, LevelCosts, min_promote_steps
 from coci.planning.objective import CostModel, ExpectedFailures, TwoLevelCostModel, build_cost_model, expected_failures
 from coci.planning.progress import observed_past_rate, resolve_curve, run_mean_rate
 from coci.planning.records import Plan, PlanInputs, RateFunction
-from coci.planning.three_levels import ThreeLevelCostModel, three_level_model
+from coci.planning.three_levels import ThreeLevelCostModel, chain_levels, three_level_model
 from coci.units import parse_duration
 
 #: A plan notes that its expected costs understate the wall time when the restart takes more than
@@ -97,7 +97,7 @@ def build_problem(
 ) -> Problem:
     """Validate the measurements, resolve the curve and build the cost model."""
     total_steps = checks.integer(config.total_steps, "total_steps", minimum=1)
-    check_survivable(config.failures, len(levels) + 1)
+    check_survivable(config.failures, max((level.rank for level in levels), default=int(Level.LOCAL)))
     start = checks.integer(start_step, "start_step", minimum=0)
     last_checkpoint = checks.integer(last_checkpoint_step, "last_checkpoint_step", minimum=0)
     origin = checks.integer(failure_origin_step, "failure_origin_step", minimum=0)
@@ -284,8 +284,8 @@ def whole_run_levels(problem: Problem) -> tuple[TwoLevelCostModel | ThreeLevelCo
     model: TwoLevelCostModel | ThreeLevelCostModel | None
     if problem.three_level is not None:
         model = three_level_model(whole, 0, rate, problem.mean_rate, [])
-        if not inputs.has_remote_tier:  # the empty remote chain above the peer level
-            histories.insert(1, ())
+        if len(chain_levels(inputs)) > len(inputs.levels):  # the empty remote chain above the peer level
+            histories.append(())
     else:
         model = _two_level_model(whole, 0, rate, problem.mean_rate, [])
     if model is None:
@@ -300,12 +300,27 @@ def whole_run_levels(problem: Problem) -> tuple[TwoLevelCostModel | ThreeLevelCo
 def _higher_steps(problem: Problem, placement: Placement) -> dict[str, list[int]] | None:
     """``Plan.higher_steps``: each level above the remote tier's steps, by name (None without such
     a level; a placement that chose none sends every upload on up)."""
-    higher = problem.inputs.levels[2:]
+    higher = problem.inputs.higher_levels
     if problem.three_level is None or not higher:
         return None
     if not placement.higher:
         return None
     return {record.name: [int(s) for s in steps] for record, steps in zip(higher, placement.higher)}
+
+
+def chain_steps(problem: Problem, placement: Placement) -> tuple[np.ndarray, ...]:
+    """Each chain level's steps of ``placement`` (``problem.three_level``'s levels, local first):
+    those it chose, else every step of the level below (the empty remote chain above a lone peer
+    level: none)."""
+    chosen = {"peer": placement.peer, "remote": placement.promote}
+    chosen.update(zip((record.name for record in problem.inputs.higher_levels), placement.higher))
+    levels = [placement.steps]
+    for record in chain_levels(problem.inputs):
+        picked = chosen.get(record.name)
+        if picked is None:
+            picked = levels[-1] if record.seconds is not None else levels[-1][:0]
+        levels.append(picked)
+    return tuple(levels)
 
 
 def finish_plan(problem: Problem, placement: Placement) -> Plan:
@@ -315,11 +330,7 @@ def finish_plan(problem: Problem, placement: Placement) -> Plan:
     steps = placement.steps
     check_plan_size(len(steps))
     if problem.three_level is not None:
-        copies = steps if placement.peer is None else placement.peer
-        every = copies if problem.inputs.has_remote_tier else copies[:0]
-        promote = every if placement.promote is None else placement.promote
-        higher = placement.higher or (promote,) * (len(problem.three_level.chains) - 3)
-        expected = problem.three_level.as_dict(steps, copies, promote, *higher)
+        expected = problem.three_level.as_dict(*chain_steps(problem, placement))
         expected.update(placement.expected)
         local_only = {**expected, "failures": expected["local_failures"]}  # warnings spare local-tier failures only
         expected.update(warned_expected(problem.inputs, local_only, problem.notes))

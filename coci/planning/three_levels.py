@@ -16,8 +16,8 @@ first-order objective is a sum of single-level objectives on the same weight,
 copy. Nesting keeps the sum exact to first order: every uploaded checkpoint also has a peer copy,
 so a node loss never has a newer remote commit than peer commit to restore from (while ``D <=
 U``; the simulator plays the other case too). Without a remote tier the classes that destroy
-the peer copies are planned on the peer chain (``three_level_model``, with a note); without a
-peer level the two-level model of ``coci.planning.levels`` applies.
+the peer copies are planned on the peer chain (``three_level_model``, with a note); the local
+tier and the remote tier alone are the two-level model of ``coci.planning.levels``.
 
 The planner is one chain over ``N`` levels (``LevelChainModel``, ``level_candidates``,
 ``auto_levels``; three levels are ``auto_three_level``). The top level's steps are placed as the
@@ -28,25 +28,30 @@ ones above (``coci.planning.levels.local_around`` on its chain, each charged the
 the ones above held in place) or the same as the level above, and where the level above takes
 nothing, also placed alone as the top one. Every candidate is scored by the exact chain objective;
 the mixture weight and the time budget are handled as ``coci.planning.levels.auto_two_level``
-does. Each level's steps are at least ``ceil(transfer / t)`` apart (one transfer in flight). Two
-levels keep their own planner (``auto_two_level``): its candidates hold neither the empty top
-level nor the top chain charged its own interference alone, so the chain of two would plan
-differently.
+does. Each level's steps are at least ``ceil(transfer / t)`` apart (one transfer in flight). The
+local and remote tiers alone keep their own planner (``auto_two_level``): its candidates hold
+neither the empty top level nor the top chain charged its own interference alone, so the chain of
+two would plan differently; the local tier and one level above the remote tier alone (``level4``)
+are a chain of two.
 
 Levels above the remote tier
 ----------------------------
 A plan's ``levels`` (``coci.LevelCosts``, ``PlanInputs.levels``) may hold levels above the remote
-tier, each one more entry: ``LevelCosts(level=4, ...)`` (its restore rank), planned by the same
-chain against the failure classes that destroy the remote tier too (``FailureClass.depth``), its
-steps in ``Plan.higher_steps`` by name (``level4``). ``coci.planning.levels.check_levels`` keeps
-the chain exact to first order: such a level needs the peer and remote levels below it, the next
-rank, and a transfer at least as long as the one below (the delays grow with the rank, as ``D <=
+tier, each one more entry: ``LevelCosts(level=4, ...)`` (its restore rank), its steps in
+``Plan.higher_steps`` by name (``level4``). The chain is any increasing subset of the levels above
+the local tier (``chain_levels``): local, remote and ``level4`` (one node, an object store and a
+second store), local, peer and ``level4``, local and ``level4`` alone, or all four. Each chain is
+planned against the failure classes that destroy every level below it and spare it, by restore
+rank (``FailureClass.depth``): without the peer level, the remote chain takes the classes that
+destroy the peer copies too. ``coci.planning.levels.check_levels`` keeps the chain exact to first
+order: the levels above the remote tier take the ranks from 4 on, one each, and each one's
+transfer takes at least as long as the level's below it (the delays grow with the rank, as ``D <=
 U`` above); a ``ConfigError`` names the field otherwise. ``coci.simulate`` plays it
 (``coci.analysis.simulate_levels``: its transfers queued from the local commit, the classes that
-destroy the remote tier restored from it). A session runs it as a level added by value
+destroy the levels below it restored from it). A session runs it as a level added by value
 (``coci.DirectoryLevel``, ``coci.checkpoint.storage_level.AddedLevel``): it copies there the steps
-``Plan.higher_steps`` names for it, and ``measured_levels`` plans it from the profile once the
-peer and remote levels are measured below it.
+``Plan.higher_steps`` names for it, and ``measured_levels`` plans it from the profile once it is
+measured.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from coci.errors import ConfigError
 from coci.planning.failures import Failures
 from coci.planning.formulas import max_interval_steps, periodic_candidates, place
 from coci.planning.levels import (
+    HoldsLevels,
     Level,
     LevelCosts,
     MixtureChoice,
@@ -79,7 +85,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LevelChainModel", "LevelsResult", "ThreeLevelCostModel", "ThreeLevelResult", "auto_levels", "auto_three_level",
-    "level_candidates", "measured_levels", "three_level_candidates", "three_level_model",
+    "chain_levels", "level_candidates", "measured_levels", "plans_chain", "three_level_candidates", "three_level_model",
 ]
 
 LevelsPlan = tuple[np.ndarray, ...]
@@ -105,14 +111,25 @@ class LevelChainModel:
     against those that destroy the levels below it and spare it (its ``checkpoint_seconds`` is the
     transfer's interference, its ``persist_seconds`` the persist plus the transfer, its
     ``restart_seconds`` the restore from it), the top chain against every class that destroys the
-    levels below it. Built as ``LevelChainModel(local, peer, remote, ...)``."""
+    levels below it. Built as ``LevelChainModel(local, peer, remote, ...)``; ``names`` names each
+    chain's level (default: by position, ``chain_name``; a chain without the peer level, such as
+    local, remote, ``level4``, names them)."""
 
     chains: tuple[CostModel, ...]
+    names: tuple[str, ...]
 
-    def __init__(self, *chains: CostModel) -> None:
+    def __init__(self, *chains: CostModel, names: Sequence[str] | None = None) -> None:
         if len(chains) < 2:
             raise ConfigError(f"a level chain needs the local tier and at least one level above it, got {len(chains)} chains")
+        given = tuple(chain_name(position) for position in range(len(chains))) if names is None else tuple(names)
+        if len(given) != len(chains):
+            raise ConfigError(f"names: one per chain ({len(chains)}), got {len(given)}")
         object.__setattr__(self, "chains", tuple(chains))
+        object.__setattr__(self, "names", given)
+
+    def position(self, name: str) -> int | None:
+        """The position of the level named ``name`` in the chain (None: not in it)."""
+        return self.names.index(name) if name in self.names else None
 
     @property
     def local(self) -> CostModel:
@@ -134,9 +151,9 @@ class LevelChainModel:
         checked = [m.check_steps(s) for m, s in zip(self.chains, plan)]
         for position in range(1, len(checked)):
             if not np.all(np.isin(checked[position], checked[position - 1])):
-                if len(checked) == 3:
+                if self.names == CHAIN_NAMES:
                     raise ConfigError("peer_steps must be a subset of steps, and promote_steps a subset of peer_steps")
-                raise ConfigError(f"the {chain_name(position)} steps must be a subset of the {chain_name(position - 1)} steps")
+                raise ConfigError(f"the {self.names[position]} steps must be a subset of the {self.names[position - 1]} steps")
         return tuple(m.expected(s) for m, s in zip(self.chains, checked))
 
     def expected(self, *plan: Any) -> Overhead:
@@ -159,7 +176,7 @@ class LevelChainModel:
         figures = self.expected(*plan).as_dict()
         uppers = []
         for position, part in enumerate(parts[1:], start=1):
-            name = chain_name(position)
+            name = self.names[position]
             transfers, seconds = _TRANSFER_FIGURES.get(name, (f"{name}_copies", f"{name}_copy_seconds"))
             uppers.append((name, transfers, seconds, part))
         figures.update(level_figures(parts[0], uppers))
@@ -329,8 +346,9 @@ def measured_levels(observation: Observation, restart: float, fallbacks: list[st
     restart from that level costs the local restart plus one transfer's time (fetching the same
     bytes back), recorded as a fallback; measured, the local restart plus what a restore from that
     level took over a local one. A level added above the remote tier (``level4``, a session's
-    ``levels=``) is planned where ``check_levels`` takes it (the peer and remote levels measured
-    below it); otherwise it is left out with a fallback note, and takes what the remote tier takes."""
+    ``levels=``) is planned over whichever of the peer and remote levels are measured below it,
+    where ``check_levels`` takes it (a transfer at least as long as the one below it); otherwise it
+    is left out with a fallback note, and takes what the remote tier takes."""
     added = sorted({record.level for record in observation.levels if record.rank > int(Level.REMOTE)}, key=int)
     measured = [
         record for level in (Level.REMOTE, Level.PEER, *added)
@@ -365,31 +383,48 @@ def _measured_level(observation: Observation, level: Level | int, restart: float
     })
 
 
+def chain_levels(inputs: HoldsLevels) -> tuple[LevelCosts, ...]:
+    """The levels above the local tier a chain model of ``inputs`` plans, by rank: its levels, and
+    with the peer level alone (no remote tier, no level above it) an empty remote level above it
+    (no class left to plan it for: ``three_level_model``)."""
+    if inputs.has_peer_level and len(inputs.levels) == 1:
+        return (*inputs.levels, LevelCosts(level=Level.REMOTE))
+    return tuple(sorted(inputs.levels, key=lambda record: record.rank))
+
+
+def plans_chain(inputs: HoldsLevels) -> bool:
+    """True when the chain planner plans ``inputs``' levels: a peer level, or a level above the
+    remote tier (local, remote and ``level4``; local and ``level4``; ...); two levels (local and
+    remote) keep the two-level planner (``coci.planning.levels``)."""
+    return inputs.has_peer_level or bool(inputs.higher_levels)
+
+
 def three_level_model(
     inputs: PlanInputs, last_checkpoint_step: int, rate: Any, mean_rate: float | None, notes: list[str],
 ) -> LevelChainModel | None:
     """The chain model of a plan's inputs (local, then each level of ``inputs.levels`` by rank), or
-    None without a peer level, a failure model or a class that destroys the local tier (then a
-    note). Chain ``k`` is planned against the classes that destroy every level below it and spare
-    it, the top level's against every class that destroys the levels below it (``_classes``).
-    Without a remote tier the classes that destroy the peer copies are planned as if a peer's copy
-    survived them (a note; an empty remote chain stands above it), as the two-level planner plans
-    without a remote tier; a warning protects only the classes that spare the local tier (a
-    checkpoint taken on a notice is local)."""
+    None without a peer level or a level above the remote tier (``plans_chain``), a failure model
+    or a class that destroys the local tier (then a note, with a peer level). Any increasing subset
+    of the levels above the local tier is one chain: chain ``k`` is planned against the classes that
+    destroy every level below it and spare it, the top level's against every class that destroys
+    the levels below it (``_classes``, by restore rank: without the peer level the remote chain
+    takes the classes that destroy the peer copies too). With the peer level alone, the classes
+    that destroy the peer copies are planned as if a peer's copy survived them (a note; an empty
+    remote chain stands above it), as the two-level planner plans without a remote tier; a warning
+    protects only the classes that spare the local tier (a checkpoint taken on a notice is local)."""
     failures = inputs.planned_failures()
-    if failures is None or inputs.level(Level.PEER) is None:
+    if failures is None or not plans_chain(inputs):
         return None
     assert inputs.failures is not None
     unwarned = inputs.failures.model_copy(update={"warned_fraction": 0.0, "warning_seconds": None})
     if unwarned.destroying("local") is None:
-        notes.append("no failure class destroys the local tier: no peer level planned (every checkpoint copied)")
+        if inputs.has_peer_level:
+            notes.append("no failure class destroys the local tier: no peer level planned (every checkpoint copied)")
         return None
-    uppers = list(inputs.levels)
-    if not inputs.has_remote_tier:
-        if unwarned.destroying("peer") is not None:
-            notes.append("failure classes destroy the peer copies but no remote tier is given: planned as if a peer's copy restored them")
-        uppers.insert(1, LevelCosts(level=Level.REMOTE))  # no remote tier: no class left to plan it for
-    names = tuple(chain_name(position) for position in range(len(inputs.levels) + 1))
+    uppers = chain_levels(inputs)
+    if len(uppers) > len(inputs.levels) and unwarned.destroying("peer") is not None:
+        notes.append("failure classes destroy the peer copies but no remote tier is given: planned as if a peer's copy restored them")
+    ranks = (int(Level.LOCAL), *(record.rank for record in inputs.levels))
     restart, step, persist = inputs.restart_seconds, inputs.step_seconds, inputs.persist_seconds
     origin = inputs.failure_origin_step * step
 
@@ -406,13 +441,15 @@ def three_level_model(
     last = last_checkpoint_step
     for position, level in enumerate(uppers, start=1):
         last = last if level.last_step is None else min(level.last_step, last)
-        group = _classes(unwarned, names, position) if position < len(names) else None
+        group = _classes(unwarned, ranks, position) if position < len(ranks) else None
         chains.append(build(group, level.interference, level.transfer_seconds, level.restart_seconds(restart), last))
-    return LevelChainModel(*chains)
+    names = ("local", *(record.name for record in uppers))
+    return LevelChainModel(*chains, names=None if names == CHAIN_NAMES[: len(names)] else names)
 
 
-def _classes(failures: Failures, names: tuple[str, ...], position: int) -> Failures | None:
-    """The classes chain ``position`` of levels ``names`` is planned against: those that destroy
-    every level below it and spare it (``coci.FailureClass.depth`` equal to ``position``; the top
-    level: at least ``position``)."""
-    return failures.of_depth(position, None if position == len(names) - 1 else position + 1)
+def _classes(failures: Failures, ranks: tuple[int, ...], position: int) -> Failures | None:
+    """The classes chain ``position`` of the levels of restore ranks ``ranks`` (local first) is
+    planned against: those that destroy every level below it and spare it
+    (``coci.FailureClass.depth`` at least the rank below it and below its own; the top level: at
+    least the rank below it)."""
+    return failures.of_depth(ranks[position - 1], None if position == len(ranks) - 1 else ranks[position])

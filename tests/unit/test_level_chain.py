@@ -160,8 +160,8 @@ def test_a_fourth_level_is_checked() -> None:
     def plan(*levels: coci.LevelCosts) -> coci.Plan:
         return coci.plan(failures="8h", **TOY_COSTS, levels=list(levels))
 
-    with pytest.raises(ConfigError, match=r"levels\[1\]: a level above the remote tier \(level4\) needs the peer and remote"):
-        plan(REMOTE, ARCHIVE)
+    with pytest.raises(ConfigError, match=r"levels\[1\].level: the level above remote is rank 4, got 5"):
+        plan(REMOTE, ARCHIVE.model_copy(update={"level": 5}))
     with pytest.raises(ConfigError, match=r"levels\[2\].seconds: a transfer to level4 takes at least as long as one to remote"):
         plan(PEER, REMOTE, ARCHIVE.model_copy(update={"seconds": 30.0}))
     with pytest.raises(ConfigError, match=r"levels\[2\].level: the level above remote is rank 4, got 5"):
