@@ -120,6 +120,12 @@ def test_a_session_that_fails_to_start_leaves_its_levels_to_the_retry(tmp_path: 
         coci.Session(tmp_path / "fourth", {"x": torch.zeros(1)}, policy=coci.EveryN(2), levels=(shared,))
 
 
+def test_another_runs_directory_is_refused_naming_the_level(tmp_path: Path) -> None:
+    train(tmp_path / "other", 2, policy=coci.EveryN(2), levels=(coci.DirectoryLevel(tmp_path / "b"),))
+    with pytest.raises(ConfigError, match=r"^level4 \S*b belongs to another run: .* pass owner='adopt' to level4"):
+        train(tmp_path / "run", 2, policy=coci.EveryN(2), levels=(coci.DirectoryLevel(tmp_path / "b"),))
+
+
 def test_an_added_levels_measured_costs_reach_the_planner() -> None:
     profiler = Profiler()
     for name, seconds in (("peer", 10.0), ("remote", 60.0), ("level4", 300.0)):

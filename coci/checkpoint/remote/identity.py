@@ -187,9 +187,12 @@ def _record(run_id: str, run_dir: Path, adopted: list[str]) -> bytes:
     return owner.model_dump_json().encode()
 
 
-def claim(store: RemoteStore, run_dir: Path, mode: str, events: EventLog, known_id: str | None = None) -> RunIdentity:
+def claim(
+    store: RemoteStore, run_dir: Path, mode: str, events: EventLog, known_id: str | None = None, level: str = "remote",
+) -> RunIdentity:
     """This run's identity on ``store`` (see the module docstring); records a ``remote_owner``
-    event; ConfigError when another run owns the prefix and ``mode`` is ``"refuse"``. ``known_id``:
+    event; ConfigError when another run owns the prefix and ``mode`` is ``"refuse"``, naming the
+    storage level ``level`` (``remote``, or an added level's name such as ``level4``). ``known_id``:
     the run id another node's directory keeps, when this one keeps none (node-local directories:
     the identity must not depend on which node is rank 0)."""
     if mode not in REMOTE_OWNER_MODES:
@@ -212,7 +215,7 @@ def claim(store: RemoteStore, run_dir: Path, mode: str, events: EventLog, known_
         action = "owned" if local is not None else "continued"  # the same run directory on a fresh disk
         return _settled(run_dir, RunIdentity(owner.run_id, readable), events, action, store)
     if mode != "adopt":
-        raise ConfigError(_refusal(store, owner, local, here))
+        raise ConfigError(_refusal(store, owner, local, here, level))
     run_id = local or uuid.uuid4().hex
     adopted = [*owner.adopted, owner.run_id]
     store.put_bytes(OWNER_KEY, _record(run_id, here, adopted))
@@ -226,18 +229,19 @@ def _settled(run_dir: Path, identity: RunIdentity, events: EventLog, action: str
     return identity
 
 
-def _refusal(store: RemoteStore, owner: RemoteOwner, local: str | None, here: Path) -> str:
+def _refusal(store: RemoteStore, owner: RemoteOwner, local: str | None, here: Path, level: str) -> str:
     try:
         since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(owner.created))
     except (OverflowError, ValueError, OSError):  # a finite time no calendar holds
         since = f"time {owner.created:.6g}"
     this = f"run {local}" if local is not None else "a new run"
     taken = " (it took the prefix over from this run)" if local in owner.adopted else ""
+    adopt = "Session(remote_owner='adopt')" if level == "remote" else f"owner='adopt' to {level} (coci.DirectoryLevel(path, owner='adopt'))"
     return (
-        f"remote {store.url} belongs to another run: run {owner.run_id}, run directory {owner.run_dir!r} on "
+        f"{level} {store.url} belongs to another run: run {owner.run_id}, run directory {owner.run_dir!r} on "
         f"{owner.host or '?'}, since {since}{taken}; this is {this} in {str(here)!r}. Two runs on one prefix would "
-        "restore and delete each other's checkpoints: give this run its own prefix, or pass "
-        "Session(remote_owner='adopt') to continue from that run's checkpoints (this run never deletes them)"
+        f"restore and delete each other's checkpoints: give this run its own prefix, or pass "
+        f"{adopt} to continue from that run's checkpoints (this run never deletes them)"
     )
 
 
@@ -283,7 +287,7 @@ class StartClaim:
 
 
 def claim_for_job(
-    store: RemoteStore, run_dir: Path, mode: str, events: EventLog, context: DistributedContext | None
+    store: RemoteStore, run_dir: Path, mode: str, events: EventLog, context: DistributedContext | None, level: str = "remote",
 ) -> tuple[RunIdentity | None, StartClaim | None]:
     """``claim`` on rank 0, its verdict on every rank (collective under ``torch.distributed``):
     the same identity, or the same ConfigError, everywhere. No identity (logged, an ``error``
@@ -295,7 +299,7 @@ def claim_for_job(
     started: list[StartClaim] = []
 
     def attempt() -> tuple[RunIdentity | None, str | None]:
-        started.append(StartClaim(lambda: claim(store, run_dir, mode, events, known)))
+        started.append(StartClaim(lambda: claim(store, run_dir, mode, events, known, level)))
         try:
             started[0].wait(knobs.REMOTE_START_SECONDS)
             return started[0].identity(), None  # a TimeoutError while it is still waiting on the store

@@ -91,11 +91,11 @@ class Promotion:
         steps in ``<name>_unfinished.json`` and mirrors no history (the run's history goes to
         the remote tier only)."""
         tier = RemoteTier(open_store(remote, storage_options), retention, events, listener, role=NodeRole.of(dist))
-        tier.identity, started = claim_for_job(tier.store, run_dir, owner, events, dist)
+        tier.identity, started = claim_for_job(tier.store, run_dir, owner, events, dist, level=name)
         if tier.identity is None:  # the store did not answer (in time): claimed before it is used
 
             def again() -> RunIdentity:
-                return claim(tier.store, run_dir, owner, events)
+                return claim(tier.store, run_dir, owner, events, level=name)
 
             tier.claim = again if started is None else functools.partial(started.identity_or, again)
             tier.start_claim = None if started is None else started.wait
