@@ -32,7 +32,7 @@ from coci.planning.arguments import warming_up
 from coci.planning.cadence import Cadence, ElapsedClock
 from coci.planning.empirical import curve_pair
 from coci.planning.fit import CurveFit
-from coci.planning.levels import Level, LevelCosts
+from coci.planning.levels import LevelCosts
 from coci.planning.online import make_policy
 from coci.planning.policy import Observation
 from coci.planning.records import Plan, PlanInputs
@@ -178,7 +178,7 @@ def _replay_profile(job: Job, step: int) -> Profile:
         persist_seconds=Estimate(value=job.persist_seconds, count=1),
         interference=Estimate(value=job.slowdown, count=1),
         restore_seconds=Estimate(value=job.restart_seconds, count=1),
-        levels=tuple(_measured(record) for record in job.levels if record.rank <= int(Level.REMOTE)),
+        levels=tuple(_measured(record) for record in job.levels),
     )
 
 

@@ -16,6 +16,7 @@ from coci.errors import ConfigError
 from coci.planning.config import PlanConfig
 from coci.planning.failures import FailureClass, Failures
 from coci.planning.levels import Level, LevelCosts
+from coci.planning.online import PlanningPolicy
 from coci.planning.problem import build_problem
 
 COSTS = dict(total_steps=1500, step_seconds=2.0, stall_seconds=0.3, persist_seconds=3.0, interference_seconds=0.2,
@@ -130,3 +131,28 @@ def test_local_remote_and_level4_plan_stays_within_the_budget_of_the_exact_time_
     chosen = model.expected(np.asarray(plan.steps), np.asarray(plan.promote_steps), np.asarray(plan.higher_steps["level4"]))
     assert chosen.wall_seconds == pytest.approx(plan.expected["wall_seconds"])
     assert chosen.wall_seconds <= 1.05 * time_optimum * 1.001
+
+
+@pytest.mark.slow  # an online run over 300 steps, every re-plan replayed (~3 s)
+def test_an_online_run_re_plans_level4_without_the_peer_level() -> None:
+    """The replay's observations measure level4 as a session's profile does, so each re-plan of
+    local + remote + ``level4`` plans it (before, none could: the region class destroys every level
+    a plan without ``level4`` has) and the trials play the copies sent."""
+    total = 300
+    fraction = np.arange(1, total + 1) / total
+    curve = (np.arange(1, total + 1, dtype=float), 2.0 + 3.0 * np.exp(-20.0 * fraction))
+    failures = Failures.compose(
+        FailureClass(name="process", failures=Failures.exponential("2h")),
+        FailureClass(name="node", failures=Failures.exponential("2h"), destroys=("local",)),
+        FailureClass(name="region", failures=Failures.exponential("3h"), destroys=("local", "peer", "remote")),
+    )
+    costs = dict(step_seconds=4.0, stall_seconds=1.6, persist_seconds=30.0, restart_seconds=120.0)
+    levels = [LevelCosts(level=Level.REMOTE, seconds=100.0, interference=5.0, restart=600.0),
+              LevelCosts(level=4, seconds=200.0, interference=6.0, restart=900.0)]
+    job = coci.plan("auto", failures=failures, total_steps=total, curve=curve, levels=levels, **costs)
+    policy = PlanningPolicy("auto", failures=failures, total_steps=total, restart_seconds=costs["restart_seconds"])
+    played = simulate(policy, job=job, failures=failures, curve=curve, trials=4, seed=0)
+    assert policy.plan is not None and policy.plan.higher_steps is not None and policy.plan.inputs.start_step > 0
+    assert not any("not planned" in note for note in policy.plan.fallbacks)
+    assert played.promote_steps is not None and played.higher_steps is not None
+    assert set(played.higher_steps["level4"]) <= set(played.promote_steps) < set(played.steps)
