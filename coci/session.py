@@ -52,7 +52,7 @@ from coci.checkpoint.retention import final_checkpoint_wanted
 from coci.checkpoint.run_lock import lock_for_job
 from coci.checkpoint.sharded import ShardedState, fenced_ptrs, state_tensor_bytes
 from coci.checkpoint.stateful import state_epoch, validate_state
-from coci.checkpoint.storage_level import StorageLevel, open_added_levels
+from coci.checkpoint.storage_level import LevelHistories, StorageLevel, open_added_levels
 from coci.config import SessionConfig, SessionOptions, build_config, session_policy
 from coci.errors import ConfigError, PersistError, StateError
 from coci.events import CHECKPOINT_REASONS, CheckpointReason, EventLog, RunFiles, open_step_mark
@@ -168,7 +168,7 @@ class Session:
         self._failed_close = False  # close() reached through an exception (__exit__)
         self._steps = 0
         self._checkpoint_steps: list[int] = []
-        self._history_from = 0  # the step the levels' copy histories start at (StorageLevel.sent_steps: a restore's)
+        self._histories = LevelHistories()  # each level's copies across the run's processes (the observation's)
         self._error: BaseException | None = None
         self._run_files = RunFiles(self.run_dir, self.events, self._dist is None or self._dist.is_coordinator)
         self._time = OwnTime(self._profiler, self.events, self._clock)  # coci's own seconds on the training thread (the report's total)
@@ -418,7 +418,7 @@ class Session:
         self._time.ledger.restore += seconds
         self._time.restored_at_age = process_age_seconds()
         self._profiler.record_restore(seconds, loaded.nbytes)
-        self._history_from = loaded.step
+        self._histories.restored(loaded.step, tier)
         for level in self._levels:  # retention keeps it until a newer one commits; the remote may promote it
             level.restored(loaded.step, path, tier)
         if tier != "local":
@@ -565,9 +565,9 @@ class Session:
             "steps": self._steps,
             "checkpoint_steps": list(self._checkpoint_steps) + [self._steps],
             "profiler": self._profiler.state_dict(),
+            **self._histories.entry(self._levels, self._steps, self.plan),
+            **({"policy": self.policy.state_dict()} if isinstance(self.policy, SavesPolicyState) else {}),
         }
-        if isinstance(self.policy, SavesPolicyState):
-            own["policy"] = self.policy.state_dict()
         tree[SESSION_KEY] = own
         tree[RNG_KEY] = rng_state.capture()
         return tree
@@ -581,6 +581,7 @@ class Session:
         self._steps = int(own["steps"])
         self._checkpoint_steps = [int(s) for s in own["checkpoint_steps"]]
         self._profiler.load_state_dict(own["profiler"])
+        self._histories.load(own.get("level_steps"))
 
     def _poll_persist(self) -> None:
         pending = self._checkpointer.pending
@@ -603,8 +604,7 @@ class Session:
             self._observe()  # steps, so they observe at the (collective) step cadence only
 
     def _committed(self, step: int, path: Path) -> None:
-        """A committed checkpoint: to each level that the plan sends it to (the remote tier when
-        it promotes it, a peer when it copies it), or that it must reach (``_promote_always``)."""
+        """A committed checkpoint: to each level the plan sends it to, or that it must reach (``_promote_always``)."""
         plan = self.plan
         for level in self._levels:
             level.promote(step, path, plan)
@@ -675,7 +675,7 @@ class Session:
             loss_steps=loss_steps,
             losses=losses,
             checkpoint_steps=tuple(self._checkpoint_steps),
-            levels=sent_levels(((lv.name, lv.newest_step, lv.sent_steps) for lv in self._levels), whole_run=self._history_from == 0),
+            levels=sent_levels(self._histories.of(self._levels), whole_run=self._histories.known),
         )
         if self._dist is None and knobs.PLAN_IN_BACKGROUND and isinstance(self.policy, PlanningPolicy):
             self._planner.submit(self.policy, observation)  # applies at a step fixed by the observation

@@ -14,8 +14,8 @@ time optimum): with ``last_step`` the newest *committed* copy a re-plan made whi
 flight places another one at once (up to 1.163); without ``taken_steps`` each re-plan measures the
 budget on the remaining steps only (up to 1.072); with both, at most 1.050. A session's
 observation carries the same values (``coci.planning.policy.sent_levels`` of each level's
-``StorageLevel.sent_steps``), ``taken_steps`` while its history covers the run (before any
-restore; after one, not known: the second of those)."""
+``StorageLevel.sent_steps``, with what the run's earlier processes sent, saved in each
+checkpoint: ``coci.checkpoint.storage_level.LevelHistories``)."""
 
 from __future__ import annotations
 

@@ -139,7 +139,7 @@ def split_skeleton(skeleton: dict[str, Any]) -> tuple[Any, Any]:
     """
     shared = dict(skeleton)
     own = dict(shared.get(layout.SESSION_KEY) or {})
-    rank_part = {"rng": shared.pop(layout.RNG_KEY, None), "profiler": own.pop("profiler", None)}
+    rank_part = {"rng": shared.pop(layout.RNG_KEY, None), "profiler": own.pop("profiler", None), "level_steps": own.pop("level_steps", None)}
     shared[layout.SESSION_KEY] = own
     return shared, rank_part
 
@@ -613,6 +613,8 @@ def load_dcp_checkpoint(
     tree = unflatten(manifest.shared.skeleton, _by_index(manifest.shared, wanted, manifest))
     per_rank = unflatten(donor.skeleton, _by_index(donor, wanted, manifest))
     tree[layout.SESSION_KEY]["profiler"] = per_rank["profiler"]
+    if per_rank.get("level_steps") is not None:  # what this rank sent each level (only the ranks that copy send)
+        tree[layout.SESSION_KEY]["level_steps"] = per_rank["level_steps"]
     if own is not None:
         tree[layout.RNG_KEY] = per_rank["rng"]
     else:

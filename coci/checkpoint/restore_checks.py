@@ -47,7 +47,21 @@ def check_session_entry(own: Any, step: int) -> dict[str, Any]:
         raise CorruptCheckpointError(f"the session's step count (steps) is {steps}, but the checkpoint is of step {step}")
     if not (isinstance(history, list) and all(is_int(s) and 0 <= s <= steps for s in history)):
         raise CorruptCheckpointError("the session's checkpoint_steps is not a list of integers from 0 to its step count")
+    _check_level_steps(own.get("level_steps"), steps)
     return own
+
+
+def _check_level_steps(saved: Any, steps: int) -> None:
+    """``level_steps`` (``coci.checkpoint.storage_level.LevelHistories``): absent, or at most 64
+    level names each with ascending integers from 1 to ``steps``."""
+    if saved is None:
+        return
+    if not (isinstance(saved, dict) and len(saved) <= 64 and all(isinstance(name, str) and len(name) <= 16 for name in saved)):
+        raise CorruptCheckpointError("the session's level_steps is not a mapping of at most 64 level names")
+    for name, history in saved.items():
+        if not (isinstance(history, list) and all(is_int(s) and 1 <= s <= steps for s in history)
+                and all(a < b for a, b in zip(history, history[1:], strict=False))):
+            raise CorruptCheckpointError(f"the session's level_steps[{name!r}] is not a list of ascending integers from 1 to its step count")
 
 
 def apply_all_or_nothing(state: Mapping[str, Any], keys: list[str], apply: Callable[[str], None]) -> None:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from coci.distributed import DistributedContext
     from coci.events import EventLog
 
-__all__ = ["ADDED_RANK", "AddedLevel", "LevelContext", "LevelPlan", "SentSteps", "StorageLevel", "TransferListener", "check_added_levels", "open_added_levels",
+__all__ = ["ADDED_RANK", "AddedLevel", "LevelContext", "LevelHistories", "LevelPlan", "SentSteps", "StorageLevel", "TransferListener", "check_added_levels", "open_added_levels",
            "plan_copies", "planned_steps"]
 
 #: The restore rank of the first added level (``level4``): the local tier, the peer level and the
@@ -74,9 +74,8 @@ class StorageLevel(Protocol):
        them compactly).
        The session's observation carries them as the level's ``LevelCosts.last_step`` (the newer
        of the newest sent and the newest held) and ``taken_steps`` (the copy history a re-plan
-       holds the whole run's time budget with: ``coci.planning.policy.sent_levels``). A history
-       starts empty in each process: a restored run's earlier copies are not in it, so the session
-       passes it only while it covers the run (no step restored: the history from step 0).
+       holds the whole run's time budget with: ``coci.planning.policy.sent_levels``), preceded by
+       what the run's earlier processes sent it (``LevelHistories``: saved in each checkpoint).
     6. ``close(step, failing)``: at ``Session.close()``, in the tuple's order, after the local
        level's last commit has been promoted: finish what is in flight within the level's own
        limit, then stop. ``failing``: the session closes on the way out of an exception, so the
@@ -145,6 +144,55 @@ class SentSteps:
 
     def __len__(self) -> int:
         return len(self._steps)
+
+
+class LevelHistories:
+    """Every level's copy history across a run's processes, as ``checkpoint_steps`` is: what the
+    earlier processes sent each level, saved in each checkpoint's session entry (``level_steps``,
+    by level name: the steps sent before the checkpoint's own step, and that step where the plan
+    in effect sends it to the level: its copy follows its commit), followed by what this process
+    sent it (``StorageLevel.sent_steps``). A restore from a level adds the restored step to its
+    history (the level holds it). A checkpoint without ``level_steps`` leaves the history not
+    known, and the checkpoints after it save none."""
+
+    def __init__(self) -> None:
+        self._earlier: dict[str, tuple[int, ...]] | None = {}
+
+    @property
+    def known(self) -> bool:
+        """Whether the histories cover the run from step 0."""
+        return self._earlier is not None
+
+    def of(self, levels: Iterable[StorageLevel]) -> list[tuple[str, int | None, tuple[int, ...]]]:
+        """Each level above the local one: its name, newest step held and every step sent to it
+        in the run, ascending (only this process's when not known)."""
+        return [(level.name, level.newest_step, self._history(level)) for level in levels if level.name != "local"]
+
+    def entry(self, levels: Iterable[StorageLevel], step: int, plan: LevelPlan | None) -> dict[str, dict[str, list[int]]]:
+        """The session entry's ``level_steps`` of the checkpoint of ``step`` taken under ``plan``
+        (none when not known)."""
+        if self._earlier is None:
+            return {}
+        saved = {}
+        for name, _, steps in self.of(levels):
+            copied = step >= 1 and (not steps or step > steps[-1]) and plan_copies(None if plan is None else planned_steps(plan, name), step)
+            saved[name] = [*steps, step] if copied else list(steps)
+        return {"level_steps": saved}
+
+    def load(self, saved: Mapping[str, list[int]] | None) -> None:
+        """A restored checkpoint's ``level_steps`` (checked: ``restore_checks.check_session_entry``)."""
+        self._earlier = None if saved is None else {name: tuple(steps) for name, steps in saved.items()}
+
+    def restored(self, step: int, source: str) -> None:
+        """A restore loaded ``step`` from the level ``source``: the step is on it."""
+        if self._earlier is not None and source != "local":
+            earlier = self._earlier.get(source, ())
+            self._earlier[source] = earlier if step in earlier[-1:] else earlier + (step,)
+
+    def _history(self, level: StorageLevel) -> tuple[int, ...]:
+        earlier = () if self._earlier is None else self._earlier.get(level.name, ())
+        last = earlier[-1] if earlier else 0
+        return earlier + tuple(step for step in level.sent_steps if step > last)
 
 
 class TransferListener(Protocol):

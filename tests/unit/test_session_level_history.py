@@ -9,10 +9,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import torch
 
 import coci
-from coci.checkpoint.storage_level import SentSteps
+from coci.checkpoint.restore_checks import check_session_entry
+from coci.checkpoint.storage_level import LevelHistories, SentSteps
+from coci.errors import CorruptCheckpointError
 from coci.planning.failures import FailureClass, Failures
 from coci.planning.policy import Observation, sent_levels
 
@@ -76,16 +79,17 @@ def test_the_observation_carries_the_steps_sent_to_each_level(tmp_path: Path) ->
     assert [record.name for record in policy.seen[-1].levels] == ["remote", "level4"]  # the local level is the plan's own
 
 
-def test_a_restored_run_passes_no_history_it_does_not_hold(tmp_path: Path) -> None:
-    """A level's history starts in each process; after a restore the earlier copies are not in it,
-    so the observation says the history is not known (the re-plan measures the remaining steps)."""
+def test_a_restored_run_carries_the_earlier_processes_copies(tmp_path: Path) -> None:
+    """The history travels in each checkpoint (``level_steps``, as ``checkpoint_steps`` does): after
+    a restore the observation holds the copies the earlier process sent, the restored step's own."""
     run_dir, remote = tmp_path / "run", str(tmp_path / "remote")
-    run(run_dir, coci.EveryN(5), 10, remote=remote)
+    run(run_dir, Recording(None), 10, remote=remote)
     policy = Recording(None)
     run(run_dir, policy, 25, restore=True, remote=remote)
-    assert policy.seen and all(seen.levels[0].taken_steps is None for seen in policy.seen)
-    last = policy.seen[-1]
-    assert last.levels[0].last_step == max(step for step in handed(run_dir, None) if step <= last.step) > 10  # the newest sent here
+    sent = handed(run_dir, None)
+    assert sent == [5, 10, 15, 20, 25]  # no plan: every checkpoint, from both processes
+    assert policy.seen and all(seen.levels[0].taken_steps == tuple(s for s in sent if s <= seen.step) for seen in policy.seen)
+    assert policy.seen[0].levels[0].taken_steps[:2] == (5, 10)  # the first process's copies
 
 
 def test_sent_steps_are_ascending_once_each_and_the_observation_copies_them() -> None:
@@ -97,3 +101,21 @@ def test_sent_steps_are_ascending_once_each_and_the_observation_copies_them() ->
     assert (peer.name, peer.last_step, peer.taken_steps) == ("peer", 12, (3, 5, 7, 12))  # the newest sent, in flight
     assert (remote.last_step, remote.taken_steps) == (20, ())  # a restored step held, none sent
     assert sent_levels([("peer", None, sent)], whole_run=False)[0].taken_steps is None
+
+
+def test_a_restore_from_a_level_adds_its_step_and_an_older_checkpoint_leaves_the_history_unknown() -> None:
+    histories = LevelHistories()
+    histories.load({"remote": [5, 10]})
+    histories.restored(15, "remote")
+    histories.restored(15, "remote")
+    assert histories.known and histories._earlier == {"remote": (5, 10, 15)}
+    histories.load(None)  # a checkpoint written before level_steps
+    assert not histories.known and histories.entry((), 20, None) == {}
+
+
+@pytest.mark.parametrize("saved", [{"remote": [5, 5]}, {"remote": [0]}, {"remote": [21]}, {"remote": "5"}, [5], {7: [5]}])
+def test_a_damaged_level_history_is_refused(saved: object) -> None:
+    own = {"steps": 20, "checkpoint_steps": [5, 20], "level_steps": saved}
+    with pytest.raises(CorruptCheckpointError, match="level_steps"):
+        check_session_entry(own, 20)
+    check_session_entry({**own, "level_steps": {"remote": [5, 20]}}, 20)

@@ -33,6 +33,7 @@ EDITS: dict[str, dict[str, Any]] = {
     "steps-of-another-checkpoint": {"steps": 10},
     "steps-behind": {"steps": 2},
     "history-past-the-count": {"checkpoint_steps": [2, 4, 6]},
+    "level-history-past-the-count": {"level_steps": {"remote": [2, 6]}},
 }
 
 
