@@ -117,6 +117,7 @@ def test_report_files_are_never_written_through_a_planted_link(run: Path, tmp_pa
     assert victim.read_text() == "mine"
 
 
+@pytest.mark.slow  # renders every figure
 def test_report_files_are_never_written_into_a_hard_linked_file(run: Path, tmp_path: Path) -> None:
     from coci.analysis.report import report
 

@@ -364,6 +364,7 @@ def test_a_fit_extrapolating_below_zero_stops_falling_at_zero() -> None:
 # --- PlanConfig ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # plans every policy twice (~1.2 s)
 def test_plan_config_gives_the_same_plan_as_the_keywords() -> None:
     from coci import PlanConfig
 

@@ -154,6 +154,7 @@ def test_a_plan_made_on_the_planner_thread_is_compared_from_the_step_it_took_eff
     assert "not taken" not in summary, summary
 
 
+@pytest.mark.slow  # renders every figure
 def test_missing_stall_events_fall_back_to_the_profile_median_and_say_so(tmp_path: Path) -> None:
     events = [{"event": "snapshot_start", "step": s, "bytes": 10} for s in (5, 9, 13)]
     profile = coci.Profile(steps=20, step_seconds=coci.Estimate(value=0.5, count=5), stall_seconds=coci.Estimate(value=0.1, count=3))
@@ -244,6 +245,7 @@ def test_html_is_self_contained_with_every_figure_embedded(built) -> None:
     assert "<pre>" in page and "Policies over the whole run" in page
 
 
+@pytest.mark.slow  # renders every figure
 def test_write_produces_json_html_and_pngs_that_round_trip(run, built, tmp_path: Path) -> None:
     paths = built.write(tmp_path / "out")
     for name, file_name in FIGURES.items():
