@@ -21,20 +21,20 @@ from coci.planning.baselines import CheckFreqAdaptation
 from coci.planning.config import PlanConfig
 from coci.planning.empirical import EmpiricalCurve, forecast_curve
 from coci.planning.fit import CurveFit, fit_curve
-from coci.planning.levels import Level
+from coci.planning.levels import Level, LevelCosts
 from coci.planning.planner import plan
 from coci.planning.policy import Observation
 from coci.planning.prior import CorrectedRate, PriorCurve, PriorLike, WarmStart, load_prior
 from coci.planning.progress import run_mean_rate
 from coci.planning.records import PRIOR_PROGRESS_RATE, Plan, ProgressCurve
-from coci.planning.three_levels import measured_levels
+from coci.planning.three_levels import measured_levels, survivable_failures
 
 __all__ = ["PlanningPolicy", "make_policy"]
 
 logger = logging.getLogger(__name__)
 
-#: A planning policy re-plans when a measured cost (step time, C, P) moved by more than this
-#: fraction since the last plan ...
+#: A planning policy re-plans when a measured cost (step time, C, P, each level's transfer seconds)
+#: moved by more than this fraction since the last plan ...
 _PLAN_REPLAN_COST_CHANGE: float = 0.25
 
 #: ... or when the planned checkpoint density sqrt(w_alpha) over the remaining steps (old fit
@@ -81,12 +81,16 @@ class PlanningPolicy:
     policies wait. A plan made on the planner thread takes effect some steps after its observation
     (``take_effect``): its steps already passed by then are not silently lost. Each ``observe`` reads the
     profile (step time, stall, persist, interference, restore) and the loss trace; it re-plans
-    from the current step when there is no plan yet, when a cost moved by more than
+    from the current step when there is no plan yet, when a cost (``_basis_of``: every measured
+    level's transfer seconds among them, a level's first measurement too) moved by more than
     ``_PLAN_REPLAN_COST_CHANGE``, when the fitted progress weight moved by more than
     ``_PLAN_REPLAN_FIT_CHANGE`` (the relative change of the planned checkpoint density
     ``sqrt(w_alpha)`` on the remaining steps, old fit against new; or the fit's family changed),
     when an open-ended horizon needs extending, or (``checkfreq``) when its interval grew
-    (``CheckFreqAdaptation``). ``should_checkpoint`` is a set lookup. ``state_dict`` keeps
+    (``CheckFreqAdaptation``). A level added above the remote tier is planned once measured
+    (``coci.planning.three_levels.measured_levels``); until then a failure class that destroys the
+    remote tier is planned as if the remote tier survived it, with a fallback in the plan
+    (``coci.planning.three_levels.survivable_failures``). ``should_checkpoint`` is a set lookup. ``state_dict`` keeps
     CheckFreq's grown interval and the current plan.
 
     The failure clock of a restarting hazard is taken to have (re)started
@@ -106,7 +110,7 @@ class PlanningPolicy:
         self._steps: frozenset[int] = self._warmup_steps()
         self._warm_last, self._warm_every = _cadence_tail(self._steps)
         self._in_effect = True  # the current plan has taken effect (take_effect); False from a new plan until then
-        self._basis: tuple[float, ...] | None = None
+        self._basis: dict[str, float] | None = None
         self._fit: ProgressCurve | None = None
         self._fit_family: str | None = None
         self._origin: int | None = None
@@ -220,8 +224,8 @@ class PlanningPolicy:
         stall, persist, interference, restart = self._costs(profile, step_seconds, fallbacks)
         cost = stall + interference
         levels = measured_levels(observation, restart, fallbacks)
-        transfer = {record.level: record.transfer_seconds for record in levels}
-        basis = (step_seconds, cost, persist, transfer.get(Level.REMOTE, 0.0), transfer.get(Level.PEER, 0.0))
+        failures = survivable_failures(self.config.failures, observation, levels, fallbacks)
+        basis = self._basis_of(step_seconds, cost, persist, levels)
         taken = self._taken_by(observation, now)
         last_checkpoint = max((s for s in taken if s <= now), default=0)
         grew = self._checkfreq is not None and self._checkfreq.observe(observation.checkpoint_steps, cost, step_seconds)
@@ -231,7 +235,7 @@ class PlanningPolicy:
             return
         try:
             new_plan = plan(
-                config=self.config.replace(total_steps=horizon, restart_seconds=restart), curve=curve,
+                config=self.config.replace(total_steps=horizon, restart_seconds=restart, failures=failures), curve=curve,
                 step_seconds=step_seconds, stall_seconds=stall, persist_seconds=persist,
                 interference_seconds=interference, start_step=now, last_checkpoint_step=last_checkpoint,
                 failure_origin_step=min(self._origin, now), taken_steps=taken, levels=levels,
@@ -415,8 +419,19 @@ class PlanningPolicy:
             return None
         return rates / mean
 
+    @staticmethod
+    def _basis_of(step_seconds: float, cost: float, persist: float, levels: tuple[LevelCosts, ...]) -> dict[str, float]:
+        """The measured costs a plan is made from, by name: step time, checkpoint cost, persist, the
+        remote tier's and the peer copies' transfer seconds (0 while not measured) and each measured
+        level above the remote tier's (``level4 copy``; absent while not measured)."""
+        transfer = {record.level: record.transfer_seconds for record in levels}
+        basis = {"step time": step_seconds, "checkpoint cost": cost, "persist": persist,
+                 "upload": transfer.get(Level.REMOTE, 0.0), "peer copy": transfer.get(Level.PEER, 0.0)}
+        basis.update({f"{record.name} copy": record.transfer_seconds for record in levels if record.rank > int(Level.REMOTE)})
+        return basis
+
     def _moved(
-        self, basis: tuple[float, ...], fit: ProgressCurve | None, now: int, horizon: int, grew: bool
+        self, basis: dict[str, float], fit: ProgressCurve | None, now: int, horizon: int, grew: bool
     ) -> list[str]:
         """Why the current plan is out of date (empty: keep it)."""
         if self.plan is None or self._basis is None:
@@ -427,7 +442,8 @@ class PlanningPolicy:
         if grew and self._checkfreq is not None:
             reasons.append(f"checkfreq interval grew to {self._checkfreq.interval}")
         if self.policy != "checkfreq":
-            for name, new, old in zip(("step time", "checkpoint cost", "persist", "upload", "peer copy"), basis, self._basis):
+            for name in [*basis, *(name for name in self._basis if name not in basis)]:
+                new, old = basis.get(name, 0.0), self._basis.get(name, 0.0)
                 if abs(new - old) > _PLAN_REPLAN_COST_CHANGE * max(abs(old), 1e-12):
                     reasons.append(f"{name} {old:.3g} -> {new:.3g} s")
             reasons.extend(self._fit_moved(fit, now, horizon))
@@ -452,7 +468,7 @@ class PlanningPolicy:
         change = float(np.max(np.abs(new_density - old_density) / np.maximum(old_density, 1e-12)))
         return [f"progress weight moved by {change:.0%}"] if change > _PLAN_REPLAN_FIT_CHANGE else []
 
-    def _install(self, new_plan: Plan, basis: tuple[float, ...], fit: ProgressCurve | None, horizon: int) -> None:
+    def _install(self, new_plan: Plan, basis: dict[str, float], fit: ProgressCurve | None, horizon: int) -> None:
         self.plan = new_plan
         self._in_effect = False
         self._steps = frozenset(new_plan.steps)

@@ -51,7 +51,8 @@ U`` above); a ``ConfigError`` names the field otherwise. ``coci.simulate`` plays
 destroy the levels below it restored from it). A session runs it as a level added by value
 (``coci.DirectoryLevel``, ``coci.checkpoint.storage_level.AddedLevel``): it copies there the steps
 ``Plan.higher_steps`` names for it, and ``measured_levels`` plans it from the profile once it is
-measured.
+measured; until then it takes the remote tier's checkpoints, and a class that destroys the remote
+tier is planned as if the remote tier survived it, with a fallback (``survivable_failures``).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from coci.errors import ConfigError
-from coci.planning.failures import Failures
+from coci.planning.failures import TIERS, Failures
 from coci.planning.formulas import max_interval_steps, periodic_candidates, place
 from coci.planning.levels import (
     HoldsLevels,
@@ -85,7 +86,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LevelChainModel", "LevelsResult", "ThreeLevelCostModel", "ThreeLevelResult", "auto_levels", "auto_three_level",
-    "chain_levels", "level_candidates", "measured_levels", "plans_chain", "three_level_candidates", "three_level_model",
+    "chain_levels", "level_candidates", "measured_levels", "plans_chain", "survivable_failures", "three_level_candidates", "three_level_model",
 ]
 
 LevelsPlan = tuple[np.ndarray, ...]
@@ -348,7 +349,8 @@ def measured_levels(observation: Observation, restart: float, fallbacks: list[st
     level took over a local one. A level added above the remote tier (``level4``, a session's
     ``levels=``) is planned over whichever of the peer and remote levels are measured below it,
     where ``check_levels`` takes it (a transfer at least as long as the one below it); otherwise it
-    is left out with a fallback note, and takes what the remote tier takes."""
+    is left out with a fallback note, and takes what the remote tier takes (``survivable_failures``
+    then plans the classes only it survives)."""
     added = sorted({record.level for record in observation.levels if record.rank > int(Level.REMOTE)}, key=int)
     measured = [
         record for level in (Level.REMOTE, Level.PEER, *added)
@@ -363,6 +365,36 @@ def measured_levels(observation: Observation, restart: float, fallbacks: list[st
         names = ", ".join(record.name for record in measured if record.rank > int(Level.REMOTE))
         fallbacks.append(f"{names} not planned ({exc}): each takes the checkpoints the remote tier takes")
         return check_levels(built_in)
+
+
+def survivable_failures(
+    failures: Failures | None, observation: Observation, levels: Sequence[LevelCosts], fallbacks: list[str],
+) -> Failures | None:
+    """The failure model a re-plan over ``levels`` (``measured_levels``) plans. While a level above
+    the remote tier that the observation holds is left out of ``levels`` (its first copy not
+    measured yet, or refused by ``check_levels``) and no planned level is above the remote tier,
+    that level takes the checkpoints the remote tier takes (``Plan.level_steps``: every upload goes
+    on up). A class that destroys the remote tier then rolls back to the last remote commit, which
+    that level holds too: it is planned as if it destroyed the local and peer levels only (its
+    restore from the added level counted as one from the remote tier), with a fallback naming the
+    class and the level, rather than refused by ``check_survivable``. Otherwise ``failures`` is
+    returned as it is (and a class that nothing survives is refused)."""
+    planned = {record.level for record in levels}
+    waiting = [record.name for record in observation.levels if record.rank > int(Level.REMOTE) and record.level not in planned]
+    if failures is None or not waiting or any(record.rank > int(Level.REMOTE) for record in levels):
+        return failures
+    spared = TIERS[: len(TIERS) - 1]
+    lowered = [c.name for c in failures.classes if c.depth >= len(TIERS)]
+    if not lowered:
+        return failures
+    names = ", ".join(waiting)
+    for name in lowered:
+        fallbacks.append(
+            f"{names} not planned yet: class {name!r} (destroys {'+'.join(TIERS)}) planned as if the remote tier "
+            f"survived it ({names} takes the checkpoints the remote tier takes)"
+        )
+    classes = tuple(c.model_copy(update={"destroys": spared}) if c.depth >= len(TIERS) else c for c in failures.classes)
+    return failures.model_copy(update={"classes": classes})
 
 
 def _measured_level(observation: Observation, level: Level | int, restart: float, fallbacks: list[str]) -> LevelCosts | None:

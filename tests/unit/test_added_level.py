@@ -16,9 +16,10 @@ import torch
 import coci
 from coci.errors import ConfigError
 from coci.planning.failures import FailureClass, Failures
+from coci.planning.online import PlanningPolicy
 from coci.planning.policy import Observation, committed_levels
 from coci.planning.three_levels import measured_levels
-from coci.profiler import Profiler
+from coci.profiler import Estimate, LevelEstimates, Profile, Profiler
 
 PEER = coci.LevelCosts(level=coci.Level.PEER, seconds=10.0, interference=0.5, restart=90.0)
 REMOTE = coci.LevelCosts(level=coci.Level.REMOTE, seconds=60.0, interference=2.0, restart=300.0)
@@ -152,3 +153,46 @@ def test_an_added_levels_measured_costs_reach_the_planner() -> None:
     assert [level.name for level in alone] == ["remote", "level4"]  # local, remote and level4: one chain
     assert not any(note.startswith("level4 not planned (") for note in without_peer)
     assert np.isfinite(levels[-1].restart or 0.0)
+
+
+def observed(step: int, level4_seconds: float | None) -> Observation:
+    """An observation at ``step`` of a job with peer copies, a remote tier and ``level4`` (its first
+    copy measured at ``level4_seconds``, or not yet: None), every level holding a copy."""
+    def measured(value: float) -> Estimate:
+        return Estimate(value=value, count=3)
+    levels = [LevelEstimates(name="peer", seconds=measured(10.0)), LevelEstimates(name="remote", seconds=measured(60.0))]
+    if level4_seconds is not None:
+        levels.append(LevelEstimates(name="level4", seconds=measured(level4_seconds)))
+    profile = Profile(steps=step, step_seconds=measured(2.0), stall_seconds=measured(0.3), persist_seconds=measured(3.0),
+                      restore_seconds=measured(5.0), levels=tuple(levels))
+    held = committed_levels([("local", step - 10), ("peer", step - 10), ("remote", step - 20), ("level4", step - 20)])
+    return Observation(step=step, profile=profile, levels=held)
+
+
+def time_policy() -> PlanningPolicy:
+    return PlanningPolicy("auto", objective="time", failures=FAILURES, total_steps=3000, restart_seconds=60.0)
+
+
+def test_before_the_added_levels_first_copy_a_class_only_it_survives_is_planned_on_the_remote_tier() -> None:
+    policy = time_policy()
+    policy.observe(observed(200, None))
+    assert policy.plan is not None and policy.plan.higher_steps is None and policy.plan.promote_steps
+    assert ("level4 not planned yet: class 'region' (destroys local+peer+remote) planned as if the remote tier survived it "
+            "(level4 takes the checkpoints the remote tier takes)") in policy.plan.fallbacks
+    assert policy.plan.level_steps("level4") == policy.plan.promote_steps  # what the session copies there meanwhile
+    assert policy.plan.inputs.failures is not None
+    assert {c.name: c.destroys for c in policy.plan.inputs.failures.classes}["region"] == ("local", "peer")
+    policy.observe(observed(300, 300.0))  # measured: planned as a level, against the class it alone survives
+    assert policy.replans == 2 and policy.plan.higher_steps is not None and policy.plan.higher_steps["level4"]
+    assert not any("not planned yet" in note for note in policy.plan.fallbacks)
+    assert policy.plan.inputs.failures == FAILURES
+
+
+def test_an_added_levels_transfer_time_moving_re_plans() -> None:
+    policy = time_policy()
+    policy.observe(observed(300, 300.0))
+    policy.observe(observed(400, 330.0))  # within the threshold: the plan stands
+    assert policy.replans == 1
+    policy.observe(observed(500, 600.0))
+    assert policy.replans == 2 and policy.plan is not None and policy.plan.inputs.start_step == 500
+    assert [level.seconds for level in policy.plan.inputs.levels if level.name == "level4"] == [600.0]
