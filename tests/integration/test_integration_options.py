@@ -59,6 +59,7 @@ VALUES: dict[str, Any] = {
     "init_from": "PRETRAINED",  # a run directory, made per test
     "init_keys": ("w", "model"),
     "init_step": 4,
+    "levels": "LEVELS",  # a coci.DirectoryLevel on a directory made per test
 }
 #: The options a JSON file can hold (``coci plan --config``): all but objects and callables.
 JSON_OPTIONS: dict[str, Any] = {
@@ -89,6 +90,8 @@ def hf_trainer(out: Path) -> Any:
 def option(name: str, tmp_path: Path) -> dict[str, Any]:
     """``name``'s value, with a failure model where the default policy ("auto") needs one."""
     value = str(tmp_path / "remote") if name == "remote" else VALUES[name]
+    if name == "levels":
+        value = (coci.DirectoryLevel(tmp_path / "level4"),)
     failure_model = {} if name in ("mtbf", "failures", "plan_config", "policy") else {"mtbf": "8h"}
     if name in ("init_from", "init_step"):  # a step of a run to start from
         return {**failure_model, "init_from": str(tmp_path / "pretrained"), name: value if name == "init_step" else str(tmp_path / "pretrained")}
