@@ -5,7 +5,7 @@ Usage (under torchrun, or with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by th
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/jobs/sharded_job.py RUN_DIR
         [--layout fsdp|hsdp|tp] [--compile] [--epochs E] [--every K] [--stop-at STEP]
         [--kill-at STEP] [--fault RANK|all:POINT:NTH] [--coci-timeout SECONDS] [--check-views]
-        [--remote URL] [--run-dir-layout auto|shared|node-local]
+        [--remote URL] [--run-dir-layout auto|shared|node-local] [--step-seconds S]
 
 Trains an MLP with dropout (per-rank RNG), AdamW and a LambdaLR schedule on a 48-sample dataset
 through coci.ResumableLoader (batch 4 per data-parallel rank), checkpointing every K steps with
@@ -31,6 +31,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import torch
@@ -147,6 +148,7 @@ def main() -> None:
     parser.add_argument("--remote", default=None)  # the remote tier (promotes every checkpoint)
     parser.add_argument("--run-dir-layout", default="auto")
     parser.add_argument("--peer-copies", type=int, default=0)
+    parser.add_argument("--step-seconds", type=float, default=0.0)  # a slower step: the background uploads keep up
     args = parser.parse_args()
 
     rank = init_job(60, args.coci_timeout)
@@ -188,6 +190,7 @@ def main() -> None:
                     check_views(views, stateful_model, optimizer)
                 log.write(f"{session.steps} {epoch} {','.join(map(str, index.tolist()))} {float(loss).hex()}\n")
                 log.flush()
+                time.sleep(args.step_seconds)
                 if args.kill_at is not None and session.steps == args.kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if args.stop_at is not None and session.steps == args.stop_at:
