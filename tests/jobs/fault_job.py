@@ -43,7 +43,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -52,13 +51,13 @@ from pathlib import Path
 from typing import Any
 
 from forked import run_forked
+from script_forks import ServerProcess
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 POINTS = ("mid_write", "before_manifest", "before_rename", "after_rename", "after_commit", "retention")
 #: Kill kinds a campaign cycles through (the issue's required instants first).
 KINDS = ("copy", "mid_write", "before_rename", "after_rename", "retention", "time", "step", "before_manifest", "after_commit")
-SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 CHILD_ALARM_SECONDS = 60
 
 
@@ -239,18 +238,12 @@ def _run_in_child(job: dict[str, Any]) -> None:
     run_job(**job)
 
 
-class ForkServer:
+class ForkServer(ServerProcess):
     """Harness side of :func:`serve`: one server subprocess, one job at a time."""
 
     def __init__(self, stderr_path: Path, timeout: float = 120.0) -> None:
-        env = {**os.environ, **SINGLE_THREAD_ENV}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
-        self._stderr = open(stderr_path, "a")  # noqa: SIM115 -- the server's stderr for its whole life; closed in close()
+        super().__init__(Path(__file__).resolve(), ["serve"], stderr_path)
         self.timeout = timeout
-        self.process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "serve"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1, env=env,
-        )
 
     def run(self, run_dir: Path, steps: int, every: int, kill: str | None = None, sabotage: str | None = None) -> tuple[int, float]:
         """Run one job to its end (or death); return (exit code, seconds)."""
@@ -268,22 +261,6 @@ class ForkServer:
             raise RuntimeError(f"fork server died (exit {self.process.poll()}); see {self._stderr.name}")
         answer = json.loads(line)
         return int(answer["code"]), float(answer["seconds"])
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self._stderr.close()
-
-    def __enter__(self) -> ForkServer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 # --- the campaign --------------------------------------------------------------------------------

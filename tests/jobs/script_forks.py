@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 ROOT = Path(__file__).resolve().parents[2]
 SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -74,19 +74,44 @@ def run_child(request: dict[str, Any]) -> None:
     runpy.run_path(request["script"], run_name="__main__")
 
 
-class ScriptForks:
-    """The tests' side of the server: ``run`` a script to its end (or death), or ``start`` it and
-    ``wait`` for it (its pid is a real process the test may SIGKILL)."""
+class ServerProcess:
+    """A fork server's process, seen from the tests: ``python SCRIPT *args`` with single-threaded
+    BLAS and the repository importable, one JSON request per stdin line, its stderr in a file;
+    ``close`` ends its stdin and waits for it (``fault_job.ForkServer`` and ``ScriptForks``)."""
 
-    def __init__(self, log_dir: Path, timeout: float = 600.0) -> None:  # generous under load
+    def __init__(self, script: Path, args: list[str], stderr_path: Path) -> None:
         env = {**os.environ, **SINGLE_THREAD_ENV}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
-        self.log_dir, self.timeout, self.count = log_dir, timeout, 0
-        self._stderr = open(log_dir / "server.err", "a")  # noqa: SIM115 -- the server's stderr for its whole life; closed in close()
+        self._stderr = open(stderr_path, "a")  # noqa: SIM115 -- the server's stderr for its whole life; closed in close()
         self.process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve())],
+            [sys.executable, str(script), *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1, env=env,
         )
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._stderr.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ScriptForks(ServerProcess):
+    """The tests' side of this module's server: ``run`` a script to its end (or death), or
+    ``start`` it and ``wait`` for it (its pid is a real process the test may SIGKILL)."""
+
+    def __init__(self, log_dir: Path, timeout: float = 600.0) -> None:  # generous under load
+        super().__init__(Path(__file__).resolve(), [], log_dir / "server.err")
+        self.log_dir, self.timeout, self.count = log_dir, timeout, 0
         self.pid: int | None = None
 
     def start(self, script: Path, *args: str) -> int:
@@ -132,16 +157,6 @@ class ScriptForks:
         if not line:
             raise RuntimeError(f"the fork server died (exit {self.process.poll()}); see {self._stderr.name}")
         return dict(json.loads(line))
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self._stderr.close()
 
 
 if __name__ == "__main__":
