@@ -28,7 +28,7 @@ session's part that chooses it, where it runs and what its failures do.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -47,7 +47,7 @@ from coci.checkpoint.records import CommitRecord, LoadedCheckpoint
 from coci.checkpoint.retention import RetentionPolicy
 from coci.checkpoint.sharded import local_shards
 from coci.checkpoint.snapshot import CopyJob, StagedCheckpoint, StagingArena
-from coci.checkpoint.storage_level import LevelPlan, SentSteps
+from coci.checkpoint.storage_level import LevelPlan
 from coci.checkpoint.tree import flatten
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError, IncompleteCheckpointError, PersistError
@@ -406,7 +406,6 @@ class Checkpointer:
         self.pending: PendingCheckpoint | None = None
         self._trusted: set[int] = set()  # steps known to load: committed here or restored from
         self.newest_step: int | None = None  # the newest step committed here or restored (StorageLevel.newest_step)
-        self.sent_steps = SentSteps()  # the steps committed here by this process (StorageLevel.sent_steps)
         self._shard_specs: dict[int, tuple[Any, ...]] = {}  # the last checkpoint's, for local_shards
         self._retention_problem: str | None = None  # the last failure of the retention policy, recorded once
 
@@ -424,9 +423,11 @@ class Checkpointer:
         """A restore loaded ``step`` (from any level): it counts for retention (``trust``)."""
         self.trust(step)
 
+    #: Nothing is sent to the local level: its commits are the session's ``checkpoint_steps``.
+    sent_steps: Collection[int] = ()
+
     def promote(self, step: int, path: Path, plan: LevelPlan | None) -> None:
-        """``step`` committed to this level: one of its ``sent_steps``."""
-        self.sent_steps.add(step)
+        """Nothing: ``step`` committed to this level."""
 
     def promote_always(self, step: int, plan: LevelPlan | None) -> None:
         """Nothing: every checkpoint commits to this level."""

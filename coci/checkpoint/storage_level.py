@@ -26,14 +26,14 @@ if TYPE_CHECKING:
     from coci.distributed import DistributedContext
     from coci.events import EventLog
 
-__all__ = ["ADDED_RANK", "AddedLevel", "LevelContext", "LevelHistories", "LevelPlan", "SentSteps", "StorageLevel", "TransferListener", "check_added_levels", "open_added_levels",
+__all__ = ["ADDED_NAME", "ADDED_RANK", "AddedLevel", "LevelContext", "LevelHistories", "LevelPlan", "SentSteps", "StorageLevel", "TransferListener", "check_added_levels", "open_added_levels",
            "plan_copies", "planned_steps"]
 
 #: The restore rank of the first added level (``level4``): the local tier, the peer level and the
 #: remote tier are ranks 1 to 3 (``coci.Level``); an added level is named ``level<rank>``, the name
 #: ``coci.plan`` gives its steps in ``Plan.higher_steps``.
 ADDED_RANK = 4
-_ADDED_NAME = re.compile(r"^level([1-9][0-9]{0,2})$")
+ADDED_NAME = re.compile(r"^level([1-9][0-9]{0,2})$")  #: an added level's name, ``level<rank>``
 
 
 class LevelPlan(Protocol):
@@ -70,8 +70,8 @@ class StorageLevel(Protocol):
        ``promote``.
     5. ``newest_step`` and ``sent_steps``: read when the policy observes: the newest step this
        level holds durably, and every step this process sent it, ascending (handed to the level
-       for its copy, committed or in flight; the local level's own commits; ``SentSteps`` keeps
-       them compactly).
+       for its copy, committed or in flight; ``SentSteps`` keeps them compactly; the local
+       level has none: its commits are the session's ``checkpoint_steps``).
        The session's observation carries them as the level's ``LevelCosts.last_step`` (the newer
        of the newest sent and the newest held) and ``taken_steps`` (the copy history a re-plan
        holds the whole run's time budget with: ``coci.planning.policy.sent_levels``), preceded by
@@ -274,7 +274,7 @@ def check_added_levels(levels: Iterable[object]) -> tuple[AddedLevel, ...]:
                 f"newest_step, sent_steps, close: coci.AddedLevel), got {type(level).__name__}"
             )
         name = level.name
-        match = _ADDED_NAME.match(name) if isinstance(name, str) else None
+        match = ADDED_NAME.match(name) if isinstance(name, str) else None
         if match is None or int(match.group(1)) != ADDED_RANK + index:
             raise ConfigError(f"levels[{index}].name must be 'level{ADDED_RANK + index}' (the added levels' ranks, in order), got {name!r}")
         checked.append(level)

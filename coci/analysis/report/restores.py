@@ -9,12 +9,12 @@ event), else a lower bound from its last event (events come at checkpoints and e
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel
 
+from coci.checkpoint.storage_level import ADDED_NAME
 from coci.checks import is_int
 
 __all__ = ["RestoreRow", "Restores", "event_step", "finite_number", "is_level_name", "total_lost_seconds"]
@@ -151,12 +151,11 @@ class Restores:
 
 
 _TIERS = ("local", "peer", "remote")
-_ADDED_LEVEL = re.compile(r"^level[1-9][0-9]{0,2}$")  # a level added above the remote tier (coci.AddedLevel)
 
 
 def is_level_name(value: Any) -> bool:
     """Whether ``value`` (read from an untrusted log) names a storage level: local, peer, remote or ``level<k>``."""
-    return isinstance(value, str) and (value in _TIERS or _ADDED_LEVEL.match(value) is not None)
+    return isinstance(value, str) and (value in _TIERS or ADDED_NAME.match(value) is not None)
 _MAX_NODES = 1 << 16
 
 

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
 from coci import knobs
 from coci.checkpoint import faults, layout, record_reads
@@ -43,6 +43,7 @@ from coci.checkpoint.remote.identity import OWNER_KEY, RunIdentity, step_owner
 from coci.checkpoint.remote.schemes import open_store
 from coci.checkpoint.remote.store import RemoteStore, is_plain_key
 from coci.checkpoint.retention import RetentionPolicy, doomed_steps
+from coci.checkpoint.storage_level import TransferListener
 from coci.distributed import DistributedContext
 from coci.errors import ConfigError, CorruptCheckpointError
 from coci.events import EventLog
@@ -64,14 +65,8 @@ _REMOTE_NODES_POLL_SECONDS: float = 0.2
 _STEP_KEY = re.compile(r"^step_(\d+)/")
 
 
-class UploadListener(Protocol):
-    """What the tier reports promotions to (the session's profiler)."""
-
-    def upload_started(self) -> None: ...
-
-    def upload_finished(self, seconds: float, nbytes: int) -> None: ...
-
-    def upload_aborted(self) -> None: ...
+#: What the tier reports promotions to (the session's profiler): any level's transfer listener.
+UploadListener = TransferListener
 
 
 @dataclass(frozen=True)
