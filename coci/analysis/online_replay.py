@@ -103,6 +103,7 @@ class _OnlineReplay:
         self.observations = 0
         self.levels = [_LevelCopies(record) for record in job.levels]
         self.level_paid = 0.0  # the transfers' interference paid so far (training seconds)
+        self._planned: tuple[Plan | None, dict[str, frozenset[int]]] = (None, {})  # _planned_steps' plan and its sets
 
     def run(self) -> OnlineRun:
         """What the whole run took (``OnlineRun``)."""
@@ -126,11 +127,20 @@ class _OnlineReplay:
 
     def _send(self, step: int) -> None:
         """Checkpoint ``step`` to each level the current plan sends it to (no plan: every level)."""
-        plan = getattr(self.policy, "plan", None)
+        planned = self._planned_steps()
         for level in self.levels:
-            if not isinstance(plan, Plan) or step in plan.level_steps(level.record.name):
+            if planned is None or step in planned[level.record.name]:
                 level.sent.append(step)
                 self.level_paid += level.record.interference
+
+    def _planned_steps(self) -> dict[str, frozenset[int]] | None:
+        """Each level's steps in the plan in effect (None: no plan), built once per plan."""
+        plan = getattr(self.policy, "plan", None)
+        if not isinstance(plan, Plan):
+            return None
+        if self._planned[0] is not plan:
+            self._planned = (plan, {level.record.name: frozenset(plan.level_steps(level.record.name)) for level in self.levels})
+        return self._planned[1]
 
     def _wall_clock(self, step: int, per_checkpoint: float) -> ElapsedClock:
         """Failure-free wall time at ``step``: steps, ``per_checkpoint`` seconds per checkpoint taken,

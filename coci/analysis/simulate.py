@@ -96,7 +96,8 @@ far; the warm-up checkpoints' stall budget is measured against ``s t + k S + pla
 replay observes at most once per step, where the session may observe again right after a commit's
 observation that left the policy without a plan (the same inputs, so the same outcome). With levels
 above the local one the replay sends each checkpoint where the plan in effect sends it and each
-observation carries every level's newest committed step (``coci.analysis.online_replay``); the
+observation carries every level's copy history (``LevelCosts.taken_steps``; ``last_step`` the
+newest sent, committed or in flight: ``coci.analysis.online_replay``); the
 trials then play those copies (``SimulationResult.promote_steps``, ``peer_steps``, ``higher_steps``).
 
 Approximation: the schedule is derived once, along the failure-free progression, and every

@@ -46,8 +46,8 @@ class Observation:
 def committed_levels(newest: Iterable[tuple[str, int | None]]) -> tuple[LevelCosts, ...]:
     """An ``Observation``'s ``levels`` from each storage level's name (``"local"``, ``"peer"``,
     ``"remote"``, an added level's ``"level4"``: ``coci.checkpoint.storage_level.StorageLevel.name``)
-    and newest committed step."""
-    return tuple(LevelCosts(level=level_named(name), last_step=step) for name, step in newest if name != "local")
+    and newest committed step, without a copy history (``sent_levels`` with nothing sent)."""
+    return sent_levels(((name, step, ()) for name, step in newest), whole_run=False)
 
 
 def sent_levels(levels: Iterable[tuple[str, int | None, Collection[int]]], *, whole_run: bool) -> tuple[LevelCosts, ...]:

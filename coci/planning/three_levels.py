@@ -128,10 +128,6 @@ class LevelChainModel:
         object.__setattr__(self, "chains", tuple(chains))
         object.__setattr__(self, "names", given)
 
-    def position(self, name: str) -> int | None:
-        """The position of the level named ``name`` in the chain (None: not in it)."""
-        return self.names.index(name) if name in self.names else None
-
     @property
     def local(self) -> CostModel:
         return self.chains[0]
@@ -476,7 +472,7 @@ def three_level_model(
         group = _classes(unwarned, ranks, position) if position < len(ranks) else None
         chains.append(build(group, level.interference, level.transfer_seconds, level.restart_seconds(restart), last))
     names = ("local", *(record.name for record in uppers))
-    return LevelChainModel(*chains, names=None if names == CHAIN_NAMES[: len(names)] else names)
+    return LevelChainModel(*chains, names=names)
 
 
 def _classes(failures: Failures, ranks: tuple[int, ...], position: int) -> Failures | None:
