@@ -4,7 +4,8 @@
 trace, with no fitted law: the simulator scores plans with it, and ``empirical_curve`` gives the
 planner the same curve for a recorded trace, extended past the trace's end (when the run is longer)
 by whichever forecast predicted a held-back tail of the trace best: no further progress ("flat"),
-the trace's recent slope ("end slope") or the parametric fit ("parametric"). A law fitted to a
+the trace's recent slope ("end slope"), the parametric fit ("parametric") or, warm-started, an
+earlier run's shape ("prior"). A law fitted to a
 recent window is what the planner can use while a run is under way; once the whole curve is known
 its own shape is better evidence than any law (learning-rate decay makes the last stretch fall
 faster than every diminishing-returns family), so an offline plan weighs lost work by it.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from coci.errors import ConfigError
 from coci.planning.fit import CurveFit, bin_trace, fit_curve
 from coci.planning.objective import RateFunction
 
-__all__ = ["BLEND", "EXTENSIONS", "EmpiricalCurve", "curve_pair", "empirical_curve", "empirical_progress_rate", "forecast_curve", "smoothed_trace"]
+__all__ = ["BLEND", "EXTENSIONS", "PRIOR_EXTENSION", "EmpiricalCurve", "PriorShape", "curve_pair", "empirical_curve", "empirical_progress_rate", "forecast_curve", "smoothed_trace"]
 
 #: The simulator's "true" progress rate of a raw loss trace is the slope of an isotonic
 #: (non-increasing) fit to at most this many bins of the trace (half log-, half linearly spaced).
@@ -34,6 +35,22 @@ EXTENSIONS: tuple[str, ...] = ("flat", "end slope", "parametric")
 
 #: The extension of ``forecast_curve``: the extensions blended by their held-out forecast errors.
 BLEND: str = "blend"
+
+#: The warm start's extension of ``forecast_curve``: an earlier run's shape, scaled to this run's fall.
+PRIOR_EXTENSION: str = "prior"
+
+
+class PriorShape(Protocol):
+    """An earlier run's curve on this run's steps (``coci.planning.prior.WarmStart``): its loss, its
+    progress rate, and how many times as fast this run's loss fell as it over a trace's recent half."""
+
+    description: str
+
+    def loss(self, steps: Any) -> np.ndarray: ...
+
+    def prior_rate(self, steps: Any) -> np.ndarray: ...
+
+    def factor(self, steps: Any, losses: Any) -> float: ...
 
 
 def curve_pair(steps: Any, losses: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -135,6 +152,8 @@ class EmpiricalCurve:
     fit: CurveFit | None = None
     holdout_errors: dict[str, float] = field(default_factory=dict)
     blend: dict[str, float] = field(default_factory=dict)  # extension: weight, for extension "blend"
+    prior: PriorShape | None = None  # the "prior" extension's earlier run (a warm start)
+    prior_factor: float = 1.0  # this run's fall against the prior's over the trace's recent half
 
     @property
     def last_step(self) -> float:
@@ -147,6 +166,8 @@ class EmpiricalCurve:
         past = self.extension
         if self.extension == BLEND:
             past = "blend of " + ", ".join(f"{name} {weight:.2f}" for name, weight in self.blend.items())
+        if self.prior is not None:
+            past += f"; {self.prior.description}, its fall x{self.prior_factor:.3g}"
         return f"empirical ({self.centres.size} smoothed points, {span}; past the end: {past})"
 
     def loss(self, steps: Any) -> np.ndarray:
@@ -165,7 +186,7 @@ class EmpiricalCurve:
 
     @property
     def _extends(self) -> bool:
-        return self.extension in EXTENSIONS or self.extension == BLEND
+        return self.extension in EXTENSIONS or self.extension in (BLEND, PRIOR_EXTENSION)
 
     def _extended_loss(self, s: np.ndarray) -> np.ndarray:
         if not self._extends:  # the trace covers the run: its last segment continues
@@ -188,6 +209,9 @@ class EmpiricalCurve:
             raw = level - self.end_slope * beyond
         elif extension == "parametric" and self.fit is not None:
             raw = level + self.fit.loss(np.maximum(s, self.last_step)) - float(self.fit.loss(np.array([self.last_step]))[0])
+        elif extension == PRIOR_EXTENSION and self.prior is not None:
+            drop = float(self.prior.loss(np.array([self.last_step]))[0]) - self.prior.loss(np.maximum(s, self.last_step))
+            raw = level - self.prior_factor * drop
         else:
             raw = np.full_like(s, level)
         return np.maximum(raw, 0.0) if level > 0 else raw
@@ -198,6 +222,8 @@ class EmpiricalCurve:
             rate = np.full_like(s, self.end_slope)
         elif extension == "parametric" and self.fit is not None:
             rate = self.fit.progress_rate(s)
+        elif extension == PRIOR_EXTENSION and self.prior is not None:
+            rate = self.prior_factor * self.prior.prior_rate(s)
         else:
             return np.zeros_like(s)
         floor_reached = (self._loss_of(extension, s) <= 0.0) & (float(self.levels[-1]) > 0)
@@ -224,7 +250,7 @@ def empirical_curve(steps: Any, losses: Any, total_steps: int, fit: CurveFit | N
     return EmpiricalCurve(centres, levels, extension, end_slope, fit, errors)
 
 
-def forecast_curve(steps: Any, losses: Any, fit: CurveFit) -> EmpiricalCurve:
+def forecast_curve(steps: Any, losses: Any, fit: CurveFit, prior: PriorShape | None = None) -> EmpiricalCurve:
     """The online planner's curve of a run under way: the loss trace so far as it is, then the
     future as a blend of the extensions.
 
@@ -241,6 +267,13 @@ def forecast_curve(steps: Any, losses: Any, fit: CurveFit) -> EmpiricalCurve:
     past. Raises [``ConfigError``][coci.ConfigError] (field ``curve``) for a trace that does not fall: one the
     fitter finds flat, rising or too short (``fit``'s fallback), or that ``smoothed_trace`` refuses.
 
+    Warm-started (``prior``: an earlier run's shape on this run's steps), the earlier run is one more
+    extension, ``"prior"``: its fall from the trace's end on, scaled by how fast this run fell against
+    it over the trace's recent half, weighed by the same backtest (the scale taken from the held-in
+    head only). So an earlier run that forecasts this one better than the trace's own extensions
+    carries the future, and one that forecasts it worse (another recipe, another seed's late fall)
+    fades as the trace grows; without any usable backtest (a short trace) the prior continues it.
+
     Chosen over the alternatives measured on the project's curves and the GPT-2 runs (the
     recent-window law alone, the single best extension): see ``docs/evidence/plan-quality.md``.
     """
@@ -253,7 +286,11 @@ def forecast_curve(steps: Any, losses: Any, fit: CurveFit) -> EmpiricalCurve:
     errors["parametric"] = (
         float(fit.holdout_error) if fit.usable and fit.holdout_error is not None and math.isfinite(fit.holdout_error) else math.inf
     )
-    return EmpiricalCurve(centres, levels, BLEND, end_slope, fit, errors, _blend_weights(errors, fit.usable))
+    if prior is None:
+        return EmpiricalCurve(centres, levels, BLEND, end_slope, fit, errors, _blend_weights(errors, fit.usable))
+    errors[PRIOR_EXTENSION] = _prior_holdout_error(s, y, prior)
+    weights = _blend_weights(errors, fit.usable, fallback=PRIOR_EXTENSION)
+    return EmpiricalCurve(centres, levels, BLEND, end_slope, fit, errors, weights, prior, prior.factor(s, y))
 
 
 def _falls_without_law(fit: CurveFit) -> bool:
@@ -261,11 +298,14 @@ def _falls_without_law(fit: CurveFit) -> bool:
     return fit.n_points >= knobs.FIT_MIN_POINTS and (fit.fallback or "").startswith(("no family", "refitting"))
 
 
-def _blend_weights(errors: dict[str, float], parametric: bool) -> dict[str, float]:
+def _blend_weights(errors: dict[str, float], parametric: bool, fallback: str | None = None) -> dict[str, float]:
     """Weights proportional to ``1 / error**2`` over the extensions with a finite error (an exact
-    forecast takes all the weight); without any, the parametric law (else the end slope)."""
+    forecast takes all the weight); without any, ``fallback`` when given, else the parametric law
+    (else the end slope)."""
     finite = {name: max(error, 0.0) for name, error in errors.items() if math.isfinite(error)}
     if not finite:
+        if fallback is not None:
+            return {fallback: 1.0}
         return {"parametric": 1.0} if parametric else {"end slope": 1.0}
     exact = [name for name, error in finite.items() if error <= 1e-12]
     if exact:
@@ -288,6 +328,26 @@ def _simple_holdout_errors(s: np.ndarray, y: np.ndarray) -> dict[str, float]:
         error = np.abs(forecast - bins_y)
         errors[name] = float(np.mean(error)) if np.all(np.isfinite(error)) else math.inf
     return errors
+
+
+def _prior_holdout_error(s: np.ndarray, y: np.ndarray, prior: PriorShape) -> float:
+    """The prior extension's mean absolute error forecasting the held-back tail (as
+    ``_simple_holdout_errors``), scaled by the held-in head's fall against the prior; inf when the
+    split is too short or the head contradicts the prior (``ConfigError``)."""
+    split = _holdout_split(s, y)
+    if split is None:
+        return math.inf
+    centres, levels, bins_s, bins_y = split
+    finite = np.isfinite(s) & np.isfinite(y)
+    first, last = float(np.min(s[finite])), float(np.max(s[finite]))
+    head = finite & (s <= last - knobs.FIT_HOLDOUT_FRACTION * (last - first))  # _holdout_split's head
+    try:
+        factor = prior.factor(s[head], y[head])
+    except ConfigError:
+        return math.inf
+    curve = EmpiricalCurve(centres, levels, PRIOR_EXTENSION, 0.0, prior=prior, prior_factor=factor)
+    error = np.abs(curve.loss(bins_s) - bins_y)
+    return float(np.mean(error)) if np.all(np.isfinite(error)) else math.inf
 
 
 def _holdout_split(s: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:

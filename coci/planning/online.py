@@ -120,6 +120,7 @@ class PlanningPolicy:
         self._warm: WarmStart | None = None
         self._prior_notes: list[str] = []
         self._fitted: tuple[np.ndarray, np.ndarray, ProgressCurve] | None = None  # the last trace fitted and its curve
+        self._warm_fitted: tuple[np.ndarray, np.ndarray, ProgressCurve] | None = None  # the same, warm-started
 
     def use_prior(self, source: PriorLike) -> None:
         """Warm start: plan from step 0 with an earlier run's curve (see ``coci.planning.prior``;
@@ -342,9 +343,9 @@ class PlanningPolicy:
         than the extrapolation error cost."""
         needs = self.policy == "coci" or self._weights_progress
         warm = self._warm_rate(observation, fallbacks)
-        if warm is not None:
-            return warm
         points = int(np.count_nonzero(np.isfinite(np.asarray(observation.losses, dtype=float))))
+        if warm is not None:
+            return self._warm_forecast(observation, warm) if points >= knobs.FIT_MIN_POINTS else warm
         if not needs or points == 0:
             return None
         if self._weights_progress and points < knobs.FIT_MIN_POINTS:
@@ -377,6 +378,23 @@ class PlanningPolicy:
         self._fitted = (steps.copy(), losses.copy(), curve)
         return curve
 
+    def _warm_forecast(self, observation: Observation, warm: CorrectedRate) -> ProgressCurve:
+        """Warm-started, a trace long enough to fit: the trace, then its forecast with the prior as one
+        more extension (``forecast_curve(..., prior=)``, weighed by the same backtest as the trace's own
+        extensions); the corrected prior alone when the trace does not fall (nothing to forecast from)."""
+        steps = np.asarray(observation.loss_steps, dtype=float)
+        losses = np.asarray(observation.losses, dtype=float)
+        last = self._warm_fitted  # reused while the trace is unchanged, as ``_fit_of``
+        if last is not None and np.array_equal(last[0], steps) and np.array_equal(last[1], losses):
+            return last[2]
+        curve: ProgressCurve
+        try:
+            curve = forecast_curve(steps, losses, fit_curve(steps, losses), prior=warm.warm)
+        except ConfigError:
+            curve = warm
+        self._warm_fitted = (steps.copy(), losses.copy(), curve)
+        return curve
+
     def _warm_rate(self, observation: Observation, fallbacks: list[str]) -> CorrectedRate | None:
         """The warm start's progress rate, corrected by this run's losses so far (None: no prior)."""
         if self._prior is None:
@@ -403,7 +421,7 @@ class PlanningPolicy:
         if isinstance(curve, CorrectedRate):
             return "warm start"
         if isinstance(curve, EmpiricalCurve):
-            return "trace and forecast"
+            return "trace and forecast" if curve.prior is None else "trace and forecast, warm start"
         return curve.family if isinstance(curve, CurveFit) else "prior"
 
     @staticmethod

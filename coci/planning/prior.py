@@ -6,7 +6,10 @@ run's curve (a run directory written by [``coci.Session``][coci.Session], a curv
 earlier run's step ``s`` of ``N0`` becomes ``s N / N0``) and turns it into the progress rate the
 planner uses from step 0. As this run's own losses arrive the rate is corrected: up to the newest
 loss it is this run's own smoothed curve; after it the prior's shape, scaled by how fast this run's
-loss fell against the prior over the recent half of the trace (``WarmStart.rate``). A prior that
+loss fell against the prior over the recent half of the trace (``WarmStart.rate``); once the
+trace is long enough to backtest, the online forecast weighs that scaled shape against the trace's
+own extensions by their errors on its held-back tail (``coci.planning.empirical.forecast_curve``).
+A prior that
 cannot be read or used is refused with a [``coci.ConfigError``][coci.ConfigError] naming ``prior`` (the policy
 then plans cold and records why); one whose shape this run's losses contradict (they fell more than
 ``_PRIOR_MISMATCH_FACTOR`` times faster or slower) is dropped the same way.
@@ -150,6 +153,11 @@ class WarmStart:
         slopes = -np.diff(self.levels) / np.diff(self.centres)
         index = np.clip(np.searchsorted(self.centres, s, side="right") - 1, 0, slopes.size - 1)
         return np.where(s > self.centres[-1], 0.0, slopes[index])
+
+    def factor(self, loss_steps: Any, losses: Any) -> float:
+        """How many times as fast this run's loss fell as the prior's over the recent half of its
+        trace (1 while too short to judge; as ``rate``, which raises for a contradiction)."""
+        return self.rate(loss_steps, losses).factor
 
     def rate(self, loss_steps: Any, losses: Any) -> CorrectedRate:
         """The progress rate given this run's losses so far (see the module docstring). Raises

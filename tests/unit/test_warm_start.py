@@ -13,7 +13,8 @@ import torch
 import coci
 from coci.analysis.simulate import online_schedule, simulate
 from coci.cli import main
-from coci.planning.empirical import empirical_curve
+from coci.planning.empirical import EmpiricalCurve, empirical_curve, forecast_curve
+from coci.planning.fit import fit_curve
 from coci.planning.failures import Failures
 from coci.planning.objective import build_cost_model, expected_failures
 from coci.planning.online import make_policy
@@ -186,3 +187,56 @@ def test_a_prior_this_runs_losses_contradict_is_dropped() -> None:
     steps, _ = online_schedule(policy, offline.inputs, (own[:3000], flat[:3000]), plan_seconds=0.0)
     assert policy.plan is not None
     assert any("prior: this run's loss fell" in f and "cold start" in f for f in policy.plan.fallbacks)
+
+
+def late_drop(steps: int, drop_at: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A slow power-law decay with a steep learning-rate drop between ``drop_at`` and ``drop_at + 0.1``
+    of the run (no diminishing-returns law forecasts it from before)."""
+    s = np.arange(1, steps + 1, dtype=float)
+    f = s / steps
+    loss = 3.0 + 2.0 * (1 + 20 * f) ** -0.5 - 0.8 * np.clip((f - drop_at) / 0.1, 0, 1)
+    return s, loss + np.random.default_rng(seed).normal(0, 0.005, steps)
+
+
+def remaining_fall(curve_: object, now: float, end: float) -> float:
+    """The fall a progress curve forecasts from ``now`` to ``end`` (its rate integrated)."""
+    grid = np.linspace(now, end, 2001)
+    rate = np.asarray(curve_(grid), dtype=float)  # type: ignore[operator]
+    return float(np.sum(0.5 * (rate[1:] + rate[:-1]) * np.diff(grid)))
+
+
+def test_an_earlier_run_that_forecasts_the_trace_carries_the_future_it_foresaw() -> None:
+    """Warm-started, the earlier run is one more extension weighed by the backtest: an earlier run
+    of the same recipe (another seed, another length) that saw the learning-rate drop at 60% alone
+    forecasts this run's remaining fall from 50% within 5%; the trace's own extensions see none of
+    the drop coming (under half of it), so the blend with the prior forecasts more of it than the
+    cold blend does. The backtest (the last 20% of the trace, before the drop) cannot tell a smooth
+    law from the prior there, so the prior carries a share of the future, not all of it."""
+    total = 4000
+    prior = WarmStart(load_prior(late_drop(2000, 0.6, seed=1)), total)
+    steps, losses = late_drop(total, 0.6, seed=0)
+    now = total // 2
+    head_s, head_y = steps[:now], losses[:now]
+    truth = float(np.median(losses[now - 20 : now]) - np.median(losses[-20:]))
+    fit = fit_curve(head_s, head_y)
+    cold = forecast_curve(head_s, head_y, fit)
+    warm = forecast_curve(head_s, head_y, fit, prior=prior)
+    alone = EmpiricalCurve(warm.centres, warm.levels, "prior", warm.end_slope, prior=prior, prior_factor=warm.prior_factor)
+    assert abs(remaining_fall(alone, now, total) - truth) < 0.05 * truth
+    assert remaining_fall(cold, now, total) < 0.5 * truth, cold.description
+    assert remaining_fall(warm, now, total) > remaining_fall(cold, now, total) + 0.15 * truth, warm.description
+    assert warm.blend["prior"] > 0.15 and "rescaled x2" in warm.description
+
+
+def test_an_earlier_run_the_trace_contradicts_fades_from_the_forecast() -> None:
+    """An earlier run whose drop came at 20% of its run, while this run's comes at 60%: from 50% on,
+    the backtest over this run's held-back tail (35-50%: no drop) finds the prior's drop at 20-30%
+    wrong, so the prior gets the least weight of the extensions that forecast anything."""
+    total = 4000
+    prior_curve = load_prior(late_drop(2000, 0.2, seed=1))
+    steps, losses = late_drop(total, 0.6, seed=0)
+    now = total // 2
+    head_s, head_y = steps[:now], losses[:now]
+    warm = forecast_curve(head_s, head_y, fit_curve(head_s, head_y), prior=WarmStart(prior_curve, total))
+    assert warm.holdout_errors["prior"] > min(error for name, error in warm.holdout_errors.items() if name != "prior")
+    assert warm.blend.get("prior", 0.0) < 0.1, warm.description
