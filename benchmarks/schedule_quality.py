@@ -58,6 +58,7 @@ from coci.planning.fit import fit_curve
 from coci.planning.objective import ExpectedFailures, build_cost_model
 from coci.planning.online import make_policy
 from coci.planning.planner import plan
+from coci.planning.prior import PriorCurve, load_prior
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("COCI_EXTERNAL_DATA", ROOT.parent / "shared" / "external-data")) / "modded-nanogpt"
@@ -480,11 +481,14 @@ def baseline_plans(inputs: dict, trace: tuple[np.ndarray, np.ndarray]) -> dict:
     return plans
 
 
-def quality3_online_steps(curve: Curve, job: JobShape, inputs: dict, offline, plan_seconds: float) -> tuple[list[int], int]:
+def quality3_online_steps(curve: Curve, job: JobShape, inputs: dict, offline, plan_seconds: float,
+                          prior: PriorCurve | None = None) -> tuple[list[int], int]:
     """The online plan's schedule: ``auto`` replayed step by step as the session drives it, seeing
-    only the loss prefix (``online_schedule``); ``(steps, observations)``. Kept apart so the online
-    estimate can change without touching the offline comparison."""
-    policy = make_policy("auto", failures=inputs["failures"], total_steps=job.total_steps, restart_seconds=job.restart_seconds)
+    only the loss prefix (``online_schedule``), warm-started from ``prior`` when given (as
+    ``Session(prior=...)``); ``(steps, observations)``. Kept apart so the online estimate can change
+    without touching the offline comparison."""
+    policy = make_policy("auto", failures=inputs["failures"], total_steps=job.total_steps, restart_seconds=job.restart_seconds,
+                         prior=prior)
     steps, observations = online_schedule(policy, offline.inputs, on_job(curve, job.total_steps), plan_seconds=plan_seconds)
     return [int(x) for x in steps], observations
 
@@ -503,9 +507,44 @@ def kept_share(online: np.ndarray, offline: np.ndarray, young: np.ndarray) -> tu
     return kept, kept - half, kept + half
 
 
+def earlier_run(curve: Curve) -> PriorCurve | None:
+    """The warm start's earlier run of the same recipe, as a user would pass it to ``prior=``: for a
+    reference workload its run with another seed (``models/curves/seeds``); for a GPT-2 validation
+    curve the longest validation curve of the record directory before its own (the speed-run
+    recipe it improved on); None for the rest (the synthetic curve, the dense training runs)."""
+    if curve.group == "reference":
+        path = prior_file(curve)
+        return load_prior(path) if path.is_file() else None
+    if curve.group != "gpt2-val":
+        return None
+    index = pd.read_csv(DATA / "mng_val_curves_index.csv")
+    own = index[index["curve_id"] == int(curve.name.split()[2])].iloc[0]
+    records = sorted(index["record_dir"].unique())
+    position = records.index(own["record_dir"])
+    if position == 0:
+        return None
+    earlier = index[index["record_dir"] == records[position - 1]].sort_values("n_points").iloc[-1]
+    points = pd.read_csv(DATA / "mng_val_curves_points.csv")
+    run = points[points["curve_id"] == earlier["curve_id"]].sort_values("step")
+    return load_prior((run["step"].to_numpy(float), run["val_loss"].to_numpy(float)), total_steps=float(earlier["total_steps"]))
+
+
+def earlier_offline_plan(prior: PriorCurve, job: JobShape, inputs: dict):
+    """``auto`` planned offline on the earlier run's whole curve (mapped onto this job by fraction of
+    the run): what a warm start could know at best, scored like every plan on this run's own curve.
+    Where this run's curve differs from the earlier one's (another seed's noise, a changed recipe),
+    even this plan keeps less than the offline plan that knows this run's curve in hindsight."""
+    first = float(prior.steps.min())  # mapped as every curve is (``mapped``, ``on_job``): first point at step 1
+    steps = 1.0 + (prior.steps - first) * ((job.total_steps - 1) / (prior.total_steps - first))
+    stride = max(1, steps.size // 2000)
+    return plan("auto", curve=(steps[::stride], prior.losses[::stride]), **inputs)
+
+
 def quality3_cell(task: tuple[Curve, str, int, float, bool, float]) -> list[dict]:
     """One (curve, job) cell: every plan simulated with the same failure draws, the true progress
-    weight the curve's own slope; rows of means, paired changes against Young and against auto."""
+    weight the curve's own slope; rows of means, paired changes against Young and against auto.
+    With ``online``, ``auto online`` (cold) and, where the curve has an earlier run
+    (``earlier_run``), ``auto warm`` (online, warm-started from it)."""
     curve, job_name, trials, slowdown, online, plan_seconds = task
     logging.basicConfig(level=logging.ERROR)
     job = JOB_SHAPES[job_name]
@@ -517,6 +556,11 @@ def quality3_cell(task: tuple[Curve, str, int, float, bool, float]) -> list[dict
     if online:
         steps, observations = quality3_online_steps(curve, job, inputs, plans["auto"], plan_seconds)
         plans["auto online"] = plans["auto"].model_copy(update={"steps": steps})
+        prior = earlier_run(curve)
+        if prior is not None:
+            warm, _ = quality3_online_steps(curve, job, inputs, plans["auto"], plan_seconds, prior)
+            plans["auto warm"] = plans["auto"].model_copy(update={"steps": warm})
+            plans["auto earlier offline"] = earlier_offline_plan(prior, job, inputs)
     results = {name: simulate(p, trials=trials, seed=0, curve=truth) for name, p in plans.items()}
     rows = []
     for name, result in results.items():
@@ -526,13 +570,13 @@ def quality3_cell(task: tuple[Curve, str, int, float, bool, float]) -> list[dict
                    progress_hours_lost=(result.mean("restart_seconds") + result.mean("lost_progress_seconds")) / 3600.0,
                    expected_wall_seconds=plans[name].expected.get("wall_seconds", math.nan),
                    observations=observations if name == "auto online" else 0)
-        for against in (a for a in ("young", "auto", "auto online") if a in results):
+        for against in (a for a in ("young", "auto", "auto online", "auto warm") if a in results):
             key = against.replace(" ", "_")
             for metric in ("wall", "progress"):
                 paired = ratio_change(result.values(f"{metric}_seconds"), results[against].values(f"{metric}_seconds"))
                 row[f"{metric}_vs_{key}"], row[f"{metric}_vs_{key}_low"], row[f"{metric}_vs_{key}_high"] = (
                     paired.mean, paired.ci_low, paired.ci_high)
-        if name == "auto online":
+        if name in ("auto online", "auto warm", "auto earlier offline"):
             row["kept"], row["kept_low"], row["kept_high"] = kept_share(
                 result.values("progress_seconds"), results["auto"].values("progress_seconds"), results["young"].values("progress_seconds"))
         if name == "auto":
@@ -630,6 +674,29 @@ def quality3_online_report(frame: pd.DataFrame) -> None:
           f"(significantly in {int((check['significant'] != '-').sum())})"
           + "".join(f"\n    {r.curve}, {r.job}: {r.dominated_by} (significant: {r.significant})"
                     for r in check.itertuples() if r.dominated_by != "-"))
+    quality3_warm_report(frame, online)
+
+
+def quality3_warm_report(frame: pd.DataFrame, online: pd.DataFrame) -> None:
+    """The online plan warm-started from the curve's earlier run (``earlier_run``) beside the cold one."""
+    warm = frame[frame["policy"] == "auto warm"].set_index(["job", "curve"])
+    if warm.empty:
+        return
+    earlier = frame[frame["policy"] == "auto earlier offline"].set_index(["job", "curve"])
+    table = pd.DataFrame({
+        "cold_kept": online["kept"].reindex(warm.index), "warm_kept": warm["kept"],
+        "earlier_offline_kept": earlier["kept"].reindex(warm.index),
+        "warm_kept_ci": [f"[{lo:.2f}, {hi:.2f}]" for lo, hi in zip(warm["kept_low"], warm["kept_high"])],
+        "warm_wall_vs_young": warm["wall_vs_young"], "warm_vs_cold_progress": warm["progress_vs_auto_online"],
+    })
+    print("\nOnline, warm-started from an earlier run of the same recipe (prior=) against cold (kept share of the offline "
+          "cut); earlier_offline: auto planned offline on the earlier run's whole curve (what a prior could know at best):")
+    print(table.round(3).to_string())
+    print(f"  warm kept: min {table['warm_kept'].min():.2f}; >= 0.90 in {int((table['warm_kept'] >= 0.90).sum())} of "
+          f"{len(table)} cells; warm wall vs Young max {table['warm_wall_vs_young'].max():+.1%}")
+    check = dominated_by(frame, "auto warm")
+    print(f"  warm auto dominated in {int((check['dominated_by'] != '-').sum())} of {len(check)} cells "
+          f"(significantly in {int((check['significant'] != '-').sum())})")
 
 
 def speed() -> None:
