@@ -33,6 +33,11 @@ re-planning at every commit, take about 13 min of it) or with
 and BERT-large). ``--csv PATH`` writes the per-cell table. ``--quality`` (schedule quality II: offline,
 online, warm start, the ceiling) takes ``--only``, ``--no-replay``, ``--no-ceiling`` and
 ``--report-csv PATHS`` (the report of tables written by ``--csv``, merged).
+
+``--baselines`` (schedule quality III: the two job shapes, every baseline a user would pick, the
+domination check) with ``--online`` adds ``auto online`` (cold) and, for a curve with an earlier
+run (``earlier_run``), ``auto warm`` (online with ``prior=`` that run) and ``auto earlier offline``
+(planned on that run's whole curve), each with its kept share of the offline cut.
 """
 
 from __future__ import annotations
