@@ -79,7 +79,11 @@ class OwnTime:
     """A session's booking of its own time on the training thread: the ``ledger`` by kind, the
     stall of the checkpoint in flight (its copy, then the fence waits, then on a GPU the compute
     stream's wait), and the restart cost at the first step after a restore. The profiler gets the
-    stalls and the busy intervals; ``events`` the ``stall`` and ``restart`` events."""
+    stalls and the busy intervals; ``events`` the ``stall`` and ``restart`` events.
+
+    Every booked second lies inside one coci call on the training thread, booked once: a call's
+    remainder (per-step work in ``step()``, the final wait in ``close()``) is its wall time less
+    the planning and the checkpoint's stall booked apart inside it (``_remainder``)."""
 
     def __init__(self, profiler: Profiler, events: EventLog, clock: Callable[[], float]) -> None:
         self.ledger = OverheadLedger()
@@ -112,15 +116,24 @@ class OwnTime:
         self._stalling = pending
         self.stall_seconds = self._clock() - began - (self.ledger.planning - planning_before)
 
+    def _remainder(self, entered: float, ended: float, planning_before: float, stalled: float) -> float:
+        """The seconds of a call (``entered`` to ``ended``) not booked apart inside it: less the
+        planning booked since ``planning_before`` and the ``stalled`` seconds of the checkpoint it
+        started (``checkpoint()``'s own time, less the planning inside it)."""
+        return max(ended - entered - (self.ledger.planning - planning_before) - stalled, 0.0)
+
     def account_step_work(self, entered: float, resumed: float, planning_before: float, checkpointed: bool) -> None:
         """Book this ``step()`` call's own time, minus its checkpoint and planning (booked apart), as
         per-step work; the profiler takes the whole call off the step interval it fell in."""
         ended = self._clock()
         self._profiler.record_busy(resumed, ended)
-        own = ended - entered - (self.ledger.planning - planning_before)
-        if checkpointed:
-            own -= self.stall_seconds  # still just checkpoint()'s own time here; fence waits come later
-        self.ledger.step_work += max(own, 0.0)
+        stalled = self.stall_seconds if checkpointed else 0.0  # still just checkpoint()'s own time; fence waits come later
+        self.ledger.step_work += self._remainder(entered, ended, planning_before, stalled)
+
+    def account_close_wait(self, entered: float, planning_before: float, stalled: float) -> None:
+        """Book this ``close()`` call's own time, minus the ``stalled`` seconds of its final
+        checkpoint and the planning inside it (an observation after the last commit), as the final wait."""
+        self.ledger.close_wait += self._remainder(entered, self._clock(), planning_before, stalled)
 
     def record_pending_stall(self, *, block: bool = False) -> None:
         """The stall of the checkpoint started at the previous step (its copy and the fence waits

@@ -464,11 +464,13 @@ class Session:
     def _close(self) -> None:
         if self._closed:
             return
-        waited_from = self._clock()  # the last persist and the run files (a final checkpoint: a stall)
+        entered = self._clock()  # the last persist and the run files (a final checkpoint: a stall)
+        planning_before = self._time.ledger.planning  # an observation after the last commit: booked apart
         final = self._final_wanted()
+        stalled = 0.0  # a final checkpoint's own time (its stall), before its record adds a GPU's device wait
         if final and self._steps not in self._checkpoint_steps:  # save_last, and no checkpoint of the final step yet
             self.checkpoint(reason="close")
-            waited_from += self._time.stall_seconds
+            stalled = self._time.stall_seconds
         if final:  # copied and promoted whatever the plan says, once committed
             self._promote_always(self._steps)
         self._time.record_pending_stall(block=True)  # the last checkpoint's stall has no next step to record it
@@ -499,7 +501,7 @@ class Session:
             loss_steps, losses = self._profiler.loss_curve()
             self._run_files.write("loss_curve.json", json.dumps({"steps": loss_steps.tolist(), "losses": losses.tolist()}), self._steps)
         self._run_files.write_plan(self.plan, self._steps)
-        self._time.ledger.close_wait += self._clock() - waited_from
+        self._time.account_close_wait(entered, planning_before, stalled)
         self.events.emit(
             "close", step=self._steps, checkpoints=len(self._checkpoint_steps), pid=os.getpid(), **self._time.ledger.as_event()
         )

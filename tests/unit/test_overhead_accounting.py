@@ -62,6 +62,49 @@ def test_reported_overhead_matches_the_time_spent_in_coci_calls(tmp_path: Path) 
     assert outside < time.perf_counter() - began
 
 
+class ClockPlanner:
+    """A policy that checkpoints every 4th step and whose every observation takes one second of an
+    injected clock, which nothing else inside coci moves; it notes whether the session was closing."""
+
+    def __init__(self, now: list[float]) -> None:
+        self.now = now
+        self.closing = False
+        self.observed_while_closing = 0
+
+    def should_checkpoint(self, step: int) -> bool:
+        return step % 4 == 0
+
+    def observe(self, observation: object) -> None:
+        self.now[0] += 1.0
+        self.observed_while_closing += self.closing
+
+
+@pytest.mark.parametrize("steps", [80, 78])  # 78: close() takes the final checkpoint, which polls the previous commit
+def test_every_booked_second_lies_inside_one_coci_call_booked_once(tmp_path: Path, steps: int) -> None:
+    """On an injected clock that only the policy's observations and the training loop move, the
+    seconds booked on the training thread equal, exactly, the clock's advance inside coci's calls:
+    a planning second inside ``close()`` (an observation after the last commit) is booked once."""
+    now = [0.0]
+    policy = ClockPlanner(now)
+    with coci.knobs.override(PLANNING_TIME_FRACTION=1e9):  # observe after every commit, the last one too
+        session = coci.Session(tmp_path, {"w": torch.zeros(64)}, policy=policy, clock=lambda: now[0], save_last=True)
+        inside = 0.0
+        for step in range(steps):
+            now[0] += 0.5  # the training step, outside coci's calls: never booked
+            called = now[0]
+            session.step(float(step))
+            inside += now[0] - called
+        policy.closing = True
+        called = now[0]
+        session.close()
+        inside += now[0] - called
+    observed = read_run(tmp_path).observed
+    assert policy.observed_while_closing >= 1 and observed.planning_seconds == pytest.approx(inside)
+    # Session() is timed on time.perf_counter (the clock option is read with the other options): left out
+    on_clock = observed.stall_seconds + observed.step_work_seconds + observed.planning_seconds + observed.close_wait_seconds
+    assert on_clock == pytest.approx(inside, abs=1e-5)
+
+
 class BurningPlanner(PlanningPolicy):
     """coci's auto policy that first burns ``BURN_SECONDS`` of its thread's CPU at every observation."""
 
