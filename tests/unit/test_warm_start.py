@@ -14,8 +14,8 @@ import coci
 from coci.analysis.simulate import online_schedule, simulate
 from coci.cli import main
 from coci.planning.empirical import EmpiricalCurve, empirical_curve, forecast_curve
-from coci.planning.fit import fit_curve
 from coci.planning.failures import Failures
+from coci.planning.fit import fit_curve
 from coci.planning.objective import build_cost_model, expected_failures
 from coci.planning.online import make_policy
 from coci.planning.planner import plan
