@@ -37,7 +37,8 @@ online, warm start, the ceiling) takes ``--only``, ``--no-replay``, ``--no-ceili
 ``--baselines`` (schedule quality III: the two job shapes, every baseline a user would pick, the
 domination check) with ``--online`` adds ``auto online`` (cold) and, for a curve with an earlier
 run (``earlier_run``), ``auto warm`` (online with ``prior=`` that run) and ``auto earlier offline``
-(planned on that run's whole curve), each with its kept share of the offline cut.
+(planned on that run's whole curve), and ``auto offline N bins`` (the same whole curve smoothed
+into 100 or 400 bins instead of the truth's 200), each with its kept share of the offline cut.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from tqdm import tqdm
 
 from coci.analysis.report.small_cut import small_cut_reason
 from coci.analysis.simulate import empirical_progress_rate, online_schedule, ratio_change, simulate
+from coci.planning.empirical import smoothed_trace
 from coci.planning.failures import Failures
 from coci.planning.fit import fit_curve
 from coci.planning.objective import ExpectedFailures, build_cost_model
@@ -534,6 +536,19 @@ def earlier_run(curve: Curve) -> PriorCurve | None:
     return load_prior((run["step"].to_numpy(float), run["val_loss"].to_numpy(float)), total_steps=float(earlier["total_steps"]))
 
 
+#: ``--online``: the offline plan re-made from the same whole curve smoothed into these many bins
+#: (the truth that scores every plan uses ``coci.planning.empirical._SIMULATE_TRUTH_POINTS``, 200).
+RESMOOTHED_BINS: tuple[int, ...] = (100, 400)
+
+
+def resmoothed_plan(trace: tuple[np.ndarray, np.ndarray], bins: int, inputs: dict):
+    """``auto`` planned offline on this run's whole curve smoothed into ``bins`` bins instead of the
+    truth's 200: how much of the offline cut is the plan sharing its smoothing with the truth that
+    scores it (a cut no plan from any other reading of the same curve keeps, online or offline)."""
+    centres, levels = smoothed_trace(*trace, max_points=bins)
+    return plan("auto", curve=(centres, levels), **inputs)
+
+
 def earlier_offline_plan(prior: PriorCurve, job: JobShape, inputs: dict):
     """``auto`` planned offline on the earlier run's whole curve (mapped onto this job by fraction of
     the run): what a warm start could know at best, scored like every plan on this run's own curve.
@@ -561,6 +576,8 @@ def quality3_cell(task: tuple[Curve, str, int, float, bool, float]) -> list[dict
     if online:
         steps, observations = quality3_online_steps(curve, job, inputs, plans["auto"], plan_seconds)
         plans["auto online"] = plans["auto"].model_copy(update={"steps": steps})
+        for bins in RESMOOTHED_BINS:
+            plans[f"auto offline {bins} bins"] = resmoothed_plan(trace, bins, inputs)
         prior = earlier_run(curve)
         if prior is not None:
             warm, _ = quality3_online_steps(curve, job, inputs, plans["auto"], plan_seconds, prior)
@@ -581,7 +598,7 @@ def quality3_cell(task: tuple[Curve, str, int, float, bool, float]) -> list[dict
                 paired = ratio_change(result.values(f"{metric}_seconds"), results[against].values(f"{metric}_seconds"))
                 row[f"{metric}_vs_{key}"], row[f"{metric}_vs_{key}_low"], row[f"{metric}_vs_{key}_high"] = (
                     paired.mean, paired.ci_low, paired.ci_high)
-        if name in ("auto online", "auto warm", "auto earlier offline"):
+        if name in ("auto online", "auto warm", "auto earlier offline") or name.endswith(" bins"):
             row["kept"], row["kept_low"], row["kept_high"] = kept_share(
                 result.values("progress_seconds"), results["auto"].values("progress_seconds"), results["young"].values("progress_seconds"))
         if name == "auto":
@@ -680,6 +697,22 @@ def quality3_online_report(frame: pd.DataFrame) -> None:
           + "".join(f"\n    {r.curve}, {r.job}: {r.dominated_by} (significant: {r.significant})"
                     for r in check.itertuples() if r.dominated_by != "-"))
     quality3_warm_report(frame, online)
+    quality3_resmoothed_report(frame, table)
+
+
+def quality3_resmoothed_report(frame: pd.DataFrame, online: pd.DataFrame) -> None:
+    """The offline cut's fragility: the offline plan re-made from the same curve, smoothed otherwise."""
+    names = [f"auto offline {bins} bins" for bins in RESMOOTHED_BINS]
+    parts = {name: frame[frame["policy"] == name].set_index(["job", "curve"])["kept"] for name in names}
+    if any(part.empty for part in parts.values()):
+        return
+    table = pd.DataFrame({"online_kept": online["kept"], **{name.removeprefix("auto offline "): part for name, part in parts.items()}})
+    print("\nThe offline plan from the same whole curve smoothed into other bin counts than the truth's 200 "
+          "(kept share of the offline cut): below 0.90, part of the offline cut is its smoothing's, kept by no other plan:")
+    print(table.round(3).to_string())
+    least = table.drop(columns="online_kept").min(axis=1)
+    print(f"  resmoothed offline kept < 0.90 in {int((least < 0.90).sum())} of {len(table)} cells: "
+          + ", ".join(f"{curve} ({job}) {value:.2f}" for (job, curve), value in least[least < 0.90].items()))
 
 
 def quality3_warm_report(frame: pd.DataFrame, online: pd.DataFrame) -> None:
