@@ -338,9 +338,7 @@ def _prior_holdout_error(s: np.ndarray, y: np.ndarray, prior: PriorShape) -> flo
     if split is None:
         return math.inf
     centres, levels, bins_s, bins_y = split
-    finite = np.isfinite(s) & np.isfinite(y)
-    first, last = float(np.min(s[finite])), float(np.max(s[finite]))
-    head = finite & (s <= last - knobs.FIT_HOLDOUT_FRACTION * (last - first))  # _holdout_split's head
+    head = _held_in(s, y)
     try:
         factor = prior.factor(s[head], y[head])
     except ConfigError:
@@ -350,6 +348,14 @@ def _prior_holdout_error(s: np.ndarray, y: np.ndarray, prior: PriorShape) -> flo
     return float(np.mean(error)) if np.all(np.isfinite(error)) else math.inf
 
 
+def _held_in(s: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The finite points before the held-back tail (the last ``knobs.FIT_HOLDOUT_FRACTION`` of the
+    trace's span): what a backtest forecasts from."""
+    finite = np.isfinite(s) & np.isfinite(y)
+    first, last = float(np.min(s[finite])), float(np.max(s[finite]))
+    return finite & (s <= last - knobs.FIT_HOLDOUT_FRACTION * (last - first))
+
+
 def _holdout_split(s: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """The smoothed head of a trace and the binned held-back tail (its last
     ``knobs.FIT_HOLDOUT_FRACTION``); None when either is too short or the head does not fall."""
@@ -357,8 +363,7 @@ def _holdout_split(s: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray
     s, y = s[finite], y[finite]
     order = np.argsort(s, kind="stable")
     s, y = s[order], y[order]
-    cut = s[-1] - knobs.FIT_HOLDOUT_FRACTION * (s[-1] - s[0])
-    head = s <= cut
+    head = _held_in(s, y)
     bins_s, bins_y = bin_trace(s[~head], y[~head], knobs.FIT_MAX_POINTS)
     if np.count_nonzero(head) < knobs.FIT_MIN_POINTS or bins_s.size < knobs.FIT_MIN_HOLDOUT_POINTS:
         return None
@@ -383,8 +388,7 @@ def _holdout_errors(s: np.ndarray, y: np.ndarray) -> dict[str, float]:
     s, y = s[finite], y[finite]
     order = np.argsort(s, kind="stable")
     s, y = s[order], y[order]
-    cut = s[-1] - knobs.FIT_HOLDOUT_FRACTION * (s[-1] - s[0])
-    head = s <= cut
+    head = _held_in(s, y)
     bins_s, bins_y = bin_trace(s[~head], y[~head], knobs.FIT_MAX_POINTS)
     errors = dict.fromkeys(EXTENSIONS, math.inf)
     if np.count_nonzero(head) < knobs.FIT_MIN_POINTS or bins_s.size < knobs.FIT_MIN_HOLDOUT_POINTS:
