@@ -547,13 +547,14 @@ def _tensor_only_planner() -> Any:
     return TensorOnlyLoadPlanner()
 
 
-def _safe_reader(path: Path, manifest: DcpManifest, checked: Any = None, verify_reads: bool = True) -> Any:
+def _safe_reader(path: Path, manifest: DcpManifest, checked: Any = None, verify_reads: bool = True, reads: dcp_reads.OnePassReads | None = None) -> Any:
     """DCP's FileSystemReader, reading ``.metadata`` through ``read_dcp_metadata``: nothing a
     checkpoint holds may run code when loaded (DCP itself would call ``pickle.load`` on it; it
     loads the tensors with ``weights_only=True``) or make DCP read outside the checkpoint.
     ``checked``: the metadata ``read_dcp_metadata`` returned already (a reader of several batches reads it once).
     ``verify_reads``: the data files are read once and checksummed on the bytes loaded
-    (``coci.checkpoint.dcp_reads``); False: DCP's own reads (the caller verified the files itself)."""
+    (``coci.checkpoint.dcp_reads``); False: DCP's own reads (the caller verified the files itself).
+    ``reads``: the files stay open across loads, read on where the last load stopped (its ``finish`` checks them)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
     from torch.futures import Future
@@ -570,9 +571,12 @@ def _safe_reader(path: Path, manifest: DcpManifest, checked: Any = None, verify_
             return metadata
 
         def read_data(self, plan: Any, planner: Any) -> Any:
-            if not verify_reads:
+            if reads is not None:
+                reads.read(self.storage_data, self.chunk_bytes, plan, planner)
+            elif not verify_reads:
                 return super().read_data(plan, planner)
-            dcp_reads.read_verified_items(Path(self.path), files, self.storage_data, self.chunk_bytes, plan, planner)
+            else:
+                dcp_reads.read_verified_items(Path(self.path), files, self.storage_data, self.chunk_bytes, plan, planner)
             done: Future[None] = Future()
             done.set_result(None)
             return done
@@ -636,12 +640,14 @@ def read_dcp_tensors(
     context: DistributedContext | None,
     metadata: Any = None,
     verify_reads: bool = True,
+    reads: dcp_reads.OnePassReads | None = None,
 ) -> None:
     """Fill ``wanted`` (DCP key -> a fresh tensor or DTensor of the saved shape) from the DCP
     checkpoint in ``path``: DCP reads only the chunks those keys need. Collective under ``context``.
     ``metadata``: what ``read_dcp_metadata`` returned for ``path`` (else read again here).
     ``verify_reads``: each data file read is checksummed on the bytes loaded (its whole file is
-    read); False only for files the caller verified itself. On CorruptCheckpointError ``wanted``
+    read); False only for files the caller verified itself. ``reads``: served by this reader of
+    several loads instead (``dcp_reads.OnePassReads``: its ``finish`` verifies). On CorruptCheckpointError ``wanted``
     holds unverified bytes: the caller drops it. Fault point ``dcp_before_read`` (before DCP opens a file)."""
     from torch.distributed.checkpoint import CheckpointException
     from torch.distributed.checkpoint import load as dcp_load
@@ -652,7 +658,7 @@ def read_dcp_tensors(
         try:
             dcp_load(
                 wanted,
-                storage_reader=_safe_reader(path, manifest, metadata, verify_reads),
+                storage_reader=_safe_reader(path, manifest, metadata, verify_reads, reads),
                 planner=_tensor_only_planner(),
                 process_group=None if context is None else context.control_group,
                 no_dist=context is None,

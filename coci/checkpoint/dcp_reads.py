@@ -13,6 +13,9 @@ caller (they are the load's fresh tensors, never the live state).
 So a file replaced or rewritten after coci's checks of the record and ``.metadata`` never reaches
 the state, and each byte a restore loads is read and checksummed once (no verification pass before
 DCP's own reads). Memory: one stored item (a tensor chunk) and one read chunk at a time.
+
+``OnePassReads`` serves several DCP loads of one checkpoint in turn (an export's batches) the same
+way, each file kept open and read on where the last load stopped, checked by its ``finish``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from coci.checkpoint import dcp_items, fileio, record_reads
 from coci.checkpoint.records import FileEntry
 from coci.errors import CorruptCheckpointError
 
-__all__ = ["chunk_bytes_of", "read_verified_items"]
+__all__ = ["FileCursor", "OnePassReads", "chunk_bytes_of", "read_verified_items"]
 
 
 def chunk_bytes_of(metadata: Any) -> dict[tuple[str, tuple[int, ...]], int]:
@@ -49,48 +52,120 @@ def read_verified_items(
 ) -> None:
     """Serve DCP's load ``plan`` (its ``ReadItem``s) to ``planner`` from the data files of ``path``,
     each file read once and checked against its entry of ``files`` (see the module)."""
+    for name, items in _items_by_file(path, files, storage_data, plan):
+        cursor = FileCursor(path / name, files[name])
+        try:
+            cursor.take(items, chunk_bytes, planner)
+            cursor.finish()
+        finally:
+            cursor.close()
+
+
+class OnePassReads:
+    """The data files of one checkpoint served to several DCP loads in turn (an export's batches),
+    each file opened once, at its first use, and read front to back across the loads.
+
+    The rule, enforced by ``FileCursor.take``: the loads must ask for each file's items in offset
+    order (an item before a byte already read is refused, never read again), so the caller orders
+    its loads by the files (``coci.checkpoint.export``). The bytes a load receives are checksummed
+    as they pass, but a file's checksum is known only at its end: ``finish`` checks every file
+    (reading the rest of each, and each listed file no load touched), and until it returned the
+    loaded tensors hold unverified bytes, so nothing made from them may be committed before.
+    Memory: one stored item and one read chunk at a time, and one open descriptor per file.
+    """
+
+    def __init__(self, path: Path, files: Mapping[str, FileEntry]) -> None:
+        self._path = path
+        self._files = files
+        self._cursors: dict[str, FileCursor] = {}
+
+    def read(self, storage_data: Mapping[Any, Any], chunk_bytes: Mapping[Any, int], plan: Any, planner: Any) -> None:
+        """Serve one DCP load ``plan`` to ``planner`` (as ``read_verified_items``, the files kept open)."""
+        for name, items in _items_by_file(self._path, self._files, storage_data, plan):
+            cursor = self._cursors.get(name)
+            if cursor is None:
+                cursor = self._cursors[name] = FileCursor(self._path / name, self._files[name])
+            cursor.take(items, chunk_bytes, planner)
+
+    def finish(self, present: list[FileEntry]) -> None:
+        """Read each file to its end and check its size and checksum (CorruptCheckpointError naming
+        it): the files the loads read, then those of ``present`` no load touched."""
+        for entry in present:
+            if entry.name not in self._cursors:
+                self._cursors[entry.name] = FileCursor(self._path / entry.name, entry)
+        for cursor in self._cursors.values():
+            cursor.finish()
+
+    def close(self) -> None:
+        for cursor in self._cursors.values():
+            cursor.close()
+
+
+def _items_by_file(path: Path, files: Mapping[str, FileEntry], storage_data: Mapping[Any, Any], plan: Any) -> list[tuple[str, list[tuple[Any, Any, list[Any]]]]]:
+    """The plan's requests grouped by data file (by name) and stored item, each file's items in offset order."""
     per_file: dict[str, dict[Any, list[Any]]] = {}
     for request in plan.items:
         info = storage_data[request.storage_index]
         per_file.setdefault(info.relative_path, {}).setdefault(request.storage_index, []).append(request)
+    found = []
     for name, items in sorted(per_file.items()):
-        entry = files.get(name)
-        if entry is None:
+        if name not in files:
             raise CorruptCheckpointError(f"{path}: DCP would read {name!r}, which the commit record does not list")
         ordered = sorted(items.items(), key=lambda pair: storage_data[pair[0]].offset)
-        _read_file(path / name, entry, [(storage_data[index], index, requests) for index, requests in ordered], chunk_bytes, planner)
+        found.append((name, [(storage_data[index], index, requests) for index, requests in ordered]))
+    return found
 
 
-def _read_file(path: Path, entry: FileEntry, items: list[tuple[Any, Any, list[Any]]], chunk_bytes: Mapping[Any, int], planner: Any) -> None:
-    """Read ``path`` once in file order: the items' bytes loaded as they pass, every byte checksummed."""
-    try:
-        fd = record_reads.open_no_follow(path, os.O_RDONLY)
-    except FileNotFoundError as exc:
-        raise CorruptCheckpointError(f"{path}: data file is missing") from exc
-    checksum = fileio.ChunkChecksum(entry.algorithm, threaded=False)
-    try:
-        actual = os.fstat(fd).st_size
-        if actual != entry.size:
-            raise CorruptCheckpointError(f"{path}: size {actual} != manifest size {entry.size}")
-        if hasattr(os, "posix_fadvise"):  # read once, front to back: let the kernel read ahead
-            os.posix_fadvise(fd, 0, entry.size, os.POSIX_FADV_SEQUENTIAL)
-        position = 0
+class FileCursor:
+    """One data file, opened once (never through a link), its size checked, read front to back:
+    the items' bytes loaded as they pass, every byte checksummed; ``finish`` checks the checksum."""
+
+    def __init__(self, path: Path, entry: FileEntry) -> None:
+        try:
+            self._fd = record_reads.open_no_follow(path, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise CorruptCheckpointError(f"{path}: data file is missing") from exc
+        self._path = path
+        self._entry = entry
+        self._position = 0
+        self._checksum = fileio.ChunkChecksum(entry.algorithm, threaded=False)
+        self._open = True
+        try:
+            actual = os.fstat(self._fd).st_size
+            if actual != entry.size:
+                raise CorruptCheckpointError(f"{path}: size {actual} != manifest size {entry.size}")
+            if hasattr(os, "posix_fadvise"):  # read once, front to back: let the kernel read ahead
+                os.posix_fadvise(self._fd, 0, entry.size, os.POSIX_FADV_SEQUENTIAL)
+        except BaseException:
+            self.close()
+            raise
+
+    def take(self, items: list[tuple[Any, Any, list[Any]]], chunk_bytes: Mapping[Any, int], planner: Any) -> None:
+        """Load ``items`` (offset order, none before a byte already read) into ``planner``'s tensors."""
         for info, index, requests in items:
-            if info.offset < position or info.offset + info.length > entry.size:
-                raise CorruptCheckpointError(f"{path}: DCP stored item {index.fqn!r} overlaps another or leaves the file")
-            _checksum_span(fd, path, position, info.offset, checksum)
+            if info.offset < self._position or info.offset + info.length > self._entry.size:
+                raise CorruptCheckpointError(f"{self._path}: DCP stored item {index.fqn!r} overlaps another, lies before a byte already read or leaves the file")
+            _checksum_span(self._fd, self._path, self._position, info.offset, self._checksum)
             data = bytearray(info.length)
-            fileio.pread_fully(fd, path, memoryview(data), info.offset)
-            checksum.submit(memoryview(data))
-            position = info.offset + info.length
-            where = f"{path}: DCP stored item {index.fqn!r} at {list(index.offset)}"
+            fileio.pread_fully(self._fd, self._path, memoryview(data), info.offset)
+            self._checksum.submit(memoryview(data))
+            self._position = info.offset + info.length
+            where = f"{self._path}: DCP stored item {index.fqn!r} at {list(index.offset)}"
             _load_item(data, requests, chunk_bytes.get((index.fqn, tuple(index.offset)), 0), where, planner)
-        _checksum_span(fd, path, position, entry.size, checksum)
-        crc = checksum.result()
-    finally:
-        checksum.close()
-        os.close(fd)
-    fileio.check_checksum(path, entry, crc)
+
+    def finish(self) -> None:
+        """Checksum the rest of the file, close it and check size and checksum against the record."""
+        _checksum_span(self._fd, self._path, self._position, self._entry.size, self._checksum)
+        self._position = self._entry.size
+        crc = self._checksum.result()
+        self.close()
+        fileio.check_checksum(self._path, self._entry, crc)
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._checksum.close()
+            os.close(self._fd)
 
 
 def _checksum_span(fd: int, path: Path, start: int, end: int, checksum: fileio.ChunkChecksum) -> None:

@@ -6,18 +6,21 @@ pickled), ``torch`` (a ``torch.save`` file of the state dict, provenance beside 
 from the model config the Trainer integration recorded with the run, ``model.safetensors`` with
 tied weights written once).
 
-The checkpoint is verified first as a restore verifies it (sizes, checksums, record; a corrupt
-newest step is passed over and named in the result, as ``coci.load`` does), then its tensors are
-streamed: the safetensors header is built from the commit record's tensor table, and the tensors
-are read one at a time (coci's format, each at its offset) or in batches of at most
-``knobs.EXPORT_BUFFER_BYTES`` (DCP's, full tensors assembled from every rank's shards), each
-written and dropped before the next is read. Peak memory is about the largest tensor plus that
+The checkpoint is verified as a restore verifies it (sizes, checksums, record; a corrupt
+newest step is passed over and named in the result, as ``coci.load`` does), on the bytes the
+export streams: the safetensors header is built from the commit record's tensor table, and the
+tensors are read one at a time (coci's format, in offset order) or in batches of at most
+``knobs.EXPORT_BUFFER_BYTES`` (DCP's, full tensors assembled from every rank's shards, the
+batches in the data files' order), each written and dropped before the next is read. Each data
+file is read once, checksummed as it passes; its checksum is checked at its end, before the
+output is put in place (a refused file leaves no output). Peak memory is about the largest tensor plus that
 buffer; the ``torch`` format alone holds the whole state dict (``torch.save`` takes one dict).
 Every output carries its provenance: run, run id, step, commit id, coci version.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import os
@@ -32,8 +35,10 @@ import torch
 
 from coci import knobs, safe_files
 from coci._version import __version__
+from coci.checkpoint import dcp_reads
 from coci.checkpoint.checkpointer import reader_for
 from coci.checkpoint.dcp import read_dcp_metadata, read_dcp_tensors
+from coci.checkpoint.dcp_checks import DCP_METADATA
 from coci.checkpoint.dcp_manifest import DcpManifest, checkpoint_id
 from coci.checkpoint.fileio import ChunkChecksum
 from coci.checkpoint.local import Manifest, torch_dtype
@@ -153,13 +158,21 @@ def _export_verified(
     if key not in record.state_keys:
         raise StateMismatchError(f"{path}: holds no state key {key!r} (it holds {', '.join(map(repr, record.state_keys))}): choose one with key=")
     tensors = _tensors_of(record, key, path)
+    metadata, one_pass = None, True
     if isinstance(record, Manifest):  # verified while streamed: one pass over the data file
         tensors.sort(key=lambda t: record.tensors[t.index].offset)
-    else:
-        reader.verify(path)
+    elif isinstance(record, DcpManifest) and tensors:
+        metadata = read_dcp_metadata(path, record)  # checked once, used by every batch
+        ordered = _one_pass_order(record, metadata, tensors)
+        one_pass = ordered is not None
+        if ordered is None:
+            logger.warning("coci export: %s holds a tensor's items on both sides of another's in one file: verifying every file first, then reading", path)
+            reader.verify(path)
+        else:
+            tensors = ordered  # verified while streamed: each data file read once, in its order
     if not tensors:
         raise StateMismatchError(f"{path}: state key {key!r} holds no tensors to export")
-    stream = _stream(path, record, tensors, reuse=format != "torch")
+    stream = _stream(path, record, tensors, reuse=format != "torch", metadata=metadata, one_pass=one_pass)
     if format == "torch":
         return _write_torch(out, tensors, stream, provenance)
     if format == "safetensors":
@@ -225,13 +238,14 @@ def _named_refs(skeleton: Any, prefix: str) -> Iterator[tuple[str, int]]:
 # --- reading, one tensor (or one buffer) at a time --------------------------------------------
 
 
-def _stream(path: Path, record: CommitRecord, tensors: list[ExportedTensor], reuse: bool) -> Iterator[torch.Tensor]:
+def _stream(path: Path, record: CommitRecord, tensors: list[ExportedTensor], reuse: bool, metadata: Any, one_pass: bool) -> Iterator[torch.Tensor]:
     """The full tensors of ``tensors``, in order, each read when the previous was consumed;
-    ``reuse``: each may be overwritten by the next (the caller wrote it out first)."""
+    ``reuse``: each may be overwritten by the next (the caller wrote it out first). DCP's:
+    ``metadata`` as ``read_dcp_metadata`` returned it, ``one_pass`` as ``_dcp_stream`` takes it."""
     if isinstance(record, Manifest):
         return _local_stream(path, record, tensors, reuse)
     assert isinstance(record, DcpManifest)
-    return _dcp_stream(path, record, tensors)
+    return _dcp_stream(path, record, tensors, metadata, one_pass)
 
 
 def _local_stream(path: Path, record: Manifest, tensors: list[ExportedTensor], reuse: bool) -> Iterator[torch.Tensor]:
@@ -283,21 +297,67 @@ def _read_exactly(handle: Any, target: memoryview, path: Path) -> None:
         done += count
 
 
-def _dcp_stream(path: Path, record: DcpManifest, tensors: list[ExportedTensor]) -> Iterator[torch.Tensor]:
-    """DCP reads a batch of at most ``knobs.EXPORT_BUFFER_BYTES`` (a larger tensor alone), each
-    tensor whole, assembled from every rank's shards."""
+def _one_pass_order(record: DcpManifest, metadata: Any, tensors: list[ExportedTensor]) -> list[ExportedTensor] | None:
+    """``tensors`` reordered so that each DCP data file's stored items are asked for in offset order
+    (the given order wherever the files leave a choice), or None when no order does (a file holds
+    one tensor's items on both sides of another's; DCP's writer stores a rank's items in its state
+    dict's order, so in practice one exists). A topological order of "precedes in some file"."""
     by_index = {t.index: t for t in record.shared.tensors}
-    metadata = read_dcp_metadata(path, record)  # checked once, used by every batch
-    batch: list[ExportedTensor] = []
-    for tensor in [*tensors, None]:
-        if tensor is not None and (not batch or sum(t.nbytes for t in batch) + tensor.nbytes <= knobs.EXPORT_BUFFER_BYTES):
-            batch.append(tensor)
-            continue
-        wanted = {record.key_of(by_index[t.index]): torch.empty(t.shape, dtype=torch_dtype(t.dtype, path)) for t in batch}
-        read_dcp_tensors(path, record, wanted, None, metadata, verify_reads=False)  # verified whole before: per batch would re-read files
-        for t in batch:
-            yield wanted.pop(record.key_of(by_index[t.index]))
-        batch = [tensor] if tensor is not None else []
+    position = {record.key_of(by_index[t.index]): i for i, t in enumerate(tensors)}
+    per_file: dict[str, list[tuple[int, int]]] = {}
+    for index, info in metadata.storage_data.items():
+        if index.fqn in position:
+            per_file.setdefault(info.relative_path, []).append((info.offset, position[index.fqn]))
+    after: list[set[int]] = [set() for _ in tensors]
+    waiting = [0] * len(tensors)
+    for items in per_file.values():
+        items.sort()
+        for (_, first), (_, second) in zip(items, items[1:]):
+            if first != second and second not in after[first]:
+                after[first].add(second)
+                waiting[second] += 1
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        order.append(heapq.heappop(ready))
+        for later in after[order[-1]]:
+            waiting[later] -= 1
+            if waiting[later] == 0:
+                heapq.heappush(ready, later)
+    return [tensors[i] for i in order] if len(order) == len(tensors) else None
+
+
+def _dcp_stream(path: Path, record: DcpManifest, tensors: list[ExportedTensor], metadata: Any, one_pass: bool) -> Iterator[torch.Tensor]:
+    """DCP reads a batch of at most ``knobs.EXPORT_BUFFER_BYTES`` (a larger tensor alone), each
+    tensor whole, assembled from every rank's shards.
+
+    ``one_pass`` (``tensors`` in ``_one_pass_order``): every data file is opened once and read front
+    to back across the batches, each byte checksummed as it passes (``dcp_reads.OnePassReads``);
+    a file's checksum is checked at its end, after the last batch, so the tensors yielded before
+    hold bytes not yet verified: the stream checks every file once the last tensor was taken
+    (CorruptCheckpointError naming the file), before it ends, and the writers run every stream to
+    its end before they put their output in place (``_drain``): a refused file leaves no output.
+    Otherwise the caller verified every file first and DCP reads the batches itself."""
+    by_index = {t.index: t for t in record.shared.tensors}
+    files = {entry.name: entry for entry in record.files if entry.name != DCP_METADATA}
+    reads = dcp_reads.OnePassReads(path, files) if one_pass else None
+    try:
+        batch: list[ExportedTensor] = []
+        for tensor in [*tensors, None]:
+            if tensor is not None and (not batch or sum(t.nbytes for t in batch) + tensor.nbytes <= knobs.EXPORT_BUFFER_BYTES):
+                batch.append(tensor)
+                continue
+            wanted = {record.key_of(by_index[t.index]): torch.empty(t.shape, dtype=torch_dtype(t.dtype, path)) for t in batch}
+            read_dcp_tensors(path, record, wanted, None, metadata, verify_reads=False, reads=reads)
+            for t in batch:
+                yield wanted.pop(record.key_of(by_index[t.index]))
+            batch = [tensor] if tensor is not None else []
+        if reads is not None:
+            reads.finish([entry for entry in record.present_files() if entry.name != DCP_METADATA])
+    finally:
+        if reads is not None:
+            reads.close()
 
 
 # --- writing -----------------------------------------------------------------------------------

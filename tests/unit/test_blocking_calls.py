@@ -49,7 +49,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("coci/checkpoint/fileio.py", "read_verified_into", "result"): "crc32c of chunks already read: CPU work of this process",
     ("coci/checkpoint/fileio.py", "describe_file", "result"): "crc32c of chunks already read: CPU work of this process",
     ("coci/checkpoint/export.py", "_local_stream", "result"): "crc32c of chunks already read: CPU work of this process",
-    ("coci/checkpoint/dcp_reads.py", "_read_file", "result"): "crc32c of chunks already read: CPU work of this process",
+    ("coci/checkpoint/dcp_reads.py", "finish", "result"): "crc32c of chunks already read: CPU work of this process",
     ("coci/checkpoint/peer_wire.py", "_receive_file", "result"): "crc32c of chunks already received: CPU work of this process",
     # a peer copy's writer thread: writes to the local disk, fed by a socket read under a Deadline
     ("coci/checkpoint/peer_wire.py", "free_buffer", "get"): "a buffer the local writer thread hands back after one disk write",

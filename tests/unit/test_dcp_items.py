@@ -11,6 +11,7 @@ falls back to the older good checkpoint, ``coci verify`` refuses it naming the i
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import pickle
@@ -238,3 +239,97 @@ def test_a_parts_cheap_check_reads_sizes_and_metadata_and_leaves_the_bytes_to_th
     (target / ".metadata").write_bytes(bytes(metadata))
     with pytest.raises(CorruptCheckpointError, match=r"\.metadata"):
         check_dcp_sizes(target)
+
+
+def test_a_dcp_export_reads_each_data_file_once_and_writes_the_stored_tensors_bitwise(run: Path, pristine: tuple[Path, Path], tmp_path: Path) -> None:
+    """``coci export`` of a DCP checkpoint in several batches (a buffer of one byte: a batch per
+    tensor) writes every tensor of the model equal, bitwise, to the item DCP stored; and an export
+    of a 4 MiB model's DCP checkpoint (a one-process gloo job) reads each data file once,
+    checksummed as it streams: Linux's ``rchar`` over the export is about the files' bytes, where
+    a verification pass before DCP's reads read twice."""
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+
+    import coci
+    from coci import knobs
+    from coci.checkpoint.export import export
+
+    target = plant_dcp(run, pristine[1])
+    with knobs.override(EXPORT_BUFFER_BYTES=1):
+        result = export(run, tmp_path / "model.safetensors", step=99)
+    got = load_file(tmp_path / "model.safetensors")
+    record = json.loads((target / "manifest.json").read_text())["shared"]
+    keys = {t["index"]: t["key"] for t in record["tensors"]}
+    stored = {name: keys[ref["__tensor__"]] for name, ref in record["skeleton"]["model"].items()}
+    assert result.step == 99 and result.tensors == len(got) >= 2 and set(got) == set(stored)
+    for name, key in stored.items():
+        want = stored_tensor(target, key)
+        assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
+
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 512, bias=False), torch.nn.Linear(512, 1024, bias=False))
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        with coci.Session(tmp_path / "big", state={"model": model}, policy=coci.EveryN(1)) as session:
+            session.step()
+    finally:
+        dist.destroy_process_group()
+    data = sum(p.stat().st_size for p in (tmp_path / "big").rglob("*.distcp"))
+    with knobs.override(EXPORT_BUFFER_BYTES=1):
+        export(tmp_path / "big", tmp_path / "warm.safetensors")  # the libraries' lazy imports read their files once
+        before = rchar()
+        export(tmp_path / "big", tmp_path / "big.safetensors")
+        read = rchar() - before
+    got = load_file(tmp_path / "big.safetensors")
+    assert all(torch.equal(got[name], value) for name, value in model.state_dict().items())
+    assert data > 4 << 20 and data <= read < 1.2 * data, (read, data)  # two passes would read 2x
+
+
+def rchar() -> int:
+    """This process's bytes passed by read calls so far (Linux ``/proc/self/io``)."""
+    counters = Path("/proc/self/io")
+    if not counters.exists():
+        pytest.skip("needs Linux's /proc/self/io to count the bytes read")
+    return int(next(line for line in counters.read_text().splitlines() if line.startswith("rchar:")).split()[1])
+
+
+@pytest.mark.parametrize("change", ["swapped before the first batch", "rewritten in place after the first batch"])
+def test_a_dcp_data_file_changed_while_an_export_streams_is_refused_naming_it_and_leaves_no_output(
+    run: Path, pristine: tuple[Path, Path], tmp_path: Path, change: str
+) -> None:
+    """A data file replaced before the export opens it, or overwritten in place (one byte of its
+    last stored item) after the first batch was written out, is refused by the checksum at the
+    file's end: the export fails naming the file and neither its output nor the temporary file
+    exists. Without the change the same export succeeds (the hook is what fails it)."""
+    from coci import knobs
+    from coci.checkpoint.export import export
+    from coci.errors import CorruptCheckpointError
+
+    target = plant_dcp(run, pristine[1])
+    data_file, copy = swapped_copy(target, a_matrix_key(target))
+    last = max(info.offset + info.length for info in metadata_of(target).storage_data.values() if target / info.relative_path == data_file)
+    batches: list[str] = []
+
+    def change_the_file(point: str) -> None:
+        if point != "dcp_before_read":
+            return
+        batches.append(point)
+        if change.startswith("swapped") and len(batches) == 1:
+            os.replace(copy, data_file)  # a different inode, same size and name
+        elif change.startswith("rewritten") and len(batches) == 2:
+            with data_file.open("r+b") as handle:  # the same inode: the open descriptor sees it
+                handle.seek(last - 1)
+                byte = handle.read(1)
+                handle.seek(last - 1)
+                handle.write(bytes([byte[0] ^ 0xFF]))
+
+    out = tmp_path / "model.safetensors"
+    with knobs.override(EXPORT_BUFFER_BYTES=1):
+        export(run, tmp_path / "before.safetensors", step=99)
+        faults.set_fault_hook(change_the_file)
+        try:
+            with pytest.raises(CorruptCheckpointError, match="checksum mismatch") as refused:
+                export(run, out, step=99)
+        finally:
+            faults.set_fault_hook(None)
+    assert len(batches) >= 2 and data_file.name in str(refused.value)
+    assert not out.exists() and not out.with_name(out.name + ".tmp").exists()
