@@ -34,7 +34,11 @@ from coci.checkpoint import dcp_items, fileio, record_reads
 from coci.checkpoint.records import FileEntry
 from coci.errors import CorruptCheckpointError
 
-__all__ = ["FileCursor", "OnePassReads", "chunk_bytes_of", "read_verified_items"]
+__all__ = ["OPEN_FILES", "FileCursor", "OnePassReads", "chunk_bytes_of", "read_verified_items"]
+
+
+#: The most data files ``OnePassReads`` keeps open at once (a checkpoint of many ranks has a file each).
+OPEN_FILES = 64
 
 
 def chunk_bytes_of(metadata: Any) -> dict[tuple[str, tuple[int, ...]], int]:
@@ -63,7 +67,7 @@ def read_verified_items(
 
 class OnePassReads:
     """The data files of one checkpoint served to several DCP loads in turn (an export's batches),
-    each file opened once, at its first use, and read front to back across the loads.
+    each file read once, front to back across the loads (opened at its first use).
 
     The rule, enforced by ``FileCursor.take``: the loads must ask for each file's items in offset
     order (an item before a byte already read is refused, never read again), so the caller orders
@@ -71,7 +75,8 @@ class OnePassReads:
     as they pass, but a file's checksum is known only at its end: ``finish`` checks every file
     (reading the rest of each, and each listed file no load touched), and until it returned the
     loaded tensors hold unverified bytes, so nothing made from them may be committed before.
-    Memory: one stored item and one read chunk at a time, and one open descriptor per file.
+    Memory: one stored item and one read chunk at a time; at most ``OPEN_FILES`` descriptors open
+    (a file's cursor beyond them is suspended and opened again where it stopped).
     """
 
     def __init__(self, path: Path, files: Mapping[str, FileEntry]) -> None:
@@ -80,21 +85,30 @@ class OnePassReads:
         self._cursors: dict[str, FileCursor] = {}
 
     def read(self, storage_data: Mapping[Any, Any], chunk_bytes: Mapping[Any, int], plan: Any, planner: Any) -> None:
-        """Serve one DCP load ``plan`` to ``planner`` (as ``read_verified_items``, the files kept open)."""
+        """Serve one DCP load ``plan`` to ``planner`` (as ``read_verified_items``, each file read on
+        where the last load stopped)."""
         for name, items in _items_by_file(self._path, self._files, storage_data, plan):
-            cursor = self._cursors.get(name)
-            if cursor is None:
-                cursor = self._cursors[name] = FileCursor(self._path / name, self._files[name])
+            cursor = self._cursors.pop(name, None)
+            self._suspend_beyond(OPEN_FILES - 1)  # room for this one
+            self._cursors[name] = cursor = cursor if cursor is not None else FileCursor(self._path / name, self._files[name])
             cursor.take(items, chunk_bytes, planner)
+        self._suspend_beyond(OPEN_FILES)
+
+    def _suspend_beyond(self, most: int) -> None:
+        """Suspend the least recently used open cursors until at most ``most`` are open."""
+        open_now = [cursor for cursor in self._cursors.values() if cursor.is_open]
+        for cursor in open_now[: max(0, len(open_now) - max(most, 0))]:
+            cursor.suspend()
 
     def finish(self, present: list[FileEntry]) -> None:
         """Read each file to its end and check its size and checksum (CorruptCheckpointError naming
         it): the files the loads read, then those of ``present`` no load touched."""
+        for cursor in list(self._cursors.values()):
+            cursor.finish()
         for entry in present:
             if entry.name not in self._cursors:
-                self._cursors[entry.name] = FileCursor(self._path / entry.name, entry)
-        for cursor in self._cursors.values():
-            cursor.finish()
+                self._cursors[entry.name] = cursor = FileCursor(self._path / entry.name, entry)
+                cursor.finish()
 
     def close(self) -> None:
         for cursor in self._cursors.values():
@@ -117,37 +131,54 @@ def _items_by_file(path: Path, files: Mapping[str, FileEntry], storage_data: Map
 
 
 class FileCursor:
-    """One data file, opened once (never through a link), its size checked, read front to back:
-    the items' bytes loaded as they pass, every byte checksummed; ``finish`` checks the checksum."""
+    """One data file read front to back (opened never through a link, its size checked at each
+    opening): the items' bytes loaded as they pass, every byte checksummed in file order;
+    ``finish`` checks the checksum. ``suspend`` closes the descriptor and keeps the place: the next
+    read opens the file again where it stopped. The checksum runs over the bytes read, in order, so
+    a file replaced or changed between two openings fails it like one changed while open."""
 
     def __init__(self, path: Path, entry: FileEntry) -> None:
-        try:
-            self._fd = record_reads.open_no_follow(path, os.O_RDONLY)
-        except FileNotFoundError as exc:
-            raise CorruptCheckpointError(f"{path}: data file is missing") from exc
         self._path = path
         self._entry = entry
         self._position = 0
         self._checksum = fileio.ChunkChecksum(entry.algorithm, threaded=False)
-        self._open = True
+        self._fd: int | None = None
+        self._done = False
         try:
-            actual = os.fstat(self._fd).st_size
-            if actual != entry.size:
-                raise CorruptCheckpointError(f"{path}: size {actual} != manifest size {entry.size}")
-            if hasattr(os, "posix_fadvise"):  # read once, front to back: let the kernel read ahead
-                os.posix_fadvise(self._fd, 0, entry.size, os.POSIX_FADV_SEQUENTIAL)
+            self._opened()
         except BaseException:
             self.close()
             raise
 
+    @property
+    def is_open(self) -> bool:
+        return self._fd is not None
+
+    def _opened(self) -> int:
+        """The open descriptor, opening the file (and checking its size) when suspended."""
+        if self._fd is not None:
+            return self._fd
+        try:
+            fd = record_reads.open_no_follow(self._path, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise CorruptCheckpointError(f"{self._path}: data file is missing") from exc
+        self._fd = fd
+        actual = os.fstat(fd).st_size
+        if actual != self._entry.size:
+            raise CorruptCheckpointError(f"{self._path}: size {actual} != manifest size {self._entry.size}")
+        if hasattr(os, "posix_fadvise"):  # read once, front to back: let the kernel read ahead
+            os.posix_fadvise(fd, self._position, self._entry.size - self._position, os.POSIX_FADV_SEQUENTIAL)
+        return fd
+
     def take(self, items: list[tuple[Any, Any, list[Any]]], chunk_bytes: Mapping[Any, int], planner: Any) -> None:
         """Load ``items`` (offset order, none before a byte already read) into ``planner``'s tensors."""
+        fd = self._opened()
         for info, index, requests in items:
             if info.offset < self._position or info.offset + info.length > self._entry.size:
                 raise CorruptCheckpointError(f"{self._path}: DCP stored item {index.fqn!r} overlaps another, lies before a byte already read or leaves the file")
-            _checksum_span(self._fd, self._path, self._position, info.offset, self._checksum)
+            _checksum_span(fd, self._path, self._position, info.offset, self._checksum)
             data = bytearray(info.length)
-            fileio.pread_fully(self._fd, self._path, memoryview(data), info.offset)
+            fileio.pread_fully(fd, self._path, memoryview(data), info.offset)
             self._checksum.submit(memoryview(data))
             self._position = info.offset + info.length
             where = f"{self._path}: DCP stored item {index.fqn!r} at {list(index.offset)}"
@@ -155,17 +186,23 @@ class FileCursor:
 
     def finish(self) -> None:
         """Checksum the rest of the file, close it and check size and checksum against the record."""
-        _checksum_span(self._fd, self._path, self._position, self._entry.size, self._checksum)
+        _checksum_span(self._opened(), self._path, self._position, self._entry.size, self._checksum)
         self._position = self._entry.size
         crc = self._checksum.result()
         self.close()
         fileio.check_checksum(self._path, self._entry, crc)
 
+    def suspend(self) -> None:
+        """Close the descriptor, keeping the place and the checksum so far."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
     def close(self) -> None:
-        if self._open:
-            self._open = False
+        if not self._done:
+            self._done = True
             self._checksum.close()
-            os.close(self._fd)
+        self.suspend()
 
 
 def _checksum_span(fd: int, path: Path, start: int, end: int, checksum: fileio.ChunkChecksum) -> None:

@@ -17,7 +17,7 @@ import os
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import test_security
@@ -292,29 +292,39 @@ def rchar() -> int:
     return int(next(line for line in counters.read_text().splitlines() if line.startswith("rchar:")).split()[1])
 
 
-@pytest.mark.parametrize("change", ["swapped before the first batch", "rewritten in place after the first batch"])
+@pytest.mark.parametrize(
+    ("change", "open_files"),
+    [("swapped before the first batch", 64), ("rewritten in place after the first batch", 64), ("swapped after the first batch", 0)],
+)
 def test_a_dcp_data_file_changed_while_an_export_streams_is_refused_naming_it_and_leaves_no_output(
-    run: Path, pristine: tuple[Path, Path], tmp_path: Path, change: str
+    run: Path, pristine: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str, open_files: int
 ) -> None:
-    """A data file replaced before the export opens it, or overwritten in place (one byte of its
-    last stored item) after the first batch was written out, is refused by the checksum at the
-    file's end: the export fails naming the file and neither its output nor the temporary file
-    exists. Without the change the same export succeeds (the hook is what fails it)."""
+    """A data file replaced before the export opens it, overwritten in place (one byte of its last
+    stored item, read after the model's) after the first batch was written out, or replaced then
+    while no file is kept open between batches (``OPEN_FILES`` 0: it is opened again where it
+    stopped), is refused by the checksum at the file's end: the export fails naming the file and
+    neither its output nor the temporary file exists. Without the change the same export succeeds."""
     from coci import knobs
+    from coci.checkpoint import dcp_reads
     from coci.checkpoint.export import export
     from coci.errors import CorruptCheckpointError
 
+    monkeypatch.setattr(dcp_reads, "OPEN_FILES", open_files)
     target = plant_dcp(run, pristine[1])
-    data_file, copy = swapped_copy(target, a_matrix_key(target))
+    data_file, swapped = swapped_copy(target, a_matrix_key(target))
     last = max(info.offset + info.length for info in metadata_of(target).storage_data.values() if target / info.relative_path == data_file)
+    if change == "swapped after the first batch":  # the changed byte after every byte the model's batches read
+        raw = bytearray(data_file.read_bytes())
+        raw[last - 1] ^= 0xFF
+        swapped.write_bytes(bytes(raw))
     batches: list[str] = []
 
     def change_the_file(point: str) -> None:
         if point != "dcp_before_read":
             return
         batches.append(point)
-        if change.startswith("swapped") and len(batches) == 1:
-            os.replace(copy, data_file)  # a different inode, same size and name
+        if change.startswith("swapped") and len(batches) == (1 if change.endswith("before the first batch") else 2):
+            os.replace(swapped, data_file)  # a different inode, same size and name
         elif change.startswith("rewritten") and len(batches) == 2:
             with data_file.open("r+b") as handle:  # the same inode: the open descriptor sees it
                 handle.seek(last - 1)
@@ -333,3 +343,29 @@ def test_a_dcp_data_file_changed_while_an_export_streams_is_refused_naming_it_an
             faults.set_fault_hook(None)
     assert len(batches) >= 2 and data_file.name in str(refused.value)
     assert not out.exists() and not out.with_name(out.name + ".tmp").exists()
+
+
+def test_an_exports_batches_follow_every_data_files_order_or_none_does() -> None:
+    """The export's order of tensors asks for each file's items in offset order: tensors held in
+    two files (a rank each) come in an order both files allow (the given one where they leave a
+    choice); a file holding one tensor's chunks on both sides of another's allows none."""
+    from types import SimpleNamespace
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    from coci.checkpoint.dcp_manifest import DcpManifest
+    from coci.checkpoint.export import ExportedTensor, _one_pass_order
+
+    record = SimpleNamespace(shared=SimpleNamespace(tensors=[SimpleNamespace(index=i) for i in range(3)]), key_of=lambda t: f"shared/{t.index}")
+    tensors = [ExportedTensor(name, "float32", (2,), 8, i) for i, name in enumerate("abc")]
+
+    def order(stored: list[tuple[int, int, str, int]]) -> list[str] | None:
+        storage = {MetadataIndex(f"shared/{i}", [chunk]): _StorageInfo(name, offset, 8) for i, chunk, name, offset in stored}
+        found = _one_pass_order(cast(DcpManifest, record), SimpleNamespace(storage_data=storage), tensors)
+        return None if found is None else [t.name for t in found]
+
+    assert order([(0, 0, "r0", 0), (1, 0, "r0", 8), (2, 0, "r0", 16)]) == ["a", "b", "c"]
+    assert order([(2, 0, "r0", 0), (0, 0, "r0", 8), (0, 1, "r1", 0), (1, 1, "r1", 8)]) == ["c", "a", "b"]
+    assert order([(1, 0, "r0", 0), (0, 0, "r1", 0), (2, 0, "r1", 8)]) == ["a", "b", "c"]
+    assert order([(0, 0, "r0", 0), (1, 0, "r0", 8), (0, 1, "r0", 16)]) is None
