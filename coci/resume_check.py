@@ -29,8 +29,9 @@ Design:
   report`` prints both.
 * **Likely causes** (``likely_causes``) are looked for only at a mismatch: data loaders in the
   state (an iterable dataset, a sampler that is not coci's, a collate function or dataset that calls
-  a random function), generators held by the script's globals that coci does not restore, and a
-  world size other than the failed process's.
+  a random function), generators held by the script's globals that coci does not restore, tensors
+  among them that the state does not hold (a batch fetched ahead of the step), and a world size
+  other than the failed process's. The warning names the script's line that stepped the session.
 
 The check says nothing where no loss was logged for a redone step (``step()`` without a loss, a
 run directory restored from the remote tier onto a new disk).
@@ -263,7 +264,19 @@ class ResumeCheck:
         if self._on_mismatch == "raise":
             self.error = ResumeMismatchError(message)
         elif self._on_mismatch == "warn":
-            warnings.warn(message, ResumeMismatchWarning, stacklevel=2)
+            warnings.warn(message, ResumeMismatchWarning, stacklevel=_caller_stacklevel())
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside coci (its profiler included) that called the
+    function calling this one, so a warning names the script's line (its ``session.step(loss)``),
+    however deep inside coci the loss was materialised."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] in ("coci", "profiler"):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 class ResumeChecking:
@@ -323,16 +336,20 @@ def likely_causes(state: Mapping[str, Any], logged: LoggedLosses, world_size: in
     """What in this setup can make a resume inexact, in words (empty when nothing is found): the
     data loaders held by ``state`` (one level down too, as a ``coci.ResumableLoader`` holds
     its DataLoader), random generators among the globals of ``main`` (the script, ``__main__`` by
-    default) that coci does not restore, and a world size other than the failed process's."""
+    default) that coci does not restore, tensors among them outside autograd that the state does
+    not hold, and a world size other than the failed process's."""
     causes: list[str] = []
     for name, loader in _data_loaders(state):
         causes += _loader_causes(name, loader)
-    causes += _script_generators(state, sys.modules.get("__main__") if main is None else main)
+    script = sys.modules.get("__main__") if main is None else main
+    causes += _script_generators(state, script)
+    causes += _script_tensors(state, script)
     before = sorted({int(w) for w in logged.world_sizes.tolist() if w > 0 and w != world_size})
     if before:
         causes.append(f"the world size is {world_size} but the failed process ran with {', '.join(map(str, before))}")
     causes.append(
-        "otherwise: a random generator of your own that the state does not hold (a random.Random, numpy Generator or "
+        "otherwise: a value computed in one step and read in the next (a batch fetched ahead of the step, a carried "
+        "hidden state) that the state does not hold, a random generator of your own that the state does not hold (a random.Random, numpy Generator or "
         "torch.Generator), or kernels that are not deterministic (torch.use_deterministic_algorithms)"
     )
     return causes
@@ -434,3 +451,40 @@ def _script_generators(state: Mapping[str, Any], main: types.ModuleType | None) 
         if generator and id(value) not in restored and id(value) not in held and not name.startswith("__"):
             found.append(f"the script's global {name!r} is a {type(value).__module__}.{type(value).__qualname__} coci does not restore")
     return found
+
+
+def _script_tensors(state: Mapping[str, Any], main: types.ModuleType | None) -> list[str]:
+    """The script's global tensors outside autograd (no ``grad_fn``, no ``requires_grad``) that the
+    state does not hold: a batch fetched ahead of the step, as nanoGPT's ``X, Y``, is read by the
+    next step, so a resume without it trains that step on another batch."""
+    if main is None:
+        return []
+    held = _held_tensor_ids(state)
+    names = [
+        name
+        for name, value in vars(main).items()
+        if isinstance(value, torch.Tensor) and not name.startswith("_") and value.grad_fn is None
+        and not value.requires_grad and id(value) not in held
+    ]
+    if not names:
+        return []
+    listed = ", ".join(repr(name) for name in names)
+    return [
+        f"the script's globals {listed} are tensors the state does not hold: if one is read by the next step (a batch "
+        "fetched ahead of it, a carried value), keep it in a dict in the state and read it back after restore()"
+    ]
+
+
+def _held_tensor_ids(state: Mapping[str, Any]) -> set[int]:
+    """``id`` of each tensor the state holds: its values, the values of its dicts and lists, and the
+    parameters and buffers of its modules."""
+    held: set[int] = set()
+    for value in state.values():
+        held.add(id(value))
+        if isinstance(value, Mapping):
+            held |= {id(item) for item in value.values()}
+        elif isinstance(value, (list, tuple)):
+            held |= {id(item) for item in value}
+        elif isinstance(value, torch.nn.Module):
+            held |= {id(tensor) for tensor in value.parameters()} | {id(tensor) for tensor in value.buffers()}
+    return held

@@ -19,13 +19,15 @@ NaN and infinite losses are dropped and counted (``dropped``). Every path (``add
 bulk ``extend``) ends in the same ``_ingest(steps, losses)``. A listener set by ``LossTrace.listen``
 (the session's loss log and resume self-check) gets every loss once, as it is materialised: device
 tensors with their batch, values already on the host (floats, CPU tensors: no device to wait for)
-every ``knobs.LOSS_HOST_BATCH`` steps, ahead of the trace's own batch.
+every ``knobs.LOSS_HOST_BATCH`` steps, or sooner once ``knobs.LOSS_HOST_SECONDS`` have passed since
+the listener last heard (slow steps: every step), ahead of the trace's own batch.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 
 from . import knobs
-from .checks import integer, is_number
+from .checks import integer, is_number, non_negative_number
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ class LossTrace:
         tensor_batch: int | None = None,
         float_batch: int | None = None,
         host_batch: int | None = None,
+        host_seconds: float | None = None,
     ) -> None:
         self._recent_points = integer(_LOSS_RECENT_POINTS if recent_points is None else recent_points, "recent_points", positive=True)
         self._max_buckets = integer(_LOSS_HISTORY_MAX_BUCKETS if max_buckets is None else max_buckets, "max_buckets", positive=True)
@@ -83,6 +86,8 @@ class LossTrace:
         self._tensor_limit = self._tensor_batch  # the pending tensors' batch: host_batch for CPU ones with a listener
         self._listener: LossListener | None = None
         self._heard = 0  # pending floats already given to the listener
+        self._heard_at = time.perf_counter()  # when the listener last heard host values
+        self._host_seconds = non_negative_number(knobs.LOSS_HOST_SECONDS if host_seconds is None else host_seconds, "host_seconds")
         self._set_resolution(_LOSS_HISTORY_RESOLUTION if resolution is None else resolution)
         self._pending_float_steps: list[int] = []
         self._pending_floats: list[float] = []
@@ -106,7 +111,7 @@ class LossTrace:
                 pending = len(self._pending_floats)
                 if pending >= self._float_batch:
                     self.flush()
-                elif self._listener is not None and pending - self._heard >= self._host_batch:
+                elif self._listener is not None and (pending - self._heard >= self._host_batch or self._host_due()):
                     self._tell_floats()
             else:
                 self._dropped += 1
@@ -120,11 +125,12 @@ class LossTrace:
                 self._tensor_limit = self._host_batch if host else self._tensor_batch
             self._pending_tensor_steps.append(step)
             self._pending_tensors.append(loss.detach())
-            if len(self._pending_tensors) >= self._tensor_limit:
-                if self._tensor_limit == self._host_batch and self._pending_tensors[0].is_cpu:
+            due = len(self._pending_tensors) >= self._tensor_limit
+            if self._tensor_limit == self._host_batch and self._pending_tensors[0].is_cpu:
+                if due or self._host_due():
                     self._tensors_to_floats()
-                else:
-                    self.flush()
+            elif due:
+                self.flush()
         elif loss is None:
             return
         else:
@@ -308,8 +314,13 @@ class LossTrace:
         logs = np.log(np.maximum(steps, 1).astype(np.float64)) / self._log_base
         return np.floor(logs).astype(np.int64) >> self._level
 
+    def _host_due(self) -> bool:
+        """Whether ``host_seconds`` (``knobs.LOSS_HOST_SECONDS``) have passed since the listener last heard host values."""
+        return time.perf_counter() - self._heard_at >= self._host_seconds
+
     def _tell_floats(self) -> None:
         """Give the listener the pending floats it has not had yet."""
+        self._heard_at = time.perf_counter()
         start = self._heard
         self._heard = len(self._pending_floats)
         assert self._listener is not None
@@ -325,6 +336,7 @@ class LossTrace:
         assert self._listener is not None
         if len(self._pending_floats) > self._heard:
             self._tell_floats()
+        self._heard_at = time.perf_counter()
         self._listener(steps, values)
         finite = np.isfinite(values)
         self._dropped += int(finite.size - np.count_nonzero(finite))

@@ -162,7 +162,7 @@ def test_a_fifo_or_a_link_in_the_logs_place_is_not_read(tmp_path: Path) -> None:
 
 def test_host_losses_reach_the_listener_every_host_batch_with_non_finite_ones() -> None:
     batches: list[tuple[list[int], list[float]]] = []
-    trace = LossTrace(host_batch=4, tensor_batch=1000)
+    trace = LossTrace(host_batch=4, tensor_batch=1000, host_seconds=1e9)  # batches by count alone
     trace.listen(lambda steps, values: batches.append((steps.tolist(), values.tolist())))
     for step in range(1, 9):
         trace.add(step, torch.tensor(float("nan") if step == 3 else step / 8))  # CPU tensors: the host batch
@@ -203,7 +203,7 @@ def test_the_likely_causes_name_the_setup() -> None:
 
 def test_the_listener_hears_every_loss_once_whatever_flushes_in_between() -> None:
     heard: list[int] = []
-    trace = LossTrace(host_batch=4, float_batch=10, tensor_batch=7)
+    trace = LossTrace(host_batch=4, float_batch=10, tensor_batch=7, host_seconds=1e9)
     trace.listen(lambda steps, values: heard.extend(steps.tolist()))
     for step in range(1, 61):
         trace.add(step, float(step) if step % 3 else torch.tensor(float(step)))
@@ -213,3 +213,45 @@ def test_the_listener_hears_every_loss_once_whatever_flushes_in_between() -> Non
     assert sorted(heard) == list(range(1, 61))
     assert trace.recent()[0].tolist() == list(range(1, 61))
 
+
+
+def test_a_batch_fetched_ahead_and_left_out_of_the_state_is_named() -> None:
+    """nanoGPT's pattern: ``X, Y = get_batch()`` at the end of a step feeds the next one; left out of
+    the state, a resume trains its first step on another batch. The script's global tensors outside
+    autograd that the state does not hold are named; those it holds (in a dict, a module's) are not."""
+    model = torch.nn.Linear(4, 1)
+    carried = {"X": torch.zeros(2, 4)}
+    script = types.ModuleType("script")
+    script.X, script.Y = torch.randint(0, 9, (2, 4)), torch.randint(0, 9, (2, 4))  # type: ignore[attr-defined]
+    script.held = carried["X"]  # type: ignore[attr-defined]
+    script.weight = model.weight  # type: ignore[attr-defined]
+    script.loss = (model(torch.ones(1, 4)) ** 2).sum()  # type: ignore[attr-defined]  # in the graph: not a carried value
+    logged = type(LossLog(Path("/nonexistent/losses.bin"), 1).read_after(0))(np.array([5]), np.array([1.0]), np.array([1]))
+    causes = likely_causes({"model": model, "carried": carried}, logged, world_size=1, main=script)
+    [named] = [cause for cause in causes if "tensors the state does not hold" in cause]
+    assert named.startswith("the script's globals 'X', 'Y' are tensors") and "keep it in a dict in the state" in named
+    assert not any("'held'" in cause or "'weight'" in cause or "'loss'" in cause for cause in causes)
+    assert "a batch fetched ahead of the step" in causes[-1]  # the catch-all names the pattern too
+
+
+def test_the_mismatch_warning_names_the_scripts_line(tmp_path: Path) -> None:
+    first_run(tmp_path)
+    with pytest.warns(coci.ResumeMismatchWarning) as caught:
+        train(tmp_path, 2, restore=True).close()
+    [warning] = [w for w in caught if w.category is coci.ResumeMismatchWarning]
+    assert Path(warning.filename).resolve() == Path(__file__).resolve(), warning.filename
+
+
+def test_slow_steps_reach_the_listener_every_step() -> None:
+    """Past ``host_seconds`` since the listener last heard, a host loss is heard at once, short of a
+    host batch: in a job of slow steps each step is logged, so a process killed a few steps after a
+    checkpoint has logged the steps its resume redoes (and the self-check compares them)."""
+    batches: list[list[int]] = []
+    trace = LossTrace(host_batch=16, tensor_batch=1000, host_seconds=0.0)
+    trace.listen(lambda steps, values: batches.append(steps.tolist()))
+    for step in range(1, 4):
+        trace.add(step, torch.tensor(step / 8))  # a CPU tensor
+        trace.add(step + 10, step / 8)  # a float
+    assert batches == [[1], [11], [2], [12], [3], [13]]
+    with pytest.raises(ValueError, match="host_seconds"):
+        LossTrace(host_seconds=-1.0)
