@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -223,3 +225,12 @@ def test_plan_configs_read_the_config_file_once_for_every_policy(tmp_path: Path,
     assert [c.policy for c in configs] == list(POLICIES)
     assert all(c.total_steps == 10000 and c.restart_seconds == 60 for c in configs)
     assert reads == [str(config)]
+
+
+def test_python_dash_m_coci_runs_the_command_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m coci ls RUN_DIR`` is the ``coci`` script (a venv whose bin folder is not on the PATH)."""
+    monkeypatch.setattr(sys, "argv", ["coci", "--help"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module("coci", run_name="__main__")
+    assert exited.value.code == 0
+    assert "usage: coci" in capsys.readouterr().out

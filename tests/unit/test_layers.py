@@ -15,7 +15,7 @@ draws the same order):
 6. analysis: ``coci.analysis`` (the report, the simulator)
 7. the training loop's objects: ``coci.config`` (the session's configuration), ``coci.session``, ``coci.loader`` (and its order, ``coci.sample_order``)
 8. framework integrations: ``coci.integrations``
-9. the command line: ``coci.cli``
+9. the command line: ``coci.cli`` (and ``coci.__main__``, ``python -m coci``)
 10. the package's public names: ``coci`` (its ``__init__``)
 
 A module may import its own layer or any lower one; ``from coci import knobs`` imports the module
@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("coci.analysis",),
     ("coci.config", "coci.session", "coci.loader", "coci.sample_order"),
     ("coci.integrations",),
-    ("coci.cli",),
+    ("coci.cli", "coci.__main__"),
 )
 
 
