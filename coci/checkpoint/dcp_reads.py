@@ -3,9 +3,10 @@
 ``read_verified_items`` takes the place of ``FileSystemReader.read_data``. For each data file the
 load plan touches it opens the file once (never through a link), checks its size against the
 commit record and reads it front to back, feeding every byte to the checksum the record names.
-The bytes of each stored item the plan needs are kept as they pass, bounded by their chunk
-(``dcp_items.check_item``) and loaded by ``torch.load(weights_only=True)`` into the load's own
-tensors; the bytes between them only feed the checksum. After a file's last byte its checksum
+The bytes of each stored item the plan needs are kept as they pass (in one scratch buffer, reused
+item after item), bounded by their chunk (``dcp_items.check_item``), described by
+``torch.load(weights_only=True)`` onto the meta device and copied from where they lie into the
+load's own tensors; the bytes between them only feed the checksum. After a file's last byte its checksum
 must match the record, else ``CorruptCheckpointError``: DCP gathers every rank's read error, so the
 load fails on every rank and its tensors, which then hold unverified bytes, are discarded by the
 caller (they are the load's fresh tensors, never the live state).
@@ -23,6 +24,9 @@ from __future__ import annotations
 import io
 import math
 import os
+import struct
+import sys
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, cast
@@ -56,8 +60,9 @@ def read_verified_items(
 ) -> None:
     """Serve DCP's load ``plan`` (its ``ReadItem``s) to ``planner`` from the data files of ``path``,
     each file read once and checked against its entry of ``files`` (see the module)."""
+    scratch = ItemScratch()
     for name, items in _items_by_file(path, files, storage_data, plan):
-        cursor = FileCursor(path / name, files[name])
+        cursor = FileCursor(path / name, files[name], scratch)
         try:
             cursor.take(items, chunk_bytes, planner)
             cursor.finish()
@@ -83,6 +88,7 @@ class OnePassReads:
         self._path = path
         self._files = files
         self._cursors: dict[str, FileCursor] = {}
+        self._scratch = ItemScratch()
 
     def read(self, storage_data: Mapping[Any, Any], chunk_bytes: Mapping[Any, int], plan: Any, planner: Any) -> None:
         """Serve one DCP load ``plan`` to ``planner`` (as ``read_verified_items``, each file read on
@@ -90,7 +96,7 @@ class OnePassReads:
         for name, items in _items_by_file(self._path, self._files, storage_data, plan):
             cursor = self._cursors.pop(name, None)
             self._suspend_beyond(OPEN_FILES - 1)  # room for this one
-            self._cursors[name] = cursor = cursor if cursor is not None else FileCursor(self._path / name, self._files[name])
+            self._cursors[name] = cursor = cursor if cursor is not None else FileCursor(self._path / name, self._files[name], self._scratch)
             cursor.take(items, chunk_bytes, planner)
         self._suspend_beyond(OPEN_FILES)
 
@@ -107,12 +113,33 @@ class OnePassReads:
             cursor.finish()
         for entry in present:
             if entry.name not in self._cursors:
-                self._cursors[entry.name] = cursor = FileCursor(self._path / entry.name, entry)
+                self._cursors[entry.name] = cursor = FileCursor(self._path / entry.name, entry, self._scratch)
                 cursor.finish()
 
     def close(self) -> None:
         for cursor in self._cursors.values():
             cursor.close()
+        self._scratch.release()
+
+
+class ItemScratch:
+    """The one buffer a reader reads every stored item's bytes into, kept across items and files
+    (grown to the largest item): an item's bytes cost no allocation of their own, so an export's
+    resident memory is its batch, this buffer and the tensor ``torch.load`` makes of one item,
+    without the heap growth a fresh buffer per item leaves behind."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def view(self, length: int) -> memoryview:
+        """A writable view of ``length`` bytes (what it held before is overwritten by the caller)."""
+        if len(self._buffer) < length:
+            self._buffer = bytearray()  # the old one goes before the larger one comes
+            self._buffer = bytearray(length)
+        return memoryview(self._buffer)[:length]
+
+    def release(self) -> None:
+        self._buffer = bytearray()
 
 
 def _items_by_file(path: Path, files: Mapping[str, FileEntry], storage_data: Mapping[Any, Any], plan: Any) -> list[tuple[str, list[tuple[Any, Any, list[Any]]]]]:
@@ -137,9 +164,10 @@ class FileCursor:
     read opens the file again where it stopped. The checksum runs over the bytes read, in order, so
     a file replaced or changed between two openings fails it like one changed while open."""
 
-    def __init__(self, path: Path, entry: FileEntry) -> None:
+    def __init__(self, path: Path, entry: FileEntry, scratch: ItemScratch | None = None) -> None:
         self._path = path
         self._entry = entry
+        self._scratch = scratch if scratch is not None else ItemScratch()
         self._position = 0
         self._checksum = fileio.ChunkChecksum(entry.algorithm, threaded=False)
         self._fd: int | None = None
@@ -177,9 +205,9 @@ class FileCursor:
             if info.offset < self._position or info.offset + info.length > self._entry.size:
                 raise CorruptCheckpointError(f"{self._path}: DCP stored item {index.fqn!r} overlaps another, lies before a byte already read or leaves the file")
             _checksum_span(fd, self._path, self._position, info.offset, self._checksum)
-            data = bytearray(info.length)
-            fileio.pread_fully(fd, self._path, memoryview(data), info.offset)
-            self._checksum.submit(memoryview(data))
+            data = self._scratch.view(info.length)
+            fileio.pread_fully(fd, self._path, data, info.offset)
+            self._checksum.submit(data)
             self._position = info.offset + info.length
             where = f"{self._path}: DCP stored item {index.fqn!r} at {list(index.offset)}"
             _load_item(data, requests, chunk_bytes.get((index.fqn, tuple(index.offset)), 0), where, planner)
@@ -209,7 +237,7 @@ def _checksum_span(fd: int, path: Path, start: int, end: int, checksum: fileio.C
     """Feed bytes ``start`` to ``end`` of the file (bytes no item of the plan holds) to ``checksum``."""
     if end <= start:
         return
-    scratch = memoryview(bytearray(min(knobs.READ_CHUNK_BYTES, end - start)))
+    scratch = memoryview(bytearray(min(knobs.READ_CHUNK_BYTES, end - start)))  # small: a fresh one costs no heap growth
     while start < end:
         piece = scratch[: min(len(scratch), end - start)]
         fileio.pread_fully(fd, path, piece, start)
@@ -217,7 +245,7 @@ def _checksum_span(fd: int, path: Path, start: int, end: int, checksum: fileio.C
         start += len(piece)
 
 
-def _load_item(data: bytearray, requests: list[Any], chunk_bytes: int, where: str, planner: Any) -> None:
+def _load_item(data: memoryview, requests: list[Any], chunk_bytes: int, where: str, planner: Any) -> None:
     """Bound the item's archive by its chunk, load it once and copy each request's slice into its target."""
     from torch.distributed._shard._utils import narrow_tensor_by_index
     from torch.distributed.checkpoint.planner import LoadItemType
@@ -226,12 +254,7 @@ def _load_item(data: bytearray, requests: list[Any], chunk_bytes: int, where: st
         planner.load_bytes(requests[0], io.BytesIO(bytes(data)))  # coci's planner refuses every bytes item
         return
     dcp_items.check_item(dcp_items.BufferView(data), len(data), chunk_bytes, where)
-    try:
-        stored = torch.load(cast(IO[bytes], dcp_items.BufferView(data)), map_location="cpu", weights_only=True)
-    except Exception as exc:  # a damaged archive fails in many ways; the checksum would refuse it too
-        raise CorruptCheckpointError(f"{where}: cannot be loaded ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(stored, torch.Tensor):
-        raise CorruptCheckpointError(f"{where}: holds a {type(stored).__name__}, not a tensor")
+    stored = _stored_tensor(data, where)
     for request in requests:
         piece = narrow_tensor_by_index(stored, request.storage_offsets, request.lengths)
         target = planner.resolve_tensor(request).detach()
@@ -239,3 +262,54 @@ def _load_item(data: bytearray, requests: list[Any], chunk_bytes: int, where: st
             raise CorruptCheckpointError(f"{where}: holds {list(piece.size())} where the load expects {list(target.size())}")
         target.copy_(piece)
         planner.commit_tensor(request, target)
+
+
+def _stored_tensor(data: memoryview, where: str) -> torch.Tensor:
+    """The tensor of the checked item in ``data``: ``torch.load(weights_only=True)`` onto the meta
+    device gives its dtype, shape, strides and its storage's place in the archive, and the tensor
+    is a view of those bytes of ``data`` (no copy: an item costs no memory beyond ``data``). An
+    archive of the other byte order is loaded by ``torch.load`` itself (a copy, swapped)."""
+    try:
+        meta = torch.load(cast(IO[bytes], dcp_items.BufferView(data)), map_location="meta", weights_only=True)
+    except Exception as exc:  # a damaged archive fails in many ways; the checksum would refuse it too
+        raise CorruptCheckpointError(f"{where}: cannot be loaded ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(meta, torch.Tensor):
+        raise CorruptCheckpointError(f"{where}: holds a {type(meta).__name__}, not a tensor")
+    start = getattr(meta.untyped_storage(), "_checkpoint_offset", None)
+    byteorder, spans = _records_of(data)
+    if not isinstance(start, int) or byteorder not in (None, sys.byteorder):
+        return _loaded_copy(data, where)
+    nbytes = meta.untyped_storage().nbytes()
+    if (start, nbytes) not in spans or nbytes % meta.element_size():
+        raise CorruptCheckpointError(f"{where}: its tensor's storage ({nbytes} bytes at {start}) is no record of the item")
+    raw = torch.frombuffer(data, dtype=torch.uint8, count=nbytes, offset=start) if nbytes else torch.empty(0, dtype=torch.uint8)
+    try:
+        return raw.view(meta.dtype).as_strided(meta.size(), meta.stride(), meta.storage_offset())
+    except RuntimeError as exc:  # sizes and strides beyond the storage
+        raise CorruptCheckpointError(f"{where}: its tensor does not fit its storage ({exc})") from exc
+
+
+def _records_of(data: memoryview) -> tuple[str | None, set[tuple[int, int]]]:
+    """The archive's ``byteorder`` record (``torch.save`` writes the writer's; None when absent) and
+    each record's data as (start, bytes) in ``data`` (``check_item`` checked the archive)."""
+    spans: set[tuple[int, int]] = set()
+    byteorder = None
+    with zipfile.ZipFile(dcp_items.BufferView(data)) as archive:
+        for record in archive.infolist():
+            local = bytes(data[record.header_offset : record.header_offset + 30])
+            if len(local) == 30:
+                name_length, extra_length = struct.unpack("<HH", local[26:30])
+                spans.add((record.header_offset + 30 + name_length + extra_length, record.file_size))
+            if record.filename.rsplit("/", 1)[-1] == "byteorder":
+                byteorder = archive.read(record).decode("ascii", "replace")
+    return byteorder, spans
+
+
+def _loaded_copy(data: memoryview, where: str) -> torch.Tensor:
+    try:
+        stored = torch.load(cast(IO[bytes], dcp_items.BufferView(data)), map_location="cpu", weights_only=True)
+    except Exception as exc:  # a damaged archive fails in many ways; the checksum would refuse it too
+        raise CorruptCheckpointError(f"{where}: cannot be loaded ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(stored, torch.Tensor):
+        raise CorruptCheckpointError(f"{where}: holds a {type(stored).__name__}, not a tensor")
+    return stored

@@ -245,7 +245,7 @@ def _stream(path: Path, record: CommitRecord, tensors: list[ExportedTensor], reu
     if isinstance(record, Manifest):
         return _local_stream(path, record, tensors, reuse)
     assert isinstance(record, DcpManifest)
-    return _dcp_stream(path, record, tensors, metadata, one_pass)
+    return _dcp_stream(path, record, tensors, metadata, one_pass, reuse)
 
 
 def _local_stream(path: Path, record: Manifest, tensors: list[ExportedTensor], reuse: bool) -> Iterator[torch.Tensor]:
@@ -328,9 +328,11 @@ def _one_pass_order(record: DcpManifest, metadata: Any, tensors: list[ExportedTe
     return [tensors[i] for i in order] if len(order) == len(tensors) else None
 
 
-def _dcp_stream(path: Path, record: DcpManifest, tensors: list[ExportedTensor], metadata: Any, one_pass: bool) -> Iterator[torch.Tensor]:
+def _dcp_stream(path: Path, record: DcpManifest, tensors: list[ExportedTensor], metadata: Any, one_pass: bool, reuse: bool) -> Iterator[torch.Tensor]:
     """DCP reads a batch of at most ``knobs.EXPORT_BUFFER_BYTES`` (a larger tensor alone), each
-    tensor whole, assembled from every rank's shards.
+    tensor whole, assembled from every rank's shards; ``reuse``: every batch is read into one
+    buffer of the largest batch, allocated once (the caller wrote each tensor out before it takes
+    the next batch), else each tensor is its own.
 
     ``one_pass`` (``tensors`` in ``_one_pass_order``): every data file is opened once and read front
     to back across the batches, each byte checksummed as it passes (``dcp_reads.OnePassReads``);
@@ -341,23 +343,51 @@ def _dcp_stream(path: Path, record: DcpManifest, tensors: list[ExportedTensor], 
     Otherwise the caller verified every file first and DCP reads the batches itself."""
     by_index = {t.index: t for t in record.shared.tensors}
     files = {entry.name: entry for entry in record.files if entry.name != DCP_METADATA}
+    batches = _batches(tensors)
+    arena = torch.empty(max(sum(_aligned(t.nbytes) for t in batch) for batch in batches), dtype=torch.uint8) if reuse and batches else None
     reads = dcp_reads.OnePassReads(path, files) if one_pass else None
     try:
-        batch: list[ExportedTensor] = []
-        for tensor in [*tensors, None]:
-            if tensor is not None and (not batch or sum(t.nbytes for t in batch) + tensor.nbytes <= knobs.EXPORT_BUFFER_BYTES):
-                batch.append(tensor)
-                continue
-            wanted = {record.key_of(by_index[t.index]): torch.empty(t.shape, dtype=torch_dtype(t.dtype, path)) for t in batch}
+        for batch in batches:
+            wanted = {record.key_of(by_index[t.index]): _target(t, arena, offset, path) for t, offset in zip(batch, _offsets(batch))}
             read_dcp_tensors(path, record, wanted, None, metadata, verify_reads=False, reads=reads)
             for t in batch:
                 yield wanted.pop(record.key_of(by_index[t.index]))
-            batch = [tensor] if tensor is not None else []
         if reads is not None:
             reads.finish([entry for entry in record.present_files() if entry.name != DCP_METADATA])
     finally:
         if reads is not None:
             reads.close()
+
+
+def _batches(tensors: list[ExportedTensor]) -> list[list[ExportedTensor]]:
+    """``tensors`` in order, cut into batches of at most ``knobs.EXPORT_BUFFER_BYTES`` (a larger tensor alone)."""
+    batches: list[list[ExportedTensor]] = []
+    for tensor in tensors:
+        if batches and sum(t.nbytes for t in batches[-1]) + tensor.nbytes <= knobs.EXPORT_BUFFER_BYTES:
+            batches[-1].append(tensor)
+        else:
+            batches.append([tensor])
+    return batches
+
+
+def _aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to 64 (each tensor of a batch starts aligned for every dtype)."""
+    return -(-nbytes // 64) * 64
+
+
+def _offsets(batch: list[ExportedTensor]) -> list[int]:
+    starts = [0]
+    for t in batch[:-1]:
+        starts.append(starts[-1] + _aligned(t.nbytes))
+    return starts
+
+
+def _target(tensor: ExportedTensor, arena: torch.Tensor | None, offset: int, path: Path) -> torch.Tensor:
+    """Where DCP loads ``tensor``: its bytes of ``arena`` from ``offset``, else a tensor of its own."""
+    dtype = torch_dtype(tensor.dtype, path)
+    if arena is None or not tensor.nbytes:
+        return torch.empty(tensor.shape, dtype=dtype)
+    return arena[offset : offset + tensor.nbytes].view(dtype).view(tensor.shape)
 
 
 # --- writing -----------------------------------------------------------------------------------
