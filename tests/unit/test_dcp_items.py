@@ -150,6 +150,31 @@ def test_an_item_that_expands_past_its_chunk_is_refused_before_torch_reads_it(
     assert_refused_everywhere(run, target, key, reason)
 
 
+
+def test_an_item_whose_storage_record_is_shorter_than_its_tensor_is_refused(run: Path, pristine: tuple[Path, Path], tmp_path: Path) -> None:
+    """The item's tensor is a view of its storage record where the item lies in memory: a record
+    shorter than the storage the item's pickle claims (the rest would be the archive's other
+    bytes) is refused when loaded: restore falls back to step 4, an export fails naming the item
+    and leaves no output."""
+    from coci.checkpoint.export import export
+    from coci.errors import CorruptCheckpointError
+
+    target = plant_dcp(run, pristine[1])
+    key = a_matrix_key(target)
+    source, out = zipfile.ZipFile(io.BytesIO(saved(stored_tensor(target, key).clone()))), io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED) as rebuilt:
+        for name in source.namelist():
+            data = source.read(name)
+            rebuilt.writestr(name, data[: len(data) // 2] if name.rsplit("/", 2)[-2:-1] == ["data"] else data)
+    replace_item(target, key, out.getvalue())
+    session, _, result = restore_fresh(run)
+    session.close()
+    assert result is not None and result.step == 4 and target in result.skipped
+    with pytest.raises(CorruptCheckpointError, match=rf"{key}.*is no record of the item"):
+        export(run, tmp_path / "model.safetensors", step=99)
+    assert list(tmp_path.glob("model.safetensors*")) == []
+
+
 def test_a_tensor_with_a_chunk_missing_is_refused(run: Path, pristine: tuple[Path, Path]) -> None:
     """Finding 9: chunks covering only the first rows left the rest of the tensor uninitialized."""
     target = plant_dcp(run, pristine[1])
