@@ -292,6 +292,12 @@ class ResumeChecking:
         self._on_mismatch = on_mismatch
         self._events = events
 
+    @classmethod
+    def open(cls, run_dir: Path, rank: int | None, world_size: int, state: Mapping[str, Any], *, on_mismatch: str, events: EventLog) -> ResumeChecking:
+        """The self-check of the process of ``rank`` (None: no process group) in ``run_dir``, its losses
+        logged to that rank's loss log (``loss_log_path``)."""
+        return cls(LossLog(loss_log_path(run_dir, rank), world_size), state, world_size, on_mismatch=on_mismatch, events=events)
+
     def materialised(self, steps: Any, values: Any) -> None:
         """The loss trace's listener: each materialised batch is compared with the losses logged
         before a failure (after a restore) and then logged itself."""

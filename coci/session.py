@@ -65,7 +65,7 @@ from coci.planning.policy import Observation, sent_levels
 from coci.planning.records import Plan
 from coci.preemption import Preempted
 from coci.profiler import Profile, Profiler
-from coci.resume_check import LossLog, ResumeChecking, loss_log_path
+from coci.resume_check import ResumeChecking
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +142,8 @@ class Session:
         previous_end = preemption.last_event_time(self.events.path)
         events_start = history_offset(self.events.path)  # where this process's events begin: before its first event
         # the resume self-check (coci.resume_check): the losses the trace materialises, logged per rank
-        world_size = 1 if self._dist is None else self._dist.world_size
-        log = LossLog(loss_log_path(self.run_dir, None if self._dist is None else self._dist.rank), world_size)
-        self._resume = ResumeChecking(log, self.state, world_size, on_mismatch=self.config.io.on_mismatch, events=self.events)
+        rank, world_size = (None, 1) if self._dist is None else (self._dist.rank, self._dist.world_size)
+        self._resume = ResumeChecking.open(self.run_dir, rank, world_size, self.state, on_mismatch=self.config.io.on_mismatch, events=self.events)
         self._profiler.loss_trace.listen(self._resume.materialised)
         if self._dist is not None:
             nodes_seen = [list(ranks) for ranks in self._dist.nodes or ()]

@@ -23,10 +23,8 @@ records global shapes) and loaded into fresh DTensors of the reader's mesh (resh
 
 from __future__ import annotations
 
-import io
 import logging
 import os
-import pickle
 import secrets
 import shutil
 import time
@@ -39,6 +37,7 @@ import torch
 
 from coci import distributed
 from coci.checkpoint import commit, dcp_checks, dcp_reads, faults, fileio, layout, record_reads, records, retention
+from coci.checkpoint.dcp_checks import read_dcp_metadata
 from coci.checkpoint.dcp_manifest import (
     DCP_FORMAT,
     DcpManifest,
@@ -487,52 +486,6 @@ def _by_index(part: DcpPart, loaded: dict[str, torch.Tensor], manifest: DcpManif
     for t in part.tensors if chosen is None else chosen:
         tensors[t.index] = loaded[manifest.key_of(t)]
     return tensors
-
-
-#: The only globals DCP's pickled ``.metadata`` may name (classes of plain records, dtypes, sizes).
-_METADATA_GLOBALS = {
-    "torch.distributed.checkpoint.metadata": {
-        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-        "ChunkStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING",
-    },
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},
-    "torch": {"Size"},
-    "pathlib": {"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
-    "collections": {"OrderedDict"},
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP's ``.metadata`` without running code: named records and dtypes only."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if name in _METADATA_GLOBALS.get(module, ()):
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise CorruptCheckpointError(f"DCP metadata names a forbidden global {module}.{name}")
-
-
-def read_dcp_metadata(path: Path, manifest: DcpManifest) -> Any:
-    """DCP's ``.metadata``, checksummed, read through the restricted unpickler and checked against the manifest
-    (``coci.checkpoint.dcp_checks.check_dcp_metadata``), and every stored item's zip directory
-    bounded by its chunk (``coci.checkpoint.dcp_checks.check_dcp_items``), before DCP may act
-    on any of it."""
-    entry = next((e for e in manifest.present_files() if e.name == _DCP_METADATA), None)
-    if entry is None:
-        raise CorruptCheckpointError(f"{path}: manifest lists no {_DCP_METADATA}")
-    raw = fileio.read_verified(path / _DCP_METADATA, entry)  # the bytes unpickled are the bytes checksummed
-    try:
-        metadata = _MetadataUnpickler(io.BytesIO(raw.numpy().tobytes())).load()
-    except CorruptCheckpointError:
-        raise
-    except Exception as exc:  # a damaged pickle fails in many ways; all of them mean corrupt
-        raise CorruptCheckpointError(f"{path}: DCP metadata is unreadable ({type(exc).__name__}: {exc})") from exc
-    chunk_bytes = dcp_checks.check_dcp_metadata(path, metadata, manifest)
-    here = {entry.name for entry in manifest.present_files()}  # a node's part: the items of its ranks' files
-    dcp_checks.check_dcp_items(path, {i: info for i, info in metadata.storage_data.items() if info.relative_path in here}, chunk_bytes)
-    return metadata
 
 
 def _tensor_only_planner() -> Any:

@@ -5,21 +5,25 @@ execution), and its reader opens whatever path ``.metadata`` names. coci writes 
 checkpoint is loaded only when ``check_dcp_metadata`` finds exactly the manifest's tensors,
 each stored in a file the manifest lists and checksums, inside the range of that file, with chunks
 that tile each tensor exactly, and each stored item bounded by its chunk's bytes before torch
-inflates it (``coci.checkpoint.dcp_items``). The manifest's own tensor table is bounded by the files it lists (``check_dcp_manifest``), so a
+inflates it (``coci.checkpoint.dcp_items``); ``read_dcp_metadata`` unpickles ``.metadata`` naming
+plain records only and runs both checks. The manifest's own tensor table is bounded by the files it lists (``check_dcp_manifest``), so a
 hostile record cannot make the loader allocate more than the checkpoint holds.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from coci import knobs
-from coci.checkpoint import dcp_items, record_reads
+from coci.checkpoint import dcp_items, fileio, record_reads
 from coci.checkpoint.dcp_manifest import DcpManifest, DcpPart
 from coci.checkpoint.local import element_count, torch_dtype
 from coci.checkpoint.tree import tensor_refs
@@ -198,3 +202,49 @@ def _check_storage(path: Path, key: str, info: Any, sizes: dict[str, int]) -> No
         raise CorruptCheckpointError(f"{path}: DCP storage of {key!r} lies outside {name}")
     if info.transform_descriptors:
         raise CorruptCheckpointError(f"{path}: DCP storage of {key!r} declares transforms {info.transform_descriptors!r}")
+
+
+#: The only globals DCP's pickled ``.metadata`` may name (classes of plain records, dtypes, sizes).
+_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "ChunkStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata`` without running code: named records and dtypes only."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _METADATA_GLOBALS.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise CorruptCheckpointError(f"DCP metadata names a forbidden global {module}.{name}")
+
+
+def read_dcp_metadata(path: Path, manifest: DcpManifest) -> Any:
+    """DCP's ``.metadata``, checksummed, read through the restricted unpickler and checked against the manifest
+    (``check_dcp_metadata``), and every stored item's zip directory
+    bounded by its chunk (``check_dcp_items``), before DCP may act
+    on any of it."""
+    entry = next((e for e in manifest.present_files() if e.name == DCP_METADATA), None)
+    if entry is None:
+        raise CorruptCheckpointError(f"{path}: manifest lists no {DCP_METADATA}")
+    raw = fileio.read_verified(path / DCP_METADATA, entry)  # the bytes unpickled are the bytes checksummed
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(raw.numpy().tobytes())).load()
+    except CorruptCheckpointError:
+        raise
+    except Exception as exc:  # a damaged pickle fails in many ways; all of them mean corrupt
+        raise CorruptCheckpointError(f"{path}: DCP metadata is unreadable ({type(exc).__name__}: {exc})") from exc
+    chunk_bytes = check_dcp_metadata(path, metadata, manifest)
+    here = {entry.name for entry in manifest.present_files()}  # a node's part: the items of its ranks' files
+    check_dcp_items(path, {i: info for i, info in metadata.storage_data.items() if info.relative_path in here}, chunk_bytes)
+    return metadata

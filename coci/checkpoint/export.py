@@ -37,8 +37,8 @@ from coci import knobs, safe_files
 from coci._version import __version__
 from coci.checkpoint import dcp_reads
 from coci.checkpoint.checkpointer import reader_for
-from coci.checkpoint.dcp import read_dcp_metadata, read_dcp_tensors
-from coci.checkpoint.dcp_checks import DCP_METADATA
+from coci.checkpoint.dcp import read_dcp_tensors
+from coci.checkpoint.dcp_checks import DCP_METADATA, read_dcp_metadata
 from coci.checkpoint.dcp_manifest import DcpManifest, checkpoint_id
 from coci.checkpoint.fileio import ChunkChecksum
 from coci.checkpoint.local import Manifest, torch_dtype

@@ -26,7 +26,8 @@ from typing import Any
 
 from coci import knobs, safe_files
 from coci.checkpoint import commit, layout, record_reads, records
-from coci.checkpoint.dcp import read_dcp_manifest, read_dcp_metadata
+from coci.checkpoint.dcp import read_dcp_manifest
+from coci.checkpoint.dcp_checks import read_dcp_metadata
 from coci.checkpoint.dcp_manifest import DcpManifest
 from coci.checkpoint.fileio import ChunkChecksum
 from coci.errors import CorruptCheckpointError
