@@ -31,11 +31,6 @@ LOSS_TENSOR_BATCH: int = 256
 #: resume self-check compares those) at a few microseconds per batch; larger: fewer batches.
 LOSS_HOST_BATCH: int = 16
 
-#: Seconds after which host losses reach the listener before a host batch is full: a job of slow
-#: steps (here: over 20 ms) logs every step, so a process killed soon after a checkpoint has already
-#: logged the steps a resume redoes; at most one batch per this long, a few microseconds each.
-LOSS_HOST_SECONDS: float = 0.02
-
 # --- drift (profiler.profiler, profiler.stats) ----------------------------------------------------------
 
 #: Drift: the step time is re-estimated from the most recent ``DRIFT_SAMPLES`` steps (and the run

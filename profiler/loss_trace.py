@@ -19,7 +19,7 @@ NaN and infinite losses are dropped and counted (``dropped``). Every path (``add
 bulk ``extend``) ends in the same ``_ingest(steps, losses)``. A listener set by ``LossTrace.listen``
 (the session's loss log and resume self-check) gets every loss once, as it is materialised: device
 tensors with their batch, values already on the host (floats, CPU tensors: no device to wait for)
-every ``knobs.LOSS_HOST_BATCH`` steps, or sooner once ``knobs.LOSS_HOST_SECONDS`` have passed since
+every ``knobs.LOSS_HOST_BATCH`` steps, or sooner once ``_LOSS_HOST_SECONDS`` have passed since
 the listener last heard (slow steps: every step), ahead of the trace's own batch.
 """
 
@@ -41,6 +41,11 @@ logger = logging.getLogger(__name__)
 
 #: Most recent finite losses kept at full (per-step) resolution.
 _LOSS_RECENT_POINTS: int = 4096
+
+#: Seconds after which host losses reach the listener before a host batch is full: a job of slow
+#: steps (here: over 20 ms) logs every step, so a process killed soon after a checkpoint has already
+#: logged the steps a resume redoes; at most one batch per this long, a few microseconds each.
+_LOSS_HOST_SECONDS: float = 0.02
 
 #: Relative width of a history bucket at level 0: a loss recorded at step s lands in a bucket about
 #: ``s * _LOSS_HISTORY_RESOLUTION`` steps wide (one step wide while that is below 1), i.e. the
@@ -87,7 +92,7 @@ class LossTrace:
         self._listener: LossListener | None = None
         self._heard = 0  # pending floats already given to the listener
         self._heard_at = time.perf_counter()  # when the listener last heard host values
-        self._host_seconds = non_negative_number(knobs.LOSS_HOST_SECONDS if host_seconds is None else host_seconds, "host_seconds")
+        self._host_seconds = non_negative_number(_LOSS_HOST_SECONDS if host_seconds is None else host_seconds, "host_seconds")
         self._set_resolution(_LOSS_HISTORY_RESOLUTION if resolution is None else resolution)
         self._pending_float_steps: list[int] = []
         self._pending_floats: list[float] = []
@@ -315,7 +320,7 @@ class LossTrace:
         return np.floor(logs).astype(np.int64) >> self._level
 
     def _host_due(self) -> bool:
-        """Whether ``host_seconds`` (``knobs.LOSS_HOST_SECONDS``) have passed since the listener last heard host values."""
+        """Whether ``host_seconds`` (default ``_LOSS_HOST_SECONDS``) have passed since the listener last heard host values."""
         return time.perf_counter() - self._heard_at >= self._host_seconds
 
     def _tell_floats(self) -> None:
