@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.train_child import FINAL_FILENAME, STEPS_FILENAME, configure_torch, parse_policy, run_child, train_plain
+from models.train_child import FINAL_FILENAME, STEPS_FILENAME, configure_torch, leave_sharded, parse_policy, run_child, train_plain
 
 DEFAULT_MODEL = "gpt"
 DEFAULT_STEPS = 800
@@ -495,7 +495,10 @@ def _step_list(text: str) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
-        return run_child(args)
+        code = run_child(args)
+        if args.fsdp:
+            leave_sharded(code)
+        return code
     import coci
     from coci.units import parse_duration
 

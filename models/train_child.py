@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,18 @@ def run_child(args: argparse.Namespace) -> int:
     if final is not None:
         torch.save(final, run_dir / FINAL_FILENAME)
     return 0
+
+
+def leave_sharded(code: int) -> None:
+    """Exit a sharded child with ``code`` without the interpreter's finalization, its files written
+    and closed. A DTensor job's device mesh stays referenced from torch's sharding-propagation cache,
+    so the default gloo group's threads outlive the job and run into finalization, where one that
+    needs the GIL aborts the process ("terminate called without an active exception", exit -6: rare,
+    once in a CI run of this demo). coci's own groups are released by ``Session.close``; this one is
+    the job's and torch's."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _signal_ready(fd: int | None, step: int) -> None:
