@@ -269,16 +269,11 @@ def _stored_tensor(data: memoryview, where: str) -> torch.Tensor:
     device gives its dtype, shape, strides and its storage's place in the archive, and the tensor
     is a view of those bytes of ``data`` (no copy: an item costs no memory beyond ``data``). An
     archive of the other byte order is loaded by ``torch.load`` itself (a copy, swapped)."""
-    try:
-        meta = torch.load(cast(IO[bytes], dcp_items.BufferView(data)), map_location="meta", weights_only=True)
-    except Exception as exc:  # a damaged archive fails in many ways; the checksum would refuse it too
-        raise CorruptCheckpointError(f"{where}: cannot be loaded ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(meta, torch.Tensor):
-        raise CorruptCheckpointError(f"{where}: holds a {type(meta).__name__}, not a tensor")
+    meta = _load_tensor(data, where, "meta")
     start = getattr(meta.untyped_storage(), "_checkpoint_offset", None)
     byteorder, spans = _records_of(data)
     if not isinstance(start, int) or byteorder not in (None, sys.byteorder):
-        return _loaded_copy(data, where)
+        return _load_tensor(data, where, "cpu")
     nbytes = meta.untyped_storage().nbytes()
     if (start, nbytes) not in spans or nbytes % meta.element_size():
         raise CorruptCheckpointError(f"{where}: its tensor's storage ({nbytes} bytes at {start}) is no record of the item")
@@ -305,9 +300,11 @@ def _records_of(data: memoryview) -> tuple[str | None, set[tuple[int, int]]]:
     return byteorder, spans
 
 
-def _loaded_copy(data: memoryview, where: str) -> torch.Tensor:
+def _load_tensor(data: memoryview, where: str, device: str) -> torch.Tensor:
+    """The item's tensor, ``torch.load(weights_only=True)`` onto ``device`` ("meta": described, no
+    bytes copied; "cpu": a copy); CorruptCheckpointError naming ``where`` for anything else."""
     try:
-        stored = torch.load(cast(IO[bytes], dcp_items.BufferView(data)), map_location="cpu", weights_only=True)
+        stored = torch.load(cast(IO[bytes], dcp_items.BufferView(data)), map_location=device, weights_only=True)
     except Exception as exc:  # a damaged archive fails in many ways; the checksum would refuse it too
         raise CorruptCheckpointError(f"{where}: cannot be loaded ({type(exc).__name__}: {exc})") from exc
     if not isinstance(stored, torch.Tensor):

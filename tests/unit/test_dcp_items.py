@@ -272,10 +272,8 @@ def test_a_dcp_export_reads_each_data_file_once_and_writes_the_stored_tensors_bi
     of a 4 MiB model's DCP checkpoint (a one-process gloo job) reads each data file once,
     checksummed as it streams: Linux's ``rchar`` over the export is about the files' bytes, where
     a verification pass before DCP's reads read twice."""
-    import torch.distributed as dist
     from safetensors.torch import load_file
 
-    import coci
     from coci import knobs
     from coci.checkpoint.export import export
 
@@ -292,12 +290,7 @@ def test_a_dcp_export_reads_each_data_file_once_and_writes_the_stored_tensors_bi
         assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
 
     model = torch.nn.Sequential(torch.nn.Linear(1024, 512, bias=False), torch.nn.Linear(512, 1024, bias=False))
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        with coci.Session(tmp_path / "big", state={"model": model}, policy=coci.EveryN(1)) as session:
-            session.step()
-    finally:
-        dist.destroy_process_group()
+    one_step_under_gloo(tmp_path / "big", model, tmp_path / "store")
     data = sum(p.stat().st_size for p in (tmp_path / "big").rglob("*.distcp"))
     with knobs.override(EXPORT_BUFFER_BYTES=1):
         export(tmp_path / "big", tmp_path / "warm.safetensors")  # the libraries' lazy imports read their files once
@@ -317,35 +310,17 @@ def test_a_dcp_export_streams_in_the_buffer_its_peak_memory_near_the_largest_ten
     is loaded into one buffer and each stored item is read into one scratch buffer, viewed, not
     copied, by its tensor. The ``torch`` format, which holds the whole state dict, exceeds the
     bound (the measure can fail)."""
-    import torch.distributed as dist
-    from test_leave_run import _reset_peak, _status_kb
+    from test_leave_run import assert_export_peak_near_largest_plus_buffer
 
-    import coci
-    from coci import knobs
 
     clear_refs = Path("/proc/self/clear_refs")
     if not clear_refs.exists():
         pytest.skip("needs Linux's /proc/self/clear_refs to reset the peak resident size")
     model = torch.nn.Sequential(*(torch.nn.Linear(2048, 1024, bias=False) for _ in range(8)))
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        with coci.Session(tmp_path / "run", state={"model": model}, policy=coci.EveryN(1)) as session:
-            session.step()
-    finally:
-        dist.destroy_process_group()
+    one_step_under_gloo(tmp_path / "run", model, tmp_path / "store")
     assert list((tmp_path / "run").rglob("*.distcp"))
-    largest = 1024 * 2048 * 4
-    del model, session
-    with knobs.override(EXPORT_BUFFER_BYTES=largest):
-        coci.export(tmp_path / "run", tmp_path / "warm.safetensors")  # the libraries' code paged in once (resident too)
-        before = _reset_peak(clear_refs)
-        coci.export(tmp_path / "run", tmp_path / "model.safetensors")
-        peak = (_status_kb("VmHWM") - before) * 1024
-        assert (tmp_path / "model.safetensors").stat().st_size > 8 * largest
-        assert peak <= 1.2 * (largest + largest) + (8 << 20), peak  # 8 MB: the allocator's, Python's and pytest's own
-        before = _reset_peak(clear_refs)
-        coci.export(tmp_path / "run", tmp_path / "model.pt", format="torch")
-        assert (_status_kb("VmHWM") - before) * 1024 > 6 * largest
+    del model
+    assert_export_peak_near_largest_plus_buffer(tmp_path, clear_refs)
 
 
 def rchar() -> int:
@@ -433,3 +408,17 @@ def test_an_exports_batches_follow_every_data_files_order_or_none_does() -> None
     assert order([(2, 0, "r0", 0), (0, 0, "r0", 8), (0, 1, "r1", 0), (1, 1, "r1", 8)]) == ["c", "a", "b"]
     assert order([(1, 0, "r0", 0), (0, 0, "r1", 0), (2, 0, "r1", 8)]) == ["a", "b", "c"]
     assert order([(0, 0, "r0", 0), (1, 0, "r0", 8), (0, 1, "r0", 16)]) is None
+
+
+def one_step_under_gloo(run_dir: Path, model: torch.nn.Module, store: Path) -> None:
+    """One checkpointed step of ``model`` in a one-process gloo group: a DCP checkpoint in ``run_dir``."""
+    import torch.distributed as dist
+
+    import coci
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(store), 1), rank=0, world_size=1)
+    try:
+        with coci.Session(run_dir, state={"model": model}, policy=coci.EveryN(1)) as session:
+            session.step()
+    finally:
+        dist.destroy_process_group()
